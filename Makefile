@@ -1,0 +1,36 @@
+# ampscope: `make demo` runs the product, `make test` runs every test. Both start from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The dev/test install pins torch to the CPU build that lies on this machine's disk; users bring
+# their own torch (pyproject.toml never pins it).
+TORCH  ?= torch==2.13.0
+PORT   ?= 8765
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/python examples/demo.py --port $(PORT)
+
+test: $(VENV)/.installed
+	bash scripts/ensure-system.sh
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy client_hook server tests
+
+bench: $(VENV)/.installed
+	$(BIN)/python bench/hook_overhead.py
+
+clean:
+	rm -rf $(VENV) .ampscope test-artifacts .pytest_cache .mypy_cache .ruff_cache

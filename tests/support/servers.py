@@ -1,0 +1,72 @@
+"""A real `ampscope serve` process (uvicorn) on a free 127.0.0.1 port, for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """`ampscope serve --db URL` in a child process; start(), stop(), kill() and start() again.
+
+    The port stays the same across restarts so a client keeps its URL.
+    """
+
+    def __init__(self, db_url: str, log_dir: Path, port: int | None = None) -> None:
+        self.db_url = db_url
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log_path = log_dir / f"server-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        cmd = [sys.executable, "-m", "ampscope_server.cli", "serve",
+               "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url]
+        log = open(self._log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self._proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/api/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"server did not answer within {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self._log_path.read_text(errors="replace") if self._log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
