@@ -31,8 +31,17 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_path = log_dir / f"server-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._upgraded = False
+
+    def upgrade(self) -> None:
+        """`ampscope db upgrade`: the schema is Alembic's to create, on every dialect."""
+        subprocess.run([sys.executable, "-m", "ampscope_server.cli", "db", "upgrade",
+                        "--db", self.db_url], check=True, capture_output=True, timeout=120)
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        if not self._upgraded:
+            self.upgrade()
+            self._upgraded = True
         cmd = [sys.executable, "-m", "ampscope_server.cli", "serve",
                "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url]
         log = open(self._log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
