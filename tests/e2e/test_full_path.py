@@ -1,0 +1,179 @@
+"""The whole path: a real CPU AMP training with `ampscope.watch` → a real server → the read API.
+
+The truth is read from the `GradScaler` itself and from the gradients themselves during the run
+(an independent NumPy reference of DESIGN.md §3), then compared with what the API gives back, on
+SQLite and on Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+import ampscope
+from tests.support.servers import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from demo_model import make_training, train_step
+
+STEPS = 40
+FP16 = torch.finfo(torch.float16)
+FP16_MIN_SUBNORMAL = FP16.smallest_normal * FP16.eps  # 2^-24
+
+
+def reject_constant(token: str) -> float:
+    raise AssertionError(f"bare {token} in a JSON body: browsers reject it")
+
+
+def strict_json(resp: httpx.Response) -> Any:
+    assert resp.status_code == 200, resp.text
+    return json.loads(resp.text, parse_constant=reject_constant)
+
+
+def tag(value: float | None) -> float | str | None:
+    """What a float looks like on the wire and in the API (docs/contracts.md)."""
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def reference_stats(scaled: np.ndarray, scale: float) -> dict[str, float | int | None]:
+    """DESIGN.md §3 for one gradient, in float64 NumPy; `scaled` is the gradient before unscale_."""
+    g = np.abs(scaled.astype(np.float64)) / scale
+    finite = g[np.isfinite(g)]
+    nonzero = finite[finite > 0]
+    at_scale = nonzero * scale
+    n = g.size
+    return {
+        "amax": float(finite.max()) if finite.size else None,
+        "amin_nz": float(nonzero.min()) if nonzero.size else None,
+        "zero_frac": float((finite == 0).sum() / n),
+        "subnormal_frac": float((at_scale < FP16.smallest_normal).sum() / n),
+        "underflow_frac": float((at_scale < FP16_MIN_SUBNORMAL / 2).sum() / n),
+        "nan_count": int(np.isnan(g).sum()),
+        "inf_count": int(np.isinf(g).sum()),
+        "l2": float(np.sqrt((finite**2).sum())),
+    }
+
+
+@dataclass
+class Truth:
+    scales_before: list[float] = field(default_factory=list)
+    scales_after: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    layers: list[dict[str, list[Any]]] = field(default_factory=list)
+
+
+def train_watched(server_url: str, poison_step: int | None = None) -> tuple[str, list[str], Truth]:
+    """Train STEPS steps under ampscope.watch, reading the truth from the scaler and the grads.
+
+    At `poison_step`, one gradient element becomes NaN and one +inf after backward, as a real
+    overflow would leave them.
+    """
+    model, scaler, optimizer, gen = make_training(growth_interval=10)
+    names = [name for name, _ in model.named_parameters()]
+    truth = Truth()
+    grads: dict[str, np.ndarray] = {}
+
+    def keep(name: str) -> Any:
+        def hook(param: torch.Tensor) -> None:
+            assert param.grad is not None
+            grads[name] = param.grad.detach().clone().numpy()
+        return hook
+
+    for name, param in model.named_parameters():
+        param.register_post_accumulate_grad_hook(keep(name))
+
+    if poison_step is not None:
+        first = next(model.parameters())
+
+        def poison(param: torch.Tensor) -> None:
+            if len(truth.scales_before) == poison_step + 1:
+                assert param.grad is not None
+                param.grad.view(-1)[0] = float("nan")
+                param.grad.view(-1)[1] = float("inf")
+                grads[names[0]] = param.grad.detach().clone().numpy()
+        first.register_post_accumulate_grad_hook(poison)
+
+    mon = ampscope.watch(model, scaler, optimizer, run="full-path", server=server_url,
+                         tags=["test"], layer_every=1)
+    for _ in range(STEPS):
+        scale = scaler.get_scale()
+        truth.scales_before.append(scale)
+        truth.losses.append(float(train_step(model, scaler, optimizer, gen)))
+        truth.scales_after.append(scaler.get_scale())
+        stats = [reference_stats(grads[name], scale) for name in names]
+        truth.layers.append({key: [s[key] for s in stats] for key in stats[0]})
+    mon.close()
+    assert mon.stats()["dropped"] == 0
+    return mon.run_id, names, truth
+
+
+def assert_layer_stats_equal(got: dict[str, list[Any]], want: dict[str, list[Any]]) -> None:
+    assert set(got) == set(want)
+    for key, values in want.items():
+        for layer, (g, w) in enumerate(zip(got[key], values, strict=True)):
+            if w is None or isinstance(w, int):
+                assert g == w, (key, layer)
+            else:
+                # The hook reduces in float32 on the device; the reference is float64.
+                assert g == pytest.approx(w, rel=1e-5, abs=1e-30), (key, layer)
+
+
+class TestFullPath:
+    def test_api_returns_what_the_scaler_and_gradients_produced(
+        self, server: ServerProcess
+    ) -> None:
+        run_id, names, truth = train_watched(server.url)
+        skipped = [a < b for a, b in zip(truth.scales_after, truth.scales_before, strict=True)]
+        assert any(skipped) and not all(skipped)  # the scenario really overflows, then trains
+
+        runs = strict_json(httpx.get(f"{server.url}/api/runs"))
+        assert [r["id"] for r in runs] == [run_id]
+        assert runs[0]["num_steps"] == STEPS
+        assert runs[0]["skipped_steps"] == sum(skipped)
+        assert runs[0]["status"] == "finished"
+
+        export = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/export",
+                                       params={"format": "json"}))
+        assert [layer["name"] for layer in export["layers"]] == names
+        steps = export["steps"]
+        assert [s["step"] for s in steps] == list(range(STEPS))
+        assert [s["scale_before"] for s in steps] == truth.scales_before
+        assert [s["scale_after"] for s in steps] == truth.scales_after
+        assert [s["skipped"] for s in steps] == skipped
+        assert [s["found_inf"] for s in steps] == skipped
+        assert [s["loss"] for s in steps] == pytest.approx(truth.losses, rel=1e-6)
+        for got, want in zip(steps, truth.layers, strict=True):
+            assert_layer_stats_equal(got["layers"], want)
+
+        events = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/events"))["events"]
+        assert sorted({e["step"] for e in events if e["kind"] == "skipped"}) == [
+            i for i, s in enumerate(skipped) if s
+        ]
+
+    def test_nan_and_inf_gradients_survive_as_data(self, server: ServerProcess) -> None:
+        poison_step = 30  # well after the calibration overflows: the scale alone is not to blame
+        run_id, _, truth = train_watched(server.url, poison_step=poison_step)
+        export_body = httpx.get(f"{server.url}/api/runs/{run_id}/export",
+                                params={"format": "json"})
+        step = strict_json(export_body)["steps"][poison_step]
+        assert step["found_inf"] is True and step["skipped"] is True
+        assert step["grad_norm"] == "nan"
+        assert step["layers"]["nan_count"][0] == 1
+        assert step["layers"]["inf_count"][0] == 1
+        assert sum(step["layers"]["nan_count"]) == 1 and sum(step["layers"]["inf_count"]) == 1
+        assert_layer_stats_equal(step["layers"], truth.layers[poison_step])
+
+        live = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/steps"))["steps"]
+        assert live[poison_step]["grad_norm"] == "nan"
+        assert tag(truth.scales_after[poison_step]) == live[poison_step]["scale_after"]

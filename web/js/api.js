@@ -1,0 +1,74 @@
+// HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
+
+import { decodeEvents, decodeLayerStats, decodeRun, decodeSeries, decodeStep } from './codec.js';
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+  }
+}
+
+/** GET a JSON document; on failure throw an ApiError naming the URL, the status and the detail. */
+export async function getJSON(path) {
+  let response;
+  try {
+    response = await fetch(path, { headers: { Accept: 'application/json' } });
+  } catch (err) {
+    throw new ApiError(`GET ${path} failed: the server is not reachable (${err.message})`, 0);
+  }
+  if (!response.ok) {
+    let detail = response.statusText;
+    try {
+      const body = await response.json();
+      if (body && body.detail !== undefined) {
+        detail = typeof body.detail === 'string' ? body.detail : JSON.stringify(body.detail);
+      }
+    } catch {
+      // not JSON: keep the status text
+    }
+    throw new ApiError(`GET ${path} → ${response.status}: ${detail}`, response.status);
+  }
+  return response.json();
+}
+
+const runPath = (id) => `/api/runs/${encodeURIComponent(id)}`;
+
+export async function listRuns() {
+  return (await getJSON('/api/runs')).map(decodeRun);
+}
+
+export async function getRun(id) {
+  return decodeRun(await getJSON(runPath(id)));
+}
+
+export function getLayers(id) {
+  return getJSON(`${runPath(id)}/layers`);
+}
+
+/** One page of step scalars after `afterId`: {steps, last_id}. */
+export async function getSteps(id, afterId, limit = 10000) {
+  const body = await getJSON(`${runPath(id)}/steps?after_id=${afterId}&limit=${limit}`);
+  return { steps: body.steps.map(decodeStep), last_id: body.last_id };
+}
+
+export async function getSeries(id, name, maxPoints) {
+  return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?max_points=${maxPoints}`));
+}
+
+export async function getEvents(id) {
+  return decodeEvents(await getJSON(`${runPath(id)}/events`));
+}
+
+export async function getLayerStats(id, stat) {
+  return decodeLayerStats(await getJSON(`${runPath(id)}/layer-stats?stat=${encodeURIComponent(stat)}`));
+}
+
+/** Show (or, with null, clear) the page's error banner. Text only: messages may quote user input. */
+export function showError(message) {
+  const banner = document.getElementById('error');
+  if (!banner) return;
+  banner.textContent = message ?? '';
+  banner.hidden = !message;
+}

@@ -1,0 +1,192 @@
+// Layer × step heatmap of one per-layer statistic. Layers are rows in model order (first layer on
+// top), steps are columns. The trace is `transpose: true`, so z holds one row per *step*: a live
+// step is one Plotly.extendTraces call appending a row to z (a column on screen) and a step to x.
+
+import { CONFIG, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
+
+const MAX_COLUMNS = 5000;
+
+// Largest finite value of each target format (torch.finfo(...).max), for headroom_bits of live
+// steps; the read API computes the same on the server.
+const FORMAT_MAX = Object.freeze({
+  fp16: 65504,
+  bf16: 3.3895313892515355e38,
+  fp8_e4m3fn: 448,
+  fp8_e5m2: 57344,
+});
+
+// Small fractions matter (1% of a layer's gradient lost is already a finding), so the fraction
+// colour scale spends most of its range near zero.
+const FRACTION_SCALE = [
+  [0, '#f8fafc'], [0.005, '#fef3c7'], [0.05, '#fdba74'], [0.2, '#f97316'],
+  [0.5, '#dc2626'], [1, '#5b0f0f'],
+];
+const fraction = (label, help) => ({
+  label, help, zmin: 0, zmax: 1, colorscale: FRACTION_SCALE, format: '.2%', legend: (v) => `${Math.round(100 * v)}%`,
+});
+const VIRIDIS = [
+  [0, '#440154'], [0.25, '#3b528b'], [0.5, '#21918c'], [0.75, '#5ec962'], [1, '#fde725'],
+];
+// Red = little or negative headroom (about to overflow), blue = plenty.
+const HEADROOM = [[0, '#b2182b'], [0.25, '#ef8a62'], [0.5, '#f7f7f7'], [0.75, '#67a9cf'], [1, '#2166ac']];
+const fixed1 = (v) => v.toFixed(1);
+
+/** The statistics the selector offers, in its order. */
+export const STATS = Object.freeze({
+  lost_frac: fraction('lost fraction', 'zero + underflow: the share of the gradient lost in the target format'),
+  zero_frac: fraction('zero fraction', 'elements exactly 0'),
+  underflow_frac: fraction('underflow fraction', 'non-zero, but would flush to 0 in the target format at this scale'),
+  subnormal_frac: fraction('subnormal fraction', 'non-zero but below the smallest normal at this scale: precision lost'),
+  headroom_bits: {
+    label: 'headroom (bits)', help: 'doublings of the scale left before this layer overflows (red: little)',
+    colorscale: HEADROOM, symmetric: true, format: '.1f', legend: fixed1,
+  },
+  amax: {
+    label: 'log₁₀ amax', help: 'largest |gradient| in true units, log10', transform: Math.log10,
+    colorscale: VIRIDIS, format: '.2f', legend: fixed1,
+  },
+  nan_count: {
+    label: 'NaN count', help: 'NaN elements in the gradient', zmin: 0,
+    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
+  },
+});
+
+/** One step's column of `stat` from its live per-layer arrays (null when the step has none). */
+export function columnOf(step, stat, targetFormat) {
+  const layers = step.layers;
+  if (!layers) return null;
+  if (layers[stat]) return layers[stat];
+  if (stat === 'lost_frac' && layers.zero_frac && layers.underflow_frac) {
+    return layers.zero_frac.map((z, i) => (z === null || layers.underflow_frac[i] === null
+      ? null : z + layers.underflow_frac[i]));
+  }
+  if (stat === 'headroom_bits' && layers.amax) {
+    const fmax = FORMAT_MAX[targetFormat] ?? FORMAT_MAX.fp16;
+    return layers.amax.map((a) => {
+      if (a === null) return null;
+      return a === 0 ? Infinity : Math.log2(fmax / (a * step.scale_before));
+    });
+  }
+  return null;
+}
+
+function uniqueNames(names) {
+  const seen = new Map();
+  return names.map((name) => {
+    const n = seen.get(name) ?? 0;
+    seen.set(name, n + 1);
+    return plotText(n ? `${name} #${n}` : name);
+  });
+}
+
+/**
+ * The colour legend, drawn in HTML: plotly's own colorbar sets style attributes, which the CSP
+ * blocks. `legend` holds the {bar, min, max} elements; the gradient goes through the CSSOM.
+ */
+function drawLegend(legend, spec, zmin, zmax) {
+  const stops = spec.colorscale.map(([at, color]) => `${color} ${(100 * at).toFixed(2)}%`);
+  legend.bar.style.background = `linear-gradient(to right, ${stops.join(', ')})`;
+  legend.min.textContent = Number.isFinite(zmin) ? spec.legend(zmin) : '';
+  legend.max.textContent = Number.isFinite(zmax) ? spec.legend(zmax) : '';
+}
+
+export class LayerHeatmap {
+  constructor(div, legend, runId, targetFormat) {
+    this.div = div;
+    this.legend = legend;
+    this.runId = runId;
+    this.targetFormat = targetFormat;
+    this.stat = 'lost_frac';
+    this.lastStep = -Infinity;
+    this.zmin = Infinity;
+    this.zmax = -Infinity;
+  }
+
+  cell(value) {
+    const t = STATS[this.stat].transform;
+    const v = finiteOrNull(value);
+    if (v === null) return null;
+    return t ? finiteOrNull(t(v)) : v;
+  }
+
+  /** Draw /layer-stats output (z[layer][step]) from scratch: on load and when the stat changes. */
+  async show(body) {
+    this.stat = body.stat;
+    const spec = STATS[this.stat];
+    const names = uniqueNames(body.layers);
+    const columns = body.steps.map((_, j) => body.z.map((row) => this.cell(row[j])));
+    this.lastStep = body.steps.length ? body.steps[body.steps.length - 1] : -Infinity;
+    this.zmin = Infinity;
+    this.zmax = -Infinity;
+    this.widen(columns);
+    const [zmin, zmax] = this.range();
+    const height = Math.max(240, Math.min(720, 90 + 22 * names.length));
+    const trace = {
+      type: 'heatmap', transpose: true, x: body.steps.slice(), y: names, z: columns,
+      colorscale: spec.colorscale, zmin, zmax, zauto: false, showscale: false,
+      hoverongaps: false, xgap: 0, ygap: 1,
+      hovertemplate: `%{y}<br>step %{x}<br>${spec.label}: %{z:${spec.format}}<extra></extra>`,
+    };
+    const layout = themedLayout(`heatmap-${this.runId}`, {
+      height,
+      showlegend: false,
+      margin: { l: 8, r: 8, t: 8, b: 40 },
+      plot_bgcolor: '#eceff3', // gaps (no data, non-finite) read as grey, not as "0"
+      yaxis: { type: 'category', autorange: 'reversed', showgrid: false, ticks: '', automargin: true },
+      xaxis: { showgrid: false },
+    });
+    this.div.style.height = `${height}px`; // responsive plots fill their div: size the div
+    await Plotly.react(this.div, [trace], layout, CONFIG);
+    drawLegend(this.legend, spec, zmin, zmax);
+  }
+
+  widen(columns) {
+    for (const column of columns) {
+      for (const v of column) {
+        if (v === null) continue;
+        if (v < this.zmin) this.zmin = v;
+        if (v > this.zmax) this.zmax = v;
+      }
+    }
+  }
+
+  /** The colour range: the statistic's fixed bounds, else the data's (symmetric about 0 if asked). */
+  range() {
+    const spec = STATS[this.stat];
+    let lo = spec.zmin ?? (Number.isFinite(this.zmin) ? this.zmin : 0);
+    let hi = spec.zmax ?? (Number.isFinite(this.zmax) ? this.zmax : 1);
+    if (spec.symmetric) {
+      const m = Math.max(Math.abs(lo), Math.abs(hi), 1);
+      [lo, hi] = [-m, m];
+    }
+    if (hi <= lo) hi = lo + 1;
+    return [lo, hi];
+  }
+
+  /** Append live steps that carry per-layer stats. */
+  append(steps) {
+    const x = [];
+    const z = [];
+    for (const step of steps) {
+      if (step.step <= this.lastStep) continue;
+      const column = columnOf(step, this.stat, this.targetFormat);
+      if (!column) continue;
+      x.push(step.step);
+      z.push(column.map((v) => this.cell(v)));
+      this.lastStep = step.step;
+    }
+    if (!x.length) return;
+    Plotly.extendTraces(this.div, { x: [x], z: [z] }, [0], MAX_COLUMNS);
+    const before = this.range();
+    this.widen(z);
+    const [zmin, zmax] = this.range();
+    if (zmin !== before[0] || zmax !== before[1]) {
+      Plotly.restyle(this.div, { zmin: [zmin], zmax: [zmax] }, [0]);
+      drawLegend(this.legend, STATS[this.stat], zmin, zmax);
+    }
+  }
+
+  get rows() {
+    return this.div.data ? this.div.data[0].y.length : 0;
+  }
+}

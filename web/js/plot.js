@@ -1,0 +1,116 @@
+// Shared Plotly setup: the global from /static/vendor/plotly.min.js, the theme, the config, and
+// text escaping for plotly's labels (which parse a small HTML subset).
+
+import { powerText } from './format.js';
+
+export const Plotly = window.Plotly;
+
+export const COLORS = Object.freeze({
+  scale: '#2563eb',
+  band: 'rgba(37, 99, 235, 0.15)',
+  skipped: '#dc2626',
+  growth: '#16a34a',
+  loss: '#7c3aed',
+  gradNorm: '#0891b2',
+  grid: '#eef0f4',
+  axis: '#c9ced8',
+  text: '#3b4252',
+});
+
+export const FONT = {
+  family: 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif',
+  size: 12,
+  color: COLORS.text,
+};
+
+/** Plotly options for every chart: no logo, no lasso/select (nothing here uses a selection). */
+export const CONFIG = Object.freeze({
+  displaylogo: false,
+  responsive: true,
+  modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d'],
+});
+
+/** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
+export function themedLayout(uirevision, overrides = {}) {
+  const axis = { gridcolor: COLORS.grid, linecolor: COLORS.axis, zeroline: false, automargin: true };
+  return {
+    uirevision,
+    font: FONT,
+    paper_bgcolor: 'rgba(0,0,0,0)',
+    plot_bgcolor: '#ffffff',
+    margin: { l: 56, r: 16, t: 8, b: 40 },
+    hoverlabel: { font: { family: FONT.family, size: 12 } },
+    showlegend: true,
+    legend: { orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: { size: 11 } },
+    ...overrides,
+    xaxis: { ...axis, title: { text: 'step', standoff: 6 }, ...(overrides.xaxis ?? {}) },
+    yaxis: { ...axis, ...(overrides.yaxis ?? {}) },
+  };
+}
+
+/** User text for a plotly label: shown literally, not as plotly's pseudo-HTML. */
+export function plotText(text) {
+  return String(text).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+}
+
+/** A value plotly can draw: non-finite numbers become gaps. */
+export function finiteOrNull(x) {
+  return typeof x === 'number' && Number.isFinite(x) ? x : null;
+}
+
+/**
+ * Tick labels for a log axis as powers of `base` (2 for the loss scale, 10 elsewhere), at most
+ * ~8 of them. Feed it values with widen(); update() returns a relayout object when the ticks must
+ * change (the data reached a new power), else null: the axis is not relaid out per frame.
+ */
+export class LogTicks {
+  constructor(axis, base) {
+    this.axis = axis;
+    this.base = base;
+    this.lo = Infinity;
+    this.hi = -Infinity;
+    this.key = '';
+  }
+
+  widen(values) {
+    for (const v of values) {
+      if (typeof v === 'number' && Number.isFinite(v) && v > 0) {
+        if (v < this.lo) this.lo = v;
+        if (v > this.hi) this.hi = v;
+      }
+    }
+    return this;
+  }
+
+  /** The tick attributes for a layout's axis object. */
+  attributes() {
+    if (!(this.lo <= this.hi)) return { tickmode: 'auto' };
+    const log = (x) => Math.log(x) / Math.log(this.base);
+    let kmin = Math.floor(log(this.lo) + 1e-9);
+    let kmax = Math.ceil(log(this.hi) - 1e-9);
+    if (kmax - kmin < 3 && this.base === 10) {
+      this.key = 'auto'; // under three decades plotly's own 1-2-5 labels say more
+      return { tickmode: 'auto', tickvals: null, ticktext: null };
+    }
+    if (kmin === kmax) { kmin -= 1; kmax += 1; }
+    const stride = Math.max(1, Math.ceil((kmax - kmin) / 8));
+    const tickvals = [];
+    const ticktext = [];
+    for (let k = kmin - (((kmin % stride) + stride) % stride); k <= kmax; k += stride) {
+      tickvals.push(this.base ** k);
+      ticktext.push(powerText(this.base, k));
+    }
+    this.key = `${kmin}:${kmax}`;
+    return { tickmode: 'array', tickvals, ticktext };
+  }
+
+  /** A Plotly.relayout argument when the ticks changed since the last call, else null. */
+  update() {
+    const before = this.key;
+    const attrs = this.attributes();
+    if (this.key === before) return null;
+    const out = {};
+    for (const [k, v] of Object.entries(attrs)) out[`${this.axis}.${k}`] = v;
+    return out;
+  }
+}

@@ -1,0 +1,230 @@
+// Run page: loads the run through the read API, then follows it over the live socket.
+
+import * as api from './api.js';
+import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
+import { EventLog } from './events.js';
+import { LayerHeatmap, STATS, columnOf } from './heatmap.js';
+import { LineChart } from './line_chart.js';
+import { LiveState, LiveStream } from './live.js';
+import { COLORS } from './plot.js';
+import { ScaleChart } from './scale_chart.js';
+
+const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
+
+const $ = (id) => document.getElementById(id);
+
+function runIdFromUrl() {
+  const match = location.pathname.match(/^\/runs\/([^/]+)\/?$/);
+  if (match) return decodeURIComponent(match[1]);
+  return new URLSearchParams(location.search).get('id');
+}
+
+class RunPage {
+  constructor(runId) {
+    this.runId = runId;
+    this.run = null;
+    this.layerNames = [];
+    this.lastStep = null; // the newest StepScalars seen
+    this.counted = -1;    // highest step number counted into numSteps/skipped
+    this.skipped = 0;
+    this.numSteps = 0;
+    this.recent = [];
+    this.statRequest = 0;
+    this.liveState = LiveState.CONNECTING;
+    this.liveDetail = undefined;
+  }
+
+  async load() {
+    this.run = await api.getRun(this.runId);
+    this.renderHeader();
+
+    // The last step id first, then the charts: a step ingested in between is then in both the
+    // charts and the socket's backfill (the charts drop repeats by step), never in neither.
+    const lastId = await this.lastStepId();
+    this.counted = this.lastStep ? this.lastStep.step : -1;
+    const width = $('scale-chart').clientWidth || 1200;
+    const maxPoints = Math.max(200, Math.round(2 * width));
+    const [layers, scale, events, stats, loss, gradNorm] = await Promise.all([
+      api.getLayers(this.runId),
+      api.getSeries(this.runId, 'scale', maxPoints),
+      api.getEvents(this.runId),
+      api.getLayerStats(this.runId, 'lost_frac'),
+      api.getSeries(this.runId, 'loss', maxPoints),
+      api.getSeries(this.runId, 'grad_norm', maxPoints),
+    ]);
+    this.layerNames = layers.map((l) => l.name);
+
+    this.scale = new ScaleChart($('scale-chart'), this.runId);
+    const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
+    this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId, this.run.target_format);
+    this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
+    this.gradNorm = new LineChart($('gradnorm-chart'),
+      { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
+    this.events = new EventLog($('events-body'), $('event-counts'));
+    await Promise.all([
+      this.scale.init(scale, events), this.heatmap.show(stats), this.loss.init(loss), this.gradNorm.init(gradNorm),
+    ]);
+    this.events.add(events);
+    this.initStatSelect();
+    this.renderCards();
+    if (stats.steps.length) this.renderWorst(stats.z.map((row) => row[row.length - 1]));
+    window.ampscope = this; // for the console and the browser tests
+
+    this.live = new LiveStream(this.runId, lastId, {
+      onSteps: (steps) => this.onSteps(steps),
+      onStatus: (status) => this.onStatus(status),
+      onState: (state, detail) => this.onLiveState(state, detail),
+    }).start();
+  }
+
+  /** Page through /steps to the newest id, counting steps and skips for the cards. */
+  async lastStepId() {
+    let after = 0;
+    for (;;) {
+      const page = await api.getSteps(this.runId, after);
+      if (page.steps.length) this.lastStep = page.steps[page.steps.length - 1];
+      this.numSteps += page.steps.length;
+      for (const step of page.steps) if (step.skipped) this.skipped += 1;
+      if (typeof page.last_id === 'number') after = Math.max(after, page.last_id);
+      if (page.steps.length < 10000) return after;
+    }
+  }
+
+  renderHeader() {
+    const run = this.run;
+    document.title = `${run.name || run.id} · ampscope`;
+    $('run-name').textContent = run.name || run.id;
+    $('crumb-run').textContent = run.name || run.id;
+    this.renderStatus(run.status);
+    const meta = $('run-meta');
+    const items = [
+      ['project', run.project], ['format', run.target_format], ['host', run.host],
+      ['rank', run.rank], ['layers', run.num_layers], ['attempts', run.attempts ? run.attempts.length : null],
+      ['started', agoText(run.created_at)], ['id', run.id],
+    ];
+    const nodes = [];
+    for (const [label, value] of items) {
+      if (value === null || value === undefined || value === '') continue;
+      const item = el('span', 'meta-item');
+      item.append(el('span', 'meta-label', label), el('span', 'meta-value', String(value)));
+      nodes.push(item);
+    }
+    for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
+    meta.replaceChildren(...nodes);
+  }
+
+  renderStatus(status) {
+    this.run.status = status;
+    $('run-status').replaceChildren(statusBadge(status));
+  }
+
+  renderCards() {
+    const s = this.lastStep;
+    $('card-step').textContent = s ? String(s.step) : '—';
+    $('card-scale').replaceChildren(scaleNode(s ? s.scale_after : this.run.last_scale));
+    const skipped = $('card-skipped');
+    skipped.replaceChildren(String(this.skipped), el('span', 'card-sub', ` ${percentText(this.skipped, this.numSteps)}`));
+    skipped.classList.toggle('warn', this.skipped > 0);
+    const loss = $('card-loss');
+    loss.textContent = s ? numberText(s.loss) : '—';
+    loss.classList.toggle('bad', !!s && typeof s.loss === 'number' && !Number.isFinite(s.loss));
+    const norm = $('card-gradnorm');
+    norm.textContent = s ? numberText(s.grad_norm) : '—';
+    norm.classList.toggle('bad', !!s && typeof s.grad_norm === 'number' && !Number.isFinite(s.grad_norm));
+  }
+
+  renderWorst(lost) {
+    if (!lost || !lost.length) return;
+    let worst = 0;
+    lost.forEach((v, i) => { if ((v ?? -1) > (lost[worst] ?? -1)) worst = i; });
+    const node = $('card-worst');
+    node.replaceChildren(el('span', 'card-layer', this.layerNames[worst] ?? `layer ${worst}`),
+      el('span', 'card-sub', ` ${numberText(100 * (lost[worst] ?? 0), 3)}% lost`));
+    node.classList.toggle('warn', (lost[worst] ?? 0) >= 0.01);
+  }
+
+  onSteps(steps) {
+    for (const s of steps) {
+      if (s.step <= this.counted) continue; // already counted from /steps
+      this.counted = s.step;
+      this.numSteps += 1;
+      if (s.skipped) this.skipped += 1;
+    }
+    this.lastStep = steps[steps.length - 1];
+    this.scale.append(steps);
+    this.loss.append(steps);
+    this.gradNorm.append(steps);
+    this.events.addFromSteps(steps);
+    const withLayers = steps.filter((s) => s.layers);
+    if (withLayers.length) {
+      this.heatmap.append(withLayers);
+      this.recent.push(...withLayers);
+      if (this.recent.length > RECENT_STEPS) this.recent.splice(0, this.recent.length - RECENT_STEPS);
+      this.renderWorst(columnOf(withLayers[withLayers.length - 1], 'lost_frac', this.run.target_format));
+    }
+    this.renderCards();
+  }
+
+  onStatus(status) {
+    this.renderStatus(status);
+    this.renderLive();
+  }
+
+  onLiveState(state, detail) {
+    this.liveState = state;
+    this.liveDetail = detail;
+    this.renderLive();
+  }
+
+  /** The socket indicator: "live" only while the run is; an ended run's open socket is "connected". */
+  renderLive() {
+    const node = $('live');
+    const ended = this.run && this.run.status !== 'active';
+    const state = ended && this.liveState === LiveState.OPEN ? 'connected' : this.liveState;
+    node.dataset.state = state;
+    $('live-text').textContent = this.liveDetail ? `${state} · ${this.liveDetail}` : state;
+  }
+
+  initStatSelect() {
+    const select = $('stat-select');
+    for (const [stat, spec] of Object.entries(STATS)) {
+      const option = el('option', null, spec.label);
+      option.value = stat;
+      select.append(option);
+    }
+    select.value = this.heatmap.stat;
+    $('stat-help').textContent = STATS[select.value].help;
+    select.addEventListener('change', () => this.changeStat(select.value));
+  }
+
+  async changeStat(stat) {
+    const request = ++this.statRequest;
+    $('stat-help').textContent = STATS[stat].help;
+    try {
+      const body = await api.getLayerStats(this.runId, stat);
+      if (request !== this.statRequest) return; // a newer choice is on its way
+      await this.heatmap.show(body);
+      this.heatmap.append(this.recent); // steps that arrived while we fetched
+      api.showError(null);
+    } catch (err) {
+      api.showError(err.message);
+    }
+  }
+}
+
+async function main() {
+  const runId = runIdFromUrl();
+  if (!runId) {
+    api.showError('No run id in the address: open a run from the runs list.');
+    return;
+  }
+  try {
+    await new RunPage(runId).load();
+  } catch (err) {
+    api.showError(err.message);
+    $('live').dataset.state = 'closed';
+    $('live-text').textContent = 'not connected';
+  }
+}
+
+main();

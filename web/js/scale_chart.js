@@ -1,0 +1,96 @@
+// Loss-scale chart: the scale in effect at each step on a log2 axis, skipped (overflow) steps as
+// red markers, growth steps as green ones. Loaded once, then appended with Plotly.extendTraces.
+
+import { COLORS, CONFIG, LogTicks, Plotly, finiteOrNull, themedLayout } from './plot.js';
+import { scaleText } from './format.js';
+
+const MAX_POINTS = 100000;
+// Trace indices.
+const LOW = 0;
+const HIGH = 1;
+const LINE = 2;
+const SKIPPED = 3;
+const GROWTH = 4;
+
+export class ScaleChart {
+  constructor(div, runId) {
+    this.div = div;
+    this.runId = runId;
+    this.lastStep = -Infinity;
+    this.ticks = new LogTicks('yaxis', 2);
+    this.banded = false;
+  }
+
+  /** series: /series/scale (min/max/last per bucket); events: /events. */
+  async init(series, events) {
+    const pts = series.points;
+    this.banded = series.downsampled;
+    const x = pts.map((p) => p.step);
+    for (const p of pts) this.ticks.widen([p.min, p.max]);
+    const skipped = events.filter((e) => e.kind === 'skipped');
+    const growth = events.filter((e) => e.kind === 'growth');
+    const hover = 'step %{x}<br>scale %{customdata}<extra></extra>';
+    const band = (key) => ({ x: this.banded ? x : [], y: this.banded ? pts.map((p) => finiteOrNull(p[key])) : [],
+      customdata: this.banded ? pts.map((p) => scaleText(p[key])) : [] });
+    const traces = [
+      { ...band('min'), type: 'scatter', mode: 'lines', line: { width: 0, shape: 'hv' }, hoverinfo: 'skip',
+        showlegend: false },
+      { ...band('max'), type: 'scatter', mode: 'lines', line: { width: 0, shape: 'hv' }, fill: 'tonexty',
+        fillcolor: COLORS.band, hoverinfo: 'skip', name: 'min–max per bucket', showlegend: this.banded },
+      { x, y: pts.map((p) => finiteOrNull(p.last)), customdata: pts.map((p) => scaleText(p.last)),
+        type: 'scatter', mode: 'lines', name: 'loss scale', line: { color: COLORS.scale, width: 2, shape: 'hv' },
+        hovertemplate: hover },
+      { x: skipped.map((e) => e.step), y: skipped.map((e) => finiteOrNull(e.scale_before)),
+        customdata: skipped.map((e) => scaleText(e.scale_before)),
+        type: 'scatter', mode: 'markers', name: 'skipped step (overflow)',
+        marker: { color: COLORS.skipped, symbol: 'x-thin-open', size: 9, line: { width: 2, color: COLORS.skipped } },
+        hovertemplate: 'step %{x} skipped<br>scale %{customdata}<extra></extra>' },
+      { x: growth.map((e) => e.step), y: growth.map((e) => finiteOrNull(e.scale_after)),
+        customdata: growth.map((e) => scaleText(e.scale_after)),
+        type: 'scatter', mode: 'markers', name: 'growth',
+        marker: { color: COLORS.growth, symbol: 'triangle-up', size: 7 },
+        hovertemplate: 'step %{x}: scale grew to %{customdata}<extra></extra>' },
+    ];
+    for (const e of events) this.ticks.widen([e.scale_before, e.scale_after]);
+    this.lastStep = x.length ? x[x.length - 1] : -Infinity;
+    const layout = themedLayout(`scale-${this.runId}`, {
+      height: 300,
+      yaxis: { type: 'log', title: { text: 'loss scale', standoff: 6 }, ...this.ticks.attributes() },
+    });
+    this.div.style.height = `${layout.height}px`; // responsive plots fill their div: size the div
+    await Plotly.newPlot(this.div, traces, layout, CONFIG);
+  }
+
+  /** Append live steps (already decoded, in order); steps at or before the last drawn are ignored. */
+  append(steps) {
+    const fresh = steps.filter((s) => s.step > this.lastStep);
+    if (!fresh.length) return;
+    this.lastStep = fresh[fresh.length - 1].step;
+    const x = fresh.map((s) => s.step);
+    const y = fresh.map((s) => finiteOrNull(s.scale_before));
+    const text = fresh.map((s) => scaleText(s.scale_before));
+    const skipped = fresh.filter((s) => s.skipped);
+    const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before);
+    for (const s of fresh) this.ticks.widen([s.scale_before, s.scale_after]);
+
+    const update = { x: [x, skipped.map((s) => s.step), growth.map((s) => s.step)],
+      y: [y, skipped.map((s) => finiteOrNull(s.scale_before)), growth.map((s) => finiteOrNull(s.scale_after))],
+      customdata: [text, skipped.map((s) => scaleText(s.scale_before)), growth.map((s) => scaleText(s.scale_after))] };
+    const indices = [LINE, SKIPPED, GROWTH];
+    if (this.banded) {
+      update.x.push(x, x);
+      update.y.push(y, y);
+      update.customdata.push(text, text);
+      indices.push(LOW, HIGH);
+    }
+    Plotly.extendTraces(this.div, update, indices, MAX_POINTS);
+
+    const relayout = this.ticks.update();
+    if (relayout) Plotly.relayout(this.div, relayout);
+  }
+
+  /** Points on the scale line (what the browser test reads). */
+  get length() {
+    return this.div.data ? this.div.data[LINE].x.length : 0;
+  }
+}
