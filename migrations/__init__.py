@@ -1,0 +1,1 @@
+"""Alembic environment for ampscope, shipped as `ampscope_server._migrations`."""

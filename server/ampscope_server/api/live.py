@@ -1,0 +1,92 @@
+"""WS /api/runs/{run_id}/live: backfill after `after_id`, then push steps as they are ingested.
+
+Messages (docs/contracts.md, "Live"): `{"type": "steps", ...}` and `{"type": "status", ...}`
+(once after the backfill, then whenever the status changes). An unknown run is closed with 4404.
+Database reads run in the threadpool; the event loop only waits on the hub and the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from ampscope_server import runs
+from ampscope_server.deps import HubDep, SessionFactoryDep, SettingsDep
+from ampscope_server.schemas import LiveStatus, LiveSteps
+
+router = APIRouter(prefix="/api", tags=["live"])
+
+CLOSE_UNKNOWN_RUN = 4404
+CHUNK = 1000
+"""Most steps read and sent in one message."""
+STATUS_POLL_S = 15.0
+"""Without notifications the status is re-read this often (a run turns `crashed` by silence)."""
+
+
+async def _send(websocket: WebSocket, message: BaseModel) -> None:
+    # allow_nan=False: a non-finite float that escaped the codec fails here, not in a browser.
+    await websocket.send_text(json.dumps(message.model_dump(mode="json"), allow_nan=False))
+
+
+@router.websocket("/runs/{run_id}/live")
+async def live_updates(
+    websocket: WebSocket,
+    run_id: str,
+    factory: SessionFactoryDep,
+    hub: HubDep,
+    settings: SettingsDep,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+) -> None:
+    await websocket.accept()
+    receiver: asyncio.Future[object] = asyncio.ensure_future(websocket.receive())
+    waiter: asyncio.Future[object] | None = None
+    try:
+        with hub.subscribe(run_id) as subscription:
+            last_id, last_status = after_id, None
+            while True:
+                subscription.changed.clear()
+                update = await run_in_threadpool(
+                    runs.live_update, factory, run_id, last_id, CHUNK, settings.crash_timeout_s
+                )
+                if update is None:
+                    reason = f"run '{run_id}' not found"
+                    await websocket.close(code=CLOSE_UNKNOWN_RUN, reason=reason)
+                    return
+                steps, status = update
+                if steps:
+                    last_id = steps[-1].id
+                    await _send(websocket, LiveSteps(run_id=run_id, steps=steps, last_id=last_id))
+                    if len(steps) == CHUNK:
+                        continue
+                if status != last_status:
+                    last_status = status
+                    await _send(websocket, LiveStatus(status=status))
+                changed: asyncio.Future[object] = asyncio.ensure_future(
+                    subscription.changed.wait()
+                )
+                waiter = changed
+                await asyncio.wait(
+                    {receiver, changed}, timeout=_poll_interval(settings.crash_timeout_s),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                changed.cancel()
+                if receiver.done():
+                    message = receiver.result()
+                    if isinstance(message, dict) and message.get("type") == "websocket.disconnect":
+                        return
+                    receiver = asyncio.ensure_future(websocket.receive())  # client chatter: ignored
+    except (WebSocketDisconnect, OSError):
+        return
+    finally:
+        receiver.cancel()
+        if waiter is not None:
+            waiter.cancel()
+
+
+def _poll_interval(crash_timeout_s: float) -> float:
+    return max(0.5, min(STATUS_POLL_S, crash_timeout_s / 2))

@@ -1,0 +1,101 @@
+"""The dashboard's HTML pages, its static files and the vendored plotly.js.
+
+Files come from the installed package `ampscope_server._web` (the repo's web/ folder); plotly.js
+from the installed `plotly` package, never a CDN. `SecurityHeaders` puts a strict CSP and
+nosniff on every response.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ampscope_server.errors import NotFound
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+router = APIRouter(include_in_schema=False)
+
+
+def package_dir(name: str) -> Path | None:
+    """Where an installed (possibly namespace) package's files are, without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def web_root() -> Path:
+    found = package_dir("ampscope_server._web")
+    if found is None:
+        raise RuntimeError("the dashboard files (ampscope_server._web) are not installed; "
+                           "reinstall ampscope with its [server] extra")
+    return found
+
+
+def plotly_js() -> Path | None:
+    plotly = package_dir("plotly")
+    return None if plotly is None else plotly / "package_data" / "plotly.min.js"
+
+
+def _page(name: str) -> FileResponse:
+    path = web_root() / name
+    if not path.is_file():
+        raise NotFound(f"page {name} is not installed")
+    return FileResponse(path, media_type="text/html; charset=utf-8")
+
+
+@router.get("/")
+def index_page() -> FileResponse:
+    return _page("index.html")
+
+
+@router.get("/runs/{run_id}")
+def run_page(run_id: str) -> FileResponse:
+    return _page("run.html")
+
+
+@router.get("/static/vendor/plotly.min.js")
+def plotly_bundle() -> FileResponse:
+    path = plotly_js()
+    if path is None or not path.is_file():
+        raise NotFound("plotly.min.js is not installed (pip install plotly)")
+    return FileResponse(path, media_type="text/javascript; charset=utf-8")
+
+
+def static_files() -> StaticFiles:
+    """web/ under /static (mounted after `router`, whose plotly route must win)."""
+    return StaticFiles(directory=web_root(), check_dir=False)
+
+
+class SecurityHeaders:
+    """Add the CSP and X-Content-Type-Options: nosniff to every HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"content-security-policy", CSP.encode()))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

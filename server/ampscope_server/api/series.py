@@ -1,0 +1,44 @@
+"""Chart data: downsampled series, scale events, layer-by-step heatmaps."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ampscope_server import charts
+from ampscope_server.api.runs import NOT_FOUND
+from ampscope_server.deps import RunDep, SessionDep
+from ampscope_server.schemas import EventsRead, HeatmapRead, HeatmapStat, SeriesName, SeriesRead
+
+router = APIRouter(prefix="/api/runs/{run_id}", tags=["charts"], responses=NOT_FOUND)
+
+StepBound = Annotated[int | None, Query(ge=0)]
+
+
+@router.get("/series/{name}")
+def get_series(
+    run: RunDep,
+    session: SessionDep,
+    name: SeriesName,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
+    start: StepBound = None,
+    end: StepBound = None,
+) -> SeriesRead:
+    return charts.series_read(session, run, name, max_points, start, end)
+
+
+@router.get("/events")
+def get_events(run: RunDep, session: SessionDep) -> EventsRead:
+    return charts.events_read(session, run)
+
+
+@router.get("/layer-stats")
+def get_layer_stats(
+    run: RunDep,
+    session: SessionDep,
+    stat: HeatmapStat,
+    start: StepBound = None,
+    end: StepBound = None,
+) -> HeatmapRead:
+    return charts.heatmap_read(session, run, stat, start, end)

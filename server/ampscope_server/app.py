@@ -1,0 +1,45 @@
+"""create_app(settings): wiring only (routers, handlers, middleware, lifespan)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+
+from ampscope_server import __version__
+from ampscope_server.api import ingest, live, pages, runs, series
+from ampscope_server.config import Settings
+from ampscope_server.db import make_engine, make_session_factory, verify_schema
+from ampscope_server.errors import AmpscopeError
+from ampscope_server.handlers import ampscope_error_handler, validation_error_handler
+from ampscope_server.live import Hub
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url)
+        verify_schema(engine)
+        factory = make_session_factory(engine)
+        hub = Hub()
+        hub.install(factory)
+        app.state.settings = settings
+        app.state.session_factory = factory
+        app.state.hub = hub
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="ampscope", version=__version__, lifespan=lifespan)
+    app.add_exception_handler(AmpscopeError, ampscope_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_middleware(pages.SecurityHeaders)
+    for module in (runs, ingest, series, live, pages):
+        app.include_router(module.router)
+    app.mount("/static", pages.static_files(), name="static")
+    return app

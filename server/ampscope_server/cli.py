@@ -1,0 +1,77 @@
+"""`ampscope serve [--host --port --db]` and `ampscope db upgrade [--db]`.
+
+`serve` on SQLite brings the schema to the Alembic head itself; on Postgres it refuses to start
+until `ampscope db upgrade` has been run (migrations there are an operator's decision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ampscope_server.config import Settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ampscope", description="ampscope server")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the dashboard and ingest server")
+    serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8765, AMPSCOPE_PORT)")
+    serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+
+    db = commands.add_parser("db", help="database maintenance")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="migrate the schema to the latest revision")
+    upgrade.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {
+        key: value
+        for key, value in (("db_url", args.db), ("host", getattr(args, "host", None)),
+                           ("port", getattr(args, "port", None)))
+        if value is not None
+    }
+    return Settings(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = _settings(args)
+    from ampscope_server import db
+
+    if args.command == "db":
+        db.upgrade(settings.db_url)
+        sys.stderr.write(f"ampscope: {db.safe_url(settings.db_url)} is at revision "
+                         f"{db.head_revision()}\n")
+        return 0
+    return _serve(settings)
+
+
+def _serve(settings: Settings) -> int:
+    import uvicorn
+
+    from ampscope_server import db
+    from ampscope_server.app import create_app
+    from ampscope_server.errors import SchemaNotCurrent
+
+    if db.is_sqlite(settings.db_url):
+        db.upgrade(settings.db_url)
+    engine = db.make_engine(settings.db_url)
+    try:
+        db.verify_schema(engine)
+    except SchemaNotCurrent as exc:
+        sys.stderr.write(f"ampscope: {exc.message}\n")
+        return 2
+    finally:
+        engine.dispose()
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

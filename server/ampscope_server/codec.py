@@ -1,0 +1,85 @@
+"""The one non-finite float codec: finite floats are JSON numbers, NaN/±inf are tagged strings.
+
+JSON has no NaN or Infinity, and Starlette refuses to emit them, so every float that can be
+non-finite goes through `encode` on the way out (HTTP and WebSocket alike) and through
+`decode_wire` on the way in. `null` always means "absent", never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+NAN = "nan"
+POS_INF = "inf"
+NEG_INF = "-inf"
+TAGS: dict[str, float] = {NAN: math.nan, POS_INF: math.inf, NEG_INF: -math.inf}
+
+Encoded = float | str | None
+
+
+class CodecError(ValueError):
+    """A value that is neither a number, a non-finite tag nor null."""
+
+
+def encode(value: float | None) -> Encoded:
+    """Finite → itself, NaN → "nan", +inf → "inf", -inf → "-inf", None → None."""
+    if value is None or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return NAN
+    return POS_INF if value > 0 else NEG_INF
+
+
+def decode_wire(value: object) -> float | None:
+    """Parse one wire float: a JSON number, one of the tags, or null.
+
+    Bare non-finite numbers (a `NaN` token some JSON encoders emit) are refused: the contract
+    says they travel as tags, and a browser could not read them back.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise CodecError("expected a number, got a boolean")
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise CodecError('non-finite numbers must be sent as "nan", "inf" or "-inf"')
+        return value
+    if isinstance(value, str):
+        try:
+            return TAGS[value]
+        except KeyError:
+            raise CodecError(
+                f'expected a number or one of "nan", "inf", "-inf", got the string {value!r}'
+            ) from None
+    raise CodecError(f"expected a number, got {type(value).__name__}")
+
+
+class FloatClass:
+    """The storage marker beside each nullable float column (SQLite stores NaN as NULL)."""
+
+    FINITE_OR_NULL = 0
+    NAN = 1
+    POS_INF = 2
+    NEG_INF = 3
+
+
+def to_storage(value: float | None) -> tuple[float | None, int]:
+    """Split a float into (finite value or None, FloatClass) for the database."""
+    if value is None or math.isfinite(value):
+        return value, FloatClass.FINITE_OR_NULL
+    if math.isnan(value):
+        return None, FloatClass.NAN
+    return None, FloatClass.POS_INF if value > 0 else FloatClass.NEG_INF
+
+
+def from_storage(value: float | None, cls: int) -> float | None:
+    """Inverse of `to_storage`."""
+    if cls == FloatClass.NAN:
+        return math.nan
+    if cls == FloatClass.POS_INF:
+        return math.inf
+    if cls == FloatClass.NEG_INF:
+        return -math.inf
+    return value

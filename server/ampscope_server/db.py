@@ -1,0 +1,109 @@
+"""Engine and sessions; the schema-at-head check.
+
+SQLite gets WAL, a busy timeout and foreign keys on every connection. The per-request session
+commits once when the handler returns and rolls back when it raises; services never commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server.errors import SchemaNotCurrent
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine; for a SQLite file, create its folder first."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False})
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    # expire_on_commit=False: responses are serialised after the commit.
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit when the body succeeds, roll back when it raises."""
+    with factory() as session:
+        try:
+            yield session
+        except BaseException:
+            session.rollback()
+            raise
+        session.commit()
+
+
+# --- migrations ---------------------------------------------------------------------------------
+
+def alembic_config(url: str) -> Config:
+    """An Alembic config for the migrations shipped in the package `ampscope_server._migrations`."""
+    config = Config()
+    config.set_main_option("script_location", str(files("ampscope_server._migrations")))
+    # An attribute, not an ini option: a URL may hold '%', which configparser would interpolate.
+    config.attributes["db_url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def verify_schema(engine: Engine) -> None:
+    """Fail fast unless the database is at the Alembic head."""
+    head = head_revision()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    if current != head:
+        url = safe_url(engine.url.render_as_string(hide_password=False))
+        state = "has no ampscope schema" if current is None else f"is at revision {current}"
+        raise SchemaNotCurrent(
+            f"the database {url} {state}, but this server needs revision {head}; "
+            f"run `ampscope db upgrade --db {url}`"
+        )

@@ -1,0 +1,52 @@
+"""Named dependencies for the routers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.requests import HTTPConnection
+
+from ampscope_server import runs
+from ampscope_server.config import Settings
+from ampscope_server.db import session_scope
+from ampscope_server.live import Hub
+from ampscope_server.models import Run
+
+
+def get_settings(connection: HTTPConnection) -> Settings:
+    settings: Settings = connection.app.state.settings
+    return settings
+
+
+def get_session_factory(connection: HTTPConnection) -> sessionmaker[Session]:
+    factory: sessionmaker[Session] = connection.app.state.session_factory
+    return factory
+
+
+def get_hub(connection: HTTPConnection) -> Hub:
+    hub: Hub = connection.app.state.hub
+    return hub
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """The request's unit of work; committed before the response is sent."""
+    yield from session_scope(get_session_factory(request))
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
+HubDep = Annotated[Hub, Depends(get_hub)]
+# scope="function": commit (or roll back) when the handler returns, before the response goes out,
+# so a client never sees 200 for a batch whose commit then failed.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def get_run(run_id: str, session: SessionDep) -> Run:
+    """The path's run, or 404."""
+    return runs.load_run(session, run_id)
+
+
+RunDep = Annotated[Run, Depends(get_run, scope="function")]

@@ -1,0 +1,93 @@
+"""The live hub: "run X has new rows" from the ingest threads to the WebSocket tasks.
+
+A notification carries only the run id; subscribers then read what is new from the database,
+so the hub can later be replaced by Postgres LISTEN/NOTIFY (multi-worker) without changing the
+readers. Publishing is thread-safe: ingest runs in the threadpool, each subscriber's Event
+belongs to its event loop and is set through `loop.call_soon_threadsafe`.
+
+Ingest marks the run on its session (`notify_after_commit`); the hub, installed on the session
+factory, publishes on `after_commit` and forgets the marks on rollback, so nobody is woken for
+rows that were never committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+_PENDING = "ampscope.live.pending"
+
+
+def notify_after_commit(session: Session, run_id: str) -> None:
+    """Tell the run's subscribers once this session's transaction has committed."""
+    session.info.setdefault(_PENDING, set()).add(run_id)
+
+
+@dataclass(eq=False)
+class Subscription:
+    run_id: str
+    loop: asyncio.AbstractEventLoop
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for a notification (True) or the timeout (False); clears the flag."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        self.changed.clear()
+        return True
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: dict[str, set[Subscription]] = {}
+
+    def install(self, factory: sessionmaker[Session]) -> None:
+        """Publish the runs a session marked when it commits; drop the marks on rollback."""
+        event.listen(factory, "after_commit", self._after_commit)
+        event.listen(factory, "after_soft_rollback", self._after_rollback)
+
+    def _after_commit(self, session: Session) -> None:
+        for run_id in session.info.pop(_PENDING, ()):
+            self.publish(run_id)
+
+    def _after_rollback(self, session: Session, _previous: object) -> None:
+        session.info.pop(_PENDING, None)
+
+    @contextmanager
+    def subscribe(self, run_id: str) -> Iterator[Subscription]:
+        """Subscribe the current event loop's task to a run's notifications."""
+        subscription = Subscription(run_id, asyncio.get_running_loop())
+        with self._lock:
+            self._subscribers.setdefault(run_id, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            with self._lock:
+                subscribers = self._subscribers.get(run_id)
+                if subscribers is not None:
+                    subscribers.discard(subscription)
+                    if not subscribers:
+                        del self._subscribers[run_id]
+
+    def publish(self, run_id: str) -> None:
+        """Wake every subscriber of `run_id`; callable from any thread."""
+        with self._lock:
+            subscribers = list(self._subscribers.get(run_id, ()))
+        for subscription in subscribers:
+            # RuntimeError: its loop has closed, the subscriber is going away.
+            with contextlib.suppress(RuntimeError):
+                subscription.loop.call_soon_threadsafe(subscription.changed.set)
+
+    def subscriber_count(self, run_id: str) -> int:
+        with self._lock:
+            return len(self._subscribers.get(run_id, ()))

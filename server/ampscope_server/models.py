@@ -1,0 +1,145 @@
+"""SQLAlchemy 2 ORM models: the storage layout of DESIGN.md §5.
+
+Timestamps are unix seconds (float), as on the wire. Every step float that may be non-finite is
+stored as a nullable value plus a `<name>_class` small int (`codec.FloatClass`), because SQLite
+turns NaN into NULL: both dialects then give back exactly what was sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; Postgres gets a 64-bit identity.
+StepId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200))
+    tags: Mapped[list[str]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    host: Mapped[str] = mapped_column(String(255))
+    rank: Mapped[int] = mapped_column(Integer)
+    target_format: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("run_id", "ordinal"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Double)
+
+
+class Layer(Base):
+    __tablename__ = "layers"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(500))
+    shape: Mapped[list[int]] = mapped_column(JSON)
+    dtype: Mapped[str] = mapped_column(String(32))
+    numel: Mapped[int] = mapped_column(BigInteger)
+    module_type: Mapped[str] = mapped_column(String(200))
+
+
+class Step(Base):
+    __tablename__ = "steps"
+    __table_args__ = (
+        UniqueConstraint("run_id", "attempt_id", "seq"),
+        Index("ix_steps_run_id_step", "run_id", "step"),
+        Index("ix_steps_run_id_id", "run_id", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(BigInteger)
+    wall_time: Mapped[float] = mapped_column(Double)
+    loss: Mapped[float | None] = mapped_column(Double)
+    loss_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_before: Mapped[float | None] = mapped_column(Double)
+    scale_before_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_after: Mapped[float | None] = mapped_column(Double)
+    scale_after_class: Mapped[int] = mapped_column(SmallInteger)
+    growth_tracker: Mapped[int | None] = mapped_column(BigInteger)
+    found_inf: Mapped[bool] = mapped_column(Boolean)
+    skipped: Mapped[bool] = mapped_column(Boolean)
+    grad_norm: Mapped[float | None] = mapped_column(Double)
+    grad_norm_class: Mapped[int] = mapped_column(SmallInteger)
+    lr: Mapped[float | None] = mapped_column(Double)
+    lr_class: Mapped[int] = mapped_column(SmallInteger)
+    duration: Mapped[float | None] = mapped_column(Double)
+    duration_class: Mapped[int] = mapped_column(SmallInteger)
+
+
+# The step floats that may be non-finite, each stored as (value, value_class).
+CLASSED_STEP_FLOATS = ("loss", "scale_before", "scale_after", "grad_norm", "lr", "duration")
+
+
+class LayerStat(Base):
+    """One layer's gradient statistics at one step (DESIGN.md §3), true units.
+
+    amax, amin_nz and l2 are over finite elements, so they are finite or NULL (none finite).
+    """
+
+    __tablename__ = "layer_stats"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    amax: Mapped[float | None] = mapped_column(Double)
+    amin_nz: Mapped[float | None] = mapped_column(Double)
+    zero_frac: Mapped[float] = mapped_column(Double)
+    subnormal_frac: Mapped[float] = mapped_column(Double)
+    underflow_frac: Mapped[float] = mapped_column(Double)
+    nan_count: Mapped[int] = mapped_column(BigInteger)
+    inf_count: Mapped[int] = mapped_column(BigInteger)
+    l2: Mapped[float | None] = mapped_column(Double)
+
+
+LAYER_STAT_NAMES = (
+    "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
+    "l2",
+)

@@ -1,0 +1,224 @@
+"""Every SQL statement of the server. Functions take a Session and never commit.
+
+Inserts that must be idempotent use the dialect's INSERT … ON CONFLICT DO NOTHING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, case, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ampscope_server.models import Attempt, Base, Layer, LayerStat, Run, Step
+
+
+def _insert(session: Session, model: type[Any]) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model)
+    return sqlite.insert(model)
+
+
+# --- runs and attempts -------------------------------------------------------------------------
+
+def touch_run(session: Session, values: dict[str, Any], now: float) -> None:
+    """Create the run if new, then bump `updated_at`.
+
+    Both statements write, so on SQLite the transaction takes the write lock first (no read
+    snapshot to upgrade) and on Postgres the run's row lock serialises batches of one run.
+    """
+    session.execute(
+        _insert(session, Run)
+        .values(**values, status="active", created_at=now, updated_at=now)
+        .on_conflict_do_nothing(index_elements=[Run.id])
+    )
+    session.execute(update(Run).where(Run.id == values["id"]).values(updated_at=now))
+
+
+def set_run_status(session: Session, run_id: str, status: str) -> None:
+    session.execute(update(Run).where(Run.id == run_id).values(status=status))
+
+
+def get_run(session: Session, run_id: str) -> Run | None:
+    return session.get(Run, run_id)
+
+
+def list_runs(session: Session) -> Sequence[Run]:
+    return session.scalars(select(Run).order_by(Run.created_at.desc(), Run.id)).all()
+
+
+def get_attempt(session: Session, attempt_id: str) -> Attempt | None:
+    return session.get(Attempt, attempt_id)
+
+
+def create_attempt(
+    session: Session, attempt_id: str, run_id: str, pid: int, started_at: float
+) -> Attempt:
+    """Add the run's next attempt (ordinal = 1 + the highest so far)."""
+    ordinal = session.scalar(
+        select(func.coalesce(func.max(Attempt.ordinal), 0) + 1).where(Attempt.run_id == run_id)
+    )
+    attempt = Attempt(
+        id=attempt_id, run_id=run_id, ordinal=int(ordinal or 1), pid=pid, started_at=started_at
+    )
+    session.add(attempt)
+    session.flush()
+    return attempt
+
+
+def list_attempts(session: Session, run_id: str) -> Sequence[Attempt]:
+    return session.scalars(
+        select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.ordinal)
+    ).all()
+
+
+# --- layers ------------------------------------------------------------------------------------
+
+def get_layers(session: Session, run_id: str) -> Sequence[Layer]:
+    return session.scalars(select(Layer).where(Layer.run_id == run_id).order_by(Layer.index)).all()
+
+
+def insert_layers(session: Session, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(_insert(session, Layer), rows)
+
+
+def count_layers(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
+    rows = session.execute(
+        select(Layer.run_id, func.count()).where(Layer.run_id.in_(list(run_ids)))
+        .group_by(Layer.run_id)
+    )
+    return {run_id: int(count) for run_id, count in rows}
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]:
+    """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
+    if not rows:
+        return {}
+    statement = (
+        _insert(session, Step)
+        .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
+        .returning(Step.seq, Step.id)
+    )
+    return {int(seq): int(step_id) for seq, step_id in session.execute(statement, rows)}
+
+
+def insert_layer_stats(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Bulk insert; the Core table insert (an executemany) skips the ORM's per-row bookkeeping."""
+    if rows:
+        session.execute(Base.metadata.tables[LayerStat.__tablename__].insert(), rows)
+
+
+def step_aggregates(
+    session: Session, run_ids: Iterable[str]
+) -> dict[str, tuple[int, int | None, int, int | None]]:
+    """{run_id: (num_steps, last_step, skipped_steps, last_id)}."""
+    rows = session.execute(
+        select(
+            Step.run_id,
+            func.count(),
+            func.max(Step.step),
+            func.coalesce(func.sum(case((Step.skipped, 1), else_=0)), 0),
+            func.max(Step.id),
+        )
+        .where(Step.run_id.in_(list(run_ids)))
+        .group_by(Step.run_id)
+    )
+    return {
+        run_id: (int(n), None if last is None else int(last), int(skipped),
+                 None if last_id is None else int(last_id))
+        for run_id, n, last, skipped, last_id in rows
+    }
+
+
+def last_scales(session: Session, step_ids: Iterable[int]) -> dict[str, tuple[float | None, int]]:
+    """{run_id: (scale_after, scale_after_class)} of the given (last) steps."""
+    rows = session.execute(
+        select(Step.run_id, Step.scale_after, Step.scale_after_class)
+        .where(Step.id.in_(list(step_ids)))
+    )
+    return {run_id: (value, cls) for run_id, value, cls in rows}
+
+
+def steps_after(
+    session: Session, run_id: str, after_id: int, limit: int
+) -> Sequence[Row[Step, int]]:
+    """(Step, attempt ordinal) with id > after_id, in ingest (id) order."""
+    return session.execute(
+        select(Step, Attempt.ordinal)
+        .join(Attempt, Attempt.id == Step.attempt_id)
+        .where(Step.run_id == run_id, Step.id > after_id)
+        .order_by(Step.id)
+        .limit(limit)
+    ).all()
+
+
+def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerStat]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(LayerStat)
+        .where(LayerStat.step_id.in_(step_ids))
+        .order_by(LayerStat.step_id, LayerStat.layer_index)
+    ).all()
+
+
+def _step_range(run_id: str, start: int | None, end: int | None) -> list[ColumnElement[bool]]:
+    clauses: list[ColumnElement[bool]] = [Step.run_id == run_id]
+    if start is not None:
+        clauses.append(Step.step >= start)
+    if end is not None:
+        clauses.append(Step.step <= end)
+    return clauses
+
+
+def series_rows(
+    session: Session, run_id: str, column: str, start: int | None, end: int | None
+) -> Sequence[Row[int, float | None, int]]:
+    """(step, value, value_class) of one classed step column, by step then ingest order."""
+    value = getattr(Step, column)
+    value_class = getattr(Step, f"{column}_class")
+    return session.execute(
+        select(Step.step, value, value_class)
+        .where(*_step_range(run_id, start, end))
+        .where(or_(value.is_not(None), value_class != 0))
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+def event_rows(
+    session: Session, run_id: str
+) -> Sequence[Row[int, bool, float | None, int, float | None, int]]:
+    """Steps that were skipped or whose scale changed (or is non-finite), in step order."""
+    return session.execute(
+        select(Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
+               Step.scale_after, Step.scale_after_class)
+        .where(Step.run_id == run_id)
+        .where(or_(
+            Step.skipped.is_(True),
+            Step.scale_before != Step.scale_after,
+            Step.scale_before_class != Step.scale_after_class,
+        ))
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+def heatmap_rows(
+    session: Session, run_id: str, stat_columns: Sequence[str], start: int | None,
+    end: int | None,
+) -> list[tuple[Any, ...]]:
+    """(step_id, step, scale_before, scale_before_class, layer_index, *stats) by step order."""
+    stats = [getattr(LayerStat, name) for name in stat_columns]
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+               LayerStat.layer_index, *stats)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(*_step_range(run_id, start, end))
+        .order_by(Step.step, Step.id, LayerStat.layer_index)
+    )
+    return [tuple(row) for row in rows]

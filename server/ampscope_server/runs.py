@@ -1,0 +1,151 @@
+"""Reading runs back: summaries, details, steps (with their layer statistics), export.
+
+Status is derived here: a stored `active` run whose last ingest is older than the crash timeout
+reads as `crashed`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import codec, repository
+from ampscope_server.errors import RunNotFound
+from ampscope_server.models import CLASSED_STEP_FLOATS, LAYER_STAT_NAMES, Run, Step
+from ampscope_server.schemas import (
+    AttemptRead,
+    ExportRead,
+    LayerInfo,
+    LayerStatsRead,
+    RunDetail,
+    RunStatus,
+    RunSummary,
+    StepFull,
+    StepScalars,
+    StepsPage,
+)
+
+EXPORT_PAGE = 5_000
+
+
+def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: float) -> RunStatus:
+    if stored == RunStatus.ACTIVE.value and now - updated_at > crash_timeout_s:
+        return RunStatus.CRASHED
+    return RunStatus(stored)
+
+
+def load_run(session: Session, run_id: str) -> Run:
+    run = repository.get_run(session, run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    return run
+
+
+def summaries(
+    session: Session, runs: Sequence[Run], crash_timeout_s: float, now: float | None = None
+) -> list[RunSummary]:
+    now = time.time() if now is None else now
+    ids = [run.id for run in runs]
+    aggregates = repository.step_aggregates(session, ids)
+    layer_counts = repository.count_layers(session, ids)
+    last_ids = [agg[3] for agg in aggregates.values() if agg[3] is not None]
+    scales = repository.last_scales(session, last_ids)
+    result = []
+    for run in runs:
+        num_steps, last_step, skipped, _ = aggregates.get(run.id, (0, None, 0, None))
+        scale = scales.get(run.id)
+        result.append(RunSummary(
+            id=run.id, project=run.project, name=run.name, tags=run.tags,
+            status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
+            created_at=run.created_at, updated_at=run.updated_at,
+            num_steps=num_steps, last_step=last_step,
+            last_scale=None if scale is None else codec.from_storage(*scale),
+            skipped_steps=skipped, num_layers=layer_counts.get(run.id, 0),
+        ))
+    return result
+
+
+def list_summaries(session: Session, crash_timeout_s: float) -> list[RunSummary]:
+    return summaries(session, repository.list_runs(session), crash_timeout_s)
+
+
+def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
+    summary = summaries(session, [run], crash_timeout_s)[0]
+    attempts = [
+        AttemptRead(ordinal=a.ordinal, id=a.id, pid=a.pid, started_at=a.started_at)
+        for a in repository.list_attempts(session, run.id)
+    ]
+    return RunDetail(
+        **summary.model_dump(), config=run.config, host=run.host, rank=run.rank,
+        target_format=run.target_format, attempts=attempts,
+    )
+
+
+def layers(session: Session, run: Run) -> list[LayerInfo]:
+    return [LayerInfo.model_validate(layer) for layer in repository.get_layers(session, run.id)]
+
+
+def _scalars(step: Step, ordinal: int) -> dict[str, object]:
+    values: dict[str, object] = {
+        "id": step.id, "attempt": ordinal, "seq": step.seq, "step": step.step,
+        "wall_time": step.wall_time, "growth_tracker": step.growth_tracker,
+        "found_inf": step.found_inf, "skipped": step.skipped,
+    }
+    for name in CLASSED_STEP_FLOATS:
+        values[name] = codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
+    return values
+
+
+def steps_page(session: Session, run: Run, after_id: int, limit: int) -> StepsPage:
+    rows = repository.steps_after(session, run.id, after_id, limit)
+    steps = [StepScalars.model_validate(_scalars(step, ordinal)) for step, ordinal in rows]
+    return StepsPage(steps=steps, last_id=steps[-1].id if steps else after_id)
+
+
+def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepFull]:
+    """Steps with id > after_id and their per-layer statistics, in ingest order."""
+    rows = repository.steps_after(session, run_id, after_id, limit)
+    stats: dict[int, dict[str, list[object]]] = {}
+    for stat in repository.layer_stats_of(session, [step.id for step, _ in rows]):
+        arrays = stats.setdefault(stat.step_id, {name: [] for name in LAYER_STAT_NAMES})
+        for name in LAYER_STAT_NAMES:
+            arrays[name].append(getattr(stat, name))
+    return [
+        StepFull.model_validate({
+            **_scalars(step, ordinal),
+            "layers": (
+                LayerStatsRead.model_validate(stats[step.id]) if step.id in stats else None
+            ),
+        })
+        for step, ordinal in rows
+    ]
+
+
+def export(session: Session, run: Run, crash_timeout_s: float) -> ExportRead:
+    steps: list[StepFull] = []
+    while True:
+        page = full_steps(session, run.id, steps[-1].id if steps else 0, EXPORT_PAGE)
+        steps.extend(page)
+        if len(page) < EXPORT_PAGE:
+            break
+    return ExportRead(
+        run=detail(session, run, crash_timeout_s), layers=layers(session, run), steps=steps
+    )
+
+
+def live_update(
+    factory: sessionmaker[Session], run_id: str, after_id: int, limit: int,
+    crash_timeout_s: float,
+) -> tuple[list[StepFull], RunStatus] | None:
+    """For the live socket, in its own short session: new steps and the run's status.
+
+    None when the run does not exist.
+    """
+    with factory() as session:
+        run = repository.get_run(session, run_id)
+        if run is None:
+            return None
+        status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
+        return full_steps(session, run_id, after_id, limit), status

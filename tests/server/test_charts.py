@@ -1,0 +1,129 @@
+"""Series, events and heatmaps over HTTP on both dialects."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.wire import batch, layer_stats, new_id, record, strict_json
+
+
+def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+    response = api.get(path)
+    assert response.status_code == status, response.text
+    return strict_json(response.text)
+
+
+def _post(api: httpx.Client, run_id: str, records: list[dict[str, Any]]) -> None:
+    for start in range(0, len(records), 500):
+        response = api.post("/api/ingest", json=batch(records[start:start + 500], run_id=run_id))
+        assert response.status_code == 200, response.text
+
+
+class TestSeries:
+    def test_spike_survives_downsampling(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        records = [record(i, grad_norm=1.0, with_layers=False) for i in range(2000)]
+        records[1234]["grad_norm"] = "inf"
+        records[777]["grad_norm"] = 1e6
+        _post(api, run_id, records)
+        series = _get(api, f"/api/runs/{run_id}/series/grad_norm?max_points=50")
+        assert series["name"] == "grad_norm" and series["downsampled"] is True
+        assert len(series["points"]) == 50
+        maxima = [p["max"] for p in series["points"]]
+        assert maxima.count("inf") == 1 and maxima.count(1e6) == 1
+        assert all(p["min"] == 1.0 for p in series["points"])
+        spike = next(p for p in series["points"] if p["max"] == "inf")
+        assert spike["step"] <= 1234 < spike["step"] + 40
+
+    def test_not_downsampled_is_min_max_last_equal(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _post(api, run_id, [record(0, loss=1.5), record(1, loss="nan"), record(2, loss=None),
+                            record(3, loss=-0.5)])
+        series = _get(api, f"/api/runs/{run_id}/series/loss")
+        assert series == {"name": "loss", "downsampled": False, "points": [
+            {"step": 0, "min": 1.5, "max": 1.5, "last": 1.5},
+            {"step": 1, "min": "nan", "max": "nan", "last": "nan"},
+            {"step": 3, "min": -0.5, "max": -0.5, "last": -0.5},
+        ]}
+
+    def test_scale_is_the_scale_in_effect_and_start_end_filter(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _post(api, run_id, [record(i, scale_before=2.0**i, scale_after=2.0**(i + 1))
+                            for i in range(6)])
+        series = _get(api, f"/api/runs/{run_id}/series/scale?start=2&end=4")
+        assert [(p["step"], p["last"]) for p in series["points"]] == [(2, 4.0), (3, 8.0),
+                                                                     (4, 16.0)]
+
+    @pytest.mark.parametrize(("query", "status", "detail"), [
+        ("series/weight", 422,
+         "path.name: Input should be 'scale', 'loss', 'grad_norm', 'lr' or 'duration'"),
+        ("series/loss?max_points=0", 422,
+         "query.max_points: Input should be greater than or equal to 1"),
+        ("series/loss?start=-3", 422, "query.start: Input should be greater than or equal to 0"),
+        ("layer-stats", 422, "query.stat: field required"),
+        ("layer-stats?stat=l3", 422,
+         "query.stat: Input should be 'amax', 'amin_nz', 'zero_frac', 'subnormal_frac', "
+         "'underflow_frac', 'nan_count', 'inf_count', 'l2', 'lost_frac' or 'headroom_bits'"),
+    ])
+    def test_bad_queries(self, api: httpx.Client, query: str, status: int, detail: str) -> None:
+        run_id = new_id()
+        _post(api, run_id, [record(0)])
+        assert _get(api, f"/api/runs/{run_id}/{query}", status) == {"detail": detail}
+
+
+class TestEvents:
+    def test_events_are_derived_and_never_downsampled(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        records = [record(i, with_layers=False) for i in range(3000)]
+        for i in range(0, 3000, 100):  # 30 backoffs on skipped steps, 30 growths after them
+            records[i].update(skipped=True, found_inf=True, scale_after=32768.0)
+            records[i + 1].update(scale_before=32768.0, scale_after=65536.0)
+        _post(api, run_id, records)
+        events = _get(api, f"/api/runs/{run_id}/events")["events"]
+        assert len(events) == 90
+        assert events[:3] == [
+            {"step": 0, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0},
+            {"step": 0, "kind": "backoff", "scale_before": 65536.0, "scale_after": 32768.0},
+            {"step": 1, "kind": "growth", "scale_before": 32768.0, "scale_after": 65536.0},
+        ]
+        assert [e["step"] for e in events if e["kind"] == "skipped"] == list(range(0, 3000, 100))
+
+    def test_quiet_run_has_no_events(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _post(api, run_id, [record(0), record(1)])
+        assert _get(api, f"/api/runs/{run_id}/events") == {"events": []}
+
+
+class TestHeatmap:
+    def _seed(self, api: httpx.Client) -> str:
+        run_id = new_id()
+        records = [record(0), record(1, with_layers=False), record(2, scale_before=2.0**10)]
+        records[2]["layers"]["amax"] = [0.0, None]
+        _post(api, run_id, records)
+        return run_id
+
+    def test_stored_stat(self, api: httpx.Client) -> None:
+        run_id = self._seed(api)
+        heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=nan_count")
+        assert heat == {"stat": "nan_count", "layers": ["fc1.weight", "fc1.bias"],
+                        "steps": [0, 2], "z": [[0, 0], [3, 3]]}
+
+    def test_lost_frac(self, api: httpx.Client) -> None:
+        run_id = self._seed(api)
+        heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=lost_frac&start=1")
+        assert heat["steps"] == [2]
+        assert heat["z"] == [[0.0], [0.125 + 0.03125]]
+
+    def test_headroom_bits(self, api: httpx.Client) -> None:
+        run_id = self._seed(api)
+        heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=headroom_bits")
+        amax0 = layer_stats(1.0)["amax"]
+        expected_0 = [math.log2(65504.0 / (a * 65536.0)) for a in amax0]
+        assert heat["z"][0][0] == pytest.approx(expected_0[0])
+        assert heat["z"][1][0] == pytest.approx(expected_0[1])
+        assert heat["z"][0][1] == "inf"  # amax 0: nothing can overflow
+        assert heat["z"][1][1] is None  # no finite element

@@ -1,0 +1,79 @@
+"""`ampscope db upgrade` and `ampscope serve`'s schema check, as real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from ampscope_server import db
+from ampscope_server.config import DEFAULT_DB_URL, Settings
+from ampscope_server.errors import SchemaNotCurrent
+from tests.support.servers import free_port
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ampscope_server.cli", *args],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_db_upgrade_creates_the_schema(db_url: str) -> None:
+    result = _cli("db", "upgrade", "--db", db_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith(f"{db.safe_url(db_url)} is at revision 0001\n")
+    engine = db.make_engine(db_url)
+    try:
+        assert set(inspect(engine).get_table_names()) == {
+            "alembic_version", "runs", "attempts", "layers", "steps", "layer_stats"}
+        db.verify_schema(engine)
+    finally:
+        engine.dispose()
+
+
+def test_serve_refuses_an_unmigrated_postgres(postgres_url: str) -> None:
+    result = _cli("serve", "--port", str(free_port()), "--db", postgres_url)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"ampscope: the database {postgres_url} has no ampscope schema, but this server needs "
+        f"revision 0001; run `ampscope db upgrade --db {postgres_url}`\n")
+
+
+def test_verify_schema_message(postgres_url: str) -> None:
+    engine = db.make_engine(postgres_url)
+    try:
+        with pytest.raises(SchemaNotCurrent) as info:
+            db.verify_schema(engine)
+    finally:
+        engine.dispose()
+    assert info.value.status_code == 503
+    assert "run `ampscope db upgrade --db " in info.value.message
+
+
+def test_default_sqlite_folder_is_created(tmp_path: Path) -> None:
+    result = _cli("db", "upgrade", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / ".ampscope" / "ampscope.db").is_file()
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMPSCOPE_DB_URL", "sqlite:///x.db")
+    monkeypatch.setenv("AMPSCOPE_CRASH_TIMEOUT_S", "12.5")
+    settings = Settings()
+    assert (settings.db_url, settings.crash_timeout_s, settings.host, settings.port) == (
+        "sqlite:///x.db", 12.5, "127.0.0.1", 8765)
+    monkeypatch.delenv("AMPSCOPE_DB_URL")
+    assert Settings().db_url == DEFAULT_DB_URL == "sqlite:///./.ampscope/ampscope.db"
+
+
+def test_sqlite_pragmas(tmp_path: Path) -> None:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+            assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    finally:
+        engine.dispose()

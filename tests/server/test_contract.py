@@ -1,0 +1,77 @@
+"""Contract: what the hook's wire module (`ampscope.wire`) emits, the server accepts as sent.
+
+The payload is built and serialised by the hook's own code, parsed as the server parses a
+request body, validated by the server's schemas, stored, and read back through the API codec.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope import wire
+from ampscope_server import ingest, runs
+from ampscope_server.models import LAYER_STAT_NAMES
+from ampscope_server.schemas import SCHEMA_VERSION, IngestBatch
+from tests.server.wire import LAYERS, strict_json
+
+
+def _hook_payload(final: bool = False) -> dict[str, Any]:
+    nan, inf = math.nan, math.inf
+    records = [
+        wire.step_record(
+            seq=0, step=0, wall_time=1764430001.25, loss=2.5, scale_before=65536.0,
+            scale_after=65536.0, growth_tracker=1, found_inf=False, skipped=False,
+            grad_norm=0.75, lr=1e-3, duration=None,
+            layers={"amax": [0.5, 0.25], "amin_nz": [1e-9, nan], "zero_frac": [0.0, 0.5],
+                    "subnormal_frac": [0.0, 0.25], "underflow_frac": [0.0, 0.125],
+                    "nan_count": [0.0, 3.0], "inf_count": [0.0, 1.0], "l2": [1.5, nan]},
+        ),
+        wire.step_record(
+            seq=1, step=1, wall_time=1764430002.5, loss=nan, scale_before=65536.0,
+            scale_after=32768.0, growth_tracker=0, found_inf=True, skipped=True,
+            grad_norm=inf, lr=1e-3, duration=0.0125, layers=None,
+        ),
+        wire.step_record(
+            seq=2, step=2, wall_time=1764430003.5, loss=-inf, scale_before=32768.0,
+            scale_after=32768.0, growth_tracker=None, found_inf=False, skipped=False,
+            grad_norm=None, lr=None, duration=0.5, layers=None,
+        ),
+    ]
+    run_id = str(uuid.uuid4())
+    payload: dict[str, Any] = json.loads(wire.dumps(wire.build_payload(
+        run={"id": run_id, "project": "default", "name": "contract", "tags": ["amp"],
+             "config": wire.jsonable({"lr": 1e-3, "eps": inf, "betas": (0.9, 0.999)}),
+             "host": "host", "rank": 0, "target_format": "fp16"},
+        attempt={"id": str(uuid.uuid4()), "pid": 4242, "started_at": 1764430000.0},
+        layers=LAYERS, records=records, final=final,
+    )))
+    return payload
+
+
+def test_same_schema_version_and_stat_names() -> None:
+    assert wire.SCHEMA_VERSION == SCHEMA_VERSION
+    assert tuple(wire.LAYER_STAT_NAMES) == LAYER_STAT_NAMES
+
+
+def test_hook_output_is_accepted_and_read_back_as_sent(
+    sessions: sessionmaker[Session],
+) -> None:
+    payload = _hook_payload(final=True)
+    batch = IngestBatch.model_validate(payload)
+    with sessions() as session, session.begin():
+        result = ingest.ingest_batch(session, batch)
+    assert (result.accepted, result.duplicates) == (3, 0)
+    with sessions() as session:
+        run = runs.load_run(session, payload["run"]["id"])
+        exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+    assert exported["run"]["status"] == "finished"
+    assert exported["run"]["config"] == {"lr": 1e-3, "eps": "inf", "betas": [0.9, 0.999]}
+    for sent, got in zip(payload["records"], exported["steps"], strict=True):
+        assert {k: v for k, v in got.items() if k not in ("id", "attempt")} == sent
+    assert exported["steps"][0]["layers"]["amin_nz"] == [1e-9, None]
+    assert exported["steps"][0]["layers"]["nan_count"] == [0, 3]

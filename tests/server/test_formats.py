@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+import pytest
+
+from ampscope_server.formats import FORMATS
+
+
+@pytest.mark.parametrize(("name", "max_", "min_normal", "min_subnormal"), [
+    # torch.finfo values: the server derives them from the bit layouts, never imports torch.
+    ("fp16", 65504.0, 2.0**-14, 2.0**-24),
+    ("bf16", 3.3895313892515355e38, 2.0**-126, 2.0**-133),
+    ("fp8_e4m3fn", 448.0, 2.0**-6, 2.0**-9),
+    ("fp8_e5m2", 57344.0, 2.0**-14, 2.0**-16),
+])
+def test_format_limits(name: str, max_: float, min_normal: float, min_subnormal: float) -> None:
+    fmt = FORMATS[name]
+    assert (fmt.max, fmt.min_normal, fmt.min_subnormal) == (max_, min_normal, min_subnormal)

@@ -1,0 +1,331 @@
+"""Ingest on both dialects: in-process through the service, and over HTTP on a real server."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import ingest
+from ampscope_server.db import session_scope
+from ampscope_server.errors import InvalidPayload, LayerTableConflict, LayerTableMissing
+from ampscope_server.live import Hub
+from ampscope_server.models import LayerStat, Run, Step
+from ampscope_server.schemas import IngestBatch
+from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
+
+
+def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
+    with factory() as session, session.begin():
+        return ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+
+
+def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
+    with factory() as session:
+        return (
+            session.scalar(select(func.count()).select_from(Run)) or 0,
+            session.scalar(select(func.count()).select_from(Step)) or 0,
+            session.scalar(select(func.count()).select_from(LayerStat)) or 0,
+        )
+
+
+class TestIngestService:
+    def test_stores_records_and_layer_stats(self, sessions: sessionmaker[Session]) -> None:
+        result = _ingest(sessions, batch([record(0), record(1), record(2, with_layers=False)]))
+        assert (result.attempt, result.accepted, result.duplicates) == (1, 3, 0)
+        assert _counts(sessions) == (1, 3, 4)
+
+    def test_same_batch_twice_is_stored_once(self, sessions: sessionmaker[Session]) -> None:
+        payload = batch([record(0), record(1)])
+        first = _ingest(sessions, payload)
+        second = _ingest(sessions, payload)
+        assert (first.accepted, first.duplicates) == (2, 0)
+        assert (second.accepted, second.duplicates) == (0, 2)
+        assert _counts(sessions) == (1, 2, 4)
+
+    def test_partly_new_batch_stores_only_the_new(self, sessions: sessionmaker[Session]) -> None:
+        _ingest(sessions, batch([record(0), record(1)]))
+        result = _ingest(sessions, batch([record(1), record(2)], layers=None))
+        assert (result.accepted, result.duplicates) == (1, 1)
+        assert _counts(sessions) == (1, 3, 6)
+
+    def test_a_bad_record_stores_nothing(self, sessions: sessionmaker[Session]) -> None:
+        bad = record(1)
+        bad["layers"]["amax"] = [0.5]
+        with pytest.raises(InvalidPayload):
+            _ingest(sessions, batch([record(0), bad]))
+        assert _counts(sessions) == (0, 0, 0)
+
+    def test_conflicting_layer_table_stores_nothing(self, sessions: sessionmaker[Session]) -> None:
+        _ingest(sessions, batch([record(0)]))
+        layers = copy.deepcopy(LAYERS)
+        layers[1]["shape"] = [32]
+        with pytest.raises(LayerTableConflict):
+            _ingest(sessions, batch([record(1)], attempt_id=new_id(), layers=layers))
+        assert _counts(sessions) == (1, 1, 2)
+
+    def test_missing_layer_table(self, sessions: sessionmaker[Session]) -> None:
+        with pytest.raises(LayerTableMissing):
+            _ingest(sessions, batch([record(0)], layers=None))
+        assert _counts(sessions) == (0, 0, 0)
+
+    def test_attempts_get_ordinals(self, sessions: sessionmaker[Session]) -> None:
+        assert _ingest(sessions, batch([record(0)])).attempt == 1
+        second = new_id()
+        assert _ingest(sessions, batch([record(0)], attempt_id=second)).attempt == 2
+        assert _ingest(sessions, batch([record(1)], attempt_id=second)).attempt == 2
+        assert _counts(sessions)[1] == 3
+
+    def test_subscribers_hear_only_committed_batches(
+        self, sessions: sessionmaker[Session], hub: Hub, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        published: list[str] = []
+        monkeypatch.setattr(hub, "publish", published.append)
+        payload = batch([record(0)])
+        with pytest.raises(LayerTableMissing):
+            _ingest(sessions, batch([record(0)], layers=None))
+        assert published == []
+        _ingest(sessions, payload)
+        assert published == [payload["run"]["id"]]
+
+    def test_session_scope_commits_once(self, sessions: sessionmaker[Session]) -> None:
+        scope = session_scope(sessions)
+        session = next(scope)
+        ingest.ingest_batch(session, IngestBatch.model_validate(batch([record(0)])))
+        with pytest.raises(StopIteration):
+            next(scope)
+        assert _counts(sessions) == (1, 1, 2)
+
+
+def _post(api: httpx.Client, payload: dict[str, Any]) -> httpx.Response:
+    return api.post("/api/ingest", json=payload)
+
+
+def _steps(api: httpx.Client, run_id: str) -> list[dict[str, Any]]:
+    response = api.get(f"/api/runs/{run_id}/steps")
+    assert response.status_code == 200
+    steps: list[dict[str, Any]] = strict_json(response.text)["steps"]
+    return steps
+
+
+class TestIngestHttp:
+    def test_accepts_and_round_trips_exactly(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        records = [
+            record(0),
+            record(1, loss="nan", grad_norm="inf", found_inf=True, skipped=True,
+                   scale_after=32768.0, duration=1e-300, lr=5e-324),
+            record(2, loss="-inf", scale_before=32768.0, scale_after=32768.0, grad_norm=None,
+                   lr=None, growth_tracker=None, with_layers=False),
+            record(3, loss=0.1 + 0.2, wall_time=1764430004.123456789, scale_before=32768.0,
+                   scale_after=32768.0, grad_norm=1.7976931348623157e308),
+        ]
+        stats = records[1]["layers"]
+        stats["amax"] = [0.0, None]
+        stats["l2"] = [None, 3.0e-45]
+        stats["nan_count"] = [12, 0]
+        stats["inf_count"] = [0, 2**40]
+        response = _post(api, batch(records, run_id=run_id))
+        assert response.status_code == 200
+        assert strict_json(response.text) == {
+            "run_id": run_id, "attempt": 1, "accepted": 4, "duplicates": 0}
+
+        steps = _steps(api, run_id)
+        assert [s["seq"] for s in steps] == [0, 1, 2, 3]
+        assert steps[0]["id"] < steps[1]["id"] < steps[2]["id"] < steps[3]["id"]
+        for sent, got in zip(records, steps, strict=True):
+            expected = {k: v for k, v in sent.items() if k != "layers"}
+            assert {k: v for k, v in got.items() if k not in ("id", "attempt")} == expected
+            assert got["attempt"] == 1
+
+        export = strict_json(api.get(f"/api/runs/{run_id}/export?format=json").text)
+        assert export["layers"] == LAYERS
+        assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
+        assert export["run"]["id"] == run_id
+
+    def test_same_batch_twice(self, api: httpx.Client) -> None:
+        payload = batch([record(0), record(1), record(2)], run_id=new_id())
+        assert strict_json(_post(api, payload).text)["accepted"] == 3
+        second = _post(api, payload)
+        assert second.status_code == 200
+        assert strict_json(second.text) == {
+            "run_id": payload["run"]["id"], "attempt": 1, "accepted": 0, "duplicates": 3}
+        assert len(_steps(api, payload["run"]["id"])) == 3
+
+    def test_final_marks_the_run_finished(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _post(api, batch([record(0)], run_id=run_id))
+        assert api.get(f"/api/runs/{run_id}").json()["status"] == "active"
+        assert _post(api, batch([], run_id=run_id, layers=None, final=True)).status_code == 200
+        assert api.get(f"/api/runs/{run_id}").json()["status"] == "finished"
+        # A late replay of an old batch does not reopen it.
+        _post(api, batch([record(0)], run_id=run_id))
+        assert api.get(f"/api/runs/{run_id}").json()["status"] == "finished"
+
+    def test_one_bad_record_stores_nothing(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        bad = record(1)
+        bad["layers"]["zero_frac"] = [0.0]
+        response = _post(api, batch([record(0), bad], run_id=run_id))
+        assert response.status_code == 422
+        assert response.json() == {"detail": "records[1].layers.zero_frac has 1 entries, but "
+                                             "the run's layer table has 2 layers"}
+        assert api.get(f"/api/runs/{run_id}").status_code == 404
+
+    def test_missing_layer_table_is_409(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        response = _post(api, batch([record(0, with_layers=False), record(1)], run_id=run_id,
+                                    layers=None))
+        assert response.status_code == 409
+        assert response.json() == {"detail": (
+            f"records[1] carries layer statistics, but run '{run_id}' has no layer table yet "
+            "and this batch sends none")}
+        assert api.get(f"/api/runs/{run_id}").status_code == 404
+
+    def test_different_layer_table_is_409(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
+        layers = copy.deepcopy(LAYERS)
+        layers[1]["name"] = "fc2.bias"
+        response = _post(api, batch([record(1)], run_id=run_id, attempt_id=new_id(),
+                                    layers=layers))
+        assert response.status_code == 409
+        assert response.json() == {"detail": (
+            f"the layer table sent for run '{run_id}' differs from the stored one at layer 1: "
+            "name is 'fc2.bias', stored 'fc1.bias'")}
+        response = _post(api, batch([record(1)], run_id=run_id, layers=LAYERS[:1]))
+        assert response.status_code == 409
+        assert response.json() == {"detail": (
+            f"the layer table sent for run '{run_id}' has 1 layers, the stored one has 2")}
+        assert len(_steps(api, run_id)) == 1
+
+    def test_same_layer_table_again_is_fine(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
+        response = _post(api, batch([record(0)], run_id=run_id, attempt_id=new_id()))
+        assert strict_json(response.text)["attempt"] == 2
+
+    def test_attempt_of_another_run_is_409(self, api: httpx.Client) -> None:
+        first, second, attempt = new_id(), new_id(), new_id()
+        assert _post(api, batch([record(0)], run_id=first, attempt_id=attempt)).status_code == 200
+        response = _post(api, batch([record(0)], run_id=second, attempt_id=attempt))
+        assert response.status_code == 409
+        assert response.json() == {
+            "detail": f"attempt '{attempt}' belongs to run '{first}', not to run '{second}'"}
+
+
+def _invalid(mutate: Any) -> dict[str, Any]:
+    payload = batch([record(0), record(1)], run_id=new_id())
+    mutate(payload)
+    return payload
+
+
+class TestIngestValidation:
+    @pytest.mark.parametrize(("mutate", "detail"), [
+        (lambda p: p.update(schema_version=2), "schema_version: Input should be 1"),
+        (lambda p: p.pop("records"), "records: field required"),
+        (lambda p: p["run"].update(id="not-a-uuid"),
+         "run.id: String should match pattern "
+         "'^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'"),
+        (lambda p: p["run"].update(target_format="fp4"),
+         "run.target_format: Input should be 'fp16', 'bf16', 'fp8_e4m3fn' or 'fp8_e5m2'"),
+        (lambda p: p["records"][1].update(loss="NaN"),
+         "records[1].loss: expected a number or one of \"nan\", \"inf\", \"-inf\", "
+         "got the string 'NaN'"),
+        (lambda p: p["records"][1].update(step="3"),
+         "records[1].step: Input should be a valid integer"),
+        (lambda p: p["records"][1].update(step=-1),
+         "records[1].step: Input should be greater than or equal to 0"),
+        (lambda p: p["records"][0].update(skipped="false"),
+         "records[0].skipped: Input should be a valid boolean"),
+        (lambda p: p["records"][0].update(gradnorm=1.0), "records[0].gradnorm: unknown field"),
+        (lambda p: p["records"][1].update(seq=0),
+         "records[1].seq 0 appears more than once in this batch"),
+        (lambda p: p["records"][1]["layers"].update(amax=[0.5, "inf"]),
+         "records[1].layers.amax[1]: is defined over finite elements, so it must be a finite "
+         "number or null"),
+        (lambda p: p["records"][1]["layers"].update(l2=[-1.0, 0.0]),
+         "records[1].layers.l2[0]: Input should be greater than or equal to 0"),
+        (lambda p: p["records"][1]["layers"].update(zero_frac=[1.5, 0.0]),
+         "records[1].layers.zero_frac[0]: Input should be less than or equal to 1"),
+        (lambda p: p["records"][1]["layers"].update(nan_count=[0, -1]),
+         "records[1].layers.nan_count[1]: Input should be greater than or equal to 0"),
+        (lambda p: p["records"][1]["layers"].update(inf_count=[0, 1.0]),
+         "records[1].layers.inf_count[1]: Input should be a valid integer"),
+        (lambda p: p["layers"][1].update(index=5),
+         "layers[1].index is 5; indices must be 0, 1, 2, … in order"),
+        (lambda p: p["run"].update(name="x" * 201),
+         "run.name: String should have at most 200 characters"),
+        (lambda p: p["run"].update(host="a\x00b"), "run.host: must not contain NUL characters"),
+        (lambda p: p["attempt"].update(pid=2**31), "attempt.pid: Input should be less than or "
+                                                   "equal to 2147483647"),
+    ])
+    def test_rejects_with_exact_message(
+        self, api: httpx.Client, mutate: Any, detail: str
+    ) -> None:
+        payload = _invalid(mutate)
+        response = _post(api, payload)
+        assert response.status_code == 422
+        assert strict_json(response.text) == {"detail": detail}
+        assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
+
+    def test_rejects_bare_nan_token(self, api: httpx.Client) -> None:
+        body = httpx.Request("POST", "/", json=batch([record(0)], run_id=new_id())).content
+        body = body.replace(b'"loss":2.31', b'"loss":NaN')
+        response = api.post("/api/ingest", content=body,
+                            headers={"content-type": "application/json"})
+        assert response.status_code == 422
+        assert strict_json(response.text) == {"detail": (
+            'records[0].loss: non-finite numbers must be sent as "nan", "inf" or "-inf"')}
+
+    @pytest.mark.parametrize("body", [b"", b"{", b"[]", b"null", b'"x"', b"{}"])
+    def test_garbage_is_422(self, api: httpx.Client, body: bytes) -> None:
+        response = api.post("/api/ingest", content=body,
+                            headers={"content-type": "application/json"})
+        assert response.status_code == 422
+        assert isinstance(strict_json(response.text)["detail"], str)
+
+    def test_every_classed_float_round_trips_each_tag(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        tags = ["nan", "inf", "-inf"]
+        records = [record(i, loss=t, grad_norm=t, scale_before=t, scale_after=t, lr=t,
+                          duration=t) for i, t in enumerate(tags)]
+        assert _post(api, batch(records, run_id=run_id)).status_code == 200
+        for tag, step in zip(tags, _steps(api, run_id), strict=True):
+            for name in ("loss", "grad_norm", "scale_before", "scale_after", "lr", "duration"):
+                assert step[name] == tag
+        assert strict_json(api.get(f"/api/runs/{run_id}").text)["last_scale"] == "-inf"
+
+    def test_layer_stats_helper_shape(self) -> None:
+        assert {len(v) for v in layer_stats().values()} == {2}
+
+
+class TestConcurrentIngest:
+    def test_parallel_batches_lose_and_duplicate_nothing(
+        self, module_server: Any, api: httpx.Client
+    ) -> None:
+        """8 writers at once: new attempts of one run, replays, and a second run."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        shared, other = new_id(), new_id()
+        attempts = [new_id() for _ in range(4)]
+        payloads = [batch([record(s) for s in range(10 * k, 10 * k + 10)], run_id=shared,
+                          attempt_id=attempts[k % 4]) for k in range(8)]
+        payloads += payloads[:4]  # replays race with the originals
+        payloads += [batch([record(s) for s in range(5)], run_id=other)]
+
+        def post(payload: dict[str, Any]) -> int:
+            with httpx.Client(base_url=module_server.url, timeout=60.0) as client:
+                return client.post("/api/ingest", json=payload).status_code
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            statuses = list(pool.map(post, payloads))
+        assert statuses == [200] * len(payloads)
+        detail = strict_json(api.get(f"/api/runs/{shared}").text)
+        assert detail["num_steps"] == 80
+        assert sorted(a["ordinal"] for a in detail["attempts"]) == [1, 2, 3, 4]
+        assert strict_json(api.get(f"/api/runs/{other}").text)["num_steps"] == 5

@@ -1,0 +1,68 @@
+"""Pages, static files and the vendored plotly.js, with their security headers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ampscope_server.api.pages import CSP, plotly_js, web_root
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _assert_secure(response: httpx.Response) -> None:
+    assert response.headers["content-security-policy"] == CSP
+    assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_csp_is_strict() -> None:
+    assert CSP == (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    )
+
+
+def test_web_root_is_the_web_folder() -> None:
+    assert web_root().resolve() == (REPO / "web").resolve()
+
+
+@pytest.mark.parametrize(("path", "page"), [("/", "index.html"), ("/runs/abc-123", "run.html")])
+def test_pages(api: httpx.Client, path: str, page: str) -> None:
+    response = api.get(path)
+    _assert_secure(response)
+    source = web_root() / page
+    if source.is_file():
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/html; charset=utf-8"
+        assert response.content == source.read_bytes()
+    else:
+        assert response.status_code == 404
+        assert response.json() == {"detail": f"page {page} is not installed"}
+
+
+def test_plotly_comes_from_the_installed_package(api: httpx.Client) -> None:
+    path = plotly_js()
+    assert path is not None and path.is_file()
+    response = api.get("/static/vendor/plotly.min.js")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert response.content == path.read_bytes()
+    _assert_secure(response)
+
+
+def test_static_files(api: httpx.Client) -> None:
+    css = sorted((web_root() / "css").glob("*.css"))
+    if css:
+        response = api.get(f"/static/css/{css[0].name}")
+        assert response.status_code == 200
+        assert response.content == css[0].read_bytes()
+        _assert_secure(response)
+    missing = api.get("/static/js/does-not-exist.js")
+    assert missing.status_code == 404
+    _assert_secure(missing)
+
+
+def test_api_responses_carry_the_headers_too(api: httpx.Client) -> None:
+    _assert_secure(api.get("/api/health"))

@@ -1,0 +1,146 @@
+"""Read API for runs: list, detail, layers, steps paging, export, 404s, derived status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import ingest, runs
+from ampscope_server.schemas import IngestBatch, RunStatus
+from tests.server.wire import LAYERS, batch, new_id, record, strict_json
+
+
+def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+    response = api.get(path)
+    assert response.status_code == status, response.text
+    return strict_json(response.text)
+
+
+def _seed(api: httpx.Client, run_id: str, n: int = 3, **run: Any) -> None:
+    records = [record(i, skipped=(i == 1), found_inf=(i == 1),
+                      scale_after=32768.0 if i >= 1 else 65536.0,
+                      scale_before=65536.0 if i <= 1 else 32768.0) for i in range(n)]
+    response = api.post("/api/ingest", json=batch(records, run_id=run_id, **run))
+    assert response.status_code == 200, response.text
+
+
+class TestRunsList:
+    def test_lists_newest_first_with_summaries(self, api: httpx.Client) -> None:
+        first, second = new_id(), new_id()
+        _seed(api, first, name="first")
+        _seed(api, second, n=1, name="second", tags=["x"])
+        listed = {r["id"]: r for r in _get(api, "/api/runs")}
+        ids = [r["id"] for r in _get(api, "/api/runs")]
+        assert ids.index(second) < ids.index(first)
+        summary = listed[first]
+        assert set(summary) == {"id", "project", "name", "tags", "status", "created_at",
+                                "updated_at", "num_steps", "last_step", "last_scale",
+                                "skipped_steps", "num_layers"}
+        assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
+                                       "last_scale", "skipped_steps", "num_layers")} == {
+            "name": "first", "tags": ["amp", "cpu"], "status": "active", "num_steps": 3,
+            "last_step": 2, "last_scale": 32768.0, "skipped_steps": 1, "num_layers": 2}
+        assert listed[second]["tags"] == ["x"]
+
+    def test_run_without_steps(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
+        detail = _get(api, f"/api/runs/{run_id}")
+        assert (detail["num_steps"], detail["last_step"], detail["last_scale"],
+                detail["skipped_steps"], detail["num_layers"]) == (0, None, None, 0, 2)
+
+
+class TestRunDetail:
+    def test_detail(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _seed(api, run_id, host="gpu-7", rank=3, target_format="bf16")
+        detail = _get(api, f"/api/runs/{run_id}")
+        assert detail["config"] == {"lr": 0.001, "nested": {"a": [1, 2]}}
+        assert (detail["host"], detail["rank"], detail["target_format"]) == ("gpu-7", 3, "bf16")
+        assert len(detail["attempts"]) == 1
+        attempt = detail["attempts"][0]
+        assert (attempt["ordinal"], attempt["pid"], attempt["started_at"]) == (1, 1234,
+                                                                              1764430000.5)
+
+    def test_layers(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _seed(api, run_id)
+        assert _get(api, f"/api/runs/{run_id}/layers") == LAYERS
+
+    @pytest.mark.parametrize("suffix", [
+        "", "/layers", "/steps", "/export", "/series/loss", "/events",
+        "/layer-stats?stat=amax",
+    ])
+    def test_unknown_run_is_404(self, api: httpx.Client, suffix: str) -> None:
+        run_id = new_id()
+        assert _get(api, f"/api/runs/{run_id}{suffix}", 404) == {
+            "detail": f"run '{run_id}' not found"}
+
+
+class TestSteps:
+    def test_pages_by_after_id(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _seed(api, run_id, n=5)
+        page = _get(api, f"/api/runs/{run_id}/steps?limit=2")
+        assert [s["seq"] for s in page["steps"]] == [0, 1]
+        assert page["last_id"] == page["steps"][-1]["id"]
+        rest = _get(api, f"/api/runs/{run_id}/steps?after_id={page['last_id']}&limit=10")
+        assert [s["seq"] for s in rest["steps"]] == [2, 3, 4]
+        empty = _get(api, f"/api/runs/{run_id}/steps?after_id={rest['last_id']}")
+        assert empty == {"steps": [], "last_id": rest["last_id"]}
+
+    def test_steps_of_other_runs_are_not_mixed_in(self, api: httpx.Client) -> None:
+        mine, other = new_id(), new_id()
+        _seed(api, mine, n=2)
+        _seed(api, other, n=2)
+        assert {s["seq"] for s in _get(api, f"/api/runs/{mine}/steps")["steps"]} == {0, 1}
+        assert len(_get(api, f"/api/runs/{mine}/steps")["steps"]) == 2
+
+    @pytest.mark.parametrize(("query", "detail"), [
+        ("limit=0", "query.limit: Input should be greater than or equal to 1"),
+        ("after_id=-1", "query.after_id: Input should be greater than or equal to 0"),
+        ("limit=abc", "query.limit: Input should be a valid integer, unable to parse string "
+                      "as an integer"),
+    ])
+    def test_bad_query_is_422(self, api: httpx.Client, query: str, detail: str) -> None:
+        run_id = new_id()
+        _seed(api, run_id, n=1)
+        assert _get(api, f"/api/runs/{run_id}/steps?{query}", 422) == {"detail": detail}
+
+
+class TestExport:
+    def test_export_has_everything(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        records = [record(0), record(1, with_layers=False), record(2)]
+        assert api.post("/api/ingest", json=batch(records, run_id=run_id)).status_code == 200
+        export = _get(api, f"/api/runs/{run_id}/export?format=json")
+        assert set(export) == {"run", "layers", "steps"}
+        assert export["run"]["num_steps"] == 3
+        assert export["layers"] == LAYERS
+        assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
+        assert [s["seq"] for s in export["steps"]] == [0, 1, 2]
+
+    def test_unknown_format_is_422(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _seed(api, run_id, n=1)
+        assert _get(api, f"/api/runs/{run_id}/export?format=csv", 422) == {
+            "detail": "query.format: Input should be 'json'"}
+
+
+class TestStatus:
+    def test_derive_status(self) -> None:
+        assert runs.derive_status("active", 100.0, 150.0, 60.0) is RunStatus.ACTIVE
+        assert runs.derive_status("active", 100.0, 161.0, 60.0) is RunStatus.CRASHED
+        assert runs.derive_status("finished", 100.0, 1e9, 60.0) is RunStatus.FINISHED
+
+    def test_silent_active_run_reads_as_crashed(self, sessions: sessionmaker[Session]) -> None:
+        payload = batch([record(0)], run_id=new_id())
+        with sessions() as session, session.begin():
+            ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
+        with sessions() as session:
+            run = runs.load_run(session, payload["run"]["id"])
+            assert runs.summaries(session, [run], 300.0, now=1200.0)[0].status == "active"
+            assert runs.summaries(session, [run], 300.0, now=1301.0)[0].status == "crashed"

@@ -1,0 +1,85 @@
+"""Hand-built wire v1 batches (docs/contracts.md) for the server tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from typing import Any
+
+RUN_ID = "3f0c2a4e-1b2c-4d3e-8f40-5a6b7c8d9e0f"
+ATTEMPT_ID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+LAYERS: list[dict[str, Any]] = [
+    {"index": 0, "name": "fc1.weight", "shape": [16, 8], "dtype": "float32", "numel": 128,
+     "module_type": "Linear"},
+    {"index": 1, "name": "fc1.bias", "shape": [16], "dtype": "float32", "numel": 16,
+     "module_type": "Linear"},
+]
+
+
+def layer_stats(seed: float = 1.0, n: int = 2) -> dict[str, list[Any]]:
+    return {
+        "amax": [0.5 * seed, 0.25][:n] + [0.125] * max(0, n - 2),
+        "amin_nz": [1e-9, None][:n] + [1e-7] * max(0, n - 2),
+        "zero_frac": [0.0, 0.125][:n] + [0.0] * max(0, n - 2),
+        "subnormal_frac": [0.0, 0.0625][:n] + [0.0] * max(0, n - 2),
+        "underflow_frac": [0.0, 0.03125][:n] + [0.0] * max(0, n - 2),
+        "nan_count": [0, 3][:n] + [0] * max(0, n - 2),
+        "inf_count": [0, 2][:n] + [0] * max(0, n - 2),
+        "l2": [1.2 * seed, 0.3][:n] + [0.1] * max(0, n - 2),
+    }
+
+
+def record(seq: int, *, step: int | None = None, with_layers: bool = True,
+           **overrides: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "seq": seq,
+        "step": seq if step is None else step,
+        "wall_time": 1764430001.25 + seq,
+        "loss": 2.31 - 0.01 * seq,
+        "scale_before": 65536.0,
+        "scale_after": 65536.0,
+        "growth_tracker": seq,
+        "found_inf": False,
+        "skipped": False,
+        "grad_norm": 0.75,
+        "lr": 0.001,
+        "duration": None if seq == 0 else 0.0123,
+        "layers": layer_stats(1.0 + seq) if with_layers else None,
+    }
+    rec.update(overrides)
+    return rec
+
+
+def batch(records: list[dict[str, Any]], *, run_id: str = RUN_ID, attempt_id: str | None = None,
+          layers: list[dict[str, Any]] | None = LAYERS, final: bool = False,
+          **run_overrides: Any) -> dict[str, Any]:
+    run = {
+        "id": run_id, "project": "default", "name": "demo", "tags": ["amp", "cpu"],
+        "config": {"lr": 0.001, "nested": {"a": [1, 2]}}, "host": "hostname", "rank": 0,
+        "target_format": "fp16",
+    }
+    run.update(run_overrides)
+    if attempt_id is None:  # one attempt per run unless told otherwise
+        attempt_id = ATTEMPT_ID if run_id == RUN_ID else str(uuid.uuid5(uuid.NAMESPACE_URL, run_id))
+    return {
+        "schema_version": 1,
+        "run": run,
+        "attempt": {"id": attempt_id, "pid": 1234, "started_at": 1764430000.5},
+        "layers": copy.deepcopy(layers),
+        "records": copy.deepcopy(records),
+        "final": final,
+    }
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"bare {token} in a JSON body")
+
+
+def strict_json(text: str) -> Any:
+    """json.loads that refuses NaN/Infinity tokens, as a browser's JSON.parse does."""
+    return json.loads(text, parse_constant=_reject_constant)
