@@ -57,7 +57,8 @@ def main() -> None:
     if port_in_use(url):
         raise SystemExit(f"something already answers on {url}; stop it or use `make demo PORT=...`")
     server = subprocess.Popen([sys.executable, "-m", "ampscope_server.cli", "serve",
-                               "--host", "127.0.0.1", "--port", str(args.port), "--db", args.db])
+                               "--host", "127.0.0.1", "--port", str(args.port), "--db", args.db,
+                               "--log-level", "warning"])
     try:
         wait_healthy(url, server)
         model, scaler, optimizer, gen = make_training()

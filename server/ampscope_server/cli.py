@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
     serve.add_argument("--port", type=int, help="port (default 8765, AMPSCOPE_PORT)")
     serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug"],
+                       help="uvicorn's log level; below info the access log is off (default info)")
 
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -49,10 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"ampscope: {db.safe_url(settings.db_url)} is at revision "
                          f"{db.head_revision()}\n")
         return 0
-    return _serve(settings)
+    return _serve(settings, args.log_level)
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, log_level: str) -> int:
     import uvicorn
 
     from ampscope_server import db
@@ -69,7 +72,8 @@ def _serve(settings: Settings) -> int:
         return 2
     finally:
         engine.dispose()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=log_level, access_log=log_level in ("info", "debug"))
     return 0
 
 

@@ -114,7 +114,7 @@ def train_watched(server_url: str, poison_step: int | None = None) -> tuple[str,
         stats = [reference_stats(grads[name], scale) for name in names]
         truth.layers.append({key: [s[key] for s in stats] for key in stats[0]})
     mon.close()
-    assert mon.stats()["dropped"] == 0
+    assert mon.stats().dropped == 0
     return mon.run_id, names, truth
 
 

@@ -1,0 +1,160 @@
+"""Wire format v1 (docs/contracts.md): the ingest payload and its non-finite-safe JSON codec.
+
+This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
+can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
+otherwise; ``None`` (JSON ``null``) always means *absent*, never NaN. ``dumps`` uses
+``allow_nan=False`` so a bare NaN can never leak onto the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+__all__ = [
+    "LAYER_STAT_NAMES",
+    "SCHEMA_VERSION",
+    "WireFloat",
+    "build_payload",
+    "decode_float",
+    "dumps",
+    "encode_float",
+    "finite_or_none",
+    "jsonable",
+    "step_record",
+]
+
+SCHEMA_VERSION = 1
+
+LAYER_STAT_NAMES: tuple[str, ...] = (
+    "amax",
+    "amin_nz",
+    "zero_frac",
+    "subnormal_frac",
+    "underflow_frac",
+    "nan_count",
+    "inf_count",
+    "l2",
+)
+"""Keys of a record's ``layers`` object, in contract order."""
+
+WireFloat: TypeAlias = "float | str | None"
+JSON: TypeAlias = Any
+
+_COUNT_STATS = frozenset({"nan_count", "inf_count"})
+# Defined over finite elements only: a non-finite value here means "no element qualified".
+_FINITE_OR_NULL_STATS = frozenset({"amax", "amin_nz", "l2"})
+
+
+def encode_float(x: float | None) -> WireFloat:
+    """A finite float as itself, NaN/±inf as their string tags, None as None (absent)."""
+    if x is None:
+        return None
+    x = float(x)
+    if math.isfinite(x):
+        return x
+    if math.isnan(x):
+        return "nan"
+    return "inf" if x > 0 else "-inf"
+
+
+def decode_float(x: WireFloat) -> float | None:
+    """The inverse of ``encode_float``."""
+    if x is None:
+        return None
+    if isinstance(x, str):
+        if x not in ("nan", "inf", "-inf"):
+            raise ValueError(f"not a float tag: {x!r} (expected 'nan', 'inf' or '-inf')")
+        return float(x)
+    return float(x)
+
+
+def finite_or_none(x: float) -> float | None:
+    """For statistics defined over finite elements: NaN (nothing qualified) becomes null."""
+    return x if math.isfinite(x) else None
+
+
+def jsonable(value: object) -> JSON:
+    """A JSON-safe copy of user-given data (``config``): floats tagged, unknown objects as str."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return encode_float(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, Sequence | set | frozenset):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def step_record(
+    *,
+    seq: int,
+    step: int,
+    wall_time: float,
+    loss: float | None,
+    scale_before: float,
+    scale_after: float,
+    growth_tracker: int | None,
+    found_inf: bool,
+    skipped: bool,
+    grad_norm: float | None,
+    lr: float | None,
+    duration: float | None,
+    layers: Mapping[str, Sequence[float]] | None,
+) -> dict[str, JSON]:
+    """One wire record. ``layers`` maps every name of ``LAYER_STAT_NAMES`` to per-layer values as
+    computed (NaN for "none"); they are encoded here: counts as ints, amax/amin_nz/l2 null when not
+    finite, fractions as numbers."""
+    encoded: dict[str, list[JSON]] | None = None
+    if layers is not None:
+        encoded = {}
+        for name in LAYER_STAT_NAMES:
+            values = layers[name]
+            if name in _COUNT_STATS:
+                encoded[name] = [round(v) for v in values]
+            elif name in _FINITE_OR_NULL_STATS:
+                encoded[name] = [finite_or_none(float(v)) for v in values]
+            else:
+                encoded[name] = [encode_float(v) for v in values]
+    return {
+        "seq": seq,
+        "step": step,
+        "wall_time": wall_time,
+        "loss": encode_float(loss),
+        "scale_before": encode_float(scale_before),
+        "scale_after": encode_float(scale_after),
+        "growth_tracker": growth_tracker,
+        "found_inf": found_inf,
+        "skipped": skipped,
+        "grad_norm": encode_float(grad_norm),
+        "lr": encode_float(lr),
+        "duration": duration,
+        "layers": encoded,
+    }
+
+
+def build_payload(
+    *,
+    run: Mapping[str, JSON],
+    attempt: Mapping[str, JSON],
+    layers: Sequence[Mapping[str, JSON]] | None,
+    records: Sequence[Mapping[str, JSON]],
+    final: bool,
+) -> dict[str, JSON]:
+    """The body of one ``POST /api/ingest``; ``layers`` is the layer table or None."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": dict(run),
+        "attempt": dict(attempt),
+        "layers": None if layers is None else [dict(layer) for layer in layers],
+        "records": [dict(r) for r in records],
+        "final": final,
+    }
+
+
+def dumps(payload: Mapping[str, JSON]) -> bytes:
+    """Compact UTF-8 JSON; raises ``ValueError`` if a bare non-finite float slipped through."""
+    return json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")

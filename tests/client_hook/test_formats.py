@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ampscope.formats import FORMATS, TargetFormat
+
+
+def smallest_positive(dtype: torch.dtype) -> float:
+    """The smallest positive value of ``dtype``, from its bit pattern 0...01."""
+    bits = {1: torch.uint8, 2: torch.int16}[torch.tensor([], dtype=dtype).element_size()]
+    return float(torch.tensor([1], dtype=bits).view(dtype).to(torch.float64))
+
+
+class TestThresholds:
+    @pytest.mark.parametrize("name", sorted(FORMATS))
+    def test_min_subnormal_is_the_smallest_positive_bit_pattern(self, name: str) -> None:
+        fmt = FORMATS[name]
+        assert fmt.min_subnormal == smallest_positive(fmt.dtype)
+
+    @pytest.mark.parametrize("name", sorted(FORMATS))
+    def test_max_and_min_normal_come_from_finfo(self, name: str) -> None:
+        fmt, info = FORMATS[name], torch.finfo(FORMATS[name].dtype)
+        assert (fmt.max, fmt.min_normal) == (info.max, info.smallest_normal)
+
+    def test_fp16_values_of_the_design(self) -> None:
+        fp16 = FORMATS["fp16"]
+        assert (fp16.max, fp16.min_normal, fp16.min_subnormal) == (65504.0, 2.0**-14, 2.0**-24)
+        assert fp16.underflow_threshold == 2.0**-25
+
+    def test_underflow_threshold_is_where_rounding_gives_zero(self) -> None:
+        fp16 = FORMATS["fp16"]
+        below = torch.tensor(fp16.underflow_threshold * 0.99, dtype=torch.float64)
+        above = torch.tensor(fp16.underflow_threshold * 1.01, dtype=torch.float64)
+        assert below.to(torch.float16).item() == 0.0
+        assert above.to(torch.float16).item() == fp16.min_subnormal
+
+
+class TestLookup:
+    def test_get_by_name_and_identity(self) -> None:
+        assert TargetFormat.get("bf16") is FORMATS["bf16"]
+        assert TargetFormat.get(FORMATS["fp8_e5m2"]) is FORMATS["fp8_e5m2"]
+
+    def test_unknown_name_says_what_is_known(self) -> None:
+        with pytest.raises(ValueError, match=r"unknown target_format 'fp4'; expected one of: "
+                           r"bf16, fp16, fp8_e4m3fn, fp8_e5m2"):
+            TargetFormat.get("fp4")

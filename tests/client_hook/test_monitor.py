@@ -1,0 +1,312 @@
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampscope
+from ampscope.formats import FORMATS
+from ampscope.monitor import HookState
+from ampscope.reductions import STAT_NAMES, layer_stats, unpack
+from ampscope.transport import MemorySender
+from tests.client_hook.httpstub import StubServer
+
+
+class Tiny(nn.Module):
+    """An fp32 elementwise use of a parameter: its gradient is ~1e-15 of the output's, so at any
+    realistic scale it would underflow in fp16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.gain * 1e-15
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4), Tiny())
+
+
+Loop = Callable[[int], None]
+
+
+class Run:
+    """A real CPU AMP loop (fp16 autocast, GradScaler from 2^24 so the first steps overflow) that
+    records the truth from the scaler itself around every update()."""
+
+    def __init__(self, *, scaler_enabled: bool = True, **watch: Any) -> None:
+        self.model = make_model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, enabled=scaler_enabled)
+        self.sender = MemorySender()
+        watch.setdefault("sender", self.sender)
+        self.mon = ampscope.watch(self.model, self.scaler, self.opt, run="t", **watch)
+        gen = torch.Generator().manual_seed(1)
+        self.x, self.y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+        self.truth: list[dict[str, Any]] = []
+        self.pre_unscale: list[list[torch.Tensor | None]] = []
+
+    def loss(self) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = self.model(self.x)
+        loss: torch.Tensor = ((out.float() - self.y) ** 2).mean()
+        return loss
+
+    def update(self, losses: list[float]) -> None:
+        s = self.scaler
+        truth: dict[str, Any] = {"loss": sum(losses) / len(losses)}
+        if s.is_enabled():
+            found = [t.item() for st in s._per_optimizer_states.values()
+                     for t in st["found_inf_per_device"].values()]
+            truth.update(scale_before=s.get_scale(), found_inf=sum(found) > 0)
+        s.update()
+        if s.is_enabled():
+            truth.update(scale_after=s.get_scale(), growth_tracker=s._get_growth_tracker())
+        self.truth.append(truth)
+
+    def step(self, micro: int = 1, before_step: Callable[[], None] | None = None) -> None:
+        self.opt.zero_grad()
+        losses = []
+        for _ in range(micro):
+            loss = self.loss()
+            losses.append(loss.item())
+            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        if before_step is not None:
+            before_step()
+        self.pre_unscale.append([None if p.grad is None else p.grad.clone()
+                                 for p in self.model.parameters()])
+        self.scaler.step(self.opt)
+        self.update(losses)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [r for p in self.sender.payloads() for r in p["records"]]
+
+
+def decoded(values: list[Any]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def assert_stats_equal(rec_layers: dict[str, list[Any]], want: dict[str, list[float]]) -> None:
+    for name in STAT_NAMES:
+        for got, exp in zip(decoded(rec_layers[name]), want[name], strict=True):
+            if math.isnan(exp):
+                assert math.isnan(got), name
+            else:
+                assert got == pytest.approx(exp, rel=1e-6), name
+
+
+class TestRealLoop:
+    def test_records_equal_the_scaler_truth(self) -> None:
+        run = Run(layer_every=4)
+        for _ in range(14):
+            run.step()
+        run.mon.close()
+        records = run.records()
+        assert [r["seq"] for r in records] == [r["step"] for r in records] == list(range(14))
+        for rec, truth in zip(records, run.truth, strict=True):
+            assert rec["scale_before"] == truth["scale_before"]
+            assert rec["scale_after"] == truth["scale_after"]
+            assert rec["growth_tracker"] == truth["growth_tracker"]
+            assert rec["found_inf"] is rec["skipped"] is truth["found_inf"]
+            assert rec["loss"] == truth["loss"]
+            assert rec["lr"] == 0.05
+            assert (rec["layers"] is not None) == (rec["step"] % 4 == 0)
+            if rec["found_inf"]:
+                assert rec["grad_norm"] in ("nan", "inf")
+            else:
+                assert isinstance(rec["grad_norm"], float) and rec["grad_norm"] > 0
+        assert records[0]["found_inf"] and not records[-1]["found_inf"]
+        assert records[0]["duration"] is None and all(r["duration"] > 0 for r in records[1:])
+        assert run.mon.stats() == ampscope.MonitorStats(14, 14, 0, 0, 0, 0)
+
+    def test_layer_stats_are_true_units_of_the_grads_before_unscale(self) -> None:
+        run = Run(layer_every=1)
+        for _ in range(12):
+            run.step()
+        run.mon.close()
+        records = run.records()
+        numels = [p.numel() for p in run.model.parameters()]
+        for rec, truth, grads in zip(records, run.truth, run.pre_unscale, strict=True):
+            _, want = unpack(layer_stats(
+                grads, truth["scale_before"], True, "fp16", numels).tolist(), len(numels))
+            assert_stats_equal(rec["layers"], want)
+        clean = [r for r in records if not r["found_inf"]]
+        assert clean and all(r["layers"]["underflow_frac"][-1] == 1.0 for r in clean)
+        assert all(r["layers"]["underflow_frac"][0] == 0.0 for r in clean)
+
+    def test_injected_nan_and_inf(self) -> None:
+        run = Run(layer_every=1)
+        for _ in range(10):  # until the scale has settled
+            run.step()
+        params = list(run.model.parameters())
+
+        def inject() -> None:
+            assert params[0].grad is not None and params[2].grad is not None
+            params[0].grad[0, 0] = math.nan
+            params[2].grad[1, 1] = math.inf
+            params[2].grad[1, 2] = -math.inf
+
+        run.step(before_step=inject)
+        run.mon.close()
+        for body in run.sender.bodies:
+            json.loads(body, parse_constant=lambda c: pytest.fail(f"bare {c} on the wire"))
+        rec = run.records()[-1]
+        assert rec["found_inf"] is True and rec["skipped"] is True and rec["grad_norm"] == "nan"
+        assert rec["layers"]["nan_count"] == [1, 0, 0, 0, 0]
+        assert rec["layers"]["inf_count"] == [0, 0, 2, 0, 0]
+        assert all(v is not None for v in rec["layers"]["amax"])  # finite elements remain
+
+    def test_gradient_accumulation_gives_one_record(self) -> None:
+        run = Run(layer_every=1)
+        for _ in range(3):
+            run.step(micro=3)
+        run.mon.close()
+        records = run.records()
+        assert len(records) == 3
+        assert [r["loss"] for r in records] == pytest.approx([t["loss"] for t in run.truth])
+
+    def test_unscale_clip_step_captures_once_in_true_units(self) -> None:
+        run = Run(layer_every=1)
+        captured = 0
+        original = run.mon._capture
+
+        def counting(opt: torch.optim.Optimizer) -> None:
+            nonlocal captured
+            captured += 1
+            original(opt)
+
+        run.mon._capture = counting  # type: ignore[method-assign, assignment]
+        for _ in range(10):
+            run.opt.zero_grad()
+            loss = run.loss()
+            run.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            run.pre_unscale.append([p.grad.clone() for p in run.model.parameters()
+                                    if p.grad is not None])
+            run.scaler.unscale_(run.opt)
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+            run.scaler.step(run.opt)
+            run.update([loss.item()])
+        run.mon.close()
+        assert captured == 10
+        numels = [p.numel() for p in run.model.parameters()]
+        for rec, truth, grads in zip(run.records(), run.truth, run.pre_unscale, strict=True):
+            _, want = unpack(layer_stats(
+                grads, truth["scale_before"], True, "fp16", numels).tolist(), len(numels))
+            assert_stats_equal(rec["layers"], want)
+
+    def test_already_unscaled_grads_are_captured_as_true_units(self) -> None:
+        run = Run(layer_every=1)
+        for _ in range(10):
+            run.opt.zero_grad()
+            loss = run.loss()
+            run.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            run.pre_unscale.append([p.grad.clone() for p in run.model.parameters()
+                                    if p.grad is not None])
+            # A framework that unscales through the class, past the instance wrapper.
+            torch.amp.GradScaler.unscale_(run.scaler, run.opt)
+            run.scaler.step(run.opt)
+            run.update([loss.item()])
+        run.mon.close()
+        numels = [p.numel() for p in run.model.parameters()]
+        clean = 0
+        for rec, truth, grads in zip(run.records(), run.truth, run.pre_unscale, strict=True):
+            if truth["found_inf"]:
+                continue  # unscaled overflow: inf/NaN positions match, magnitudes do not matter
+            clean += 1
+            _, want = unpack(layer_stats(
+                grads, truth["scale_before"], True, "fp16", numels).tolist(), len(numels))
+            assert_stats_equal(rec["layers"], want)
+        assert clean >= 2
+
+
+class TestModes:
+    def test_disabled_scaler_still_records_scalars(self) -> None:
+        run = Run(scaler_enabled=False, layer_every=2)
+        for _ in range(3):
+            run.step()
+        run.mon.close()
+        records = run.records()
+        assert [(r["scale_before"], r["scale_after"], r["found_inf"], r["growth_tracker"])
+                for r in records] == [(1.0, 1.0, False, None)] * 3
+        assert records[0]["layers"] is not None and records[1]["layers"] is None
+
+    def test_enabled_false_is_a_pass_through(self) -> None:
+        run = Run(enabled=False)
+        assert not any(name in vars(run.scaler) for name in ("scale", "unscale_", "step", "update"))
+        run.step()
+        run.mon.close()
+        assert run.sender.bodies == [] and run.mon.stats().produced == 0
+
+    def test_hook_errors_never_reach_training(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        run = Run(layer_every=1)
+
+        def broken(*args: object) -> torch.Tensor:
+            raise RuntimeError("forced")
+
+        monkeypatch.setattr(run.mon._stats, "layer_stats", broken)
+        before = [p.detach().clone() for p in run.model.parameters()]
+        with pytest.warns(ampscope.AmpscopeWarning, match="disabled itself after 3 internal"):
+            for _ in range(12):
+                run.step()
+        assert run.mon.state is HookState.DISABLED
+        after = list(run.model.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        run.mon.close()
+        assert run.mon.stats().internal_errors == 3
+
+    def test_close_unwraps_sends_final_and_balances(self) -> None:
+        run = Run()
+        run.step()
+        run.mon.close()
+        run.mon.close()  # idempotent
+        assert not any(name in vars(run.scaler) for name in ("scale", "unscale_", "step", "update"))
+        payloads = run.sender.payloads()
+        assert payloads[-1]["final"] is True and payloads[0]["layers"] == run.mon.layers
+        run.step()  # training goes on, unobserved
+        stats = run.mon.stats()
+        assert stats.produced == stats.acknowledged + stats.dropped + stats.pending == 1
+
+    def test_no_server_counts_drops(self) -> None:
+        run = Run(sender=None, server=None)
+        run.step()
+        run.mon.close()
+        assert run.mon.stats() == ampscope.MonitorStats(1, 0, 1, 0, 0, 0)
+
+    def test_over_http(self) -> None:
+        with StubServer() as server:
+            run = Run(sender=None, server=server.url, project="p", tags=("a",),
+                      config={"lr": 0.05}, run_id="fixed-id")
+            run.step()
+            run.mon.close()
+        payload = server.payloads()[0]
+        assert payload["run"] == {
+            "id": "fixed-id", "project": "p", "name": "t", "tags": ["a"], "config": {"lr": 0.05},
+            "host": payload["run"]["host"], "rank": 0, "target_format": "fp16"}
+        assert list(payload["attempt"]) == ["id", "pid", "started_at"]
+        assert run.mon.run_id == "fixed-id"
+
+
+class TestLayerTable:
+    def test_names_shapes_types_tied_and_frozen(self) -> None:
+        model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10), nn.LayerNorm(10))
+        model[1].weight = model[0].weight  # tied: one layer
+        model[2].bias.requires_grad_(False)
+        mon = ampscope.watch(model, torch.amp.GradScaler("cpu"), server=None,
+                             target_format=FORMATS["bf16"])
+        mon.close()
+        assert mon.layers == [
+            {"index": 0, "name": "0.weight", "shape": [10, 4], "dtype": "float32", "numel": 40,
+             "module_type": "Embedding"},
+            {"index": 1, "name": "1.bias", "shape": [10], "dtype": "float32", "numel": 10,
+             "module_type": "Linear"},
+            {"index": 2, "name": "2.weight", "shape": [10], "dtype": "float32", "numel": 10,
+             "module_type": "LayerNorm"},
+        ]
+        assert mon._run_info["target_format"] == "bf16"

@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampscope import reductions
+from ampscope.formats import FORMATS, TargetFormat
+from ampscope.reductions import STAT_NAMES, GradStats, grad_norm, layer_stats, unpack
+
+FP16 = FORMATS["fp16"]
+
+
+def reference(
+    raws: Sequence[torch.Tensor | None],
+    numels: Sequence[int],
+    scale: float,
+    scaled: Sequence[bool],
+    fmt: TargetFormat,
+) -> tuple[float, dict[str, list[float]]]:
+    """DESIGN.md §3 in float64 NumPy, one layer at a time."""
+    out: dict[str, list[float]] = {name: [] for name in STAT_NAMES}
+    any_nan = any_inf = False
+    total = 0.0
+    for raw, numel, is_scaled in zip(raws, numels, scaled, strict=True):
+        r = np.zeros(numel) if raw is None else raw.detach().double().numpy().ravel()
+        g = r / scale if is_scaled else r  # true units
+        gs = r if is_scaled else r * scale  # as the target format would hold it
+        a, finite = np.abs(g), np.isfinite(g)
+        fin = a[finite]
+        nz = fin[fin > 0]
+        sa = np.abs(gs)
+        n = max(len(r), 1)
+        l2 = math.sqrt(float(np.sum(fin.astype(np.float64) ** 2)))
+        out["amax"].append(float(fin.max()) if fin.size else math.nan)
+        out["amin_nz"].append(float(nz.min()) if nz.size else math.nan)
+        out["zero_frac"].append(float(np.sum(r == 0)) / n)
+        out["subnormal_frac"].append(float(np.sum((sa > 0) & (sa < fmt.min_normal))) / n)
+        out["underflow_frac"].append(
+            float(np.sum((sa > 0) & (sa < fmt.min_subnormal / 2))) / n)
+        out["nan_count"].append(float(np.sum(np.isnan(r))))
+        out["inf_count"].append(float(np.sum(np.isinf(r))))
+        out["l2"].append(l2)
+        any_nan |= bool(np.isnan(r).any())
+        any_inf |= bool(np.isinf(r).any())
+        total += l2 * l2
+    norm = math.nan if any_nan else math.inf if any_inf else math.sqrt(total)
+    return norm, out
+
+
+def assert_same(got: float, want: float) -> None:
+    if math.isnan(want):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(want, rel=1e-6, abs=0.0)
+
+
+def check(
+    raws: Sequence[torch.Tensor | None],
+    scale: float,
+    scaled: Sequence[bool],
+    fmt: TargetFormat = FP16,
+    numels: Sequence[int] | None = None,
+) -> dict[str, list[float]]:
+    sizes = list(numels) if numels is not None else [0 if r is None else r.numel() for r in raws]
+    want_norm, want = reference(raws, sizes, scale, scaled, fmt)
+    for scale_arg in (scale, torch.tensor(scale)):
+        out = layer_stats(raws, scale_arg, scaled, fmt, numels=sizes)
+        assert out.dtype == torch.float64
+        got_norm, got = unpack(out.tolist(), len(raws))
+        assert_same(got_norm, want_norm)
+        for name in STAT_NAMES:
+            for g, w in zip(got[name], want[name], strict=True):
+                assert_same(g, w)
+        present = [r for r in raws if r is not None]
+        if len(present) == len(raws):
+            assert_same(grad_norm(raws, scale_arg, scaled).item(), want_norm)
+    return got
+
+
+def edge_tensor(scale: float, dtype: torch.dtype, scaled: bool, n: int = 3000) -> torch.Tensor:
+    """Normal values plus zeros, fp16-subnormal and underflowing magnitudes (at ``scale``)."""
+    gen = torch.Generator().manual_seed(n)
+    true = torch.randn(n, generator=gen, dtype=torch.float64) * 1e-3
+    true[::7] = 0.0
+    true[1::11] = FP16.min_normal / 8 / scale  # subnormal once scaled
+    true[2::13] = FP16.min_subnormal / 4 / scale  # flushes to zero once scaled
+    true[3::17] = -FP16.min_normal / 2 / scale
+    raw = true * scale if scaled else true
+    return raw.to(dtype)
+
+
+class TestAgainstReference:
+    @pytest.mark.parametrize("scale", [1.0, 2.0**10, 2.0**16, 3.0])
+    @pytest.mark.parametrize("scaled", [True, False])
+    def test_fp32_edge_values(self, scale: float, scaled: bool) -> None:
+        raws = [edge_tensor(scale, torch.float32, scaled, n) for n in (3000, 512, 1, 1500)]
+        got = check(raws, scale, [scaled] * len(raws))
+        assert all(f > 0 for f in got["underflow_frac"][:1])
+        assert all(f > 0 for f in got["subnormal_frac"][:1])
+
+    @pytest.mark.parametrize("scale", [2.0**12, 2.0**16])
+    def test_fp16_gradients_scaled(self, scale: float) -> None:
+        # A pure fp16 model: grads are fp16 and still scaled, so fp16's own subnormals show.
+        raw = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 1e-4
+        raw[::5] = 2.0**-20  # a subnormal fp16 value as stored
+        raws = [raw.to(torch.float16), torch.randn(300).to(torch.float16)]
+        got = check(raws, scale, [True, True])
+        assert got["subnormal_frac"][0] > 0.2
+
+    def test_nonfinite_never_poison_amax_amin_l2(self) -> None:
+        raw = torch.tensor([0.0, 1e-3, -4.0, math.nan, math.inf, -math.inf, 2.0**-30])
+        got = check([raw], 2.0**8, [True])
+        assert got["nan_count"] == [1.0] and got["inf_count"] == [2.0]
+        assert got["amax"][0] == pytest.approx(4.0 / 2**8)
+        assert got["amin_nz"][0] == pytest.approx(2.0**-30 / 2**8)
+
+    def test_all_zero_all_nonfinite_empty_and_absent_layers(self) -> None:
+        raws: list[torch.Tensor | None] = [
+            torch.zeros(700),
+            torch.tensor([math.nan, math.inf, -math.inf]),
+            torch.empty(0),
+            None,
+            torch.ones(5),
+        ]
+        got = check(raws, 4.0, [True] * 5, numels=[700, 3, 0, 9, 5])
+        assert got["zero_frac"][:4] == [1.0, 0.0, 0.0, 1.0]
+        assert math.isnan(got["amin_nz"][0]) and got["amax"][0] == 0.0
+        assert math.isnan(got["amax"][1]) and got["l2"][1] == 0.0  # sent as null
+        assert math.isnan(got["amax"][2])
+        assert got["amax"][3] == 0.0 and got["l2"][3] == 0.0
+
+    def test_mixed_scaled_and_unscaled_layers(self) -> None:
+        scale = 2.0**14
+        raws = [edge_tensor(scale, torch.float32, s, 1000 + 100 * i)
+                for i, s in enumerate([True, False, True, False])]
+        check(raws, scale, [True, False, True, False])
+
+    @pytest.mark.parametrize("name", ["bf16", "fp8_e4m3fn", "fp8_e5m2"])
+    def test_other_formats(self, name: str) -> None:
+        raws = [torch.logspace(-45, 3, 2000, base=2.0) * sign for sign in (1.0, -1.0)]
+        check(raws, 2.0**6, [False, True], FORMATS[name])
+
+    def test_layers_spanning_several_groups(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(reductions, "MAX_GROUP_ELEMS", 4 * reductions.CHUNK)
+        raws = [edge_tensor(8.0, torch.float32, True, n) for n in (100, 3000, 600, 5000, 1)]
+        check(raws, 8.0, [True] * 5)
+
+
+class TestGradNorm:
+    def test_nan_wins_over_inf(self) -> None:
+        raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]
+        assert math.isnan(layer_stats(raws, 1.0, True)[0].item())
+        assert math.isnan(grad_norm(raws, 1.0, True).item())
+
+    def test_inf_without_nan(self) -> None:
+        raws = [torch.tensor([1.0, -math.inf]), torch.tensor([2.0])]
+        assert layer_stats(raws, 1.0, True)[0].item() == math.inf
+        assert grad_norm(raws, 1.0, True).item() == math.inf
+
+    def test_huge_scaled_values_do_not_overflow(self) -> None:
+        raws = [torch.full((1000,), 3e37), torch.full((10,), 1e-40)]
+        want = math.sqrt(1000) * 3e37 / 2.0**24
+        assert layer_stats(raws, 2.0**24, True)[0].item() == pytest.approx(want, rel=1e-6)
+        assert grad_norm(raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
+
+
+class _CountOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    VIEWS = frozenset({"view", "reshape", "_reshape_alias", "alias", "as_strided", "detach",
+                       "unsqueeze", "slice", "select", "expand", "t", "lift_fresh"})
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if name not in self.VIEWS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+class TestLaunches:
+    def ops_for(self, num_layers: int) -> list[str]:
+        stats = GradStats(FP16)
+        raws = [torch.randn(37 + 50 * i) for i in range(num_layers)]
+        stats.layer_stats(raws, torch.tensor(2.0**10), True)  # builds and caches the plan
+        with _CountOps() as mode:
+            stats.layer_stats(raws, torch.tensor(2.0**10), True)
+        ops: list[str] = mode.ops
+        return ops
+
+    def test_launches_do_not_grow_with_layer_count(self) -> None:
+        few, many = self.ops_for(3), self.ops_for(60)
+        assert few == many
+        assert len(few) < 80  # a fixed budget, whatever the model
+
+    def test_no_host_reads(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def boom(*args: object) -> Iterator[None]:
+            raise AssertionError("host sync inside reductions")
+
+        raws = [torch.randn(100), torch.tensor([math.nan, 1.0]), None]
+        for attr in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+            monkeypatch.setattr(torch.Tensor, attr, boom)
+        stats = GradStats(FP16, numels=[100, 2, 4])
+        stats.layer_stats(raws, torch.tensor(8.0), [True, False, True])
+        stats.grad_norm(raws, torch.tensor(8.0), True)
+
+
+def test_unpack_rejects_a_wrong_length() -> None:
+    with pytest.raises(ValueError, match="expected 17 values, got 3"):
+        unpack([0.0, 1.0, 2.0], 2)
+
+
+def test_scaled_flags_must_match_the_gradients() -> None:
+    with pytest.raises(ValueError, match="got 1 scaled flags for 2 gradients"):
+        layer_stats([torch.ones(2), torch.ones(2)], 1.0, [True])

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ampscope import wire
+
+LAYER_KEYS = ["amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac",
+              "nan_count", "inf_count", "l2"]
+RECORD_KEYS = ["seq", "step", "wall_time", "loss", "scale_before", "scale_after", "growth_tracker",
+               "found_inf", "skipped", "grad_norm", "lr", "duration", "layers"]
+
+
+def record(**layers_override: list[float]) -> dict[str, object]:
+    layers = {name: [0.5, math.nan] for name in LAYER_KEYS}
+    layers.update(nan_count=[0.0, 1.0], inf_count=[0.0, 0.0])
+    layers.update(layers_override)
+    return wire.step_record(
+        seq=3, step=7, wall_time=1.5, loss=math.inf, scale_before=65536.0, scale_after=32768.0,
+        growth_tracker=0, found_inf=True, skipped=True, grad_norm=math.nan, lr=1e-3,
+        duration=None, layers=layers,
+    )
+
+
+class TestFloats:
+    @pytest.mark.parametrize(("value", "encoded"), [
+        (1.5, 1.5), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (None, None)])
+    def test_round_trip(self, value: float | None, encoded: object) -> None:
+        assert wire.encode_float(value) == encoded or (value is None and encoded is None)
+        back = wire.decode_float(wire.encode_float(value))
+        assert back == value or (value is not None and math.isnan(value) and math.isnan(back or 0))
+
+    def test_unknown_tag_is_refused(self) -> None:
+        with pytest.raises(ValueError, match=r"not a float tag: 'NaN' \(expected 'nan', 'inf'"):
+            wire.decode_float("NaN")
+
+
+class TestRecord:
+    def test_field_names_are_the_contract(self) -> None:
+        rec = record()
+        assert list(rec) == RECORD_KEYS
+        layers = rec["layers"]
+        assert isinstance(layers, dict) and list(layers) == LAYER_KEYS
+
+    def test_encoding_of_each_stat(self) -> None:
+        rec = record(nan_count=[2.0, 0.0], inf_count=[0.0, 1.0], zero_frac=[0.25, 1.0])
+        layers = rec["layers"]
+        assert isinstance(layers, dict)
+        assert layers["amax"] == [0.5, None]  # defined over finite elements: null when none
+        assert layers["amin_nz"] == [0.5, None] and layers["l2"] == [0.5, None]
+        assert layers["nan_count"] == [2, 0] and isinstance(layers["nan_count"][0], int)
+        assert layers["zero_frac"] == [0.25, 1.0]
+        assert (rec["loss"], rec["grad_norm"], rec["duration"]) == ("inf", "nan", None)
+
+    def test_scalar_only_record(self) -> None:
+        rec = wire.step_record(seq=0, step=0, wall_time=0.0, loss=None, scale_before=1.0,
+                               scale_after=1.0, growth_tracker=None, found_inf=False,
+                               skipped=False, grad_norm=None, lr=None, duration=0.1, layers=None)
+        assert rec["layers"] is None and rec["loss"] is None and rec["lr"] is None
+
+
+class TestPayload:
+    def test_top_level_shape_and_strict_json(self) -> None:
+        payload = wire.build_payload(
+            run={"id": "r", "config": wire.jsonable({"eps": math.inf, "betas": (0.9, 0.99)})},
+            attempt={"id": "a", "pid": 1, "started_at": 0.0},
+            layers=[{"index": 0, "name": "w"}], records=[record()], final=True)
+        assert list(payload) == ["schema_version", "run", "attempt", "layers", "records", "final"]
+        assert payload["schema_version"] == wire.SCHEMA_VERSION == 1
+        text = wire.dumps(payload).decode()
+        assert "NaN" not in text and "Infinity" not in text
+        assert json.loads(text)["run"]["config"] == {"eps": "inf", "betas": [0.9, 0.99]}
+
+    def test_dumps_refuses_bare_nan(self) -> None:
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            wire.dumps({"x": math.nan})
+
+    def test_jsonable_stringifies_unknown_objects(self) -> None:
+        assert wire.jsonable({1: object.__new__(type("Opt", (), {"__str__": lambda s: "opt"}))}) \
+            == {"1": "opt"}
