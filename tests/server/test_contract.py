@@ -75,3 +75,51 @@ def test_hook_output_is_accepted_and_read_back_as_sent(
         assert {k: v for k, v in got.items() if k not in ("id", "attempt")} == sent
     assert exported["steps"][0]["layers"]["amin_nz"] == [1e-9, None]
     assert exported["steps"][0]["layers"]["nan_count"] == [0, 3]
+
+
+def test_a_real_monitor_stream_is_accepted_and_read_back_as_sent(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Bodies a real `Monitor` produced on a CPU AMP loop, one with NaN and inf gradients."""
+    import torch
+
+    import ampscope
+    from ampscope.transport import MemorySender
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sink = MemorySender()
+    mon = ampscope.watch(model, scaler, optimizer, run="contract-monitor", server=None,
+                         sender=sink, layer_every=2)
+    for i in range(6):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(16, 4)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if i == 3:
+            grad = model[0].weight.grad
+            assert grad is not None
+            grad.view(-1)[:2] = torch.tensor([math.nan, math.inf])
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    mon.close()
+    assert mon.stats().acknowledged == 6
+
+    for body in sink.payloads():
+        batch = IngestBatch.model_validate(body)
+        with sessions() as session, session.begin():
+            ingest.ingest_batch(session, batch)
+    sent = [record for body in sink.payloads() for record in body["records"]]
+    with sessions() as session:
+        run = runs.load_run(session, mon.run_id)
+        exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+    assert exported["run"]["status"] == "finished"
+    assert [layer["name"] for layer in exported["layers"]] == [
+        layer["name"] for layer in mon.layers]
+    assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
+            for got in exported["steps"]] == sent
+    poisoned = exported["steps"][3]
+    assert (poisoned["skipped"], poisoned["grad_norm"]) == (True, "nan")
+    assert [s["layers"] is not None for s in exported["steps"]] == [True, False] * 3
