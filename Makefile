@@ -23,11 +23,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	bash scripts/ensure-system.sh
 	$(BIN)/ruff check .
+	$(BIN)/mypy client_hook server tests examples bench
 	$(BIN)/pytest
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy client_hook server tests
+	$(BIN)/mypy client_hook server tests examples bench
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/hook_overhead.py

@@ -515,7 +515,7 @@ class Monitor:
         if values.is_cuda:
             host = torch.empty(values.shape, dtype=f64, pin_memory=True)
             host.copy_(values, non_blocking=True)
-            ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ready = torch.cuda.Event()
             ready.record()
             values = host
         elif values.device.type != "cpu":

@@ -77,7 +77,7 @@ class Run:
         for _ in range(micro):
             loss = self.loss()
             losses.append(loss.item())
-            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            self.scaler.scale(loss).backward()
         if before_step is not None:
             before_step()
         self.pre_unscale.append([None if p.grad is None else p.grad.clone()
@@ -186,7 +186,7 @@ class TestRealLoop:
         for _ in range(10):
             run.opt.zero_grad()
             loss = run.loss()
-            run.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            run.scaler.scale(loss).backward()
             run.pre_unscale.append([p.grad.clone() for p in run.model.parameters()
                                     if p.grad is not None])
             run.scaler.unscale_(run.opt)
@@ -206,7 +206,7 @@ class TestRealLoop:
         for _ in range(10):
             run.opt.zero_grad()
             loss = run.loss()
-            run.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            run.scaler.scale(loss).backward()
             run.pre_unscale.append([p.grad.clone() for p in run.model.parameters()
                                     if p.grad is not None])
             # A framework that unscales through the class, past the instance wrapper.

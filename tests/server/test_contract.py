@@ -87,7 +87,8 @@ def test_a_real_monitor_stream_is_accepted_and_read_back_as_sent(
     from ampscope.transport import MemorySender
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    first = torch.nn.Linear(4, 8)
+    model = torch.nn.Sequential(first, torch.nn.ReLU(), torch.nn.Linear(8, 1))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     sink = MemorySender()
@@ -98,7 +99,7 @@ def test_a_real_monitor_stream_is_accepted_and_read_back_as_sent(
             loss = model(torch.randn(16, 4)).float().pow(2).mean()
         scaler.scale(loss).backward()
         if i == 3:
-            grad = model[0].weight.grad
+            grad = first.weight.grad
             assert grad is not None
             grad.view(-1)[:2] = torch.tensor([math.nan, math.inf])
         scaler.step(optimizer)
