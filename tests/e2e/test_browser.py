@@ -292,6 +292,33 @@ class TestRunPage:
         assert NAN_LOSS_STEP in watched.js("() => document.getElementById('loss-chart').data[1].x")
         watched.assert_clean()
 
+    def test_the_browser_parses_every_body_of_a_run_with_nan(
+        self, live_server: ServerProcess, training: Training, watched: Watched
+    ) -> None:
+        """The NaN loss step travels as the tag "nan": `JSON.parse` accepts every API body."""
+        assert training.finished.wait(STEPS / STEPS_PER_S + 30)
+        watched.page.goto(f"{live_server.url}/runs/{training.run_id}")
+        watched.wait_for(LOADED)
+        base = f"/api/runs/{training.run_id}"
+        paths = [f"{base}/export?format=json", f"{base}/steps", f"{base}/series/loss",
+                 f"{base}/layer-stats?stat=headroom_bits", "/api/runs"]
+        parsed = watched.page.evaluate(
+            """async (paths) => {
+                const out = {};
+                for (const p of paths) {
+                    const text = await (await fetch(p)).text();
+                    out[p] = JSON.parse(text);  // throws on a bare NaN or Infinity token
+                }
+                return out;
+            }""",
+            paths,
+        )
+        steps = parsed[f"{base}/export?format=json"]["steps"]
+        assert steps[NAN_LOSS_STEP]["loss"] == "nan"
+        assert steps[NAN_LOSS_STEP]["skipped"] is True
+        assert parsed[f"{base}/steps"]["steps"][NAN_LOSS_STEP]["loss"] == "nan"
+        watched.assert_clean()
+
     def test_an_unknown_run_says_so(self, live_server: ServerProcess, watched: Watched) -> None:
         watched.page.goto(f"{live_server.url}/runs/no-such-run")
         banner = watched.page.locator("#error")
