@@ -45,7 +45,8 @@ import torch
 
 from ampscope import wire
 from ampscope.formats import TargetFormat
-from ampscope.reductions import STAT_NAMES, GradStats
+from ampscope.record import SCALARS, StepRecord, layer_table
+from ampscope.reductions import GradStats
 from ampscope.transport import HttpSender, Sender, Transport
 
 __all__ = ["AmpscopeWarning", "Monitor", "MonitorStats", "watch"]
@@ -53,8 +54,6 @@ __all__ = ["AmpscopeWarning", "Monitor", "MonitorStats", "watch"]
 logger = logging.getLogger("ampscope")
 
 _WRAPPED = ("scale", "unscale_", "step", "update")
-# Scalars at the head of the per-step device tensor, in this order; the stats block follows.
-_SCALARS = ("scale_before", "scale_after", "growth_tracker", "found_inf", "loss", "grad_norm", "lr")
 
 
 class AmpscopeWarning(RuntimeWarning):
@@ -79,52 +78,6 @@ class MonitorStats:
     internal_errors: int
 
 
-@dataclass
-class _StepRecord:
-    """What the training thread enqueues; ``to_wire`` runs on the sender thread."""
-
-    seq: int
-    step: int
-    wall_time: float
-    duration: float | None
-    values: torch.Tensor  # float64 host tensor: _SCALARS then (8, L) stats when has_layers
-    ready: Any  # torch.cuda.Event to wait on before reading ``values``, or None
-    absent: frozenset[str]
-    num_layers: int | None
-    found_inf_from_scale: bool  # fallback: no found_inf tensors, infer from a scale decrease
-
-    def to_wire(self) -> dict[str, Any]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        v = self.values.tolist()
-        head = dict(zip(_SCALARS, v[: len(_SCALARS)], strict=True))
-        for name in self.absent:
-            head[name] = None
-        if self.found_inf_from_scale:
-            head["found_inf"] = float(head["scale_after"] < head["scale_before"])
-        layers = None
-        if self.num_layers is not None:
-            n, base = self.num_layers, len(_SCALARS)
-            layers = {s: v[base + k * n : base + (k + 1) * n] for k, s in enumerate(STAT_NAMES)}
-        found_inf = bool(head["found_inf"])
-        growth = head["growth_tracker"]
-        return wire.step_record(
-            seq=self.seq,
-            step=self.step,
-            wall_time=self.wall_time,
-            loss=head["loss"],
-            scale_before=head["scale_before"],
-            scale_after=head["scale_after"],
-            growth_tracker=None if growth is None else round(growth),
-            found_inf=found_inf,
-            skipped=found_inf,
-            grad_norm=head["grad_norm"],
-            lr=head["lr"],
-            duration=self.duration,
-            layers=layers,
-        )
-
-
 _MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
@@ -146,28 +99,6 @@ def _rank() -> int:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return 0
-
-
-def _layer_table(model: torch.nn.Module) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
-    owner: dict[int, str] = {}
-    for _, module in model.named_modules():
-        for _, p in module.named_parameters(recurse=False):
-            owner.setdefault(id(p), type(module).__name__)
-    table: list[dict[str, Any]] = []
-    params: list[torch.nn.Parameter] = []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        table.append({
-            "index": len(table),
-            "name": name,
-            "shape": list(p.shape),
-            "dtype": str(p.dtype).removeprefix("torch."),
-            "numel": p.numel(),
-            "module_type": owner.get(id(p), type(model).__name__),
-        })
-        params.append(p)
-    return table, params
 
 
 class Monitor:
@@ -207,7 +138,7 @@ class Monitor:
             self._optimizers = list(optimizer)
         self._owner: dict[int, torch.optim.Optimizer] = {}
         self._owner_of: tuple[int, ...] = ()
-        self._layers, self._params = _layer_table(model)
+        self._layers, self._params = layer_table(model)
         self._stats = GradStats(self.fmt, [p.numel() for p in self._params])
         self._max_errors = max_errors
         self._errors = 0
@@ -509,6 +440,7 @@ class Monitor:
             lr = const(float("nan"))
             absent.add("lr")
         head = torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, lr])
+        assert head.numel() == len(SCALARS)
         block = self._block
         values = head if block is None else torch.cat([head, block.to(device)])
         ready = None
@@ -520,7 +452,7 @@ class Monitor:
             values = host
         elif values.device.type != "cpu":
             values = values.to("cpu")
-        record = _StepRecord(
+        record = StepRecord(
             seq=self._seq,
             step=self._updates,
             wall_time=time.time(),

@@ -27,19 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from ampscope.formats import TargetFormat
+from ampscope.wire import LAYER_STAT_NAMES
 
 __all__ = ["CHUNK", "STAT_NAMES", "GradStats", "grad_norm", "layer_stats", "unpack"]
 
-STAT_NAMES: tuple[str, ...] = (
-    "amax",
-    "amin_nz",
-    "zero_frac",
-    "subnormal_frac",
-    "underflow_frac",
-    "nan_count",
-    "inf_count",
-    "l2",
-)
+STAT_NAMES: tuple[str, ...] = LAYER_STAT_NAMES
 """Rows of the stats block, in wire order; see DESIGN.md §3 for the definitions."""
 
 CHUNK = 512
