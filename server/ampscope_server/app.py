@@ -35,7 +35,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             engine.dispose()
 
-    app = FastAPI(title="ampscope", version=__version__, lifespan=lifespan)
+    # /docs is pages.api_docs_page: FastAPI's own pages load Swagger/ReDoc from a CDN.
+    app = FastAPI(title="ampscope", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.add_exception_handler(AmpscopeError, ampscope_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_middleware(pages.SecurityHeaders)

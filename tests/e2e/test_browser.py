@@ -345,3 +345,17 @@ class TestRunPage:
         unexpected = [e for e in watched.errors if "WebSocket connection" not in e]
         assert unexpected == []
         assert watched.js("() => window.__cspViolations") == []
+
+
+class TestApiDocsPage:
+    def test_documents_the_api_offline_under_the_csp(
+        self, live_server: ServerProcess, watched: Watched
+    ) -> None:
+        watched.page.goto(f"{live_server.url}/docs")
+        paths = watched.page.locator(".opblock-summary-path")
+        paths.first.wait_for(timeout=WAIT_MS)
+        shown = set(paths.all_inner_texts())
+        assert {"/api/runs", "/api/ingest", "/api/runs/{run_id}/export"} <= {
+            p.replace("\u200b", "") for p in shown}
+        watched.screenshot("api-docs.png")
+        watched.assert_clean()

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ampscope_server.api.pages import CSP, plotly_js, web_root
+from ampscope_server.api.pages import CSP, plotly_js, swagger_ui_dir, web_root
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,18 +28,44 @@ def test_web_root_is_the_web_folder() -> None:
     assert web_root().resolve() == (REPO / "web").resolve()
 
 
-@pytest.mark.parametrize(("path", "page"), [("/", "index.html"), ("/runs/abc-123", "run.html")])
+@pytest.mark.parametrize(("path", "page"), [
+    ("/", "index.html"), ("/runs/abc-123", "run.html"), ("/docs", "api-docs.html"),
+])
 def test_pages(api: httpx.Client, path: str, page: str) -> None:
     response = api.get(path)
     _assert_secure(response)
-    source = web_root() / page
-    if source.is_file():
-        assert response.status_code == 200
-        assert response.headers["content-type"] == "text/html; charset=utf-8"
-        assert response.content == source.read_bytes()
-    else:
-        assert response.status_code == 404
-        assert response.json() == {"detail": f"page {page} is not installed"}
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    assert response.content == (web_root() / page).read_bytes()
+
+
+def test_fastapis_cdn_backed_doc_pages_are_off(api: httpx.Client) -> None:
+    assert api.get("/redoc").status_code == 404
+    assert "cdn" not in api.get("/docs").text.lower()
+
+
+@pytest.mark.parametrize(("name", "content_type"), [
+    ("swagger-ui-bundle.js", "text/javascript; charset=utf-8"),
+    ("swagger-ui.css", "text/css; charset=utf-8"),
+])
+def test_swagger_ui_comes_from_the_installed_package(
+    api: httpx.Client, name: str, content_type: str
+) -> None:
+    folder = swagger_ui_dir()
+    assert folder is not None
+    response = api.get(f"/static/vendor/swagger-ui/{name}")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == content_type
+    assert response.content == (folder / name).read_bytes()
+    _assert_secure(response)
+
+
+def test_only_the_two_swagger_files_are_served(api: httpx.Client) -> None:
+    response = api.get("/static/vendor/swagger-ui/index.html")
+    assert response.status_code == 404
+    assert response.json() == {
+        "detail": "swagger-ui file 'index.html' is not installed (pip install swagger-ui-bundle-v2)"
+    }
 
 
 def test_plotly_comes_from_the_installed_package(api: httpx.Client) -> None:
@@ -53,12 +79,10 @@ def test_plotly_comes_from_the_installed_package(api: httpx.Client) -> None:
 
 
 def test_static_files(api: httpx.Client) -> None:
-    css = sorted((web_root() / "css").glob("*.css"))
-    if css:
-        response = api.get(f"/static/css/{css[0].name}")
-        assert response.status_code == 200
-        assert response.content == css[0].read_bytes()
-        _assert_secure(response)
+    response = api.get("/static/css/app.css")
+    assert response.status_code == 200
+    assert response.content == (web_root() / "css" / "app.css").read_bytes()
+    _assert_secure(response)
     missing = api.get("/static/js/does-not-exist.js")
     assert missing.status_code == 404
     _assert_secure(missing)

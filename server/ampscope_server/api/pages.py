@@ -1,7 +1,8 @@
 """The dashboard's HTML pages, its static files and the vendored plotly.js.
 
 Files come from the installed package `ampscope_server._web` (the repo's web/ folder); plotly.js
-from the installed `plotly` package, never a CDN. `SecurityHeaders` puts a strict CSP and
+from the installed `plotly` package and Swagger UI (the OpenAPI page at /docs) from the installed
+`swagger-ui-bundle-v2` package, never a CDN. `SecurityHeaders` puts a strict CSP and
 nosniff on every response.
 """
 
@@ -72,6 +73,36 @@ def plotly_bundle() -> FileResponse:
     if path is None or not path.is_file():
         raise NotFound("plotly.min.js is not installed (pip install plotly)")
     return FileResponse(path, media_type="text/javascript; charset=utf-8")
+
+
+# The only Swagger UI files the /docs page loads; nothing else of that package is served.
+SWAGGER_FILES = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+}
+
+
+@router.get("/docs")
+def api_docs_page() -> FileResponse:
+    """The OpenAPI page, offline and under the strict CSP (FastAPI's default loads a CDN)."""
+    return _page("api-docs.html")
+
+
+@router.get("/static/vendor/swagger-ui/{name}")
+def swagger_file(name: str) -> FileResponse:
+    folder = swagger_ui_dir()
+    if name not in SWAGGER_FILES or folder is None or not (folder / name).is_file():
+        raise NotFound(
+            f"swagger-ui file {name!r} is not installed (pip install swagger-ui-bundle-v2)")
+    return FileResponse(folder / name, media_type=SWAGGER_FILES[name])
+
+
+def swagger_ui_dir() -> Path | None:
+    try:
+        import swagger_ui_bundle
+    except ImportError:
+        return None
+    return Path(swagger_ui_bundle.swagger_ui_path)
 
 
 def static_files() -> StaticFiles:
