@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, repository, series
+from ampscope_server import codec, events, repository, series
 from ampscope_server.formats import FORMATS
-from ampscope_server.models import Run
+from ampscope_server.models import CLASSED_ACTIVATION_STATS, Run
 from ampscope_server.schemas import (
-    EventRead,
     EventsRead,
     HeatmapRead,
+    HeatmapSource,
     HeatmapStat,
     SeriesName,
     SeriesPointRead,
@@ -44,36 +44,61 @@ def series_read(
 
 
 def events_read(session: Session, run: Run) -> EventsRead:
-    rows = [
-        (int(step), bool(skipped), codec.from_storage(before, before_cls),
-         codec.from_storage(after, after_cls))
-        for step, skipped, before, before_cls, after, after_cls
+    steps = [
+        events.StepRow(
+            step_id=int(step_id), step=int(step), skipped=bool(skipped),
+            scale_before=codec.from_storage(before, before_cls),
+            scale_after=codec.from_storage(after, after_cls),
+            loss=codec.from_storage(loss, loss_cls),
+        )
+        for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls
         in repository.event_rows(session, run.id)
     ]
-    return EventsRead(events=[
-        EventRead(step=e.step, kind=e.kind,
-                  scale_before=e.scale_before, scale_after=e.scale_after)
-        for e in series.scale_events(rows)
-    ])
+    bad_layers: dict[int, list[tuple[int, str]]] = {}
+    for entry in repository.nonfinite_of(session, [s.step_id for s in steps if s.skipped]):
+        bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
+    misuse = [
+        events.MisuseRow(
+            step_id=int(step_id), step=int(step),
+            scale_before=codec.from_storage(before, before_cls),
+            scale_after=codec.from_storage(after, after_cls), kind=kind, detail=detail,
+        )
+        for step_id, step, before, before_cls, after, after_cls, kind, detail
+        in repository.misuse_rows(session, run.id)
+    ]
+    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names))
+
+
+def _heatmap_columns(source: HeatmapSource, stat: HeatmapStat) -> list[str]:
+    """The stored columns a stat is read or derived from (with classes where stored)."""
+    if stat == "lost_frac":
+        return ["zero_frac", "underflow_frac"]
+    base = "amax" if stat == "headroom_bits" else stat
+    if source == "activation" and base in CLASSED_ACTIVATION_STATS:
+        return [base, f"{base}_class"]
+    return [base]
 
 
 def heatmap_read(
-    session: Session, run: Run, stat: HeatmapStat, start: int | None, end: int | None
+    session: Session, run: Run, stat: HeatmapStat, start: int | None, end: int | None,
+    source: HeatmapSource = "param",
 ) -> HeatmapRead:
-    """z[layer][column]: one column per step that has layer statistics, in step order."""
+    """z[row][column]: a row per layer (param) or module (activation), a column per step that
+    has statistics of that source, in step order."""
     fmt = FORMATS[run.target_format]
-    layer_names = [layer.name for layer in repository.get_layers(session, run.id)]
-    if stat == "lost_frac":
-        columns = ["zero_frac", "underflow_frac"]
-    elif stat == "headroom_bits":
-        columns = ["amax"]
-    else:
-        columns = [stat]
-    z: list[list[float | None]] = [[] for _ in layer_names]
+    table = (
+        repository.get_modules(session, run.id) if source == "activation"
+        else repository.get_layers(session, run.id)
+    )
+    names = [entry.name for entry in table]
+    columns = _heatmap_columns(source, stat)
+    classed = len(columns) == 2 and columns[1].endswith("_class")
+    z: list[list[float | None]] = [[] for _ in names]
     steps: list[int] = []
     current = None
-    for step_id, step, scale, scale_cls, layer_index, *values in repository.heatmap_rows(
-        session, run.id, columns, start, end
+    for step_id, step, scale, scale_cls, index, *values in repository.heatmap_rows(
+        session, run.id, source, columns, start, end
     ):
         if step_id != current:
             current = step_id
@@ -82,10 +107,10 @@ def heatmap_read(
                 row.append(None)
         if stat == "lost_frac":
             value: float | None = series.lost_frac(values[0], values[1])
-        elif stat == "headroom_bits":
-            value = series.headroom_bits(values[0], codec.from_storage(scale, scale_cls), fmt)
         else:
-            value = values[0]
-        if layer_index < len(z):
-            z[layer_index][-1] = value
-    return HeatmapRead(stat=stat, layers=layer_names, steps=steps, z=z)
+            value = codec.from_storage(values[0], values[1]) if classed else values[0]
+            if stat == "headroom_bits":
+                value = series.headroom_bits(value, codec.from_storage(scale, scale_cls), fmt)
+        if index < len(z):
+            z[index][-1] = value
+    return HeatmapRead(stat=stat, source=source, layers=names, steps=steps, z=z)

@@ -2,7 +2,8 @@
 
     AmpscopeError (500)
     ├── NotFound (404) ── RunNotFound
-    ├── Conflict (409) ── LayerTableConflict, LayerTableMissing
+    ├── Conflict (409) ── LayerTableConflict, LayerTableMissing,
+    │                     ModuleTableConflict, ModuleTableMissing
     ├── InvalidPayload (422)    semantic checks pydantic cannot make alone
     └── SchemaNotCurrent (503)  the database is not at the Alembic head
 
@@ -43,6 +44,14 @@ class LayerTableConflict(Conflict):
 
 class LayerTableMissing(Conflict):
     """Layer statistics arrived for a run whose layer table the server does not have."""
+
+
+class ModuleTableConflict(Conflict):
+    """The batch's module table (activation source) differs from the one stored for the run."""
+
+
+class ModuleTableMissing(Conflict):
+    """Activation statistics arrived for a run whose module table the server does not have."""
 
 
 class InvalidPayload(AmpscopeError):

@@ -1,118 +1,145 @@
-"""Ingest one wire batch: all-or-nothing, idempotent, in the caller's transaction.
+"""Ingest one wire batch (v1 or v2): all-or-nothing, idempotent, in the caller's transaction.
 
-Rules (docs/contracts.md): per-layer arrays must match the run's layer table (422); layer stats
-for a run without a layer table, or a layer table that differs from the stored one, are 409;
-a (run, attempt, seq) already stored is counted as a duplicate and left as it is. `final`
-marks the run finished. Live subscribers are told after the transaction commits.
+Rules (docs/contracts.md): per-layer and per-module data must fit the run's tables (422,
+`batch_checks`); data for a table the run does not have, or a table that differs from the
+stored one, is 409; a (run, attempt, seq) already stored is counted as a duplicate and none of
+its children (layer and activation stats, non-finite layers, misuse, histograms) is written
+again. The client's accounting is kept per attempt when it is newer (largest `produced`).
+`final` marks the run finished. Live subscribers are told after the transaction commits.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, live, repository
-from ampscope_server.errors import Conflict, InvalidPayload, LayerTableConflict, LayerTableMissing
-from ampscope_server.models import CLASSED_STEP_FLOATS, LAYER_STAT_NAMES, Layer
-from ampscope_server.schemas import IngestBatch, IngestResult, LayerInfo, RunStatus, StepRecord
+from ampscope_server import batch_checks, codec, live, repository
+from ampscope_server.errors import Conflict, LayerTableConflict, ModuleTableConflict
+from ampscope_server.models import (
+    CLASSED_ACTIVATION_STATS,
+    CLASSED_STEP_FLOATS,
+    CLIENT_FIELDS,
+    LAYER_STAT_NAMES,
+    ActivationStat,
+    Attempt,
+    Base,
+    Histogram,
+    LayerStat,
+    MisuseEvent,
+    StepNonfinite,
+)
+from ampscope_server.schemas import IngestResult, RunStatus
+from ampscope_server.wire import ClientAccounting, IngestBatch, StepRecord
 
-_LAYER_FIELDS = ("index", "name", "shape", "dtype", "numel", "module_type")
+Rows = list[dict[str, Any]]
 
 
 def ingest_batch(session: Session, batch: IngestBatch, now: float | None = None) -> IngestResult:
     now = time.time() if now is None else now
     run_id = batch.run.id
     repository.touch_run(session, batch.run.model_dump(), now)
-    ordinal = _attempt_ordinal(session, batch)
-    num_layers = _layer_table(session, batch)
-    _check_layer_arrays(batch.records, num_layers, run_id)
+    attempt = _attempt(session, batch)
+    batch_checks.check_records(
+        batch.records, run_id, _layer_table(session, batch), _module_table(session, batch)
+    )
 
     new_ids = repository.insert_steps(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
-    repository.insert_layer_stats(session, [
-        row
-        for record in batch.records
-        if record.seq in new_ids and record.layers is not None
-        for row in _layer_stat_rows(new_ids[record.seq], record)
-    ])
+    new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
+    for model, rows_of in _CHILDREN:
+        repository.insert_rows(
+            session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
+        )
+    if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
+        repository.set_attempt_client(session, attempt.id, {
+            f"client_{name}": getattr(batch.client, name) for name in CLIENT_FIELDS
+        })
     if batch.final:
         repository.set_run_status(session, run_id, RunStatus.FINISHED.value)
     elif new_ids:
         repository.set_run_status(session, run_id, RunStatus.ACTIVE.value)
     live.notify_after_commit(session, run_id)
     return IngestResult(
-        run_id=run_id, attempt=ordinal, accepted=len(new_ids),
+        run_id=run_id, attempt=attempt.ordinal, accepted=len(new_ids),
         duplicates=len(batch.records) - len(new_ids),
     )
 
 
-def _attempt_ordinal(session: Session, batch: IngestBatch) -> int:
+def _attempt(session: Session, batch: IngestBatch) -> Attempt:
     attempt = repository.get_attempt(session, batch.attempt.id)
     if attempt is None:
-        attempt = repository.create_attempt(
+        return repository.create_attempt(
             session, batch.attempt.id, batch.run.id, batch.attempt.pid, batch.attempt.started_at
         )
-    elif attempt.run_id != batch.run.id:
+    if attempt.run_id != batch.run.id:
         raise Conflict(
             f"attempt '{batch.attempt.id}' belongs to run '{attempt.run_id}', "
             f"not to run '{batch.run.id}'"
         )
-    return attempt.ordinal
+    return attempt
 
 
-def _layer_table(session: Session, batch: IngestBatch) -> int | None:
-    """Store the batch's layer table or check it against the stored one; its length or None."""
+def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
+    """Store the batch's layer table or check it against the stored one; the numels or None."""
     stored = repository.get_layers(session, batch.run.id)
     if batch.layers is None:
-        return len(stored) if stored else None
+        return [layer.numel for layer in stored] if stored else None
     if not stored:
         repository.insert_layers(session, [
             {"run_id": batch.run.id, **layer.model_dump()} for layer in batch.layers
         ])
-        return len(batch.layers)
-    _compare_tables(batch.run.id, stored, batch.layers)
+        return [layer.numel for layer in batch.layers]
+    batch_checks.compare_tables(
+        batch.run.id, stored, batch.layers, batch_checks.LAYER_FIELDS, "layer", LayerTableConflict
+    )
+    return [layer.numel for layer in stored]
+
+
+def _module_table(session: Session, batch: IngestBatch) -> int | None:
+    """Store the batch's module table or check it against the stored one; its length or None."""
+    stored = repository.get_modules(session, batch.run.id)
+    if batch.modules is None:
+        return len(stored) if stored else None
+    if not stored:
+        repository.insert_modules(session, [
+            {"run_id": batch.run.id, **module.model_dump()} for module in batch.modules
+        ])
+        return len(batch.modules)
+    batch_checks.compare_tables(
+        batch.run.id, stored, batch.modules, batch_checks.MODULE_FIELDS, "module",
+        ModuleTableConflict,
+    )
     return len(stored)
 
 
-def _compare_tables(run_id: str, stored: Sequence[Layer], sent: Sequence[LayerInfo]) -> None:
-    if len(stored) != len(sent):
-        raise LayerTableConflict(
-            f"the layer table sent for run '{run_id}' has {len(sent)} layers, "
-            f"the stored one has {len(stored)}"
-        )
-    for old, new in zip(stored, sent, strict=True):
-        for field in _LAYER_FIELDS:
-            if getattr(old, field) != getattr(new, field):
-                raise LayerTableConflict(
-                    f"the layer table sent for run '{run_id}' differs from the stored one at "
-                    f"layer {new.index}: {field} is {getattr(new, field)!r}, "
-                    f"stored {getattr(old, field)!r}"
-                )
+ClientKey = tuple[int, int, int, int]
 
 
-def _check_layer_arrays(
-    records: Sequence[StepRecord], num_layers: int | None, run_id: str
-) -> None:
-    for position, record in enumerate(records):
-        if record.layers is None:
-            continue
-        if num_layers is None:
-            raise LayerTableMissing(
-                f"records[{position}] carries layer statistics, but run '{run_id}' has no layer "
-                "table yet and this batch sends none"
-            )
-        for name in LAYER_STAT_NAMES:
-            count = len(getattr(record.layers, name))
-            if count != num_layers:
-                raise InvalidPayload(
-                    f"records[{position}].layers.{name} has {count} entries, but the run's "
-                    f"layer table has {num_layers} layers"
-                )
+def _client_key(produced: int, acknowledged: int, dropped: int, replayed: int) -> ClientKey:
+    # Ties on `produced` (a close() batch adds acks, not records) go to the more advanced one.
+    return produced, acknowledged, dropped, replayed
 
+
+def stored_client(attempt: Attempt) -> ClientKey | None:
+    if attempt.client_produced is None:
+        return None
+    return _client_key(
+        attempt.client_produced, attempt.client_acknowledged or 0, attempt.client_dropped or 0,
+        attempt.client_replayed or 0,
+    )
+
+
+def is_newer(sent: ClientAccounting, stored: ClientKey | None) -> bool:
+    """Whether the sent accounting replaces the stored one: the largest `produced` wins."""
+    key = _client_key(sent.produced, sent.acknowledged, sent.dropped, sent.replayed)
+    return stored is None or key > stored
+
+
+# --- rows ----------------------------------------------------------------------------------------
 
 def _step_row(run_id: str, attempt_id: str, record: StepRecord) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -124,17 +151,72 @@ def _step_row(run_id: str, attempt_id: str, record: StepRecord) -> dict[str, Any
         "growth_tracker": record.growth_tracker,
         "found_inf": record.found_inf,
         "skipped": record.skipped,
+        "captured": record.captured,
+        "nonfinite_count": None if record.nonfinite is None else len(record.nonfinite),
+        "misuse_count": None if record.misuse is None else len(record.misuse),
     }
     for name in CLASSED_STEP_FLOATS:
         row[name], row[f"{name}_class"] = codec.to_storage(getattr(record, name))
     return row
 
 
-def _layer_stat_rows(step_id: int, record: StepRecord) -> list[dict[str, Any]]:
-    assert record.layers is not None
-    columns = [getattr(record.layers, name) for name in LAYER_STAT_NAMES]
+def _by_index(arrays: object, index_column: str) -> Rows:
+    """{stat: [v per index]} → one row per index: {index_column: i, stat: v, …}."""
+    columns = [getattr(arrays, name) for name in LAYER_STAT_NAMES]
     return [
-        {"step_id": step_id, "layer_index": index,
-         **dict(zip(LAYER_STAT_NAMES, values, strict=True))}
+        {index_column: index, **dict(zip(LAYER_STAT_NAMES, values, strict=True))}
         for index, values in enumerate(zip(*columns, strict=True))
     ]
+
+
+def _layer_stat_rows(step_id: int, record: StepRecord) -> Rows:
+    if record.layers is None:
+        return []
+    return [{"step_id": step_id, **row} for row in _by_index(record.layers, "layer_index")]
+
+
+def _activation_rows(step_id: int, record: StepRecord) -> Rows:
+    if record.activations is None:
+        return []
+    rows = []
+    for row in _by_index(record.activations, "module_index"):
+        for name in CLASSED_ACTIVATION_STATS:
+            row[name], row[f"{name}_class"] = codec.to_storage(row[name])
+        rows.append({"step_id": step_id, **row})
+    return rows
+
+
+def _nonfinite_rows(step_id: int, record: StepRecord) -> Rows:
+    return [
+        {"step_id": step_id, "position": position, "layer_index": entry.layer,
+         "kind": entry.kind}
+        for position, entry in enumerate(record.nonfinite or ())
+    ]
+
+
+def _misuse_rows(step_id: int, record: StepRecord) -> Rows:
+    return [
+        {"step_id": step_id, "position": position, "kind": entry.kind, "detail": entry.detail}
+        for position, entry in enumerate(record.misuse or ())
+    ]
+
+
+def _histogram_rows(step_id: int, record: StepRecord) -> Rows:
+    histogram = record.histogram
+    if histogram is None:
+        return []
+    return [
+        {"step_id": step_id, "layer_index": index, "min_exp": histogram.min_exp,
+         "max_exp": histogram.max_exp, "counts": counts}
+        for index, counts in enumerate(histogram.counts)
+    ]
+
+
+_CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
+    (LayerStat, _layer_stat_rows),
+    (ActivationStat, _activation_rows),
+    (StepNonfinite, _nonfinite_rows),
+    (MisuseEvent, _misuse_rows),
+    (Histogram, _histogram_rows),
+)
+"""Each table a step's children go to, with the function that builds a step's rows for it."""

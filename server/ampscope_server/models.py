@@ -3,6 +3,11 @@
 Timestamps are unix seconds (float), as on the wire. Every step float that may be non-finite is
 stored as a nullable value plus a `<name>_class` small int (`codec.FloatClass`), because SQLite
 turns NaN into NULL: both dialects then give back exactly what was sent.
+
+Wire v2 (revision 0002) adds the module table, per-step children (non-finite layers, misuse,
+activation statistics, exponent histograms), `steps.captured` and the client's accounting on
+`attempts`. A wire list that may be null ("not measured") or empty ("measured, none") keeps its
+length on the step (`nonfinite_count`, `misuse_count`: NULL = not measured).
 """
 
 from __future__ import annotations
@@ -65,6 +70,15 @@ class Attempt(Base):
     ordinal: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[float] = mapped_column(Double)
+    # The sender's latest accounting (wire v2 `client`), all NULL until a batch carries one.
+    client_produced: Mapped[int | None] = mapped_column(BigInteger)
+    client_acknowledged: Mapped[int | None] = mapped_column(BigInteger)
+    client_spooled: Mapped[int | None] = mapped_column(BigInteger)
+    client_dropped: Mapped[int | None] = mapped_column(BigInteger)
+    client_replayed: Mapped[int | None] = mapped_column(BigInteger)
+
+
+CLIENT_FIELDS = ("produced", "acknowledged", "spooled", "dropped", "replayed")
 
 
 class Layer(Base):
@@ -111,6 +125,10 @@ class Step(Base):
     lr_class: Mapped[int] = mapped_column(SmallInteger)
     duration: Mapped[float | None] = mapped_column(Double)
     duration_class: Mapped[int] = mapped_column(SmallInteger)
+    # v2: "before_unscale" | "after_unscale" | NULL; list lengths, NULL = not measured.
+    captured: Mapped[str | None] = mapped_column(String(16))
+    nonfinite_count: Mapped[int | None] = mapped_column(Integer)
+    misuse_count: Mapped[int | None] = mapped_column(Integer)
 
 
 # The step floats that may be non-finite, each stored as (value, value_class).
@@ -143,3 +161,93 @@ LAYER_STAT_NAMES = (
     "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
     "l2",
 )
+
+
+# --- wire v2 -----------------------------------------------------------------------------------
+
+class Module(Base):
+    """The module table of the `activation` source, stored once per run like `layers`."""
+
+    __tablename__ = "modules"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(500))
+    module_type: Mapped[str] = mapped_column(String(200))
+
+
+class StepNonfinite(Base):
+    """A layer whose gradient held NaN or ±inf; `position` is its place in backward order."""
+
+    __tablename__ = "step_nonfinite"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    layer_index: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8))
+
+
+class MisuseEvent(Base):
+    """An AMP usage error seen in a step, in the order the hook reported them."""
+
+    __tablename__ = "misuse_events"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(String(1000))
+
+
+class ActivationStat(Base):
+    """One module's `grad_output` statistics at one step, true units.
+
+    Unlike `LayerStat`, amax, amin_nz and l2 may be NaN or ±inf (wire.ActivationStatArrays), so
+    each has a `_class` column.
+    """
+
+    __tablename__ = "activation_stats"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    module_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    amax: Mapped[float | None] = mapped_column(Double)
+    amax_class: Mapped[int] = mapped_column(SmallInteger)
+    amin_nz: Mapped[float | None] = mapped_column(Double)
+    amin_nz_class: Mapped[int] = mapped_column(SmallInteger)
+    zero_frac: Mapped[float] = mapped_column(Double)
+    subnormal_frac: Mapped[float] = mapped_column(Double)
+    underflow_frac: Mapped[float] = mapped_column(Double)
+    nan_count: Mapped[int] = mapped_column(BigInteger)
+    inf_count: Mapped[int] = mapped_column(BigInteger)
+    l2: Mapped[float | None] = mapped_column(Double)
+    l2_class: Mapped[int] = mapped_column(SmallInteger)
+
+
+CLASSED_ACTIVATION_STATS = ("amax", "amin_nz", "l2")
+
+
+class Histogram(Base):
+    """One layer's exponent histogram at one step.
+
+    `counts` is the wire's list of max_exp - min_exp + 5 ints, kept as one JSON array: it is
+    always read whole (export, "what if the scale were higher" in the browser), never queried
+    bin by bin, and JSON text keeps 64-bit counts exact on both dialects. A row per bin would
+    multiply the rows by ~65 for no query that needs them.
+    """
+
+    __tablename__ = "histograms"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    min_exp: Mapped[int] = mapped_column(Integer)
+    max_exp: Mapped[int] = mapped_column(Integer)
+    counts: Mapped[list[int]] = mapped_column(JSON)

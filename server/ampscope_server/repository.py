@@ -12,7 +12,19 @@ from sqlalchemy import ColumnElement, Row, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ampscope_server.models import Attempt, Base, Layer, LayerStat, Run, Step
+from ampscope_server.models import (
+    ActivationStat,
+    Attempt,
+    Base,
+    Histogram,
+    Layer,
+    LayerStat,
+    MisuseEvent,
+    Module,
+    Run,
+    Step,
+    StepNonfinite,
+)
 
 
 def _insert(session: Session, model: type[Any]) -> Any:
@@ -69,6 +81,10 @@ def create_attempt(
     return attempt
 
 
+def set_attempt_client(session: Session, attempt_id: str, values: dict[str, int]) -> None:
+    session.execute(update(Attempt).where(Attempt.id == attempt_id).values(**values))
+
+
 def list_attempts(session: Session, run_id: str) -> Sequence[Attempt]:
     return session.scalars(
         select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.ordinal)
@@ -84,6 +100,17 @@ def get_layers(session: Session, run_id: str) -> Sequence[Layer]:
 def insert_layers(session: Session, rows: list[dict[str, Any]]) -> None:
     if rows:
         session.execute(_insert(session, Layer), rows)
+
+
+def get_modules(session: Session, run_id: str) -> Sequence[Module]:
+    return session.scalars(
+        select(Module).where(Module.run_id == run_id).order_by(Module.index)
+    ).all()
+
+
+def insert_modules(session: Session, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(_insert(session, Module), rows)
 
 
 def count_layers(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
@@ -108,10 +135,13 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
     return {int(seq): int(step_id) for seq, step_id in session.execute(statement, rows)}
 
 
-def insert_layer_stats(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Bulk insert; the Core table insert (an executemany) skips the ORM's per-row bookkeeping."""
+def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    """Bulk insert of a step's children: one executemany per table.
+
+    The Core table insert skips the ORM's per-row bookkeeping.
+    """
     if rows:
-        session.execute(Base.metadata.tables[LayerStat.__tablename__].insert(), rows)
+        session.execute(Base.metadata.tables[model.__tablename__].insert(), rows)
 
 
 def step_aggregates(
@@ -168,6 +198,47 @@ def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerS
     ).all()
 
 
+def activation_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[ActivationStat]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(ActivationStat)
+        .where(ActivationStat.step_id.in_(step_ids))
+        .order_by(ActivationStat.step_id, ActivationStat.module_index)
+    ).all()
+
+
+def nonfinite_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepNonfinite]:
+    """Non-finite layers of the given steps, each step's in backward order."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(StepNonfinite)
+        .where(StepNonfinite.step_id.in_(step_ids))
+        .order_by(StepNonfinite.step_id, StepNonfinite.position)
+    ).all()
+
+
+def misuse_of(session: Session, step_ids: Sequence[int]) -> Sequence[MisuseEvent]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(MisuseEvent)
+        .where(MisuseEvent.step_id.in_(step_ids))
+        .order_by(MisuseEvent.step_id, MisuseEvent.position)
+    ).all()
+
+
+def histograms_of(session: Session, step_ids: Sequence[int]) -> Sequence[Histogram]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(Histogram)
+        .where(Histogram.step_id.in_(step_ids))
+        .order_by(Histogram.step_id, Histogram.layer_index)
+    ).all()
+
+
 def _step_range(run_id: str, start: int | None, end: int | None) -> list[ColumnElement[bool]]:
     clauses: list[ColumnElement[bool]] = [Step.run_id == run_id]
     if start is not None:
@@ -193,11 +264,12 @@ def series_rows(
 
 def event_rows(
     session: Session, run_id: str
-) -> Sequence[Row[int, bool, float | None, int, float | None, int]]:
-    """Steps that were skipped or whose scale changed (or is non-finite), in step order."""
+) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
+    """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
+    the steps that were skipped or whose scale changed (or is non-finite), in step order."""
     return session.execute(
-        select(Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
-               Step.scale_after, Step.scale_after_class)
+        select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
+               Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
         .where(Step.run_id == run_id)
         .where(or_(
             Step.skipped.is_(True),
@@ -208,17 +280,38 @@ def event_rows(
     ).all()
 
 
+def misuse_rows(
+    session: Session, run_id: str
+) -> Sequence[Row[int, int, float | None, int, float | None, int, str, str]]:
+    """(step id, step, scale_before, its class, scale_after, its class, kind, detail) of every
+    misuse event of the run, in step order, then as reported."""
+    return session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+               Step.scale_after, Step.scale_after_class, MisuseEvent.kind, MisuseEvent.detail)
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(Step.run_id == run_id)
+        .order_by(Step.step, Step.id, MisuseEvent.position)
+    ).all()
+
+
 def heatmap_rows(
-    session: Session, run_id: str, stat_columns: Sequence[str], start: int | None,
+    session: Session, run_id: str, source: str, stat_columns: Sequence[str], start: int | None,
     end: int | None,
 ) -> list[tuple[Any, ...]]:
-    """(step_id, step, scale_before, scale_before_class, layer_index, *stats) by step order."""
-    stats = [getattr(LayerStat, name) for name in stat_columns]
+    """(step_id, step, scale_before, scale_before_class, index, *stats) by step order.
+
+    `source` "param" reads `layer_stats` (index = layer), "activation" `activation_stats`
+    (index = module).
+    """
+    model: type[LayerStat] | type[ActivationStat] = (
+        ActivationStat if source == "activation" else LayerStat
+    )
+    index = ActivationStat.module_index if model is ActivationStat else LayerStat.layer_index
+    stats = [getattr(model, name) for name in stat_columns]
     rows = session.execute(
-        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
-               LayerStat.layer_index, *stats)
-        .join(LayerStat, LayerStat.step_id == Step.id)
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, index, *stats)
+        .join(model, model.step_id == Step.id)
         .where(*_step_range(run_id, start, end))
-        .order_by(Step.step, Step.id, LayerStat.layer_index)
+        .order_by(Step.step, Step.id, index)
     )
     return [tuple(row) for row in rows]

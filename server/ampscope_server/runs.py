@@ -1,5 +1,7 @@
 """Reading runs back: summaries, details, steps (with their layer statistics), export.
 
+The export carries everything stored, wire v2 fields included (null where not measured).
+
 Status is derived here: a stored `active` run whose last ingest is older than the crash timeout
 reads as `crashed`.
 """
@@ -9,19 +11,35 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import codec, repository
 from ampscope_server.errors import RunNotFound
-from ampscope_server.models import CLASSED_STEP_FLOATS, LAYER_STAT_NAMES, Run, Step
+from ampscope_server.models import (
+    CLASSED_ACTIVATION_STATS,
+    CLASSED_STEP_FLOATS,
+    CLIENT_FIELDS,
+    LAYER_STAT_NAMES,
+    Attempt,
+    Run,
+    Step,
+)
 from ampscope_server.schemas import (
+    ActivationStatsRead,
     AttemptRead,
+    ClientAccounting,
     ExportRead,
+    HistogramRead,
     LayerInfo,
     LayerStatsRead,
+    MisuseRead,
+    ModuleInfo,
+    NonfiniteLayerRead,
     RunDetail,
     RunStatus,
     RunSummary,
+    StepExport,
     StepFull,
     StepScalars,
     StepsPage,
@@ -74,12 +92,21 @@ def list_summaries(session: Session, crash_timeout_s: float) -> list[RunSummary]
 def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
     summary = summaries(session, [run], crash_timeout_s)[0]
     attempts = [
-        AttemptRead(ordinal=a.ordinal, id=a.id, pid=a.pid, started_at=a.started_at)
+        AttemptRead(ordinal=a.ordinal, id=a.id, pid=a.pid, started_at=a.started_at,
+                    client=_client(a))
         for a in repository.list_attempts(session, run.id)
     ]
     return RunDetail(
         **summary.model_dump(), config=run.config, host=run.host, rank=run.rank,
         target_format=run.target_format, attempts=attempts,
+    )
+
+
+def _client(attempt: Attempt) -> ClientAccounting | None:
+    if attempt.client_produced is None:
+        return None
+    return ClientAccounting.model_validate(
+        {name: getattr(attempt, f"client_{name}") for name in CLIENT_FIELDS}
     )
 
 
@@ -104,34 +131,93 @@ def steps_page(session: Session, run: Run, after_id: int, limit: int) -> StepsPa
     return StepsPage(steps=steps, last_id=steps[-1].id if steps else after_id)
 
 
-def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepFull]:
-    """Steps with id > after_id and their per-layer statistics, in ingest order."""
-    rows = repository.steps_after(session, run_id, after_id, limit)
+def _with_layers(session: Session, rows: Sequence[Row[Step, int]]) -> list[dict[str, object]]:
+    """The scalars of each (step, ordinal) row plus its per-layer statistics (or None)."""
     stats: dict[int, dict[str, list[object]]] = {}
     for stat in repository.layer_stats_of(session, [step.id for step, _ in rows]):
         arrays = stats.setdefault(stat.step_id, {name: [] for name in LAYER_STAT_NAMES})
         for name in LAYER_STAT_NAMES:
             arrays[name].append(getattr(stat, name))
     return [
-        StepFull.model_validate({
+        {
             **_scalars(step, ordinal),
             "layers": (
                 LayerStatsRead.model_validate(stats[step.id]) if step.id in stats else None
             ),
-        })
+        }
         for step, ordinal in rows
     ]
 
 
+def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepFull]:
+    """Steps with id > after_id and their per-layer statistics, in ingest order."""
+    rows = repository.steps_after(session, run_id, after_id, limit)
+    return [StepFull.model_validate(values) for values in _with_layers(session, rows)]
+
+
+def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, object]]:
+    """{step id: the wire v2 fields of the step}, each null when it was not measured."""
+    ids = [step.id for step in steps]
+    fields: dict[int, dict[str, object]] = {
+        step.id: {
+            "captured": step.captured,
+            "nonfinite": None if step.nonfinite_count is None else [],
+            "misuse": None if step.misuse_count is None else [],
+            "activations": None,
+            "histogram": None,
+        }
+        for step in steps
+    }
+    for entry in repository.nonfinite_of(session, ids):
+        nonfinite = fields[entry.step_id]["nonfinite"]
+        assert isinstance(nonfinite, list)
+        nonfinite.append(NonfiniteLayerRead.model_validate(
+            {"layer": entry.layer_index, "kind": entry.kind}))
+    for event in repository.misuse_of(session, ids):
+        misuse = fields[event.step_id]["misuse"]
+        assert isinstance(misuse, list)
+        misuse.append(MisuseRead.model_validate({"kind": event.kind, "detail": event.detail}))
+    activations: dict[int, dict[str, list[object]]] = {}
+    for stat in repository.activation_stats_of(session, ids):
+        arrays = activations.setdefault(stat.step_id, {name: [] for name in LAYER_STAT_NAMES})
+        for name in LAYER_STAT_NAMES:
+            value = getattr(stat, name)
+            if name in CLASSED_ACTIVATION_STATS:
+                value = codec.from_storage(value, getattr(stat, f"{name}_class"))
+            arrays[name].append(value)
+    for step_id, arrays in activations.items():
+        fields[step_id]["activations"] = ActivationStatsRead.model_validate(arrays)
+    histograms: dict[int, HistogramRead] = {}
+    for row in repository.histograms_of(session, ids):
+        histogram = histograms.setdefault(row.step_id, HistogramRead(
+            min_exp=row.min_exp, max_exp=row.max_exp, counts=[]))
+        histogram.counts.append(list(row.counts))
+    for step_id, histogram in histograms.items():
+        fields[step_id]["histogram"] = histogram
+    return fields
+
+
+def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepExport]:
+    """Steps with id > after_id with everything stored for them, in ingest order."""
+    rows = repository.steps_after(session, run_id, after_id, limit)
+    extra = _v2_fields(session, [step for step, _ in rows])
+    return [
+        StepExport.model_validate({**values, **extra[step.id]})
+        for values, (step, _) in zip(_with_layers(session, rows), rows, strict=True)
+    ]
+
+
 def export(session: Session, run: Run, crash_timeout_s: float) -> ExportRead:
-    steps: list[StepFull] = []
+    steps: list[StepExport] = []
     while True:
-        page = full_steps(session, run.id, steps[-1].id if steps else 0, EXPORT_PAGE)
+        page = export_steps(session, run.id, steps[-1].id if steps else 0, EXPORT_PAGE)
         steps.extend(page)
         if len(page) < EXPORT_PAGE:
             break
     return ExportRead(
-        run=detail(session, run, crash_timeout_s), layers=layers(session, run), steps=steps
+        run=detail(session, run, crash_timeout_s), layers=layers(session, run),
+        modules=[ModuleInfo.model_validate(m) for m in repository.get_modules(session, run.id)],
+        steps=steps,
     )
 
 

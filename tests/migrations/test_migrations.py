@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from ampscope_server import db
 from ampscope_server.models import Base
 
-TABLES = {"runs", "attempts", "layers", "steps", "layer_stats"}
+TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}
+TABLES_0002 = TABLES_0001 | {
+    "modules", "step_nonfinite", "misuse_events", "activation_stats", "histograms"}
+V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
+V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
+    "produced", "acknowledged", "spooled", "dropped", "replayed")}
 
 
 def _tables(url: str) -> set[str]:
@@ -20,13 +25,81 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def _columns(url: str, table: str) -> set[str]:
+    engine = db.make_engine(url)
+    try:
+        return {column["name"] for column in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
+    assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0001")
+    assert _tables(db_url) == TABLES_0001 | {"alembic_version"}
+    assert not V2_STEP_COLUMNS & _columns(db_url, "steps")
+    assert not V2_ATTEMPT_COLUMNS & _columns(db_url, "attempts")
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
+    assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
+
+
+def _execute(url: str, *statements: str) -> None:
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as connection:
+            for statement in statements:
+                connection.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
+def _scalar(url: str, statement: str) -> object:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(text(statement)).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_0002_keeps_v1_data_both_ways(db_url: str) -> None:
+    """Upgrading under stored v1 rows and downgrading again loses none of them.
+
+    Guards against a table copy of `steps` in batch mode: with foreign keys on, dropping the old
+    `steps` would cascade to `layer_stats` (and on SQLite lose AUTOINCREMENT).
+    """
+    db.upgrade(db_url, "0001")
+    _execute(
+        db_url,
+        "INSERT INTO runs VALUES ('r', 'p', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 1, 1)",
+        "INSERT INTO attempts VALUES ('a', 'r', 1, 7, 1.0)",
+        "INSERT INTO steps (run_id, attempt_id, seq, step, wall_time, loss_class, "
+        "scale_before_class, scale_after_class, found_inf, skipped, grad_norm_class, lr_class, "
+        "duration_class) VALUES ('r', 'a', 0, 0, 1.0, 0, 0, 0, false, false, 0, 0, 0)",
+        "INSERT INTO layer_stats VALUES ((SELECT id FROM steps), 0, 1, 1, 0, 0, 0, 0, 0, 1)",
+    )
+    db.upgrade(db_url)
+    assert _scalar(db_url, "SELECT count(*) FROM layer_stats") == 1
+    assert _scalar(db_url, "SELECT captured FROM steps") is None
+    assert _scalar(db_url, "SELECT client_produced FROM attempts") is None
+    _execute(
+        db_url,
+        "UPDATE steps SET captured = 'before_unscale', nonfinite_count = 1",
+        "INSERT INTO step_nonfinite VALUES ((SELECT id FROM steps), 0, 0, 'nan')",
+        "INSERT INTO histograms VALUES ((SELECT id FROM steps), 0, -2, 2, '[1, 0, 0, 0, 0, 0,"
+        " 0, 0, 0]')",
+    )
+    db.downgrade(db_url, "0001")
+    assert _scalar(db_url, "SELECT count(*) FROM steps") == 1
+    assert _scalar(db_url, "SELECT count(*) FROM layer_stats") == 1
+    if db.is_sqlite(db_url):
+        schema = _scalar(db_url, "SELECT sql FROM sqlite_master WHERE name = 'steps'")
+        assert "AUTOINCREMENT" in str(schema)
 
 
 def test_models_match_the_migrated_schema(db_url: str) -> None:
@@ -36,7 +109,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0001"
+            assert context.get_current_revision() == db.head_revision() == "0002"
     finally:
         engine.dispose()
 
@@ -54,6 +127,13 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
             "ix_steps_run_id_step", "ix_steps_run_id_id"}
+        for table in ("step_nonfinite", "misuse_events", "activation_stats", "histograms"):
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
+                f"fk_{table}_step_id_steps"]
+        assert inspector.get_pk_constraint("modules")["name"] == "pk_modules"
+        assert [fk["name"] for fk in inspector.get_foreign_keys("modules")] == [
+            "fk_modules_run_id_runs"]
     finally:
         engine.dispose()
 
@@ -63,4 +143,6 @@ def test_the_script_location_is_the_installed_package() -> None:
 
     location = db.alembic_config("sqlite://").get_main_option("script_location")
     assert location == str(files("ampscope_server._migrations"))
-    assert (files("ampscope_server._migrations") / "versions" / "0001_initial.py").is_file()
+    versions = files("ampscope_server._migrations") / "versions"
+    assert (versions / "0001_initial.py").is_file()
+    assert (versions / "0002_wire_v2.py").is_file()

@@ -86,7 +86,8 @@ class TestEvents:
         events = _get(api, f"/api/runs/{run_id}/events")["events"]
         assert len(events) == 90
         assert events[:3] == [
-            {"step": 0, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0},
+            {"step": 0, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0,
+             "loss_finite": True, "layers": []},
             {"step": 0, "kind": "backoff", "scale_before": 65536.0, "scale_after": 32768.0},
             {"step": 1, "kind": "growth", "scale_before": 32768.0, "scale_after": 65536.0},
         ]
@@ -109,8 +110,9 @@ class TestHeatmap:
     def test_stored_stat(self, api: httpx.Client) -> None:
         run_id = self._seed(api)
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=nan_count")
-        assert heat == {"stat": "nan_count", "layers": ["fc1.weight", "fc1.bias"],
-                        "steps": [0, 2], "z": [[0, 0], [3, 3]]}
+        assert heat == {"stat": "nan_count", "source": "param",
+                        "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 2],
+                        "z": [[0, 0], [3, 3]]}
 
     def test_lost_frac(self, api: httpx.Client) -> None:
         run_id = self._seed(api)

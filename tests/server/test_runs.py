@@ -117,7 +117,8 @@ class TestExport:
         records = [record(0), record(1, with_layers=False), record(2)]
         assert api.post("/api/ingest", json=batch(records, run_id=run_id)).status_code == 200
         export = _get(api, f"/api/runs/{run_id}/export?format=json")
-        assert set(export) == {"run", "layers", "steps"}
+        assert set(export) == {"run", "layers", "modules", "steps"}
+        assert export["modules"] == []
         assert export["run"]["num_steps"] == 3
         assert export["layers"] == LAYERS
         assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]

@@ -83,3 +83,55 @@ def _reject_constant(token: str) -> Any:
 def strict_json(text: str) -> Any:
     """json.loads that refuses NaN/Infinity tokens, as a browser's JSON.parse does."""
     return json.loads(text, parse_constant=_reject_constant)
+
+
+# --- wire v2 -------------------------------------------------------------------------------------
+
+MODULES: list[dict[str, Any]] = [
+    {"index": 0, "name": "fc1", "module_type": "Linear"},
+    {"index": 1, "name": "act", "module_type": "ReLU"},
+    {"index": 2, "name": "fc2", "module_type": "Linear"},
+]
+CLIENT: dict[str, int] = {
+    "produced": 10, "acknowledged": 6, "spooled": 2, "dropped": 1, "replayed": 2}
+
+
+def histogram(min_exp: int = -4, max_exp: int = 2,
+              numels: tuple[int, ...] = (128, 16)) -> dict[str, Any]:
+    """A valid histogram for LAYERS: each layer's count sits in a few bins, summing to numel."""
+    bins = max_exp - min_exp + 5
+    counts = []
+    for numel in numels:
+        row = [0] * bins
+        row[0], row[1], row[3], row[-1] = 1, 2, 3, numel - 6
+        counts.append(row)
+    return {"min_exp": min_exp, "max_exp": max_exp, "counts": counts}
+
+
+def activations(n: int = 3) -> dict[str, list[Any]]:
+    return {
+        "amax": [0.5, "inf", None][:n],
+        "amin_nz": [1e-30, "nan", 0.0][:n],
+        "zero_frac": [0.0, 0.5, 1.0][:n],
+        "subnormal_frac": [0.25, 0.0, 0.0][:n],
+        "underflow_frac": [0.125, 0.0, 0.0][:n],
+        "nan_count": [0, 7, 0][:n],
+        "inf_count": [0, 2**40, 0][:n],
+        "l2": [3.0, "inf", None][:n],
+    }
+
+
+def record_v2(seq: int, *, with_layers: bool = True, **overrides: Any) -> dict[str, Any]:
+    """A v1 record with every v2 field at its "not measured" value unless overridden."""
+    rec = record(seq, with_layers=with_layers, captured=None, nonfinite=None, misuse=None,
+                 activations=None, histogram=None)
+    rec.update(overrides)
+    return rec
+
+
+def batch_v2(records: list[dict[str, Any]], *, modules: list[dict[str, Any]] | None = MODULES,
+             client: dict[str, int] | None = None, **kwargs: Any) -> dict[str, Any]:
+    payload = batch(records, **kwargs)
+    payload.update(schema_version=2, modules=copy.deepcopy(modules),
+                   client=None if client is None else dict(client))
+    return payload

@@ -1,4 +1,4 @@
-"""POST /api/ingest: one wire batch (docs/contracts.md, "Wire v1")."""
+"""POST /api/ingest: one wire batch (docs/contracts.md, "Wire v1" and "Wire v2")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ router = APIRouter(prefix="/api", tags=["ingest"])
 @router.post(
     "/ingest",
     responses={
-        409: {"model": ErrorBody, "description": "Layer table missing or different"},
+        409: {"model": ErrorBody, "description": "Layer or module table missing or different"},
         422: {"model": ErrorBody, "description": "Invalid batch"},
     },
 )

@@ -9,7 +9,14 @@ from fastapi import APIRouter, Query
 from ampscope_server import charts
 from ampscope_server.api.runs import NOT_FOUND
 from ampscope_server.deps import RunDep, SessionDep
-from ampscope_server.schemas import EventsRead, HeatmapRead, HeatmapStat, SeriesName, SeriesRead
+from ampscope_server.schemas import (
+    EventsRead,
+    HeatmapRead,
+    HeatmapSource,
+    HeatmapStat,
+    SeriesName,
+    SeriesRead,
+)
 
 router = APIRouter(prefix="/api/runs/{run_id}", tags=["charts"], responses=NOT_FOUND)
 
@@ -40,5 +47,6 @@ def get_layer_stats(
     stat: HeatmapStat,
     start: StepBound = None,
     end: StepBound = None,
+    source: HeatmapSource = "param",
 ) -> HeatmapRead:
-    return charts.heatmap_read(session, run, stat, start, end)
+    return charts.heatmap_read(session, run, stat, start, end, source)

@@ -1,0 +1,336 @@
+"""The wire, client → server: docs/contracts.md "Wire v1" and "Wire v2", as strict pydantic models.
+
+Strict means no string → number coercion and unknown fields refused, so that a client drifting
+from the contract fails loudly in the contract tests. v2 is v1 plus optional fields; a v1 batch
+that carries one of them is refused as an unknown field. Checks that need the run's stored
+tables (array lengths, layer indices, histogram sums) are made at ingest (`batch_checks`).
+Every float that may be non-finite is parsed by `codec` (`WireFloat`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ampscope_server import codec
+
+SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
+"""The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+HISTOGRAM_EXP_LIMIT = 1100
+"""|min_exp|, |max_exp| bound: wider than float64's exponents (2^-1074 … 2^1023)."""
+HISTOGRAM_EXTRA_BINS = 5
+"""Bins beside one per exponent: zero, non-finite, below 2^min_exp, and at/above 2^(max_exp+1)
+(with the per-exponent bins counted as max_exp - min_exp + 1, the total is max - min + 5)."""
+
+V2_BATCH_FIELDS = ("modules", "client")
+V2_RECORD_FIELDS = ("captured", "nonfinite", "misuse", "activations", "histogram")
+
+
+# --- field types -------------------------------------------------------------------------------
+
+def _wire_float(value: object) -> float | None:
+    try:
+        return codec.decode_wire(value)
+    except codec.CodecError as exc:
+        raise PydanticCustomError("wire_float", str(exc)) from None
+
+
+def _finite_stat(value: object) -> float | None:
+    decoded = _wire_float(value)
+    if decoded is not None and not math.isfinite(decoded):
+        raise PydanticCustomError(
+            "finite_stat", "is defined over finite elements, so it must be a finite number or null"
+        )
+    return decoded
+
+
+def _non_negative_tagged(value: object) -> float | None:
+    decoded = _wire_float(value)
+    if decoded is not None and decoded < 0:  # NaN compares False: it passes, as a tag
+        raise PydanticCustomError(
+            "greater_than_equal", "Input should be greater than or equal to 0"
+        )
+    return decoded
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("nul_char", "must not contain NUL characters")
+    return value
+
+
+_NoNul = AfterValidator(_no_nul)
+# Lengths match the columns in models.py: Postgres refuses longer strings, SQLite would not.
+Text32 = Annotated[str, StringConstraints(strict=True, max_length=32), _NoNul]
+Text200 = Annotated[str, StringConstraints(strict=True, max_length=200), _NoNul]
+Text255 = Annotated[str, StringConstraints(strict=True, max_length=255), _NoNul]
+Text500 = Annotated[str, StringConstraints(strict=True, max_length=500), _NoNul]
+Text1000 = Annotated[str, StringConstraints(strict=True, max_length=1000), _NoNul]
+
+
+WireFloat = Annotated[float | None, BeforeValidator(_wire_float)]
+"""A JSON number, "nan", "inf", "-inf" or null."""
+FiniteStat = Annotated[Annotated[float, Field(ge=0)] | None, BeforeValidator(_finite_stat)]
+TaggedStat = Annotated[float | None, BeforeValidator(_non_negative_tagged)]
+"""A number ≥ 0, "nan", "inf" or null (an activation statistic, see `ActivationStatArrays`)."""
+Fraction = Annotated[StrictFloat, Field(ge=0, le=1, allow_inf_nan=False)]
+Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Int32 = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+Int64 = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Exponent = Annotated[StrictInt, Field(ge=-HISTOGRAM_EXP_LIMIT, le=HISTOGRAM_EXP_LIMIT)]
+FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+UUID_PATTERN = (
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
+Uuid = Annotated[str, StringConstraints(strict=True, pattern=UUID_PATTERN)]
+TargetFormat = Literal["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2"]
+Captured = Literal["before_unscale", "after_unscale"]
+NonfiniteKind = Literal["nan", "inf"]
+MisuseKind = Literal["step_bypassed_scaler", "clip_before_unscale", "unscale_twice"]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- v1 ----------------------------------------------------------------------------------------
+
+class RunInfo(WireModel):
+    id: Uuid
+    project: Text200 = "default"
+    name: Text200 = ""
+    tags: list[Text200] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    host: Text255 = ""
+    rank: Int32 = 0
+    target_format: TargetFormat = "fp16"
+
+
+class AttemptInfo(WireModel):
+    id: Uuid
+    pid: Int32
+    started_at: FiniteFloat
+
+
+class LayerInfo(WireModel):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    index: Int32
+    name: Text500
+    shape: list[Int64]
+    dtype: Text32
+    numel: Int64
+    module_type: Text200
+
+
+class LayerStatArrays(WireModel):
+    """Per-layer statistics of one step, each array indexed by layer index (true units)."""
+
+    amax: list[FiniteStat]
+    amin_nz: list[FiniteStat]
+    zero_frac: list[Fraction]
+    subnormal_frac: list[Fraction]
+    underflow_frac: list[Fraction]
+    nan_count: list[Count]
+    inf_count: list[Count]
+    l2: list[FiniteStat]
+
+
+# --- v2 additions ------------------------------------------------------------------------------
+
+class ModuleInfo(WireModel):
+    """One entry of the module table of the `activation` source."""
+
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    index: Int32
+    name: Text500
+    module_type: Text200
+
+
+class ClientAccounting(WireModel):
+    """The sender's counters when the batch was built (records, cumulative per attempt)."""
+
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    produced: Count
+    acknowledged: Count
+    spooled: Count
+    dropped: Count
+    replayed: Count
+
+
+class NonfiniteLayer(WireModel):
+    layer: Int32
+    kind: NonfiniteKind
+
+
+class Misuse(WireModel):
+    kind: MisuseKind
+    detail: Text1000
+
+
+class ActivationStatArrays(WireModel):
+    """Per-module statistics of `grad_output` at one step, indexed by module index (true units).
+
+    The definitions are those of `LayerStatArrays`, but amax, amin_nz and l2 may also arrive as
+    "nan"/"inf": the activation source reduces a gradient as it flowed in low precision, where a
+    reduction can overflow. Such values are stored and served back as sent.
+    """
+
+    amax: list[TaggedStat]
+    amin_nz: list[TaggedStat]
+    zero_frac: list[Fraction]
+    subnormal_frac: list[Fraction]
+    underflow_frac: list[Fraction]
+    nan_count: list[Count]
+    inf_count: list[Count]
+    l2: list[TaggedStat]
+
+
+class Histogram(WireModel):
+    """Exponent histogram of the `param` gradients, `counts[layer][bin]` (bins: contracts.md)."""
+
+    min_exp: Exponent
+    max_exp: Exponent
+    counts: list[list[Count]]
+
+    @property
+    def num_bins(self) -> int:
+        return self.max_exp - self.min_exp + HISTOGRAM_EXTRA_BINS
+
+
+# --- records and the batch ---------------------------------------------------------------------
+
+class StepRecord(WireModel):
+    seq: Int64
+    step: Int64
+    wall_time: FiniteFloat
+    loss: WireFloat = None
+    scale_before: WireFloat = None
+    scale_after: WireFloat = None
+    growth_tracker: Annotated[StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX)] | None = None
+    found_inf: StrictBool
+    skipped: StrictBool
+    grad_norm: WireFloat = None
+    lr: WireFloat = None
+    duration: WireFloat = None
+    layers: LayerStatArrays | None = None
+    # v2
+    captured: Captured | None = None
+    nonfinite: list[NonfiniteLayer] | None = None
+    misuse: list[Misuse] | None = None
+    activations: ActivationStatArrays | None = None
+    histogram: Histogram | None = None
+
+
+def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None:
+    for position, item in enumerate(items or ()):
+        if item.index != position:
+            raise PydanticCustomError(
+                "index_order",
+                "{name}[{position}].index is {index}; indices must be 0, 1, 2, … in order",
+                {"name": name, "position": position, "index": item.index},
+            )
+
+
+class IngestBatch(WireModel):
+    schema_version: Literal[1, 2]
+    run: RunInfo
+    attempt: AttemptInfo
+    layers: list[LayerInfo] | None = None
+    records: list[StepRecord]
+    final: StrictBool = False
+    # v2
+    modules: list[ModuleInfo] | None = None
+    client: ClientAccounting | None = None
+
+    # Model-level checks: their messages name the field themselves.
+    @model_validator(mode="after")
+    def _v1_has_no_v2_fields(self) -> IngestBatch:
+        if self.schema_version != 1:
+            return self
+        unknown = [name for name in V2_BATCH_FIELDS if name in self.model_fields_set]
+        unknown += [
+            f"records[{position}].{name}"
+            for position, record in enumerate(self.records)
+            for name in V2_RECORD_FIELDS
+            if name in record.model_fields_set
+        ]
+        if unknown:
+            raise PydanticCustomError(
+                "v2_field_in_v1",
+                "; ".join(f"{name}: unknown field in schema_version 1" for name in unknown),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _indices_in_order(self) -> IngestBatch:
+        _in_order("layers", self.layers)
+        _in_order("modules", self.modules)
+        return self
+
+    @model_validator(mode="after")
+    def _unique_seqs(self) -> IngestBatch:
+        seen: set[int] = set()
+        for position, record in enumerate(self.records):
+            if record.seq in seen:
+                raise PydanticCustomError(
+                    "duplicate_seq",
+                    "records[{position}].seq {seq} appears more than once in this batch",
+                    {"position": position, "seq": record.seq},
+                )
+            seen.add(record.seq)
+        return self
+
+    @model_validator(mode="after")
+    def _records_consistent(self) -> IngestBatch:
+        """Checks within one record: nonfinite layers listed once, histogram bin counts."""
+        for position, record in enumerate(self.records):
+            where = f"records[{position}]"
+            seen: set[int] = set()
+            for i, entry in enumerate(record.nonfinite or ()):
+                if entry.layer in seen:
+                    raise PydanticCustomError(
+                        "duplicate_layer",
+                        "{where}.nonfinite[{i}].layer {layer} appears more than once",
+                        {"where": where, "i": i, "layer": entry.layer},
+                    )
+                seen.add(entry.layer)
+            histogram = record.histogram
+            if histogram is None:
+                continue
+            if histogram.max_exp < histogram.min_exp:
+                raise PydanticCustomError(
+                    "histogram_range",
+                    "{where}.histogram.max_exp {max_exp} is less than min_exp {min_exp}",
+                    {"where": where, "max_exp": histogram.max_exp, "min_exp": histogram.min_exp},
+                )
+            for i, counts in enumerate(histogram.counts):
+                if len(counts) != histogram.num_bins:
+                    raise PydanticCustomError(
+                        "histogram_bins",
+                        "{where}.histogram.counts[{i}] has {n} bins; min_exp {min_exp} and "
+                        "max_exp {max_exp} need {bins} (max_exp - min_exp + 5)",
+                        {"where": where, "i": i, "n": len(counts), "min_exp": histogram.min_exp,
+                         "max_exp": histogram.max_exp, "bins": histogram.num_bins},
+                    )
+        return self
