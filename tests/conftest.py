@@ -9,6 +9,15 @@ from tests.support.databases import postgres_database, sqlite_url
 from tests.support.servers import ServerProcess
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _spool_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hooks built without `spool_dir` spool here, never into the user's ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AMPSCOPE_SPOOL_DIR", str(tmp_path_factory.mktemp("spool")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """An empty database of each dialect; the schema is the server's (migrations) to create."""

@@ -1,4 +1,4 @@
-"""Delivery of step records to the server, off the training thread.
+"""Delivery of step records to the server, off the training thread; the disk spool when it is away.
 
 The training thread only calls ``Transport.put``: an append to a bounded in-memory deque (no I/O,
 no lock, no wait). A daemon sender thread wakes every ``flush_interval`` seconds (or as soon as a
@@ -11,10 +11,23 @@ full batch is queued), turns queued items into wire records, and hands encoded b
 * ``Outcome.REJECTED`` (any other 4xx): the batch is dropped and counted; the first rejection is
   logged, later ones only counted, so a misconfigured client cannot flood the log.
 
-Accounting, at every moment: ``produced = acknowledged + dropped + pending``. Records are dropped
-(and counted) when the queue is full (the oldest go first), when a batch is rejected, when there
-is no server, and when ``close`` runs out of time. Every drop goes through ``Transport._spill``, the
-seam where the disk spool (a later issue) will take them instead.
+Two modes (``Mode``). ``DIRECT``: batches go straight to the server. When a batch is still not
+acknowledged after ``retry_window`` seconds of retries (or there is no sender: offline mode), the
+transport turns ``SPOOLING``: that batch and, every ``flush_interval``, everything queued behind it
+are appended to the disk spool (``ampscope.spool``; always encoded with the layer table, so each
+frame stands alone), all from the sender thread. Probes replay the spool's oldest frame with the
+same backoff; once one is acknowledged the spool is replayed in order, before anything newer, and
+when it is empty the transport is ``DIRECT`` again. Without a spool (``spool_max_bytes=0``) a
+failing batch is retried until ``close``, as the queue in front of it fills and drops its oldest.
+
+Accounting, exact at every ``stats()`` call: ``produced = acknowledged + spooled + dropped +
+pending``, where ``spooled`` is on disk and not yet acknowledged and ``pending`` is in memory (the
+queue and the batch in hand). Records are dropped (and counted) when the queue is full (the oldest
+go first, on the training thread, which never writes to disk), when a batch is rejected, and when
+the spool is at its cap or unusable; ``replayed`` counts records acknowledged from the spool.
+
+``close(timeout)`` returns within ``timeout`` even with a blackholed server: sending stops early
+enough to leave time to spool what is still in memory (the last frame carries ``"final": true``).
 
 After ``os.fork`` the child's copy of every transport is disabled: the sender thread does not exist
 there, and a DataLoader worker must neither duplicate the stream nor wait on the parent's thread.
@@ -23,25 +36,25 @@ there, and a DataLoader worker must neither duplicate the stream nor wait on the
 from __future__ import annotations
 
 import collections
-import email.utils
 import enum
-import http.client
-import json
 import logging
 import os
 import random
 import threading
 import time
-import urllib.parse
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ampscope.senders import HttpSender, MemorySender, Outcome, Sender, SendResult
+from ampscope.spool import Spool, default_spool_dir
+
 __all__ = [
     "EncodeBatch",
     "HttpSender",
     "MemorySender",
+    "Mode",
     "Outcome",
     "Outgoing",
     "SendResult",
@@ -53,26 +66,9 @@ __all__ = [
 logger = logging.getLogger("ampscope")
 
 
-class Outcome(enum.Enum):
-    ACKED = "acked"
-    RETRY = "retry"
-    REJECTED = "rejected"
-
-
-@dataclass(frozen=True)
-class SendResult:
-    outcome: Outcome
-    status: int | None = None
-    retry_after: float | None = None
-    detail: str = ""
-
-
-class Sender(Protocol):
-    """Delivers one encoded batch; must return within about ``timeout`` seconds and never raise."""
-
-    def send(self, body: bytes, timeout: float) -> SendResult: ...
-
-    def close(self) -> None: ...
+class Mode(enum.Enum):
+    DIRECT = "direct"  # batches go straight to the server
+    SPOOLING = "spooling"  # the server is away: records go to disk, probes replay the spool
 
 
 class Outgoing(Protocol):
@@ -85,121 +81,31 @@ EncodeBatch = Callable[[list[dict[str, Any]], bool, bool], bytes]
 """(records, include_layer_table, final) -> request body."""
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-class HttpSender:
-    """POSTs JSON batches to ``{server}/api/ingest`` over one keep-alive ``http.client`` connection.
-
-    Socket timeouts bound every connect and read, so a blackholed server costs at most ``timeout``.
-    """
-
-    def __init__(self, server: str, *, path: str = "/api/ingest") -> None:
-        url = urllib.parse.urlsplit(server)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(
-                f"server must be an http(s) URL like http://127.0.0.1:8765, not {server!r}"
-            )
-        self._https = url.scheme == "https"
-        self._host = url.hostname
-        self._port = url.port
-        self._path = url.path.rstrip("/") + path
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=timeout)
-        self._conn.timeout = timeout
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout)
-        return self._conn
-
-    def send(self, body: bytes, timeout: float) -> SendResult:
-        try:
-            conn = self._connection(timeout)
-            conn.request("POST", self._path, body=body, headers={
-                "Content-Type": "application/json", "Content-Length": str(len(body))})
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            return SendResult(Outcome.RETRY, detail=f"{type(exc).__name__}: {exc}")
-        if resp.will_close:
-            self.close()
-        status = resp.status
-        detail = data[:500].decode("utf-8", "replace")
-        if 200 <= status < 300:
-            return SendResult(Outcome.ACKED, status, detail=detail)
-        if status in (408, 429) or status >= 500:
-            after = _retry_after(resp.getheader("Retry-After"))
-            return SendResult(Outcome.RETRY, status, after, detail)
-        return SendResult(Outcome.REJECTED, status, detail=detail)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-class MemorySender:
-    """An in-process sender that keeps every body it is given: for tests and embedding.
-
-    ``script`` optionally supplies the results to return, in order; once it is exhausted (or when
-    none is given) every send is acknowledged.
-    """
-
-    def __init__(self, script: Sequence[SendResult] = ()) -> None:
-        self.bodies: list[bytes] = []
-        self._script = collections.deque(script)
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def send(self, body: bytes, timeout: float) -> SendResult:
-        with self._lock:
-            self.bodies.append(body)
-            return self._script.popleft() if self._script else SendResult(Outcome.ACKED, 200)
-
-    def payloads(self) -> list[dict[str, Any]]:
-        """Every body received, parsed as JSON (the tags stay strings)."""
-        with self._lock:
-            return [json.loads(b) for b in self.bodies]
-
-    def close(self) -> None:
-        self.closed = True
-
-
 @dataclass(frozen=True)
 class TransportStats:
+    """``produced == acknowledged + spooled + dropped + pending`` at every ``stats()`` call."""
+
     produced: int
     acknowledged: int
     dropped: int
-    pending: int
+    pending: int  # in memory: queued, or in the sender's hands
     failed_requests: int
+    spooled: int = 0  # on disk, not yet acknowledged
+    replayed: int = 0  # acknowledged after a stay in the spool (included in ``acknowledged``)
 
 
 @dataclass
 class _Counters:
-    """Each counter has a single writer thread, so plain ints need no lock."""
+    """``produced`` and ``dropped_full`` have the training thread as their only writer (plain
+    ints, no lock); the rest move together under ``Transport._lock``."""
 
-    produced: int = 0  # training thread
-    dropped_full: int = 0  # training thread
-    dropped_closing: int = 0  # the thread calling close()
-    acknowledged: int = 0  # sender thread
-    dropped_sender: int = 0  # sender thread
-    failed_requests: int = 0  # sender thread
+    produced: int = 0
+    dropped_full: int = 0
+    acknowledged: int = 0
+    spooled: int = 0
+    dropped_sender: int = 0
+    replayed: int = 0
+    failed_requests: int = 0
     logged_rejection: bool = field(default=False)
 
 
@@ -215,7 +121,13 @@ os.register_at_fork(after_in_child=_disable_all_after_fork)
 
 
 class Transport:
-    """Bounded queue plus sender thread; see the module docstring for delivery and accounting."""
+    """Bounded queue, sender thread and disk spool; see the module docstring.
+
+    ``spool_dir``: where undeliverable records go (``None``: ``ampscope.spool.default_spool_dir()``,
+    i.e. ``$AMPSCOPE_SPOOL_DIR`` or ``~/.cache/ampscope/spool``); nothing is created there until
+    the first record is spooled. ``spool_max_bytes`` caps this transport's spool files (0: no
+    spool; undeliverable records are dropped and counted).
+    """
 
     def __init__(
         self,
@@ -229,6 +141,9 @@ class Transport:
         backoff_base: float = 0.1,
         backoff_cap: float = 5.0,
         max_retry_after: float = 60.0,
+        retry_window: float = 2.0,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_max_bytes: int = 256 * 2**20,
     ) -> None:
         self._sender = sender
         self._encode = encode
@@ -239,19 +154,38 @@ class Transport:
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._max_retry_after = max_retry_after
+        self._retry_window = retry_window
+        self._spool: Spool | None = None
+        if spool_max_bytes > 0:
+            directory = default_spool_dir() if spool_dir is None else spool_dir
+            self._spool = Spool(directory, spool_max_bytes)
         self._queue: collections.deque[Outgoing] = collections.deque()
         self._c = _Counters()
+        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._deadline = float("inf")
+        self._send_deadline = float("inf")
+        self._mode = Mode.DIRECT if sender is not None else Mode.SPOOLING
+        self._next_probe = 0.0
+        self._probe_failures = 0
+        self._final_done = False
         self._layers_acked = False
         self._closed = False
         self._forked = False
         self._thread: threading.Thread | None = None
-        if sender is not None:
+        if sender is not None or self._spool is not None:
             self._thread = threading.Thread(target=self._run, name="ampscope-sender", daemon=True)
             self._thread.start()
         _LIVE.add(self)
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def spool(self) -> Spool | None:
+        return self._spool
 
     # -- training thread -------------------------------------------------------------------------
     def put(self, item: Outgoing) -> None:
@@ -260,48 +194,63 @@ class Transport:
         c.produced += 1
         if self._thread is None or self._closed or self._forked:
             c.dropped_full += 1
-            self._spill([item])
             return
         queue = self._queue
         if len(queue) >= self._max_queue:
             try:
-                oldest = queue.popleft()
+                queue.popleft()
             except IndexError:  # the sender emptied it meanwhile
                 pass
             else:
                 c.dropped_full += 1
-                self._spill([oldest])
         queue.append(item)
         if len(queue) >= self._batch_size:
             self._wake.set()
 
     def stats(self) -> TransportStats:
         c = self._c
-        dropped = c.dropped_full + c.dropped_closing + c.dropped_sender
+        with self._lock:
+            acknowledged, spooled = c.acknowledged, c.spooled
+            dropped_sender, replayed, failed = c.dropped_sender, c.replayed, c.failed_requests
+        # ``put`` bumps ``produced`` before ``dropped_full``: reading them in the opposite order
+        # keeps ``pending`` from ever going negative.
+        dropped = c.dropped_full + dropped_sender
+        produced = c.produced
         return TransportStats(
-            produced=c.produced,
-            acknowledged=c.acknowledged,
+            produced=produced,
+            acknowledged=acknowledged,
             dropped=dropped,
-            pending=c.produced - c.acknowledged - dropped,
-            failed_requests=c.failed_requests,
+            pending=produced - acknowledged - spooled - dropped,
+            failed_requests=failed,
+            spooled=spooled,
+            replayed=replayed,
         )
 
     def close(self, timeout: float) -> None:
         """Flush everything queued, ending with a ``final`` batch; return within ``timeout`` s.
 
-        Whatever is still queued when time runs out is dropped (counted). A request already in
-        flight ends by its own socket timeout, which is bounded by the same deadline.
+        Sending stops about ``min(1, 0.3 * timeout)`` s before the deadline; what is still in
+        memory then goes to the spool (or is dropped and counted without one). A request in
+        flight is bounded by the same earlier deadline.
         """
         if self._closed:
             return
         self._closed = True
         if self._thread is None or self._forked:
             return
-        self._deadline = time.monotonic() + max(0.0, timeout)
+        timeout = max(0.0, timeout)
+        now = time.monotonic()
+        self._deadline = now + timeout
+        self._send_deadline = self._deadline - min(1.0, 0.3 * timeout)
         self._closing.set()
         self._wake.set()
-        self._thread.join(max(0.0, timeout))
-        self._drain_as_dropped(counter="closing")
+        self._thread.join(max(0.0, self._send_deadline - time.monotonic()))
+        abort = getattr(self._sender, "abort", None)
+        if self._thread.is_alive() and callable(abort):
+            abort()  # a request begun before close() may have a longer socket timeout
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._thread.is_alive():  # stuck beyond every bound: save what it has not taken
+            self._spill(self._take_all(), final=False)
 
     # -- sender thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -309,24 +258,94 @@ class Transport:
             while not self._forked:
                 closing = self._closing.is_set()
                 if not closing:
-                    self._wake.wait(self._flush_interval)
+                    self._wake.wait(self._idle_wait())
                     self._wake.clear()
                     closing = self._closing.is_set()
-                batch = self._take()
-                final = closing and not self._queue
-                if batch or final:
-                    out_of_time = self._deliver(batch, final)
-                    if out_of_time:
-                        self._drain_as_dropped(counter="sender")
-                        break
-                if final:
+                if self._mode is Mode.SPOOLING:
+                    self._spooling_round(closing)
+                if self._mode is Mode.DIRECT:
+                    batch = self._take()
+                    final = closing and not self._queue
+                    if batch or final:
+                        self._deliver(batch, final)
+                        self._final_done = self._final_done or final
+                if closing and (self._final_done or time.monotonic() >= self._send_deadline):
+                    self._spill(self._take_all(), final=not self._final_done)
                     break
         except Exception:  # never let the thread die silently with records counted as pending
-            logger.exception("ampscope sender thread failed; dropping what is queued")
-            self._drain_as_dropped(counter="sender")
+            logger.exception("ampscope sender thread failed; spooling what is queued")
+            self._spill(self._take_all(), final=False)
         finally:
-            assert self._sender is not None
-            self._sender.close()
+            if self._sender is not None:
+                self._sender.close()
+            if self._spool is not None:
+                self._spool.close()
+
+    def _idle_wait(self) -> float:
+        if self._mode is Mode.SPOOLING and self._sender is not None:
+            return max(0.0, min(self._flush_interval, self._next_probe - time.monotonic()))
+        return self._flush_interval
+
+    def _spooling_round(self, closing: bool) -> None:
+        """Queue to disk, then replay the spool when a probe is due (every time when closing)."""
+        self._spill(self._take_all(), final=False)
+        if self._sender is not None and (closing or time.monotonic() >= self._next_probe):
+            self._replay()
+        if self._mode is Mode.SPOOLING and closing:
+            self._spill(self._take_all(), final=not self._final_done)
+            self._final_done = True
+
+    def _replay(self) -> None:
+        """Send the spool's frames oldest first until it is empty (→ DIRECT) or a send fails."""
+        assert self._sender is not None and self._spool is not None
+        c = self._c
+        while True:
+            if len(self._queue) >= self._batch_size:  # keep memory bounded and order intact
+                self._spill(self._take_all(), final=False)
+            head = self._spool.head()
+            if head is None:
+                self._mode = Mode.DIRECT
+                self._probe_failures = 0
+                return
+            body, n = head
+            if body is None:
+                logger.error("ampscope spool frame of %d records is unreadable; dropping it", n)
+                with self._lock:
+                    self._spool.ack()
+                    c.spooled -= n
+                    c.dropped_sender += n
+                continue
+            remaining = self._send_deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            result = self._sender.send(body, min(self._request_timeout, remaining))
+            if result.outcome is Outcome.ACKED:
+                with self._lock:
+                    self._spool.ack()
+                    c.spooled -= n
+                    c.acknowledged += n
+                    c.replayed += n
+                self._layers_acked = True  # every spooled frame carries the layer table
+                self._probe_failures = 0
+                continue
+            with self._lock:
+                c.failed_requests += 1
+            if result.outcome is Outcome.REJECTED:
+                with self._lock:
+                    self._spool.ack()
+                    c.spooled -= n
+                    c.dropped_sender += n
+                self._log_rejection(n, result)
+                continue
+            self._next_probe = time.monotonic() + self._backoff(self._probe_failures, result)
+            self._probe_failures += 1
+            return
+
+    def _backoff(self, tries: int, result: SendResult) -> float:
+        if result.retry_after is not None:
+            return min(result.retry_after, self._max_retry_after)
+        ceiling = min(self._backoff_cap, self._backoff_base * 2.0**tries)
+        return ceiling * random.uniform(0.5, 1.0)  # jitter: clients must not sync up
 
     def _take(self) -> list[Outgoing]:
         batch: list[Outgoing] = []
@@ -337,67 +356,6 @@ class Transport:
                 break
         return batch
 
-    def _deliver(self, batch: list[Outgoing], final: bool) -> bool:
-        """Send one batch until acknowledged, rejected or out of time; True if out of time."""
-        assert self._sender is not None
-        c = self._c
-        records: list[dict[str, Any]] = []
-        for item in batch:
-            try:
-                records.append(item.to_wire())
-            except Exception:
-                logger.exception("ampscope could not encode a record; dropping it")
-                c.dropped_sender += 1
-        include_layers = not self._layers_acked
-        body = self._encode(records, include_layers, final)
-        tries = 0
-        while True:
-            remaining = self._deadline - time.monotonic()
-            if remaining <= 0:
-                c.dropped_sender += len(records)
-                self._spill(records)
-                return True
-            result = self._sender.send(body, min(self._request_timeout, remaining))
-            if result.outcome is Outcome.ACKED:
-                c.acknowledged += len(records)
-                self._layers_acked = self._layers_acked or include_layers
-                return False
-            c.failed_requests += 1
-            if result.outcome is Outcome.REJECTED:
-                c.dropped_sender += len(records)
-                self._spill(records)
-                if not c.logged_rejection:
-                    c.logged_rejection = True
-                    logger.error(
-                        "ampscope server rejected a batch of %d records with HTTP %s: %s "
-                        "(further rejections are only counted)",
-                        len(records), result.status, result.detail)
-                return False
-            logger.debug("ampscope send failed (%s %s); will retry",
-                         result.status, result.detail)
-            if result.retry_after is not None:
-                delay = min(result.retry_after, self._max_retry_after)
-            else:
-                ceiling = min(self._backoff_cap, self._backoff_base * 2.0**tries)
-                delay = ceiling * random.uniform(0.5, 1.0)  # jitter: clients must not sync up
-            tries += 1
-            delay = min(delay, max(0.0, self._deadline - time.monotonic()))
-            if self._closing.is_set():
-                time.sleep(delay)
-            else:
-                # Wakes early when close() starts, so the remaining budget goes to the final flush.
-                self._closing.wait(delay)
-
-    def _drain_as_dropped(self, counter: str) -> None:
-        drained = self._take_all()
-        if not drained:
-            return
-        if counter == "closing":
-            self._c.dropped_closing += len(drained)
-        else:
-            self._c.dropped_sender += len(drained)
-        self._spill(drained)
-
     def _take_all(self) -> list[Outgoing]:
         items: list[Outgoing] = []
         while True:
@@ -406,6 +364,90 @@ class Transport:
             except IndexError:
                 return items
 
-    def _spill(self, items: Sequence[object]) -> None:
-        """Records that could not be delivered. Today they are only counted (by the caller); the
-        disk spool will append them here and ``ampscope sync`` will replay them."""
+    def _wire(self, items: Sequence[Outgoing]) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        for item in items:
+            try:
+                records.append(item.to_wire())
+            except Exception:
+                logger.exception("ampscope could not encode a record; dropping it")
+                with self._lock:
+                    self._c.dropped_sender += 1
+        return records
+
+    def _deliver(self, batch: list[Outgoing], final: bool) -> None:
+        """Send one batch until acknowledged or rejected; past the retry window (or the close
+        deadline) it goes to the spool and the transport turns SPOOLING."""
+        assert self._sender is not None
+        c = self._c
+        records = self._wire(batch)
+        include_layers = not self._layers_acked
+        body = self._encode(records, include_layers, final)
+        started = time.monotonic()
+        tries = 0
+        while True:
+            remaining = self._send_deadline - time.monotonic()
+            if remaining <= 0:  # closing: nothing will be sent after this batch
+                self._spool_records(records, final or not self._queue)
+                return
+            result = self._sender.send(body, min(self._request_timeout, remaining))
+            if result.outcome is Outcome.ACKED:
+                with self._lock:
+                    c.acknowledged += len(records)
+                self._layers_acked = self._layers_acked or include_layers
+                return
+            with self._lock:
+                c.failed_requests += 1
+            if result.outcome is Outcome.REJECTED:
+                with self._lock:
+                    c.dropped_sender += len(records)
+                self._log_rejection(len(records), result)
+                return
+            logger.debug("ampscope send failed (%s %s); will retry", result.status, result.detail)
+            delay = self._backoff(tries, result)
+            tries += 1
+            now = time.monotonic()
+            if self._spool is not None and now + delay - started > self._retry_window:
+                self._next_probe = now + delay
+                self._probe_failures = tries
+                self._spool_records(records, final)
+                return
+            delay = min(delay, max(0.0, self._send_deadline - now))
+            if self._closing.is_set():
+                time.sleep(delay)
+            else:
+                # Wakes early when close() starts, so the remaining budget goes to the final flush.
+                self._closing.wait(delay)
+
+    def _log_rejection(self, n: int, result: SendResult) -> None:
+        if not self._c.logged_rejection:
+            self._c.logged_rejection = True
+            logger.error(
+                "ampscope server rejected a batch of %d records with HTTP %s: %s "
+                "(further rejections are only counted)", n, result.status, result.detail)
+
+    def _spill(self, items: Sequence[Outgoing], final: bool) -> None:
+        """Queued items to the spool in frames of ``batch_size`` (``final`` marks the last one;
+        with no items and ``final`` an empty final frame is written)."""
+        if not items and not final:
+            return
+        if self._spool is None:
+            with self._lock:
+                self._c.dropped_sender += len(items)
+            return
+        chunks = [items[i : i + self._batch_size] for i in range(0, len(items), self._batch_size)]
+        for i, chunk in enumerate(chunks or [[]]):
+            self._spool_records(self._wire(chunk), final and i == max(0, len(chunks) - 1))
+
+    def _spool_records(self, records: list[dict[str, Any]], final: bool) -> None:
+        """Encoded records to disk (counted spooled) or, failing that, counted dropped."""
+        n = len(records)
+        self._final_done = self._final_done or final
+        if self._spool is not None:
+            self._mode = Mode.SPOOLING
+        body = self._encode(records, True, final) if self._spool is not None else b""
+        with self._lock:
+            if self._spool is not None and self._spool.append(body, n):
+                self._c.spooled += n
+            else:
+                self._c.dropped_sender += n

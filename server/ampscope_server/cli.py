@@ -1,4 +1,6 @@
-"""`ampscope serve [--host --port --db]` and `ampscope db upgrade [--db]`.
+"""`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]` and
+`ampscope sync PATH [--server URL]` (uploads a client's disk spool; the logic is the client's,
+`ampscope.sync`, imported lazily and torch-free).
 
 `serve` on SQLite brings the schema to the Alembic head itself; on Postgres it refuses to start
 until `ampscope db upgrade` has been run (migrations there are an operator's decision).
@@ -7,10 +9,13 @@ until `ampscope db upgrade` has been run (migrations there are an operator's dec
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from ampscope_server.config import Settings
+
+DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     db_commands = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_commands.add_parser("upgrade", help="migrate the schema to the latest revision")
     upgrade.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+
+    sync = commands.add_parser(
+        "sync", help="upload a client spool (a directory or one .ampspool file) to a server")
+    sync.add_argument("path", help="spool directory or file")
+    sync.add_argument("--server", default=os.environ.get("AMPSCOPE_SERVER", DEFAULT_SERVER),
+                      help=f"server URL (default $AMPSCOPE_SERVER or {DEFAULT_SERVER})")
     return parser
 
 
@@ -44,6 +55,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "sync":
+        return _sync(args.path, args.server)
     settings = _settings(args)
     from ampscope_server import db
 
@@ -53,6 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{db.head_revision()}\n")
         return 0
     return _serve(settings, args.log_level)
+
+
+def _sync(path: str, server: str) -> int:
+    """Exit 0 when every readable frame was taken (accepted or a duplicate), 1 when the server
+    refused or never took some, 2 when PATH or the URL is unusable. Damaged stretches (a truncated
+    tail after a kill) are reported but do not fail the run: the good frames were delivered."""
+    from ampscope.sync import sync
+
+    try:
+        report = sync(path, server)
+    except (FileNotFoundError, ValueError) as exc:
+        sys.stderr.write(f"ampscope sync: {exc}\n")
+        return 2
+    sys.stdout.write(f"ampscope sync: {report.summary()}\n")
+    return 0 if report.ok else 1
 
 
 def _serve(settings: Settings, log_level: str) -> int:

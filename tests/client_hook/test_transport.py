@@ -6,19 +6,30 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ampscope.spool import Frame, scan, spool_files
 from ampscope.transport import (
     HttpSender,
     MemorySender,
+    Mode,
     Outcome,
     SendResult,
     Transport,
     TransportStats,
 )
 from tests.client_hook.httpstub import Reply, StubServer, blackhole
+
+
+@pytest.fixture(autouse=True)
+def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every transport here spools under the test's own directory, never the user's cache."""
+    directory = tmp_path / "spool"
+    monkeypatch.setenv("AMPSCOPE_SPOOL_DIR", str(directory))
+    return directory
 
 
 @dataclass
@@ -41,7 +52,15 @@ def fast(sender: Any, **kw: Any) -> Transport:
 
 
 def balanced(s: TransportStats) -> bool:
-    return s.produced == s.acknowledged + s.dropped + s.pending
+    counts = (s.acknowledged, s.spooled, s.dropped, s.pending, s.replayed)
+    return s.produced == s.acknowledged + s.spooled + s.dropped + s.pending and min(counts) >= 0
+
+
+def spooled_payloads(directory: Path) -> list[dict[str, Any]]:
+    if not directory.exists():
+        return []
+    frames = [f for p in spool_files(directory) for f in scan(p) if isinstance(f, Frame)]
+    return [json.loads(f.body) for f in frames]
 
 
 def seqs(payloads: list[dict[str, Any]]) -> list[int]:
@@ -75,12 +94,26 @@ class TestDelivery:
         fast(sender).close(5.0)
         assert sender.payloads() == [{"layers": ["t"], "records": [], "final": True}]
 
-    def test_no_server_counts_everything_dropped(self) -> None:
-        t = fast(None)
+    def test_no_server_and_no_spool_counts_everything_dropped(self) -> None:
+        t = fast(None, spool_max_bytes=0)
         for i in range(3):
             t.put(Item(i))
         t.close(1.0)
         assert t.stats() == TransportStats(3, 0, 3, 0, 0)
+
+    def test_offline_mode_writes_everything_to_the_spool(self, spool_dir: Path) -> None:
+        t = fast(None, batch_size=2)
+        for i in range(5):
+            t.put(Item(i))
+        start = time.monotonic()
+        t.close(5.0)
+        assert time.monotonic() - start < 1.0
+        assert t.stats() == TransportStats(5, 0, 0, 0, 0, spooled=5)
+        payloads = spooled_payloads(spool_dir)
+        assert seqs(payloads) == [0, 1, 2, 3, 4]
+        assert all(p["layers"] == ["t"] for p in payloads)  # every frame stands alone
+        assert [p["final"] for p in payloads][-1] is True and not any(
+            p["final"] for p in payloads[:-1])
 
 
 class TestHttp:
@@ -134,12 +167,12 @@ class TestHttp:
             t.close(1.0)
             assert time.monotonic() - start < 1.5
         stats = t.stats()
-        assert balanced(stats) and stats.acknowledged == 0
+        assert stats == TransportStats(5, 0, 0, 0, stats.failed_requests, spooled=5)
 
-    def test_unreachable_server_is_retried_until_close(self) -> None:
+    def test_unreachable_server_without_a_spool_is_retried_until_close(self) -> None:
         with blackhole() as url:
             pass  # closed: connections are refused
-        t = fast(HttpSender(url))
+        t = fast(HttpSender(url), spool_max_bytes=0)
         t.put(Item(0))
         time.sleep(0.2)
         start = time.monotonic()
@@ -209,3 +242,122 @@ def test_forked_child_neither_sends_nor_waits() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     t.close(5.0)
     assert seqs(sender.payloads()) == []
+
+
+class _Switch(MemorySender):
+    """Answers RETRY (503) while ``down`` is set and acknowledges (keeping the body) otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = threading.Event()
+        self.refused = 0
+
+    def send(self, body: bytes, timeout: float) -> SendResult:
+        if self.down.is_set():
+            self.refused += 1
+            return SendResult(Outcome.RETRY, 503)
+        return super().send(body, timeout)
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+class TestSpool:
+    def test_server_away_spools_then_replays_in_order_before_newer_records(
+        self, spool_dir: Path
+    ) -> None:
+        sender = _Switch()
+        sender.down.set()
+        t = fast(sender, batch_size=4, retry_window=0.05, backoff_cap=0.05)
+        for i in range(10):
+            t.put(Item(i))
+        wait_for(lambda: t.stats().spooled == 10)
+        mode_while_down = t.mode
+        assert mode_while_down is Mode.SPOOLING
+        assert seqs(spooled_payloads(spool_dir)) == list(range(10))
+        assert balanced(t.stats())
+        sender.down.clear()
+        for i in range(10, 14):
+            t.put(Item(i))
+        wait_for(lambda: t.stats().acknowledged == 14)
+        assert t.mode is Mode.DIRECT
+        t.close(5.0)
+        payloads = sender.payloads()
+        assert seqs(payloads) == list(range(14))
+        stats = t.stats()
+        # Records put before the first successful probe went to disk behind the others.
+        assert stats == TransportStats(14, 14, 0, 0, stats.failed_requests, spooled=0,
+                                       replayed=stats.replayed)
+        assert 10 <= stats.replayed <= 14
+        assert list(spool_dir.iterdir()) == []  # acknowledged segments and cursors are deleted
+
+    def test_accounting_is_exact_at_every_call_while_the_server_flaps(self) -> None:
+        sender = _Switch()
+        t = fast(sender, batch_size=8, retry_window=0.02, backoff_cap=0.02, max_queue=10_000)
+        seen: list[TransportStats] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                seen.append(t.stats())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        for i in range(600):
+            if i % 100 == 0:
+                (sender.down.clear if sender.down.is_set() else sender.down.set)()
+            t.put(Item(i))
+            if i % 10 == 0:
+                time.sleep(0.003)
+        sender.down.clear()
+        t.close(5.0)
+        stop.set()
+        watcher.join()
+        assert len(seen) > 100 and all(balanced(s) for s in seen)
+        assert any(s.spooled > 0 for s in seen)
+        assert sorted(seqs(sender.payloads())) == list(range(600))
+        final = t.stats()
+        assert (final.acknowledged, final.pending, final.spooled, final.dropped) == (600, 0, 0, 0)
+        assert final.replayed > 0
+
+    def test_at_the_spool_cap_records_are_dropped_and_counted_exactly(
+        self, spool_dir: Path
+    ) -> None:
+        one_frame = len(encode([{"seq": 0}], True, False)) + 12 + 8  # frame and file headers
+        t = fast(None, batch_size=1, spool_max_bytes=3 * one_frame + 2)
+        for i in range(6):
+            t.put(Item(i))
+        t.close(5.0)
+        stats = t.stats()
+        assert stats == TransportStats(6, 0, 3, 0, 0, spooled=3)
+        assert seqs(spooled_payloads(spool_dir)) == [0, 1, 2]
+
+    def test_close_spools_the_rest_when_the_server_never_answers(self, spool_dir: Path) -> None:
+        sender = _Switch()
+        sender.down.set()
+        t = fast(sender, retry_window=60.0)  # the batch stays in memory, retried
+        for i in range(3):
+            t.put(Item(i))
+        time.sleep(0.1)
+        start = time.monotonic()
+        t.close(1.0)
+        assert time.monotonic() - start < 1.2
+        assert t.stats() == TransportStats(3, 0, 0, 0, t.stats().failed_requests, spooled=3)
+        assert [p["final"] for p in spooled_payloads(spool_dir)] == [True]
+
+    def test_rejected_spool_frames_are_dropped_and_counted(self) -> None:
+        sender = _Switch()
+        sender.down.set()
+        t = fast(sender, retry_window=0.01, backoff_cap=0.05)
+        t.put(Item(0))
+        wait_for(lambda: t.stats().spooled == 1)
+        sender._script.append(SendResult(Outcome.REJECTED, 409))
+        sender.down.clear()
+        t.put(Item(1))
+        t.close(5.0)
+        stats = t.stats()
+        assert (stats.acknowledged, stats.dropped, stats.spooled, stats.pending) == (1, 1, 0, 0)

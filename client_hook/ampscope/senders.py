@@ -1,0 +1,154 @@
+"""Senders: how one encoded batch reaches the server (``HttpSender``) or a test (``MemorySender``).
+
+A sender never raises: it turns every outcome into a ``SendResult`` the transport acts on
+(``ACKED``, ``RETRY`` with an optional ``Retry-After``, ``REJECTED``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import email.utils
+import enum
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["HttpSender", "MemorySender", "Outcome", "SendResult", "Sender"]
+
+
+class Outcome(enum.Enum):
+    ACKED = "acked"
+    RETRY = "retry"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class SendResult:
+    outcome: Outcome
+    status: int | None = None
+    retry_after: float | None = None
+    detail: str = ""
+    body: bytes = b""
+
+
+class Sender(Protocol):
+    """Delivers one encoded batch; must return within about ``timeout`` seconds and never raise.
+
+    A sender may also have ``abort()``, callable from another thread, that makes the request in
+    flight return at once; ``Transport.close`` uses it when the deadline comes.
+    """
+
+    def send(self, body: bytes, timeout: float) -> SendResult: ...
+
+    def close(self) -> None: ...
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class HttpSender:
+    """POSTs JSON batches to ``{server}/api/ingest`` over one keep-alive ``http.client`` connection.
+
+    Socket timeouts bound every connect and read, so a blackholed server costs at most ``timeout``.
+    """
+
+    def __init__(self, server: str, *, path: str = "/api/ingest") -> None:
+        url = urllib.parse.urlsplit(server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(
+                f"server must be an http(s) URL like http://127.0.0.1:8765, not {server!r}"
+            )
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port
+        self._path = url.path.rstrip("/") + path
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=timeout)
+        self._conn.timeout = timeout
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def send(self, body: bytes, timeout: float) -> SendResult:
+        try:
+            conn = self._connection(timeout)
+            conn.request("POST", self._path, body=body, headers={
+                "Content-Type": "application/json", "Content-Length": str(len(body))})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            return SendResult(Outcome.RETRY, detail=f"{type(exc).__name__}: {exc}")
+        if resp.will_close:
+            self.close()
+        status = resp.status
+        detail = data[:500].decode("utf-8", "replace")
+        if 200 <= status < 300:
+            return SendResult(Outcome.ACKED, status, detail=detail, body=data)
+        if status in (408, 429) or status >= 500:
+            after = _retry_after(resp.getheader("Retry-After"))
+            return SendResult(Outcome.RETRY, status, after, detail)
+        return SendResult(Outcome.REJECTED, status, detail=detail)
+
+    def abort(self) -> None:
+        """From another thread: end the request in flight now (it returns ``RETRY``)."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class MemorySender:
+    """An in-process sender that keeps every body it is given: for tests and embedding.
+
+    ``script`` optionally supplies the results to return, in order; once it is exhausted (or when
+    none is given) every send is acknowledged.
+    """
+
+    def __init__(self, script: Sequence[SendResult] = ()) -> None:
+        self.bodies: list[bytes] = []
+        self._script = collections.deque(script)
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, body: bytes, timeout: float) -> SendResult:
+        with self._lock:
+            self.bodies.append(body)
+            return self._script.popleft() if self._script else SendResult(Outcome.ACKED, 200)
+
+    def payloads(self) -> list[dict[str, Any]]:
+        """Every body received, parsed as JSON (the tags stay strings)."""
+        with self._lock:
+            return [json.loads(b) for b in self.bodies]
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,115 @@
+"""``ampscope sync PATH``: upload spool files to a server, in order. Torch-free.
+
+Every complete frame not yet acknowledged (the ``.ack`` cursor a transport leaves beside its file)
+is POSTed as it is, oldest file first. The server ingests idempotently by (run, attempt, seq), so
+running sync twice inserts nothing new: the second run counts duplicates. Damaged stretches (a
+truncated tail after a kill, a corrupt frame) are reported and skipped; the frames around them are
+still sent. Sync never modifies the spool: delete it once the summary says everything arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from ampscope.senders import HttpSender, Outcome, Sender
+from ampscope.spool import Damage, acknowledged_offset, scan, spool_files
+
+__all__ = ["SyncReport", "sync"]
+
+
+@dataclass
+class SyncReport:
+    files: int = 0
+    frames_sent: int = 0
+    frames_skipped: int = 0  # acknowledged before, per the .ack cursor
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: list[str] = field(default_factory=list)  # "file@offset: HTTP 4xx detail"
+    damaged: list[Damage] = field(default_factory=list)
+    undelivered: list[str] = field(default_factory=list)  # the server stayed away
+
+    @property
+    def ok(self) -> bool:
+        """Every readable frame reached the server and was taken (accepted or a duplicate)."""
+        return not self.rejected and not self.undelivered
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.files} files, {self.frames_sent} frames sent ({self.frames_skipped} already "
+            f"acknowledged), {self.accepted} records accepted, {self.duplicates} duplicates, "
+            f"{len(self.rejected)} frames rejected, {len(self.damaged)} damaged stretches, "
+            f"{len(self.undelivered)} frames undelivered"
+        ]
+        lines += [f"damaged: {d.path}@{d.offset}-{d.end}: {d.reason}" for d in self.damaged]
+        lines += [f"rejected: {r}" for r in self.rejected]
+        lines += [f"undelivered: {u}" for u in self.undelivered]
+        return "\n".join(lines)
+
+
+def sync(
+    path: str | os.PathLike[str],
+    server: str | None = None,
+    *,
+    sender: Sender | None = None,
+    timeout: float = 30.0,
+    attempts: int = 5,
+) -> SyncReport:
+    """Upload the spool at ``path`` (a directory or one ``.ampspool`` file) to ``server``.
+
+    A frame the server refuses with a 4xx is reported and skipped. One it cannot take right now
+    (connection error, 5xx, 408, 429) is tried ``attempts`` times with backoff; if it still fails,
+    that frame and every later one are reported undelivered and sync stops, so a later run resumes
+    in order.
+    """
+    if sender is None:
+        if server is None:
+            raise ValueError("sync needs a server URL or a sender")
+        sender = HttpSender(server)
+    report = SyncReport()
+    files = spool_files(path)
+    try:
+        for file in files:
+            if not file.exists():
+                raise FileNotFoundError(f"no spool file or directory at {file}")
+            report.files += 1
+            acked = acknowledged_offset(file)
+            for item in scan(file):
+                if isinstance(item, Damage):
+                    report.damaged.append(item)
+                    continue
+                if item.end <= acked:
+                    report.frames_skipped += 1
+                    continue
+                if report.undelivered:
+                    report.undelivered.append(f"{file}@{item.offset}")
+                    continue
+                _send(sender, item.body, f"{file}@{item.offset}", report, timeout, attempts)
+    finally:
+        sender.close()
+    return report
+
+
+def _send(sender: Sender, body: bytes, where: str, report: SyncReport, timeout: float,
+          attempts: int) -> None:
+    for attempt in range(attempts):
+        result = sender.send(body, timeout)
+        if result.outcome is Outcome.ACKED:
+            report.frames_sent += 1
+            try:
+                answer = json.loads(result.body or result.detail)
+                report.accepted += int(answer.get("accepted", 0))
+                report.duplicates += int(answer.get("duplicates", 0))
+            except (ValueError, TypeError, AttributeError):
+                pass
+            return
+        if result.outcome is Outcome.REJECTED:
+            report.rejected.append(f"{where}: HTTP {result.status} {result.detail}")
+            return
+        if attempt + 1 < attempts:
+            time.sleep(min(60.0, result.retry_after) if result.retry_after is not None
+                       else min(5.0, 0.2 * 2**attempt))
+    report.undelivered.append(f"{where} ({result.status or 'no answer'}: {result.detail})")
+

@@ -1,0 +1,187 @@
+"""Never loses a step: real `ampscope serve` processes, a TCP fault proxy, exact stored sets.
+
+Every loop is bounded in count and in time; each test asserts the exact set of stored seqs (no
+loss, zero duplicates) through the read API, and the transport's accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ampscope.spool import Frame, scan, spool_files
+from ampscope.sync import sync
+from ampscope.transport import Mode, Transport, TransportStats
+from tests.faults.proxy import FaultProxy
+from tests.faults.support import Step, stored_seqs, transport, wait_until
+from tests.support.databases import sqlite_url
+from tests.support.servers import ServerProcess
+
+
+def balanced(s: TransportStats) -> bool:
+    return s.produced == s.acknowledged + s.spooled + s.dropped + s.pending and min(
+        s.acknowledged, s.spooled, s.dropped, s.pending) >= 0
+
+
+@pytest.fixture
+def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(sqlite_url(tmp_path), tmp_path)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def produce(t: Transport, seqs: range, pace: float = 0.002) -> None:
+    for i in seqs:
+        t.put(Step(i))
+        assert balanced(t.stats())
+        time.sleep(pace)
+
+
+def assert_all_delivered(t: Transport, url: str, run_id: str, n: int) -> TransportStats:
+    stats = t.stats()
+    assert stored_seqs(url, run_id) == list(range(n))
+    assert stats.produced == stats.acknowledged == n
+    assert (stats.spooled, stats.dropped, stats.pending) == (0, 0, 0)
+    return stats
+
+
+def test_server_absent_at_start_and_appearing_later(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    run_id, t = transport(sqlite_server.url, tmp_path / "spool")
+    produce(t, range(0, 150))
+    wait_until(lambda: t.stats().spooled == 150, 5)
+    assert t.mode is Mode.SPOOLING
+    sqlite_server.start()
+    produce(t, range(150, 300))
+    t.close(5.0)
+    stats = assert_all_delivered(t, sqlite_server.url, run_id, 300)
+    assert stats.replayed >= 150
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+def kill_and_restart(server: ServerProcess, tmp_path: Path, rounds: int) -> None:
+    run_id, t = transport(server.url, tmp_path / "spool")
+    n = 0
+    for _ in range(rounds):
+        produce(t, range(n, n + 80))
+        n += 80
+        server.kill()
+        produce(t, range(n, n + 80))  # the server is gone: these go to the spool
+        n += 80
+        server.start()
+    produce(t, range(n, n + 40))
+    n += 40
+    t.close(5.0)
+    stats = assert_all_delivered(t, server.url, run_id, n)
+    assert stats.replayed > 0 and stats.failed_requests > 0
+
+
+def test_server_killed_and_restarted_several_times(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    sqlite_server.start()
+    kill_and_restart(sqlite_server, tmp_path, rounds=3)
+
+
+@pytest.mark.postgres
+def test_server_killed_and_restarted_on_postgres(postgres_url: str, tmp_path: Path) -> None:
+    server = ServerProcess(postgres_url, tmp_path)
+    try:
+        server.start()
+        kill_and_restart(server, tmp_path, rounds=2)
+    finally:
+        server.kill()
+
+
+def test_ack_lost_after_the_server_committed(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    sqlite_server.start()
+    proxy = FaultProxy(sqlite_server.port)
+    try:
+        run_id, t = transport(proxy.url, tmp_path / "spool", batch_size=16)
+        produce(t, range(0, 50))
+        proxy.drop_responses(3)
+        produce(t, range(50, 200))
+        wait_until(lambda: proxy.dropped == 3, 10)
+        t.close(5.0)
+    finally:
+        proxy.close()
+    stats = assert_all_delivered(t, sqlite_server.url, run_id, 200)
+    assert stats.failed_requests >= 3
+
+
+def test_blackholed_server_at_close(sqlite_server: ServerProcess, tmp_path: Path) -> None:
+    sqlite_server.start()
+    proxy = FaultProxy(sqlite_server.port)
+    spool = tmp_path / "spool"
+    try:
+        run_id, t = transport(proxy.url, spool, request_timeout=10.0)
+        produce(t, range(0, 100))
+        wait_until(lambda: t.stats().acknowledged == 100, 10)
+        proxy.mode = "blackhole"
+        produce(t, range(100, 300), pace=0.0005)
+        start = time.monotonic()
+        t.close(5.0)
+        elapsed = time.monotonic() - start
+    finally:
+        proxy.close()
+    assert elapsed <= 5.0
+    stats = t.stats()
+    assert (stats.acknowledged, stats.spooled, stats.dropped, stats.pending) == (100, 200, 0, 0)
+    report = sync(spool, sqlite_server.url)
+    assert report.ok and report.accepted == 200 and report.duplicates == 0
+    assert stored_seqs(sqlite_server.url, run_id) == list(range(300))
+
+
+def test_spool_full_drops_are_counted_exactly(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    run_id, t = transport(None, spool, batch_size=10, spool_max_bytes=40_000)
+    produce(t, range(0, 300), pace=0.0)
+    t.close(5.0)
+    stats = t.stats()
+    frames = [f for p in spool_files(spool) for f in scan(p) if isinstance(f, Frame)]
+    on_disk = sum(len(json.loads(f.body)["records"]) for f in frames)
+    assert stats.spooled == on_disk and stats.dropped == 300 - on_disk > 0
+    assert balanced(stats) and stats.pending == 0
+    sqlite_server.start()
+    assert sync(spool, sqlite_server.url).ok
+    stored = stored_seqs(sqlite_server.url, run_id)
+    assert len(stored) == len(set(stored)) == on_disk
+
+
+def test_truncated_spool_tail_after_a_kill_then_sync_twice(
+    sqlite_server: ServerProcess, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    run_id, t = transport(None, spool, batch_size=25)
+    produce(t, range(0, 100), pace=0.0)
+    t.close(5.0)
+    [path] = spool_files(spool)
+    frames = [f for f in scan(path) if isinstance(f, Frame)]
+    assert len(frames) == 5  # 4 full frames + the empty final one
+    last_records = frames[-2]
+    os.truncate(path, last_records.end - 7)  # killed in the middle of writing frame 4
+    sqlite_server.start()
+    cmd = [sys.executable, "-m", "ampscope_server.cli", "sync", str(spool),
+           "--server", sqlite_server.url]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert "75 records accepted, 0 duplicates" in first.stdout and "truncated" in first.stdout
+    assert stored_seqs(sqlite_server.url, run_id) == list(range(75))
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert "0 records accepted, 75 duplicates" in second.stdout
+    assert stored_seqs(sqlite_server.url, run_id) == list(range(75))
+
