@@ -8,14 +8,21 @@ Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
    stats of every watched parameter that has a ``.grad``: before ``unscale_`` when the optimizer's
    stage is READY (the grads are still scaled, and are divided by the scale), or as they are when
    the loop already unscaled them (stage UNSCALED/STEPPED: true units). The global grad norm is
-   captured every step; per-layer stats every ``layer_every`` steps. Later calls in the cycle
-   capture nothing, so ``unscale_`` → clip → ``step`` and k backward passes per step both give
-   exactly one capture.
+   captured every step together with every layer's norm (its finiteness, for the overflow
+   event's layers in backward order, ``order.py``); per-layer stats on the steps ``layer_every``
+   makes due (``selection.py``), the exponent histogram every ``histogram_every`` steps
+   (``histogram.py``); the sampled activation stats of the cycle are collected here too
+   (``activations.py``). Later calls in the cycle capture nothing, so ``unscale_`` → clip →
+   ``step`` and k backward passes per step both give exactly one capture. The record's
+   ``captured`` says "before_unscale" when every watched gradient was still scaled, else
+   "after_unscale" (a disabled scaler included: the grads are true units as they are).
 3. ``scaler.update()``: the scale before (a device copy), ``found_inf`` (the sum of the scaler's
    per-optimizer ``found_inf_per_device`` tensors), the original ``update()``, then the scale after
    and the growth tracker. All scalars and the stats are stacked into ONE float64 device tensor and
    copied to the host once (on CUDA: ``non_blocking`` into pinned memory plus an event the sender
    thread waits on); the training thread then only enqueues.
+
+AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 
 Syncs: none added on the training thread when ``scaler._scale`` and ``_per_optimizer_states`` exist
 (feature-checked). Without them the public fallback calls ``get_scale()`` (a sync) per step.
@@ -44,16 +51,23 @@ from typing import Any
 import torch
 
 from ampscope import wire
+from ampscope.activations import ActivationProbe
+from ampscope.cycle import StepCycle
 from ampscope.formats import TargetFormat
-from ampscope.record import SCALARS, StepRecord, layer_table
+from ampscope.misuse import ClipHeuristic, MisuseTracker
+from ampscope.order import BackwardOrder
+from ampscope.record import layer_table
 from ampscope.reductions import GradStats
+from ampscope.scalerview import ScalerView
+from ampscope.selection import Cadence, LayerEvery
 from ampscope.transport import HttpSender, Sender, Transport
 
-__all__ = ["AmpscopeWarning", "Monitor", "MonitorStats", "watch"]
+__all__ = ["AmpscopeWarning", "HookState", "Monitor", "MonitorStats", "watch"]
 
 logger = logging.getLogger("ampscope")
 
 _WRAPPED = ("scale", "unscale_", "step", "update")
+DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
 class AmpscopeWarning(RuntimeWarning):
@@ -68,7 +82,9 @@ class HookState(enum.Enum):
 
 @dataclass(frozen=True)
 class MonitorStats:
-    """Record accounting: ``produced == acknowledged + dropped + pending`` always holds."""
+    """Record accounting: ``produced == acknowledged + spooled + dropped + pending`` always holds
+    (``pending``: in memory; ``spooled``: on disk, not yet acknowledged; ``replayed``: acknowledged
+    from the spool, included in ``acknowledged``)."""
 
     produced: int
     acknowledged: int
@@ -76,6 +92,8 @@ class MonitorStats:
     pending: int
     failed_requests: int
     internal_errors: int
+    spooled: int = 0
+    replayed: int = 0
 
 
 _MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
@@ -102,7 +120,8 @@ def _rank() -> int:
 
 
 class Monitor:
-    """Watches one model + ``torch.amp.GradScaler`` instance; see the module docstring."""
+    """Watches one model + ``torch.amp.GradScaler`` instance; see the module docstring and
+    ``watch`` for the options."""
 
     def __init__(
         self,
@@ -111,41 +130,53 @@ class Monitor:
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         *,
         run: str | None = None,
-        server: str | None = "http://127.0.0.1:8765",
+        server: str | None = DEFAULT_SERVER,
         project: str = "default",
         tags: Iterable[str] = (),
         config: Mapping[str, Any] | None = None,
         run_id: str | None = None,
         target_format: str | TargetFormat = "fp16",
-        layer_every: int = 10,
+        layer_every: LayerEvery = 10,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+        activation_every: int = 50,
+        histogram_every: int = 100,
         enabled: bool = True,
         close_timeout_s: float = 5.0,
         sender: Sender | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_max_bytes: int = 256 * 2**20,
         max_errors: int = 3,
     ) -> None:
         self.fmt = TargetFormat.get(target_format)
         self.run_id = run_id or str(uuid.uuid4())
         self.attempt_id = str(uuid.uuid4())
         self.layer_every = layer_every
+        self.activation_every = max(0, activation_every)
+        self.histogram_every = max(0, histogram_every)
         self.close_timeout_s = close_timeout_s
         self._model = model
         self._scaler = scaler
+        self._view = ScalerView(scaler)
         if optimizer is None:
             self._optimizers: list[torch.optim.Optimizer] = []
         elif isinstance(optimizer, torch.optim.Optimizer):
             self._optimizers = [optimizer]
         else:
             self._optimizers = list(optimizer)
-        self._owner: dict[int, torch.optim.Optimizer] = {}
-        self._owner_of: tuple[int, ...] = ()
-        self._layers, self._params = layer_table(model)
+        self._layers, self._params = layer_table(model, include, exclude)
+        self._cadence = Cadence(layer_every, [layer["name"] for layer in self._layers])
         self._stats = GradStats(self.fmt, [p.numel() for p in self._params])
         self._max_errors = max_errors
         self._errors = 0
         self._updates = 0
         self._seq = 0
-        self._last_update: float | None = None
-        self._reset_cycle()
+        self._misuse = MisuseTracker(lambda: self._state is HookState.ACTIVE)
+        self._clip = ClipHeuristic()
+        self._order: BackwardOrder | None = None
+        self._probe: ActivationProbe | None = None
+        self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
+                                self._view, None, None)
         self._run_info: dict[str, Any] = {
             "id": self.run_id,
             "project": project,
@@ -164,9 +195,20 @@ class Monitor:
         self._transport: Transport | None = None
         if not enabled:
             return
+        if os.environ.get("AMPSCOPE_MODE", "").strip().lower() == "offline":
+            server = None
         if sender is None and server is not None:
             sender = HttpSender(server)
-        self._transport = Transport(sender, self._encode)
+        self._transport = Transport(sender, self._encode, spool_dir=spool_dir,
+                                    spool_max_bytes=spool_max_bytes)
+        self._order = BackwardOrder(self._params)
+        if self.activation_every:
+            self._probe = ActivationProbe(model, self.fmt,
+                                          lambda exc: self._internal_error("activation", exc))
+            self._probe.arm()  # step 0 is a sample
+        self._cycle.probe, self._cycle.order = self._probe, self._order
+        for opt in self._optimizers:
+            self._misuse.watch(opt, self._view.enabled)
         self._wrap()
         atexit.register(self.close)
         _MONITORS.add(self)
@@ -176,6 +218,11 @@ class Monitor:
     def layers(self) -> list[dict[str, Any]]:
         """The layer table as sent on the wire."""
         return [dict(layer) for layer in self._layers]
+
+    @property
+    def modules(self) -> list[dict[str, Any]] | None:
+        """The activation source's module table as sent on the wire (None when it is off)."""
+        return None if self._probe is None else [dict(m) for m in self._probe.table]
 
     @property
     def state(self) -> HookState:
@@ -190,10 +237,13 @@ class Monitor:
             pending=t.pending if t else 0,
             failed_requests=t.failed_requests if t else 0,
             internal_errors=self._errors,
+            spooled=t.spooled if t else 0,
+            replayed=t.replayed if t else 0,
         )
 
     def close(self, timeout: float | None = None) -> None:
-        """Unwrap the scaler, flush and send the final batch (``"final": true``).
+        """Unwrap the scaler and optimizers, remove every hook, flush and send the final batch
+        (``"final": true``).
 
         Returns within ``timeout`` seconds (default ``close_timeout_s``) even when the server is
         unreachable; what could not be sent by then is counted as dropped. Idempotent.
@@ -204,6 +254,7 @@ class Monitor:
         try:
             atexit.unregister(self.close)
             self._unwrap()
+            self._remove_hooks()
             if self._transport is not None:
                 self._transport.close(self.close_timeout_s if timeout is None else timeout)
         except Exception as exc:  # close runs from atexit too: never raise
@@ -240,6 +291,13 @@ class Monitor:
                 setattr(self._scaler, name, self._previous[name])
             else:
                 delattr(self._scaler, name)
+        self._misuse.unwatch_all()
+
+    def _remove_hooks(self) -> None:
+        if self._order is not None:
+            self._order.remove()
+        if self._probe is not None:
+            self._probe.disarm()
 
     def _wrapped_scale(self, outputs: Any) -> Any:
         if self._state is HookState.ACTIVE:
@@ -250,20 +308,29 @@ class Monitor:
         return self._originals["scale"](outputs)
 
     def _wrapped_unscale(self, optimizer: torch.optim.Optimizer) -> Any:
-        if self._state is HookState.ACTIVE and not self._captured:
-            self._capture_guarded(optimizer)
+        if self._state is HookState.ACTIVE:
+            try:
+                self._misuse.note_unscale(optimizer, self._view.stage(optimizer))
+            except Exception as exc:
+                self._internal_error("unscale_", exc)
+            if not self._cycle.captured:
+                self._capture_guarded(optimizer)
         return self._originals["unscale_"](optimizer)
 
     def _wrapped_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        if self._state is HookState.ACTIVE and not self._captured:
+        if self._state is HookState.ACTIVE and not self._cycle.captured:
             self._capture_guarded(optimizer)
-        return self._originals["step"](optimizer, *args, **kwargs)
+        self._misuse.in_scaler_step = True
+        try:
+            return self._originals["step"](optimizer, *args, **kwargs)
+        finally:
+            self._misuse.in_scaler_step = False
 
     def _wrapped_update(self, new_scale: Any = None) -> Any:
         before: dict[str, Any] | None = None
         if self._state is HookState.ACTIVE:
             try:
-                before = self._before_update()
+                before = self._view.before_update()
             except Exception as exc:
                 self._internal_error("update", exc)
         result = self._originals["update"](new_scale)
@@ -274,7 +341,12 @@ class Monitor:
                 self._internal_error("update", exc)
         if self._state is not HookState.CLOSED:
             self._updates += 1
-            self._reset_cycle()
+            self._cycle.reset()
+            if self._state is HookState.ACTIVE:
+                try:
+                    self._cycle.start(self._updates, self.activation_every)
+                except Exception as exc:
+                    self._internal_error("update", exc)
         return result
 
     def _internal_error(self, where: str, exc: Exception) -> None:
@@ -284,6 +356,7 @@ class Monitor:
         if self._errors >= self._max_errors and self._state is HookState.ACTIVE:
             self._state = HookState.DISABLED
             try:
+                self._remove_hooks()
                 warnings.warn(
                     f"ampscope disabled itself after {self._errors} internal errors "
                     f"(last in {where}: {exc!r}); training is unaffected",
@@ -294,185 +367,28 @@ class Monitor:
                 logger.warning("ampscope disabled after %d internal errors", self._errors)
 
     # -- the step cycle --------------------------------------------------------------------------
-    def _reset_cycle(self) -> None:
-        self._captured = False
-        self._norm: torch.Tensor | None = None
-        self._block: torch.Tensor | None = None
-        self._loss_sum: torch.Tensor | None = None
-        self._loss_n = 0
-
     def _on_scale(self, outputs: Any) -> None:
-        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            loss = outputs.detach().reshape(()).to(torch.float64)
-            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-            self._loss_n += 1
-
-    def _enabled_scaler(self) -> bool:
-        return bool(self._scaler.is_enabled())
-
-    def _scale_in_effect(self) -> torch.Tensor | float:
-        """The scale as a device tensor when the scaler exposes it, else a float (a sync)."""
-        if not self._enabled_scaler():
-            return 1.0
-        scale = getattr(self._scaler, "_scale", None)
-        if isinstance(scale, torch.Tensor):
-            return scale
-        return float(self._scaler.get_scale())
-
-    def _stage(self, optimizer: torch.optim.Optimizer) -> str | None:
-        """The scaler's stage name for ``optimizer``, READY if untouched, None if unknowable."""
-        states = getattr(self._scaler, "_per_optimizer_states", None)
-        if not isinstance(states, Mapping):
-            return None
-        state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
-        if state is None:
-            return "READY"
-        return getattr(state.get("stage"), "name", None)
-
-    def _scaled_flags(self, optimizer: torch.optim.Optimizer) -> list[bool]:
-        if not self._enabled_scaler():
-            return [False] * len(self._params)
-        if optimizer not in self._optimizers:
-            self._optimizers.append(optimizer)
-        current = self._stage(optimizer)
-        if current is None:  # no private state: we run before the first unscale_, so scaled
-            return [True] * len(self._params)
-        key = tuple(id(o) for o in self._optimizers)
-        if key != self._owner_of:
-            self._owner = {id(p): o for o in self._optimizers
-                           for g in o.param_groups for p in g["params"]}
-            self._owner_of = key
-        stages = {id(o): self._stage(o) for o in self._optimizers}
-        flags = []
-        for p in self._params:
-            owner = self._owner.get(id(p))
-            stage = stages[id(owner)] if owner is not None else current
-            flags.append(stage == "READY")
-        return flags
+        self._cycle.on_scale(outputs)
 
     def _capture_guarded(self, optimizer: torch.optim.Optimizer) -> None:
-        self._captured = True  # even on failure: one attempt per cycle
+        self._cycle.captured = True  # even on failure: one attempt per cycle
         try:
+            if optimizer not in self._optimizers:
+                self._optimizers.append(optimizer)
+            self._misuse.watch(optimizer, self._view.enabled)
             self._capture(optimizer)
         except Exception as exc:
             self._internal_error("capture", exc)
 
     def _capture(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for p in self._params]
-        scaled = self._scaled_flags(optimizer)
-        scale = self._scale_in_effect()
-        if self.layer_every > 0 and self._updates % self.layer_every == 0:
-            out = self._stats.layer_stats(grads, scale, scaled)
-            self._norm, self._block = out[0], out[1:]
-        else:
-            self._norm = self._stats.grad_norm(grads, scale, scaled)
-
-    def _before_update(self) -> dict[str, Any]:
-        before: dict[str, Any] = {}
-        if not self._enabled_scaler():
-            return before
-        scale = getattr(self._scaler, "_scale", None)
-        if isinstance(scale, torch.Tensor):
-            before["scale"] = scale.detach().to(torch.float64, copy=True)
-        else:
-            before["scale_host"] = float(self._scaler.get_scale())
-        states = getattr(self._scaler, "_per_optimizer_states", None)
-        found: list[torch.Tensor] = []
-        if isinstance(states, Mapping):
-            for state in states.values():
-                if not isinstance(state, Mapping):
-                    continue
-                per_device = state.get("found_inf_per_device", {})
-                found.extend(t for t in per_device.values() if isinstance(t, torch.Tensor))
-        if found:
-            device = found[0].device
-            before["found_inf"] = torch.stack(
-                [t.detach().to(device=device, dtype=torch.float64).reshape(()) for t in found]
-            ).sum().clamp(max=1.0)
-        return before
+        self._cycle.capture(optimizer, self._optimizers, self._updates)
 
     def _after_update(self, before: Mapping[str, Any]) -> None:
-        now = time.perf_counter()
-        duration = None if self._last_update is None else now - self._last_update
-        self._last_update = now
-        device = self._device(before)
-        f64 = torch.float64
-
-        def const(x: float) -> torch.Tensor:
-            return torch.full((), x, dtype=f64, device=device)
-
-        absent: set[str] = set()
-        from_scale = False
-        if not self._enabled_scaler():
-            scale_before = scale_after = const(1.0)
-            found_inf = const(0.0)
-            growth = const(0.0)
-            absent.add("growth_tracker")
-        else:
-            after = getattr(self._scaler, "_scale", None)
-            if "scale" in before and isinstance(after, torch.Tensor):
-                scale_before = before["scale"].to(device)
-                scale_after = after.detach().to(device=device, dtype=f64)
-            else:
-                scale_before = const(before.get("scale_host", float("nan")))
-                scale_after = const(float(self._scaler.get_scale()))
-            tracker = getattr(self._scaler, "_growth_tracker", None)
-            if isinstance(tracker, torch.Tensor):
-                growth = tracker.detach().to(device=device, dtype=f64)
-            else:
-                growth = const(0.0)
-                absent.add("growth_tracker")
-            if "found_inf" in before:
-                found_inf = before["found_inf"].to(device)
-            else:
-                found_inf = const(0.0)
-                from_scale = True
-        if self._loss_sum is not None:
-            loss = (self._loss_sum / self._loss_n).to(device)
-        else:
-            loss = const(float("nan"))
-            absent.add("loss")
-        norm = self._norm.to(device) if self._norm is not None else const(float("nan"))
-        if self._norm is None:
-            absent.add("grad_norm")
-        lr = self._lr(device)
-        if lr is None:
-            lr = const(float("nan"))
-            absent.add("lr")
-        head = torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, lr])
-        assert head.numel() == len(SCALARS)
-        block = self._block
-        values = head if block is None else torch.cat([head, block.to(device)])
-        ready = None
-        if values.is_cuda:
-            host = torch.empty(values.shape, dtype=f64, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-            values = host
-        elif values.device.type != "cpu":
-            values = values.to("cpu")
-        record = StepRecord(
-            seq=self._seq,
-            step=self._updates,
-            wall_time=time.time(),
-            duration=duration,
-            values=values,
-            ready=ready,
-            absent=frozenset(absent),
-            num_layers=None if block is None else len(self._params),
-            found_inf_from_scale=from_scale,
-        )
+        record = self._cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
+                                   misuse=self._misuse.take(), clip=self._clip)
         self._seq += 1
         assert self._transport is not None
         self._transport.put(record)
-
-    def _device(self, before: Mapping[str, Any]) -> torch.device:
-        if "scale" in before:
-            return torch.device(before["scale"].device)
-        if self._norm is not None:
-            return self._norm.device
-        return torch.device("cpu")
 
     def _lr(self, device: torch.device) -> torch.Tensor | None:
         if not self._optimizers:
@@ -486,41 +402,55 @@ class Monitor:
         return torch.full((), float(lr), dtype=torch.float64, device=device)
 
     def _encode(self, records: list[dict[str, Any]], include_layers: bool, final: bool) -> bytes:
+        """One request body. The module table rides along with the layer table and with every
+        batch that carries activation stats, so the server always has it before it needs it."""
+        modules = None
+        if self._probe is not None and (
+                include_layers or any(r.get("activations") is not None for r in records)):
+            modules = self._probe.table
         payload = wire.build_payload(
             run=self._run_info,
             attempt=self._attempt_info,
             layers=self._layers if include_layers else None,
+            modules=modules,
             records=records,
             final=final,
+            client=self._client_accounting(),
         )
         return wire.dumps(payload)
+
+    def _client_accounting(self) -> dict[str, int] | None:
+        if self._transport is None:
+            return None
+        t = self._transport.stats()
+        return {
+            "produced": t.produced,
+            "acknowledged": t.acknowledged,
+            "spooled": t.spooled,
+            "dropped": t.dropped,
+            "replayed": t.replayed,
+        }
 
 
 def watch(
     model: torch.nn.Module,
     scaler: torch.amp.GradScaler,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
-    *,
-    run: str | None = None,
-    server: str | None = "http://127.0.0.1:8765",
-    project: str = "default",
-    tags: Iterable[str] = (),
-    config: Mapping[str, Any] | None = None,
-    run_id: str | None = None,
-    target_format: str | TargetFormat = "fp16",
-    layer_every: int = 10,
-    enabled: bool = True,
-    close_timeout_s: float = 5.0,
-    sender: Sender | None = None,
+    **options: Any,
 ) -> Monitor:
     """Start monitoring ``model`` trained through ``scaler``; returns the ``Monitor``.
 
-    ``server=None`` sends nothing (records are counted as dropped); ``sender`` replaces the HTTP
-    sender (tests, embedding). ``layer_every``: per-layer stats on every N-th step (0: never);
-    scalars are recorded every step. ``enabled=False`` returns an inert monitor.
+    Options (keywords of ``Monitor``): ``run``, ``project``, ``tags``, ``config``, ``run_id``;
+    ``server`` (default ``http://127.0.0.1:8765``; ``None``, or ``AMPSCOPE_MODE=offline`` in the
+    environment, sends nothing and spools only, when a spool exists); ``sender`` replaces the HTTP
+    sender (tests, embedding); ``spool_dir``/``spool_max_bytes`` bound the disk spool;
+    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2).
+
+    What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
+    never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the
+    ``include``/``exclude`` glob patterns; the exponent histogram every ``histogram_every`` steps
+    (default 100, 0 = never); module ``grad_output`` stats every ``activation_every`` steps
+    (default 50, 0 = never; hooks exist only during the sampled step). ``enabled=False``
+    returns an inert monitor.
     """
-    return Monitor(
-        model, scaler, optimizer, run=run, server=server, project=project, tags=tags,
-        config=config, run_id=run_id, target_format=target_format, layer_every=layer_every,
-        enabled=enabled, close_timeout_s=close_timeout_s, sender=sender,
-    )
+    return Monitor(model, scaler, optimizer, **options)

@@ -6,16 +6,37 @@ the wire record on the sender thread (``to_wire``: the only place that reads the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ampscope import wire
+from ampscope.histogram import MAX_EXP, MIN_EXP, NUM_BINS
+from ampscope.misuse import ClipHeuristic
 from ampscope.reductions import STAT_NAMES
+from ampscope.selection import selected
 
-# Scalars at the head of the per-step tensor, in this order; the (stats, layers) block follows.
+# Scalars at the head of the per-step tensor, in this order; the sections of ``Sections`` follow.
 SCALARS = ("scale_before", "scale_after", "growth_tracker", "found_inf", "loss", "grad_norm", "lr")
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Which blocks follow the scalars in a step's host tensor, in this order.
+
+    ``norms``: L per-layer L2 norms (true units; NaN/inf = the layer held NaN/inf), on captured
+    steps without a stats block. ``block``: the (8, L) stats of ``STAT_NAMES``. ``histogram``:
+    (L, NUM_BINS) counts. ``modules``: M > 0 when an (8, M) activation block follows.
+    """
+
+    num_layers: int
+    norms: bool = False
+    block: bool = False
+    histogram: bool = False
+    modules: int = 0
 
 
 @dataclass
@@ -26,11 +47,15 @@ class StepRecord:
     step: int
     wall_time: float
     duration: float | None
-    values: torch.Tensor  # float64 host tensor: SCALARS then (8, L) stats when has_layers
+    values: torch.Tensor  # float64 host tensor: SCALARS, then the blocks named by ``sections``
     ready: Any  # torch.cuda.Event to wait on before reading ``values``, or None
     absent: frozenset[str]
-    num_layers: int | None
+    sections: Sections
     found_inf_from_scale: bool  # fallback: no found_inf tensors, infer from a scale decrease
+    captured: str | None = None
+    misuse: list[dict[str, str]] | None = None
+    order: Sequence[int] | None = None  # layer indices in backward order
+    clip: ClipHeuristic | None = None
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -41,11 +66,29 @@ class StepRecord:
             head[name] = None
         if self.found_inf_from_scale:
             head["found_inf"] = float(head["scale_after"] < head["scale_before"])
-        layers = None
-        if self.num_layers is not None:
-            n, base = self.num_layers, len(SCALARS)
-            layers = {s: v[base + k * n : base + (k + 1) * n] for k, s in enumerate(STAT_NAMES)}
+        sec, pos = self.sections, len(SCALARS)
+        n = sec.num_layers
+        norms = layers = activations = histogram = None
+        if sec.norms:
+            norms, pos = v[pos : pos + n], pos + n
+        if sec.block:
+            layers = {s: v[pos + k * n : pos + (k + 1) * n] for k, s in enumerate(STAT_NAMES)}
+            pos += len(STAT_NAMES) * n
+        if sec.histogram:
+            counts = [[round(c) for c in v[pos + i * NUM_BINS : pos + (i + 1) * NUM_BINS]]
+                      for i in range(n)]
+            histogram = {"min_exp": MIN_EXP, "max_exp": MAX_EXP, "counts": counts}
+            pos += n * NUM_BINS
+        if sec.modules:
+            m = sec.modules
+            activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
         found_inf = bool(head["found_inf"])
+        misuse = list(self.misuse or [])
+        if self.clip is not None and self.captured == "before_unscale" and not found_inf:
+            norm, scale = head["grad_norm"], head["scale_before"]
+            hit = self.clip.observe(None if norm is None or scale is None else norm * scale, scale)
+            if hit is not None:
+                misuse.append(hit)
         growth = head["growth_tracker"]
         return wire.step_record(
             seq=self.seq,
@@ -61,10 +104,39 @@ class StepRecord:
             lr=head["lr"],
             duration=self.duration,
             layers=layers,
+            captured=self.captured,
+            nonfinite=self._nonfinite(norms, layers) if found_inf else None,
+            misuse=misuse or None,
+            activations=activations,
+            histogram=histogram,
         )
 
+    def _nonfinite(
+        self, norms: list[float] | None, layers: dict[str, list[float]] | None
+    ) -> list[dict[str, Any]] | None:
+        """The non-finite layers in backward order; None when this step measured nothing."""
+        kinds: dict[int, str] = {}
+        if layers is not None:
+            for i, (nans, infs) in enumerate(
+                    zip(layers["nan_count"], layers["inf_count"], strict=True)):
+                if nans > 0 or infs > 0:
+                    kinds[i] = "nan" if nans > 0 else "inf"
+        elif norms is not None:
+            for i, x in enumerate(norms):
+                if not math.isfinite(x):
+                    kinds[i] = "nan" if math.isnan(x) else "inf"
+        else:
+            return None
+        order = self.order if self.order is not None else range(len(norms or layers["l2"]))  # type: ignore[index]
+        return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]
 
-def layer_table(model: torch.nn.Module) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
+
+def layer_table(
+    model: torch.nn.Module,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
+    """The watched parameters (``selection.selected``) and their wire table, in model order."""
     owner: dict[int, str] = {}
     for _, module in model.named_modules():
         for _, p in module.named_parameters(recurse=False):
@@ -72,7 +144,7 @@ def layer_table(model: torch.nn.Module) -> tuple[list[dict[str, Any]], list[torc
     table: list[dict[str, Any]] = []
     params: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or not selected(name, include, exclude):
             continue
         table.append({
             "index": len(table),

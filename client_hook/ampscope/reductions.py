@@ -75,6 +75,7 @@ class _Plan:
     all_unscaled: bool
     present: list[int]
     present_scaled: torch.Tensor  # bool (P,)
+    present_index: torch.Tensor  # int64 (P,)
     buf: torch.Tensor
     scratch: torch.Tensor
 
@@ -130,6 +131,7 @@ def _build_plan(
         all_unscaled=all_unscaled,
         present=present,
         present_scaled=torch.tensor([scaled[i] for i in present], dtype=torch.bool, device=device),
+        present_index=torch.tensor(present, dtype=torch.int64, device=device),
         buf=torch.empty(max_elems, dtype=torch.float32, device=device),
         scratch=torch.empty(max_elems, dtype=torch.float32, device=device),
     )
@@ -285,14 +287,24 @@ class GradStats:
     def grad_norm(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
     ) -> torch.Tensor:
-        """Only the global grad norm (0-d float64, true units, NaN/inf as in ``layer_stats``).
+        """Only the global grad norm (0-d float64, true units, NaN/inf as in ``layer_stats``)."""
+        return self.grad_norms(grads, scale, scaled)[0]
+
+    def grad_norms(
+        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
+    ) -> torch.Tensor:
+        """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units.
 
         One ``_foreach_norm`` over the present gradients; for the steps without per-layer stats.
+        A layer's norm is NaN when it holds a NaN, else +inf when it holds ±inf (so it doubles as
+        the layer's finiteness code), 0 for an absent gradient; the global norm is NaN if any
+        layer's is, else inf if any is.
         """
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         plan = self._plan(grads, flags, scale)
+        out = torch.zeros(1 + len(grads), dtype=torch.float64, device=plan.device)
         if not plan.present:
-            return torch.zeros((), dtype=torch.float64, device=plan.device)
+            return out
         present = [_flat(g, plan.device) for g in grads if g is not None]
         if hasattr(torch, "_foreach_norm"):
             norms = torch.stack(torch._foreach_norm(present, 2, dtype=torch.float64))
@@ -301,7 +313,9 @@ class GradStats:
         s = _scale_tensor(scale, plan.device)
         norms = norms * torch.where(plan.present_scaled, s.reciprocal(), torch.ones_like(s))
         # A plain sum of squares, not vector_norm: it must give NaN, not inf, when both occur.
-        return (norms * norms).sum().sqrt()
+        out[0] = (norms * norms).sum().sqrt()
+        out[1:].index_copy_(0, plan.present_index, norms)
+        return out
 
 
 def _combine_norm(sumsq: torch.Tensor, nans: torch.Tensor, infs: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Wire format v1 (docs/contracts.md): the ingest payload and its non-finite-safe JSON codec.
+"""Wire format v2 (docs/contracts.md "Wire v2"): the ingest payload and its JSON codec.
 
 This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
 can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
@@ -14,19 +14,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 __all__ = [
+    "CAPTURED",
     "LAYER_STAT_NAMES",
+    "MISUSE_KINDS",
     "SCHEMA_VERSION",
     "WireFloat",
     "build_payload",
     "decode_float",
     "dumps",
     "encode_float",
+    "encode_stats",
     "finite_or_none",
     "jsonable",
     "step_record",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+CAPTURED = ("before_unscale", "after_unscale")
+"""Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
+
+MISUSE_KINDS = ("step_bypassed_scaler", "clip_before_unscale", "unscale_twice")
 
 LAYER_STAT_NAMES: tuple[str, ...] = (
     "amax",
@@ -89,6 +97,22 @@ def jsonable(value: object) -> JSON:
     return str(value)
 
 
+def encode_stats(stats: Mapping[str, Sequence[float]]) -> dict[str, list[JSON]]:
+    """``{stat: values}`` as computed (NaN for "none") → wire arrays: counts as ints,
+    amax/amin_nz/l2 null when not finite, fractions as numbers. Used by ``layers`` and
+    ``activations``."""
+    encoded: dict[str, list[JSON]] = {}
+    for name in LAYER_STAT_NAMES:
+        values = stats[name]
+        if name in _COUNT_STATS:
+            encoded[name] = [round(v) for v in values]
+        elif name in _FINITE_OR_NULL_STATS:
+            encoded[name] = [finite_or_none(float(v)) for v in values]
+        else:
+            encoded[name] = [encode_float(v) for v in values]
+    return encoded
+
+
 def step_record(
     *,
     seq: int,
@@ -104,21 +128,19 @@ def step_record(
     lr: float | None,
     duration: float | None,
     layers: Mapping[str, Sequence[float]] | None,
+    captured: str | None = None,
+    nonfinite: Sequence[Mapping[str, JSON]] | None = None,
+    misuse: Sequence[Mapping[str, JSON]] | None = None,
+    activations: Mapping[str, Sequence[float]] | None = None,
+    histogram: Mapping[str, JSON] | None = None,
 ) -> dict[str, JSON]:
-    """One wire record. ``layers`` maps every name of ``LAYER_STAT_NAMES`` to per-layer values as
-    computed (NaN for "none"); they are encoded here: counts as ints, amax/amin_nz/l2 null when not
-    finite, fractions as numbers."""
-    encoded: dict[str, list[JSON]] | None = None
-    if layers is not None:
-        encoded = {}
-        for name in LAYER_STAT_NAMES:
-            values = layers[name]
-            if name in _COUNT_STATS:
-                encoded[name] = [round(v) for v in values]
-            elif name in _FINITE_OR_NULL_STATS:
-                encoded[name] = [finite_or_none(float(v)) for v in values]
-            else:
-                encoded[name] = [encode_float(v) for v in values]
+    """One wire record. ``layers`` and ``activations`` map every name of ``LAYER_STAT_NAMES`` to
+    per-layer (per-module) values as computed, encoded by ``encode_stats``. The v2 fields are
+    passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
+    ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
+    ``histogram`` ``{"min_exp", "max_exp", "counts"}``."""
+    if captured is not None and captured not in CAPTURED:
+        raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
         "seq": seq,
         "step": step,
@@ -132,7 +154,12 @@ def step_record(
         "grad_norm": encode_float(grad_norm),
         "lr": encode_float(lr),
         "duration": duration,
-        "layers": encoded,
+        "layers": None if layers is None else encode_stats(layers),
+        "captured": captured,
+        "nonfinite": None if nonfinite is None else [dict(n) for n in nonfinite],
+        "misuse": None if misuse is None else [dict(m) for m in misuse],
+        "activations": None if activations is None else encode_stats(activations),
+        "histogram": None if histogram is None else dict(histogram),
     }
 
 
@@ -143,14 +170,19 @@ def build_payload(
     layers: Sequence[Mapping[str, JSON]] | None,
     records: Sequence[Mapping[str, JSON]],
     final: bool,
+    modules: Sequence[Mapping[str, JSON]] | None = None,
+    client: Mapping[str, int] | None = None,
 ) -> dict[str, JSON]:
-    """The body of one ``POST /api/ingest``; ``layers`` is the layer table or None."""
+    """The body of one ``POST /api/ingest``; ``layers`` is the layer table or None, ``modules``
+    the activation source's module table or None, ``client`` the sender's accounting or None."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run": dict(run),
         "attempt": dict(attempt),
         "layers": None if layers is None else [dict(layer) for layer in layers],
+        "modules": None if modules is None else [dict(m) for m in modules],
         "records": [dict(r) for r in records],
+        "client": None if client is None else dict(client),
         "final": final,
     }
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -273,8 +274,24 @@ class TestModes:
         stats = run.mon.stats()
         assert stats.produced == stats.acknowledged + stats.dropped + stats.pending == 1
 
-    def test_no_server_counts_drops(self) -> None:
-        run = Run(sender=None, server=None)
+    def test_no_server_spools(self, tmp_path: Path) -> None:
+        run = Run(sender=None, server=None, spool_dir=tmp_path)
+        run.step()
+        run.mon.close()
+        assert run.mon.stats() == ampscope.MonitorStats(1, 0, 0, 0, 0, 0, spooled=1)
+        assert any(tmp_path.rglob("*"))
+
+    def test_offline_mode_ignores_the_server(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("AMPSCOPE_MODE", "offline")
+        run = Run(sender=None, server="http://127.0.0.1:9", spool_dir=tmp_path)
+        run.step()
+        run.mon.close(timeout=1.0)
+        assert run.mon.stats() == ampscope.MonitorStats(1, 0, 0, 0, 0, 0, spooled=1)
+
+    def test_no_server_and_no_spool_counts_drops(self) -> None:
+        run = Run(sender=None, server=None, spool_max_bytes=0)
         run.step()
         run.mon.close()
         assert run.mon.stats() == ampscope.MonitorStats(1, 0, 1, 0, 0, 0)
@@ -310,3 +327,155 @@ class TestLayerTable:
              "module_type": "LayerNorm"},
         ]
         assert mon._run_info["target_format"] == "bf16"
+
+
+class TestOverflowEvents:
+    """``nonfinite``: the layers holding NaN/inf on a found_inf step, in backward order."""
+
+    def test_backward_order_is_learned_then_hooks_removed(self) -> None:
+        run = Run()
+        assert run.mon._order is not None and run.mon._order.learning
+        run.step()
+        order = run.mon._order.order()
+        run.mon.close()
+        # layers: 0.weight 0.bias 2.weight 2.bias 3.gain; backward runs from the output side
+        assert order[0] == 4 and set(order[1:3]) == {2, 3} and set(order[3:]) == {0, 1}
+        assert not run.mon._order.learning
+        assert all(not p._post_accumulate_grad_hooks for p in run.model.parameters())
+
+    @pytest.mark.parametrize("layer_every", [1, 0])  # stats block, or per-layer norms only
+    def test_injected_nan_and_inf_come_in_backward_order(self, layer_every: int) -> None:
+        run = Run(layer_every=layer_every)
+        for _ in range(10):
+            run.step()
+        params = list(run.model.parameters())
+
+        def inject() -> None:
+            assert params[0].grad is not None and params[2].grad is not None
+            params[0].grad[0, 0] = math.nan
+            params[2].grad[1, 1] = math.inf
+            gain = params[4].grad
+            assert gain is not None
+            gain[0], gain[1] = math.inf, math.nan  # both: "nan" wins
+
+        run.step(before_step=inject)
+        run.mon.close()
+        recs = run.records()
+        assert recs[-1]["nonfinite"] == [
+            {"layer": 4, "kind": "nan"}, {"layer": 2, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
+        assert all(r["nonfinite"] is None for r in recs if not r["found_inf"])
+        assert isinstance(recs[-1]["loss"], float)  # the loss was finite: a backward overflow
+
+    def test_real_overflow_names_the_layers_that_overflowed(self) -> None:
+        run = Run(layer_every=1)  # init_scale 2^24: the first steps overflow in fp16
+        for _ in range(3):
+            run.step()
+        run.mon.close()
+        rec, order = run.records()[0], run.mon._order
+        assert order is not None and rec["found_inf"] and isinstance(rec["loss"], float)
+        bad = {i: ("nan" if n else "inf") for i, (n, f) in enumerate(
+            zip(rec["layers"]["nan_count"], rec["layers"]["inf_count"], strict=True)) if n or f}
+        assert bad and rec["nonfinite"] == [
+            {"layer": i, "kind": bad[i]} for i in order.order() if i in bad]
+
+
+class TestCapture:
+    def test_captured_kind_per_record(self) -> None:
+        run = Run(layer_every=2)
+        run.step()
+        run.opt.zero_grad()
+        run.scaler.scale(run.loss()).backward()
+        torch.amp.GradScaler.unscale_(run.scaler, run.opt)  # unscaled past the wrapper
+        run.scaler.step(run.opt)
+        run.update([0.0])
+        run.mon.close()
+        disabled = Run(scaler_enabled=False)
+        disabled.step()
+        disabled.mon.close()
+        assert [r["captured"] for r in run.records()] == ["before_unscale", "after_unscale"]
+        assert disabled.records()[0]["captured"] == "after_unscale"
+
+    def test_multiple_optimizers_on_one_scaler(self) -> None:
+        model = make_model()
+        params = list(model.parameters())
+        opt_a = torch.optim.SGD(params[:2], lr=0.1)
+        opt_b = torch.optim.Adam(params[2:], lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+        sink = MemorySender()
+        mon = ampscope.watch(model, scaler, [opt_a, opt_b], sender=sink, layer_every=1)
+        x = torch.randn(16, 8)
+        pre: list[list[torch.Tensor | None]] = []
+        scales = []
+        for _ in range(4):
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            pre.append([None if p.grad is None else p.grad.clone() for p in params])
+            scales.append(scaler.get_scale())
+            scaler.unscale_(opt_a)
+            torch.nn.utils.clip_grad_norm_(params[:2], 1.0)
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+        mon.close()
+        recs = [r for p in sink.payloads() for r in p["records"]]
+        assert [r["step"] for r in recs] == [0, 1, 2, 3] and all(r["misuse"] is None for r in recs)
+        assert all(r["captured"] == "before_unscale" and r["lr"] == 0.1 for r in recs)
+        numels = [p.numel() for p in params]
+        for rec, grads, scale in zip(recs, pre, scales, strict=True):
+            _, want = unpack(layer_stats(grads, scale, True, "fp16", numels).tolist(), 5)
+            assert_stats_equal(rec["layers"], want)
+
+    def test_accumulated_gradient_stats(self) -> None:
+        run = Run(layer_every=1)
+        for _ in range(4):
+            run.step(micro=3)
+        run.mon.close()
+        numels = [p.numel() for p in run.model.parameters()]
+        for rec, truth, grads in zip(run.records(), run.truth, run.pre_unscale, strict=True):
+            _, want = unpack(layer_stats(
+                grads, truth["scale_before"], True, "fp16", numels).tolist(), len(numels))
+            assert_stats_equal(rec["layers"], want)
+
+    def test_histogram_every_n_in_true_units(self) -> None:
+        from ampscope.histogram import exponent_histogram
+
+        run = Run(histogram_every=2, layer_every=0)
+        for _ in range(4):
+            run.step()
+        run.mon.close()
+        recs = run.records()
+        assert [r["histogram"] is not None for r in recs] == [True, False, True, False]
+        numels = [p.numel() for p in run.model.parameters()]
+        for rec, truth, grads in zip(recs[::2], run.truth[::2], run.pre_unscale[::2],
+                                     strict=True):
+            hist = rec["histogram"]
+            assert (hist["min_exp"], hist["max_exp"]) == (-40, 20)
+            assert [sum(c) for c in hist["counts"]] == numels
+            want = exponent_histogram(grads, truth["scale_before"], True, numels)
+            assert hist["counts"] == [[round(c) for c in row] for row in want.tolist()]
+
+    def test_layer_selection_and_mapping_cadence(self) -> None:
+        run = Run(include=["0.*", "2.*"], exclude=["*.bias"],
+                  layer_every={"2.*": 3, "0.*": 2})
+        for _ in range(7):
+            run.step()
+        run.mon.close()
+        assert [layer["name"] for layer in run.mon.layers] == ["0.weight", "2.weight"]
+        recs = run.records()
+        assert [r["layers"] is not None for r in recs] == [
+            True, False, True, True, True, False, True]
+        assert all(len(r["layers"]["amax"]) == 2 for r in recs if r["layers"])
+        assert run.sender.payloads()[0]["layers"] == run.mon.layers
+
+    def test_client_accounting_rides_along(self) -> None:
+        run = Run()
+        for _ in range(3):
+            run.step()
+        run.mon.close()
+        client = run.sender.payloads()[-1]["client"]
+        assert set(client) == {"produced", "acknowledged", "spooled", "dropped", "replayed"}
+        assert client["produced"] == 3 and client["dropped"] == 0
+        assert client["produced"] >= client["acknowledged"] + client["spooled"]

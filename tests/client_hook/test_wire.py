@@ -10,7 +10,8 @@ from ampscope import wire
 LAYER_KEYS = ["amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac",
               "nan_count", "inf_count", "l2"]
 RECORD_KEYS = ["seq", "step", "wall_time", "loss", "scale_before", "scale_after", "growth_tracker",
-               "found_inf", "skipped", "grad_norm", "lr", "duration", "layers"]
+               "found_inf", "skipped", "grad_norm", "lr", "duration", "layers",
+               "captured", "nonfinite", "misuse", "activations", "histogram"]
 
 
 def record(**layers_override: list[float]) -> dict[str, object]:
@@ -59,6 +60,43 @@ class TestRecord:
                                scale_after=1.0, growth_tracker=None, found_inf=False,
                                skipped=False, grad_norm=None, lr=None, duration=0.1, layers=None)
         assert rec["layers"] is None and rec["loss"] is None and rec["lr"] is None
+        assert [rec[k] for k in RECORD_KEYS[-5:]] == [None] * 5
+
+
+class TestV2Fields:
+    def test_v2_fields_are_encoded(self) -> None:
+        acts = {name: [0.5, math.nan] for name in LAYER_KEYS}
+        acts.update(nan_count=[1.0, 0.0], inf_count=[0.0, 2.0])
+        hist = {"min_exp": -40, "max_exp": 20, "counts": [[1] * 65]}
+        rec = wire.step_record(
+            seq=0, step=0, wall_time=0.0, loss=1.0, scale_before=2.0, scale_after=1.0,
+            growth_tracker=0, found_inf=True, skipped=True, grad_norm=math.inf, lr=None,
+            duration=None, layers=None, captured="before_unscale",
+            nonfinite=[{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}],
+            misuse=[{"kind": "unscale_twice", "detail": "x"}], activations=acts, histogram=hist)
+        assert rec["captured"] == "before_unscale"
+        assert rec["nonfinite"] == [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
+        assert rec["misuse"] == [{"kind": "unscale_twice", "detail": "x"}]
+        acts_out = rec["activations"]
+        assert isinstance(acts_out, dict) and list(acts_out) == LAYER_KEYS
+        assert acts_out["amax"] == [0.5, None] and acts_out["zero_frac"] == [0.5, "nan"]
+        assert acts_out["nan_count"] == [1, 0] and acts_out["inf_count"] == [0, 2]
+        assert rec["histogram"] == hist
+
+    def test_unknown_captured_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="captured must be one of"):
+            wire.step_record(
+                seq=0, step=0, wall_time=0.0, loss=None, scale_before=1.0, scale_after=1.0,
+                growth_tracker=None, found_inf=False, skipped=False, grad_norm=None, lr=None,
+                duration=None, layers=None, captured="sometime")
+
+    def test_payload_carries_modules_and_client(self) -> None:
+        client = {"produced": 3, "acknowledged": 1, "spooled": 1, "dropped": 1, "replayed": 0}
+        payload = wire.build_payload(
+            run={"id": "r"}, attempt={"id": "a"}, layers=None, records=[], final=False,
+            modules=[{"index": 0, "name": "fc", "module_type": "Linear"}], client=client)
+        assert payload["modules"] == [{"index": 0, "name": "fc", "module_type": "Linear"}]
+        assert payload["client"] == client
 
 
 class TestPayload:
@@ -67,8 +105,10 @@ class TestPayload:
             run={"id": "r", "config": wire.jsonable({"eps": math.inf, "betas": (0.9, 0.99)})},
             attempt={"id": "a", "pid": 1, "started_at": 0.0},
             layers=[{"index": 0, "name": "w"}], records=[record()], final=True)
-        assert list(payload) == ["schema_version", "run", "attempt", "layers", "records", "final"]
-        assert payload["schema_version"] == wire.SCHEMA_VERSION == 1
+        assert list(payload) == ["schema_version", "run", "attempt", "layers", "modules",
+                                 "records", "client", "final"]
+        assert payload["schema_version"] == wire.SCHEMA_VERSION == 2
+        assert payload["modules"] is None and payload["client"] is None
         text = wire.dumps(payload).decode()
         assert "NaN" not in text and "Infinity" not in text
         assert json.loads(text)["run"]["config"] == {"eps": "inf", "betas": [0.9, 0.99]}

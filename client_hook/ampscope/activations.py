@@ -1,0 +1,154 @@
+"""The ``activation`` source (DESIGN.md §3): sampled statistics of each module's ``grad_output``.
+
+Under ``torch.autocast`` the master weights and their ``.grad`` are FP32; FP16 underflow happens in
+the activation gradients flowing through the autocast ops. On a sampled step the probe registers a
+forward hook on every leaf module (a module without children); the first forward of each module
+registers a tensor hook on its output (the first output tensor that requires grad), which sees the
+gradient with respect to that output as it flowed, in its own dtype, still multiplied by the scale.
+``collect`` removes the forward hooks (the tensor hooks die with the graph, and any that fires late
+is ignored), so nothing stays registered between samples.
+
+Units: ``amax``/``amin_nz``/``l2`` in true units (divided by the scale in effect); fractions are
+judged on the flowing values, i.e. at the scale, against the target format. A module that received
+no gradient in the sampled backward (not called, or its output does not reach the loss) reports a
+zero gradient, as PyTorch defines a missing gradient: ``zero_frac`` 1, ``amax`` 0, ``amin_nz``
+null, ``l2`` 0. No host sync: every statistic is a device tensor until the step's single copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ampscope.formats import TargetFormat
+from ampscope.reductions import STAT_NAMES
+
+__all__ = ["ActivationProbe", "grad_output_stats"]
+
+_AMAX, _AMIN, _L2 = 0, 1, 7
+
+
+def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
+    """The eight stats of one flowing gradient in *raw* units: float64 ``(8,)`` on its device,
+    rows as ``STAT_NAMES``; ``amax``/``amin_nz`` NaN when no element qualifies."""
+    a = grad.detach().reshape(-1).abs().to(torch.float32)
+    f64 = torch.float64
+    n = max(a.numel(), 1)
+    zero = (a == 0).sum(dtype=f64)
+    nans = torch.isnan(a).sum(dtype=f64)
+    infs = torch.isinf(a).sum(dtype=f64)
+    finite = torch.nan_to_num(a, nan=0.0, posinf=0.0)
+    nan = torch.full((), math.nan, dtype=f64, device=a.device)
+    amax = finite.amax().to(f64) if a.numel() else nan
+    amax = torch.where(a.numel() - nans - infs > 0, amax, nan)
+    inf = torch.full((), math.inf, dtype=torch.float32, device=a.device)
+    amin = torch.where(finite > 0, finite, inf).amin().to(f64) if a.numel() else nan
+    amin = torch.where(torch.isinf(amin), nan, amin)
+    # NaN compares False, so the "<" counts hold finite and zero elements only.
+    lt_normal = (a < fmt.min_normal).sum(dtype=f64) - zero
+    lt_under = (a < fmt.underflow_threshold).sum(dtype=f64) - zero
+    l2 = torch.linalg.vector_norm(finite, dtype=f64)
+    return torch.stack([amax, amin, zero / n, lt_normal / n, lt_under / n, nans, infs, l2])
+
+
+def _leaf_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    leaves = [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]
+    return leaves
+
+
+class ActivationProbe:
+    """Arms hooks for one sampled backward and turns what they saw into an ``(8·M,)`` block."""
+
+    def __init__(
+        self, model: torch.nn.Module, fmt: TargetFormat, on_error: Callable[[Exception], None]
+    ) -> None:
+        self.fmt = fmt
+        self._on_error = on_error
+        leaves = _leaf_modules(model)
+        self.table: list[dict[str, Any]] = [
+            {"index": i, "name": name or type(m).__name__, "module_type": type(m).__name__}
+            for i, (name, m) in enumerate(leaves)
+        ]
+        self._modules = [m for _, m in leaves]
+        self._handles: list[Any] = []
+        self._generation = 0
+        self._hooked: set[int] = set()
+        self._results: dict[int, torch.Tensor] = {}
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    def hook_count(self) -> int:
+        """Forward hooks of ours still registered (0 between samples)."""
+        return len(self._handles)
+
+    def arm(self) -> None:
+        if self._handles:
+            return
+        self._generation += 1
+        self._hooked.clear()
+        self._results = {}
+        gen = self._generation
+        for i, m in enumerate(self._modules):
+            self._handles.append(m.register_forward_hook(self._forward_hook(i, gen)))
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._generation += 1  # tensor hooks still attached to a live graph go quiet
+
+    def _forward_hook(self, index: int, gen: int) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            try:
+                if gen != self._generation or index in self._hooked:
+                    return
+                out = output
+                if isinstance(out, (tuple, list)):
+                    out = next((t for t in out
+                                if isinstance(t, torch.Tensor) and t.requires_grad), None)
+                if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                    return
+                if not out.is_floating_point() or out.numel() == 0:
+                    return
+                self._hooked.add(index)
+                out.register_hook(self._grad_hook(index, gen))
+            except Exception as exc:
+                self._on_error(exc)
+        return hook
+
+    def _grad_hook(self, index: int, gen: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                if gen == self._generation and index not in self._results:
+                    self._results[index] = grad_output_stats(grad, self.fmt)
+            except Exception as exc:
+                self._on_error(exc)
+        return hook
+
+    def collect(self, scale: torch.Tensor | float, device: torch.device) -> torch.Tensor | None:
+        """Remove the hooks; the sampled stats as float64 ``(8·M,)`` rows of ``STAT_NAMES`` in
+        true units, or None when no module saw a gradient."""
+        results = self._results
+        self._results = {}
+        self.disarm()
+        if not results:
+            return None
+        f64 = torch.float64
+        zero_grad = torch.tensor([0.0, math.nan, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=f64,
+                                 device=device)
+        cols = [results[i].to(device) if i in results else zero_grad
+                for i in range(len(self._modules))]
+        block = torch.stack(cols, dim=1)  # (8, M)
+        s = (scale.detach().to(device=device, dtype=f64).reshape(())
+             if isinstance(scale, torch.Tensor) else torch.full((), float(scale), dtype=f64,
+                                                                 device=device))
+        inv = s.reciprocal()
+        for row in (_AMAX, _AMIN, _L2):
+            block[row] *= inv
+        assert block.shape[0] == len(STAT_NAMES)
+        return block.reshape(-1)

@@ -1,0 +1,173 @@
+"""What the monitor measures within one update cycle, and the step record it becomes.
+
+``StepCycle`` holds the device tensors of the cycle (the remembered loss, the capture at the first
+``unscale_``/``step``, the sampled histogram and activation blocks) and, at ``update()``, stacks
+them with the scaler's scalars into the ONE float64 tensor copied to the host (``build``). See
+``ampscope.monitor`` for the lifecycle and the sync guarantees; nothing here reads a device value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ampscope.activations import ActivationProbe
+from ampscope.histogram import exponent_histogram
+from ampscope.misuse import ClipHeuristic
+from ampscope.order import BackwardOrder
+from ampscope.record import SCALARS, Sections, StepRecord
+from ampscope.reductions import GradStats
+from ampscope.scalerview import ScalerView
+from ampscope.selection import Cadence
+
+__all__ = ["StepCycle"]
+
+
+class StepCycle:
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        stats: GradStats,
+        cadence: Cadence,
+        histogram_every: int,
+        view: ScalerView,
+        probe: ActivationProbe | None,
+        order: BackwardOrder | None,
+    ) -> None:
+        self._params = params
+        self._numels = [p.numel() for p in params]
+        self._stats = stats
+        self._cadence = cadence
+        self._histogram_every = histogram_every
+        self._view = view
+        self.probe = probe
+        self.order = order
+        self._last_update: float | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.captured = False
+        self._captured_kind: str | None = None
+        self._head: torch.Tensor | None = None  # [global norm, per-layer norms or stats block]
+        self._has_block = False
+        self._hist: torch.Tensor | None = None
+        self._acts: torch.Tensor | None = None
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_n = 0
+
+    def start(self, step: int, activation_every: int) -> None:
+        """After ``update()``: stop learning the backward order, arm a sampled step's probe."""
+        if self.order is not None:
+            self.order.end_cycle()
+        if self.probe is not None and activation_every and step % activation_every == 0:
+            self.probe.arm()
+
+    def on_scale(self, outputs: Any) -> None:
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            loss = outputs.detach().reshape(()).to(torch.float64)
+            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self._loss_n += 1
+
+    def capture(
+        self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
+        step: int,
+    ) -> None:
+        grads = [p.grad for p in self._params]
+        scaled = self._view.scaled_flags(optimizer, optimizers, self._params)
+        scale = self._view.scale_in_effect()
+        self._captured_kind = "before_unscale" if scaled and all(scaled) else "after_unscale"
+        self._has_block = self._cadence.due(step)
+        if self._has_block:
+            self._head = self._stats.layer_stats(grads, scale, scaled)
+        else:
+            self._head = self._stats.grad_norms(grads, scale, scaled)
+        if self._histogram_every and step % self._histogram_every == 0 and self._params:
+            self._hist = exponent_histogram(grads, scale, scaled, self._numels).reshape(-1)
+        if self.probe is not None and self.probe.armed:
+            self._acts = self.probe.collect(scale, self._head.device)
+
+    def build(
+        self,
+        before: Mapping[str, Any],
+        *,
+        seq: int,
+        step: int,
+        lr: Callable[[torch.device], torch.Tensor | None],
+        misuse: list[dict[str, str]] | None,
+        clip: ClipHeuristic,
+    ) -> StepRecord:
+        """The cycle's record, after the original ``update()`` ran."""
+        now = time.perf_counter()
+        duration = None if self._last_update is None else now - self._last_update
+        self._last_update = now
+        device = self._device(before)
+        f64 = torch.float64
+        nan = torch.full((), float("nan"), dtype=f64, device=device)
+        (scale_before, scale_after, growth, found_inf), absent, from_scale = (
+            self._view.after_update(before, device))
+        if self._loss_sum is not None:
+            loss = (self._loss_sum / self._loss_n).to(device)
+        else:
+            loss = nan
+            absent.add("loss")
+        head = self._head
+        norm = head[0].to(device) if head is not None else nan
+        if head is None:
+            absent.add("grad_norm")
+        rate = lr(device)
+        if rate is None:
+            rate = nan
+            absent.add("lr")
+        parts = [torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, rate])]
+        assert parts[0].numel() == len(SCALARS)
+        if head is not None and head.numel() > 1:
+            parts.append(head[1:].to(device))
+        if self._hist is not None:
+            parts.append(self._hist.to(device))
+        if self._acts is not None:
+            parts.append(self._acts.to(device))
+        values = parts[0] if len(parts) == 1 else torch.cat(parts)
+        ready = None
+        if values.is_cuda:
+            host = torch.empty(values.shape, dtype=f64, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            values = host
+        elif values.device.type != "cpu":
+            values = values.to("cpu")
+        per_layer = head is not None and head.numel() > 1
+        sections = Sections(
+            num_layers=len(self._params),
+            norms=per_layer and not self._has_block,
+            block=per_layer and self._has_block,
+            histogram=self._hist is not None,
+            modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
+        )
+        if self.order is not None:
+            self.order.end_cycle()
+        return StepRecord(
+            seq=seq,
+            step=step,
+            wall_time=time.time(),
+            duration=duration,
+            values=values,
+            ready=ready,
+            absent=frozenset(absent),
+            sections=sections,
+            found_inf_from_scale=from_scale,
+            captured=self._captured_kind if head is not None else None,
+            misuse=misuse,
+            order=self.order.order() if self.order is not None else None,
+            clip=clip,
+        )
+
+    def _device(self, before: Mapping[str, Any]) -> torch.device:
+        if "scale" in before:
+            return torch.device(before["scale"].device)
+        if self._head is not None:
+            return self._head.device
+        return torch.device("cpu")

@@ -1,0 +1,126 @@
+"""Reading a ``GradScaler``'s state without adding host syncs.
+
+Private attributes (``_scale``, ``_growth_tracker``, ``_per_optimizer_states`` with their
+``stage`` and ``found_inf_per_device``) are read behind feature checks: when they exist, every
+value stays a device tensor; without them the public fallback calls ``get_scale()`` (a sync) and
+infers ``found_inf`` from a scale decrease. ``enabled=False`` scalers read as scale 1, no overflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["ScalerView"]
+
+
+class ScalerView:
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+        self._owner: dict[int, torch.optim.Optimizer] = {}
+        self._owner_of: tuple[int, ...] = ()
+
+    def enabled(self) -> bool:
+        return bool(self.scaler.is_enabled())
+
+    def scale_in_effect(self) -> torch.Tensor | float:
+        """The scale as a device tensor when the scaler exposes it, else a float (a sync)."""
+        if not self.enabled():
+            return 1.0
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            return scale
+        return float(self.scaler.get_scale())
+
+    def stage(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """The scaler's stage name for ``optimizer``, READY if untouched, None if unknowable."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        if not isinstance(states, Mapping):
+            return None
+        state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
+        if state is None:
+            return "READY"
+        return getattr(state.get("stage"), "name", None)
+
+    def scaled_flags(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> list[bool]:
+        """Per watched parameter: is its ``.grad`` still multiplied by the scale?"""
+        if not self.enabled():
+            return [False] * len(params)
+        current = self.stage(optimizer)
+        if current is None:  # no private state: we run before the first unscale_, so scaled
+            return [True] * len(params)
+        key = tuple(id(o) for o in optimizers)
+        if key != self._owner_of:
+            self._owner = {id(p): o for o in optimizers
+                           for g in o.param_groups for p in g["params"]}
+            self._owner_of = key
+        stages = {id(o): self.stage(o) for o in optimizers}
+        flags = []
+        for p in params:
+            owner = self._owner.get(id(p))
+            stage = stages[id(owner)] if owner is not None else current
+            flags.append(stage == "READY")
+        return flags
+
+    def before_update(self) -> dict[str, Any]:
+        """What must be read before ``update()``: the scale (a device copy) and ``found_inf``."""
+        before: dict[str, Any] = {}
+        if not self.enabled():
+            return before
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            before["scale"] = scale.detach().to(torch.float64, copy=True)
+        else:
+            before["scale_host"] = float(self.scaler.get_scale())
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        found: list[torch.Tensor] = []
+        if isinstance(states, Mapping):
+            for state in states.values():
+                if not isinstance(state, Mapping):
+                    continue
+                per_device = state.get("found_inf_per_device", {})
+                found.extend(t for t in per_device.values() if isinstance(t, torch.Tensor))
+        if found:
+            device = found[0].device
+            before["found_inf"] = torch.stack(
+                [t.detach().to(device=device, dtype=torch.float64).reshape(()) for t in found]
+            ).sum().clamp(max=1.0)
+        return before
+
+    def after_update(
+        self, before: Mapping[str, Any], device: torch.device
+    ) -> tuple[list[torch.Tensor], set[str], bool]:
+        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d float64 device tensors,
+        the names to send as null, and whether found_inf must be inferred from the scale."""
+        f64 = torch.float64
+
+        def const(x: float) -> torch.Tensor:
+            return torch.full((), x, dtype=f64, device=device)
+
+        absent: set[str] = set()
+        if not self.enabled():
+            absent.add("growth_tracker")
+            return [const(1.0), const(1.0), const(0.0), const(0.0)], absent, False
+        after = getattr(self.scaler, "_scale", None)
+        if "scale" in before and isinstance(after, torch.Tensor):
+            scale_before = before["scale"].to(device)
+            scale_after = after.detach().to(device=device, dtype=f64)
+        else:
+            scale_before = const(before.get("scale_host", float("nan")))
+            scale_after = const(float(self.scaler.get_scale()))
+        tracker = getattr(self.scaler, "_growth_tracker", None)
+        if isinstance(tracker, torch.Tensor):
+            growth = tracker.detach().to(device=device, dtype=f64)
+        else:
+            growth = const(0.0)
+            absent.add("growth_tracker")
+        from_scale = "found_inf" not in before
+        found_inf = const(0.0) if from_scale else before["found_inf"].to(device)
+        return [scale_before, scale_after, growth.reshape(()), found_inf], absent, from_scale

@@ -1,0 +1,64 @@
+"""Which parameters are watched, and on which steps their per-layer statistics are computed.
+
+Selection. ``include``/``exclude`` are ``fnmatch`` glob patterns over parameter names
+(``model.named_parameters()``, e.g. ``"encoder.*.weight"``). A parameter is watched when it
+requires grad, matches some ``include`` pattern (no ``include`` = all) and no ``exclude`` pattern.
+Unwatched parameters are absent from the layer table; scalars (scale, found_inf, loss, global grad
+norm over the *watched* layers) are still recorded every step.
+
+Cadence. ``layer_every`` is an int N (per-layer stats every N-th step, 0 = never) or a mapping
+``{pattern: N}``: each watched layer takes the N of the first pattern matching its name, and 0
+(never) when none matches (end the mapping with ``"*": N`` for a default). The per-layer block of a
+step is computed for **all** watched layers, on every step on which **at least one** layer is due,
+so a layer's N is the longest interval between its measurements, not an exact one. Why: the block
+is one fused pass whose cost barely depends on which layers are in it, and full-length arrays keep
+every value a number (the wire requires fractions and counts to be numbers; a null there would
+need a contract change). Steps on which no layer is due carry only scalars.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+
+__all__ = ["Cadence", "LayerEvery", "selected"]
+
+LayerEvery = int | Mapping[str, int]
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def selected(name: str, include: Sequence[str] | None, exclude: Sequence[str] | None) -> bool:
+    """Whether parameter ``name`` is watched under ``include``/``exclude``."""
+    if include and not _matches(name, include):
+        return False
+    return not (exclude and _matches(name, exclude))
+
+
+class Cadence:
+    """Per-layer intervals resolved once from ``layer_every``; ``due(step)`` is pure arithmetic."""
+
+    def __init__(self, layer_every: LayerEvery, names: Sequence[str]) -> None:
+        if isinstance(layer_every, int):
+            if layer_every < 0:
+                raise ValueError(f"layer_every must be >= 0, not {layer_every}")
+            self.intervals = [layer_every] * len(names)
+        else:
+            bad = {p: n for p, n in layer_every.items() if not isinstance(n, int) or n < 0}
+            if bad:
+                raise ValueError(f"layer_every intervals must be ints >= 0, got {bad}")
+            self.intervals = [
+                next((n for p, n in layer_every.items() if fnmatch.fnmatchcase(name, p)), 0)
+                for name in names
+            ]
+        self._distinct = sorted({n for n in self.intervals if n > 0})
+
+    def due(self, step: int) -> bool:
+        """Whether the per-layer block is computed on ``step`` (some interval divides it)."""
+        return any(step % n == 0 for n in self._distinct)
+
+    def due_layers(self, step: int) -> list[int]:
+        """The layers whose own interval divides ``step`` (for inspection and tests)."""
+        return [i for i, n in enumerate(self.intervals) if n > 0 and step % n == 0]

@@ -1,0 +1,106 @@
+"""The activation source on a real fp16 autocast loop: where FP16 underflow actually happens."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampscope
+from ampscope.activations import grad_output_stats
+from ampscope.formats import FORMATS
+from ampscope.transport import MemorySender
+
+MODULES = [
+    {"index": 0, "name": "0", "module_type": "Linear"},
+    {"index": 1, "name": "1", "module_type": "ReLU"},
+    {"index": 2, "name": "2", "module_type": "Linear"},
+    {"index": 3, "name": "3", "module_type": "ReLU"},
+    {"index": 4, "name": "4", "module_type": "Linear"},
+]
+
+
+def train(init_scale: float, steps: int, **watch: Any) -> tuple[nn.Module, ampscope.Monitor,
+                                                                MemorySender, list[int]]:
+    """A tiny loss (x 1e-6) under fp16 autocast; returns the hook count seen between steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**6)
+    sink = MemorySender()
+    mon = ampscope.watch(model, scaler, opt, sender=sink, **watch)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
+    hooks = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        loss = ((out.float() - y) ** 2).mean() * 1e-6
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        hooks.append(sum(len(m._forward_hooks) for m in model.modules()))
+    mon.close()
+    return model, mon, sink, hooks
+
+
+def records(sink: MemorySender) -> list[dict[str, Any]]:
+    return [r for p in sink.payloads() for r in p["records"]]
+
+
+class TestActivationSource:
+    def test_underflow_at_scale_1_disappears_at_2_16(self) -> None:
+        _, _, low, _ = train(1.0, 1, activation_every=1)
+        _, _, high, _ = train(2.0**16, 1, activation_every=1)
+        at1 = records(low)[0]["activations"]
+        at16 = records(high)[0]["activations"]
+        # Module "3" (ReLU) passes the fp16 gradient of the last Linear's input: at scale 1 the
+        # 1e-6 loss's gradient is below fp16's smallest subnormal and flushes to zero.
+        assert at1["zero_frac"][3] >= 0.9 and at1["amax"][3] == 0.0
+        assert at16["zero_frac"][3] <= 0.1 and at16["amax"][3] > 0.0
+        assert sum(at1["zero_frac"]) > sum(at16["zero_frac"]) + 2.0
+        # true units: at scale 1 the last module's largest gradient is quantised to fp16's
+        # smallest subnormal; at 2^16 its real (smaller) magnitude shows.
+        assert at1["amax"][4] == 2.0**-24 and 2.0**-26 < at16["amax"][4] < 2.0**-24
+
+    def test_sampled_every_n_with_no_hooks_between_samples(self) -> None:
+        _, mon, sink, hooks = train(2.0**10, 7, activation_every=3)
+        recs = records(sink)
+        assert [r["activations"] is not None for r in recs] == [
+            True, False, False, True, False, False, True]
+        # armed for the next sampled step right after the update before it, removed at capture
+        assert hooks == [0, 0, 5, 0, 0, 5, 0]
+        assert mon.modules == MODULES
+        payloads = sink.payloads()
+        assert payloads[0]["modules"] == MODULES
+
+    def test_off_sends_no_module_table_and_no_hooks(self) -> None:
+        _, mon, sink, hooks = train(2.0**10, 2, activation_every=0)
+        assert mon.modules is None and hooks == [0, 0]
+        assert all(p["modules"] is None for p in sink.payloads())
+        assert all(r["activations"] is None for r in records(sink))
+
+    def test_close_removes_armed_hooks(self) -> None:
+        model, mon, _, hooks = train(2.0**10, 1, activation_every=1)
+        assert hooks == [5] and mon.state is ampscope.monitor.HookState.CLOSED
+        assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+class TestGradOutputStats:
+    def test_fp16_edges_in_raw_units(self) -> None:
+        fmt = FORMATS["fp16"]
+        g = torch.tensor([0.0, 2.0**-24, 2.0**-15, 1.0, -4.0, math.nan, math.inf],
+                         dtype=torch.float16)
+        amax, amin, zero, sub, under, nans, infs, l2 = grad_output_stats(g, fmt).tolist()
+        assert (amax, amin, nans, infs) == (4.0, 2.0**-24, 1.0, 1.0)
+        assert (zero, sub, under) == (1 / 7, 2 / 7, 0.0)
+        assert l2 == pytest.approx(math.sqrt(17 + 2.0**-48 + 2.0**-30))
+
+    def test_all_nonfinite_has_no_amax(self) -> None:
+        out = grad_output_stats(torch.tensor([math.nan, math.inf]), FORMATS["fp16"]).tolist()
+        assert math.isnan(out[0]) and math.isnan(out[1]) and out[7] == 0.0
