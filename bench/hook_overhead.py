@@ -1,20 +1,69 @@
-"""Hook overhead on the CPU reference loop: median step time with / without ampscope, interleaved.
+"""Hook overhead on the CPU reference loop: step time with / without ampscope, interleaved.
 
-Prints ratios against a baseline measured in the same run (DESIGN.md §8 budgets: default cadence
-≤ 1.02x, per-layer stats every step ≤ 1.10x) and the enqueue p50/p99 on the training thread.
+Prints, against a no-hook baseline measured in the same process run (DESIGN.md §8 budgets):
+
+- ampscope at the default cadence (scalars every step, per-layer stats every 10th): ≤ 1.02x
+- ampscope with per-layer stats every step: ≤ 1.10x
+- the enqueue on the training thread (``Transport.put``), p50/p99: p99 ≤ 100 µs
+- for scale, in the same run: a straightforward 9-pass ``torch._foreach_*`` version of the 8
+  statistics (every step, one host copy), a per-tensor ``.item()`` loop, and, when importable,
+  ``wandb.watch(model, log="gradients", log_freq=1)`` (offline, temp dir, nothing leaves the
+  machine) and TensorBoard per-parameter gradient histograms (``add_histogram`` every step).
+
+Method. Every configuration runs in *segments* of ``--steps`` timed steps (after ``--warmup``
+untimed ones), interleaved with baseline segments: ``base X1 base X2 … base`` in every round, the
+order of the X rotated from round to round. A configuration's ratio in a round is the median of its
+segment over the median of the two baseline segments beside it, so slow drift of a shared, noisy
+machine cancels; the report gives the median of the per-round ratios and their min-max. Records go
+to ``MemorySender`` (no network, but the real sender thread, batching and encoding).
+
+Reference model: the spec's "small transformer block plus an MLP" as ``Linear(32, d)``, four
+pre-norm transformer blocks (``nn.MultiheadAttention`` + a 4x MLP, 12 parameter tensors each) and
+``Linear(d, 10)``: 52 parameter tensors; fp16 autocast + ``GradScaler`` + AdamW. Default shape
+d=64, batch 4 x 16 tokens (203k parameters), ~19 ms per step on this 2-core AMD EPYC (AVX2/F16C).
+
+Why that shape. This CPU has no native fp16 arithmetic (no AVX512-FP16/AMX), so under fp16 autocast
+every matmul runs a slow fallback GEMM: measured here, a ``Linear`` under fp16 autocast is 3-5x
+slower than fp32 at 8-32 rows and 5-10x at 128-512 rows (~5-15 GMAC/s), where bf16 stays within
+~1.2x of fp32. The previous shape (d=128, 16 x 32 = 512 tokens) took ~460 ms per step (fp32: 29 ms,
+bf16: 29 ms), a step time made almost entirely of this fallback, which hid a hook costing ~1-2 ms
+(ratio 1.002). The step time grows with tokens x d^2, so the fp16 step is brought to a realistic
+small-model figure by keeping few tokens. Measured fp16-autocast step medians (fp32 / bf16 beside):
+
+    d=128, 16x32 tokens  460 ms  (29 / 29)      d=128, 4x8 tokens   37 ms  (9.5 / 10)
+    d=96,  4x16 tokens    34 ms  (8.9 / 12)     d=64,  8x16 tokens  32 ms  (8.1 / 9.6)
+    d=64,  4x16 tokens    19 ms  (6.5 / 8.7)    <- default
+
+The hook's cost depends on the parameter count (the reductions read every gradient) and on the
+number of parameter tensors (Python and launch overhead), not on the token count; so the smallest
+of these shapes is also the most demanding ratio for the hook. ``--d 128 --seq 8`` gives the 800k
+parameter variant. Use ``--dtype bf16`` to see the same loop without the fp16 fallback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import math
+import os
 import statistics
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 import ampscope
+from ampscope.formats import TargetFormat
 from ampscope.transport import MemorySender
+
+FP16 = TargetFormat.get("fp16")
+FP16_MIN_NORMAL, FP16_UNDERFLOW = FP16.min_normal, FP16.underflow_threshold
 
 
 class Block(nn.Module):
@@ -31,71 +80,321 @@ class Block(nn.Module):
         return out
 
 
-def make_model(d: int = 128) -> nn.Module:
+def make_model(d: int = 64, blocks: int = 4, d_in: int = 32) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, d), *[Block(d, 4) for _ in range(4)], nn.Linear(d, 10))
+    return nn.Sequential(
+        nn.Linear(d_in, d), *[Block(d, 4) for _ in range(blocks)], nn.Linear(d, 10)
+    )
 
 
-def timed_steps(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                x: torch.Tensor, y: torch.Tensor, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.float16):
-            out = model(x).float().mean(1)
-        loss = nn.functional.cross_entropy(out, y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        times.append(time.perf_counter() - start)
+# -- configurations ------------------------------------------------------------------------------
+class Probe:
+    """What a configuration does around the usual step; the baseline does nothing."""
+
+    def start_timing(self) -> None:
+        """Called once the warm-up steps of a segment are done."""
+
+    def after_backward(self, scaler: torch.amp.GradScaler) -> None:
+        pass
+
+    def after_step(self, loss: torch.Tensor, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class AmpscopeProbe(Probe):
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler, layer_every: int, enqueue_ns: list[int]) -> None:
+        self.mon = ampscope.watch(model, scaler, opt, sender=MemorySender(),
+                                  layer_every=layer_every)
+        transport = self.mon._transport
+        assert transport is not None
+        put = transport.put
+        self.timing = False
+
+        def timed_put(item: Any) -> None:
+            start = time.perf_counter_ns()
+            put(item)
+            if self.timing:
+                enqueue_ns.append(time.perf_counter_ns() - start)
+
+        transport.put = timed_put  # type: ignore[method-assign]
+
+    def start_timing(self) -> None:
+        self.timing = True
+
+    def close(self) -> None:
+        self.mon.close()
+
+
+def foreach_9pass(grads: list[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+    """The 8 statistics the straightforward way: one ``_foreach``/per-tensor pass per statistic.
+
+    Grads are captured scaled (before ``unscale_``), so the fp16 classes are judged on them as they
+    are and the magnitudes are divided by the scale. One stacked result, one host copy.
+    """
+    a = torch._foreach_abs(grads)  # 1
+    amax = torch.stack(torch._foreach_max(a))  # 2
+    l2 = torch.stack(torch._foreach_norm(grads, 2))  # 3
+    nonzero = torch.stack(torch._foreach_norm(grads, 0))  # 4
+    nan = torch.stack([torch.isnan(g).sum() for g in grads]).double()  # 5
+    inf = torch.stack([torch.isinf(g).sum() for g in grads]).double()  # 6
+    lt_normal = torch.stack([(t < FP16_MIN_NORMAL).sum() for t in a]).double()  # 7
+    lt_under = torch.stack([(t < FP16_UNDERFLOW).sum() for t in a]).double()  # 8
+    amin = torch.stack([torch.where(t > 0, t, math.inf).amin() for t in a])  # 9
+    numel = torch.tensor([g.numel() for g in grads], dtype=torch.float64)
+    zero = numel - nonzero.double()
+    inv = scale.double().reciprocal()
+    stats = torch.stack([
+        amax.double() * inv, amin.double() * inv, zero / numel, (lt_normal - zero) / numel,
+        (lt_under - zero) / numel, nan, inf, l2.double() * inv,
+    ])
+    return stats.to("cpu", copy=True)
+
+
+class Foreach9Probe(Probe):
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.last: torch.Tensor | None = None
+
+    def after_backward(self, scaler: torch.amp.GradScaler) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        self.last = foreach_9pass(grads, scaler._scale)  # type: ignore[arg-type]
+
+
+class ItemLoopProbe(Probe):
+    """Per tensor, per statistic, a reduction and an ``.item()`` (what many debugging hooks do)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.last: list[list[float]] = []
+
+    def after_backward(self, scaler: torch.amp.GradScaler) -> None:
+        inv = 1.0 / scaler.get_scale()
+        rows = []
+        for p in self.params:
+            g = p.grad
+            if g is None:
+                continue
+            a = g.abs()
+            n = g.numel()
+            zero = (a == 0).sum().item()
+            rows.append([
+                a.max().item() * inv,
+                a[a > 0].min().item() * inv if zero < n else math.nan,
+                zero / n,
+                ((a < FP16_MIN_NORMAL).sum().item() - zero) / n,
+                ((a < FP16_UNDERFLOW).sum().item() - zero) / n,
+                torch.isnan(g).sum().item(),
+                torch.isinf(g).sum().item(),
+                g.norm().item() * inv,
+            ])
+        self.last = rows
+
+
+class TensorBoardProbe(Probe):
+    def __init__(self, model: nn.Module, logdir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(logdir)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def after_step(self, loss: torch.Tensor, step: int) -> None:
+        for name, p in self.named:
+            if p.grad is not None:
+                self.writer.add_histogram(f"grad/{name}", p.grad, step)
+        self.writer.add_scalar("loss", loss.item(), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbProbe(Probe):
+    """``wandb.watch(log="gradients", log_freq=1)``; ``wandb.log`` of the loss commits each step."""
+
+    def __init__(self, model: nn.Module, run: Any) -> None:
+        self.model, self.run = model, run
+        run.watch(model, log="gradients", log_freq=1)
+
+    def after_step(self, loss: torch.Tensor, step: int) -> None:
+        self.run.log({"loss": loss.item()})
+
+    def close(self) -> None:
+        self.run.unwatch(self.model)
+
+
+@dataclass
+class Config:
+    name: str
+    label: str
+    make: Callable[[torch.amp.GradScaler], Probe]
+    enqueue_ns: list[int] = field(default_factory=list)
+
+
+# -- timing --------------------------------------------------------------------------------------
+def run_segment(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                steps: int, warmup: int, dtype: torch.dtype,
+                make: Callable[[torch.amp.GradScaler], Probe] | None) -> list[float]:
+    """Timed step durations (s) of one segment; the warm-up steps are run and not counted."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    probe = make(scaler) if make is not None else Probe()
+    times: list[float] = []
+    try:
+        for i in range(warmup + steps):
+            if i == warmup:
+                probe.start_timing()
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=dtype):
+                out = model(x).float().mean(1)
+            loss = nn.functional.cross_entropy(out, y)
+            scaler.scale(loss).backward()
+            probe.after_backward(scaler)
+            scaler.step(opt)
+            scaler.update()
+            probe.after_step(loss.detach(), i)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        probe.close()
     return times
 
 
+def pct(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1e3
+
+
+@contextlib.contextmanager
+def wandb_run(tmp: str) -> Iterator[Any]:
+    """An offline wandb run in ``tmp``: no network, no console capture, no system-stats sampler."""
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": tmp,
+                       "WANDB_CACHE_DIR": tmp, "WANDB_CONFIG_DIR": tmp, "WANDB_DATA_DIR": tmp,
+                       "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
+                       "WANDB_ERROR_REPORTING": "false", "WANDB_CONSOLE": "off"}.items():
+        os.environ[key] = value
+    import wandb
+
+    settings = wandb.Settings(mode="offline", console="off", x_disable_stats=True,
+                              disable_git=True, save_code=False, silent=True)
+    run = wandb.init(project="ampscope-bench", dir=tmp, settings=settings)
+    try:
+        yield run
+    finally:
+        run.finish()
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300, help="timed steps per configuration")
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per segment")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per segment")
+    parser.add_argument("--d", type=int, default=64, help="model width")
+    parser.add_argument("--blocks", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=16, help="tokens per sequence")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="autocast dtype")
+    parser.add_argument("--only", default="", help="comma-separated configuration names to run")
+    parser.add_argument("--no-external", action="store_true", help="skip wandb and tensorboard")
     args = parser.parse_args()
-    model = make_model()
+
+    model = make_model(args.d, args.blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(16, 32, 32), torch.randint(0, 10, (16,))
-    per = args.steps // args.rounds
-    results: dict[str, list[float]] = {"none": [], "default": [], "every": []}
-    enqueue_ns: list[int] = []
-    for _ in range(args.rounds):
-        for mode in results:
-            scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-            timed_steps(model, opt, scaler, x, y, 3)  # warm-up (and let the scale settle)
-            mon = None
-            if mode != "none":
-                mon = ampscope.watch(model, scaler, opt, sender=MemorySender(),
-                                     layer_every=10 if mode == "default" else 1)
-                assert mon._transport is not None
-                put = mon._transport.put
+    torch.manual_seed(1)
+    x = torch.randn(args.batch, args.seq, 32)
+    y = torch.randint(0, 10, (args.batch,))
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
 
-                def timed_put(item: object, put: object = put) -> None:
-                    start = time.perf_counter_ns()
-                    put(item)  # type: ignore[operator]
-                    enqueue_ns.append(time.perf_counter_ns() - start)
+    configs: list[Config] = []
 
-                mon._transport.put = timed_put  # type: ignore[method-assign]
-            results[mode] += timed_steps(model, opt, scaler, x, y, per)
-            if mon is not None:
-                mon.close()
-    base = statistics.median(results["none"])
+    def hook(layer_every: int) -> Callable[[torch.amp.GradScaler], Probe]:
+        def make(scaler: torch.amp.GradScaler) -> Probe:
+            cfg = next(c for c in configs if c.name == ("default" if layer_every == 10 else
+                                                       "every"))
+            return AmpscopeProbe(model, opt, scaler, layer_every, cfg.enqueue_ns)
+        return make
+
+    configs += [
+        Config("default", "ampscope, default cadence (layer_every=10)", hook(10)),
+        Config("every", "ampscope, per-layer every step", hook(1)),
+        Config("foreach9", "9-pass _foreach stats, every step", lambda s: Foreach9Probe(model)),
+        Config("item", "per-tensor .item() loop, every step", lambda s: ItemLoopProbe(model)),
+    ]
+    missing: list[str] = []
+    stack = contextlib.ExitStack()
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ampscope-bench-"))
+    if not args.no_external:
+        if importlib.util.find_spec("tensorboard") is not None:
+            configs.append(Config("tensorboard", "TensorBoard add_histogram per param, every step",
+                                  lambda s: TensorBoardProbe(model, os.path.join(tmp, "tb"))))
+        else:
+            missing.append("tensorboard: not installed")
+        if importlib.util.find_spec("wandb") is not None:
+            state: dict[str, Any] = {}
+
+            def make_wandb(scaler: torch.amp.GradScaler) -> Probe:
+                if "run" not in state:
+                    state["run"] = stack.enter_context(wandb_run(os.path.join(tmp, "wandb")))
+                return WandbProbe(model, state["run"])
+
+            configs.append(Config("wandb", "wandb.watch(log='gradients', log_freq=1), offline",
+                                  make_wandb))
+        else:
+            missing.append("wandb: not installed")
+    if args.only:
+        wanted = set(args.only.split(","))
+        configs = [c for c in configs if c.name in wanted]
+
+    base_times: list[float] = []
+    seg_times: dict[str, list[float]] = {c.name: [] for c in configs}
+    ratios: dict[str, list[float]] = {c.name: [] for c in configs}
+    started = time.perf_counter()
+    with stack:
+        # Every configuration once untimed, so imports and first-call costs stay out of round 1.
+        for c in configs:
+            run_segment(model, opt, x, y, 0, args.warmup, dtype, c.make)
+        for r in range(args.rounds):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            prev = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, None)
+            base_times += prev
+            for c in order:
+                times = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, c.make)
+                nxt = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, None)
+                base_times += nxt
+                seg_times[c.name] += times
+                ratios[c.name].append(statistics.median(times) / statistics.median(prev + nxt))
+                prev = nxt
+            print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{c.name} {ratios[c.name][-1]:.3f}" for c in configs), file=sys.stderr,
+                flush=True)
+    elapsed = time.perf_counter() - started
+
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
     params = sum(p.numel() for p in model.parameters())
-    tensors = len(list(model.parameters()))
-    print(f"model: {tensors} parameter tensors, {params} parameters; {per * args.rounds} "
-          f"steps per configuration, torch threads {torch.get_num_threads()}")
-    print(f"median step, no hook:            {base * 1e3:.2f} ms")
-    for mode, label in (("default", "default cadence (layer_every=10)"),
-                        ("every", "per-layer every step")):
-        med = statistics.median(results[mode])
-        print(f"median step, {label:<32} {med * 1e3:.2f} ms  ratio {med / base:.3f}")
-    enqueue_ns.sort()
-    p50, p99 = enqueue_ns[len(enqueue_ns) // 2], enqueue_ns[int(len(enqueue_ns) * 0.99)]
-    print(f"enqueue p50 {p50 / 1e3:.1f} us, p99 {p99 / 1e3:.1f} us")
+    print(f"model: d={args.d}, {args.blocks} blocks, batch {args.batch} x {args.seq} tokens, "
+          f"{args.dtype} autocast; {tensors} parameter tensors, {params} parameters; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{args.rounds} rounds x {args.steps} timed steps per segment ({args.warmup} warm-up "
+          f"steps excluded), base/config segments interleaved; {elapsed:.0f} s")
+    base = statistics.median(base_times)
+    print(f"{'median step, no hook':<52} {base * 1e3:7.2f} ms")
+    print(f"{'configuration':<52} {'median':>7}    ratio  (per-round median, min-max)")
+    for c in configs:
+        med = statistics.median(seg_times[c.name])
+        rs = ratios[c.name]
+        print(f"{c.label:<52} {med * 1e3:7.2f} ms {statistics.median(rs):6.3f}x "
+              f"({min(rs):.3f}-{max(rs):.3f})")
+    for line in missing:
+        print(line)
+    for c in configs:
+        if c.enqueue_ns:
+            print(f"enqueue ({c.name}): p50 {pct(c.enqueue_ns, 0.5):.1f} us, "
+                  f"p99 {pct(c.enqueue_ns, 0.99):.1f} us, max {max(c.enqueue_ns) / 1e3:.1f} us "
+                  f"over {len(c.enqueue_ns)} puts")
+    print("budgets (DESIGN.md §8): default cadence <= 1.02x, per-layer every step <= 1.10x, "
+          "enqueue p99 <= 100 us")
 
 
 if __name__ == "__main__":

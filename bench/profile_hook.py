@@ -1,0 +1,208 @@
+"""Where the hook's time goes on the CPU reference loop of ``hook_overhead.py``.
+
+Three views, all on the reference model's real gradients (after a fp16-autocast backward):
+
+1. ``parts``: each piece of the hook timed alone, steady state (median of ``--reps`` calls): the
+   per-layer reduction, the grad-norm-only path of the non-layer steps, the capture and update
+   wrappers' own code, and the sender thread's ``to_wire`` + encode (which competes for the GIL and
+   the 2 cores with training).
+2. ``ops``: ``torch.profiler`` of the per-layer reduction and the grad-norm path, top ops by self
+   CPU time.
+3. ``cprofile``: cProfile of ``--steps`` training steps with the hook (``layer_every`` 1 and 10),
+   ampscope functions and the torch calls they make, by total time per step.
+
+Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from hook_overhead import make_model  # type: ignore[import-not-found]
+from torch import nn
+
+import ampscope
+from ampscope.transport import MemorySender
+
+
+def med_us(fn: Callable[[], Any], reps: int) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1e3
+
+
+def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
+                                             torch.Tensor, torch.Tensor]:
+    model = make_model(args.d, args.blocks)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(1)
+    return model, opt, torch.randn(args.batch, args.seq, 32), torch.randint(0, 10, (args.batch,))
+
+
+def step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+         x: torch.Tensor, y: torch.Tensor, finish: bool = True) -> None:
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x).float().mean(1)
+    loss = nn.functional.cross_entropy(out, y)
+    scaler.scale(loss).backward()
+    if finish:
+        scaler.step(opt)
+        scaler.update()
+
+
+def step_update(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> None:
+    scaler.step(opt)
+    scaler.update()
+
+
+def parts(args: argparse.Namespace) -> None:
+    model, opt, x, y = setup(args)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1)
+    for _ in range(3):
+        step(model, opt, scaler, x, y)
+    base = med_us(lambda: step(model, opt, scaler, x, y), 30)
+    step(model, opt, scaler, x, y, finish=False)  # grads present, stage READY
+    params = mon._params
+    grads = [p.grad for p in params]
+    present = [g for g in grads if g is not None]
+    scale = scaler._scale
+    assert scale is not None
+    flags = [True] * len(grads)
+    stats = mon._stats
+    r = args.reps
+    rows: list[tuple[str, float]] = [
+        ("layer_stats (per-layer path, all 8 stats + norm)",
+         med_us(lambda: stats.layer_stats(grads, scale, flags), r)),
+        ("grad_norm (scalar path of non-layer steps)",
+         med_us(lambda: stats.grad_norm(grads, scale, flags), r)),
+        ("  of which _foreach_norm alone",
+         med_us(lambda: torch._foreach_norm(present, 2, dtype=torch.float64), r)),
+        ("_scaled_flags (stage lookup per param)", med_us(lambda: mon._scaled_flags(opt), r)),
+        ("_before_update (scale copy, found_inf stack)", med_us(mon._before_update, r)),
+    ]
+    before = mon._before_update()
+    mon._norm = stats.grad_norm(grads, scale, flags)
+    mon._block = None
+    transport = mon._transport
+    assert transport is not None
+    captured: list[Any] = []
+    real_put = transport.put
+    transport.put = captured.append
+    rows.append(("_after_update, scalars only (stack + record)",
+                 med_us(lambda: mon._after_update(before), r)))
+    out = stats.layer_stats(grads, scale, flags)
+    mon._norm, mon._block = out[0], out[1:]
+    rows.append(("_after_update, with the stats block",
+                 med_us(lambda: mon._after_update(before), r)))
+    rec_layers = captured[-1]
+    mon._block = None
+    mon._after_update(before)
+    rec_scalars = captured[-1]
+    transport.put = real_put
+    rows.append(("sender thread: to_wire, scalars-only record", med_us(rec_scalars.to_wire, r)))
+    rows.append(("sender thread: to_wire, record with layers", med_us(rec_layers.to_wire, r)))
+    wl, ws = rec_layers.to_wire(), rec_scalars.to_wire()
+    rows.append(("sender thread: encode 1 record with layers",
+                 med_us(lambda: mon._encode([wl], False, False), r)))
+    rows.append(("sender thread: encode 1 scalars-only record",
+                 med_us(lambda: mon._encode([ws], False, False), r)))
+    mon.close()
+    scaler2 = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for _ in range(3):
+        step(model, opt, scaler2, x, y)
+    step(model, opt, scaler2, x, y, finish=False)
+    rows.append(("scaler.step + update, no hook (for scale)",
+                 med_us(lambda: step_update(scaler2, opt), 30)))
+    print(f"parts (median us per call; reference step with hook every step: {base / 1e3:.2f} ms; "
+          f"{len(params)} tensors, {sum(p.numel() for p in params)} elements)")
+    for name, us in rows:
+        print(f"  {name:<54} {us:9.1f} us")
+
+
+def ops(args: argparse.Namespace) -> None:
+    model, opt, x, y = setup(args)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1)
+    step(model, opt, scaler, x, y, finish=False)
+    grads = [p.grad for p in mon._params]
+    scale = scaler._scale
+    assert scale is not None
+    flags = [True] * len(grads)
+    calls: list[tuple[str, Callable[[], Any]]] = [
+        ("layer_stats", lambda: mon._stats.layer_stats(grads, scale, flags)),
+        ("grad_norm", lambda: mon._stats.grad_norm(grads, scale, flags)),
+    ]
+    for name, fn in calls:
+        for _ in range(5):
+            fn()
+        n = 50
+        prof: Any = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        with prof:
+            for _ in range(n):
+                fn()
+        print(f"ops: {name}, share of self CPU time, top 14; {n} calls")
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        for e in events[:14]:
+            print(f"  {e.key:<34} {100 * e.self_cpu_time_total / total:5.1f} %  "
+                  f"x{e.count / n:.0f}/call")
+    mon.close()
+
+
+def cprofile(args: argparse.Namespace) -> None:
+    for layer_every in (1, 10):
+        model, opt, x, y = setup(args)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
+                                  layer_every=layer_every)
+        for _ in range(5):
+            step(model, opt, scaler, x, y)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            step(model, opt, scaler, x, y)
+        prof.disable()
+        mon.close()
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf)
+        print(f"cprofile: layer_every={layer_every}, {args.steps} steps, ms per step "
+              f"(training thread only; cumulative)")
+        entries = []
+        for (filename, _, func), (_, _, _, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+            if "ampscope" in filename:
+                entries.append((ct, f"{filename.rsplit('/', 1)[-1]}:{func}"))
+        for ct, name in sorted(entries, reverse=True)[:16]:
+            print(f"  {name:<48} {ct / args.steps * 1e3:7.3f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="parts,ops,cprofile")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=16)
+    args = parser.parse_args()
+    for name in args.only.split(","):
+        {"parts": parts, "ops": ops, "cprofile": cprofile}[name](args)
+
+
+if __name__ == "__main__":
+    main()
