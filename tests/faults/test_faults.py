@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from ampscope.sync import sync
 from ampscope.transport import Mode, Transport, TransportStats
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import Step, stored_seqs, transport, wait_until
-from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
 
 
@@ -29,14 +27,6 @@ def balanced(s: TransportStats) -> bool:
     return s.produced == s.acknowledged + s.spooled + s.dropped + s.pending and min(
         s.acknowledged, s.spooled, s.dropped, s.pending) >= 0
 
-
-@pytest.fixture
-def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(sqlite_url(tmp_path), tmp_path)
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def produce(t: Transport, seqs: range, pace: float = 0.002) -> None:

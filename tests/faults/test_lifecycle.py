@@ -6,29 +6,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 
 import ampscope
-from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 from demo_model import make_batch, make_training, train_step  # noqa: E402
-
-
-@pytest.fixture
-def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(sqlite_url(tmp_path), tmp_path).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def steps_by_attempt(url: str, run_id: str) -> dict[int, list[tuple[int, int]]]:
@@ -42,6 +30,7 @@ def steps_by_attempt(url: str, run_id: str) -> dict[int, list[tuple[int, int]]]:
 def test_a_resumed_run_opens_a_new_attempt_and_overwrites_nothing(
     sqlite_server: ServerProcess, tmp_path: Path
 ) -> None:
+    sqlite_server.start()
     model, scaler, optimizer, gen = make_training()
     first = ampscope.watch(model, scaler, optimizer, run="resumed", server=sqlite_server.url,
                            spool_dir=tmp_path / "spool")
@@ -69,6 +58,7 @@ def test_a_resumed_run_opens_a_new_attempt_and_overwrites_nothing(
 def test_exit_without_close_flushes_and_exits_cleanly(
     sqlite_server: ServerProcess, tmp_path: Path
 ) -> None:
+    sqlite_server.start()
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(EXAMPLES)!r})
@@ -105,6 +95,7 @@ class _Batches(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
 def test_forked_dataloader_workers_neither_deadlock_nor_duplicate(
     sqlite_server: ServerProcess, tmp_path: Path
 ) -> None:
+    sqlite_server.start()
     model, scaler, optimizer, _ = make_training()
     mon = ampscope.watch(model, scaler, optimizer, run="fork", server=sqlite_server.url,
                          spool_dir=tmp_path / "spool", layer_every=1)

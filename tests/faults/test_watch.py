@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import ampscope
 from tests.faults.support import stored_seqs
-from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo_model import make_training, train_step
-
-
-@pytest.fixture
-def sqlite_server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(sqlite_url(tmp_path), tmp_path)
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def test_a_real_amp_loop_under_watch_survives_server_kills(
