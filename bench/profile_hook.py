@@ -70,56 +70,65 @@ def step_update(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> Non
 
 
 def parts(args: argparse.Namespace) -> None:
+    """Each piece timed alone. Reaches into the Monitor's private parts: keep in step with it."""
     model, opt, x, y = setup(args)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1)
+    mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1,
+                              activation_every=0, histogram_every=0)
     for _ in range(3):
         step(model, opt, scaler, x, y)
     base = med_us(lambda: step(model, opt, scaler, x, y), 30)
     step(model, opt, scaler, x, y, finish=False)  # grads present, stage READY
     params = mon._params
     grads = [p.grad for p in params]
-    present = [g for g in grads if g is not None]
     scale = scaler._scale
     assert scale is not None
     flags = [True] * len(grads)
-    stats = mon._stats
+    stats, cycle, view = mon._stats, mon._cycle, mon._view
     r = args.reps
     rows: list[tuple[str, float]] = [
-        ("layer_stats (per-layer path, all 8 stats + norm)",
+        ("layer_stats (per-layer path, all 8 stats + norms)",
          med_us(lambda: stats.layer_stats(grads, scale, flags), r)),
-        ("grad_norm (scalar path of non-layer steps)",
-         med_us(lambda: stats.grad_norm(grads, scale, flags), r)),
-        ("  of which _foreach_norm alone",
-         med_us(lambda: torch._foreach_norm(present, 2, dtype=torch.float64), r)),
-        ("_scaled_flags (stage lookup per param)", med_us(lambda: mon._scaled_flags(opt), r)),
-        ("_before_update (scale copy, found_inf stack)", med_us(mon._before_update, r)),
+        ("grad_norms (scalar path of non-layer steps)",
+         med_us(lambda: stats.grad_norms(grads, scale, flags), r)),
+        ("scaled_flags (stage lookup)",
+         med_us(lambda: view.scaled_flags(opt, mon._optimizers, params), r)),
+        ("before_update (scale copy, found_inf)", med_us(view.before_update, r)),
     ]
-    before = mon._before_update()
-    mon._norm = stats.grad_norm(grads, scale, flags)
-    mon._block = None
+
+    class EveryTenth:
+        def due(self, step_no: int) -> bool:
+            return step_no % 10 == 0
+
+    cycle._cadence = EveryTenth()
+
+    def capture(step_no: int) -> None:
+        cycle.reset()
+        cycle.capture(opt, mon._optimizers, step_no)
+
+    rows.append(("capture, non-layer step", med_us(lambda: capture(1), r)))
+    rows.append(("capture, layer step", med_us(lambda: capture(0), r)))
+    before = view.before_update()
     transport = mon._transport
     assert transport is not None
     captured: list[Any] = []
     real_put = transport.put
     transport.put = captured.append
-    rows.append(("_after_update, scalars only (stack + record)",
+    capture(1)
+    rows.append(("_after_update, norms only (stack + record)",
                  med_us(lambda: mon._after_update(before), r)))
-    out = stats.layer_stats(grads, scale, flags)
-    mon._norm, mon._block = out[0], out[1:]
+    rec_norms = captured[-1]
+    capture(0)
     rows.append(("_after_update, with the stats block",
                  med_us(lambda: mon._after_update(before), r)))
     rec_layers = captured[-1]
-    mon._block = None
-    mon._after_update(before)
-    rec_scalars = captured[-1]
     transport.put = real_put
-    rows.append(("sender thread: to_wire, scalars-only record", med_us(rec_scalars.to_wire, r)))
+    rows.append(("sender thread: to_wire, norms-only record", med_us(rec_norms.to_wire, r)))
     rows.append(("sender thread: to_wire, record with layers", med_us(rec_layers.to_wire, r)))
-    wl, ws = rec_layers.to_wire(), rec_scalars.to_wire()
+    wl, ws = rec_layers.to_wire(), rec_norms.to_wire()
     rows.append(("sender thread: encode 1 record with layers",
                  med_us(lambda: mon._encode([wl], False, False), r)))
-    rows.append(("sender thread: encode 1 scalars-only record",
+    rows.append(("sender thread: encode 1 norms-only record",
                  med_us(lambda: mon._encode([ws], False, False), r)))
     mon.close()
     scaler2 = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -145,7 +154,7 @@ def ops(args: argparse.Namespace) -> None:
     flags = [True] * len(grads)
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("layer_stats", lambda: mon._stats.layer_stats(grads, scale, flags)),
-        ("grad_norm", lambda: mon._stats.grad_norm(grads, scale, flags)),
+        ("grad_norms", lambda: mon._stats.grad_norms(grads, scale, flags)),
     ]
     for name, fn in calls:
         for _ in range(5):

@@ -46,6 +46,7 @@ class StepCycle:
         self.probe = probe
         self.order = order
         self._last_update: float | None = None
+        self._nan: torch.Tensor | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -105,7 +106,9 @@ class StepCycle:
         self._last_update = now
         device = self._device(before)
         f64 = torch.float64
-        nan = torch.full((), float("nan"), dtype=f64, device=device)
+        if self._nan is None or self._nan.device != device:
+            self._nan = torch.full((), float("nan"), dtype=f64, device=device)
+        nan = self._nan  # only ever stacked (copied), never written
         (scale_before, scale_after, growth, found_inf), absent, from_scale = (
             self._view.after_update(before, device))
         if self._loss_sum is not None:

@@ -174,6 +174,7 @@ class Monitor:
         self._misuse = MisuseTracker(lambda: self._state is HookState.ACTIVE)
         self._clip = ClipHeuristic()
         self._order: BackwardOrder | None = None
+        self._lr_cache: tuple[tuple[float, torch.device], torch.Tensor] | None = None
         self._probe: ActivationProbe | None = None
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None)
@@ -399,7 +400,10 @@ class Monitor:
         lr = groups[0]["lr"]
         if isinstance(lr, torch.Tensor):
             return lr.detach().to(device=device, dtype=torch.float64).reshape(())
-        return torch.full((), float(lr), dtype=torch.float64, device=device)
+        key = (float(lr), device)
+        if self._lr_cache is None or self._lr_cache[0] != key:  # a schedule changes it rarely
+            self._lr_cache = (key, torch.full((), key[0], dtype=torch.float64, device=device))
+        return self._lr_cache[1]
 
     def _encode(self, records: list[dict[str, Any]], include_layers: bool, final: bool) -> bytes:
         """One request body. The module table rides along with the layer table and with every

@@ -6,13 +6,19 @@ each gradient whether it is still *scaled* (captured before ``unscale_``: raw = 
 units** (g), while the subnormal/underflow classes are judged on |g·s|, the value the target format
 would hold at that scale. A layer is one named parameter.
 
-Layout. All gradients are copied once, with one ``torch.cat``, into a float32 buffer in which each
-layer is zero-padded to a whole number of fixed-size chunks. Every statistic is then a plain row
-reduction over a ``(chunks, CHUNK)`` matrix (vectorised, and a constant number of launches however
-many layers there are), and chunk results are folded into layers with one ``index_add_`` and two
-``scatter_reduce_``. The padding zeros are subtracted again from the zero counts. Nothing here calls
-``.item()`` or otherwise synchronises with the device; the result is a single float64 tensor on the
-gradients' device.
+Layout. All gradients are copied once into a persistent float32 buffer in which each layer is
+zero-padded to a whole number of fixed-size chunks: one ``torch._foreach_copy_`` into fixed views of
+the buffer (its padding is zeroed once, when the layout is first seen), or, for a layout that needs
+several groups or holds sparse or off-device gradients, one ``torch.cat`` per group. Every
+statistic is then a plain row reduction over a ``(chunks, CHUNK)`` matrix (vectorised, and a
+constant number of launches however many layers there are), and chunk results are folded into
+layers with one ``index_add_`` and two ``scatter_reduce_``. The padding zeros are subtracted again
+from the zero counts. Nothing here calls ``.item()`` or otherwise synchronises with the device; the
+result is a single float64 tensor on the gradients' device.
+
+Exactness. Counts are row sums of 0/1 values in float32 (exact: a row holds ``CHUNK`` ≤ 2^24
+elements) and are folded into layers in float64; sums of squares are accumulated in float64 (squares
+of scaled float32 gradients overflow float32 from 1.8e19); amax/amin are exact selections.
 
 A gradient that is ``None`` is treated as PyTorch defines it, an all-zero gradient of the
 parameter's size (``zero_frac`` 1, ``amax`` 0): the parameter received no gradient this step.
@@ -21,8 +27,10 @@ parameter's size (``zero_frac`` 1, ``amax`` 0): the parameter received no gradie
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -76,17 +84,39 @@ class _Plan:
     present: list[int]
     present_scaled: torch.Tensor  # bool (P,)
     present_index: torch.Tensor  # int64 (P,)
+    norm_scaled: torch.Tensor  # bool (L,): scaled and present (grad_norms' factor 1/s)
+    all_scaled: bool  # every gradient present and scaled
     buf: torch.Tensor
     scratch: torch.Tensor
+    meta: list[tuple[object, ...] | None]  # _meta() of every gradient: the layout's identity
+    flags: list[bool]
+    # Single-group layouts of dense on-device gradients: each present layer's fixed view of
+    # ``buf`` (the gradient's shape), filled by one _foreach_copy_; None → torch.cat per group.
+    views: list[torch.Tensor] | None
+    all_present: bool
+    pad_index: torch.Tensor | None  # int64: positions of the padding in ``buf`` (views only)
+    denom: torch.Tensor  # float64 (L,): numel, at least 1
+    one: torch.Tensor  # float64 0-d 1.0
+    nan: torch.Tensor  # float64 0-d NaN
 
 
-def _plan_key(grads: Grads, scaled: Sequence[bool]) -> tuple[object, ...]:
-    shapes = tuple(None if g is None else (g.numel(), g.dtype, g.device) for g in grads)
-    return (shapes, tuple(scaled))
+_META = operator.attrgetter("shape", "dtype", "device", "layout")
+
+
+def _meta(grads: Grads) -> list[tuple[object, ...] | None]:
+    """What a layout depends on, per gradient (cheap enough to check on every call)."""
+    try:
+        return list(map(_META, grads))
+    except AttributeError:  # a None gradient
+        return [None if g is None else _META(g) for g in grads]
 
 
 def _build_plan(
-    grads: Grads, scaled: Sequence[bool], device: torch.device, numels: Sequence[int] | None
+    grads: Grads,
+    scaled: Sequence[bool],
+    device: torch.device,
+    numels: Sequence[int] | None,
+    meta: list[tuple[object, ...] | None],
 ) -> _Plan:
     numel = [
         (numels[i] if numels is not None else 0) if g is None else g.numel()
@@ -116,6 +146,21 @@ def _build_plan(
     some_unscaled = any(unscaled_rows)
     all_unscaled = some_unscaled and all(unscaled_rows)
     f64 = {"dtype": torch.float64, "device": device}
+    buf = torch.zeros(max_elems, dtype=torch.float32, device=device)
+    views: list[torch.Tensor] | None = None
+    pad_index: torch.Tensor | None = None
+    dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
+    if len(groups) == 1 and dense_here:
+        views, offset = [], 0
+        pads: list[int] = []
+        for i in present:
+            g = grads[i]
+            assert g is not None
+            views.append(buf[offset : offset + numel[i]].view(g.shape))
+            end = offset + -(-numel[i] // CHUNK) * CHUNK
+            pads.extend(range(offset + numel[i], end))
+            offset = end
+        pad_index = torch.tensor(pads, dtype=torch.int64, device=device)
     return _Plan(
         device=device,
         groups=groups,
@@ -132,8 +177,22 @@ def _build_plan(
         present=present,
         present_scaled=torch.tensor([scaled[i] for i in present], dtype=torch.bool, device=device),
         present_index=torch.tensor(present, dtype=torch.int64, device=device),
-        buf=torch.empty(max_elems, dtype=torch.float32, device=device),
+        norm_scaled=torch.tensor(
+            [scaled[i] and grads[i] is not None for i in range(len(grads))],
+            dtype=torch.bool,
+            device=device,
+        ),
+        buf=buf,
         scratch=torch.empty(max_elems, dtype=torch.float32, device=device),
+        meta=meta,
+        flags=list(scaled),
+        views=views,
+        all_present=len(present) == len(grads),
+        all_scaled=len(present) == len(grads) and all(scaled),
+        pad_index=pad_index,
+        denom=torch.tensor(numel, **f64).clamp(min=1.0),  # type: ignore[arg-type]
+        one=torch.ones((), dtype=torch.float64, device=device),
+        nan=torch.full((), math.nan, dtype=torch.float64, device=device),
     )
 
 
@@ -152,44 +211,59 @@ def _scale_tensor(scale: torch.Tensor | float, device: torch.device) -> torch.Te
     return torch.full((), float(scale), dtype=torch.float64, device=device)
 
 
+def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
+    """Copy one group's gradients into the padded buffer; returns it as ``(rows, CHUNK)``."""
+    n = group.rows * CHUNK
+    flat = plan.buf[:n]
+    if plan.views is not None:
+        if plan.all_present and isinstance(grads, list | tuple):
+            src = cast("list[torch.Tensor]", grads)
+        else:
+            src = [cast(torch.Tensor, grads[i]) for i in plan.present]
+        torch._foreach_copy_(plan.views, src)
+    else:
+        parts: list[torch.Tensor] = []
+        for i, pad in zip(group.layers, group.pads, strict=True):
+            g = grads[i]
+            assert g is not None
+            parts.append(_flat(g, plan.device))
+            if pad is not None:
+                parts.append(pad)
+        torch.cat(parts, out=flat)
+    return flat.view(group.rows, CHUNK)
+
+
 def _chunk_stats(
     plan: _Plan, group: _Group, grads: Grads, mult: torch.Tensor | None, fmt: TargetFormat
 ) -> torch.Tensor:
     """One group's per-chunk stats, float64 (rows, 8); columns as the _ZERO... constants."""
-    parts: list[torch.Tensor] = []
-    for i, pad in zip(group.layers, group.pads, strict=True):
-        g = grads[i]
-        assert g is not None
-        parts.append(_flat(g, plan.device))
-        if pad is not None:
-            parts.append(pad)
-    n = group.rows * CHUNK
-    flat = plan.buf[:n]
-    torch.cat(parts, out=flat)
-    a = flat.view(group.rows, CHUNK).abs_()
-    s = plan.scratch[:n].view(group.rows, CHUNK)
-    f64 = torch.float64
+    a = _fill(plan, group, grads).abs_()
+    s = plan.scratch[: group.rows * CHUNK].view(group.rows, CHUNK)
     cols: list[torch.Tensor] = [torch.empty(0)] * 8
-    # Counts go through a float32 scratch: comparison into float plus a float row-sum is ~5x faster
-    # on CPU than materialising bool tensors, and exact (a row holds far fewer than 2^24 elements).
-    cols[_ZERO] = torch.eq(a, 0.0, out=s).sum(1, dtype=f64)
-    cols[_NAN] = torch.ne(a, a, out=s).sum(1, dtype=f64)
-    cols[_INF] = torch.eq(a, math.inf, out=s).sum(1, dtype=f64)
+    # Counts go through a float32 scratch: comparison into float plus a float32 row-sum is ~5x
+    # faster on CPU than materialising bool tensors or summing into float64, and exact (a row holds
+    # CHUNK < 2^24 elements). The final stack promotes the float32 columns to float64.
+    cols[_ZERO] = torch.eq(a, 0.0, out=s).sum(1)
+    cols[_NAN] = torch.ne(a, a, out=s).sum(1)
+    cols[_INF] = torch.eq(a, math.inf, out=s).sum(1)
     torch.nan_to_num(a, nan=0.0, posinf=0.0, out=s)  # finite magnitudes, non-finite → 0
-    cols[_AMAX] = s.amax(1).to(f64)
+    cols[_AMAX] = s.amax(1)
     # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19.
-    cols[_SUMSQ] = torch.linalg.vector_norm(s, dim=1, dtype=f64).square()
+    cols[_SUMSQ] = torch.linalg.vector_norm(s, dim=1, dtype=torch.float64).square()
     # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to the
     # largest key and keeps every other magnitude in order, so zeros never win; a row without a
     # finite non-zero element lands at or above the inf pattern and reads back as +inf.
     key = s.view(torch.int32)
     torch.sub(a.view(torch.int32), 1, out=key).bitwise_and_(0x7FFFFFFF)
     amin_bits = key.amin(1).clamp_max_(_MAX_FINITE_BITS).add_(1)
-    cols[_AMIN] = amin_bits.view(torch.float32).to(f64)
+    cols[_AMIN] = amin_bits.view(torch.float32)
     if mult is not None:
         a.mul_(mult)  # raw true-unit values → the scaled values the target format would hold
-    cols[_LT_UNDER] = torch.lt(a, fmt.underflow_threshold, out=s).sum(1, dtype=f64)
-    cols[_LT_NORMAL] = torch.lt(a, fmt.min_normal, out=s).sum(1, dtype=f64)
+    cols[_LT_UNDER] = torch.lt(a, fmt.underflow_threshold, out=s).sum(1)
+    cols[_LT_NORMAL] = torch.lt(a, fmt.min_normal, out=s).sum(1)
+    if mult is not None and plan.pad_index is not None:
+        # The persistent padding must stay 0 (0 · a non-finite scale is NaN).
+        plan.buf.index_fill_(0, plan.pad_index, 0.0)
     return torch.stack(cols, dim=1)
 
 
@@ -207,13 +281,18 @@ class GradStats:
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
         self._plans: dict[tuple[object, ...], _Plan] = {}
+        self._last: _Plan | None = None
 
-    def _plan(self, grads: Grads, scaled: Sequence[bool], scale: torch.Tensor | float) -> _Plan:
+    def _plan(self, grads: Grads, scaled: list[bool], scale: torch.Tensor | float) -> _Plan:
         if len(scaled) != len(grads):
             raise ValueError(f"got {len(scaled)} scaled flags for {len(grads)} gradients")
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
-        key = _plan_key(grads, scaled)
+        meta = _meta(grads)
+        last = self._last
+        if last is not None and last.flags == scaled and last.meta == meta:
+            return last
+        key = (tuple(meta), tuple(scaled))
         plan = self._plans.get(key)
         if plan is None:
             device = next((g.device for g in grads if g is not None), None)
@@ -221,7 +300,8 @@ class GradStats:
                 device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
             if len(self._plans) >= 4:  # a changing layout (e.g. freezing) must not pile up buffers
                 self._plans.clear()
-            plan = self._plans[key] = _build_plan(grads, scaled, device, self.numels)
+            plan = self._plans[key] = _build_plan(grads, scaled, device, self.numels, meta)
+        self._last = plan
         return plan
 
     def layer_stats(
@@ -259,15 +339,14 @@ class GradStats:
         amin_raw = torch.full((num_layers,), math.inf, dtype=f64, device=dev).scatter_reduce_(
             0, plan.chunk_layer, chunk[:, _AMIN], "amin"
         )
-        to_true = torch.where(plan.scaled, s.reciprocal(), torch.ones_like(s))
+        to_true = torch.where(plan.scaled, s.reciprocal(), plan.one)
         nan_count = sums[:, _NAN]
         inf_count = sums[:, _INF]
         zero_raw = sums[:, _ZERO]
-        denom = plan.numel.clamp(min=1.0)
-        nan = torch.full((), math.nan, dtype=f64, device=dev)
+        denom = plan.denom
         finite = plan.numel - nan_count - inf_count
-        amax = torch.where(finite > 0, amax_raw * to_true, nan)
-        amin = torch.where(torch.isinf(amin_raw), nan, amin_raw * to_true)
+        amax = torch.where(finite > 0, amax_raw * to_true, plan.nan)
+        amin = torch.where(torch.isinf(amin_raw), plan.nan, amin_raw * to_true)
         l2 = sums[:, _SUMSQ].sqrt() * to_true
         stats = torch.stack(
             [
@@ -295,24 +374,40 @@ class GradStats:
     ) -> torch.Tensor:
         """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units.
 
-        One ``_foreach_norm`` over the present gradients; for the steps without per-layer stats.
-        A layer's norm is NaN when it holds a NaN, else +inf when it holds ±inf (so it doubles as
-        the layer's finiteness code), 0 for an absent gradient; the global norm is NaN if any
-        layer's is, else inf if any is.
+        For the steps without per-layer stats: the gradients are copied into the padded buffer
+        (one ``_foreach_copy_``) and reduced row-wise in float64, then folded into layers (one
+        ``_foreach_norm`` instead when the layout needs several groups). A layer's norm is NaN when
+        it holds a NaN, else +inf when it holds ±inf (so it doubles as the layer's finiteness
+        code), 0 for an absent gradient; the global norm is NaN if any layer's is, else inf if
+        any is.
         """
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         plan = self._plan(grads, flags, scale)
-        out = torch.zeros(1 + len(grads), dtype=torch.float64, device=plan.device)
+        f64 = torch.float64
         if not plan.present:
-            return out
+            return torch.zeros(1 + len(grads), dtype=f64, device=plan.device)
+        s = _scale_tensor(scale, plan.device)
+        if plan.views is not None:
+            rows = _fill(plan, plan.groups[0], grads)
+            sumsq = torch.linalg.vector_norm(rows, dim=1, dtype=f64).square()
+            layer = torch.zeros(len(grads), dtype=f64, device=plan.device).index_add_(
+                0, plan.chunk_layer, sumsq
+            )
+            if plan.all_scaled:  # the common case: one factor for every layer
+                inv = s.reciprocal()
+                norms = layer.sqrt_().mul_(inv)
+                # A plain sum of squares, not vector_norm: NaN, not inf, when both occur.
+                return torch.cat([sumsq.sum().sqrt_().mul_(inv).reshape(1), norms])
+            # Absent layers are exact zeros: their factor is 1, whatever the scale.
+            norms = layer.sqrt_().mul_(torch.where(plan.norm_scaled, s.reciprocal(), plan.one))
+            return torch.cat([(norms * norms).sum().sqrt().reshape(1), norms])
+        out = torch.zeros(1 + len(grads), dtype=f64, device=plan.device)
         present = [_flat(g, plan.device) for g in grads if g is not None]
         if hasattr(torch, "_foreach_norm"):
-            norms = torch.stack(torch._foreach_norm(present, 2, dtype=torch.float64))
+            norms = torch.stack(torch._foreach_norm(present, 2, dtype=f64))
         else:  # pragma: no cover - every supported torch has it; keep the public fallback
-            norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in present])
-        s = _scale_tensor(scale, plan.device)
-        norms = norms * torch.where(plan.present_scaled, s.reciprocal(), torch.ones_like(s))
-        # A plain sum of squares, not vector_norm: it must give NaN, not inf, when both occur.
+            norms = torch.stack([torch.linalg.vector_norm(g, dtype=f64) for g in present])
+        norms = norms * torch.where(plan.present_scaled, s.reciprocal(), plan.one)
         out[0] = (norms * norms).sum().sqrt()
         out[1:].index_copy_(0, plan.present_index, norms)
         return out

@@ -62,6 +62,9 @@ class ScalerView:
                            for g in o.param_groups for p in g["params"]}
             self._owner_of = key
         stages = {id(o): self.stage(o) for o in optimizers}
+        if all(stage == current for stage in stages.values()):
+            # Every owner (and an unowned parameter, which takes ``current``) is at one stage.
+            return [current == "READY"] * len(params)
         flags = []
         for p in params:
             owner = self._owner.get(id(p))
@@ -87,7 +90,9 @@ class ScalerView:
                     continue
                 per_device = state.get("found_inf_per_device", {})
                 found.extend(t for t in per_device.values() if isinstance(t, torch.Tensor))
-        if found:
+        if len(found) == 1:  # one optimizer on one device: the common case, two ops
+            before["found_inf"] = found[0].detach().to(torch.float64).reshape(()).clamp(max=1.0)
+        elif found:
             device = found[0].device
             before["found_inf"] = torch.stack(
                 [t.detach().to(device=device, dtype=torch.float64).reshape(()) for t in found]

@@ -220,3 +220,46 @@ def test_unpack_rejects_a_wrong_length() -> None:
 def test_scaled_flags_must_match_the_gradients() -> None:
     with pytest.raises(ValueError, match="got 1 scaled flags for 2 gradients"):
         layer_stats([torch.ones(2), torch.ones(2)], 1.0, [True])
+
+
+class TestPersistentBuffer:
+    def test_grad_norms_per_layer_match_the_reference_with_absent_layers(self) -> None:
+        raws: list[torch.Tensor | None] = [
+            edge_tensor(8.0, torch.float32, True, 700), None, torch.tensor([1.0, math.inf]),
+            edge_tensor(8.0, torch.float32, False, 1300).view(13, 100).t(),
+        ]
+        scaled = [True, True, True, False]
+        _, want = reference(raws, [700, 9, 2, 1300], 8.0, scaled, FP16)
+        stats = GradStats(FP16, numels=[700, 9, 2, 1300])
+        for _ in range(2):  # the second call reuses the cached layout and buffer
+            got = stats.grad_norms(raws, torch.tensor(8.0), scaled).tolist()
+            assert got[0] == math.inf
+            assert got[2] == 0.0 and got[3] == math.inf
+            for g, w in zip([got[1], got[4]], [want["l2"][0], want["l2"][3]], strict=True):
+                assert_same(g, w)
+
+    def test_padding_stays_zero_after_a_non_finite_scale(self) -> None:
+        raws = [torch.ones(5), torch.ones(600)]
+        stats = GradStats(FP16)
+        stats.layer_stats(raws, math.inf, [False, True])  # 0 · inf in the padding would be NaN
+        got = check_cached(stats, raws, 4.0, [False, True])
+        assert got["nan_count"] == [0.0, 0.0]
+
+    def test_a_new_shape_gets_a_new_layout(self) -> None:
+        stats = GradStats(FP16)
+        stats.layer_stats([torch.ones(4, 6)], 2.0, True)
+        raws = [torch.arange(24.0).view(6, 4)]  # same numel, other shape
+        check_cached(stats, raws, 2.0, [True])
+
+
+def check_cached(
+    stats: GradStats, raws: list[torch.Tensor], scale: float, scaled: list[bool]
+) -> dict[str, list[float]]:
+    want_norm, want = reference(raws, [r.numel() for r in raws], scale, scaled, FP16)
+    got_norm, got = unpack(stats.layer_stats(raws, scale, scaled).tolist(), len(raws))
+    assert_same(got_norm, want_norm)
+    for name in STAT_NAMES:
+        for g, w in zip(got[name], want[name], strict=True):
+            assert_same(g, w)
+    assert_same(stats.grad_norm(raws, scale, scaled).item(), want_norm)
+    return got
