@@ -1,15 +1,21 @@
 """Chart reads: downsampled series, scale events, layer-by-step heatmaps.
 
-The math is in `series.py` (pure); this module fetches rows and shapes the responses.
+The math is in `series.py` and `rollups.py` (pure); this module fetches rows and shapes the
+responses. A query whose buckets are at least `rollups.FINEST_WIDTH` steps wide reads rollup rows
+(at most max_points of them) plus at most a few raw steps at each edge of the range; a
+narrower one reads at most FINEST_WIDTH · max_points raw steps. Either way the rows read do not
+grow with the run.
 """
 
 from __future__ import annotations
 
+import math
+
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, events, repository, series
+from ampscope_server import codec, events, repository, rollups, series
 from ampscope_server.formats import FORMATS
-from ampscope_server.models import CLASSED_ACTIVATION_STATS, Run
+from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run
 from ampscope_server.schemas import (
     EventsRead,
     HeatmapRead,
@@ -25,13 +31,64 @@ SERIES_COLUMNS: dict[str, str] = {
     "scale": "scale_before", "loss": "loss", "grad_norm": "grad_norm", "lr": "lr",
     "duration": "duration",
 }
+DEFAULT_HEATMAP_POINTS = 250
+"""Columns of a downsampled heatmap: each cell carries one value per layer, so a few pixels
+wide (a series point carries three and comes at twice the chart width)."""
+
+
+def _bounds(
+    session: Session, run: Run, start: int | None, end: int | None
+) -> tuple[int, int] | None:
+    """The requested range clipped to the run's stored steps; None when nothing is in it."""
+    extent = repository.step_extent(session, run.id)
+    if extent is None:
+        return None
+    lo = extent[0] if start is None else max(start, extent[0])
+    hi = extent[1] if end is None else min(end, extent[1])
+    return None if lo > hi else (lo, hi)
 
 
 def series_read(
     session: Session, run: Run, name: SeriesName, max_points: int, start: int | None,
     end: int | None,
 ) -> SeriesRead:
-    rows = repository.series_rows(session, run.id, SERIES_COLUMNS[name], start, end)
+    column = SERIES_COLUMNS[name]
+    bounds = _bounds(session, run, start, end)
+    if bounds is None:
+        return SeriesRead(name=name, downsampled=False, points=[])
+    plan = rollups.plan(*bounds, max_points)
+    if plan is None:
+        return _raw_series(session, run, name, column, max_points, *bounds)
+    index = rollups.SERIES.index(column)
+    pieces: list[tuple[int, rollups.SeriesAcc]] = [
+        (bucket << level, rollups.unpack_series(blob, index)[0])
+        for level, bucket, blob in repository.rollup_pieces(session, run.id, plan.ranges, "series")
+        if blob is not None
+    ]
+    for first, last in plan.raw:
+        for step, value, cls in repository.series_rows(session, run.id, column, first, last):
+            acc = rollups.SeriesAcc()
+            acc.add(int(step), _as_float(codec.from_storage(value, cls)))
+            pieces.append((int(step), acc))
+    merged: dict[int, rollups.SeriesAcc] = {}
+    for step, acc in sorted(pieces, key=lambda piece: piece[0]):
+        merged.setdefault(plan.column(step), rollups.SeriesAcc()).merge(acc)
+    return SeriesRead(name=name, downsampled=True, points=[
+        SeriesPointRead(step=plan.first_step(col), min=acc.lo, max=acc.hi, last=acc.last)
+        for col, acc in sorted(merged.items()) if acc.n
+    ])
+
+
+def _as_float(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _raw_series(
+    session: Session, run: Run, name: SeriesName, column: str, max_points: int, start: int,
+    end: int,
+) -> SeriesRead:
+    """A range narrow enough to read raw: at most FINEST_WIDTH · max_points steps."""
+    rows = repository.series_rows(session, run.id, column, start, end)
     pairs = [(int(step), codec.from_storage(value, cls)) for step, value, cls in rows]
     present = [(step, value) for step, value in pairs if value is not None]
     points, downsampled = series.downsample(
@@ -82,10 +139,87 @@ def _heatmap_columns(source: HeatmapSource, stat: HeatmapStat) -> list[str]:
 
 def heatmap_read(
     session: Session, run: Run, stat: HeatmapStat, start: int | None, end: int | None,
-    source: HeatmapSource = "param",
+    source: HeatmapSource = "param", max_points: int = DEFAULT_HEATMAP_POINTS,
 ) -> HeatmapRead:
     """z[row][column]: a row per layer (param) or module (activation), a column per step that
-    has statistics of that source, in step order."""
+    has statistics of that source, in step order; with more steps in range than `max_points`
+    (param source), a column per bucket of steps holding each layer's worst value in it
+    (`rollups.DIRECTION`), and `steps` the first step of each bucket."""
+    bounds = None if source == "activation" else _bounds(session, run, start, end)
+    if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
+        return _raw_heatmap(session, run, stat, start, end, source)
+    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    # Between max_points and FINEST_WIDTH · max_points steps, reading raw would cost up to
+    # FINEST_WIDTH · max_points · layers rows: the finest rollup level answers instead, with
+    # between max_points / FINEST_WIDTH and max_points columns.
+    span = bounds[1] - bounds[0] + 1
+    plan = (
+        rollups.plan(*bounds, max_points)
+        or rollups.plan(*bounds, -(-span // rollups.FINEST_WIDTH))
+        or rollups.Plan(bounds[0], bounds[1], bounds[0], -(-span // max_points), [], [bounds])
+    )
+    name = rollups.HEATMAP_SOURCE[stat]
+    arrays: dict[int, list[list[float]]] = {}
+    for level, bucket, blob in repository.rollup_pieces(session, run.id, plan.ranges, name):
+        if blob is not None:
+            arrays.setdefault(plan.column(bucket << level), []).append(
+                rollups.unpack_stat(name, blob))
+    for first, last in plan.raw:
+        for step, values in _raw_layer_arrays(session, run, first, last):
+            arrays.setdefault(plan.column(step), []).append(values[name])
+    reduce = max if rollups.DIRECTION[name] == "max" else min
+    columns = sorted(arrays)
+    z: list[list[float | None]] = [[] for _ in names]
+    fmt = FORMATS[run.target_format]
+    for col in columns:
+        parts = arrays[col]
+        worst = parts[0] if len(parts) == 1 else list(map(reduce, *parts))
+        for row, value in zip(z, worst, strict=False):
+            row.append(_display(stat, value, fmt.max))
+    return HeatmapRead(stat=stat, source=source, layers=names,
+                       steps=[plan.first_step(col) for col in columns], z=z, downsampled=True)
+
+
+def _display(stat: HeatmapStat, value: float, fmt_max: float) -> float | None:
+    """A rollup value as the heatmap shows it: missing → None, amax·scale → headroom_bits."""
+    if stat == "headroom_bits":
+        if value == -math.inf:
+            return None
+        return math.inf if value == 0 else math.log2(fmt_max) - math.log2(value)
+    return None if value == rollups.MISSING[stat] else value
+
+
+def _raw_layer_arrays(
+    session: Session, run: Run, start: int, end: int
+) -> list[tuple[int, rollups.LayerArrays]]:
+    """(step, per-layer values in rollup form) of each step with layer statistics in range."""
+    out: list[tuple[int, rollups.LayerArrays]] = []
+    current = None
+    stats: dict[str, list[float | None]] = {}
+    scale: float | None = None
+    step = 0
+    for step_id, row_step, scale_value, scale_cls, _, *values in repository.heatmap_rows(
+        session, run.id, "param", LAYER_STAT_NAMES, start, end
+    ):
+        if step_id != current:
+            if current is not None:
+                out.append((step, rollups.step_layers(stats, scale)))
+            current, step = step_id, int(row_step)
+            scale = codec.from_storage(scale_value, scale_cls)
+            stats = {name: [] for name in LAYER_STAT_NAMES}
+        for name, value in zip(LAYER_STAT_NAMES, values, strict=True):
+            stats[name].append(value)
+    if current is not None:
+        out.append((step, rollups.step_layers(stats, scale)))
+    return out
+
+
+def _raw_heatmap(
+    session: Session, run: Run, stat: HeatmapStat, start: int | None, end: int | None,
+    source: HeatmapSource,
+) -> HeatmapRead:
+    """One column per stored step: ranges of at most max_points steps, and the (sampled)
+    activation source."""
     fmt = FORMATS[run.target_format]
     table = (
         repository.get_modules(session, run.id) if source == "activation"

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import batch_checks, codec, live, repository
+from ampscope_server import batch_checks, codec, live, repository, rollups
 from ampscope_server.errors import Conflict, LayerTableConflict, ModuleTableConflict
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
@@ -54,6 +54,7 @@ def ingest_batch(session: Session, batch: IngestBatch, now: float | None = None)
         repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
         )
+    _update_rollups(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
         repository.set_attempt_client(session, attempt.id, {
             f"client_{name}": getattr(batch.client, name) for name in CLIENT_FIELDS
@@ -114,6 +115,37 @@ def _module_table(session: Session, batch: IngestBatch) -> int | None:
         ModuleTableConflict,
     )
     return len(stored)
+
+
+def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepRecord]]) -> None:
+    """Fold the newly stored steps (never duplicates) into the run's rollups.
+
+    Read-modify-write is safe: `touch_run` already wrote the run's row, so batches of one run
+    are serialised (row lock on Postgres, the write lock on SQLite) until this one commits.
+    """
+    if not new:
+        return
+    ordered = sorted(new, key=lambda item: (item[1].step, item[0]))
+    delta = rollups.accumulate(
+        rollups.StepInput(
+            step=record.step,
+            series=[getattr(record, name) for name in rollups.SERIES],
+            layers=None if record.layers is None else {
+                name: getattr(record.layers, name) for name in LAYER_STAT_NAMES
+            },
+        )
+        for _, record in ordered
+    )
+    columns = ("series", *rollups.ROLLUP_STATS)
+    for level, index, series_blob, *stats in repository.get_rollups(
+        session, run_id, list(delta), columns
+    ):
+        stored = rollups.from_row(series_blob, dict(zip(rollups.ROLLUP_STATS, stats, strict=True)))
+        stored.merge(delta[(level, index)])
+        delta[(level, index)] = stored
+    repository.upsert_rollups(
+        session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
+    )
 
 
 ClientKey = tuple[int, int, int, int]

@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     String,
@@ -251,3 +252,32 @@ class Histogram(Base):
     min_exp: Mapped[int] = mapped_column(Integer)
     max_exp: Mapped[int] = mapped_column(Integer)
     counts: Mapped[list[int]] = mapped_column(JSON)
+
+
+# --- rollups (revision 0003) -------------------------------------------------------------------
+
+class Rollup(Base):
+    """Min/max/last of a run's series and worst-direction per-layer statistics over one bucket
+    of 2^level steps, maintained at ingest (`rollups.py` has the layout of the packed columns).
+
+    A per-layer column is NULL when no step of the bucket carried layer statistics.
+    """
+
+    __tablename__ = "rollups"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    series: Mapped[bytes] = mapped_column(LargeBinary)
+    amax: Mapped[bytes | None] = mapped_column(LargeBinary)
+    amin_nz: Mapped[bytes | None] = mapped_column(LargeBinary)
+    zero_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
+    subnormal_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
+    underflow_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
+    lost_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
+    nan_count: Mapped[bytes | None] = mapped_column(LargeBinary)
+    inf_count: Mapped[bytes | None] = mapped_column(LargeBinary)
+    l2: Mapped[bytes | None] = mapped_column(LargeBinary)
+    amax_scaled: Mapped[bytes | None] = mapped_column(LargeBinary)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, case, func, or_, select, update
+from sqlalchemy import ColumnElement, Row, and_, case, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from ampscope_server.models import (
     LayerStat,
     MisuseEvent,
     Module,
+    Rollup,
     Run,
     Step,
     StepNonfinite,
@@ -315,3 +316,93 @@ def heatmap_rows(
         .order_by(Step.step, Step.id, index)
     )
     return [tuple(row) for row in rows]
+
+
+# --- runs page and comparison (read-only; one block, kept at the end) ---------------------------
+
+def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
+    """{run_id: id of the run's last ingested step that carries layer statistics}.
+
+    Bounded per run: a correlated `ORDER BY id DESC LIMIT 1` over `ix_steps_run_id_id` that stops
+    at the first step with a `layer_stats` row (a primary-key probe), so it reads the steps since
+    the last layer-stat step, never the whole run. Runs without layer statistics are left out.
+    """
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    last = (
+        select(Step.id).where(Step.run_id == Run.id, has_stats)
+        .order_by(Step.id.desc()).limit(1).correlate(Run).scalar_subquery()
+    )
+    rows = session.execute(select(Run.id, last).where(Run.id.in_(list(run_ids))))
+    return {run_id: int(step_id) for run_id, step_id in rows if step_id is not None}
+
+
+def named_layer_stats(
+    session: Session, step_ids: Iterable[int]
+) -> Sequence[Row[str, float | None, int, int, str, float, float, float | None]]:
+    """(run_id, scale_before, its class, layer index, layer name, zero_frac, underflow_frac, amax)
+    of every layer at the given steps, by run then model order."""
+    ids = list(step_ids)
+    if not ids:
+        return []
+    return session.execute(
+        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.layer_index,
+               Layer.name, LayerStat.zero_frac, LayerStat.underflow_frac, LayerStat.amax)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .join(Layer, (Layer.run_id == Step.run_id) & (Layer.index == LayerStat.layer_index))
+        .where(Step.id.in_(ids))
+        .order_by(Step.run_id, LayerStat.layer_index)
+    ).all()
+
+
+# --- rollups -----------------------------------------------------------------------------------
+
+def get_rollups(
+    session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """(level, bucket, *columns) of the run's stored rollups among `keys` (level, bucket)."""
+    if not keys:
+        return []
+    rows = session.execute(
+        select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+        .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(list(keys)))
+    )
+    return [tuple(row) for row in rows]
+
+
+def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert rollup rows or overwrite the stored ones (the caller merged them)."""
+    if not rows:
+        return
+    statement = _insert(session, Rollup)
+    keys = ("run_id", "level", "bucket")
+    statement = statement.on_conflict_do_update(
+        index_elements=[getattr(Rollup, key) for key in keys],
+        set_={name: getattr(statement.excluded, name) for name in rows[0] if name not in keys},
+    )
+    session.execute(statement, rows)
+
+
+def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
+    """(first step, last step) of the run, two index probes."""
+    first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+    last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+    lo, hi = session.execute(select(first, last)).one()
+    return None if lo is None else (int(lo), int(hi))
+
+
+def rollup_pieces(
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]], column: str
+) -> list[tuple[int, int, bytes | None]]:
+    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket))."""
+    if not ranges:
+        return []
+    value = getattr(Rollup, column)
+    rows = session.execute(
+        select(Rollup.level, Rollup.bucket, value)
+        .where(Rollup.run_id == run_id)
+        .where(or_(*[
+            and_(Rollup.level == level, Rollup.bucket.between(first, last))
+            for level, first, last in ranges
+        ]))
+    )
+    return [(int(level), int(bucket), blob) for level, bucket, blob in rows]

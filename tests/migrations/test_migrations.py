@@ -12,6 +12,7 @@ from ampscope_server.models import Base
 TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}
 TABLES_0002 = TABLES_0001 | {
     "modules", "step_nonfinite", "misuse_events", "activation_stats", "histograms"}
+TABLES_0003 = TABLES_0002 | {"rollups"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -35,8 +36,10 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0002")
+    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
     db.downgrade(db_url, "0001")
     assert _tables(db_url) == TABLES_0001 | {"alembic_version"}
     assert not V2_STEP_COLUMNS & _columns(db_url, "steps")
@@ -44,7 +47,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -83,7 +86,7 @@ def test_0002_keeps_v1_data_both_ways(db_url: str) -> None:
         "duration_class) VALUES ('r', 'a', 0, 0, 1.0, 0, 0, 0, false, false, 0, 0, 0)",
         "INSERT INTO layer_stats VALUES ((SELECT id FROM steps), 0, 1, 1, 0, 0, 0, 0, 0, 1)",
     )
-    db.upgrade(db_url)
+    db.upgrade(db_url, "0002")
     assert _scalar(db_url, "SELECT count(*) FROM layer_stats") == 1
     assert _scalar(db_url, "SELECT captured FROM steps") is None
     assert _scalar(db_url, "SELECT client_produced FROM attempts") is None
@@ -109,7 +112,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0002"
+            assert context.get_current_revision() == db.head_revision() == "0003"
     finally:
         engine.dispose()
 
@@ -131,6 +134,9 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_step_id_steps"]
+        assert inspector.get_pk_constraint("rollups")["name"] == "pk_rollups"
+        assert [fk["name"] for fk in inspector.get_foreign_keys("rollups")] == [
+            "fk_rollups_run_id_runs"]
         assert inspector.get_pk_constraint("modules")["name"] == "pk_modules"
         assert [fk["name"] for fk in inspector.get_foreign_keys("modules")] == [
             "fk_modules_run_id_runs"]
@@ -146,3 +152,4 @@ def test_the_script_location_is_the_installed_package() -> None:
     versions = files("ampscope_server._migrations") / "versions"
     assert (versions / "0001_initial.py").is_file()
     assert (versions / "0002_wire_v2.py").is_file()
+    assert (versions / "0003_rollups.py").is_file()

@@ -32,12 +32,12 @@ class TestSeries:
         _post(api, run_id, records)
         series = _get(api, f"/api/runs/{run_id}/series/grad_norm?max_points=50")
         assert series["name"] == "grad_norm" and series["downsampled"] is True
-        assert len(series["points"]) == 50
+        assert 25 <= len(series["points"]) <= 50
         maxima = [p["max"] for p in series["points"]]
         assert maxima.count("inf") == 1 and maxima.count(1e6) == 1
         assert all(p["min"] == 1.0 for p in series["points"])
         spike = next(p for p in series["points"] if p["max"] == "inf")
-        assert spike["step"] <= 1234 < spike["step"] + 40
+        assert spike["step"] <= 1234 < spike["step"] + 64
 
     def test_not_downsampled_is_min_max_last_equal(self, api: httpx.Client) -> None:
         run_id = new_id()
@@ -112,7 +112,7 @@ class TestHeatmap:
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=nan_count")
         assert heat == {"stat": "nan_count", "source": "param",
                         "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 2],
-                        "z": [[0, 0], [3, 3]]}
+                        "z": [[0, 0], [3, 3]], "downsampled": False}
 
     def test_lost_frac(self, api: httpx.Client) -> None:
         run_id = self._seed(api)

@@ -337,7 +337,8 @@ class TestActivationHeatmap:
         _post(api, batch_v2(records, run_id=run_id))
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=amax")
         assert heat == {"stat": "amax", "source": "activation", "layers": ["fc1", "act", "fc2"],
-                        "steps": [0, 2], "z": [[0.5, 0.5], ["inf", "inf"], [None, None]]}
+                        "steps": [0, 2], "z": [[0.5, 0.5], ["inf", "inf"], [None, None]],
+                        "downsampled": False}
         lost = _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=lost_frac"
                          "&start=1")
         assert lost["z"] == [[0.125], [0.5], [1.0]]
@@ -353,7 +354,8 @@ class TestActivationHeatmap:
         run_id = new_id()
         _post(api, batch([record(0)], run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=l2") == {
-            "stat": "l2", "source": "activation", "layers": [], "steps": [], "z": []}
+            "stat": "l2", "source": "activation", "layers": [], "steps": [], "z": [],
+            "downsampled": False}
 
     def test_unknown_source_is_422(self, api: httpx.Client) -> None:
         run_id = new_id()

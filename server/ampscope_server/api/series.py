@@ -48,5 +48,6 @@ def get_layer_stats(
     start: StepBound = None,
     end: StepBound = None,
     source: HeatmapSource = "param",
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = charts.DEFAULT_HEATMAP_POINTS,
 ) -> HeatmapRead:
-    return charts.heatmap_read(session, run, stat, start, end, source)
+    return charts.heatmap_read(session, run, stat, start, end, source, max_points)

@@ -1,0 +1,177 @@
+"""Chart query times on a long run (DESIGN.md §8: ≤ 150 ms server time, any zoom).
+
+Builds a run of --steps x --layers through the real ingest path (`ingest.ingest_batch` on
+validated wire batches, one transaction per batch, rollups included): in-process rather than
+over HTTP so that the build measures the server's ingest work, not JSON encoding in this
+process, and stays a few minutes long. Then times each chart query two ways: the service
+function (`charts.series_read` / `heatmap_read`, a fresh session each time) and a full HTTP
+request through the ASGI app in process (routing, validation, JSON), printing median and p95 ms
+and the rows read (counted at the repository functions the charts call).
+
+    .venv/bin/python bench/query.py                      # SQLite, 100k x 200
+    .venv/bin/python bench/query.py --db postgresql+psycopg://postgres@127.0.0.1/bench
+    .venv/bin/python bench/query.py --steps 20000 --layers 50 --repeat 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import charts, db, ingest, repository
+from ampscope_server.app import create_app
+from ampscope_server.config import Settings
+from ampscope_server.models import Run
+from ampscope_server.wire import IngestBatch
+
+ROWS = {"n": 0}
+
+
+def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        ROWS["n"] += len(result)
+        return result
+    return wrapper
+
+
+for _name in ("rollup_pieces", "series_rows", "heatmap_rows"):
+    setattr(repository, _name, _counting(getattr(repository, _name)))
+
+
+def _batch(
+    run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int
+) -> dict[str, Any]:
+    records = []
+    for step in range(first, first + count):
+        spike = step == spike_step  # one isolated overflow in the run
+        records.append({
+            "seq": step, "step": step, "wall_time": 1.7e9 + step, "loss": 2.0 - step * 1e-6,
+            "scale_before": 65536.0, "scale_after": 32768.0 if spike else 65536.0,
+            "growth_tracker": 0, "found_inf": spike, "skipped": spike,
+            "grad_norm": "inf" if spike else 1.0 + (step % 7) * 0.01, "lr": 1e-3,
+            "duration": 0.01,
+            "layers": {
+                "amax": [0.5 + (i % 5) * 0.1 for i in range(layers)],
+                "amin_nz": [1e-8] * layers,
+                "zero_frac": [0.01 * (i % 3) for i in range(layers)],
+                "subnormal_frac": [0.001] * layers,
+                "underflow_frac": [0.5 if spike and i == 3 else 0.0001 for i in range(layers)],
+                "nan_count": [0] * layers, "inf_count": [0] * layers,
+                "l2": [1.0] * layers,
+            },
+        })
+    return {
+        "schema_version": 1,
+        "run": {"id": run_id, "project": "bench", "name": "long", "tags": [], "config": {},
+                "host": "bench", "rank": 0, "target_format": "fp16"},
+        "attempt": {"id": attempt_id, "pid": 1, "started_at": 1.7e9},
+        "layers": [{"index": i, "name": f"layer{i}.weight", "shape": [64, 64],
+                    "dtype": "float32", "numel": 4096, "module_type": "Linear"}
+                   for i in range(layers)],
+        "records": records, "final": False,
+    }
+
+
+def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: int) -> str:
+    run_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
+    ingest_s = 0.0
+    for first in range(0, steps, per_batch):
+        payload = IngestBatch.model_validate(
+            _batch(run_id, attempt_id, first, min(per_batch, steps - first), layers,
+                   int(steps * 0.618)))
+        began = time.perf_counter()
+        with factory() as session, session.begin():
+            ingest.ingest_batch(session, payload)
+        ingest_s += time.perf_counter() - began
+    values = steps * layers * 8
+    print(f"built {steps} steps x {layers} layers in batches of {per_batch}: ingest "
+          f"{ingest_s:.1f} s, {values / ingest_s:,.0f} layer-stat values/s")
+    return run_id
+
+
+def _series(session: Session, run: Run, *, name: Any, start: int | None,
+            end: int | None) -> Any:
+    return charts.series_read(session, run, name, 2000, start, end)
+
+
+def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
+             end: int | None) -> Any:
+    return charts.heatmap_read(session, run, stat, start, end)
+
+
+def _stats(times: list[float]) -> str:
+    times = sorted(times)
+    p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+    return f"{statistics.median(times) * 1e3:7.1f} {p95 * 1e3:7.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", help="SQLAlchemy URL (default: a fresh SQLite file)")
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--layers", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=100, help="steps per ingest batch")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    factory = db.make_session_factory(engine)
+    run_id = build(factory, args.steps, args.layers, args.batch)
+    n = args.steps
+    zooms = {"full": (None, None), "zoom 1/10": (n // 3, n // 3 + n // 10),
+             "zoom 1/100": (n // 2, n // 2 + n // 100), "zoom 1/1000": (n // 5, n // 5 + n // 1000)}
+    queries: list[tuple[str, Callable[[Session, Run], Any], str]] = []
+    for zoom, (start, end) in zooms.items():
+        qs = "" if start is None else f"&start={start}&end={end}"
+        for name in ("scale", "loss", "grad_norm"):
+            queries.append((
+                f"series {name:9} {zoom}",
+                functools.partial(_series, name=name, start=start, end=end),
+                f"/api/runs/{run_id}/series/{name}?max_points=2000{qs}"))
+        for stat in ("lost_frac", "headroom_bits"):
+            queries.append((
+                f"heatmap {stat:13} {zoom}",
+                functools.partial(_heatmap, stat=stat, start=start, end=end),
+                f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
+    print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
+    print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
+    with TestClient(create_app(Settings(db_url=url))) as client:
+        for label, call, path in queries:
+            service: list[float] = []
+            for _ in range(args.repeat):
+                with factory() as session:
+                    run = session.get(Run, run_id)
+                    assert run is not None
+                    ROWS["n"] = 0
+                    began = time.perf_counter()
+                    result = call(session, run)
+                    service.append(time.perf_counter() - began)
+            rows = ROWS["n"]
+            points = len(result.points) if hasattr(result, "points") else len(result.steps)
+            http: list[float] = []
+            for _ in range(args.repeat):
+                began = time.perf_counter()
+                response = client.get(path)
+                http.append(time.perf_counter() - began)
+                assert response.status_code == 200, response.text
+            print(f"{label:36} {_stats(service)} {_stats(http)} {rows:7} {points:7}")
+    engine.dispose()
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

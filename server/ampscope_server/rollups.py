@@ -1,0 +1,293 @@
+"""Pure rollup math: fixed power-of-two step buckets that keep every chart query bounded.
+
+No I/O. A rollup row covers the steps [bucket·2^level, (bucket+1)·2^level) of one run at one
+of `LEVELS` (bucket widths 4, 16, 64, … 65536 steps). It holds
+
+- `series`: per chart series (`SERIES`), the count of present values, the min and max over the
+  non-NaN values (±inf included; NaN when every value is NaN), the last value in (step, ingest)
+  order and its step: 40 bytes each, packed, so NaN and ±inf travel exactly on both dialects;
+- per heatmap statistic, one array of per-layer values reduced in the statistic's *worse*
+  direction (`DIRECTION`), packed (`array('d')`, counts as `array('q')`). A bucket never hides a
+  spike: for fractions, counts, amax and l2 the worst is the largest; for amin_nz (underflow
+  risk) the smallest; `headroom_bits` is derived from the largest amax·scale, which is the
+  smallest headroom. A layer with no value in the bucket holds the direction's `MISSING`.
+
+Rows are merged at ingest (`merge`): counts add, min/max combine, the newer `last` wins. Only
+newly stored steps are folded in, so a duplicate never counts twice. `plan` picks, for a step
+range and `max_points`, the rollup pieces and the raw edge steps that cover the range exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import add
+
+LEVELS = (2, 4, 6, 8, 10, 12, 14, 16)
+"""log2 of the bucket widths. The finest (4 steps) bounds the raw rows a query reads."""
+FINEST_WIDTH = 1 << LEVELS[0]
+
+SERIES = ("scale_before", "loss", "grad_norm", "lr", "duration")
+"""The step columns charted as series, in their order inside the packed `series` blob."""
+
+_SERIES = struct.Struct("<qdddq")  # count, min, max, last, last step
+
+INT_STATS = frozenset({"nan_count", "inf_count"})
+DIRECTION: Mapping[str, str] = {
+    "amax": "max", "amin_nz": "min", "zero_frac": "max", "subnormal_frac": "max",
+    "underflow_frac": "max", "lost_frac": "max", "nan_count": "max", "inf_count": "max",
+    "l2": "max", "amax_scaled": "max",
+}
+"""The stored per-layer rollup statistics and the direction that is worse for each."""
+ROLLUP_STATS = tuple(DIRECTION)
+MISSING: Mapping[str, float] = {
+    name: (-1 if name in INT_STATS else (math.inf if way == "min" else -math.inf))
+    for name, way in DIRECTION.items()
+}
+"""The value of a layer without data: it loses every comparison in the stat's direction."""
+
+HEATMAP_SOURCE: Mapping[str, str] = {
+    **{name: name for name in ROLLUP_STATS if name != "amax_scaled"},
+    "headroom_bits": "amax_scaled",
+}
+"""Which rollup statistic a heatmap statistic is read from."""
+
+
+@dataclass
+class SeriesAcc:
+    """Min/max/last of one series over one bucket; `n` counts the non-null values."""
+
+    n: int = 0
+    lo: float = math.nan
+    hi: float = math.nan
+    last: float = math.nan
+    last_step: int = -1
+
+    def add(self, step: int, value: float) -> None:
+        """Fold in a value that comes after every value folded in so far."""
+        self.n += 1
+        if not math.isnan(value):
+            self.lo = value if math.isnan(self.lo) else min(self.lo, value)
+            self.hi = value if math.isnan(self.hi) else max(self.hi, value)
+        self.last, self.last_step = value, step
+
+    def merge(self, newer: SeriesAcc) -> None:
+        """Fold in `newer`, whose values were stored later (or lie at later steps)."""
+        if newer.n == 0:
+            return
+        if self.n == 0 or newer.last_step >= self.last_step:
+            self.last, self.last_step = newer.last, newer.last_step
+        self.n += newer.n
+        for value in (newer.lo, newer.hi):
+            if not math.isnan(value):
+                self.lo = value if math.isnan(self.lo) else min(self.lo, value)
+                self.hi = value if math.isnan(self.hi) else max(self.hi, value)
+
+
+LayerArrays = dict[str, list[float]]
+
+
+@dataclass
+class Bucket:
+    series: list[SeriesAcc] = field(default_factory=lambda: [SeriesAcc() for _ in SERIES])
+    layers: LayerArrays | None = None
+
+    def merge(self, newer: Bucket) -> None:
+        for mine, theirs in zip(self.series, newer.series, strict=True):
+            mine.merge(theirs)
+        self.layers = merge_layers(self.layers, newer.layers)
+
+
+def merge_layers(a: LayerArrays | None, b: LayerArrays | None) -> LayerArrays | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return {
+        name: list(map(max if DIRECTION[name] == "max" else min, a[name], b[name]))
+        for name in ROLLUP_STATS
+    }
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What a rollup needs of one stored step: `series` in `SERIES` order (None = not sent),
+    `layers` the eight stored statistics per layer (None = no layer statistics)."""
+
+    step: int
+    series: Sequence[float | None]
+    layers: Mapping[str, Sequence[float | None]] | None
+
+
+def _or(values: Sequence[float | None], missing: float) -> list[float]:
+    return [missing if v is None else v for v in values]
+
+
+def step_layers(layers: Mapping[str, Sequence[float | None]], scale: float | None) -> LayerArrays:
+    """One step's per-layer values in rollup form (missing values replaced by `MISSING`).
+
+    `amax_scaled` is amax · scale in effect (a null scale counts as 1, as in headroom_bits);
+    a scale that is not a positive finite number gives no headroom, hence no value.
+    """
+    out = {name: _or(layers[name], MISSING[name]) for name in ROLLUP_STATS
+           if name not in ("lost_frac", "amax_scaled")}
+    out["lost_frac"] = list(map(add, out["zero_frac"], out["underflow_frac"]))
+    effective = 1.0 if scale is None else scale
+    if math.isfinite(effective) and effective > 0:
+        out["amax_scaled"] = [a * effective if a >= 0 else a for a in out["amax"]]
+    else:
+        out["amax_scaled"] = [-math.inf] * len(out["amax"])
+    return out
+
+
+def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
+    """Buckets of every level for steps given in (step, ingest) order: {(level, bucket): …}."""
+    finest = LEVELS[0]
+    out: dict[tuple[int, int], Bucket] = {}
+    for item in steps:
+        bucket = out.setdefault((finest, item.step >> finest), Bucket())
+        for acc, value in zip(bucket.series, item.series, strict=True):
+            if value is not None:
+                acc.add(item.step, value)
+        if item.layers is not None:
+            scale = item.series[0]
+            bucket.layers = merge_layers(bucket.layers, step_layers(item.layers, scale))
+    for coarser, finer in zip(LEVELS[1:], LEVELS, strict=False):
+        shift = coarser - finer
+        for (level, index), bucket in sorted(out.items()):
+            if level != finer:
+                continue
+            target = out.setdefault((coarser, index >> shift), Bucket())
+            target.merge(bucket)
+    return out
+
+
+# --- packing -----------------------------------------------------------------------------------
+
+def pack_series(accs: Sequence[SeriesAcc]) -> bytes:
+    return b"".join(_SERIES.pack(a.n, a.lo, a.hi, a.last, a.last_step) for a in accs)
+
+
+def unpack_series(blob: bytes, index: int | None = None) -> list[SeriesAcc]:
+    """All series of a blob, or only the one at `index`."""
+    indices = range(len(SERIES)) if index is None else (index,)
+    return [SeriesAcc(*_SERIES.unpack_from(blob, i * _SERIES.size)) for i in indices]
+
+
+def pack_stat(name: str, values: Sequence[float]) -> bytes:
+    if name in INT_STATS:
+        return array("q", [int(v) for v in values]).tobytes()
+    return array("d", values).tobytes()
+
+
+def unpack_stat(name: str, blob: bytes) -> list[float]:
+    if name in INT_STATS:
+        counts = array("q")
+        counts.frombytes(blob)
+        out: list[float] = []
+        out.extend(counts.tolist())  # ints stay ints: counts are exact
+        return out
+    values = array("d")
+    values.frombytes(blob)
+    return values.tolist()
+
+
+def to_row(run_id: str, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
+    level, index = key
+    row: dict[str, object] = {
+        "run_id": run_id, "level": level, "bucket": index,
+        "series": pack_series(bucket.series),
+    }
+    for name in ROLLUP_STATS:
+        row[name] = None if bucket.layers is None else pack_stat(name, bucket.layers[name])
+    return row
+
+
+def from_row(series: bytes, stats: Mapping[str, bytes | None]) -> Bucket:
+    blobs = [stats[name] for name in ROLLUP_STATS]
+    layers = None
+    if all(blob is not None for blob in blobs):
+        layers = {
+            name: unpack_stat(name, blob)
+            for name, blob in zip(ROLLUP_STATS, blobs, strict=True) if blob is not None
+        }
+    return Bucket(series=unpack_series(series), layers=layers)
+
+
+# --- query planning ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """How to answer one chart query over [start, end] from rollups.
+
+    Output bucket i covers [origin + i·width, origin + (i+1)·width) ∩ [start, end]. `ranges` are
+    the rollup pieces as (level, first bucket, last bucket), each piece wholly inside the range;
+    `raw` the step ranges (inclusive) at the edges that no rollup piece fits.
+    """
+
+    start: int
+    end: int
+    origin: int
+    width: int
+    ranges: list[tuple[int, int, int]]
+    raw: list[tuple[int, int]]
+
+    def column(self, step: int) -> int:
+        return (step - self.origin) // self.width
+
+    def first_step(self, column: int) -> int:
+        return max(self.start, self.origin + column * self.width)
+
+
+def plan(start: int, end: int, max_points: int) -> Plan | None:
+    """The rollup plan for [start, end], or None when buckets narrower than `FINEST_WIDTH`
+    are needed (then at most FINEST_WIDTH · max_points steps are read raw).
+
+    The level is the finest whose bucket count in the range is at most `max_points`, so a
+    query reads at most `max_points` rollup rows plus a few finer pieces at each edge (between
+    about max_points / 4 and max_points columns). Past the coarsest level (a range of more
+    than 65536 · max_points steps) k coarsest buckets make an output bucket.
+    """
+    if max_points < 1:
+        raise ValueError(f"max_points must be at least 1, got {max_points}")
+    span = end - start + 1
+    if span <= 0 or -(-span // max_points) < FINEST_WIDTH:
+        return None
+    level = next(
+        (lvl for lvl in LEVELS if (end >> lvl) - (start >> lvl) + 1 <= max_points), LEVELS[-1]
+    )
+    first, last = start >> level, end >> level
+    k = -(-(last - first + 1) // max_points)
+    return Plan(start, end, first << level, k << level, *_cover(start, end, level))
+
+
+def _cover(
+    start: int, end: int, top: int
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Split [start, end] into aligned pieces of levels ≤ top, greedily largest first."""
+    levels = [lvl for lvl in reversed(LEVELS) if lvl <= top]
+    ranges: list[tuple[int, int, int]] = []
+    raw: list[tuple[int, int]] = []
+    p = start
+    while p <= end:
+        for lvl in levels:
+            width = 1 << lvl
+            if p % width == 0 and p + width - 1 <= end:
+                count = (end + 1 - p) >> lvl if lvl == top else 1
+                index = p >> lvl
+                if ranges and ranges[-1][0] == lvl and ranges[-1][2] == index - 1:
+                    ranges[-1] = (lvl, ranges[-1][1], index + count - 1)
+                else:
+                    ranges.append((lvl, index, index + count - 1))
+                p += count * width
+                break
+        else:
+            if raw and raw[-1][1] == p - 1:
+                raw[-1] = (raw[-1][0], p)
+            else:
+                raw.append((p, p))
+            p += 1
+    return ranges, raw

@@ -1,0 +1,217 @@
+"""Rollups on both dialects: equal to a brute force over the raw rows, idempotent, spike-proof."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import charts, codec, db, ingest, repository, rollups
+from ampscope_server.models import LAYER_STAT_NAMES, LayerStat, Rollup, Run, Step
+from ampscope_server.wire import IngestBatch
+from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
+
+Key = tuple[int, int]
+
+
+def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> None:
+    with factory() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
+
+
+def _random_record(rng: random.Random, seq: int, step: int) -> dict[str, Any]:
+    def value() -> Any:
+        return rng.choice([rng.uniform(-5, 5), rng.uniform(-5, 5), "nan", "inf", "-inf", None])
+
+    rec = record(seq, step=step, loss=value(), grad_norm=value(), lr=value(),
+                 scale_before=rng.choice([65536.0, 2.0**rng.randint(0, 20), None, "inf"]),
+                 with_layers=rng.random() < 0.8)
+    if rec["layers"] is not None:
+        stats = rec["layers"]
+        stats["amax"] = [rng.choice([rng.uniform(0, 9), 0.0, None]) for _ in range(2)]
+        stats["amin_nz"] = [rng.choice([rng.uniform(1e-9, 1), None]) for _ in range(2)]
+        stats["zero_frac"] = [rng.uniform(0, 0.5) for _ in range(2)]
+        stats["underflow_frac"] = [rng.uniform(0, 0.5) for _ in range(2)]
+        stats["nan_count"] = [rng.randint(0, 16) for _ in range(2)]
+        stats["l2"] = [rng.choice([rng.uniform(0, 9), None]) for _ in range(2)]
+    return rec
+
+
+def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, ...]]:
+    rows = session.execute(
+        select(Rollup.level, Rollup.bucket, Rollup.series,
+               *[getattr(Rollup, name) for name in rollups.ROLLUP_STATS])
+        .where(Rollup.run_id == run_id)
+    )
+    return {(level, bucket): tuple(rest) for level, bucket, *rest in rows}
+
+
+def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
+    """Every level's buckets straight from the raw rows, one step at a time."""
+    steps = session.execute(
+        select(Step).where(Step.run_id == run_id).order_by(Step.step, Step.id)
+    ).scalars().all()
+    out: dict[Key, rollups.Bucket] = {}
+    for step in steps:
+        values = [codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
+                  for name in rollups.SERIES]
+        stats = session.execute(
+            select(LayerStat).where(LayerStat.step_id == step.id).order_by(LayerStat.layer_index)
+        ).scalars().all()
+        for level in rollups.LEVELS:
+            bucket = out.setdefault((level, step.step >> level), rollups.Bucket())
+            for acc, value in zip(bucket.series, values, strict=True):
+                if value is None:
+                    continue
+                acc.n += 1
+                if not math.isnan(value):
+                    acc.lo = value if math.isnan(acc.lo) else min(acc.lo, value)
+                    acc.hi = value if math.isnan(acc.hi) else max(acc.hi, value)
+                acc.last, acc.last_step = value, step.step
+            if stats:
+                layers = {name: [getattr(s, name) for s in stats] for name in LAYER_STAT_NAMES}
+                bucket.layers = rollups.merge_layers(
+                    bucket.layers, rollups.step_layers(layers, values[0]))
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+class TestMaintainedAtIngest:
+    def test_equal_to_brute_force_with_nonfinite_out_of_order_and_resumed_steps(
+        self, sessions: sessionmaker[Session]
+    ) -> None:
+        rng = random.Random(7)
+        run_id = new_id()
+        steps = list(range(300))
+        rng.shuffle(steps)  # spool replay: batches arrive out of step order
+        records = [_random_record(rng, seq, step) for seq, step in enumerate(steps)]
+        for start in range(0, 300, 37):
+            _ingest(sessions, batch(records[start:start + 37], run_id=run_id))
+        # a resumed attempt repeats steps 100..139 with new values
+        resumed = [_random_record(rng, seq, 100 + seq) for seq in range(40)]
+        _ingest(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
+        with sessions() as session:
+            stored = _stored(session, run_id)
+            expected = _brute_force(session, run_id)
+        assert set(stored) == set(expected)
+        for key, bucket in expected.items():
+            got = rollups.from_row(stored[key][0], dict(
+                zip(rollups.ROLLUP_STATS, stored[key][1:], strict=True)))
+            for mine, theirs in zip(got.series, bucket.series, strict=True):
+                assert (mine.n, mine.last_step) == (theirs.n, theirs.last_step), key
+                assert all(_same(x, y) for x, y in ((mine.lo, theirs.lo), (mine.hi, theirs.hi),
+                                                    (mine.last, theirs.last))), key
+            assert got.layers == bucket.layers, key
+
+    def test_duplicates_do_not_double_count(self, sessions: sessionmaker[Session]) -> None:
+        run_id = new_id()
+        payload = batch([record(i, loss=float(i)) for i in range(50)], run_id=run_id)
+        _ingest(sessions, payload)
+        with sessions() as session:
+            before = _stored(session, run_id)
+        _ingest(sessions, payload)
+        _ingest(sessions, batch([record(i) for i in range(40, 60)], run_id=run_id))
+        with sessions() as session:
+            after = _stored(session, run_id)
+            assert after[(2, 0)] == before[(2, 0)]
+            counts = rollups.unpack_series(after[(16, 0)][0])
+            assert [acc.n for acc in counts] == [60, 60, 60, 60, 59]  # duration null at seq 0
+
+    def test_a_failed_batch_leaves_no_rollup(self, sessions: sessionmaker[Session]) -> None:
+        run_id = new_id()
+        bad = batch([record(0), record(1, layers=layer_stats(n=3))], run_id=run_id)
+        with pytest.raises(Exception, match="layer"), sessions() as session, session.begin():
+            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(bad)))
+        with sessions() as session:
+            assert _stored(session, run_id) == {}
+
+
+STEPS = 20_000
+SPIKE = 13_337
+
+
+@pytest.fixture
+def long_run(sessions: sessionmaker[Session]) -> str:
+    """20k steps x 2 layers, one overflow spike (grad_norm inf, layer 1 all lost)."""
+    run_id = new_id()
+    base = record(0)
+    for start in range(0, STEPS, 5000):
+        records = []
+        for i in range(start, start + 5000):
+            rec = dict(base, seq=i, step=i, grad_norm=1.0, duration=0.01)
+            if i == SPIKE:
+                rec = dict(rec, grad_norm="inf", layers=dict(
+                    base["layers"], zero_frac=[0.0, 0.5], underflow_frac=[0.0, 0.5],
+                    amax=[0.5, 60000.0]))
+            records.append(rec)
+        _ingest(sessions, batch(records, run_id=run_id, layers=LAYERS))
+    return run_id
+
+
+ZOOMS = [(None, None, 2000), (None, None, 7), (0, 19_999, 300), (13_000, 13_700, 50),
+         (13_330, 13_345, 4), (SPIKE, SPIKE, 10), (1, 19_998, 1000), (9_999, 15_003, 3)]
+
+
+class TestSpikeSurvivesEveryZoom:
+    def test_series_and_heatmaps(self, sessions: sessionmaker[Session], long_run: str) -> None:
+        for start, end, max_points in ZOOMS:
+            self._check(sessions, long_run, start, end, max_points)
+
+    def _check(
+        self, sessions: sessionmaker[Session], long_run: str, start: int | None,
+        end: int | None, max_points: int,
+    ) -> None:
+        with sessions() as session:
+            run = session.get(Run, long_run)
+            assert run is not None
+            series = charts.series_read(session, run, "grad_norm", max_points, start, end)
+            assert len(series.points) <= max_points
+            spikes = [p for p in series.points if p.max == math.inf]
+            assert len(spikes) == 1
+            assert all(p.min == 1.0 for p in series.points if p not in spikes)
+            steps = [p.step for p in series.points]
+            assert steps == sorted(steps) and steps[0] == (start or 0)
+            assert spikes[0].step <= SPIKE
+            lost = charts.heatmap_read(session, run, "lost_frac", start, end,
+                                       max_points=max_points)
+            assert len(lost.steps) <= max_points
+            assert max(v for v in lost.z[1] if v is not None) == 1.0
+            assert lost.z[1].count(1.0) == 1
+            assert max(v for v in lost.z[0] if v is not None) == 0.0
+            head = charts.heatmap_read(session, run, "headroom_bits", start, end,
+                                       max_points=max_points)
+            worst = min(v for v in head.z[1] if v is not None)
+            assert worst == pytest.approx(math.log2(65504.0 / (60000.0 * 65536.0)))
+
+    def test_full_range_reads_a_bounded_number_of_rows(self) -> None:
+        plan = rollups.plan(0, STEPS - 1, 200)
+        assert plan is not None
+        read = sum(last - first + 1 for _, first, last in plan.ranges)
+        assert read <= 200 and sum(b - a + 1 for a, b in plan.raw) < 2 * rollups.FINEST_WIDTH
+
+
+class TestBackfill:
+    def test_upgrade_backfills_what_ingest_maintains(
+        self, sessions: sessionmaker[Session], migrated_url: str
+    ) -> None:
+        run_id = new_id()
+        rng = random.Random(3)
+        _ingest(sessions, batch([_random_record(rng, i, i * 3) for i in range(200)],
+                                run_id=run_id))
+        with sessions() as session:
+            expected = _stored(session, run_id)
+        engine = sessions.kw["bind"]
+        engine.dispose()
+        db.downgrade(migrated_url, "0002")
+        db.upgrade(migrated_url)
+        with sessions() as session:
+            assert _stored(session, run_id) == expected
+            assert repository.step_extent(session, run_id) == (0, 597)
