@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, repository
+from ampscope_server import codec, repository, series
 from ampscope_server.errors import RunNotFound
+from ampscope_server.formats import FORMATS, FloatFormat
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
@@ -43,6 +44,7 @@ from ampscope_server.schemas import (
     StepFull,
     StepScalars,
     StepsPage,
+    WorstLayer,
 )
 
 EXPORT_PAGE = 5_000
@@ -70,10 +72,12 @@ def summaries(
     layer_counts = repository.count_layers(session, ids)
     last_ids = [agg[3] for agg in aggregates.values() if agg[3] is not None]
     scales = repository.last_scales(session, last_ids)
+    worst = _worst_layers_of(session, runs)
     result = []
     for run in runs:
         num_steps, last_step, skipped, _ = aggregates.get(run.id, (0, None, 0, None))
         scale = scales.get(run.id)
+        worst_underflow, worst_headroom = worst.get(run.id, (None, None))
         result.append(RunSummary(
             id=run.id, project=run.project, name=run.name, tags=run.tags,
             status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
@@ -81,8 +85,59 @@ def summaries(
             num_steps=num_steps, last_step=last_step,
             last_scale=None if scale is None else codec.from_storage(*scale),
             skipped_steps=skipped, num_layers=layer_counts.get(run.id, 0),
+            skip_rate=skipped / num_steps if num_steps else None,
+            worst_underflow=worst_underflow, worst_headroom=worst_headroom,
         ))
     return result
+
+
+LayerAtStep = tuple[str, float, float, float | None]
+"""(name, zero_frac, underflow_frac, amax) of one layer at one step."""
+
+
+def worst_layers(
+    layers: Sequence[LayerAtStep], scale: float | None, fmt: FloatFormat
+) -> tuple[tuple[str, float] | None, tuple[str, float] | None]:
+    """(name, lost_frac) of the layer losing the largest share of its gradient and (name,
+    headroom_bits) of the layer closest to overflow, among `layers` (in model order) at one step
+    whose scale in effect was `scale`.
+
+    Ties go to the first layer in model order. A layer whose amax is unknown (no finite element)
+    has no headroom and is skipped; None when no layer qualifies.
+    """
+    underflow: tuple[str, float] | None = None
+    headroom: tuple[str, float] | None = None
+    for name, zero_frac, underflow_frac, amax in layers:
+        lost = series.lost_frac(zero_frac, underflow_frac)
+        if underflow is None or lost > underflow[1]:
+            underflow = (name, lost)
+        bits = series.headroom_bits(amax, scale, fmt)
+        if bits is not None and (headroom is None or bits < headroom[1]):
+            headroom = (name, bits)
+    return underflow, headroom
+
+
+def _worst_layers_of(
+    session: Session, runs: Sequence[Run]
+) -> dict[str, tuple[WorstLayer | None, WorstLayer | None]]:
+    """Each run's worst layers at its last layer-stat step (two bounded queries for all runs)."""
+    step_ids = repository.last_layer_stat_steps(session, [run.id for run in runs])
+    by_run: dict[str, tuple[float | None, list[LayerAtStep]]] = {}
+    for run_id, scale, scale_cls, _, name, zero, under, amax in repository.named_layer_stats(
+        session, step_ids.values()
+    ):
+        entry = by_run.setdefault(run_id, (codec.from_storage(scale, scale_cls), []))
+        entry[1].append((name, zero, under, amax))
+    formats = {run.id: run.target_format for run in runs}
+    result: dict[str, tuple[WorstLayer | None, WorstLayer | None]] = {}
+    for run_id, (scale, layers) in by_run.items():
+        underflow, headroom = worst_layers(layers, scale, FORMATS[formats[run_id]])
+        result[run_id] = (_worst(underflow), _worst(headroom))
+    return result
+
+
+def _worst(found: tuple[str, float] | None) -> WorstLayer | None:
+    return None if found is None else WorstLayer(layer=found[0], value=found[1])
 
 
 def list_summaries(session: Session, crash_timeout_s: float) -> list[RunSummary]:

@@ -49,6 +49,11 @@ class IngestResult(BaseModel):
     duplicates: int
 
 
+class WorstLayer(BaseModel):
+    layer: str
+    value: Tagged
+
+
 class RunSummary(BaseModel):
     id: str
     project: str
@@ -63,6 +68,12 @@ class RunSummary(BaseModel):
     last_scale: Tagged | None
     skipped_steps: int
     num_layers: int
+    skip_rate: float | None
+    """skipped_steps / num_steps; null for a run without steps."""
+    worst_underflow: WorstLayer | None
+    """The layer with the largest `lost_frac` at the run's last layer-stat step."""
+    worst_headroom: WorstLayer | None
+    """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
 
 
 class AttemptRead(BaseModel):
@@ -230,6 +241,7 @@ class HeatmapRead(BaseModel):
     layers: list[str]
     steps: list[int]
     z: list[list[Tagged | None]]
+    downsampled: bool = False
 
 
 class ExportRead(BaseModel):
@@ -249,3 +261,44 @@ class LiveSteps(BaseModel):
 class LiveStatus(BaseModel):
     type: Literal["status"] = "status"
     status: RunStatus
+
+
+# --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------
+
+class DivergenceRead(BaseModel):
+    metric: Literal["loss", "grad_norm"]
+    step: int
+    reference_value: Tagged
+    value: Tagged
+    relative: Tagged
+
+
+class LayerDiffRead(BaseModel):
+    layer: str
+    steps: int
+    l2_ratio: Tagged | None
+    ratio_steps: int
+    lost_frac_reference: float | None
+    lost_frac: float | None
+    underflow_only_in: str | None
+    """The id of the only run whose median lost_frac is above the threshold, else null."""
+
+
+class ComparisonRead(BaseModel):
+    run: str
+    reference: str
+    common_steps: int
+    layer_steps: int
+    divergence: DivergenceRead | None
+    """The earlier of `loss_divergence` and `grad_norm_divergence` (loss on a tie)."""
+    loss_divergence: DivergenceRead | None
+    grad_norm_divergence: DivergenceRead | None
+    layers: list[LayerDiffRead]
+
+
+class CompareRead(BaseModel):
+    tolerance: float
+    underflow_threshold: float
+    reference: str
+    runs: list[RunSummary]
+    comparisons: list[ComparisonRead]

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_playwright
 from torch import nn
 
 import ampscope
@@ -134,6 +134,47 @@ def training(live_server: ServerProcess) -> Iterator[Training]:
     train.check()
 
 
+HOSTILE = "<img src=x onerror=alert(1)>"
+HOSTILE_TAG = "<script>alert(2)</script>"
+SHORT_STEPS = 80
+
+
+def train_short(server_url: str) -> str:
+    """A short, finished run streamed by the real hook, unpaced, named with markup.
+
+    Same seed, model and scaler settings as `Training`: the two runs agree until the live run's
+    NaN loss at NAN_LOSS_STEP, which the comparison must find.
+    """
+    model, scaler, optimizer, gen = make_training(init_scale=2.0**20, growth_interval=20)
+    monitor = ampscope.watch(model, scaler, optimizer, run=HOSTILE, server=server_url,
+                             tags=[HOSTILE_TAG, "short"], layer_every=1)
+    try:
+        for _ in range(SHORT_STEPS):
+            x, y = make_batch(gen)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        monitor.close()
+    return monitor.run_id
+
+
+@pytest.fixture(scope="module")
+def short_run(live_server: ServerProcess, training: Training) -> str:
+    """The id of the finished short run (created while the live one streams)."""
+    run_id = train_short(live_server.url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        resp = httpx.get(f"{live_server.url}/api/runs/{run_id}", timeout=5)
+        if resp.status_code == 200 and resp.json()["status"] == "finished":
+            return run_id
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} never finished on the server:\n{live_server.log()}")
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as pw:
@@ -152,6 +193,7 @@ class Watched:
     errors: list[str]
 
     def assert_clean(self) -> None:
+        """No console error, uncaught exception, dialog (alert/confirm/prompt) or CSP violation."""
         violations: list[str] = self.page.evaluate("() => window.__cspViolations || []")
         assert self.errors == [], "console errors:\n" + "\n".join(self.errors)
         assert violations == [], "CSP violations:\n" + "\n".join(violations)
@@ -181,8 +223,13 @@ def watched(browser: Browser) -> Iterator[Watched]:
         if msg.type == "error":
             errors.append(f"console.error: {msg.text} ({msg.location.get('url', '')})")
 
+    def on_dialog(dialog: Dialog) -> None:
+        errors.append(f"a {dialog.type} dialog fired: {dialog.message!r}")
+        dialog.dismiss()
+
     page.on("console", on_console)
     page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    page.on("dialog", on_dialog)
     try:
         yield Watched(page, errors)
     finally:
@@ -193,6 +240,12 @@ def layer_names(server: ServerProcess, run_id: str) -> list[str]:
     resp = httpx.get(f"{server.url}/api/runs/{run_id}/layers", timeout=5)
     assert resp.status_code == 200, resp.text
     return [layer["name"] for layer in resp.json()]
+
+
+def api_steps(server: ServerProcess, run_id: str) -> int:
+    resp = httpx.get(f"{server.url}/api/runs/{run_id}", timeout=5)
+    assert resp.status_code == 200, resp.text
+    return int(resp.json()["num_steps"])
 
 
 SCALE_POINTS = "() => document.getElementById('scale-chart').data[2].x.length"
@@ -227,6 +280,25 @@ class TestRunsPage:
               return td && Number(td.textContent) > {before};
             }}""", timeout=WAIT_MS)
         watched.screenshot("runs.png")
+        watched.assert_clean()
+
+    def test_a_live_step_shows_within_2_s(
+        self, live_server: ServerProcess, training: Training, watched: Watched
+    ) -> None:
+        watched.page.goto(f"{live_server.url}/")
+        watched.page.locator(f'tr[data-run-id="{training.run_id}"]').wait_for(timeout=WAIT_MS)
+        shown = api_steps(live_server, training.run_id)
+        while (steps := api_steps(live_server, training.run_id)) == shown:
+            time.sleep(0.02)
+        assert steps < STEPS, "the run ended before the list could follow it"
+        # The server has the new step now: the list polls every 2 s, so it shows it by then.
+        started = time.monotonic()
+        watched.wait_for(f"""() => {{
+              const td = document.querySelector('tr[data-run-id="{training.run_id}"] td.num');
+              return td && Number(td.textContent) >= {steps};
+            }}""", timeout_ms=2_500)
+        assert time.monotonic() - started < 2.5
+        assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
         watched.assert_clean()
 
 
@@ -345,6 +417,155 @@ class TestRunPage:
         unexpected = [e for e in watched.errors if "WebSocket connection" not in e]
         assert unexpected == []
         assert watched.js("() => window.__cspViolations") == []
+
+
+class TestRunsListFeatures:
+    """Filter, sort, worst layers and user text, once both runs exist."""
+
+    def test_worst_layers_filter_sort_and_hostile_text(
+        self, live_server: ServerProcess, training: Training, short_run: str, watched: Watched
+    ) -> None:
+        page = watched.page
+        page.goto(f"{live_server.url}/")
+        hostile = page.locator(f'tr[data-run-id="{short_run}"]')
+        hostile.wait_for(timeout=WAIT_MS)
+        page.locator(f'tr[data-run-id="{training.run_id}"]').wait_for(timeout=WAIT_MS)
+
+        # User text is text: the name and the tag show their markup; no element is made of it.
+        assert hostile.locator(".run-name a").inner_text() == HOSTILE
+        assert HOSTILE_TAG in hostile.locator(".tags").inner_text()
+        assert page.locator("#runs-body img, #runs-body script").count() == 0
+
+        # Skip rate and the worst layers come from the API's summary.
+        summary = httpx.get(f"{live_server.url}/api/runs/{short_run}", timeout=5).json()
+        assert summary["worst_underflow"] is not None and summary["worst_headroom"] is not None
+        worst = hostile.locator("td.worst .layer-name").all_inner_texts()
+        assert worst == [summary["worst_underflow"]["layer"], summary["worst_headroom"]["layer"]]
+        assert "%" in hostile.locator("td.num").nth(2).inner_text()
+
+        rows = "() => [...document.querySelectorAll('#runs-body tr')].map((tr) => tr.dataset.runId)"
+        both = {short_run, training.run_id}
+        # Words...
+        page.fill("#filter", "short")
+        watched.wait_for(f"() => ({rows})().length === 1 && ({rows})()[0] === '{short_run}'")
+        # ... a regular expression ...
+        page.check("#filter-regex")
+        page.fill("#filter", "^browser-e2e$")
+        watched.wait_for(f"() => ({rows})().length === 1 && ({rows})()[0] === '{training.run_id}'")
+        assert page.locator("#filter-error").is_hidden()
+        # ... and an invalid one: a message, every run shown, no exception.
+        page.fill("#filter", "img([")
+        page.locator("#filter-error").wait_for(state="visible", timeout=WAIT_MS)
+        assert "Invalid regular expression" in page.locator("#filter-error").inner_text()
+        assert both <= set(watched.js(rows))
+        page.fill("#filter", "")
+
+        # Sorting by steps: the live run has more steps by now than the short run's 80.
+        page.click("th[data-sort=steps]")
+        assert watched.js(f"() => ({rows})().filter((id) => {list(both)!r}.includes(id))") == [
+            training.run_id, short_run] or training.steps_done < SHORT_STEPS
+        assert page.locator("th[data-sort=steps]").get_attribute("aria-sort") == "descending"
+        page.click("th[data-sort=steps]")
+        assert page.locator("th[data-sort=steps]").get_attribute("aria-sort") == "ascending"
+        watched.assert_clean()
+
+    def test_the_run_page_shows_a_hostile_name_as_text(
+        self, live_server: ServerProcess, short_run: str, watched: Watched
+    ) -> None:
+        watched.page.goto(f"{live_server.url}/runs/{short_run}")
+        watched.wait_for(LOADED)
+        assert watched.page.locator("#run-name").inner_text() == HOSTILE
+        assert watched.page.locator("#crumb-run").inner_text() == HOSTILE
+        assert watched.page.title() == f"{HOSTILE} · ampscope"
+        assert watched.page.locator("main img, main script").count() == 0
+        watched.screenshot("run-hostile-name.png")
+        watched.assert_clean()
+
+
+COMPARE_READY = "() => !!(window.ampscope && window.ampscope.compare?.ready)"
+
+
+def traces_of(watched: Watched, chart: str, run_id: str) -> list[dict[str, Any]]:
+    """The lines (mode 'lines') a compare chart draws for one run."""
+    result: list[dict[str, Any]] = watched.page.evaluate(
+        """([chart, id]) => document.getElementById(chart).data
+             .filter((t) => t.meta === id && t.mode === 'lines')
+             .map((t) => ({name: t.name, points: t.x.length, color: t.line.color}))""",
+        [chart, run_id])
+    return result
+
+
+class TestComparePage:
+    def test_select_two_runs_and_compare_them(
+        self, live_server: ServerProcess, training: Training, short_run: str, watched: Watched
+    ) -> None:
+        page = watched.page
+        page.goto(f"{live_server.url}/")
+        for run_id in (short_run, training.run_id):  # the first picked is the reference
+            page.locator(f'tr[data-run-id="{run_id}"] td.check input').check()
+        button = page.locator("#compare")
+        assert button.is_enabled() and button.inner_text() == "Compare 2 runs"
+        watched.screenshot("runs-selected.png")
+        button.click()
+        page.wait_for_url("**/compare?**", timeout=WAIT_MS)
+        watched.wait_for(COMPARE_READY)
+        query = page.evaluate("() => new URLSearchParams(location.search).get('runs')")
+        assert query == f"{short_run},{training.run_id}"
+
+        # Both runs on every chart, each in one colour everywhere; the name is plotly-escaped.
+        colors = set()
+        for chart in ("scale-chart", "loss-chart", "gradnorm-chart"):
+            for run_id in (short_run, training.run_id):
+                [trace] = traces_of(watched, chart, run_id)
+                assert trace["points"] > 0, (chart, run_id)
+                colors.add((run_id, trace["color"]))
+        assert len(colors) == 2 and len({c for _, c in colors}) == 2
+        assert traces_of(watched, "loss-chart", short_run)[0]["name"] == (
+            "&lt;img src=x onerror=alert(1)&gt;")
+        legend = page.locator("#loss-chart .legendtext").evaluate_all(
+            "(nodes) => nodes.map((n) => n.textContent)")
+        assert sorted(legend) == sorted([HOSTILE, RUN_NAME])
+
+        # The run cards and the divergence: the same step as the API's, shown as text.
+        cards = page.locator("#compare-runs .compare-run-name").all_inner_texts()
+        assert cards == [HOSTILE, RUN_NAME]
+        body = httpx.get(f"{live_server.url}/api/compare",
+                         params={"runs": f"{short_run},{training.run_id}"}, timeout=10).json()
+        divergence = body["comparisons"][0]["divergence"]
+        assert divergence is not None and divergence["step"] <= NAN_LOSS_STEP
+        assert page.locator(".divergence-step").inner_text() == str(divergence["step"])
+        shapes = "() => document.getElementById('loss-chart').layout.shapes.map((s) => s.x0)"
+        assert watched.js(shapes) == [divergence["step"]]
+
+        # Per-layer differences: one row per layer of the model, names as text.
+        names = layer_names(live_server, short_run)
+        rows = page.locator("#layers-body tr")
+        assert rows.count() == len(names)
+        assert sorted(page.locator("#layers-body .layer-cell").all_inner_texts()) == sorted(names)
+        assert page.locator("main img, main script").count() == 0
+        watched.screenshot("compare.png")
+
+        # Another tolerance is recomputed in place, without reloading the page. The NaN loss
+        # stays an (infinite) divergence at any tolerance.
+        page.fill("#tolerance", "100000")
+        page.locator("#tolerance").dispatch_event("change")
+        page.wait_for_url("**tolerance=1000**", timeout=WAIT_MS)
+        looser = httpx.get(f"{live_server.url}/api/compare", timeout=10, params={
+            "runs": f"{short_run},{training.run_id}", "tolerance": 1000}).json()
+        step = looser["comparisons"][0]["divergence"]["step"]
+        assert step == NAN_LOSS_STEP
+        watched.wait_for(
+            f"() => document.querySelector('.divergence-step')?.textContent === '{step}'")
+        assert "tolerance 100000%" in page.locator(".divergence-detail").inner_text()
+        assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
+        watched.assert_clean()
+
+    def test_too_few_runs_says_so(self, live_server: ServerProcess, watched: Watched) -> None:
+        watched.page.goto(f"{live_server.url}/compare?runs=one")
+        banner = watched.page.locator("#error")
+        banner.wait_for(state="visible", timeout=WAIT_MS)
+        assert "two or more runs" in banner.inner_text()
+        watched.assert_clean()
 
 
 class TestApiDocsPage:

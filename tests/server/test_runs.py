@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -9,8 +10,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import ingest, runs
+from ampscope_server.formats import FORMATS
 from ampscope_server.schemas import IngestBatch, RunStatus
-from tests.server.wire import LAYERS, batch, new_id, record, strict_json
+from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
 
 
 def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
@@ -38,7 +40,8 @@ class TestRunsList:
         summary = listed[first]
         assert set(summary) == {"id", "project", "name", "tags", "status", "created_at",
                                 "updated_at", "num_steps", "last_step", "last_scale",
-                                "skipped_steps", "num_layers"}
+                                "skipped_steps", "num_layers", "skip_rate",
+                                "worst_underflow", "worst_headroom"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
                                        "last_scale", "skipped_steps", "num_layers")} == {
             "name": "first", "tags": ["amp", "cpu"], "status": "active", "num_steps": 3,
@@ -127,8 +130,8 @@ class TestExport:
     def test_unknown_format_is_422(self, api: httpx.Client) -> None:
         run_id = new_id()
         _seed(api, run_id, n=1)
-        assert _get(api, f"/api/runs/{run_id}/export?format=csv", 422) == {
-            "detail": "query.format: Input should be 'json'"}
+        assert _get(api, f"/api/runs/{run_id}/export?format=xml", 422) == {
+            "detail": "query.format: Input should be 'json', 'csv' or 'html'"}
 
 
 class TestStatus:
@@ -145,3 +148,52 @@ class TestStatus:
             run = runs.load_run(session, payload["run"]["id"])
             assert runs.summaries(session, [run], 300.0, now=1200.0)[0].status == "active"
             assert runs.summaries(session, [run], 300.0, now=1301.0)[0].status == "crashed"
+
+
+class TestWorstLayers:
+    """The runs page's skip rate and worst layers, from the run's last layer-stat step."""
+
+    FP16 = FORMATS["fp16"]
+
+    def test_pure_worst_layers(self) -> None:
+        layers = [("a", 0.0, 0.0, 1.0), ("b", 0.25, 0.25, 0.0), ("c", 0.5, 0.0, None),
+                  ("d", 0.0, 0.0, 4.0)]
+        underflow, headroom = runs.worst_layers(layers, 2.0**10, self.FP16)
+        assert underflow == ("b", 0.5)  # a tie goes to the first in model order
+        assert headroom == ("d", math.log2(65504.0) - 2 - 10)
+
+    def test_pure_worst_layers_without_a_known_amax(self) -> None:
+        assert runs.worst_layers([("a", 0.0, 0.0, None)], 1.0, self.FP16) == (("a", 0.0), None)
+        assert runs.worst_layers([], 1.0, self.FP16) == (None, None)
+
+    def test_summary_fields(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        _seed(api, run_id)  # 3 steps, step 1 skipped; last layer stats at seq 2, scale 2^15
+        tail = record(3, with_layers=False, scale_before=1.0, scale_after=1.0)
+        assert api.post("/api/ingest", json=batch([tail], run_id=run_id)).status_code == 200
+        summary = _get(api, f"/api/runs/{run_id}")
+        assert summary["skip_rate"] == 0.25
+        # seq 2's layer_stats(3.0): lost_frac [0, 0.125 + 0.03125], amax [1.5, 0.25].
+        assert summary["worst_underflow"] == {"layer": "fc1.bias", "value": 0.15625}
+        assert summary["worst_headroom"] == {
+            "layer": "fc1.weight", "value": math.log2(65504.0) - math.log2(1.5) - 15}
+
+    def test_run_without_layer_stats_or_steps(self, api: httpx.Client) -> None:
+        scalars_only, empty = new_id(), new_id()
+        records = [record(0, with_layers=False)]
+        assert api.post("/api/ingest", json=batch(records, run_id=scalars_only)).status_code == 200
+        assert api.post("/api/ingest", json=batch([], run_id=empty)).status_code == 200
+        listed = {r["id"]: r for r in _get(api, "/api/runs")}
+        assert [listed[scalars_only][k] for k in ("skip_rate", "worst_underflow",
+                                                  "worst_headroom")] == [0.0, None, None]
+        assert [listed[empty][k] for k in ("skip_rate", "worst_underflow",
+                                           "worst_headroom")] == [None, None, None]
+
+    def test_all_zero_gradients_have_infinite_headroom(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        stats = layer_stats()
+        stats["amax"] = [0.0, 0.0]
+        response = api.post("/api/ingest", json=batch([record(0, layers=stats)], run_id=run_id))
+        assert response.status_code == 200, response.text
+        assert _get(api, f"/api/runs/{run_id}")["worst_headroom"] == {
+            "layer": "fc1.weight", "value": "inf"}

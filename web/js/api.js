@@ -1,6 +1,6 @@
 // HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
 
-import { decodeEvents, decodeLayerStats, decodeRun, decodeSeries, decodeStep } from './codec.js';
+import { decodeCompare, decodeEvents, decodeLayerStats, decodeRun, decodeSeries, decodeStep } from './codec.js';
 
 export class ApiError extends Error {
   constructor(message, status) {
@@ -63,6 +63,13 @@ export async function getEvents(id) {
 
 export async function getLayerStats(id, stat) {
   return decodeLayerStats(await getJSON(`${runPath(id)}/layer-stats?stat=${encodeURIComponent(stat)}`));
+}
+
+/** GET /api/compare: the first id is the reference. */
+export async function getCompare(ids, tolerance, underflowThreshold) {
+  const query = new URLSearchParams({ runs: ids.join(','), tolerance: String(tolerance),
+    underflow_threshold: String(underflowThreshold) });
+  return decodeCompare(await getJSON(`/api/compare?${query}`));
 }
 
 /** Show (or, with null, clear) the page's error banner. Text only: messages may quote user input. */

@@ -38,7 +38,36 @@ export function decodeStep(step) {
 
 /** A run summary or detail (/api/runs, /api/runs/{id}). */
 export function decodeRun(run) {
-  return { ...run, last_scale: num(run.last_scale) };
+  return {
+    ...run,
+    last_scale: num(run.last_scale),
+    worst_underflow: decodeWorst(run.worst_underflow),
+    worst_headroom: decodeWorst(run.worst_headroom),
+  };
+}
+
+/** A run summary's {layer, value} (worst_underflow / worst_headroom) or null. */
+function decodeWorst(worst) {
+  return worst === null || worst === undefined ? null : { layer: worst.layer, value: num(worst.value) };
+}
+
+function decodeDivergence(d) {
+  return d === null ? null : { ...d, reference_value: num(d.reference_value), value: num(d.value), relative: num(d.relative) };
+}
+
+/** /api/compare. */
+export function decodeCompare(body) {
+  return {
+    ...body,
+    runs: body.runs.map(decodeRun),
+    comparisons: body.comparisons.map((c) => ({
+      ...c,
+      divergence: decodeDivergence(c.divergence),
+      loss_divergence: decodeDivergence(c.loss_divergence),
+      grad_norm_divergence: decodeDivergence(c.grad_norm_divergence),
+      layers: c.layers.map((l) => ({ ...l, l2_ratio: num(l.l2_ratio) })),
+    })),
+  };
 }
 
 /** /series/{name}: points with min/max/last. */

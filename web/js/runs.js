@@ -1,26 +1,116 @@
-// Runs list (GET /api/runs), refreshed every 2 s; each run links to its page.
+// Runs list (GET /api/runs): filter (words or a regex), sort, select runs to compare. Polled on a
+// fixed 2 s cadence (a request still in flight makes the next tick wait), so a new step shows
+// within about 2 s without a reload; each run links to its page.
 
 import { listRuns, showError } from './api.js';
-import { agoText, el, percentText, scaleNode, statusBadge, toDate } from './format.js';
+import { agoText, el, numberText, percentText, scaleNode, statusBadge, toDate } from './format.js';
+import { TableSort } from './table_sort.js';
 
 const REFRESH_MS = 2000;
+const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
 
-const body = document.getElementById('runs-body');
-const table = document.getElementById('runs');
-const empty = document.getElementById('empty');
-const filter = document.getElementById('filter');
-const note = document.getElementById('refresh-note');
+const $ = (id) => document.getElementById(id);
+const body = $('runs-body');
+const filter = $('filter');
+const regexToggle = $('filter-regex');
+const filterError = $('filter-error');
+const compareButton = $('compare');
+const selectAll = $('select-all');
+
 let runs = [];
+let loaded = false;
+let inFlight = false;
+const selected = []; // run ids in the order they were picked: the first is the reference
 
-function matches(run, query) {
-  if (!query) return true;
-  const hay = [run.name, run.project, ...(run.tags ?? [])].join(' ').toLowerCase();
-  return query.toLowerCase().split(/\s+/).every((word) => hay.includes(word));
+/** The filter as a predicate over a run, or an Error for an invalid regular expression. */
+function matcher() {
+  const query = filter.value.trim();
+  if (!query) return () => true;
+  const fields = (run) => [run.name, run.project, run.id, run.status, ...(run.tags ?? [])].map((f) => String(f ?? ''));
+  if (regexToggle.checked) {
+    let re;
+    try {
+      re = new RegExp(query, 'i');
+    } catch (err) {
+      return new Error(`Invalid regular expression: ${err.message}`);
+    }
+    return (run) => fields(run).some((f) => re.test(f));
+  }
+  const words = query.toLowerCase().split(/\s+/);
+  return (run) => {
+    const hay = fields(run).join(' ').toLowerCase();
+    return words.every((word) => hay.includes(word));
+  };
+}
+
+function sortValue(run, key) {
+  switch (key) {
+    case 'name': return (run.name || run.id).toLowerCase();
+    case 'project': return run.project.toLowerCase();
+    case 'status': return STATUS_ORDER[run.status] ?? 3;
+    case 'steps': return run.num_steps;
+    case 'scale': return run.last_scale;
+    case 'skip_rate': return run.skip_rate;
+    case 'underflow': return run.worst_underflow ? run.worst_underflow.value : null;
+    case 'headroom': return run.worst_headroom ? run.worst_headroom.value : null;
+    case 'started': return run.created_at;
+    case 'updated': return run.updated_at;
+    default: return null;
+  }
+}
+
+const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' }, render);
+
+function timeCell(seconds) {
+  const td = el('td', 'num muted', agoText(seconds));
+  const when = toDate(seconds);
+  if (when) td.title = when.toLocaleString();
+  return td;
+}
+
+/** A layer name plus its value, or a dash: user text, so textContent only. */
+function layerCell(worst, valueText, level) {
+  const td = el('td', 'worst');
+  if (!worst) {
+    td.append(el('span', 'muted', '—'));
+    return td;
+  }
+  const name = el('span', 'layer-name', worst.layer);
+  name.title = worst.layer;
+  const value = el('div', `worst-value ${level}`, valueText);
+  td.append(value, name);
+  return td;
+}
+
+function underflowLevel(v) {
+  if (!(v > 0)) return 'muted';
+  return v >= 0.01 ? 'warn' : '';
+}
+
+function headroomLevel(bits) {
+  if (bits === null || bits === undefined || Number.isNaN(bits)) return 'muted';
+  if (bits < 1) return 'bad';
+  return bits < 4 ? 'warn' : '';
+}
+
+function headroomText(bits) {
+  if (bits === Infinity) return '∞ (all zero)';
+  return `${numberText(bits, 3)} bits`;
 }
 
 function row(run) {
   const tr = el('tr');
   tr.dataset.runId = run.id;
+  const isSelected = selected.includes(run.id);
+  tr.classList.toggle('selected', isSelected);
+
+  const checkCell = el('td', 'check');
+  const box = el('input');
+  box.type = 'checkbox';
+  box.checked = isSelected;
+  box.setAttribute('aria-label', `Select ${run.name || run.id} for comparison`);
+  box.addEventListener('change', () => toggle(run.id, box.checked));
+  checkCell.append(box);
 
   const name = el('td', 'run-name');
   const link = el('a', null, run.name || run.id);
@@ -36,44 +126,95 @@ function row(run) {
   const scale = el('td', 'num');
   scale.append(scaleNode(run.last_scale));
 
-  const skipped = el('td', 'num');
-  skipped.append(String(run.skipped_steps ?? 0));
-  if (run.num_steps) skipped.append(el('span', 'muted', ` ${percentText(run.skipped_steps ?? 0, run.num_steps)}`));
-  if (run.skipped_steps) skipped.classList.add('warn');
+  const skip = el('td', 'num');
+  if (run.skip_rate === null || run.skip_rate === undefined) skip.append(el('span', 'muted', '—'));
+  else {
+    skip.append(percentText(run.skipped_steps, run.num_steps));
+    skip.append(el('div', 'cell-sub', `${run.skipped_steps} / ${run.num_steps}`));
+    skip.title = `${run.skipped_steps} of ${run.num_steps} steps skipped`;
+    if (run.skipped_steps) skip.classList.add('warn');
+  }
 
-  const updated = el('td', 'num muted', agoText(run.updated_at));
-  const when = toDate(run.updated_at);
-  if (when) updated.title = when.toLocaleString();
-
-  tr.append(name, el('td', null, run.project ?? ''), tags, status,
-    el('td', 'num', String(run.num_steps ?? 0)), scale, skipped, updated);
+  const under = run.worst_underflow;
+  const head = run.worst_headroom;
+  tr.append(checkCell, name, el('td', null, run.project ?? ''), tags, status,
+    el('td', 'num', String(run.num_steps ?? 0)), scale, skip,
+    layerCell(under, under ? `${numberText(100 * under.value, 3)}%` : '', under ? underflowLevel(under.value) : ''),
+    layerCell(head, head ? headroomText(head.value) : '', head ? headroomLevel(head.value) : ''),
+    timeCell(run.created_at), timeCell(run.updated_at));
   tr.addEventListener('click', (event) => {
-    if (event.target.closest('a')) return;
+    if (event.target.closest('a, input, label, .check')) return;
     location.href = link.href;
   });
   return tr;
 }
 
+function toggle(id, on) {
+  const at = selected.indexOf(id);
+  if (on && at < 0) selected.push(id);
+  if (!on && at >= 0) selected.splice(at, 1);
+  render();
+}
+
+function renderSelection(shown) {
+  const known = new Set(runs.map((r) => r.id));
+  for (let i = selected.length - 1; i >= 0; i -= 1) if (!known.has(selected[i])) selected.splice(i, 1);
+  compareButton.disabled = selected.length < 2;
+  compareButton.textContent = selected.length ? `Compare ${selected.length} runs` : 'Compare';
+  compareButton.title = selected.length < 2 ? 'Select two or more runs to compare them' : '';
+  const shownSelected = shown.filter((r) => selected.includes(r.id)).length;
+  selectAll.checked = shown.length > 0 && shownSelected === shown.length;
+  selectAll.indeterminate = shownSelected > 0 && shownSelected < shown.length;
+}
+
 function render() {
-  const shown = runs.filter((run) => matches(run, filter.value.trim()));
+  const match = matcher();
+  const invalid = match instanceof Error;
+  filterError.hidden = !invalid;
+  filterError.textContent = invalid ? `${match.message} — showing every run.` : '';
+  filter.setAttribute('aria-invalid', String(invalid));
+  const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
   body.replaceChildren(...shown.map(row));
-  empty.hidden = runs.length > 0;
-  table.hidden = runs.length === 0;
+  $('empty').hidden = !loaded || runs.length > 0;
+  $('runs').hidden = runs.length === 0;
+  $('no-match').hidden = runs.length === 0 || shown.length > 0;
+  $('run-count').textContent = runs.length
+    ? (shown.length === runs.length ? `${runs.length} runs` : `${shown.length} of ${runs.length} runs`) : '';
+  renderSelection(shown);
 }
 
 async function refresh() {
+  if (inFlight) return;
+  inFlight = true;
   try {
     runs = await listRuns();
+    loaded = true;
     showError(null);
-    note.textContent = `updated ${new Date().toLocaleTimeString()}`;
+    $('refresh-note').textContent = `updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
     render();
   } catch (err) {
     showError(err.message);
   } finally {
-    setTimeout(refresh, REFRESH_MS);
+    inFlight = false;
   }
 }
 
-document.getElementById('server-url').textContent = location.origin;
+$('server-url').textContent = location.origin;
 filter.addEventListener('input', render);
+regexToggle.addEventListener('change', render);
+selectAll.addEventListener('change', () => {
+  const match = matcher();
+  const shown = match instanceof Error ? runs : runs.filter(match);
+  for (const run of shown) {
+    const at = selected.indexOf(run.id);
+    if (selectAll.checked && at < 0) selected.push(run.id);
+    if (!selectAll.checked && at >= 0) selected.splice(at, 1);
+  }
+  render();
+});
+compareButton.addEventListener('click', () => {
+  if (selected.length < 2) return;
+  location.href = `/compare?runs=${selected.map(encodeURIComponent).join(',')}`;
+});
 refresh();
+setInterval(refresh, REFRESH_MS);

@@ -2,8 +2,8 @@
 
 Files come from the installed package `ampscope_server._web` (the repo's web/ folder); plotly.js
 from the installed `plotly` package and Swagger UI (the OpenAPI page at /docs) from the installed
-`swagger-ui-bundle-v2` package, never a CDN. `SecurityHeaders` puts a strict CSP and
-nosniff on every response.
+`swagger-ui-bundle-v2` package, never a CDN. `SecurityHeaders` puts a strict CSP (unless the
+response brings its own) and nosniff on every response.
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ def run_page(run_id: str) -> FileResponse:
     return _page("run.html")
 
 
+@router.get("/compare")
+def compare_page() -> FileResponse:
+    return _page("compare.html")
+
+
 @router.get("/static/vendor/plotly.min.js")
 def plotly_bundle() -> FileResponse:
     path = plotly_js()
@@ -124,7 +129,10 @@ class SecurityHeaders:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                headers.append((b"content-security-policy", CSP.encode()))
+                # A response with a policy of its own (the offline report) keeps it: a second
+                # header would be enforced too, and the two together would block the report.
+                if not any(name.lower() == b"content-security-policy" for name, _ in headers):
+                    headers.append((b"content-security-policy", CSP.encode()))
                 headers.append((b"x-content-type-options", b"nosniff"))
                 message = {**message, "headers": headers}
             await send(message)

@@ -1,13 +1,14 @@
-"""Runs: list, detail, layer table, raw steps, export."""
+"""Runs: list, detail, layer table, raw steps, export (JSON, CSV, HTML report)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import runs
-from ampscope_server.deps import RunDep, SessionDep, SettingsDep
+from ampscope_server import exports, report, runs
+from ampscope_server.deps import RunDep, SessionDep, SessionFactoryDep, SettingsDep
 from ampscope_server.schemas import (
     ErrorBody,
     ExportRead,
@@ -54,11 +55,35 @@ def get_steps(
     return runs.steps_page(session, run, after_id, limit)
 
 
-@router.get("/runs/{run_id}/export", responses=NOT_FOUND)
+ExportFormat = Literal["json", "csv", "html"]
+EXPORT_RESPONSES: dict[int | str, dict[str, object]] = {
+    **NOT_FOUND,
+    200: {
+        "description": "json: everything stored; csv: long format, streamed; html: the offline "
+                       "report (both as attachments). See docs/contracts.md, Export.",
+        "content": {"text/csv": {}, "text/html": {}},
+    },
+}
+
+
+@router.get("/runs/{run_id}/export", responses=EXPORT_RESPONSES, response_model=ExportRead)
 def get_export(
     run: RunDep,
     session: SessionDep,
+    factory: SessionFactoryDep,
     settings: SettingsDep,
-    format: Literal["json"] = "json",
-) -> ExportRead:
+    format: ExportFormat = "json",
+) -> ExportRead | Response:
+    if format == "csv":
+        # Streamed after this handler returns, so from a session of its own.
+        return StreamingResponse(
+            exports.csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": exports.content_disposition(run, "csv")},
+        )
+    if format == "html":
+        text, policy = report.report_html_of(session, run, settings.crash_timeout_s)
+        return HTMLResponse(text, headers={
+            "Content-Disposition": exports.content_disposition(run, "html"),
+            "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
+        })
     return runs.export(session, run, settings.crash_timeout_s)

@@ -1,0 +1,29 @@
+"""Run comparison: runs aligned by step, first divergence, per-layer differences."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ampscope_server import comparison
+from ampscope_server.deps import SessionDep, SettingsDep
+from ampscope_server.schemas import CompareRead, ErrorBody
+
+router = APIRouter(prefix="/api", tags=["compare"])
+
+
+@router.get("/compare", responses={
+    404: {"model": ErrorBody, "description": "Unknown run"},
+    422: {"model": ErrorBody, "description": "Not 2 to 8 distinct run ids, or a bad number"},
+})
+def get_compare(
+    session: SessionDep,
+    settings: SettingsDep,
+    runs: Annotated[str, Query(description="Run ids separated by commas; the first is the "
+                                           "reference", max_length=2000)],
+    tolerance: Annotated[float, Query(ge=0, le=1000)] = 0.05,
+    underflow_threshold: Annotated[float, Query(ge=0, le=1)] = 0.01,
+) -> CompareRead:
+    return comparison.compare_runs(session, comparison.parse_run_ids(runs), tolerance,
+                                   underflow_threshold, settings.crash_timeout_s)

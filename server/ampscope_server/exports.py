@@ -1,0 +1,131 @@
+"""Downloads of a run: the long-format CSV stream and the attachment filename.
+
+The CSV is the run's full, unsampled data, one row per value (docs/contracts.md "Export"):
+`step,attempt,seq,wall_time,source,layer_index,layer,stat,value`. It is produced page by page
+from its own session, so memory stays constant however long the run: a page holds at most
+`PAGE_VALUES` per-layer rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Iterator, Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import codec, repository
+from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run, Step
+
+CSV_COLUMNS = ("step", "attempt", "seq", "wall_time", "source", "layer_index", "layer", "stat",
+               "value")
+# The step scalars, in the order each step's rows list them.
+SCALAR_STATS = ("loss", "scale_before", "scale_after", "growth_tracker", "found_inf", "skipped",
+                "grad_norm", "lr", "duration")
+PAGE_VALUES = 50_000
+"""Per-layer (or per-module) rows a page reads at most (each carries the eight statistics)."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def cell(value: float | int | bool | None) -> str:
+    """A value as CSV text: "" for absent, 1/0 for booleans, "nan"/"inf"/"-inf", else exact."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if math.isfinite(value):
+        return repr(value)  # the shortest text that reads back as the same double
+    encoded = codec.encode(value)
+    assert isinstance(encoded, str)
+    return encoded
+
+
+def attachment_filename(run: Run, extension: str) -> str:
+    """`<name>-<id8>.<ext>` with every character outside [A-Za-z0-9._-] replaced by `_`.
+
+    Safe for a Content-Disposition header and every file system: no quotes, slashes or
+    control characters, no leading dot, at most 80 characters of name.
+    """
+    name = _UNSAFE.sub("_", run.name).strip("._-")[:80] or "run"
+    short_id = _UNSAFE.sub("_", run.id)[:8] or "run"
+    return f"{name}-{short_id}.{extension}"
+
+
+def content_disposition(run: Run, extension: str) -> str:
+    return f'attachment; filename="{attachment_filename(run, extension)}"'
+
+
+def _step_rows(step: Step, ordinal: int) -> list[list[str]]:
+    head = [str(step.step), str(ordinal), str(step.seq), cell(step.wall_time)]
+    rows = []
+    for name in SCALAR_STATS:
+        value: float | int | bool | None = getattr(step, name)
+        if name in ("loss", "scale_before", "scale_after", "grad_norm", "lr", "duration"):
+            value = codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
+        rows.append([*head, "step", "", "", name, cell(value)])
+    return rows
+
+
+def _stat_rows(
+    head: list[str], source: str, index: int, name: str, values: Sequence[float | int | None]
+) -> list[list[str]]:
+    return [
+        [*head, source, str(index), name, stat, cell(value)]
+        for stat, value in zip(LAYER_STAT_NAMES, values, strict=True)
+    ]
+
+
+def csv_chunks(
+    factory: sessionmaker[Session], run_id: str, page_values: int = PAGE_VALUES
+) -> Iterator[str]:
+    """The CSV text of a run, one chunk per page of steps, in ingest order.
+
+    Within a step: its scalars (SCALAR_STATS order), then each layer's statistics (layer order,
+    then LAYER_STAT_NAMES order), then each module's activation statistics likewise.
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    yield buffer.getvalue()
+    with factory() as session:
+        layers = [layer.name for layer in repository.get_layers(session, run_id)]
+        modules = [module.name for module in repository.get_modules(session, run_id)]
+        limit = max(1, page_values // max(1, len(layers) + len(modules)))
+        after_id = 0
+        while True:
+            page = repository.steps_after(session, run_id, after_id, limit)
+            if not page:
+                return
+            ids = [step.id for step, _ in page]
+            params: dict[int, list[tuple[int, list[float | int | None]]]] = {}
+            for stat in repository.layer_stats_of(session, ids):
+                params.setdefault(stat.step_id, []).append((
+                    stat.layer_index, [getattr(stat, name) for name in LAYER_STAT_NAMES]))
+            activations: dict[int, list[tuple[int, list[float | int | None]]]] = {}
+            for act in repository.activation_stats_of(session, ids):
+                activations.setdefault(act.step_id, []).append((act.module_index, [
+                    codec.from_storage(getattr(act, name), getattr(act, f"{name}_class"))
+                    if name in CLASSED_ACTIVATION_STATS else getattr(act, name)
+                    for name in LAYER_STAT_NAMES]))
+            buffer.seek(0)
+            buffer.truncate()
+            for step, ordinal in page:
+                scalar_rows = _step_rows(step, ordinal)
+                writer.writerows(scalar_rows)
+                head = scalar_rows[0][:4]
+                for index, values in params.get(step.id, ()):
+                    name = layers[index] if index < len(layers) else ""
+                    writer.writerows(_stat_rows(head, "param", index, name, values))
+                for index, values in activations.get(step.id, ()):
+                    name = modules[index] if index < len(modules) else ""
+                    writer.writerows(_stat_rows(head, "activation", index, name, values))
+            yield buffer.getvalue()
+            after_id = page[-1][0].id
+            # The identity map only holds weak references, but a long export should not even
+            # keep the last page's objects reachable through the session.
+            session.expunge_all()

@@ -1,0 +1,231 @@
+"""Run comparison: the pure math (compare.py) and GET /api/compare on both dialects."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import httpx
+import pytest
+
+from ampscope_server.compare import (
+    Divergence,
+    LayerAt,
+    LayerDiff,
+    by_step,
+    earliest,
+    first_divergence,
+    layer_diffs,
+    relative_difference,
+)
+from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
+
+INF, NAN = math.inf, math.nan
+
+
+class TestRelativeDifference:
+    @pytest.mark.parametrize(("a", "b", "expected"), [
+        (2.0, 2.0, 0.0), (2.0, 2.2, abs(2.2 - 2.0) / 2.0), (2.0, 1.0, 0.5),
+        (-4.0, -3.0, 0.25), (0.0, 0.0, 0.0), (0.0, 1e-30, INF), (NAN, NAN, 0.0),
+        (INF, INF, 0.0), (-INF, INF, INF), (1.0, NAN, INF), (NAN, 1.0, INF), (1.0, INF, INF),
+    ])
+    def test_values(self, a: float, b: float, expected: float) -> None:
+        assert relative_difference(a, b) == expected
+
+
+class TestFirstDivergence:
+    def test_first_common_step_beyond_the_tolerance(self) -> None:
+        a = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 5: 1.0}
+        b = {0: 1.0, 1: 1.04, 3: 1.5, 4: 9.0, 5: 2.0}  # step 2 and 4 are not common
+        assert first_divergence("loss", a, b, 0.05) == Divergence("loss", 3, 1.0, 1.5, 0.5)
+        assert first_divergence("loss", a, b, 0.03) == Divergence(
+            "loss", 1, 1.0, 1.04, abs(1.04 - 1.0))
+        assert first_divergence("loss", a, b, 1.0) is None
+
+    def test_the_tolerance_is_exclusive(self) -> None:
+        assert first_divergence("loss", {0: 2.0}, {0: 3.0}, 0.5) is None
+        assert first_divergence("loss", {0: 2.0}, {0: 3.0}, 0.49) == Divergence(
+            "loss", 0, 2.0, 3.0, 0.5)
+
+    def test_a_nan_in_one_run_only_diverges(self) -> None:
+        a = {0: 1.0, 1: NAN, 2: 1.0}
+        assert first_divergence("grad_norm", a, {0: 1.0, 1: NAN, 2: 1.0}, 0.05) is None
+        found = first_divergence("grad_norm", a, {0: 1.0, 1: 1.0, 2: 1.0}, 0.05)
+        assert found is not None and (found.step, found.relative) == (1, INF)
+
+    def test_no_common_steps(self) -> None:
+        assert first_divergence("loss", {0: 1.0}, {1: 5.0}, 0.05) is None
+
+    def test_a_negative_tolerance_is_refused(self) -> None:
+        with pytest.raises(ValueError, match=r"tolerance must be a number ≥ 0, got -0\.1"):
+            first_divergence("loss", {}, {}, -0.1)
+
+    def test_earliest(self) -> None:
+        loss = Divergence("loss", 5, 1.0, 2.0, 1.0)
+        grad = Divergence("grad_norm", 5, 1.0, 2.0, 1.0)
+        assert earliest(loss, grad) is loss
+        assert earliest(None, grad) is grad
+        assert earliest(Divergence("loss", 7, 1.0, 2.0, 1.0), grad) is grad
+        assert earliest(None, None) is None
+
+
+def test_by_step_keeps_the_last_value_of_a_repeated_step_and_skips_nulls() -> None:
+    assert by_step([(0, 1.0), (1, 2.0), (1, 3.0), (2, None), (3, 4.0)]) == {
+        0: 1.0, 1: 3.0, 3: 4.0}
+
+
+class TestLayerDiffs:
+    def test_ratio_median_and_underflow_in_one_run_only(self) -> None:
+        ref = {
+            "w": {0: LayerAt(1.0, 0.0), 1: LayerAt(2.0, 0.0), 2: LayerAt(4.0, 0.0),
+                  3: LayerAt(1.0, 0.0)},
+            "b": {0: LayerAt(1.0, 0.5), 1: LayerAt(1.0, 0.5), 2: LayerAt(1.0, 0.0),
+                  3: LayerAt(1.0, 0.5)},
+            "only_ref": {0: LayerAt(1.0, 0.0)},
+        }
+        other = {
+            # step 3 is not in `other`: common steps are 0, 1, 2
+            "w": {0: LayerAt(3.0, 0.0), 1: LayerAt(2.0, 0.0), 2: LayerAt(2.0, 0.0)},
+            "b": {0: LayerAt(1.0, 0.0), 1: LayerAt(1.0, 0.0), 2: LayerAt(1.0, 0.0)},
+            "only_other": {0: LayerAt(1.0, 0.0)},
+        }
+        diffs = layer_diffs(ref, other, ["w", "b", "only_ref"], threshold=0.01)
+        assert diffs == [
+            LayerDiff("w", 3, 1.0, 3, 0.0, 0.0, None),  # median of 3, 1, 0.5
+            LayerDiff("b", 3, 1.0, 3, 0.5, 0.0, "reference"),
+        ]
+
+    def test_unknown_or_zero_reference_norms_are_left_out_of_the_ratio(self) -> None:
+        ref = {"w": {0: LayerAt(0.0, 1.0), 1: LayerAt(None, 0.0), 2: LayerAt(2.0, 0.0),
+                     3: LayerAt(2.0, 0.0)}}
+        other = {"w": {0: LayerAt(5.0, 0.0), 1: LayerAt(1.0, 0.0), 2: LayerAt(1.0, 0.5),
+                       3: LayerAt(None, 0.5)}}
+        # ratio only at step 2 (0.5); lost_frac medians: ref (1, 0, 0, 0) → 0, other → 0.25
+        assert layer_diffs(ref, other, ["w"], threshold=0.1) == [
+            LayerDiff("w", 4, 0.5, 1, 0.0, 0.25, "other")]
+
+    def test_no_common_steps(self) -> None:
+        ref = {"w": {0: LayerAt(1.0, 1.0)}}
+        other = {"w": {1: LayerAt(1.0, 0.0)}}
+        assert layer_diffs(ref, other, ["w"], 0.01) == [
+            LayerDiff("w", 0, None, 0, None, None, None)]
+
+
+# --- GET /api/compare ------------------------------------------------------------------------
+
+def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+    response = api.get(path)
+    assert response.status_code == status, response.text
+    return strict_json(response.text)
+
+
+def _post(api: httpx.Client, body: dict[str, Any]) -> None:
+    response = api.post("/api/ingest", json=body)
+    assert response.status_code == 200, response.text
+
+
+def _run_b_stats(seq: int) -> dict[str, list[Any]]:
+    """Run A's statistics at `seq` with fc1.weight's norm doubled and nothing lost in fc1.bias."""
+    stats = layer_stats(1.0 + seq)
+    stats["l2"][0] *= 2
+    stats["zero_frac"][1] = stats["underflow_frac"][1] = 0.0
+    return stats
+
+
+def _seed_pair(api: httpx.Client) -> tuple[str, str]:
+    """A: steps 0-3 as `record` makes them. B: steps 0-4, its loss 10 % higher from step 2, its
+    grad norm 4 % higher at step 1, fc1.weight's norm doubled, no loss in fc1.bias."""
+    a, b = new_id(), new_id()
+    _post(api, batch([record(i) for i in range(4)], run_id=a, name="fp32 baseline"))
+    records = []
+    for i in range(5):
+        rec = record(i, layers=_run_b_stats(i))
+        if i >= 2:
+            rec["loss"] = (2.31 - 0.01 * i) * 1.1
+        if i == 1:
+            rec["grad_norm"] = 0.75 * 1.04
+        records.append(rec)
+    _post(api, batch(records, run_id=b, name="<img src=x onerror=alert(1)>"))
+    return a, b
+
+
+class TestCompareEndpoint:
+    def test_divergence_and_layer_differences(self, api: httpx.Client) -> None:
+        a, b = _seed_pair(api)
+        body = _get(api, f"/api/compare?runs={a},{b}")
+        assert (body["tolerance"], body["underflow_threshold"], body["reference"]) == (
+            0.05, 0.01, a)
+        assert [(r["id"], r["name"]) for r in body["runs"]] == [
+            (a, "fp32 baseline"), (b, "<img src=x onerror=alert(1)>")]
+        [comparison] = body["comparisons"]
+        loss_2 = 2.31 - 0.01 * 2
+        expected_loss = {"metric": "loss", "step": 2, "reference_value": loss_2,
+                         "value": loss_2 * 1.1, "relative": abs(loss_2 * 1.1 - loss_2) / loss_2}
+        assert comparison == {
+            "run": b, "reference": a, "common_steps": 4, "layer_steps": 4,
+            "divergence": expected_loss, "loss_divergence": expected_loss,
+            "grad_norm_divergence": None,
+            "layers": [
+                {"layer": "fc1.weight", "steps": 4, "l2_ratio": 2.0, "ratio_steps": 4,
+                 "lost_frac_reference": 0.0, "lost_frac": 0.0, "underflow_only_in": None},
+                {"layer": "fc1.bias", "steps": 4, "l2_ratio": 1.0, "ratio_steps": 4,
+                 "lost_frac_reference": 0.15625, "lost_frac": 0.0, "underflow_only_in": a},
+            ],
+        }
+
+    def test_a_tighter_tolerance_finds_the_grad_norm_first(self, api: httpx.Client) -> None:
+        a, b = _seed_pair(api)
+        [comparison] = _get(api, f"/api/compare?runs={a},{b}&tolerance=0.03")["comparisons"]
+        assert comparison["divergence"] == comparison["grad_norm_divergence"] == {
+            "metric": "grad_norm", "step": 1, "reference_value": 0.75, "value": 0.75 * 1.04,
+            "relative": abs(0.75 * 1.04 - 0.75) / 0.75}
+        assert comparison["loss_divergence"]["step"] == 2
+
+    def test_the_reference_is_the_first_run_given(self, api: httpx.Client) -> None:
+        a, b = _seed_pair(api)
+        body = _get(api, f"/api/compare?runs={b},{a}&underflow_threshold=0.5")
+        assert body["reference"] == b
+        [comparison] = body["comparisons"]
+        assert (comparison["run"], comparison["reference"]) == (a, b)
+        assert [d["l2_ratio"] for d in comparison["layers"]] == [0.5, 1.0]
+        assert [d["underflow_only_in"] for d in comparison["layers"]] == [None, None]
+
+    def test_three_runs_and_layers_matched_by_name(self, api: httpx.Client) -> None:
+        a, b = _seed_pair(api)
+        c = new_id()
+        layers = copy.deepcopy(LAYERS)
+        layers[1]["name"] = "fc2.bias"
+        _post(api, batch([record(0)], run_id=c, layers=layers))
+        body = _get(api, f"/api/compare?runs={a},{b},{c}")
+        assert [x["run"] for x in body["comparisons"]] == [b, c]
+        third = body["comparisons"][1]
+        assert [d["layer"] for d in third["layers"]] == ["fc1.weight"]
+        assert (third["common_steps"], third["layer_steps"], third["divergence"]) == (1, 1, None)
+
+    @pytest.mark.parametrize(("query", "detail"), [
+        ("runs=only-one", "runs: give 2 to 8 run ids separated by commas, got 1"),
+        ("runs=x,,x", "runs: each run may appear once, got 'x,,x'"),
+        ("runs=" + ",".join(f"r{i}" for i in range(9)),
+         "runs: give 2 to 8 run ids separated by commas, got 9"),
+    ])
+    def test_bad_run_lists_are_422(self, api: httpx.Client, query: str, detail: str) -> None:
+        assert _get(api, f"/api/compare?{query}", 422) == {"detail": detail}
+
+    def test_bad_numbers_are_422(self, api: httpx.Client) -> None:
+        a, b = _seed_pair(api)
+        for query in ("tolerance=-0.1", "tolerance=abc", "underflow_threshold=2"):
+            response = api.get(f"/api/compare?runs={a},{b}&{query}")
+            assert response.status_code == 422, (query, response.text)
+
+    def test_an_unknown_run_is_404(self, api: httpx.Client) -> None:
+        a, _ = _seed_pair(api)
+        missing = new_id()
+        assert _get(api, f"/api/compare?runs={a},{missing}", 404) == {
+            "detail": f"run '{missing}' not found"}
+
+    def test_the_compare_page_is_served(self, api: httpx.Client) -> None:
+        response = api.get("/compare?runs=a,b")
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/html; charset=utf-8"
+        assert '<script type="module" src="/static/js/compare.js"></script>' in response.text

@@ -1,0 +1,289 @@
+// Compare page: 2+ runs overlaid by step (loss scale, loss, grad norm), each run in its own stable
+// colour, the first step where a run departs from the reference, and per-layer differences
+// (GET /api/compare). User text (run and layer names) goes through textContent or plotText.
+
+import * as api from './api.js';
+import { runColors } from './colors.js';
+import { el, numberText, scaleText, statusBadge } from './format.js';
+import { CONFIG, LogTicks, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
+import { TableSort } from './table_sort.js';
+
+const $ = (id) => document.getElementById(id);
+
+const CHARTS = [
+  { id: 'scale-chart', series: 'scale', label: 'loss scale', height: 300, base: 2 },
+  { id: 'loss-chart', series: 'loss', label: 'loss', height: 280, base: null },
+  { id: 'gradnorm-chart', series: 'grad_norm', label: 'grad norm', height: 280, base: 10 },
+];
+
+function percentInput(input, fallback) {
+  const v = Number(input.value);
+  return Number.isFinite(v) && v >= 0 ? v / 100 : fallback;
+}
+
+function fraction(v) {
+  return v === null || v === undefined ? '—' : `${numberText(100 * v, 3)}%`;
+}
+
+function swatch(color) {
+  const node = el('span', 'swatch');
+  node.style.background = color; // CSSOM, not an inline style attribute: allowed by the CSP
+  return node;
+}
+
+class ComparePage {
+  constructor(ids) {
+    this.ids = ids;
+    this.colors = runColors(ids);
+    this.body = null;
+    this.pair = 0;
+    this.request = 0;
+    this.ready = false;
+    const params = new URLSearchParams(location.search);
+    if (params.has('tolerance')) $('tolerance').value = String(100 * Number(params.get('tolerance')));
+    if (params.has('underflow_threshold')) $('threshold').value = String(100 * Number(params.get('underflow_threshold')));
+    this.sort = new TableSort($('layers').tHead, { key: 'order', direction: 'asc' }, () => this.renderLayers());
+  }
+
+  get tolerance() { return percentInput($('tolerance'), 0.05); }
+
+  get threshold() { return Math.min(1, percentInput($('threshold'), 0.01)); }
+
+  runName(id) {
+    const run = this.body && this.body.runs.find((r) => r.id === id);
+    return run ? (run.name || run.id) : id;
+  }
+
+  async load() {
+    await this.fetchComparison();
+    const width = $('scale-chart').clientWidth || 1200;
+    const maxPoints = Math.max(200, Math.round(2 * width));
+    const perRun = await Promise.all(this.ids.map(async (id) => {
+      const [scale, loss, gradNorm, events] = await Promise.all([
+        api.getSeries(id, 'scale', maxPoints), api.getSeries(id, 'loss', maxPoints),
+        api.getSeries(id, 'grad_norm', maxPoints), api.getEvents(id),
+      ]);
+      return { id, scale, loss, grad_norm: gradNorm, skipped: events.filter((e) => e.kind === 'skipped') };
+    }));
+    await Promise.all(CHARTS.map((chart) => this.drawChart(chart, perRun)));
+    this.ready = true;
+    window.ampscope = { compare: this }; // for the console and the browser tests
+
+    $('tolerance').addEventListener('change', () => this.refreshComparison());
+    $('threshold').addEventListener('change', () => this.refreshComparison());
+    $('pair-select').addEventListener('change', () => {
+      this.pair = Number($('pair-select').value);
+      this.renderLayers();
+    });
+  }
+
+  async fetchComparison() {
+    const request = ++this.request;
+    const body = await api.getCompare(this.ids, this.tolerance, this.threshold);
+    if (request !== this.request) return false; // a newer request is on its way
+    this.body = body;
+    this.pair = Math.min(this.pair, body.comparisons.length - 1);
+    const query = new URLSearchParams({ runs: this.ids.join(','), tolerance: String(body.tolerance),
+      underflow_threshold: String(body.underflow_threshold) });
+    history.replaceState(null, '', `/compare?${query}`);
+    document.title = `${body.runs.map((r) => r.name || r.id).join(' vs ')} · ampscope`;
+    this.renderRuns();
+    this.renderDivergences();
+    this.renderPairSelect();
+    this.renderLayers();
+    $('compare-note').textContent = `${body.runs.length} runs`;
+    return true;
+  }
+
+  async refreshComparison() {
+    try {
+      if (await this.fetchComparison()) {
+        for (const chart of CHARTS) Plotly.relayout($(chart.id), { shapes: this.divergenceShapes() });
+      }
+      api.showError(null);
+    } catch (err) {
+      api.showError(err.message);
+    }
+  }
+
+  /** Make `id` the reference: reorder, keep the colours, recompute. */
+  async makeReference(id) {
+    this.ids = [id, ...this.ids.filter((x) => x !== id)];
+    this.pair = 0;
+    await this.refreshComparison();
+  }
+
+  renderRuns() {
+    const items = this.body.runs.map((run, index) => {
+      const li = el('li', 'compare-run');
+      li.dataset.runId = run.id;
+      const link = el('a', 'compare-run-name', run.name || run.id);
+      link.href = `/runs/${encodeURIComponent(run.id)}`;
+      const head = el('div', 'compare-run-head');
+      head.append(swatch(this.colors.get(run.id)), link);
+      const meta = el('div', 'compare-run-meta');
+      meta.append(statusBadge(run.status), el('span', 'muted', `${run.num_steps} steps`),
+        el('span', 'muted', `scale ${scaleText(run.last_scale)}`), el('span', 'run-id', run.id.slice(0, 8)));
+      li.append(head, meta);
+      if (index === 0) li.append(el('span', 'reference-tag', 'reference'));
+      else {
+        const button = el('button', 'button button-small', 'make reference');
+        button.type = 'button';
+        button.addEventListener('click', () => this.makeReference(run.id));
+        li.append(button);
+      }
+      return li;
+    });
+    $('compare-runs').replaceChildren(...items);
+  }
+
+  renderDivergences() {
+    const tol = `${numberText(100 * this.body.tolerance, 3)}%`;
+    const cards = this.body.comparisons.map((c) => {
+      const card = el('div', 'divergence card');
+      card.dataset.runId = c.run;
+      const title = el('div', 'card-label');
+      title.append(swatch(this.colors.get(c.run)), el('span', 'divergence-run', this.runName(c.run)),
+        el('span', null, ' vs '), swatch(this.colors.get(c.reference)), el('span', 'divergence-run', this.runName(c.reference)));
+      const d = c.divergence;
+      const value = el('div', 'card-value divergence-value');
+      const detail = el('div', 'divergence-detail muted');
+      if (d) {
+        value.append('diverges at step ', el('span', 'divergence-step', String(d.step)));
+        value.classList.add('warn');
+        const label = d.metric === 'loss' ? 'loss' : 'grad norm';
+        const rel = Number.isFinite(d.relative) ? `${numberText(100 * d.relative, 3)}% apart` : 'one is not finite';
+        detail.textContent = `${label} ${numberText(d.reference_value)} → ${numberText(d.value)} (${rel}; tolerance ${tol})`;
+      } else {
+        value.textContent = 'no divergence';
+        value.classList.add('ok');
+        detail.textContent = `loss and grad norm within ${tol} over ${c.common_steps} common steps`;
+      }
+      card.append(title, value, detail);
+      return card;
+    });
+    $('divergences').replaceChildren(...cards);
+  }
+
+  divergenceShapes() {
+    if (!this.body) return [];
+    return this.body.comparisons.filter((c) => c.divergence).map((c) => ({
+      type: 'line', xref: 'x', yref: 'paper', x0: c.divergence.step, x1: c.divergence.step, y0: 0, y1: 1,
+      line: { color: this.colors.get(c.run), width: 1.5, dash: 'dot' },
+    }));
+  }
+
+  async drawChart(chart, perRun) {
+    const div = $(chart.id);
+    const ticks = chart.base ? new LogTicks('yaxis', chart.base) : null;
+    const traces = [];
+    for (const run of perRun) {
+      const color = this.colors.get(run.id);
+      const name = plotText(this.runName(run.id));
+      const pts = run[chart.series].points;
+      if (ticks) ticks.widen(pts.flatMap((p) => [p.min, p.max]));
+      traces.push({
+        x: pts.map((p) => p.step), y: pts.map((p) => finiteOrNull(p.last)), type: 'scatter', mode: 'lines',
+        name, legendgroup: run.id, meta: run.id, connectgaps: false,
+        line: { color, width: 1.8, shape: chart.series === 'scale' ? 'hv' : 'linear' },
+        hovertemplate: chart.series === 'scale' ? '%{y:.6g}' : '%{y:.4g}',
+      });
+      if (chart.series === 'scale') {
+        traces.push({
+          x: run.skipped.map((e) => e.step), y: run.skipped.map((e) => finiteOrNull(e.scale_before)),
+          type: 'scatter', mode: 'markers', name: `${name} skipped`, legendgroup: run.id, meta: run.id,
+          showlegend: false, marker: { color, symbol: 'x-thin-open', size: 9, line: { width: 2, color } },
+          hovertemplate: 'skipped (overflow)',
+        });
+      }
+    }
+    const layout = themedLayout(`compare-${chart.series}`, {
+      height: chart.height,
+      hovermode: 'x unified',
+      shapes: this.divergenceShapes(),
+      yaxis: { type: ticks ? 'log' : 'linear', title: { text: chart.label, standoff: 6 }, ...(ticks ? ticks.attributes() : {}) },
+    });
+    div.style.height = `${layout.height}px`; // responsive plots fill their div: size the div
+    await Plotly.newPlot(div, traces, layout, CONFIG);
+  }
+
+  renderPairSelect() {
+    const comparisons = this.body.comparisons;
+    $('pair-label').hidden = comparisons.length < 2;
+    const options = comparisons.map((c, i) => {
+      const option = el('option', null, `${this.runName(c.run)} vs ${this.runName(c.reference)}`);
+      option.value = String(i);
+      return option;
+    });
+    $('pair-select').replaceChildren(...options);
+    $('pair-select').value = String(this.pair);
+  }
+
+  renderLayers() {
+    if (!this.body || !this.body.comparisons.length) return;
+    const c = this.body.comparisons[this.pair];
+    $('lost-ref-head').textContent = `Lost · ${this.runName(c.reference)}`;
+    $('lost-head').textContent = `Lost · ${this.runName(c.run)}`;
+    $('lost-ref-head').title = 'Median share of the gradient lost (zero or flushed to zero) over the common steps';
+    $('lost-head').title = $('lost-ref-head').title;
+    const rows = c.layers.map((layer, order) => ({ ...layer, order }));
+    const valueOf = (row, key) => ({
+      order: row.order, ratio: row.l2_ratio, steps: row.steps, lost_reference: row.lost_frac_reference,
+      lost: row.lost_frac, only: row.underflow_only_in ? this.runName(row.underflow_only_in) : null,
+    })[key];
+    const flagged = rows.filter((r) => r.underflow_only_in).length;
+    const far = rows.filter((r) => r.l2_ratio > 0 && Math.abs(Math.log2(r.l2_ratio)) >= 1).length;
+    $('layers-note').textContent = `${rows.length} layers in both runs · ${c.layer_steps} common steps with layer statistics`
+      + ` · ${far} with norms 2× apart or more · ${flagged} underflowing in one run only`;
+    $('layers-empty').hidden = rows.length > 0;
+    $('layers').hidden = rows.length === 0;
+    $('layers-body').replaceChildren(...this.sort.sorted(rows, valueOf).map((row) => this.layerRow(row)));
+  }
+
+  layerRow(row) {
+    const tr = el('tr');
+    const name = el('td', 'layer-cell', row.layer);
+    name.title = row.layer;
+    const ratio = el('td', 'num');
+    if (row.l2_ratio === null) ratio.append(el('span', 'muted', '—'));
+    else {
+      const dev = row.l2_ratio > 0 ? Math.abs(Math.log2(row.l2_ratio)) : Infinity;
+      const r = row.l2_ratio;
+      ratio.textContent = `${r >= 0.01 && r < 1000 ? r.toFixed(2) : numberText(r, 3)}×`;
+      if (dev >= 4) ratio.classList.add('bad');
+      else if (dev >= 1) ratio.classList.add('warn');
+    }
+    const lostCell = (v) => {
+      const td = el('td', 'num', fraction(v));
+      if (v !== null && v > this.body.underflow_threshold) td.classList.add('warn');
+      return td;
+    };
+    const only = el('td');
+    if (row.underflow_only_in) {
+      only.append(swatch(this.colors.get(row.underflow_only_in)), el('span', 'only-in', this.runName(row.underflow_only_in)));
+    } else only.append(el('span', 'muted', '—'));
+    tr.append(name, ratio, el('td', 'num muted', `${row.ratio_steps}/${row.steps}`), lostCell(row.lost_frac_reference),
+      lostCell(row.lost_frac), only);
+    return tr;
+  }
+}
+
+function runIdsFromUrl() {
+  const raw = new URLSearchParams(location.search).get('runs') ?? '';
+  return [...new Set(raw.split(',').map((s) => s.trim()).filter(Boolean))];
+}
+
+async function main() {
+  const ids = runIdsFromUrl();
+  if (ids.length < 2) {
+    api.showError('Pick two or more runs on the runs list to compare them (this page needs ?runs=id1,id2).');
+    return;
+  }
+  try {
+    await new ComparePage(ids).load();
+  } catch (err) {
+    api.showError(err.message);
+  }
+}
+
+main();
