@@ -77,9 +77,10 @@ class StepCycle:
         step: int,
     ) -> None:
         grads = [p.grad for p in self._params]
-        scaled = self._view.scaled_flags(optimizer, optimizers, self._params)
+        scaled = self._view.scaled_state(optimizer, optimizers, self._params)
         scale = self._view.scale_in_effect()
-        self._captured_kind = "before_unscale" if scaled and all(scaled) else "after_unscale"
+        all_scaled = scaled if isinstance(scaled, bool) else bool(scaled) and all(scaled)
+        self._captured_kind = "before_unscale" if all_scaled else "after_unscale"
         self._has_block = self._cadence.due(step)
         if self._has_block:
             self._head = self._stats.layer_stats(grads, scale, scaled)
@@ -112,7 +113,8 @@ class StepCycle:
         (scale_before, scale_after, growth, found_inf), absent, from_scale = (
             self._view.after_update(before, device))
         if self._loss_sum is not None:
-            loss = (self._loss_sum / self._loss_n).to(device)
+            loss_sum = self._loss_sum
+            loss = (loss_sum if self._loss_n == 1 else loss_sum / self._loss_n).to(device)
         else:
             loss = nan
             absent.add("loss")
@@ -124,6 +126,8 @@ class StepCycle:
         if rate is None:
             rate = nan
             absent.add("lr")
+        # One stack, promoting the scaler's float32/int32 tensors to float64 (scale_before,
+        # loss and the norm already are): no conversion op per scalar.
         parts = [torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, rate])]
         assert parts[0].numel() == len(SCALARS)
         if head is not None and head.numel() > 1:

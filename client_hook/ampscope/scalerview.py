@@ -51,11 +51,25 @@ class ScalerView:
         params: Sequence[torch.nn.Parameter],
     ) -> list[bool]:
         """Per watched parameter: is its ``.grad`` still multiplied by the scale?"""
+        flags = self.scaled_state(optimizer, optimizers, params)
+        return [flags] * len(params) if isinstance(flags, bool) else flags
+
+    def scaled_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> bool | list[bool]:
+        """``scaled_flags`` as one bool when every parameter shares it (no per-step list)."""
+        if not params:
+            return []
         if not self.enabled():
-            return [False] * len(params)
+            return False
         current = self.stage(optimizer)
         if current is None:  # no private state: we run before the first unscale_, so scaled
-            return [True] * len(params)
+            return True
+        if len(optimizers) == 1 and optimizers[0] is optimizer:
+            return current == "READY"  # one optimizer: an unowned parameter takes ``current``
         key = tuple(id(o) for o in optimizers)
         if key != self._owner_of:
             self._owner = {id(p): o for o in optimizers
@@ -64,7 +78,7 @@ class ScalerView:
         stages = {id(o): self.stage(o) for o in optimizers}
         if all(stage == current for stage in stages.values()):
             # Every owner (and an unowned parameter, which takes ``current``) is at one stage.
-            return [current == "READY"] * len(params)
+            return current == "READY"
         flags = []
         for p in params:
             owner = self._owner.get(id(p))
@@ -90,8 +104,12 @@ class ScalerView:
                     continue
                 per_device = state.get("found_inf_per_device", {})
                 found.extend(t for t in per_device.values() if isinstance(t, torch.Tensor))
-        if len(found) == 1:  # one optimizer on one device: the common case, two ops
-            before["found_inf"] = found[0].detach().to(torch.float64).reshape(()).clamp(max=1.0)
+        if len(found) == 1:  # one optimizer on one device: the common case, no op at all
+            # update() reads a lone found_inf tensor without writing it (it adds in place into
+            # the first one only when there are several), and the scaler only ever sets it to
+            # 0 or 1: keep it as it is; ``after_update`` makes it a 0-d view, the record's stack
+            # promotes it to float64.
+            before["found_inf"] = found[0].detach()
         elif found:
             device = found[0].device
             before["found_inf"] = torch.stack(
@@ -102,8 +120,10 @@ class ScalerView:
     def after_update(
         self, before: Mapping[str, Any], device: torch.device
     ) -> tuple[list[torch.Tensor], set[str], bool]:
-        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d float64 device tensors,
-        the names to send as null, and whether found_inf must be inferred from the scale."""
+        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d device tensors (the
+        scaler's own dtypes, views where possible: the record's one ``stack`` promotes them to
+        float64, scale_before already is), the names to send as null, and whether found_inf must
+        be inferred from the scale."""
         f64 = torch.float64
 
         def const(x: float) -> torch.Tensor:
@@ -116,16 +136,16 @@ class ScalerView:
         after = getattr(self.scaler, "_scale", None)
         if "scale" in before and isinstance(after, torch.Tensor):
             scale_before = before["scale"].to(device)
-            scale_after = after.detach().to(device=device, dtype=f64)
+            scale_after = after.detach().to(device=device).reshape(())
         else:
             scale_before = const(before.get("scale_host", float("nan")))
             scale_after = const(float(self.scaler.get_scale()))
         tracker = getattr(self.scaler, "_growth_tracker", None)
         if isinstance(tracker, torch.Tensor):
-            growth = tracker.detach().to(device=device, dtype=f64)
+            growth = tracker.detach().to(device=device)
         else:
             growth = const(0.0)
             absent.add("growth_tracker")
         from_scale = "found_inf" not in before
-        found_inf = const(0.0) if from_scale else before["found_inf"].to(device)
+        found_inf = const(0.0) if from_scale else before["found_inf"].to(device).reshape(())
         return [scale_before, scale_after, growth.reshape(()), found_inf], absent, from_scale

@@ -263,3 +263,76 @@ def check_cached(
             assert_same(g, w)
     assert_same(stats.grad_norm(raws, scale, scaled).item(), want_norm)
     return got
+
+
+class TestGradNormsDirectPath:
+    """grad_norms without the padded buffer: one _foreach_norm in float64 over the gradients."""
+
+    def test_nan_and_inf_in_different_layers(self) -> None:
+        raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 2.0]), torch.ones(3)]
+        got = GradStats(FP16).grad_norms(raws, torch.tensor(4.0), True).tolist()
+        assert math.isnan(got[0]) and got[1] == math.inf and math.isnan(got[2])
+        assert got[3] == pytest.approx(math.sqrt(3) / 4, rel=1e-12)
+        inf_only = GradStats(FP16).grad_norms(raws[::2], 4.0, [True, True]).tolist()
+        assert inf_only[0] == math.inf and inf_only[1] == math.inf
+
+    @pytest.mark.parametrize("scaled", [True, False])
+    def test_extreme_magnitudes_are_exact(self, scaled: bool) -> None:
+        # float32 sums of squares overflow from |x| ~ 1.8e19 and underflow below ~1e-19.
+        raws = [torch.full((1000,), 3e37), torch.full((500,), 1e-25),
+                edge_tensor(8.0, torch.float32, scaled, 700), torch.zeros(0)]
+        scale = 2.0**24
+        _, want = reference(raws, [r.numel() for r in raws], scale, [scaled] * 4, FP16)
+        want_norm = math.sqrt(sum(x * x for x in want["l2"]))
+        for scale_arg in (scale, torch.tensor([scale])):
+            got = GradStats(FP16).grad_norms(raws, scale_arg, scaled).tolist()
+            assert_same(got[0], want_norm)
+            for g, w in zip(got[1:], want["l2"], strict=True):
+                assert_same(g, w)
+
+    def test_fallback_and_back_when_the_layout_changes(self) -> None:
+        stats = GradStats(FP16, numels=[700, 9, 300])
+        full = [edge_tensor(8.0, torch.float32, True, 700), torch.ones(9),
+                torch.randn(3, 100, dtype=torch.float16)]
+        partial: list[torch.Tensor | None] = [full[0], None, full[2]]
+        sparse = [full[0], torch.ones(9).to_sparse(), full[2]]
+        for raws in (full, partial, sparse, full, [full[0], full[1].double(), full[2]]):
+            dense = [r.to_dense() if r is not None and r.is_sparse else r for r in raws]
+            _, want = reference(dense, [700, 9, 300], 8.0, [True] * 3, FP16)
+            got = stats.grad_norms(raws, torch.tensor(8.0), [True, True, True]).tolist()
+            assert_same(got[0], math.sqrt(sum(x * x for x in want["l2"])))
+            for g, w in zip(got[1:], want["l2"], strict=True):
+                assert_same(g, w)
+
+    def test_mixed_flags_match_the_reference(self) -> None:
+        raws = [edge_tensor(2.0**10, torch.float32, True, 600),
+                edge_tensor(2.0**10, torch.float32, False, 900)]
+        _, want = reference(raws, [600, 900], 2.0**10, [True, False], FP16)
+        got = GradStats(FP16).grad_norms(raws, 2.0**10, [True, False]).tolist()
+        for g, w in zip(got[1:], want["l2"], strict=True):
+            assert_same(g, w)
+
+    def ops_for(self, num_layers: int) -> list[str]:
+        stats = GradStats(FP16)
+        raws = [torch.randn(37 + 50 * i) for i in range(num_layers)]
+        stats.grad_norms(raws, torch.tensor(2.0**10), True)
+        with _CountOps() as mode:
+            stats.grad_norms(raws, torch.tensor(2.0**10), True)
+        ops: list[str] = mode.ops
+        return ops
+
+    def test_launches_do_not_grow_with_layer_count(self) -> None:
+        few, many = self.ops_for(3), self.ops_for(60)
+        assert few == many
+        assert len(few) <= 8
+
+    def test_no_host_reads(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def boom(*args: object) -> Iterator[None]:
+            raise AssertionError("host sync inside reductions")
+
+        raws = [torch.randn(100), torch.tensor([math.nan, 1.0])]
+        for attr in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+            monkeypatch.setattr(torch.Tensor, attr, boom)
+        stats = GradStats(FP16)
+        stats.grad_norms(raws, torch.tensor(8.0), True)
+        stats.grad_norms(raws, 8.0, [False, False])
