@@ -248,6 +248,14 @@ def api_steps(server: ServerProcess, run_id: str) -> int:
     return int(resp.json()["num_steps"])
 
 
+def assert_close(actual: list[float | None], expected: list[float | None]) -> None:
+    """Equal lengths, None where expected is None, else equal to 1e-9 relative."""
+    assert len(actual) == len(expected)
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert (a is None) == (e is None), (i, a, e)
+        assert e is None or a == pytest.approx(e, rel=1e-9), (i, a, e)
+
+
 SCALE_POINTS = "() => document.getElementById('scale-chart').data[2].x.length"
 SKIP_MARKERS = "() => document.getElementById('scale-chart').data[3].x.length"
 HEATMAP_ROWS = "() => document.getElementById('heatmap').data[0].y"
@@ -389,6 +397,120 @@ class TestRunPage:
         assert steps[NAN_LOSS_STEP]["loss"] == "nan"
         assert steps[NAN_LOSS_STEP]["skipped"] is True
         assert parsed[f"{base}/steps"]["steps"][NAN_LOSS_STEP]["loss"] == "nan"
+        watched.assert_clean()
+
+    def test_events_smoothing_skip_rate_layer_lines_table_and_zoom(
+        self, live_server: ServerProcess, training: Training, watched: Watched
+    ) -> None:
+        """The run page's analysis features on the finished run, each against the API's data."""
+        assert training.finished.wait(STEPS / STEPS_PER_S + 30)
+        page = watched.page
+        requests: list[str] = []
+        page.on("request", lambda req: requests.append(req.url))
+        page.goto(f"{live_server.url}/runs/{training.run_id}")
+        watched.wait_for(LOADED)
+        watched.wait_for(FINISHED)
+        base = f"{live_server.url}/api/runs/{training.run_id}"
+        names = layer_names(live_server, training.run_id)
+
+        # Events: the NaN-loss step opens onto a forward overflow and its non-finite layers, in
+        # the API's (backward) order; a gradient-only overflow says the loss was finite.
+        events = httpx.get(f"{base}/events", timeout=10).json()["events"]
+        skipped = {e["step"]: e for e in events if e["kind"] == "skipped"}
+        nan_event = skipped[NAN_LOSS_STEP]
+        assert nan_event["loss_finite"] is False and nan_event["layers"]
+        backward = [e for e in skipped.values() if e["loss_finite"] is True and e["layers"]]
+        assert backward, "init_scale 2^20 overflows some gradients with a finite loss"
+        for event, verdict in ((nan_event, "forward overflow"), (backward[0], "backward overflow")):
+            details = page.locator(f'details.event-detail[data-step="{event["step"]}"]')
+            assert details.get_attribute("open") is None
+            details.locator("summary").click()
+            assert details.get_attribute("open") is not None
+            assert details.get_attribute("data-loss-finite") == str(event["loss_finite"]).lower()
+            assert verdict in details.locator("summary").inner_text()
+            assert details.locator(".bad-layer-name").all_inner_texts() == [
+                layer["name"] for layer in event["layers"]]
+            assert details.locator(".nonfinite").all_inner_texts() == [
+                "NaN" if layer["kind"] == "nan" else "inf" for layer in event["layers"]]
+        assert page.locator(".bad-layers img, .bad-layers script").count() == 0
+
+        # Smoothing: the smoothed line follows the slider (debiased EMA); the raw one does not move.
+        raw_before = watched.js("() => document.getElementById('loss-chart').data[0].y")
+        smooth_before = watched.js("() => document.getElementById('loss-chart').data[2].y")
+        page.locator("#smoothing").fill("0.9")
+        watched.wait_for("() => document.getElementById('smoothing-value').textContent === '0.90'")
+        raw_after = watched.js("() => document.getElementById('loss-chart').data[0].y")
+        smooth_after = watched.js("() => document.getElementById('loss-chart').data[2].y")
+        assert raw_after == raw_before and len(raw_after) == STEPS
+        assert smooth_after != smooth_before
+        expected: list[float | None] = []
+        last, count = 0.0, 0
+        for v in raw_after:
+            if v is None:
+                expected.append(None)
+                continue
+            last, count = last * 0.9 + 0.1 * v, count + 1
+            expected.append(last / (1 - 0.9**count))
+        assert smooth_after[NAN_LOSS_STEP] is None
+        assert_close(smooth_after, expected)
+        assert watched.js("() => document.getElementById('loss-chart').data[0].opacity") < 1
+
+        # Rolling skip rate over the last 100 steps, from the steps' skipped flags.
+        flags = [s["skipped"] for s in httpx.get(f"{base}/steps", timeout=10).json()["steps"]]
+        rates = watched.js("() => document.getElementById('skiprate-chart').data[0].y")
+        assert len(rates) == STEPS
+        for step in (0, NAN_LOSS_STEP, STEPS - 1):
+            window = flags[max(0, step - 99): step + 1]
+            assert rates[step] == pytest.approx(sum(window) / len(window))
+
+        # A click on a heatmap row adds that layer's amax and amin_nz; a second click removes them.
+        lines = "() => document.getElementById('layer-lines').data.map((t) => [t.meta, t.name])"
+        page.locator("#heatmap").scroll_into_view_if_needed()
+        box = page.locator("#heatmap .nsewdrag").bounding_box()
+        assert box is not None
+        row = len(names) - 1
+        y = box["y"] + (row + 0.5) * box["height"] / len(names)
+        page.mouse.click(box["x"] + box["width"] / 2, y)
+        watched.wait_for(f"() => ({lines})().length === 2")
+        assert watched.js(lines) == [[row, f"{names[row]} amax"], [row, f"{names[row]} amin_nz"]]
+        amax = httpx.get(f"{base}/layer-stats", params={"stat": "amax", "max_points": 10000},
+                         timeout=10).json()
+        shown = watched.js("() => document.getElementById('layer-lines').data[0].y")
+        assert len(shown) == len(amax["steps"]) == STEPS
+        assert_close(shown, [v if isinstance(v, float | int) else None for v in amax["z"][row]])
+        assert page.locator("#layer-lines-note").is_hidden()
+        watched.screenshot("run-features.png")
+        page.mouse.click(box["x"] + box["width"] / 2, y)
+        watched.wait_for(f"() => ({lines})().length === 0")
+
+        # The layer table, sorted by lost fraction at the last step: largest first (ties in
+        # model order), then smallest first.
+        last = STEPS - 1
+        lost = httpx.get(f"{base}/layer-stats", params={"stat": "lost_frac", "start": last,
+                                                        "end": last}, timeout=10).json()
+        assert lost["steps"] == [last]
+        assert page.locator("#layer-step").inner_text() == f"at step {last}"
+        values = [row_[-1] for row_ in lost["z"]]
+        page.click("#layer-head th[data-sort=lost_frac]")
+        assert page.locator("#layer-head th[data-sort=lost_frac]").get_attribute(
+            "aria-sort") == "descending"
+        order = page.locator("#layer-body tr").evaluate_all(
+            "(rows) => rows.map((r) => Number(r.dataset.index))")
+        assert order == sorted(range(len(names)), key=lambda i: -values[i])
+        page.click("#layer-head th[data-sort=lost_frac]")
+        order = page.locator("#layer-body tr").evaluate_all(
+            "(rows) => rows.map((r) => Number(r.dataset.index))")
+        assert order == sorted(range(len(names)), key=lambda i: values[i])
+
+        # Zoom fetches the visible range in detail and keeps the zoom (uirevision).
+        page.evaluate("() => Plotly.relayout('scale-chart', {'xaxis.range': [50, 100]})")
+        watched.wait_for("() => window.ampscope.zoom.scale.fetches === 1")
+        zoomed = [u for u in requests if "/series/scale?" in u and "start=50" in u]
+        assert len(zoomed) == 1 and "end=100" in zoomed[0]
+        assert watched.js("() => document.getElementById('scale-chart').layout.xaxis.range") == [
+            50, 100]
+        assert watched.js("() => document.getElementById('scale-chart').layout.uirevision")
+        assert watched.js(SCALE_POINTS) == STEPS  # the detail replaced the range, repeating nothing
         watched.assert_clean()
 
     def test_an_unknown_run_says_so(self, live_server: ServerProcess, watched: Watched) -> None:

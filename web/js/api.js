@@ -53,16 +53,27 @@ export async function getSteps(id, afterId, limit = 10000) {
   return { steps: body.steps.map(decodeStep), last_id: body.last_id };
 }
 
-export async function getSeries(id, name, maxPoints) {
-  return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?max_points=${maxPoints}`));
+/** /series/{name}; `range` = {start, end} (steps, inclusive) for the detail of a zoomed range. */
+export async function getSeries(id, name, maxPoints, range = null) {
+  const query = new URLSearchParams({ max_points: String(maxPoints) });
+  if (range) {
+    query.set('start', String(Math.floor(range.start)));
+    query.set('end', String(Math.ceil(range.end)));
+  }
+  return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?${query}`));
 }
 
 export async function getEvents(id) {
   return decodeEvents(await getJSON(`${runPath(id)}/events`));
 }
 
-export async function getLayerStats(id, stat) {
-  return decodeLayerStats(await getJSON(`${runPath(id)}/layer-stats?stat=${encodeURIComponent(stat)}`));
+/** /layer-stats; `options` may hold start, end and max_points. */
+export async function getLayerStats(id, stat, options = {}) {
+  const query = new URLSearchParams({ stat });
+  for (const [key, value] of Object.entries(options)) {
+    if (value !== null && value !== undefined) query.set(key, String(value));
+  }
+  return decodeLayerStats(await getJSON(`${runPath(id)}/layer-stats?${query}`));
 }
 
 /** GET /api/compare: the first id is the reference. */

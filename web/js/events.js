@@ -1,56 +1,149 @@
-// The events table: skipped steps, backoffs and growths (never downsampled), newest first.
+// The events table: skipped steps, backoffs, growths and AMP misuse (never downsampled), newest
+// first. A skipped step opens (a <details> row, no script needed) to show the layers whose
+// gradient went non-finite, first bad layer first (backward order), NaN vs inf, and whether the
+// loss itself was finite (forward vs backward overflow). A misuse event shows its detail.
 
 import { el, scaleNode } from './format.js';
 
 const MAX_ROWS = 300;
-const LABEL = { skipped: 'skipped', backoff: 'backoff', growth: 'growth' };
+const LABEL = { skipped: 'skipped', backoff: 'backoff', growth: 'growth', misuse: 'misuse' };
+const REFETCH_MS = 1000; // live skipped steps carry no layers: ask /events for them, at most this often
+
+const keyOf = (e) => (e.kind === 'misuse' ? `${e.step}:misuse:${e.misuse_kind}:${e.detail}` : `${e.step}:${e.kind}`);
+
+/** "forward overflow" / "backward overflow" from /events' loss_finite (null: unknown). */
+function overflowText(lossFinite) {
+  if (lossFinite === false) return 'loss not finite: forward overflow (the loss itself is NaN/inf)';
+  if (lossFinite === true) return 'loss finite: backward overflow (only gradients went non-finite)';
+  return 'loss not reported';
+}
 
 export class EventLog {
-  constructor(tbody, countNode) {
+  /**
+   * @param {HTMLElement} tbody
+   * @param {HTMLElement} countNode
+   * @param {() => Promise<object[]>} [refetch]  /events again (for the layers of live skips)
+   */
+  constructor(tbody, countNode, refetch) {
     this.tbody = tbody;
     this.countNode = countNode;
+    this.refetch = refetch;
     this.events = [];
-    this.seen = new Set();
+    this.byKey = new Map();
+    this.open = new Set(); // keys of the events the user opened: kept open across re-renders
+    this.refetchTimer = null;
   }
 
+  /** Add events; one already held is replaced when the new copy knows more (layers from /events). */
   add(events) {
-    let added = false;
+    let changed = false;
     for (const e of events) {
-      const key = `${e.step}:${e.kind}`;
-      if (this.seen.has(key)) continue;
-      this.seen.add(key);
-      this.events.push(e);
-      added = true;
+      const key = keyOf(e);
+      const held = this.byKey.get(key);
+      if (held) {
+        if (held.derived && !e.derived) {
+          Object.assign(held, e, { derived: false });
+          changed = true;
+        }
+        continue;
+      }
+      const copy = { ...e };
+      this.byKey.set(key, copy);
+      this.events.push(copy);
+      changed = true;
     }
-    if (added || !this.events.length) this.render();
+    if (changed) this.events.sort((a, b) => a.step - b.step);
+    if (changed || !this.events.length) this.render();
   }
 
   /** Events implied by live steps (the socket carries steps, not events). */
   addFromSteps(steps) {
     const derived = [];
     for (const s of steps) {
-      if (s.skipped) derived.push({ step: s.step, kind: 'skipped', scale_before: s.scale_before, scale_after: s.scale_after });
-      if (s.scale_after < s.scale_before) derived.push({ step: s.step, kind: 'backoff', scale_before: s.scale_before, scale_after: s.scale_after });
-      if (s.scale_after > s.scale_before) derived.push({ step: s.step, kind: 'growth', scale_before: s.scale_before, scale_after: s.scale_after });
+      const base = { step: s.step, scale_before: s.scale_before, scale_after: s.scale_after, derived: true };
+      if (s.skipped) derived.push({ ...base, kind: 'skipped', loss_finite: Number.isFinite(s.loss) ? true : (s.loss === null ? null : false), layers: null });
+      if (s.scale_after < s.scale_before) derived.push({ ...base, kind: 'backoff' });
+      if (s.scale_after > s.scale_before) derived.push({ ...base, kind: 'growth' });
     }
-    if (derived.length) this.add(derived);
+    if (!derived.length) return;
+    this.add(derived);
+    if (this.refetch && derived.some((e) => e.kind === 'skipped')) this.scheduleRefetch();
+  }
+
+  scheduleRefetch() {
+    if (this.refetchTimer !== null) return;
+    this.refetchTimer = setTimeout(async () => {
+      this.refetchTimer = null;
+      try {
+        this.add(await this.refetch());
+      } catch {
+        // the live rows stay; the next skipped step tries again
+      }
+    }, REFETCH_MS);
+  }
+
+  detailCell(e, key) {
+    const td = el('td', 'event-detail-cell');
+    const details = el('details', 'event-detail');
+    details.dataset.step = String(e.step);
+    details.open = this.open.has(key);
+    details.addEventListener('toggle', () => {
+      if (details.open) this.open.add(key);
+      else this.open.delete(key);
+    });
+    const summary = el('summary');
+    if (e.kind === 'misuse') {
+      summary.textContent = e.misuse_kind ?? 'misuse';
+      details.append(summary, el('p', 'misuse-detail', e.detail ?? ''));
+    } else {
+      const layers = e.layers;
+      details.dataset.lossFinite = String(e.loss_finite);
+      const n = layers ? layers.length : null;
+      summary.append(el('span', e.loss_finite === false ? 'overflow-forward' : 'overflow-backward',
+        e.loss_finite === false ? 'forward overflow' : (e.loss_finite === true ? 'backward overflow' : 'overflow')),
+      el('span', 'muted', n === null ? ' · layers loading…' : ` · ${n} non-finite layer${n === 1 ? '' : 's'}`));
+      details.append(summary, el('p', 'overflow-loss', overflowText(e.loss_finite)));
+      if (layers && layers.length) {
+        const list = el('ol', 'bad-layers');
+        for (const layer of layers) {
+          const li = el('li');
+          li.dataset.index = String(layer.index);
+          li.append(el('span', `nonfinite nonfinite-${layer.kind === 'nan' ? 'nan' : 'inf'}`, layer.kind === 'nan' ? 'NaN' : 'inf'),
+            el('span', 'bad-layer-name', layer.name || `layer ${layer.index}`),
+            el('span', 'muted', ` #${layer.index}`));
+          list.append(li);
+        }
+        details.append(el('p', 'muted', 'first bad layer first (backward order):'), list);
+      } else if (layers) {
+        details.append(el('p', 'muted', 'no per-layer measurement for this step'));
+      }
+    }
+    td.append(details);
+    return td;
   }
 
   render() {
     const rows = [];
-    for (let i = this.events.length - 1; i >= 0 && rows.length < MAX_ROWS; i -= 1) {
+    let shown = 0;
+    for (let i = this.events.length - 1; i >= 0 && shown < MAX_ROWS; i -= 1) {
       const e = this.events[i];
-      const tr = el('tr');
+      const key = keyOf(e);
+      const tr = el('tr', 'event-row');
+      tr.dataset.step = String(e.step);
+      tr.dataset.kind = e.kind;
       const change = el('td', 'num');
       change.append(scaleNode(e.scale_before), el('span', 'muted', ' → '), scaleNode(e.scale_after));
       const kind = el('td');
       kind.append(el('span', `kind kind-${LABEL[e.kind] ? e.kind : 'other'}`, LABEL[e.kind] ?? e.kind));
-      tr.append(el('td', 'num', String(e.step)), kind, change);
+      tr.append(el('td', 'num', String(e.step)), kind, change,
+        e.kind === 'skipped' || e.kind === 'misuse' ? this.detailCell(e, key) : el('td'));
       rows.push(tr);
+      shown += 1;
     }
     this.tbody.replaceChildren(...rows);
-    const counts = { skipped: 0, backoff: 0, growth: 0 };
+    const counts = { skipped: 0, backoff: 0, growth: 0, misuse: 0 };
     for (const e of this.events) counts[e.kind] = (counts[e.kind] ?? 0) + 1;
-    this.countNode.textContent = `${counts.skipped} skipped · ${counts.backoff} backoff · ${counts.growth} growth`;
+    this.countNode.textContent = `${counts.skipped} skipped · ${counts.backoff} backoff · ${counts.growth} growth`
+      + (counts.misuse ? ` · ${counts.misuse} misuse` : '');
   }
 }

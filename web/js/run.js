@@ -4,10 +4,14 @@ import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
 import { EventLog } from './events.js';
 import { LayerHeatmap, STATS, columnOf } from './heatmap.js';
+import { LayerLines } from './layer_lines.js';
+import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
 import { LiveState, LiveStream } from './live.js';
 import { COLORS } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
+import { SkipRateChart } from './skip_rate.js';
+import { followZoom } from './zoom.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 
@@ -32,6 +36,8 @@ class RunPage {
     this.statRequest = 0;
     this.liveState = LiveState.CONNECTING;
     this.liveDetail = undefined;
+    this.skipFlags = []; // {step, skipped} of every stored step, for the rolling skip rate
+    this.zoom = {};
   }
 
   async load() {
@@ -60,11 +66,25 @@ class RunPage {
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
     this.gradNorm = new LineChart($('gradnorm-chart'),
       { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
-    this.events = new EventLog($('events-body'), $('event-counts'));
+    this.events = new EventLog($('events-body'), $('event-counts'), () => api.getEvents(this.runId));
+    this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
+    this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
+      runId: this.runId, layerNames: this.layerNames,
+      fetchStat: (stat) => api.getLayerStats(this.runId, stat, { max_points: maxPoints }),
+    });
+    this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
+      { layerNames: this.layerNames, targetFormat: this.run.target_format });
+    const smoothing = Number($('smoothing').value);
     await Promise.all([
-      this.scale.init(scale, events), this.heatmap.show(stats), this.loss.init(loss), this.gradNorm.init(gradNorm),
+      this.scale.init(scale, events), this.heatmap.show(stats), this.loss.init(loss, smoothing),
+      this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(this.skipFlags, maxPoints), this.layerLines.init(),
     ]);
+    this.skipFlags = null;
     this.events.add(events);
+    await this.loadLayerTable(stats);
+    this.initSmoothing();
+    this.initLayerPicking();
+    this.initZoom();
     this.initStatSelect();
     this.renderCards();
     if (stats.steps.length) this.renderWorst(stats.z.map((row) => row[row.length - 1]));
@@ -84,7 +104,10 @@ class RunPage {
       const page = await api.getSteps(this.runId, after);
       if (page.steps.length) this.lastStep = page.steps[page.steps.length - 1];
       this.numSteps += page.steps.length;
-      for (const step of page.steps) if (step.skipped) this.skipped += 1;
+      for (const step of page.steps) {
+        if (step.skipped) this.skipped += 1;
+        this.skipFlags.push({ step: step.step, skipped: !!step.skipped });
+      }
       if (typeof page.last_id === 'number') after = Math.max(after, page.last_id);
       if (page.steps.length < 10000) return after;
     }
@@ -154,10 +177,13 @@ class RunPage {
     this.scale.append(steps);
     this.loss.append(steps);
     this.gradNorm.append(steps);
+    this.skipRate.append(steps);
     this.events.addFromSteps(steps);
     const withLayers = steps.filter((s) => s.layers);
     if (withLayers.length) {
       this.heatmap.append(withLayers);
+      this.layerLines.append(withLayers);
+      this.layerTable.append(withLayers);
       this.recent.push(...withLayers);
       if (this.recent.length > RECENT_STEPS) this.recent.splice(0, this.recent.length - RECENT_STEPS);
       this.renderWorst(columnOf(withLayers[withLayers.length - 1], 'lost_frac', this.run.target_format));
@@ -183,6 +209,58 @@ class RunPage {
     const state = ended && this.liveState === LiveState.OPEN ? 'connected' : this.liveState;
     node.dataset.state = state;
     $('live-text').textContent = this.liveDetail ? `${state} · ${this.liveDetail}` : state;
+  }
+
+  /** The layer table at the last step with layer statistics (one /layer-stats per statistic). */
+  async loadLayerTable(stats) {
+    if (!stats.steps.length) {
+      this.layerTable.render();
+      return;
+    }
+    const start = stats.steps[stats.steps.length - 1];
+    const end = Math.max(start, this.lastStep ? this.lastStep.step : start);
+    const bodies = await Promise.all(COLUMNS.map(([stat]) => api.getLayerStats(this.runId, stat,
+      { start, end, max_points: 10000 })));
+    const named = {};
+    COLUMNS.forEach(([stat], i) => { named[stat] = bodies[i]; });
+    const body = bodies[0];
+    const step = body.steps.length ? body.steps[body.steps.length - 1] : start;
+    if (this.layerTable.step === null) this.layerTable.load(step, named);
+  }
+
+  initSmoothing() {
+    const input = $('smoothing');
+    const output = $('smoothing-value');
+    input.addEventListener('input', () => {
+      const weight = Number(input.value);
+      output.textContent = weight.toFixed(2);
+      this.loss.setSmoothing(weight);
+      this.gradNorm.setSmoothing(weight);
+    });
+  }
+
+  /** A click on a heatmap row adds (or removes) that layer's lines. */
+  initLayerPicking() {
+    this.heatmap.div.on('plotly_click', (event) => {
+      const point = event && event.points && event.points[0];
+      if (!point) return;
+      const index = this.heatmap.div.data[0].y.indexOf(point.y);
+      if (index < 0) return;
+      this.layerLines.toggle(index).catch((err) => api.showError(err.message));
+    });
+  }
+
+  /** Zooming the scale, loss or grad-norm chart fetches the visible range in detail. */
+  initZoom() {
+    const onError = (err) => api.showError(err.message);
+    this.zoom.scale = followZoom(this.scale.div,
+      (range, maxPoints) => api.getSeries(this.runId, 'scale', maxPoints, range),
+      (range, series) => this.scale.replaceRange(range.start, range.end, series), onError);
+    for (const [key, chart] of [['loss', this.loss], ['grad_norm', this.gradNorm]]) {
+      this.zoom[key] = followZoom(chart.div,
+        (range, maxPoints) => api.getSeries(this.runId, key, maxPoints, range),
+        (range, series) => chart.replaceRange(range.start, range.end, series), onError);
+    }
   }
 
   initStatSelect() {

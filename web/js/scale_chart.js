@@ -89,6 +89,38 @@ export class ScaleChart {
     if (relayout) Plotly.relayout(this.div, relayout);
   }
 
+  /**
+   * Replace the points inside [start, end] with a finer /series/scale answer (zoom detail);
+   * points outside the range, live ones included, are kept.
+   */
+  replaceRange(start, end, series) {
+    const inside = series.points.filter((p) => p.step >= start && p.step <= end);
+    const merge = (trace, key, of) => {
+      const xs = trace.x;
+      const before = [];
+      const after = [];
+      xs.forEach((x, i) => { if (x < start) before.push(i); else if (x > end) after.push(i); });
+      return [...before.map((i) => trace[key][i]), ...inside.map(of), ...after.map((i) => trace[key][i])];
+    };
+    const indices = [LINE];
+    const line = this.div.data[LINE];
+    const update = {
+      x: [merge(line, 'x', (p) => p.step)],
+      y: [merge(line, 'y', (p) => finiteOrNull(p.last))],
+      customdata: [merge(line, 'customdata', (p) => scaleText(p.last))],
+    };
+    if (this.banded) {
+      for (const [index, key] of [[LOW, 'min'], [HIGH, 'max']]) {
+        const trace = this.div.data[index];
+        update.x.push(merge(trace, 'x', (p) => p.step));
+        update.y.push(merge(trace, 'y', (p) => finiteOrNull(p[key])));
+        update.customdata.push(merge(trace, 'customdata', (p) => scaleText(p[key])));
+        indices.push(index);
+      }
+    }
+    Plotly.restyle(this.div, update, indices);
+  }
+
   /** Points on the scale line (what the browser test reads). */
   get length() {
     return this.div.data ? this.div.data[LINE].x.length : 0;

@@ -1,0 +1,99 @@
+// The layer table: every layer's statistics at the last step that carries them, sortable by each
+// (web/js/table_sort.js). Loaded from /layer-stats (one column per statistic at that step), then
+// refreshed from live steps at most once a second.
+
+import { el, numberText } from './format.js';
+import { columnOf } from './heatmap.js';
+import { TableSort } from './table_sort.js';
+
+export const COLUMNS = Object.freeze([
+  ['lost_frac', 'lost', 'pct'], ['zero_frac', 'zero', 'pct'], ['underflow_frac', 'underflow', 'pct'],
+  ['subnormal_frac', 'subnormal', 'pct'], ['headroom_bits', 'headroom bits', 'fixed'],
+  ['amax', 'amax', 'exp'], ['amin_nz', 'amin≠0', 'exp'], ['l2', 'l2', 'exp'],
+  ['nan_count', 'NaN', 'int'], ['inf_count', 'inf', 'int'],
+]);
+const REFRESH_MS = 1000;
+
+function cellText(value, kind) {
+  if (value === null || value === undefined) return '—';
+  if (!Number.isFinite(value)) return numberText(value);
+  if (kind === 'pct') return `${numberText(100 * value, 3)}%`;
+  if (kind === 'fixed') return value.toFixed(1);
+  if (kind === 'exp') return value === 0 ? '0' : value.toExponential(2);
+  return String(value);
+}
+
+export class LayerTable {
+  constructor(thead, tbody, stepNode, { layerNames, targetFormat }) {
+    this.tbody = tbody;
+    this.stepNode = stepNode;
+    this.layerNames = layerNames;
+    this.targetFormat = targetFormat;
+    this.step = null;
+    this.values = {}; // stat → [value per layer]
+    this.timer = null;
+    this.pendingStep = null;
+    const row = el('tr');
+    const th = (key, label, first) => {
+      const cell = el('th', key === 'name' ? null : 'num', label);
+      cell.dataset.sort = key;
+      if (first) cell.dataset.first = first;
+      return cell;
+    };
+    row.append(th('index', '#'), th('name', 'layer'), ...COLUMNS.map(([key, label]) => th(key, label, 'desc')));
+    thead.replaceChildren(row);
+    this.sort = new TableSort(thead, { key: 'index', direction: 'asc' }, () => this.render());
+  }
+
+  /** bodies: stat → /layer-stats answer covering just the last step. */
+  load(step, bodies) {
+    this.step = step;
+    for (const [stat, body] of Object.entries(bodies)) {
+      this.values[stat] = body.z.map((row) => (row.length ? row[row.length - 1] : null));
+    }
+    this.render();
+  }
+
+  /** Live steps with per-layer stats: the newest is shown, at most once per REFRESH_MS. */
+  append(steps) {
+    const last = steps[steps.length - 1];
+    if (!last || (this.step !== null && last.step <= this.step)) return;
+    this.pendingStep = last;
+    if (this.timer !== null) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      const step = this.pendingStep;
+      this.pendingStep = null;
+      this.step = step.step;
+      for (const [stat] of COLUMNS) this.values[stat] = columnOf(step, stat, this.targetFormat);
+      this.render();
+    }, REFRESH_MS);
+  }
+
+  valueOf(index, key) {
+    if (key === 'index') return index;
+    if (key === 'name') return this.layerNames[index];
+    const column = this.values[key];
+    return column ? column[index] : null;
+  }
+
+  render() {
+    this.stepNode.textContent = this.step === null ? 'no layer statistics yet' : `at step ${this.step}`;
+    const order = this.sort.sorted(this.layerNames.map((_, i) => i), (i, key) => this.valueOf(i, key));
+    const rows = order.map((i) => {
+      const tr = el('tr');
+      tr.dataset.index = String(i);
+      tr.append(el('td', 'num muted', String(i)), el('td', 'layer-cell', this.layerNames[i]));
+      for (const [key, , kind] of COLUMNS) {
+        const v = this.valueOf(i, key);
+        const td = el('td', 'num', cellText(v, kind));
+        td.dataset.stat = key;
+        if ((key === 'lost_frac' && v >= 0.01) || (key === 'headroom_bits' && v !== null && v < 2)) td.classList.add('warn');
+        if ((key === 'nan_count' || key === 'inf_count') && v > 0) td.classList.add('bad');
+        tr.append(td);
+      }
+      return tr;
+    });
+    this.tbody.replaceChildren(...rows);
+  }
+}

@@ -1,0 +1,82 @@
+// Rolling skip rate: the share of skipped steps among the last WINDOW steps, computed here from the
+// steps' `skipped` flags (/steps on load, the socket after). Long runs are reduced to buckets that
+// keep each bucket's highest rate (a burst of skips is never averaged away), then live steps are
+// appended with Plotly.extendTraces.
+
+import { COLORS, CONFIG, Plotly, themedLayout } from './plot.js';
+
+export const WINDOW = 100;
+const MAX_POINTS = 100000;
+
+export class SkipRateChart {
+  constructor(div, runId, window = WINDOW) {
+    this.div = div;
+    this.runId = runId;
+    this.window = window;
+    this.recent = []; // [step, skipped] of the current window, oldest first
+    this.skippedInWindow = 0;
+    this.lastStep = -Infinity;
+  }
+
+  /** The rate after adding one step (steps in increasing order; repeats ignored by the caller). */
+  push(step, skipped) {
+    this.recent.push([step, skipped]);
+    if (skipped) this.skippedInWindow += 1;
+    while (this.recent.length && this.recent[0][0] <= step - this.window) {
+      const [, wasSkipped] = this.recent.shift();
+      if (wasSkipped) this.skippedInWindow -= 1;
+    }
+    this.lastStep = step;
+    return this.skippedInWindow / this.recent.length;
+  }
+
+  /** steps: [{step, skipped}] in step order; maxPoints: the chart's budget of points. */
+  async init(steps, maxPoints) {
+    const x = [];
+    const y = [];
+    for (const s of steps) {
+      if (s.step <= this.lastStep) continue;
+      x.push(s.step);
+      y.push(this.push(s.step, !!s.skipped));
+    }
+    let bx = x;
+    let by = y;
+    if (x.length > maxPoints) { // bucket max, never stride sampling
+      const width = Math.ceil(x.length / maxPoints);
+      bx = [];
+      by = [];
+      for (let i = 0; i < x.length; i += width) {
+        bx.push(x[i]);
+        by.push(Math.max(...y.slice(i, i + width)));
+      }
+    }
+    const trace = {
+      x: bx, y: by, type: 'scatter', mode: 'lines', name: `skip rate (last ${this.window} steps)`,
+      line: { color: COLORS.skipped, width: 1.5, shape: 'hv' }, fill: 'tozeroy', fillcolor: 'rgba(220, 38, 38, 0.08)',
+      hovertemplate: 'step %{x}<br>skip rate %{y:.1%}<extra></extra>',
+    };
+    const layout = themedLayout(`skiprate-${this.runId}`, {
+      height: 180, showlegend: false,
+      yaxis: { title: { text: 'skip rate', standoff: 6 }, tickformat: '.0%', rangemode: 'tozero' },
+    });
+    this.div.style.height = `${layout.height}px`;
+    await Plotly.newPlot(this.div, [trace], layout, CONFIG);
+  }
+
+  append(steps) {
+    const x = [];
+    const y = [];
+    for (const s of steps) {
+      if (s.step <= this.lastStep) continue;
+      x.push(s.step);
+      y.push(this.push(s.step, !!s.skipped));
+    }
+    if (x.length) Plotly.extendTraces(this.div, { x: [x], y: [y] }, [0], MAX_POINTS);
+  }
+
+  /** The newest rate shown (what the browser test reads). */
+  get current() {
+    const y = this.div.data ? this.div.data[0].y : [];
+    return y.length ? y[y.length - 1] : null;
+  }
+}
