@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import charts, codec, report_html, runs
+from ampscope_server import charts, codec, report_html, runs, series
 from ampscope_server.api.pages import plotly_js, web_root
 from ampscope_server.errors import NotFound
 from ampscope_server.models import Run
@@ -52,17 +52,7 @@ def bucket_max(
             raise ValueError(f"row {i} has {len(row)} values for {len(steps)} steps")
     if len(steps) <= max_columns:
         return list(steps), [list(row) for row in z]
-    first = steps[0]
-    width = -(-(steps[-1] - first + 1) // max_columns)
-    bounds: list[tuple[int, int]] = []  # [start, stop) column ranges of the non-empty buckets
-    bucket = None
-    for column, step in enumerate(steps):
-        index = (step - first) // width
-        if index != bucket:
-            if bounds:
-                bounds[-1] = (bounds[-1][0], column)
-            bounds.append((column, len(steps)))
-            bucket = index
+    bounds = series.bucket_bounds(steps, max_columns)
     return (
         [steps[start] for start, _ in bounds],
         [[_max(row[start:stop]) for start, stop in bounds] for row in z],

@@ -29,6 +29,30 @@ class SeriesPoint:
     last: float
 
 
+def bucket_bounds(steps: Sequence[int], max_buckets: int) -> list[tuple[int, int]]:
+    """[start, stop) index ranges of contiguous step buckets, for `steps` sorted ascending.
+
+    The step range [first, last] is cut into buckets of ceil(span / max_buckets) steps; empty
+    buckets are omitted, so there are at most `max_buckets` ranges and they cover every index.
+    """
+    if max_buckets < 1:
+        raise ValueError(f"max_buckets must be at least 1, got {max_buckets}")
+    if not steps:
+        return []
+    first = steps[0]
+    width = max(1, -(-(steps[-1] - first + 1) // max_buckets))
+    bounds: list[tuple[int, int]] = []
+    bucket = None
+    for index, step in enumerate(steps):
+        current = (step - first) // width
+        if current != bucket:
+            if bounds:
+                bounds[-1] = (bounds[-1][0], index)
+            bounds.append((index, len(steps)))
+            bucket = current
+    return bounds
+
+
 def downsample(
     steps: Sequence[int], values: Sequence[float], max_points: int
 ) -> tuple[list[SeriesPoint], bool]:
@@ -36,7 +60,7 @@ def downsample(
 
     Returns (points, downsampled). With no more values than `max_points` every value is its own
     point (min = max = last). Otherwise the step range [first, last] is cut into contiguous
-    buckets of ceil(span / max_points) steps; empty buckets are omitted.
+    buckets of ceil(span / max_points) steps (`bucket_bounds`); empty buckets are omitted.
     """
     if len(steps) != len(values):
         raise ValueError(f"{len(steps)} steps but {len(values)} values")
@@ -47,19 +71,11 @@ def downsample(
     first = steps[0]
     width = max(1, -(-(steps[-1] - first + 1) // max_points))
     points: list[SeriesPoint] = []
-    bucket = -1
-    lo = hi = last = math.nan
-    for step, value in zip(steps, values, strict=True):
-        index = (step - first) // width
-        if index != bucket:
-            if bucket >= 0:
-                points.append(SeriesPoint(first + bucket * width, lo, hi, last))
-            bucket, lo, hi = index, math.nan, math.nan
-        if not math.isnan(value):
-            lo = value if math.isnan(lo) else min(lo, value)
-            hi = value if math.isnan(hi) else max(hi, value)
-        last = value
-    points.append(SeriesPoint(first + bucket * width, lo, hi, last))
+    for start, stop in bucket_bounds(steps, max_points):
+        present = [v for v in values[start:stop] if not math.isnan(v)]
+        lo, hi = (min(present), max(present)) if present else (math.nan, math.nan)
+        bucket_start = first + (steps[start] - first) // width * width
+        points.append(SeriesPoint(bucket_start, lo, hi, values[stop - 1]))
     return points, True
 
 

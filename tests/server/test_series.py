@@ -8,11 +8,24 @@ from ampscope_server.formats import FORMATS
 from ampscope_server.series import (
     ScaleEvent,
     SeriesPoint,
+    bucket_bounds,
     downsample,
     headroom_bits,
     lost_frac,
     scale_events,
 )
+
+
+class TestBucketBounds:
+    def test_contiguous_ranges_cover_every_index_and_skip_empty_buckets(self) -> None:
+        # span 0..11 in 3 buckets of 4 steps: [0, 4), [4, 8) has no step, [8, 12)
+        assert bucket_bounds([0, 1, 3, 9, 10, 11], 3) == [(0, 3), (3, 6)]
+        assert bucket_bounds([0, 4, 8], 3) == [(0, 1), (1, 2), (2, 3)]
+
+    def test_empty_and_invalid(self) -> None:
+        assert bucket_bounds([], 5) == []
+        with pytest.raises(ValueError, match="max_buckets must be at least 1, got 0"):
+            bucket_bounds([1], 0)
 
 
 class TestDownsample:
