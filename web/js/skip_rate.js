@@ -30,8 +30,8 @@ export class SkipRateChart {
     return this.skippedInWindow / this.recent.length;
   }
 
-  /** steps: [{step, skipped}] in step order; maxPoints: the chart's budget of points. */
-  async init(steps, maxPoints) {
+  /** The rolling rate after each step newer than the last one seen: {x: steps, y: rates}. */
+  rates(steps) {
     const x = [];
     const y = [];
     for (const s of steps) {
@@ -39,6 +39,12 @@ export class SkipRateChart {
       x.push(s.step);
       y.push(this.push(s.step, !!s.skipped));
     }
+    return { x, y };
+  }
+
+  /** steps: [{step, skipped}] in step order; maxPoints: the chart's budget of points. */
+  async init(steps, maxPoints) {
+    const { x, y } = this.rates(steps);
     let bx = x;
     let by = y;
     if (x.length > maxPoints) { // bucket max, never stride sampling
@@ -64,13 +70,7 @@ export class SkipRateChart {
   }
 
   append(steps) {
-    const x = [];
-    const y = [];
-    for (const s of steps) {
-      if (s.step <= this.lastStep) continue;
-      x.push(s.step);
-      y.push(this.push(s.step, !!s.skipped));
-    }
+    const { x, y } = this.rates(steps);
     if (x.length) Plotly.extendTraces(this.div, { x: [x], y: [y] }, [0], MAX_POINTS);
   }
 
