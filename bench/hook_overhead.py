@@ -17,6 +17,12 @@ segment over the median of the two baseline segments beside it, so slow drift of
 machine cancels; the report gives the median of the per-round ratios and their min-max. Records go
 to ``MemorySender`` (no network, but the real sender thread, batching and encoding).
 
+A configuration keeps ONE scaler and probe (one ``ampscope.watch``) across all its segments, so
+its optimizer-step counter runs on from segment to segment and the sampled steps (activation
+statistics every 50th step, exponent histograms every 100th, per-layer stats every 10th at the
+default cadence) fall among the timed steps in their true proportion; a fresh monitor per segment
+would put the step-0 samples in the untimed warm-up and never reach step 50.
+
 Reference model: the spec's "small transformer block plus an MLP" as ``Linear(32, d)``, four
 pre-norm transformer blocks (``nn.MultiheadAttention`` + a 4x MLP, 12 parameter tensors each) and
 ``Linear(d, 10)``: 52 parameter tensors; fp16 autocast + ``GradScaler`` + AdamW. Default shape
@@ -229,36 +235,47 @@ class WandbProbe(Probe):
 class Config:
     name: str
     label: str
-    make: Callable[[torch.amp.GradScaler], Probe]
+    make: Callable[[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Probe]
     enqueue_ns: list[int] = field(default_factory=list)
 
 
 # -- timing --------------------------------------------------------------------------------------
-def run_segment(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                steps: int, warmup: int, dtype: torch.dtype,
-                make: Callable[[torch.amp.GradScaler], Probe] | None) -> list[float]:
+class Live:
+    """A configuration's model, optimizer, scaler and probe, made once and kept across its
+    segments. Each configuration trains its own copy of the model (same seed, same weights): a
+    monitor's wrappers and sampled hooks live on its model and optimizer, and must not run
+    during the baseline's or another configuration's steps."""
+
+    def __init__(self, args: argparse.Namespace,
+                 make: Callable[[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Probe]
+                 | None) -> None:
+        torch.manual_seed(0)
+        self.model = make_model(args.d, args.blocks)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        self.probe = make(self.model, self.opt, self.scaler) if make is not None else Probe()
+
+
+def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int, warmup: int,
+                dtype: torch.dtype) -> list[float]:
     """Timed step durations (s) of one segment; the warm-up steps are run and not counted."""
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    probe = make(scaler) if make is not None else Probe()
+    model, opt, scaler, probe = live.model, live.opt, live.scaler, live.probe
     times: list[float] = []
-    try:
-        for i in range(warmup + steps):
-            if i == warmup:
-                probe.start_timing()
-            start = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=dtype):
-                out = model(x).float().mean(1)
-            loss = nn.functional.cross_entropy(out, y)
-            scaler.scale(loss).backward()
-            probe.after_backward(scaler)
-            scaler.step(opt)
-            scaler.update()
-            probe.after_step(loss.detach(), i)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-    finally:
-        probe.close()
+    for i in range(warmup + steps):
+        if i == warmup:
+            probe.start_timing()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype):
+            out = model(x).float().mean(1)
+        loss = nn.functional.cross_entropy(out, y)
+        scaler.scale(loss).backward()
+        probe.after_backward(scaler)
+        scaler.step(opt)
+        scaler.update()
+        probe.after_step(loss.detach(), i)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
     return times
 
 
@@ -300,17 +317,18 @@ def main() -> None:
     parser.add_argument("--no-external", action="store_true", help="skip wandb and tensorboard")
     args = parser.parse_args()
 
-    model = make_model(args.d, args.blocks)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = make_model(args.d, args.blocks)  # for the figures printed below
     torch.manual_seed(1)
     x = torch.randn(args.batch, args.seq, 32)
     y = torch.randint(0, 10, (args.batch,))
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
 
     configs: list[Config] = []
+    Make = Callable[[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler], Probe]
 
-    def hook(layer_every: int) -> Callable[[torch.amp.GradScaler], Probe]:
-        def make(scaler: torch.amp.GradScaler) -> Probe:
+    def hook(layer_every: int) -> Make:
+        def make(model: nn.Module, opt: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler) -> Probe:
             cfg = next(c for c in configs if c.name == ("default" if layer_every == 10 else
                                                        "every"))
             return AmpscopeProbe(model, opt, scaler, layer_every, cfg.enqueue_ns)
@@ -319,8 +337,9 @@ def main() -> None:
     configs += [
         Config("default", "ampscope, default cadence (layer_every=10)", hook(10)),
         Config("every", "ampscope, per-layer every step", hook(1)),
-        Config("foreach9", "9-pass _foreach stats, every step", lambda s: Foreach9Probe(model)),
-        Config("item", "per-tensor .item() loop, every step", lambda s: ItemLoopProbe(model)),
+        Config("foreach9", "9-pass _foreach stats, every step",
+               lambda m, o, s: Foreach9Probe(m)),
+        Config("item", "per-tensor .item() loop, every step", lambda m, o, s: ItemLoopProbe(m)),
     ]
     missing: list[str] = []
     stack = contextlib.ExitStack()
@@ -328,13 +347,14 @@ def main() -> None:
     if not args.no_external:
         if importlib.util.find_spec("tensorboard") is not None:
             configs.append(Config("tensorboard", "TensorBoard add_histogram per param, every step",
-                                  lambda s: TensorBoardProbe(model, os.path.join(tmp, "tb"))))
+                                  lambda m, o, s: TensorBoardProbe(m, os.path.join(tmp, "tb"))))
         else:
             missing.append("tensorboard: not installed")
         if importlib.util.find_spec("wandb") is not None:
             state: dict[str, Any] = {}
 
-            def make_wandb(scaler: torch.amp.GradScaler) -> Probe:
+            def make_wandb(model: nn.Module, opt: torch.optim.Optimizer,
+                           scaler: torch.amp.GradScaler) -> Probe:
                 if "run" not in state:
                     state["run"] = stack.enter_context(wandb_run(os.path.join(tmp, "wandb")))
                 return WandbProbe(model, state["run"])
@@ -352,16 +372,21 @@ def main() -> None:
     ratios: dict[str, list[float]] = {c.name: [] for c in configs}
     started = time.perf_counter()
     with stack:
-        # Every configuration once untimed, so imports and first-call costs stay out of round 1.
+        # Every configuration made once and run untimed, so imports and first-call costs (and
+        # the hook's first cycle, which learns the backward order) stay out of round 1.
+        baseline = Live(args, None)
+        lives = {c.name: Live(args, c.make) for c in configs}
+        run_segment(baseline, x, y, 0, args.warmup, dtype)
         for c in configs:
-            run_segment(model, opt, x, y, 0, args.warmup, dtype, c.make)
+            stack.callback(lives[c.name].probe.close)
+            run_segment(lives[c.name], x, y, 0, args.warmup, dtype)
         for r in range(args.rounds):
             order = configs[r % len(configs):] + configs[: r % len(configs)]
-            prev = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, None)
+            prev = run_segment(baseline, x, y, args.steps, args.warmup, dtype)
             base_times += prev
             for c in order:
-                times = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, c.make)
-                nxt = run_segment(model, opt, x, y, args.steps, args.warmup, dtype, None)
+                times = run_segment(lives[c.name], x, y, args.steps, args.warmup, dtype)
+                nxt = run_segment(baseline, x, y, args.steps, args.warmup, dtype)
                 base_times += nxt
                 seg_times[c.name] += times
                 ratios[c.name].append(statistics.median(times) / statistics.median(prev + nxt))

@@ -13,6 +13,15 @@ judged on the flowing values, i.e. at the scale, against the target format. A mo
 no gradient in the sampled backward (not called, or its output does not reach the loss) reports a
 zero gradient, as PyTorch defines a missing gradient: ``zero_frac`` 1, ``amax`` 0, ``amin_nz``
 null, ``l2`` 0. No host sync: every statistic is a device tensor until the step's single copy.
+
+Cost. A tensor hook only keeps a reference to the gradient it sees; the gradients are reduced
+together, ``GradStats.layer_stats`` style (one copy into a padded buffer, a constant number of row
+reductions), whenever the kept ones reach ``FLUSH_ELEMS`` elements and at ``collect``. Reducing
+each gradient in its own hook took ~20 kernels per module (about 5.5 ms per sampled step on the
+CPU reference loop); the fused reduction is a constant number of kernels per flush. Keeping the
+reference costs memory (bounded by ``FLUSH_ELEMS``) but never correctness: autograd only
+accumulates into a gradient buffer in place when it holds the last reference to it and to its
+storage (``InputBuffer::accumulate``), so a kept gradient is never written after its hook ran.
 """
 
 from __future__ import annotations
@@ -24,11 +33,15 @@ from typing import Any
 import torch
 
 from ampscope.formats import TargetFormat
-from ampscope.reductions import STAT_NAMES
+from ampscope.reductions import STAT_NAMES, GradStats
 
-__all__ = ["ActivationProbe", "grad_output_stats"]
+__all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
 
 _AMAX, _AMIN, _L2 = 0, 1, 7
+
+FLUSH_ELEMS = 1 << 22
+"""Kept gradient elements that trigger a fused reduction during backward: bounds the memory held
+for a sample (and the reduction's scratch buffers) on models with large activations."""
 
 
 def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
@@ -75,8 +88,14 @@ class ActivationProbe:
         self._modules = [m for _, m in leaves]
         self._handles: list[Any] = []
         self._generation = 0
-        self._hooked: set[int] = set()
+        self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
+        self._taken: set[int] = set()  # modules whose gradient was kept this sample
         self._results: dict[int, torch.Tensor] = {}
+        self._pending: list[tuple[int, torch.Tensor]] = []
+        self._pending_elems = 0
+        # Its own GradStats: the plan cache then holds the activation layouts, which repeat from
+        # sample to sample, and never evicts the parameter layout of the monitor's instance.
+        self._stats = GradStats(fmt)
 
     @property
     def armed(self) -> bool:
@@ -91,7 +110,10 @@ class ActivationProbe:
             return
         self._generation += 1
         self._hooked.clear()
+        self._taken.clear()
         self._results = {}
+        self._pending = []
+        self._pending_elems = 0
         gen = self._generation
         for i, m in enumerate(self._modules):
             self._handles.append(m.register_forward_hook(self._forward_hook(i, gen)))
@@ -100,6 +122,8 @@ class ActivationProbe:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._pending = []
+        self._pending_elems = 0
         self._generation += 1  # tensor hooks still attached to a live graph go quiet
 
     def _forward_hook(self, index: int, gen: int) -> Callable[..., None]:
@@ -124,15 +148,31 @@ class ActivationProbe:
     def _grad_hook(self, index: int, gen: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             try:
-                if gen == self._generation and index not in self._results:
-                    self._results[index] = grad_output_stats(grad, self.fmt)
+                if gen == self._generation and index not in self._taken:
+                    self._taken.add(index)
+                    self._pending.append((index, grad.detach()))
+                    self._pending_elems += grad.numel()
+                    if self._pending_elems >= FLUSH_ELEMS:
+                        self._flush()
             except Exception as exc:
                 self._on_error(exc)
         return hook
 
+    def _flush(self) -> None:
+        """Reduce the kept gradients together: raw units (scale 1, all "scaled", so the classes
+        are judged on the flowing values); ``collect`` divides the magnitudes by the scale."""
+        pending, self._pending, self._pending_elems = self._pending, [], 0
+        if not pending:
+            return
+        grads = [g for _, g in pending]
+        stats = self._stats.layer_stats(grads, 1.0, True)[1:].view(len(STAT_NAMES), len(grads))
+        for (index, _), column in zip(pending, stats.unbind(1), strict=True):
+            self._results[index] = column
+
     def collect(self, scale: torch.Tensor | float, device: torch.device) -> torch.Tensor | None:
         """Remove the hooks; the sampled stats as float64 ``(8·M,)`` rows of ``STAT_NAMES`` in
         true units, or None when no module saw a gradient."""
+        self._flush()
         results = self._results
         self._results = {}
         self.disarm()

@@ -11,13 +11,18 @@ Exactness. True units are g = raw / s for a gradient captured before ``unscale_`
 The bin is computed from ``frexp`` of raw and of s without dividing: with raw = m·2^e and
 s = ms·2^es (mantissas in [0.5, 1)), floor(log2 |g|) = e - es - (1 if |m| < ms else 0). This is
 the exact floor of the mathematical quotient for any scale, so no value near a bin edge (or a
-raw subnormal that the division would flush) lands in the wrong bin.
+raw subnormal that the division would flush) lands in the wrong bin. The mantissas are compared
+in the gradients' own precision (float32 for float32/float16/bfloat16 gradients): ms is replaced
+by the smallest float32 at or above it, which decides ``m < ms`` identically for every float32 m
+(a scale that is itself a float32, as ``GradScaler``'s always is, is its own bound).
 
 Cost. All layers of a group are copied once into one flat buffer (float32, or float64 when a
-gradient is float64); the bin of every element is a handful of elementwise kernels, and the
-per-layer counts are one ``index_add_`` over ``layer * NUM_BINS + bin``: a constant number of
-launches per group of at most ``GROUP_ELEMS`` elements, never one per layer. No host sync
-(``bincount`` is avoided on purpose: on CUDA it reads the maximum back to size its output).
+gradient is float64); the bin of every element is about ten elementwise kernels in float32/int32
+(``frexp``, one comparison, two subtractions, a clamp, two ``where``), and the per-layer counts are
+one ``index_add_`` over ``layer * NUM_BINS + bin``, whose per-element layer offsets are built once
+per layout and cached: a constant number of launches per group of at most ``GROUP_ELEMS``
+elements, never one per layer. No host sync (``bincount`` is avoided on purpose: on CUDA it reads
+the maximum back to size its output).
 """
 
 from __future__ import annotations
@@ -38,12 +43,37 @@ GROUP_ELEMS = 1 << 24
 Grads = Sequence["torch.Tensor | None"]
 
 
-def _frexp_scale(scale: torch.Tensor | float, device: torch.device) -> tuple[torch.Tensor, ...]:
+_LAYOUTS: dict[tuple[object, ...], torch.Tensor] = {}
+"""Per-element ``layer * NUM_BINS`` offsets by (device, layer indices, sizes): a training run has
+one or two layouts, so a handful of entries; cleared when it would grow past ``_MAX_LAYOUTS``."""
+_MAX_LAYOUTS = 8
+
+
+def _offsets(device: torch.device, group: list[int], sizes: list[int], bins: int) -> torch.Tensor:
+    key = (device, tuple(group), tuple(sizes), bins)
+    base = _LAYOUTS.get(key)
+    if base is None:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        layer = torch.tensor(group, dtype=torch.int64, device=device).mul_(bins)
+        counts = torch.tensor(sizes, dtype=torch.int64, device=device)
+        base = _LAYOUTS[key] = torch.repeat_interleave(layer, counts, output_size=sum(sizes))
+    return base
+
+
+def _frexp_scale(
+    scale: torch.Tensor | float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mantissa bound in ``dtype``, exponent as int32) of the scale, 0-d device tensors."""
     s = (scale.detach().to(device=device, dtype=torch.float64).reshape(())
          if isinstance(scale, torch.Tensor)
          else torch.full((), float(scale), dtype=torch.float64, device=device))
     mant, exp = torch.frexp(s)
-    return mant, exp.to(torch.int64)
+    bound = mant.to(dtype)
+    if dtype != torch.float64:  # round up: m < ms ⇔ m < bound for every m of ``dtype``
+        bound = torch.where(bound.to(torch.float64) < mant,
+                            torch.nextafter(bound, torch.full_like(bound, 2.0)), bound)
+    return bound, exp.to(torch.int32)
 
 
 def exponent_histogram(
@@ -70,9 +100,9 @@ def exponent_histogram(
     present = [i for i, g in enumerate(grads) if g is not None and g.numel() > 0]
     dtype = torch.float64 if any(
         grads[i].dtype == torch.float64 for i in present) else torch.float32  # type: ignore[union-attr]
-    ms, es = _frexp_scale(scale, device)
-    one_m = torch.full((), 0.5, dtype=torch.float64, device=device)
-    one_e = torch.ones((), dtype=torch.int64, device=device)
+    ms, es = _frexp_scale(scale, device, dtype)
+    one_m = torch.full((), 0.5, dtype=dtype, device=device)  # scale 1 = 0.5 * 2^1
+    one_e = torch.ones((), dtype=torch.int32, device=device)
     groups: list[list[int]] = []
     size = 0
     for i in present:
@@ -84,31 +114,31 @@ def exponent_histogram(
             groups.append([])
         groups[-1].append(i)
         size += n
+    ones = torch.ones((), dtype=torch.int64, device=device)
     for group in groups:
         parts = [grads[i].detach().reshape(-1).to(device=device, dtype=dtype)  # type: ignore[union-attr]
                  for i in group]
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        sizes = torch.tensor([grads[i].numel() for i in group],  # type: ignore[union-attr]
-                             dtype=torch.int64, device=device)
-        n = int(flat.numel())
-        layer = torch.tensor(group, dtype=torch.int64, device=device)
-        per_elem = torch.repeat_interleave(layer, sizes, output_size=n)
+        a = (parts[0] if len(parts) == 1 else torch.cat(parts)).abs()
+        sizes = [grads[i].numel() for i in group]  # type: ignore[union-attr]
+        n = int(a.numel())
         if all(flags[i] for i in group):
             m_s, e_s = ms, es
         elif not any(flags[i] for i in group):
             m_s, e_s = one_m, one_e
         else:
+            counts_t = torch.tensor(sizes, dtype=torch.int64, device=device)
             sel = torch.tensor([flags[i] for i in group], dtype=torch.bool, device=device)
-            sel = torch.repeat_interleave(sel, sizes, output_size=n)
+            sel = torch.repeat_interleave(sel, counts_t, output_size=n)
             m_s, e_s = torch.where(sel, ms, one_m), torch.where(sel, es, one_e)
-        a = flat.abs()
         mant, exp = torch.frexp(a)
-        floor_log2 = exp.to(torch.int64) - e_s - (mant.to(torch.float64) < m_s).to(torch.int64)
-        b = (floor_log2 - min_exp).clamp_(-1, max_exp - min_exp + 1).add_(3)
-        b = torch.where(a == 0, torch.zeros_like(b), b)
-        b = torch.where(torch.isfinite(a), b, torch.ones_like(b))
-        idx = per_elem.mul_(bins).add_(b)
-        counts.index_add_(0, idx, torch.ones((), dtype=torch.int64, device=device).expand(n))
+        # bin = floor(log2 |g|) - MIN_EXP + 3, clamped to the two edge bins; 0 and non-finite
+        # (whose frexp is meaningless here) are set apart afterwards.
+        b = exp.sub_(e_s + (min_exp - 3)).sub_((mant < m_s).to(torch.int32))
+        b.clamp_(2, bins - 1)
+        b = torch.where(a == 0, 0, b)
+        b = torch.where(torch.isfinite(a), b, 1)
+        idx = _offsets(device, group, sizes, bins) + b
+        counts.index_add_(0, idx, ones.expand(n))
     out = counts.view(len(grads), bins).to(torch.float64)
     for i, n in absent:
         out[i, 0] = float(n)

@@ -277,11 +277,20 @@ class GradStats:
     """
 
     def __init__(
-        self, fmt: TargetFormat | str = "fp16", numels: Sequence[int] | None = None
+        self,
+        fmt: TargetFormat | str = "fp16",
+        numels: Sequence[int] | None = None,
+        exact_norms: bool = False,
     ) -> None:
-        """``numels[i]`` is layer i's parameter size, used when its gradient is ``None``."""
+        """``numels[i]`` is layer i's parameter size, used when its gradient is ``None``.
+
+        ``exact_norms``: ``grad_norms`` accumulates in float64 on every path (about twice the cost
+        of the float32 direct path; see there). The monitor asks for it when no ``found_inf``
+        can tell an accumulator overflow from an inf element (a scaler with ``enabled=False``).
+        """
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
+        self._acc64 = exact_norms  # grad_norms' direct path accumulates in float64
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
         # grad_norms' direct path (no plan, no buffer copy); off after a layout that cannot take it
@@ -378,17 +387,30 @@ class GradStats:
     ) -> torch.Tensor:
         """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units.
 
-        For the steps without per-layer stats. When every gradient is present, dense and on one
-        device and all are scaled alike (the common case), the norms come straight from the
-        gradients: one ``torch._foreach_norm(..., dtype=float64)`` (each layer accumulated in
-        float64: no overflow of squares from 1.8e19, no underflow below 1e-19), one ``stack``, a
-        ``dot`` for the global norm, one ``cat`` and the division by the scale; about 6 launches
-        plus one per-tensor norm inside the multi-tensor call, no copy into the padded buffer.
+        For the steps without per-layer stats: this runs on every optimizer step, so it is the
+        hook's floor. When every gradient is present, dense and on one device and all are scaled
+        alike (the common case), the norms come straight from the gradients: one
+        ``torch._foreach_norm`` accumulating each layer in **float32** (float64 for float64
+        gradients), one ``stack`` promoted to float64, a ``dot`` for the global norm, one ``cat``
+        and the division by the scale; about 8 launches plus one per-tensor norm inside the
+        multi-tensor call, no copy into the padded buffer.
+
+        Why float32 there: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
+        reference loop the float64 conversion doubled the cost (≈210 → ≈110 µs, half of the
+        hook's whole budget). Its range, on the *raw* values (scaled, when captured before
+        ``unscale_``): a layer whose raw L2 norm reaches 1.8e19 reads +inf (squares overflow),
+        and elements below ~1e-19 add nothing (squares underflow), so a layer holding only such
+        values reads 0. NaN stays exact (a NaN norm ⇔ a NaN element). Inside that range the
+        relative error is float32 rounding. An inf that is only an overflow is told apart from an
+        inf element by ``found_inf`` on the host (``StepRecord.to_wire`` sends such a norm as
+        unknown); with ``exact_norms`` (no ``found_inf`` to ask) the direct path accumulates in
+        float64, as do ``layer_stats`` and the fallback paths, which are exact at any magnitude.
+
         Otherwise (absent, sparse or off-device gradients, mixed scaled flags) the per-layer norms
-        come from ``_foreach_norm`` over the present gradients, or from the padded buffer's rows.
-        A layer's norm is NaN when it holds a NaN, else +inf when it holds ±inf (so it doubles as
-        the layer's finiteness code), 0 for an absent gradient; the global norm is NaN if any
-        layer's is, else inf if any is. No host synchronisation.
+        come from a float64 ``_foreach_norm`` over the present gradients, or from the padded
+        buffer's rows. A layer's norm is NaN when it holds a NaN, else +inf when it holds ±inf
+        (so it doubles as the layer's finiteness code), 0 for an absent gradient; the global norm
+        is NaN if any layer's is, else inf if any is. No host synchronisation.
         """
         if isinstance(scaled, bool):
             uniform: bool | None = scaled
@@ -408,7 +430,15 @@ class GradStats:
                 # (a None is checked by the op itself: no Python loop over the gradients)
                 dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
                              else list(grads))
-                v = torch.stack(torch._foreach_norm(dense, 2, dtype=torch.float64))
+                if self._acc64:
+                    each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+                else:
+                    try:
+                        each = torch._foreach_norm(dense, 2, dtype=torch.float32)
+                    except RuntimeError:  # a float64 gradient does not narrow: float64 from now
+                        self._acc64 = True
+                        each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+                v = torch.stack(each).to(torch.float64)
                 # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
                 out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
                 return out.div_(scale) if uniform else out

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import ampscope
-from ampscope.activations import grad_output_stats
+from ampscope import activations
+from ampscope.activations import ActivationProbe, grad_output_stats
 from ampscope.formats import FORMATS
 from ampscope.transport import MemorySender
 
@@ -104,3 +105,47 @@ class TestGradOutputStats:
     def test_all_nonfinite_has_no_amax(self) -> None:
         out = grad_output_stats(torch.tensor([math.nan, math.inf]), FORMATS["fp16"]).tolist()
         assert math.isnan(out[0]) and math.isnan(out[1]) and out[7] == 0.0
+
+
+class TestFusedReduction:
+    """The probe keeps the gradients and reduces them together; the result must be what
+    ``grad_output_stats`` gives for each gradient alone, however the flushes split them."""
+
+    @pytest.mark.parametrize("flush", [1, 3000, activations.FLUSH_ELEMS])
+    @pytest.mark.parametrize("poison", [None, math.nan, math.inf])
+    def test_equals_per_gradient_stats(self, monkeypatch: pytest.MonkeyPatch, flush: int,
+                                       poison: float | None) -> None:
+        monkeypatch.setattr(activations, "FLUSH_ELEMS", flush)
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.LayerNorm(64),
+                              nn.Linear(64, 4))
+        fmt = FORMATS["fp16"]
+
+        def fail(exc: Exception) -> None:
+            raise exc
+
+        probe = ActivationProbe(model, fmt, on_error=fail)
+        seen: dict[int, torch.Tensor] = {}
+        for i, m in enumerate(model):
+            def keep(mod: nn.Module, inp: Any, out: torch.Tensor, i: int = i) -> None:
+                out.register_hook(lambda g: seen.__setitem__(i, g.clone()))
+            m.register_forward_hook(keep)
+        x = torch.randn(32, 8)
+        if poison is not None:
+            x[5, 2] = poison
+        scale = 2.0**12
+        probe.arm()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        (out.float().square().mean() * 1e-3 * scale).backward()
+        got = probe.collect(torch.tensor(scale), torch.device("cpu"))
+        assert got is not None and probe.hook_count() == 0
+        block = got.view(len(activations.STAT_NAMES), len(model)).T.tolist()
+        assert sorted(seen) == list(range(len(model)))
+        for i, g in seen.items():
+            want = grad_output_stats(g, fmt)
+            want[[0, 1, 7]] /= scale
+            for a, b in zip(block[i], want.tolist(), strict=True):
+                assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12)
+        if poison is not None:
+            assert any(row[5] > 0 or row[6] > 0 for row in block)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -24,6 +25,30 @@ def reference(values: np.ndarray, scale: float) -> list[int]:
             counts[-1] += 1
         else:
             counts[3 + int(np.floor(np.log2(g))) - MIN_EXP] += 1
+    return counts
+
+
+def exact_reference(values: np.ndarray, scale: float) -> list[int]:
+    """The contract's bins in exact rational arithmetic: any scale, no rounding anywhere."""
+    counts = [0] * NUM_BINS
+    s = Fraction(scale)
+    low, high = Fraction(2) ** MIN_EXP, Fraction(2) ** (MAX_EXP + 1)
+    for raw in values.astype(np.float64).ravel():
+        if not math.isfinite(raw):
+            counts[1] += 1
+            continue
+        g = abs(Fraction(float(raw))) / s
+        if g == 0:
+            counts[0] += 1
+        elif g < low:
+            counts[2] += 1
+        elif g >= high:
+            counts[-1] += 1
+        else:
+            k = g.numerator.bit_length() - g.denominator.bit_length()  # floor(log2 g) or one more
+            if Fraction(2) ** k > g:
+                k -= 1
+            counts[3 + k - MIN_EXP] += 1
     return counts
 
 
@@ -58,6 +83,24 @@ class TestExponentHistogram:
         shifted = exponent_histogram([raw.double() / scale], 1.0, False)[0].tolist()
         if math.log2(scale).is_integer():
             assert got == shifted
+
+    @pytest.mark.parametrize("scale", [3.0, 0.1, 1 / 3, 2.0**-100 * 1.7, 2.0**24 * 1.25])
+    def test_any_scale_is_exact_at_the_bin_edges(self, scale: float) -> None:
+        """Non-power-of-two scales (0.1 and 1/3 are not even float32): values placed on and one
+        ulp either side of every bin edge in true units, plus raw float32 subnormals, which a
+        collapsed scale (2^-100) turns into regular bins."""
+        edges = [float(np.float32(2.0**k * scale)) for k in range(MIN_EXP - 1, MAX_EXP + 3)]
+        vals = [v for e in edges for v in (np.nextafter(np.float32(e), np.float32(0)),
+                                           np.float32(e),
+                                           np.nextafter(np.float32(e), np.float32(np.inf)))]
+        tiny = np.finfo(np.float32).tiny
+        vals += [np.float32(tiny / 2**k) for k in range(1, 24)] + [np.float32(0.0)]
+        raw = np.array(vals, dtype=np.float32)
+        got = exponent_histogram([torch.from_numpy(raw)], scale, True)[0].tolist()
+        assert got == exact_reference(raw, scale)
+        half = torch.from_numpy(raw).half()  # float16 gradients take the same float32 path
+        got16 = exponent_histogram([half], scale, True)[0].tolist()
+        assert got16 == exact_reference(half.float().numpy(), scale)
 
     def test_many_layers_mixed_flags_fp16_and_absent(self) -> None:
         gen = torch.Generator().manual_seed(1)

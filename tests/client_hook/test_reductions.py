@@ -163,11 +163,15 @@ class TestGradNorm:
         assert layer_stats(raws, 1.0, True)[0].item() == math.inf
         assert grad_norm(raws, 1.0, True).item() == math.inf
 
-    def test_huge_scaled_values_do_not_overflow(self) -> None:
+    def test_huge_scaled_values_do_not_overflow_the_exact_paths(self) -> None:
         raws = [torch.full((1000,), 3e37), torch.full((10,), 1e-40)]
         want = math.sqrt(1000) * 3e37 / 2.0**24
         assert layer_stats(raws, 2.0**24, True)[0].item() == pytest.approx(want, rel=1e-6)
-        assert grad_norm(raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
+        exact = GradStats(FP16, exact_norms=True)
+        assert exact.grad_norm(raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
+        # The every-step direct path accumulates in float32: past its range it reads +inf, which
+        # StepRecord.to_wire sends as unknown when found_inf says no element was inf.
+        assert grad_norm(raws, 2.0**24, True).item() == math.inf
 
 
 class _CountOps(TorchDispatchMode):
@@ -266,18 +270,19 @@ def check_cached(
 
 
 class TestGradNormsDirectPath:
-    """grad_norms without the padded buffer: one _foreach_norm in float64 over the gradients."""
+    """grad_norms without the padded buffer: one _foreach_norm over the gradients (float32
+    accumulation, float64 with ``exact_norms`` or float64 gradients)."""
 
     def test_nan_and_inf_in_different_layers(self) -> None:
         raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 2.0]), torch.ones(3)]
         got = GradStats(FP16).grad_norms(raws, torch.tensor(4.0), True).tolist()
         assert math.isnan(got[0]) and got[1] == math.inf and math.isnan(got[2])
-        assert got[3] == pytest.approx(math.sqrt(3) / 4, rel=1e-12)
+        assert got[3] == pytest.approx(math.sqrt(3) / 4, rel=1e-6)  # float32 accumulation
         inf_only = GradStats(FP16).grad_norms(raws[::2], 4.0, [True, True]).tolist()
         assert inf_only[0] == math.inf and inf_only[1] == math.inf
 
     @pytest.mark.parametrize("scaled", [True, False])
-    def test_extreme_magnitudes_are_exact(self, scaled: bool) -> None:
+    def test_extreme_magnitudes_are_exact_with_exact_norms(self, scaled: bool) -> None:
         # float32 sums of squares overflow from |x| ~ 1.8e19 and underflow below ~1e-19.
         raws = [torch.full((1000,), 3e37), torch.full((500,), 1e-25),
                 edge_tensor(8.0, torch.float32, scaled, 700), torch.zeros(0)]
@@ -285,10 +290,35 @@ class TestGradNormsDirectPath:
         _, want = reference(raws, [r.numel() for r in raws], scale, [scaled] * 4, FP16)
         want_norm = math.sqrt(sum(x * x for x in want["l2"]))
         for scale_arg in (scale, torch.tensor([scale])):
-            got = GradStats(FP16).grad_norms(raws, scale_arg, scaled).tolist()
+            got = GradStats(FP16, exact_norms=True).grad_norms(raws, scale_arg, scaled).tolist()
             assert_same(got[0], want_norm)
             for g, w in zip(got[1:], want["l2"], strict=True):
                 assert_same(g, w)
+
+    @pytest.mark.parametrize("scaled", [True, False])
+    def test_float32_range_of_the_direct_path(self, scaled: bool) -> None:
+        """Inside float32's range the direct path equals the float64 reference to float32
+        rounding; past it, exactly the documented readings: +inf above, 0 below."""
+        normal = [edge_tensor(8.0, torch.float32, scaled, 700), torch.randn(300) * 1e3,
+                  torch.zeros(0), torch.zeros(40)]
+        scale = 2.0**24
+        _, want = reference(normal, [r.numel() for r in normal], scale, [scaled] * 4, FP16)
+        got = GradStats(FP16).grad_norms(normal, scale, scaled).tolist()
+        assert got[0] == pytest.approx(math.sqrt(sum(x * x for x in want["l2"])), rel=1e-6)
+        for g, w in zip(got[1:], want["l2"], strict=True):
+            assert g == pytest.approx(w, rel=1e-6)
+        extreme = [torch.full((1000,), 3e37), torch.full((500,), 1e-25), torch.ones(4)]
+        got = GradStats(FP16).grad_norms(extreme, 2.0, scaled).tolist()
+        factor = 0.5 if scaled else 1.0
+        assert got == [math.inf, math.inf, 0.0, 2.0 * factor]
+
+    def test_float64_gradients_accumulate_in_float64(self) -> None:
+        raws = [torch.full((1000,), 3e37, dtype=torch.float64), torch.ones(4)]
+        stats = GradStats(FP16)
+        for _ in range(2):  # the first call learns float64; the second takes it directly
+            got = stats.grad_norms(raws, 1.0, True).tolist()
+            assert got[1] == pytest.approx(math.sqrt(1000) * 3e37, rel=1e-12)
+            assert got[0] == pytest.approx(math.sqrt(1000 * 9e74 + 4), rel=1e-12)
 
     def test_fallback_and_back_when_the_layout_changes(self) -> None:
         stats = GradStats(FP16, numels=[700, 9, 300])
