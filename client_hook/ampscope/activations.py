@@ -14,14 +14,17 @@ no gradient in the sampled backward (not called, or its output does not reach th
 zero gradient, as PyTorch defines a missing gradient: ``zero_frac`` 1, ``amax`` 0, ``amin_nz``
 null, ``l2`` 0. No host sync: every statistic is a device tensor until the step's single copy.
 
-Cost. A tensor hook only keeps a reference to the gradient it sees; the gradients are reduced
-together, ``GradStats.layer_stats`` style (one copy into a padded buffer, a constant number of row
-reductions), whenever the kept ones reach ``FLUSH_ELEMS`` elements and at ``collect``. Reducing
-each gradient in its own hook took ~20 kernels per module (about 5.5 ms per sampled step on the
-CPU reference loop); the fused reduction is a constant number of kernels per flush. Keeping the
-reference costs memory (bounded by ``FLUSH_ELEMS``) but never correctness: autograd only
-accumulates into a gradient buffer in place when it holds the last reference to it and to its
-storage (``InputBuffer::accumulate``), so a kept gradient is never written after its hook ran.
+Cost. Reducing each gradient in its own hook takes ~20 kernels per module: about 5.5 ms per
+sampled step on the CPU reference loop, where the activation gradients are small and every kernel
+is mostly launch overhead. So a tensor hook only keeps a reference to a small gradient, and the
+kept ones are reduced together, ``GradStats.layer_stats`` style (one copy into a padded buffer, a
+constant number of row reductions), whenever they reach ``FLUSH_ELEMS`` elements and at
+``collect``. A gradient of ``FLUSH_ELEMS`` elements or more (say an LLM's logits) is reduced alone
+in its hook, as before, where launch overhead is negligible: nothing large is kept, and the fused
+path's scratch buffers stay below 2·``FLUSH_ELEMS`` float32 elements each. Keeping a reference
+never costs correctness: autograd only accumulates into a gradient buffer in place when it holds
+the last reference to it and to its storage (``InputBuffer::accumulate``), so a kept gradient is
+never written after its hook ran.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ __all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
 
 _AMAX, _AMIN, _L2 = 0, 1, 7
 
-FLUSH_ELEMS = 1 << 22
-"""Kept gradient elements that trigger a fused reduction during backward: bounds the memory held
-for a sample (and the reduction's scratch buffers) on models with large activations."""
+FLUSH_ELEMS = 1 << 20
+"""Kept gradient elements that trigger a fused reduction during backward, and the size from which
+a gradient is reduced alone: bounds what a sample holds (4 MiB of references' worth in float32,
+16 MiB of scratch kept between samples)."""
 
 
 def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
@@ -148,12 +152,16 @@ class ActivationProbe:
     def _grad_hook(self, index: int, gen: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             try:
-                if gen == self._generation and index not in self._taken:
-                    self._taken.add(index)
-                    self._pending.append((index, grad.detach()))
-                    self._pending_elems += grad.numel()
-                    if self._pending_elems >= FLUSH_ELEMS:
-                        self._flush()
+                if gen != self._generation or index in self._taken:
+                    return
+                self._taken.add(index)
+                if grad.numel() >= FLUSH_ELEMS:
+                    self._results[index] = grad_output_stats(grad, self.fmt)
+                    return
+                self._pending.append((index, grad.detach()))
+                self._pending_elems += grad.numel()
+                if self._pending_elems >= FLUSH_ELEMS:
+                    self._flush()
             except Exception as exc:
                 self._on_error(exc)
         return hook

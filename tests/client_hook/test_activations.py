@@ -111,7 +111,9 @@ class TestFusedReduction:
     """The probe keeps the gradients and reduces them together; the result must be what
     ``grad_output_stats`` gives for each gradient alone, however the flushes split them."""
 
-    @pytest.mark.parametrize("flush", [1, 3000, activations.FLUSH_ELEMS])
+    # 1: every gradient reduced alone in its hook; 2048: the 32x64 ones alone, the 32x4 one kept;
+    # 3000: all kept, flushed in several groups; the default: all kept, one flush at collect.
+    @pytest.mark.parametrize("flush", [1, 2048, 3000, activations.FLUSH_ELEMS])
     @pytest.mark.parametrize("poison", [None, math.nan, math.inf])
     def test_equals_per_gradient_stats(self, monkeypatch: pytest.MonkeyPatch, flush: int,
                                        poison: float | None) -> None:
