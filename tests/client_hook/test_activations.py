@@ -13,6 +13,7 @@ import ampscope
 from ampscope import activations
 from ampscope.activations import ActivationProbe, grad_output_stats
 from ampscope.formats import FORMATS
+from ampscope.reductions import STAT_NAMES
 from ampscope.transport import MemorySender
 
 MODULES = [
@@ -142,7 +143,7 @@ class TestFusedReduction:
         (out.float().square().mean() * 1e-3 * scale).backward()
         got = probe.collect(torch.tensor(scale), torch.device("cpu"))
         assert got is not None and probe.hook_count() == 0
-        block = got.view(len(activations.STAT_NAMES), len(model)).T.tolist()
+        block = got.view(len(STAT_NAMES), len(model)).T.tolist()
         assert sorted(seen) == list(range(len(model)))
         for i, g in seen.items():
             want = grad_output_stats(g, fmt)
