@@ -1,7 +1,8 @@
 """What the monitor measures within one update cycle, and the step record it becomes.
 
 ``StepCycle`` holds the device tensors of the cycle (the remembered loss, the capture at the first
-``unscale_``/``step``, the sampled histogram and activation blocks) and, at ``update()``, stacks
+``unscale_``/``step``, the sampled histogram and activation blocks, the swallowed fractions and
+the FP32 re-check block set by the monitor) and, at ``update()``, stacks
 them with the scaler's scalars into the ONE float64 tensor copied to the host (``build``). See
 ``ampscope.monitor`` for the lifecycle and the sync guarantees; nothing here reads a device value.
 """
@@ -54,10 +55,21 @@ class StepCycle:
         self._captured_kind: str | None = None
         self._head: torch.Tensor | None = None  # [global norm, per-layer norms or stats block]
         self._has_block = False
+        self._float32_norms = False
         self._hist: torch.Tensor | None = None
         self._acts: torch.Tensor | None = None
         self._loss_sum: torch.Tensor | None = None
         self._loss_n = 0
+        # Host-side knowledge of the skip (``Monitor.recheck``): set after each ``scaler.step``.
+        self.skipped = False
+        self.skip_unknown = False
+        self.recheck: torch.Tensor | str | None = None  # the result block, or the error
+        self.swallowed: torch.Tensor | None = None
+
+    @property
+    def has_block(self) -> bool:
+        """Whether this cycle's capture took the per-layer statistics block."""
+        return self._has_block
 
     def start(self, step: int, activation_every: int) -> None:
         """After ``update()``: stop learning the backward order, arm a sampled step's probe."""
@@ -86,6 +98,7 @@ class StepCycle:
             self._head = self._stats.layer_stats(grads, scale, scaled)
         else:
             self._head = self._stats.grad_norms(grads, scale, scaled)
+            self._float32_norms = self._stats.float32_norms
         if self._histogram_every and step % self._histogram_every == 0 and self._params:
             self._hist = exponent_histogram(grads, scale, scaled, self._numels).reshape(-1)
         if self.probe is not None and self.probe.armed:
@@ -136,6 +149,11 @@ class StepCycle:
             parts.append(self._hist.to(device))
         if self._acts is not None:
             parts.append(self._acts.to(device))
+        if self.swallowed is not None:
+            parts.append(self.swallowed.to(device))
+        recheck_block = self.recheck if isinstance(self.recheck, torch.Tensor) else None
+        if recheck_block is not None:
+            parts.append(recheck_block.to(device))
         values = parts[0] if len(parts) == 1 else torch.cat(parts)
         ready = None
         if values.is_cuda:
@@ -153,6 +171,8 @@ class StepCycle:
             block=per_layer and self._has_block,
             histogram=self._hist is not None,
             modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
+            swallowed=self.swallowed is not None,
+            recheck=recheck_block is not None,
         )
         if self.order is not None:
             self.order.end_cycle()
@@ -170,6 +190,8 @@ class StepCycle:
             misuse=misuse,
             order=self.order.order() if self.order is not None else None,
             clip=clip,
+            recheck_error=self.recheck if isinstance(self.recheck, str) else None,
+            float32_norms=self._float32_norms,
         )
 
     def _device(self, before: Mapping[str, Any]) -> torch.device:

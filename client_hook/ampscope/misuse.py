@@ -39,6 +39,10 @@ class MisuseTracker:
     def __init__(self, active: Callable[[], bool]) -> None:
         self._active = active
         self.in_scaler_step = False
+        # Set when the optimizer's own step ran inside ``scaler.step``: torch's GradScaler calls
+        # it only when found_inf was 0 (it read found_inf with ``.item()`` to decide), so this is
+        # a host-side "not skipped" at no cost (``Monitor.recheck``).
+        self.scaler_stepped = False
         self._pending: list[dict[str, str]] = []
         self._unscaled: set[int] = set()
         self._wrapped: dict[int, tuple[torch.optim.Optimizer, Any, bool, Any]] = {}
@@ -71,7 +75,9 @@ class MisuseTracker:
         name = type(optimizer).__name__
 
         def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            if not self.in_scaler_step and self._active():
+            if self.in_scaler_step:
+                self.scaler_stepped = True
+            elif self._active():
                 try:
                     if scaler_enabled():
                         self.record("step_bypassed_scaler", (

@@ -24,6 +24,12 @@ Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
 
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 
+Optional, wire v3: ``recheck(fn)`` re-runs an overflow step's batch in FP32 inside ``update()``
+(``recheck.py``; how the overflow is known without a sync: ``Monitor.recheck``), and for models
+with FP16/BF16 parameters ``scaler.step`` is bracketed on layer-stat steps to count swallowed
+updates (``swallowed.py``); both add their device blocks to the step's one host copy, and a
+model without low-precision parameters that registers no closure pays for neither.
+
 Syncs: none added on the training thread when ``scaler._scale`` and ``_per_optimizer_states`` exist
 (feature-checked). Without them the public fallback calls ``get_scale()`` (a sync) per step.
 
@@ -56,10 +62,12 @@ from ampscope.cycle import StepCycle
 from ampscope.formats import TargetFormat
 from ampscope.misuse import ClipHeuristic, MisuseTracker
 from ampscope.order import BackwardOrder
+from ampscope.recheck import RecheckFn, run_recheck
 from ampscope.record import layer_table
 from ampscope.reductions import GradStats
 from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence, LayerEvery
+from ampscope.swallowed import SwallowProbe
 from ampscope.transport import HttpSender, Sender, Transport
 
 __all__ = ["AmpscopeWarning", "HookState", "Monitor", "MonitorStats", "watch"]
@@ -166,7 +174,10 @@ class Monitor:
             self._optimizers = list(optimizer)
         self._layers, self._params = layer_table(model, include, exclude)
         self._cadence = Cadence(layer_every, [layer["name"] for layer in self._layers])
-        self._stats = GradStats(self.fmt, [p.numel() for p in self._params])
+        # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
+        # every-step norms from an inf gradient (record.StepRecord.to_wire): exact norms there.
+        self._stats = GradStats(self.fmt, [p.numel() for p in self._params],
+                                exact_norms=not self._view.enabled())
         self._max_errors = max_errors
         self._errors = 0
         self._updates = 0
@@ -176,6 +187,8 @@ class Monitor:
         self._order: BackwardOrder | None = None
         self._lr_cache: tuple[tuple[float, torch.device], torch.Tensor] | None = None
         self._probe: ActivationProbe | None = None
+        self._recheck_fn: RecheckFn | None = None
+        self._swallow = SwallowProbe.for_params(self._params)
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None)
         self._run_info: dict[str, Any] = {
@@ -228,6 +241,35 @@ class Monitor:
     @property
     def state(self) -> HookState:
         return self._state
+
+    def recheck(self, fn: RecheckFn | None) -> None:
+        """Register the FP32 re-check closure (``None`` turns it off; off by default).
+
+        ``fn()`` must return the scalar loss of the *current* batch: register a new closure
+        each step (``mon.recheck(lambda: loss_fn(model(x), y))``, only a reference is kept) or
+        once, reading the batch from a variable the loop updates. When a step overflows, the
+        hook runs it inside ``scaler.update()`` with autocast off and no scaling, and the step's
+        record says whether the NaN/inf persisted in FP32 (data or model) or vanished (dynamic
+        range), with the FP32 loss and the layers whose FP32 gradient was non-finite
+        (``ampscope.recheck`` has the details and what it leaves untouched).
+
+        How the hook knows a step overflowed, without a sync: ``scaler.step`` already reads
+        ``found_inf`` on the host (torch's ``.item()``) and calls ``optimizer.step()`` only when
+        it is 0; the hook sees that call through its optimizer wrapper, so a skipped step is
+        known on the training thread for free, and steps that did not overflow cost one flag.
+        The trade-off: an optimizer that applies the scaler's ``found_inf`` itself (fused or
+        capturable Adam on CUDA, ``_step_supports_amp_scaling``) is always called, torch does
+        not sync, and the hook does not add one either: its overflow steps are re-checked only
+        when ``found_inf`` lives on the CPU (readable without a device sync); on CUDA they are
+        not re-checked (``recheck`` null). Deciding on the sender thread instead would need the
+        batch and the pre-step weights kept alive until the host copy lands, and the model run
+        off the training thread; at the next step boundary the weights could have moved on.
+
+        Cost when registered: nothing on steps that do not overflow; on an overflow step one
+        FP32 forward and backward on the training thread. Exceptions from ``fn`` are recorded
+        (``status: "failed"``), never raised.
+        """
+        self._recheck_fn = fn
 
     def stats(self) -> MonitorStats:
         t = self._transport.stats() if self._transport is not None else None
@@ -319,13 +361,46 @@ class Monitor:
         return self._originals["unscale_"](optimizer)
 
     def _wrapped_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        if self._state is HookState.ACTIVE and not self._cycle.captured:
+        active = self._state is HookState.ACTIVE
+        if active and not self._cycle.captured:
             self._capture_guarded(optimizer)
+        if active and self._recheck_fn is not None:
+            try:  # the skip is seen through the optimizer's wrapper (``recheck``): make sure
+                self._misuse.watch(optimizer, self._view.enabled)  # it exists (idempotent)
+            except Exception as exc:
+                self._internal_error("step", exc)
+        snapshot = None
+        if active and self._swallow is not None and self._cycle.has_block:
+            try:
+                snapshot = self._swallow.before_step(optimizer)
+            except Exception as exc:
+                self._internal_error("step", exc)
         self._misuse.in_scaler_step = True
+        self._misuse.scaler_stepped = False
         try:
-            return self._originals["step"](optimizer, *args, **kwargs)
+            result = self._originals["step"](optimizer, *args, **kwargs)
         finally:
             self._misuse.in_scaler_step = False
+        if active and self._state is HookState.ACTIVE and (
+                snapshot or self._recheck_fn is not None):
+            try:
+                self._after_step(optimizer, snapshot)
+            except Exception as exc:
+                self._internal_error("step", exc)
+        return result
+
+    def _after_step(
+        self, optimizer: torch.optim.Optimizer, snapshot: list[Any] | None
+    ) -> None:
+        """Host-side skip knowledge for the re-check (see ``recheck``), swallowed counts."""
+        cycle = self._cycle
+        if self._recheck_fn is not None:
+            if getattr(optimizer, "_step_supports_amp_scaling", False) and self._view.enabled():
+                cycle.skip_unknown = True  # always called: its own kernel applies found_inf
+            elif not self._misuse.scaler_stepped:
+                cycle.skipped = True
+        if snapshot and self._swallow is not None:
+            self._swallow.after_step(snapshot)
 
     def _wrapped_update(self, new_scale: Any = None) -> Any:
         before: dict[str, Any] | None = None
@@ -343,6 +418,8 @@ class Monitor:
         if self._state is not HookState.CLOSED:
             self._updates += 1
             self._cycle.reset()
+            if self._swallow is not None:
+                self._swallow.reset()
             if self._state is HookState.ACTIVE:
                 try:
                     self._cycle.start(self._updates, self.activation_every)
@@ -385,11 +462,26 @@ class Monitor:
         self._cycle.capture(optimizer, self._optimizers, self._updates)
 
     def _after_update(self, before: Mapping[str, Any]) -> None:
-        record = self._cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
+        cycle = self._cycle
+        if self._recheck_fn is not None and self._overflowed(before):
+            cycle.recheck = run_recheck(self._recheck_fn, self._model, self._params)
+        if self._swallow is not None and cycle.has_block:
+            cycle.swallowed = self._swallow.block()
+        record = cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
                                    misuse=self._misuse.take(), clip=self._clip)
         self._seq += 1
         assert self._transport is not None
         self._transport.put(record)
+
+    def _overflowed(self, before: Mapping[str, Any]) -> bool:
+        """Whether this cycle's step was skipped, known on the host without a device sync."""
+        cycle = self._cycle
+        if cycle.skipped:
+            return True
+        found = before.get("found_inf")
+        if cycle.skip_unknown and isinstance(found, torch.Tensor) and found.device.type == "cpu":
+            return bool(found.item())  # a CPU tensor: no device to wait for
+        return False
 
     def _lr(self, device: torch.device) -> torch.Tensor | None:
         if not self._optimizers:

@@ -16,6 +16,7 @@ import torch
 from ampscope import wire
 from ampscope.histogram import MAX_EXP, MIN_EXP, NUM_BINS
 from ampscope.misuse import ClipHeuristic
+from ampscope.recheck import NAN_CODE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
 
@@ -30,6 +31,8 @@ class Sections:
     ``norms``: L per-layer L2 norms (true units; NaN/inf = the layer held NaN/inf), on captured
     steps without a stats block. ``block``: the (8, L) stats of ``STAT_NAMES``. ``histogram``:
     (L, NUM_BINS) counts. ``modules``: M > 0 when an (8, M) activation block follows.
+    ``swallowed``: L swallowed-update fractions (NaN = not measured; ``swallowed.py``).
+    ``recheck``: the FP32 re-check block, 2 + L values (``recheck.py``).
     """
 
     num_layers: int
@@ -37,6 +40,8 @@ class Sections:
     block: bool = False
     histogram: bool = False
     modules: int = 0
+    swallowed: bool = False
+    recheck: bool = False
 
 
 @dataclass
@@ -56,6 +61,10 @@ class StepRecord:
     misuse: list[dict[str, str]] | None = None
     order: Sequence[int] | None = None  # layer indices in backward order
     clip: ClipHeuristic | None = None
+    recheck_error: str | None = None  # the FP32 re-check ran and its closure raised this
+    # The norms were accumulated in float32 (GradStats.grad_norms' direct path), where +inf may
+    # be an overflow of the sum of squares rather than an inf element.
+    float32_norms: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -82,7 +91,18 @@ class StepRecord:
         if sec.modules:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
+            pos += len(STAT_NAMES) * m
         found_inf = bool(head["found_inf"])
+        if self.float32_norms and not found_inf and head["grad_norm"] == math.inf:
+            # No element was inf (the scaler checked them all), so this +inf is the float32 sum
+            # of squares overflowing (a raw norm ≥ 1.8e19): the norm is unknown, not infinite.
+            head["grad_norm"] = None
+        swallowed = None
+        if sec.swallowed:
+            fractions, pos = v[pos : pos + n], pos + n
+            if not found_inf:  # a skipped step changes no parameter: nothing was swallowed
+                swallowed = [x if math.isfinite(x) else None for x in fractions]
+        recheck = self._recheck(v[pos : pos + 2 + n] if sec.recheck else None)
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
             norm, scale = head["grad_norm"], head["scale_before"]
@@ -109,7 +129,24 @@ class StepRecord:
             misuse=misuse or None,
             activations=activations,
             histogram=histogram,
+            recheck=recheck,
+            swallowed=swallowed,
         )
+
+    def _recheck(self, block: list[float] | None) -> dict[str, Any] | None:
+        """The wire ``recheck`` of the FP32 re-check's block (or its error); None if not run."""
+        if self.recheck_error is not None:
+            return {"status": "failed", "loss": None, "layers": [], "detail": self.recheck_error}
+        if block is None:
+            return None
+        loss = block[1] if block[0] else None
+        codes = block[2:]
+        order = self.order if self.order is not None else range(len(codes))
+        layers = [{"layer": i, "kind": "nan" if codes[i] == NAN_CODE else "inf"}
+                  for i in order if codes[i] > 0]
+        persisted = bool(layers) or (loss is not None and not math.isfinite(loss))
+        return {"status": "persisted" if persisted else "vanished",
+                "loss": wire.encode_float(loss), "layers": layers, "detail": None}
 
     def _nonfinite(
         self, norms: list[float] | None, layers: dict[str, list[float]] | None

@@ -291,6 +291,8 @@ class GradStats:
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
         self._acc64 = exact_norms  # grad_norms' direct path accumulates in float64
+        self.float32_norms = False
+        """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
         # grad_norms' direct path (no plan, no buffer copy); off after a layout that cannot take it
@@ -439,11 +441,13 @@ class GradStats:
                         self._acc64 = True
                         each = torch._foreach_norm(dense, 2, dtype=torch.float64)
                 v = torch.stack(each).to(torch.float64)
+                self.float32_norms = not self._acc64
                 # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
                 out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
                 return out.div_(scale) if uniform else out
             except (TypeError, RuntimeError):
                 pass
+        self.float32_norms = False
         if flags is None:
             flags = [bool(scaled)] * len(grads)
         plan = self._plan(grads, flags, scale)

@@ -1,4 +1,4 @@
-"""Wire format v2 (docs/contracts.md "Wire v2"): the ingest payload and its JSON codec.
+"""Wire format v3 (docs/contracts.md "Wire v2", "Wire v3"): the ingest payload and its JSON codec.
 
 This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
 can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
@@ -17,6 +17,7 @@ __all__ = [
     "CAPTURED",
     "LAYER_STAT_NAMES",
     "MISUSE_KINDS",
+    "RECHECK_STATUSES",
     "SCHEMA_VERSION",
     "WireFloat",
     "build_payload",
@@ -29,12 +30,16 @@ __all__ = [
     "step_record",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CAPTURED = ("before_unscale", "after_unscale")
 """Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
 
 MISUSE_KINDS = ("step_bypassed_scaler", "clip_before_unscale", "unscale_twice")
+
+RECHECK_STATUSES = ("persisted", "vanished", "failed")
+"""A record's ``recheck.status``: the non-finite values persisted in FP32, vanished, or the
+closure raised (``detail``)."""
 
 LAYER_STAT_NAMES: tuple[str, ...] = (
     "amax",
@@ -133,12 +138,15 @@ def step_record(
     misuse: Sequence[Mapping[str, JSON]] | None = None,
     activations: Mapping[str, Sequence[float]] | None = None,
     histogram: Mapping[str, JSON] | None = None,
+    recheck: Mapping[str, JSON] | None = None,
+    swallowed: Sequence[float | None] | None = None,
 ) -> dict[str, JSON]:
     """One wire record. ``layers`` and ``activations`` map every name of ``LAYER_STAT_NAMES`` to
     per-layer (per-module) values as computed, encoded by ``encode_stats``. The v2 fields are
     passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
     ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
-    ``histogram`` ``{"min_exp", "max_exp", "counts"}``."""
+    ``histogram`` ``{"min_exp", "max_exp", "counts"}``; v3: ``recheck`` ``{"status", "loss"
+    (encoded), "layers", "detail"}``, ``swallowed`` a fraction or None per layer."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
@@ -160,6 +168,8 @@ def step_record(
         "misuse": None if misuse is None else [dict(m) for m in misuse],
         "activations": None if activations is None else encode_stats(activations),
         "histogram": None if histogram is None else dict(histogram),
+        "recheck": None if recheck is None else dict(recheck),
+        "swallowed": None if swallowed is None else list(swallowed),
     }
 
 

@@ -479,3 +479,48 @@ class TestCapture:
         assert set(client) == {"produced", "acknowledged", "spooled", "dropped", "replayed"}
         assert client["produced"] == 3 and client["dropped"] == 0
         assert client["produced"] >= client["acknowledged"] + client["spooled"]
+
+
+class TestEveryStepNormRange:
+    """The every-step norms accumulate in float32: a finite gradient whose sum of squares
+    overflows it reads +inf there, and must reach the wire as unknown, never as "inf"."""
+
+    def records(self, enabled: bool, grad: float) -> list[dict[str, Any]]:
+        w = nn.Parameter(torch.ones(8))
+        model = nn.Module()
+        model.register_parameter("w", w)
+        opt = torch.optim.SGD([w], lr=0.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=10**6,
+                                      enabled=enabled)
+        sink = MemorySender()
+        mon = ampscope.watch(model, scaler, opt, sender=sink, run="range", layer_every=10**6,
+                             activation_every=0, histogram_every=0)
+        x = torch.full((8,), grad)
+        for _ in range(2):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = (w.float() * x).sum()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        mon.close()
+        return [r for p in sink.payloads() for r in p["records"]]
+
+    def test_overflowed_sum_of_squares_is_unknown_not_inf(self) -> None:
+        recs = self.records(True, 1e20)  # each raw element finite, their squares are not
+        # step 0 is a per-layer stats step (float64 throughout), step 1 takes the norms path
+        assert [(r["found_inf"], r["grad_norm"]) for r in recs] == [
+            (False, pytest.approx(1e20 * math.sqrt(8))), (False, None)]
+
+    def test_a_real_inf_stays_inf(self) -> None:
+        recs = self.records(True, math.inf)
+        assert [(r["found_inf"], r["grad_norm"]) for r in recs] == [(True, "inf")] * 2
+
+    def test_in_range_norms_are_sent(self) -> None:
+        recs = self.records(True, 3.0)
+        assert [r["grad_norm"] for r in recs] == [pytest.approx(3.0 * math.sqrt(8))] * 2
+
+    def test_a_disabled_scaler_gets_exact_norms(self) -> None:
+        # no found_inf to tell an overflow from an inf: float64 accumulation instead
+        recs = self.records(False, 1e20)
+        assert [r["grad_norm"] for r in recs] == [pytest.approx(1e20 * math.sqrt(8))] * 2

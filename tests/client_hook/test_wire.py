@@ -11,7 +11,8 @@ LAYER_KEYS = ["amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac"
               "nan_count", "inf_count", "l2"]
 RECORD_KEYS = ["seq", "step", "wall_time", "loss", "scale_before", "scale_after", "growth_tracker",
                "found_inf", "skipped", "grad_norm", "lr", "duration", "layers",
-               "captured", "nonfinite", "misuse", "activations", "histogram"]
+               "captured", "nonfinite", "misuse", "activations", "histogram", "recheck",
+               "swallowed"]
 
 
 def record(**layers_override: list[float]) -> dict[str, object]:
@@ -107,7 +108,7 @@ class TestPayload:
             layers=[{"index": 0, "name": "w"}], records=[record()], final=True)
         assert list(payload) == ["schema_version", "run", "attempt", "layers", "modules",
                                  "records", "client", "final"]
-        assert payload["schema_version"] == wire.SCHEMA_VERSION == 2
+        assert payload["schema_version"] == wire.SCHEMA_VERSION == 3
         assert payload["modules"] is None and payload["client"] is None
         text = wire.dumps(payload).decode()
         assert "NaN" not in text and "Infinity" not in text

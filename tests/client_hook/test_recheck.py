@@ -1,0 +1,268 @@
+"""`Monitor.recheck`: the FP32 re-check of overflow steps, on a real CPU AMP loop."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampscope
+from ampscope.transport import MemorySender
+
+
+class Loop:
+    """fp16 autocast, GradScaler on the CPU; `x_at(i)` gives the batch of step i."""
+
+    def __init__(self, model: nn.Module, *, init_scale: float = 2.0**8, **watch: Any) -> None:
+        self.model = model
+        self.opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        self.sink = MemorySender()
+        self.mon = ampscope.watch(model, self.scaler, self.opt, server=None, sender=self.sink,
+                                  layer_every=1, **watch)
+        self.calls = 0
+
+    def loss_of(self, x: torch.Tensor) -> torch.Tensor:
+        loss: torch.Tensor = self.model(x).float().pow(2).mean()
+        return loss
+
+    def step(self, x: torch.Tensor, recheck: bool = True) -> None:
+        if recheck:
+            def fn() -> torch.Tensor:
+                self.calls += 1
+                return self.loss_of(x)
+            self.mon.recheck(fn)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = self.loss_of(x)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad()
+
+    def records(self) -> list[dict[str, Any]]:
+        self.mon.close()
+        return [r for body in self.sink.payloads() for r in body["records"]]
+
+
+def mlp(seed: int = 0, scale: float = 1.0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return model
+
+
+def batches(n: int, seed: int = 1) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(16, 4, generator=gen) for _ in range(n)]
+
+
+class TestPersistsOrVanishes:
+    def test_nan_in_the_data_persists_in_fp32(self) -> None:
+        loop = Loop(mlp())
+        xs = batches(4)
+        xs[2][3, 1] = math.nan
+        for x in xs:
+            loop.step(x)
+        records = loop.records()
+        assert [r["found_inf"] for r in records] == [False, False, True, False]
+        assert [r["recheck"] is None for r in records] == [True, True, False, True]
+        recheck = records[2]["recheck"]
+        assert recheck["status"] == "persisted" and recheck["loss"] == "nan"
+        # Every parameter's FP32 gradient is NaN, listed in backward order like `nonfinite`.
+        assert [e["layer"] for e in recheck["layers"]] == [
+            e["layer"] for e in records[2]["nonfinite"]]
+        assert {e["kind"] for e in recheck["layers"]} == {"nan"}
+        assert loop.calls == 1  # only the overflow step ran the closure
+
+    def test_an_overflow_only_fp16_causes_vanishes_in_fp32(self) -> None:
+        # Large weights and inputs: the FP16 backward overflows (65504) even at scale 1; the
+        # same batch in FP32 is ordinary arithmetic.
+        loop = Loop(mlp(scale=30.0), init_scale=1.0)
+        xs = [x * 100.0 for x in batches(3)]
+        for x in xs:
+            loop.step(x)
+        records = loop.records()
+        assert all(r["found_inf"] for r in records)
+        for r in records:
+            assert r["recheck"]["status"] == "vanished", r["recheck"]
+            assert r["recheck"]["layers"] == [] and r["recheck"]["detail"] is None
+            assert isinstance(r["recheck"]["loss"], float)
+            assert r["nonfinite"]  # FP16 gradients overflowed
+
+    def test_a_scale_too_high_vanishes(self) -> None:
+        loop = Loop(mlp(), init_scale=2.0**40)
+        for x in batches(3):
+            loop.step(x)
+        first = loop.records()[0]
+        assert first["found_inf"] and first["recheck"]["status"] == "vanished"
+        assert math.isfinite(first["recheck"]["loss"]) and first["nonfinite"]
+
+
+class TestOffByDefault:
+    def test_no_closure_no_recheck(self) -> None:
+        loop = Loop(mlp())
+        xs = batches(2)
+        xs[1][0, 0] = math.nan
+        for x in xs:
+            loop.step(x, recheck=False)
+        assert [r["recheck"] for r in loop.records()] == [None, None]
+
+    def test_none_turns_it_off(self) -> None:
+        loop = Loop(mlp())
+        x = batches(1)[0]
+        x[0, 0] = math.nan
+        loop.step(x)
+        loop.mon.recheck(None)
+        loop.step(x, recheck=False)
+        assert [r["recheck"] is None for r in loop.records()] == [False, True]
+
+    def test_registered_adds_no_host_read_on_healthy_steps(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        reads: list[int] = []
+        original: Callable[..., Any] = torch.Tensor.item
+
+        def counting(self: torch.Tensor) -> Any:
+            reads.append(1)
+            return original(self)
+
+        counts = []
+        for registered in (False, True):
+            loop = Loop(mlp())
+            xs = batches(3)
+            loop.step(xs[0], recheck=registered)  # warm-up outside the count
+            monkeypatch.setattr(torch.Tensor, "item", counting)
+            reads.clear()
+            for x in xs[1:]:
+                loop.step(x, recheck=registered)
+            counts.append(len(reads))
+            monkeypatch.setattr(torch.Tensor, "item", original)
+            loop.records()
+        assert counts[0] == counts[1]  # the scaler's own .item() calls only
+
+
+class TestNoSideEffects:
+    def test_grads_buffers_rng_and_weights_are_left_as_they_were(self) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5),
+                              nn.Linear(8, 1))
+        loop = Loop(model)
+        x = batches(1)[0]
+        x[0, 0] = math.nan
+        seen: dict[str, Any] = {}
+
+        def fn() -> torch.Tensor:
+            seen["grads"] = [p.grad.clone() if p.grad is not None else None
+                             for p in model.parameters()]
+            seen["buffers"] = [b.clone() for b in model.buffers()]
+            seen["rng"] = torch.get_rng_state()
+            return loop.loss_of(x)
+
+        loop.mon.recheck(fn)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loop.loss_of(x)
+        loop.scaler.scale(loss).backward()
+        loop.scaler.step(loop.opt)
+        weights = [p.detach().clone() for p in model.parameters()]
+        loop.scaler.update()
+        for p, grad in zip(model.parameters(), seen["grads"], strict=True):
+            assert grad is not None and p.grad is not None
+            assert torch.equal(p.grad.nan_to_num(), grad.nan_to_num())
+        for b, saved in zip(model.buffers(), seen["buffers"], strict=True):
+            assert torch.equal(b.nan_to_num(), saved.nan_to_num())
+        assert torch.equal(torch.get_rng_state(), seen["rng"])
+        for p, w in zip(model.parameters(), weights, strict=True):
+            assert torch.equal(p.detach(), w)
+        assert loop.records()[0]["recheck"]["status"] == "persisted"
+
+
+class TestFailures:
+    @pytest.mark.parametrize(("fn", "detail"), [
+        (lambda: (_ for _ in ()).throw(ValueError("bad batch")), "ValueError: bad batch"),
+        (lambda: 3.0, "TypeError: the recheck closure must return a scalar loss tensor, got "
+                      "float"),
+        (lambda: torch.ones(2), "TypeError: the recheck closure must return a scalar loss "
+                                "tensor, got a tensor of shape (2,)"),
+    ])
+    def test_a_failing_closure_is_recorded_never_raised(
+        self, fn: Callable[[], Any], detail: str
+    ) -> None:
+        loop = Loop(mlp())
+        x = batches(1)[0]
+        x[0, 0] = math.nan
+        loop.mon.recheck(fn)
+        loop.step(x, recheck=False)
+        loop.step(batches(1, seed=2)[0], recheck=False)
+        records = loop.records()
+        assert records[0]["recheck"] == {
+            "status": "failed", "loss": None, "layers": [], "detail": detail}
+        assert records[1]["recheck"] is None
+        assert loop.mon.stats().internal_errors == 0
+
+
+class TestFusedOptimizer:
+    def test_an_optimizer_that_applies_found_inf_itself_is_rechecked_on_the_cpu(self) -> None:
+        """Fused Adam is always called by scaler.step (its kernel skips the update), so the
+        hook cannot see the skip from the call; on the CPU it reads found_inf (no device)."""
+        model = mlp()
+        loop = Loop(model)
+        loop.opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        assert getattr(loop.opt, "_step_supports_amp_scaling", False)
+        loop.mon.close()
+        loop.sink = MemorySender()
+        loop.mon = ampscope.watch(model, loop.scaler, loop.opt, server=None, sender=loop.sink,
+                                  layer_every=1)
+        xs = batches(3)
+        xs[1][0, 0] = math.nan
+        for x in xs:
+            loop.step(x)
+        records = loop.records()
+        assert [r["recheck"] and r["recheck"]["status"] for r in records] == [
+            None, "persisted", None]
+        assert loop.calls == 1
+
+
+class TestTwoOptimizers:
+    def test_an_unwatched_second_optimizer_is_judged_by_its_own_call(self) -> None:
+        """Only the first optimizer is given to watch(); the second one's skip is still seen
+        from its own call, so healthy steps run no re-check."""
+        torch.manual_seed(0)
+        first, second = nn.Linear(4, 8), nn.Linear(8, 1)
+        model = nn.Sequential(first, nn.ReLU(), second)
+        opt_a = torch.optim.SGD(first.parameters(), lr=1e-3)
+        opt_b = torch.optim.SGD(second.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        sink = MemorySender()
+        mon = ampscope.watch(model, scaler, opt_a, server=None, sender=sink)
+        calls: list[torch.Tensor] = []
+
+        def closure(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+            def fn() -> torch.Tensor:
+                calls.append(x)
+                loss: torch.Tensor = model(x).float().pow(2).mean()
+                return loss
+            return fn
+
+        xs = batches(4)
+        xs[2][0, 0] = math.nan
+        for x in xs:
+            mon.recheck(closure(x))
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+        mon.close()
+        records = [r for body in sink.payloads() for r in body["records"]]
+        assert [r["recheck"] and r["recheck"]["status"] for r in records] == [
+            None, None, "persisted", None]
+        assert len(calls) == 1
