@@ -8,6 +8,11 @@ function (`charts.series_read` / `heatmap_read`, a fresh session each time) and 
 request through the ASGI app in process (routing, validation, JSON), printing median and p95 ms
 and the rows read (counted at the repository functions the charts call).
 
+The comparison (GET /api/compare) needs a second run as long: a copy of the first made in SQL
+(steps, layer statistics, rollups; building it through ingest would double the build), whose
+loss drifts 20 % up from 80 % of the run, the raw steps and their rollups alike, so the
+divergence search has a real divergence to find.
+
     .venv/bin/python bench/query.py                      # SQLite, 100k x 200
     .venv/bin/python bench/query.py --db postgresql+psycopg://postgres@127.0.0.1/bench
     .venv/bin/python bench/query.py --steps 20000 --layers 50 --repeat 10
@@ -23,15 +28,16 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine, Table, func, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import charts, db, ingest, repository
+from ampscope_server import charts, comparison, db, ingest, repository, rollups
 from ampscope_server.app import create_app
 from ampscope_server.config import Settings
-from ampscope_server.models import Run
+from ampscope_server.models import Attempt, Layer, LayerStat, Rollup, Run, Step
 from ampscope_server.wire import IngestBatch
 
 ROWS = {"n": 0}
@@ -46,7 +52,7 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-for _name in ("rollup_pieces", "series_rows", "heatmap_rows"):
+for _name in ("rollup_pieces", "series_rows", "heatmap_rows", "rollup_rows"):
     setattr(repository, _name, _counting(getattr(repository, _name)))
 
 
@@ -101,6 +107,70 @@ def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: in
     return run_id
 
 
+DRIFT = 1.2
+"""The copy's loss is the original's times this from its drift step on."""
+
+
+def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
+    """A copy of `run_id` (new ids) whose loss is DRIFT x the original's from `drift_step` on."""
+    new_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
+    began = time.perf_counter()
+    steps, stats = cast(Table, Step.__table__), cast(Table, LayerStat.__table__)
+    with engine.begin() as conn:
+        offset = conn.execute(select(func.max(steps.c.id))).scalar_one()
+
+        def copy(table: Any, where: Any, values: dict[str, Any]) -> None:
+            names = [c.name for c in table.columns]
+            conn.execute(insert(table).from_select(names, select(*[
+                values[c.name].label(c.name) if c.name in values else c
+                for c in table.columns]).where(where)))
+
+        runs = cast(Table, Run.__table__)
+        copy(runs, runs.c.id == run_id,
+             {"id": literal(new_id), "name": literal("long-copy"), "status": literal("finished")})
+        attempts = cast(Table, Attempt.__table__)
+        copy(attempts, attempts.c.run_id == run_id,
+             {"id": literal(attempt_id), "run_id": literal(new_id)})
+        layers = cast(Table, Layer.__table__)
+        copy(layers, layers.c.run_id == run_id, {"run_id": literal(new_id)})
+        drifted = (steps.c.step >= drift_step)
+        copy(steps, steps.c.run_id == run_id, {
+            "id": steps.c.id + offset, "run_id": literal(new_id), "attempt_id": literal(attempt_id),
+        })
+        conn.execute(update(steps).where(steps.c.run_id == new_id, drifted)
+                     .values(loss=steps.c.loss * DRIFT))
+        source_ids = select(steps.c.id).where(steps.c.run_id == run_id)
+        copy(stats, stats.c.step_id.in_(source_ids), {"step_id": stats.c.step_id + offset})
+        table = cast(Table, Rollup.__table__)
+        copy(table, table.c.run_id == run_id, {"run_id": literal(new_id)})
+        # The copy's rollups follow its loss: buckets past the drift scaled, those across it
+        # widened to both (min/max over all of the bucket's values, as ingest keeps them).
+        index = rollups.SERIES.index("loss")
+        rows = conn.execute(select(table.c.level, table.c.bucket, table.c.series)
+                            .where(table.c.run_id == new_id)).all()
+        for level, bucket, blob in rows:
+            first, last = bucket << level, ((bucket + 1) << level) - 1
+            if last < drift_step:
+                continue
+            accs = rollups.unpack_series(blob)
+            acc = accs[index]
+            if first >= drift_step:
+                acc.lo, acc.hi = acc.lo * DRIFT, acc.hi * DRIFT
+            else:
+                acc.lo, acc.hi = min(acc.lo, acc.lo * DRIFT), max(acc.hi, acc.hi * DRIFT)
+            acc.last *= DRIFT
+            conn.execute(update(table).where(
+                table.c.run_id == new_id, table.c.level == level, table.c.bucket == bucket,
+            ).values(series=rollups.pack_series(accs)))
+    print(f"copied it as run {new_id[:8]} (loss x{DRIFT} from step {drift_step}) in "
+          f"{time.perf_counter() - began:.1f} s")
+    return new_id
+
+
+def _compare(session: Session, run: Run, *, other: str) -> Any:
+    return comparison.compare_runs(session, [run.id, other], 0.05, 0.01, 300.0)
+
+
 def _series(session: Session, run: Run, *, name: Any, start: int | None,
             end: int | None) -> Any:
     return charts.series_read(session, run, name, 2000, start, end)
@@ -109,6 +179,14 @@ def _series(session: Session, run: Run, *, name: Any, start: int | None,
 def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
              end: int | None) -> Any:
     return charts.heatmap_read(session, run, stat, start, end)
+
+
+def _points(result: Any) -> int:
+    if hasattr(result, "points"):
+        return len(result.points)
+    if hasattr(result, "steps"):
+        return len(result.steps)
+    return sum(len(c.layers) for c in result.comparisons)  # compare: layers compared
 
 
 def _stats(times: list[float]) -> str:
@@ -132,6 +210,7 @@ def main() -> None:
     factory = db.make_session_factory(engine)
     run_id = build(factory, args.steps, args.layers, args.batch)
     n = args.steps
+    other = copy_run(engine, run_id, int(n * 0.8))
     zooms = {"full": (None, None), "zoom 1/10": (n // 3, n // 3 + n // 10),
              "zoom 1/100": (n // 2, n // 2 + n // 100), "zoom 1/1000": (n // 5, n // 5 + n // 1000)}
     queries: list[tuple[str, Callable[[Session, Run], Any], str]] = []
@@ -147,6 +226,8 @@ def main() -> None:
                 f"heatmap {stat:13} {zoom}",
                 functools.partial(_heatmap, stat=stat, start=start, end=end),
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
+    queries.append(("compare 2 runs", functools.partial(_compare, other=other),
+                    f"/api/compare?runs={run_id},{other}"))
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
     print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
     with TestClient(create_app(Settings(db_url=url))) as client:
@@ -161,7 +242,7 @@ def main() -> None:
                     result = call(session, run)
                     service.append(time.perf_counter() - began)
             rows = ROWS["n"]
-            points = len(result.points) if hasattr(result, "points") else len(result.steps)
+            points = _points(result)
             http: list[float] = []
             for _ in range(args.repeat):
                 began = time.perf_counter()

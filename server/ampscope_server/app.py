@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from ampscope_server import __version__
-from ampscope_server.api import compare, ingest, live, pages, runs, series
+from ampscope_server.api import compare, findings, ingest, live, pages, runs, series
 from ampscope_server.config import Settings
 from ampscope_server.db import make_engine, make_session_factory, verify_schema
 from ampscope_server.errors import AmpscopeError
@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(AmpscopeError, ampscope_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_middleware(pages.SecurityHeaders)
-    for module in (runs, ingest, series, live, compare, pages):
+    for module in (runs, ingest, series, live, compare, findings, pages):
         app.include_router(module.router)
     app.mount("/static", pages.static_files(), name="static")
     return app

@@ -57,6 +57,8 @@ def check_records(
         _check_nonfinite(record, where, run_id, layer_numels)
         _check_histogram(record, where, run_id, layer_numels)
         _check_activations(record, where, run_id, num_modules)
+        _check_recheck(record, where, run_id, layer_numels)
+        _check_swallowed(record, where, run_id, layer_numels)
 
 
 def _no_layer_table(where: str, what: str, run_id: str) -> LayerTableMissing:
@@ -136,3 +138,32 @@ def _check_activations(
                 f"{where}.activations.{name} has {count} entries, but the run's module table "
                 f"has {num_modules} modules"
             )
+
+
+def _check_recheck(
+    record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
+) -> None:
+    if record.recheck is None or not record.recheck.layers:
+        return
+    if layer_numels is None:
+        raise _no_layer_table(where, "re-check layers", run_id)
+    for i, entry in enumerate(record.recheck.layers):
+        if entry.layer >= len(layer_numels):
+            raise InvalidPayload(
+                f"{where}.recheck.layers[{i}].layer is {entry.layer}, but the run's layer table "
+                f"has {len(layer_numels)} layers"
+            )
+
+
+def _check_swallowed(
+    record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
+) -> None:
+    if record.swallowed is None:
+        return
+    if layer_numels is None:
+        raise _no_layer_table(where, "swallowed fractions", run_id)
+    if len(record.swallowed) != len(layer_numels):
+        raise InvalidPayload(
+            f"{where}.swallowed has {len(record.swallowed)} entries, but the run's layer table "
+            f"has {len(layer_numels)} layers"
+        )

@@ -13,7 +13,7 @@ import math
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, events, repository, rollups, series
+from ampscope_server import codec, events, repository, rollups, runs, series
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run
 from ampscope_server.schemas import (
@@ -124,7 +124,11 @@ def events_read(session: Session, run: Run) -> EventsRead:
         in repository.misuse_rows(session, run.id)
     ]
     names = [layer.name for layer in repository.get_layers(session, run.id)]
-    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names))
+    rechecks = {
+        int(step_id): runs.recheck_read(recheck)
+        for step_id, _, recheck in repository.run_rechecks(session, run.id)
+    }
+    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks))
 
 
 def _heatmap_columns(source: HeatmapSource, stat: HeatmapStat) -> list[str]:
@@ -145,6 +149,8 @@ def heatmap_read(
     has statistics of that source, in step order; with more steps in range than `max_points`
     (param source), a column per bucket of steps holding each layer's worst value in it
     (`rollups.DIRECTION`), and `steps` the first step of each bucket."""
+    if stat == "swallowed_frac":
+        return _swallowed_heatmap(session, run, start, end, source, max_points)
     bounds = None if source == "activation" else _bounds(session, run, start, end)
     if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
         return _raw_heatmap(session, run, stat, start, end, source)
@@ -248,3 +254,38 @@ def _raw_heatmap(
         if index < len(z):
             z[index][-1] = value
     return HeatmapRead(stat=stat, source=source, layers=names, steps=steps, z=z)
+
+
+def _swallowed_heatmap(
+    session: Session, run: Run, start: int | None, end: int | None, source: HeatmapSource,
+    max_points: int,
+) -> HeatmapRead:
+    """`swallowed_frac` (wire v3), param source only: a column per step that carries it, or,
+    past `max_points` such steps, per contiguous group of them holding each layer's max.
+
+    Read from the raw rows: the fraction is only measured for FP16/BF16 parameters on the
+    layer-stat steps, so it has no rollup.
+    """
+    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    columns: list[tuple[int, list[float | None]]] = []
+    if source == "param":
+        current = None
+        for step_id, step, index, frac in repository.swallowed_rows(session, run.id, start, end):
+            if step_id != current:
+                current = step_id
+                columns.append((int(step), [None] * len(names)))
+            if index < len(names):
+                columns[-1][1][index] = frac
+    downsampled = len(columns) > max_points
+    if downsampled:
+        width = -(-len(columns) // max_points)
+        columns = [
+            (group[0][0], [
+                max((v for v in values if v is not None), default=None)
+                for values in zip(*(column for _, column in group), strict=True)
+            ])
+            for group in (columns[i : i + width] for i in range(0, len(columns), width))
+        ]
+    z = [[column[row] for _, column in columns] for row in range(len(names))]
+    return HeatmapRead(stat="swallowed_frac", source=source, layers=names,
+                       steps=[step for step, _ in columns], z=z, downsampled=downsampled)

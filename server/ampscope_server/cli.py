@@ -1,4 +1,6 @@
-"""`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]` and
+"""`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]`,
+`ampscope report RUN [--baseline RUN] [--db URL] [--html PATH]` (the Markdown post-mortem of
+`diagnosis`, optionally the HTML report with findings) and
 `ampscope sync PATH [--server URL]` (uploads a client's disk spool; the logic is the client's,
 `ampscope.sync`, imported lazily and torch-free).
 
@@ -12,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ampscope_server.config import Settings
 
@@ -40,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("path", help="spool directory or file")
     sync.add_argument("--server", default=os.environ.get("AMPSCOPE_SERVER", DEFAULT_SERVER),
                       help=f"server URL (default $AMPSCOPE_SERVER or {DEFAULT_SERVER})")
+
+    report = commands.add_parser(
+        "report", help="print a run's Markdown post-mortem (findings, key numbers, advice)")
+    report.add_argument("run", help="run id")
+    report.add_argument("--baseline", help="id of a run to compare with (e.g. the FP32 run)")
+    report.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    report.add_argument("--html", metavar="PATH",
+                        help="also write the self-contained HTML report, findings first")
     return parser
 
 
@@ -60,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = _settings(args)
     from ampscope_server import db
 
+    if args.command == "report":
+        return _report(settings, args.run, args.baseline, args.html)
     if args.command == "db":
         db.upgrade(settings.db_url)
         sys.stderr.write(f"ampscope: {db.safe_url(settings.db_url)} is at revision "
@@ -81,6 +94,36 @@ def _sync(path: str, server: str) -> int:
         return 2
     sys.stdout.write(f"ampscope sync: {report.summary()}\n")
     return 0 if report.ok else 1
+
+
+def _report(settings: Settings, run_id: str, baseline: str | None, html_path: str | None) -> int:
+    """Exit 0 with the Markdown on stdout; 2 (a message on stderr) for an unknown run or
+    baseline, a database without the current schema, or an HTML path that cannot be written."""
+    from ampscope_server import db, diagnosis, report, runs
+    from ampscope_server.errors import AmpscopeError
+
+    engine = db.make_engine(settings.db_url)
+    try:
+        db.verify_schema(engine)
+        with db.make_session_factory(engine)() as session:
+            run = runs.load_run(session, run_id)
+            text, findings = diagnosis.report_markdown(session, run, baseline)
+            page = (None if html_path is None else
+                    report.report_html_of(session, run, settings.crash_timeout_s, findings)[0])
+    except AmpscopeError as exc:
+        sys.stderr.write(f"ampscope report: {exc.message}\n")
+        return 2
+    finally:
+        engine.dispose()
+    if html_path is not None and page is not None:
+        try:
+            Path(html_path).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            sys.stderr.write(f"ampscope report: cannot write {html_path}: {exc.strerror}\n")
+            return 2
+        sys.stderr.write(f"ampscope report: wrote {html_path}\n")
+    sys.stdout.write(text)
+    return 0
 
 
 def _serve(settings: Settings, log_level: str) -> int:

@@ -12,6 +12,8 @@ attempt keeps its last value).
   layer-stat steps of l2_B / l2_A (steps where either norm is unknown or A's is 0 are left out),
   the median `lost_frac` of each, and which run alone underflows (median lost_frac above the
   threshold in one run but not the other).
+- Long runs are searched through their rollups (`suspect_buckets`): the buckets where the two
+  runs may part are the only ones whose raw steps are read.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from ampscope_server.rollups import SeriesAcc
 
 Metric = Literal["loss", "grad_norm"]
 Side = Literal["reference", "other"]
@@ -135,6 +139,76 @@ def layer_diffs(
             only = "reference" if lost_a > threshold else "other"
         diffs.append(LayerDiff(
             name=name, steps=len(common), l2_ratio=_median(ratios), ratio_steps=len(ratios),
+            lost_frac_reference=lost_a, lost_frac_other=lost_b, underflow_only_in=only,
+        ))
+    return diffs
+
+
+def suspect_buckets(
+    reference: Mapping[int, SeriesAcc], other: Mapping[int, SeriesAcc], tolerance: float
+) -> list[int]:
+    """The buckets (in order) held by both runs where they may part beyond `tolerance`: the
+    last values differ (or were taken at different steps), or the minima or the maxima do.
+
+    Min and max keep a spike or a NaN-free overflow of either run visible, and a drift moves
+    the last values; a divergence that changes none of the three inside one bucket (a
+    transient one that stays within both runs' ranges) is not suspected.
+    """
+    out: list[int] = []
+    for bucket in sorted(reference.keys() & other.keys()):
+        a, b = reference[bucket], other[bucket]
+        if a.n == 0 or b.n == 0:
+            continue
+        if (a.last_step != b.last_step
+                or relative_difference(a.last, b.last) > tolerance
+                or relative_difference(a.lo, b.lo) > tolerance
+                or relative_difference(a.hi, b.hi) > tolerance):
+            out.append(bucket)
+    return out
+
+
+LayerColumns = tuple[Sequence[float], Sequence[float]]
+"""One bucket of one run: (l2 per layer, lost_frac per layer) in the run's layer order, a layer
+without a value holding -inf in both (the rollups' `MISSING`)."""
+
+
+def bucket_layer_diffs(
+    reference: Mapping[int, LayerColumns], reference_order: Sequence[str],
+    other: Mapping[int, LayerColumns], other_order: Sequence[str], threshold: float,
+) -> list[LayerDiff]:
+    """`layer_diffs` over buckets given as arrays ({bucket: LayerColumns}): the same medians,
+    with a bucket in the place of a step and -inf in the place of "no value"; a layer's
+    bucket counts when both runs have its lost_frac. Arrays, not a LayerAt per value: this
+    runs on every comparison of long runs (200 layers x 128 buckets x 2 runs)."""
+    common = sorted(reference.keys() & other.keys())
+    if not common:
+        return layer_diffs({n: {} for n in reference_order}, {n: {} for n in other_order},
+                           reference_order, threshold)
+    # Transposed once, in C: a tuple over the common buckets per layer.
+    ref_l2 = list(zip(*(reference[k][0] for k in common), strict=True))
+    ref_lost = list(zip(*(reference[k][1] for k in common), strict=True))
+    other_l2 = list(zip(*(other[k][0] for k in common), strict=True))
+    other_lost = list(zip(*(other[k][1] for k in common), strict=True))
+    position = {name: j for j, name in enumerate(other_order)}
+    missing = -math.inf
+    diffs: list[LayerDiff] = []
+    for i, name in enumerate(reference_order):
+        j = position.get(name)
+        if j is None or i >= len(ref_lost) or j >= len(other_lost):
+            continue
+        both = [(a_l2, b_l2, a_lost, b_lost) for a_l2, b_l2, a_lost, b_lost
+                in zip(ref_l2[i], other_l2[j], ref_lost[i], other_lost[j], strict=True)
+                if a_lost != missing and b_lost != missing]
+        ratios = [b_l2 / a_l2 for a_l2, b_l2, _, _ in both if a_l2 > 0 and b_l2 != missing]
+        lost_a = _median([row[2] for row in both])
+        lost_b = _median([row[3] for row in both])
+        only: Side | None = None
+        if lost_a is not None and lost_b is not None and (lost_a > threshold) != (
+            lost_b > threshold
+        ):
+            only = "reference" if lost_a > threshold else "other"
+        diffs.append(LayerDiff(
+            name=name, steps=len(both), l2_ratio=_median(ratios), ratio_steps=len(ratios),
             lost_frac_reference=lost_a, lost_frac_other=lost_b, underflow_only_in=only,
         ))
     return diffs

@@ -1,7 +1,20 @@
 """Comparison reads (GET /api/compare): fetch each run's rows, call the math, shape the response.
 
 The math is in `compare.py` (pure). The first run given is the reference; every other run is
-compared with it. Reading per-layer norms touches every layer-stat row of the compared runs.
+compared with it over the steps both runs have (`common range`).
+
+The reads stay bounded whatever the runs' length (DESIGN.md §8: 150 ms on 100k steps x 200
+layers), as the chart queries do:
+
+- Divergence: a common range of at most `SCALAR_RAW_STEPS` steps is compared step by step.
+  A longer one is searched through the rollups of the finest level with at most
+  `SCALAR_BUCKETS` buckets: only the buckets where the runs may part (`compare.suspect_buckets`)
+  are read raw, each with the bucket before it, and the first step found beyond the tolerance
+  there is the answer (`divergence_exact: false`).
+- Per-layer differences: at most `LAYER_RAW_ROWS` layer rows per run are read raw (medians
+  over steps). Past that the medians are over the rollup buckets of the finest level with at
+  most `LAYER_BUCKETS` buckets, each bucket standing for its worst (largest) l2 and lost_frac
+  (`layer_bucket_width` > 1).
 """
 
 from __future__ import annotations
@@ -10,7 +23,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, compare, repository, runs, series
+from ampscope_server import codec, compare, repository, rollups, runs, series
 from ampscope_server.errors import InvalidPayload
 from ampscope_server.models import Run
 from ampscope_server.schemas import (
@@ -21,6 +34,21 @@ from ampscope_server.schemas import (
 )
 
 MAX_RUNS = 8
+SCALAR_RAW_STEPS = 8192
+"""Longest common range whose loss and grad norm are compared step by step."""
+SCALAR_BUCKETS = 1024
+"""Most rollup buckets searched for a divergence on a longer range."""
+MAX_REFINE = 16
+"""Most suspect buckets read raw before the search gives up (no divergence reported)."""
+LAYER_RAW_ROWS = 20_000
+"""Most layer rows per run read raw for the per-layer differences."""
+LAYER_BUCKETS = 128
+"""Most rollup buckets the per-layer medians are taken over on a longer range."""
+
+_METRICS: tuple[compare.Metric, ...] = ("loss", "grad_norm")
+_SERIES_INDEX = {name: rollups.SERIES.index(name) for name in _METRICS}
+
+LayerMap = dict[str, dict[int, compare.LayerAt]]
 
 
 def parse_run_ids(text: str) -> list[str]:
@@ -34,34 +62,100 @@ def parse_run_ids(text: str) -> list[str]:
     return ids
 
 
-@dataclass
-class _RunData:
-    loss: dict[int, float]
-    grad_norm: dict[int, float]
-    layers: dict[str, dict[int, compare.LayerAt]]
+@dataclass(frozen=True)
+class _Side:
+    run: Run
     order: list[str]
-    layer_steps: set[int]
+    extent: tuple[int, int] | None
 
-    @classmethod
-    def load(cls, session: Session, run: Run) -> _RunData:
-        def scalars(column: str) -> dict[int, float]:
-            return compare.by_step(
-                (int(step), codec.from_storage(value, value_class))
-                for step, value, value_class
-                in repository.series_rows(session, run.id, column, None, None)
-            )
 
-        order = [layer.name for layer in repository.get_layers(session, run.id)]
-        layers: dict[str, dict[int, compare.LayerAt]] = {name: {} for name in order}
-        steps: set[int] = set()
-        for _, step, _, _, index, l2, zero, underflow in repository.heatmap_rows(
-            session, run.id, "param", ["l2", "zero_frac", "underflow_frac"], None, None
-        ):
-            if index < len(order):
-                layers[order[index]][int(step)] = compare.LayerAt(
-                    l2=l2, lost_frac=series.lost_frac(zero, underflow))
-                steps.add(int(step))
-        return cls(scalars("loss"), scalars("grad_norm"), layers, order, steps)
+def _level(first: int, last: int, max_buckets: int) -> int:
+    """The finest rollup level whose buckets over [first, last] number at most `max_buckets`."""
+    return next((lvl for lvl in rollups.LEVELS if (last >> lvl) - (first >> lvl) < max_buckets),
+                rollups.LEVELS[-1])
+
+
+def _scalars(
+    session: Session, run_id: str, metric: str, start: int, end: int
+) -> dict[int, float]:
+    return compare.by_step(
+        (int(step), codec.from_storage(value, value_class))
+        for step, value, value_class in repository.series_rows(session, run_id, metric, start, end)
+    )
+
+
+def _divergences_raw(
+    session: Session, a: str, b: str, start: int, end: int, tolerance: float
+) -> tuple[dict[str, compare.Divergence | None], int]:
+    """Each metric's first divergence over every step of [start, end], and the common steps."""
+    found: dict[str, compare.Divergence | None] = {}
+    steps: list[set[int]] = [set(), set()]
+    for metric in _METRICS:
+        ref = _scalars(session, a, metric, start, end)
+        other = _scalars(session, b, metric, start, end)
+        found[metric] = compare.first_divergence(metric, ref, other, tolerance)
+        steps[0] |= ref.keys()
+        steps[1] |= other.keys()
+    return found, len(steps[0] & steps[1])
+
+
+def _divergences_bucketed(
+    session: Session, a: str, b: str, start: int, end: int, tolerance: float
+) -> tuple[dict[str, compare.Divergence | None], int]:
+    """As `_divergences_raw`, searched through rollups; the common steps are estimated per
+    bucket as the smaller of the two runs' counts."""
+    level = _level(start, end, SCALAR_BUCKETS)
+    first, last = start >> level, end >> level
+    rows = [repository.rollup_rows(session, run_id, level, first, last, ["series"])
+            for run_id in (a, b)]
+    per_metric = {  # metric → per run: {bucket: SeriesAcc}; only the two series unpacked
+        metric: [{int(bucket): rollups.unpack_series(blob, index)[0] for bucket, blob in run_rows}
+                 for run_rows in rows]
+        for metric, index in _SERIES_INDEX.items()
+    }
+    common = 0
+    for bucket in per_metric["loss"][0].keys() & per_metric["loss"][1].keys():
+        common += min(max(accs[side][bucket].n for accs in per_metric.values())
+                      for side in (0, 1))
+    found: dict[str, compare.Divergence | None] = {}
+    for metric in _SERIES_INDEX:
+        reference, other = per_metric[metric]
+        suspects = compare.suspect_buckets(reference, other, tolerance)
+        found[metric] = None
+        for bucket in suspects[:MAX_REFINE]:
+            # With the bucket before: a drift is often first seen one bucket late.
+            lo, hi = max(start, (bucket - 1) << level), min(end, ((bucket + 1) << level) - 1)
+            found[metric] = compare.first_divergence(
+                metric, _scalars(session, a, metric, lo, hi), _scalars(session, b, metric, lo, hi),
+                tolerance)
+            if found[metric] is not None:
+                break
+    return found, common
+
+
+def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap:
+    layers: LayerMap = {name: {} for name in side.order}
+    for _, step, _, _, index, l2, zero, underflow in repository.heatmap_rows(
+        session, side.run.id, "param", ["l2", "zero_frac", "underflow_frac"], start, end
+    ):
+        if index < len(side.order):
+            layers[side.order[index]][int(step)] = compare.LayerAt(
+                l2=l2, lost_frac=series.lost_frac(zero, underflow))
+    return layers
+
+
+def _layers_bucketed(
+    session: Session, side: _Side, level: int, start: int, end: int
+) -> dict[int, compare.LayerColumns]:
+    """{bucket's first step: (largest l2, largest lost_frac) per layer} from one rollup level;
+    buckets without layer statistics are left out."""
+    return {
+        int(bucket) << level: (rollups.unpack_stat("l2", l2),
+                               rollups.unpack_stat("lost_frac", lost))
+        for bucket, l2, lost in repository.rollup_rows(
+            session, side.run.id, level, start >> level, end >> level, ["l2", "lost_frac"])
+        if l2 is not None and lost is not None
+    }
 
 
 def _divergence(found: compare.Divergence | None) -> DivergenceRead | None:
@@ -72,27 +166,50 @@ def _divergence(found: compare.Divergence | None) -> DivergenceRead | None:
 
 
 def _comparison(
-    reference: Run, ref: _RunData, run: Run, other: _RunData, tolerance: float, threshold: float
+    session: Session, ref: _Side, other: _Side, tolerance: float, threshold: float
 ) -> ComparisonRead:
-    loss = compare.first_divergence("loss", ref.loss, other.loss, tolerance)
-    grad_norm = compare.first_divergence("grad_norm", ref.grad_norm, other.grad_norm, tolerance)
-    side = {"reference": reference.id, "other": run.id}
+    found: dict[str, compare.Divergence | None] = dict.fromkeys(_METRICS)
+    common_steps, exact, width = 0, True, 1
+    ref_layers: LayerMap = {name: {} for name in ref.order}
+    other_layers: LayerMap = {name: {} for name in other.order}
+    diffs: list[compare.LayerDiff] | None = None
+    if ref.extent is not None and other.extent is not None:
+        start, end = max(ref.extent[0], other.extent[0]), min(ref.extent[1], other.extent[1])
+        if start <= end:
+            span = end - start + 1
+            exact = span <= SCALAR_RAW_STEPS
+            search = _divergences_raw if exact else _divergences_bucketed
+            found, common_steps = search(session, ref.run.id, other.run.id, start, end, tolerance)
+            if span * max(len(ref.order), len(other.order), 1) <= LAYER_RAW_ROWS:
+                ref_layers = _layers_raw(session, ref, start, end)
+                other_layers = _layers_raw(session, other, start, end)
+            else:
+                level = _level(start, end, LAYER_BUCKETS)
+                width = 1 << level
+                ref_buckets = _layers_bucketed(session, ref, level, start, end)
+                other_buckets = _layers_bucketed(session, other, level, start, end)
+                diffs = compare.bucket_layer_diffs(ref_buckets, ref.order, other_buckets,
+                                                   other.order, threshold)
+                layer_steps = len(ref_buckets.keys() & other_buckets.keys())
+    if diffs is None:
+        diffs = compare.layer_diffs(ref_layers, other_layers, ref.order, threshold)
+        layer_steps = len(set().union(*ref_layers.values()) & set().union(*other_layers.values()))
+    side = {"reference": ref.run.id, "other": other.run.id}
     layers = [
         LayerDiffRead(
             layer=d.name, steps=d.steps, l2_ratio=d.l2_ratio, ratio_steps=d.ratio_steps,
             lost_frac_reference=d.lost_frac_reference, lost_frac=d.lost_frac_other,
             underflow_only_in=None if d.underflow_only_in is None else side[d.underflow_only_in],
         )
-        for d in compare.layer_diffs(ref.layers, other.layers, ref.order, threshold)
+        for d in diffs
     ]
-    ref_steps = ref.loss.keys() | ref.grad_norm.keys()
-    other_steps = other.loss.keys() | other.grad_norm.keys()
+    loss, grad_norm = found["loss"], found["grad_norm"]
     return ComparisonRead(
-        run=run.id, reference=reference.id, common_steps=len(ref_steps & other_steps),
-        layer_steps=len(ref.layer_steps & other.layer_steps),
+        run=other.run.id, reference=ref.run.id, common_steps=common_steps,
+        layer_steps=layer_steps,
         divergence=_divergence(compare.earliest(loss, grad_norm)),
         loss_divergence=_divergence(loss), grad_norm_divergence=_divergence(grad_norm),
-        layers=layers,
+        layers=layers, divergence_exact=exact, layer_bucket_width=width,
     )
 
 
@@ -102,13 +219,14 @@ def compare_runs(
 ) -> CompareRead:
     """Every run after the first compared with the first (404 for an unknown run)."""
     loaded = [runs.load_run(session, run_id) for run_id in run_ids]
-    data = [_RunData.load(session, run) for run in loaded]
-    reference, ref = loaded[0], data[0]
+    sides = [
+        _Side(run, [layer.name for layer in repository.get_layers(session, run.id)],
+              repository.step_extent(session, run.id))
+        for run in loaded
+    ]
     return CompareRead(
-        tolerance=tolerance, underflow_threshold=threshold, reference=reference.id,
+        tolerance=tolerance, underflow_threshold=threshold, reference=loaded[0].id,
         runs=runs.summaries(session, loaded, crash_timeout_s),
-        comparisons=[
-            _comparison(reference, ref, run, other, tolerance, threshold)
-            for run, other in zip(loaded[1:], data[1:], strict=True)
-        ],
+        comparisons=[_comparison(session, sides[0], side, tolerance, threshold)
+                     for side in sides[1:]],
     )

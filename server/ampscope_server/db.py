@@ -1,7 +1,8 @@
 """Engine and sessions; the schema-at-head check.
 
-SQLite gets WAL, a busy timeout and foreign keys on every connection. The per-request session
-commits once when the handler returns and rolls back when it raises; services never commit.
+SQLite gets WAL, a busy timeout and foreign keys on every connection; Postgres connections run
+with JIT off. The per-request session commits once when the handler returns and rolls back when
+it raises; services never commit.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ def make_engine(url: str) -> Engine:
     """Create the engine; for a SQLite file, create its folder first."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        # JIT compiles a query when its estimated cost is high, which a join over a long run's
+        # layer_stats is (before ANALYZE above all): 250-600 ms of compiling for a 80 ms chart
+        # query (bench/query.py). Every query here reads a bounded number of rows: JIT never pays.
+        given = parsed.query.get("options")  # the URL's own server options are kept
+        options = " ".join([*([given] if isinstance(given, str) else given or ()), "-c jit=off"])
+        return create_engine(url, pool_pre_ping=True, connect_args={"options": options})
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False})

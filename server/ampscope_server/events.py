@@ -16,6 +16,7 @@ from ampscope_server.schemas import (
     EventLayerRead,
     EventRead,
     MisuseEventRead,
+    RecheckRead,
     SkippedEventRead,
 )
 
@@ -52,12 +53,15 @@ def build_events(
     misuse: Sequence[MisuseRow],
     bad_layers: Mapping[int, Sequence[tuple[int, str]]],
     layer_names: Sequence[str],
+    rechecks: Mapping[int, RecheckRead] | None = None,
 ) -> list[AnyEventRead]:
     """Merge step events and misuse events, both given in (step, step id) order.
 
     `bad_layers` maps a step id to its (layer index, "nan" | "inf") in backward order; a skipped
-    step without an entry lists no layers (not measured, or none).
+    step without an entry lists no layers (not measured, or none). `rechecks` maps a step id to
+    its FP32 re-check (wire v3), carried by the step's `skipped` event.
     """
+    rechecks = rechecks or {}
     keyed: list[tuple[tuple[int, int, int], AnyEventRead]] = []
     for row in steps:
         for event in series.scale_events(
@@ -74,7 +78,7 @@ def build_events(
                 keyed.append(((row.step, row.step_id, 0), SkippedEventRead(
                     step=row.step, kind="skipped", scale_before=row.scale_before,
                     scale_after=row.scale_after, loss_finite=loss_finite(row.loss),
-                    layers=layers,
+                    layers=layers, recheck=rechecks.get(row.step_id),
                 )))
             else:
                 keyed.append(((row.step, row.step_id, 0), EventRead.model_validate({

@@ -1,11 +1,12 @@
-"""Ingest one wire batch (v1 or v2): all-or-nothing, idempotent, in the caller's transaction.
+"""Ingest one wire batch (v1, v2 or v3): all-or-nothing, idempotent, in the caller's transaction.
 
 Rules (docs/contracts.md): per-layer and per-module data must fit the run's tables (422,
 `batch_checks`); data for a table the run does not have, or a table that differs from the
 stored one, is 409; a (run, attempt, seq) already stored is counted as a duplicate and none of
-its children (layer and activation stats, non-finite layers, misuse, histograms) is written
-again. The client's accounting is kept per attempt when it is newer (largest `produced`).
-`final` marks the run finished. Live subscribers are told after the transaction commits.
+its children (layer and activation stats, non-finite layers, misuse, histograms, FP32
+re-checks, swallowed fractions) is written again. The client's accounting is kept per attempt
+when it is newer (largest `produced`). `final` marks the run finished. Live subscribers are
+told after the transaction commits.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from ampscope_server.models import (
     LayerStat,
     MisuseEvent,
     StepNonfinite,
+    StepRecheck,
+    SwallowedStat,
 )
 from ampscope_server.schemas import IngestResult, RunStatus
 from ampscope_server.wire import ClientAccounting, IngestBatch, StepRecord
@@ -244,11 +247,31 @@ def _histogram_rows(step_id: int, record: StepRecord) -> Rows:
     ]
 
 
+def _recheck_rows(step_id: int, record: StepRecord) -> Rows:
+    recheck = record.recheck
+    if recheck is None:
+        return []
+    loss, loss_class = codec.to_storage(recheck.loss)
+    return [{
+        "step_id": step_id, "status": recheck.status, "loss": loss, "loss_class": loss_class,
+        "layers": [entry.model_dump() for entry in recheck.layers], "detail": recheck.detail,
+    }]
+
+
+def _swallowed_rows(step_id: int, record: StepRecord) -> Rows:
+    return [
+        {"step_id": step_id, "layer_index": index, "frac": frac}
+        for index, frac in enumerate(record.swallowed or ())
+    ]
+
+
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
     (LayerStat, _layer_stat_rows),
     (ActivationStat, _activation_rows),
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
     (Histogram, _histogram_rows),
+    (StepRecheck, _recheck_rows),
+    (SwallowedStat, _swallowed_rows),
 )
 """Each table a step's children go to, with the function that builds a step's rows for it."""

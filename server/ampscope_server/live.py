@@ -2,8 +2,11 @@
 
 A notification carries only the run id; subscribers then read what is new from the database,
 so the hub can later be replaced by Postgres LISTEN/NOTIFY (multi-worker) without changing the
-readers. Publishing is thread-safe: ingest runs in the threadpool, each subscriber's Event
-belongs to its event loop and is set through `loop.call_soon_threadsafe`.
+readers. A subscription to `ALL_RUNS` (the runs list) is woken for every run and collects the
+ids it was woken for, so its reader re-reads only those runs.
+
+Publishing is thread-safe: ingest runs in the threadpool, each subscriber's Event belongs to its
+event loop and is set through `loop.call_soon_threadsafe`.
 
 Ingest marks the run on its session (`notify_after_commit`); the hub, installed on the session
 factory, publishes on `after_commit` and forgets the marks on rollback, so nobody is woken for
@@ -23,6 +26,8 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 _PENDING = "ampscope.live.pending"
+ALL_RUNS = "*"
+"""The subscription key of the runs list, woken for every run."""
 
 
 def notify_after_commit(session: Session, run_id: str) -> None:
@@ -35,6 +40,17 @@ class Subscription:
     run_id: str
     loop: asyncio.AbstractEventLoop
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    runs: set[str] = field(default_factory=set)
+    """The runs notified since the last `take_runs` (touched on the subscriber's loop only)."""
+
+    def notify(self, run_id: str) -> None:
+        self.runs.add(run_id)
+        self.changed.set()
+
+    def take_runs(self) -> set[str]:
+        """The runs notified since the last call, and forget them."""
+        taken, self.runs = self.runs, set()
+        return taken
 
     async def wait(self, timeout: float) -> bool:
         """Wait for a notification (True) or the timeout (False); clears the flag."""
@@ -82,11 +98,12 @@ class Hub:
     def publish(self, run_id: str) -> None:
         """Wake every subscriber of `run_id`; callable from any thread."""
         with self._lock:
-            subscribers = list(self._subscribers.get(run_id, ()))
+            subscribers = [*self._subscribers.get(run_id, ()),
+                           *self._subscribers.get(ALL_RUNS, ())]
         for subscription in subscribers:
             # RuntimeError: its loop has closed, the subscriber is going away.
             with contextlib.suppress(RuntimeError):
-                subscription.loop.call_soon_threadsafe(subscription.changed.set)
+                subscription.loop.call_soon_threadsafe(subscription.notify, run_id)
 
     def subscriber_count(self, run_id: str) -> int:
         with self._lock:

@@ -4,6 +4,9 @@ Timestamps are unix seconds (float), as on the wire. Every step float that may b
 stored as a nullable value plus a `<name>_class` small int (`codec.FloatClass`), because SQLite
 turns NaN into NULL: both dialects then give back exactly what was sent.
 
+Wire v3 (revision 0004) adds two step children: the FP32 re-check of an overflow step
+(`step_rechecks`) and the swallowed-update fraction per layer (`swallowed_stats`).
+
 Wire v2 (revision 0002) adds the module table, per-step children (non-finite layers, misuse,
 activation statistics, exponent histograms), `steps.captured` and the client's accounting on
 `attempts`. A wire list that may be null ("not measured") or empty ("measured, none") keeps its
@@ -252,6 +255,42 @@ class Histogram(Base):
     min_exp: Mapped[int] = mapped_column(Integer)
     max_exp: Mapped[int] = mapped_column(Integer)
     counts: Mapped[list[int]] = mapped_column(JSON)
+
+
+# --- wire v3 (revision 0004) -------------------------------------------------------------------
+
+class StepRecheck(Base):
+    """The FP32 re-check of an overflow step (wire `recheck`); no row = not re-checked.
+
+    `layers` is the wire's list of `{"layer", "kind"}` in backward order, kept as one JSON
+    array: it is short, always read whole with its step, never queried by layer.
+    """
+
+    __tablename__ = "step_rechecks"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    status: Mapped[str] = mapped_column(String(16))
+    loss: Mapped[float | None] = mapped_column(Double)
+    loss_class: Mapped[int] = mapped_column(SmallInteger)
+    layers: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    detail: Mapped[str | None] = mapped_column(String(1000))
+
+
+class SwallowedStat(Base):
+    """One layer's swallowed-update fraction at one step (wire `swallowed`): among the elements
+    with a finite non-zero gradient, the share whose low-precision value did not change in the
+    optimizer step. NULL: not measured for this layer (not FP16/BF16, no non-zero gradient).
+    A step has a row per layer exactly when the record carried `swallowed`."""
+
+    __tablename__ = "swallowed_stats"
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+    )
+    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    frac: Mapped[float | None] = mapped_column(Double)
 
 
 # --- rollups (revision 0003) -------------------------------------------------------------------

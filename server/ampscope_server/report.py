@@ -2,7 +2,8 @@
 
 The report must stay a file one can mail, whatever the run's length: series come downsampled
 (min/max/last per bucket, `series.downsample`), the lost-fraction heatmap is cut to at most
-`MAX_COLUMNS` columns by `bucket_max`, events are all kept (never downsampled).
+`MAX_COLUMNS` columns by `bucket_max`, events are all kept (never downsampled). The findings
+(`diagnosis`) come first in the page, from the same bounded snapshot as the API's.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import charts, codec, report_html, runs, series
+from ampscope_server import charts, codec, diagnosis, report_html, runs, series
 from ampscope_server.api.pages import plotly_js, web_root
 from ampscope_server.errors import NotFound
+from ampscope_server.findings import Finding
+from ampscope_server.findings.schemas import FindingRead
 from ampscope_server.models import Run
 from ampscope_server.schemas import SeriesName
 
@@ -59,8 +62,15 @@ def bucket_max(
     )
 
 
-def report_data(session: Session, run: Run, crash_timeout_s: float) -> dict[str, Any]:
-    """Everything the report draws, as JSON-ready data (non-finite floats tagged)."""
+def report_data(
+    session: Session, run: Run, crash_timeout_s: float, findings: Sequence[Finding] | None = None
+) -> dict[str, Any]:
+    """Everything the report draws, as JSON-ready data (non-finite floats tagged).
+
+    `findings` defaults to the run's own (`diagnosis.run_findings`); `ampscope report
+    --baseline` passes those computed against the baseline."""
+    if findings is None:
+        findings = diagnosis.run_findings(session, run)
     # The chart read already reduces a long run to about MAX_COLUMNS worst-per-bucket columns
     # (from the rollups, in bounded memory); bucket_max holds the report to its bound whatever
     # that read returns.
@@ -82,16 +92,19 @@ def report_data(session: Session, run: Run, crash_timeout_s: float) -> dict[str,
             "downsampled": heatmap.downsampled or len(steps) < len(heatmap.steps),
         },
         "events": charts.events_read(session, run).model_dump(mode="json")["events"],
+        "findings": [FindingRead.of(f).model_dump(mode="json") for f in findings],
     }
 
 
-def report_html_of(session: Session, run: Run, crash_timeout_s: float) -> tuple[str, str]:
+def report_html_of(
+    session: Session, run: Run, crash_timeout_s: float, findings: Sequence[Finding] | None = None
+) -> tuple[str, str]:
     """(the run's self-contained HTML report, its Content-Security-Policy)."""
     bundle = plotly_js()
     if bundle is None or not bundle.is_file():
         raise NotFound("plotly.min.js is not installed (pip install plotly)")
     return report_html.render(
-        report_data(session, run, crash_timeout_s),
+        report_data(session, run, crash_timeout_s, findings),
         bundle.read_text(encoding="utf-8"),
         (web_root() / "css" / "plotly.css").read_text(encoding="utf-8"),
     )

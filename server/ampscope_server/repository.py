@@ -6,9 +6,21 @@ Inserts that must be idempotent use the dialect's INSERT … ON CONFLICT DO NOTH
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, case, func, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Row,
+    and_,
+    case,
+    func,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -25,6 +37,8 @@ from ampscope_server.models import (
     Run,
     Step,
     StepNonfinite,
+    StepRecheck,
+    SwallowedStat,
 )
 
 
@@ -61,6 +75,13 @@ def get_run(session: Session, run_id: str) -> Run | None:
 
 def list_runs(session: Session) -> Sequence[Run]:
     return session.scalars(select(Run).order_by(Run.created_at.desc(), Run.id)).all()
+
+
+def get_runs(session: Session, run_ids: Iterable[str]) -> Sequence[Run]:
+    """The runs among `run_ids` that exist, newest first (as `list_runs`)."""
+    return session.scalars(
+        select(Run).where(Run.id.in_(list(run_ids))).order_by(Run.created_at.desc(), Run.id)
+    ).all()
 
 
 def get_attempt(session: Session, attempt_id: str) -> Attempt | None:
@@ -139,10 +160,28 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
 def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
     """Bulk insert of a step's children: one executemany per table.
 
-    The Core table insert skips the ORM's per-row bookkeeping.
+    The Core table insert skips the ORM's per-row bookkeeping. On SQLite, where no column of
+    the rows needs a bind processor (plain numbers and strings: the layer statistics), the rows
+    go to the driver's executemany as tuples: SQLAlchemy's per-row parameter handling was most
+    of the ingest time of a 200-layer batch (bench/ingest_rate.py). A float column's processor
+    only turns ints into floats, which SQLite's REAL affinity does on storage anyway.
     """
-    if rows:
-        session.execute(Base.metadata.tables[model.__tablename__].insert(), rows)
+    if not rows:
+        return
+    table = Base.metadata.tables[model.__tablename__]
+    dialect = session.get_bind().dialect
+    names = list(rows[0])
+    if dialect.name == "sqlite" and len(names) > 1 and all(
+        isinstance(table.c[name].type, Float)
+        or table.c[name].type._cached_bind_processor(dialect) is None
+        for name in names
+    ):
+        quote = dialect.identifier_preparer.quote
+        sql = (f"INSERT INTO {quote(table.name)} ({', '.join(map(quote, names))}) "
+               f"VALUES ({', '.join('?' * len(names))})")
+        session.connection().exec_driver_sql(sql, list(map(itemgetter(*names), rows)))
+        return
+    session.execute(table.insert(), rows)
 
 
 def step_aggregates(
@@ -390,6 +429,19 @@ def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
     return None if lo is None else (int(lo), int(hi))
 
 
+def rollup_rows(
+    session: Session, run_id: str, level: int, first: int, last: int, columns: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """(bucket, *columns) of the run's rollups of one level, buckets first…last, in order."""
+    rows = session.execute(
+        select(Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+        .where(Rollup.run_id == run_id, Rollup.level == level,
+               Rollup.bucket.between(first, last))
+        .order_by(Rollup.bucket)
+    )
+    return [tuple(row) for row in rows]
+
+
 def rollup_pieces(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]], column: str
 ) -> list[tuple[int, int, bytes | None]]:
@@ -406,3 +458,152 @@ def rollup_pieces(
         ]))
     )
     return [(int(level), int(bucket), blob) for level, bucket, blob in rows]
+
+
+# --- wire v3: FP32 re-checks and swallowed updates ----------------------------------------------
+
+def rechecks_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepRecheck]:
+    """The FP32 re-checks of the given steps (steps that were not re-checked have none)."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(StepRecheck).where(StepRecheck.step_id.in_(step_ids)).order_by(StepRecheck.step_id)
+    ).all()
+
+
+def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRecheck]]:
+    """(step id, step, re-check) of every re-checked step of the run, in step order."""
+    return session.execute(
+        select(Step.id, Step.step, StepRecheck)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(Step.run_id == run_id)
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+def swallowed_of(session: Session, step_ids: Sequence[int]) -> Sequence[SwallowedStat]:
+    """The swallowed fractions of the given steps, by step then layer."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(SwallowedStat)
+        .where(SwallowedStat.step_id.in_(step_ids))
+        .order_by(SwallowedStat.step_id, SwallowedStat.layer_index)
+    ).all()
+
+
+def swallowed_rows(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Sequence[Row[int, int, int, float | None]]:
+    """(step id, step, layer index, fraction) of the run's swallowed fractions in range, by
+    step, ingest order, layer."""
+    return session.execute(
+        select(Step.id, Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        .join(SwallowedStat, SwallowedStat.step_id == Step.id)
+        .where(*_step_range(run_id, start, end))
+        .order_by(Step.step, Step.id, SwallowedStat.layer_index)
+    ).all()
+
+
+# --- findings (diagnosis.py): bounded reads of a run's snapshot ---------------------------------
+
+def findings_steps(session: Session, run_id: str, every_step: bool) -> list[tuple[Any, ...]]:
+    """(id, step, scale_before, class, scale_after, class, found_inf, skipped, loss, class,
+    grad_norm, class, lr, class, growth_tracker) by step then ingest order.
+
+    With `every_step` False only the steps the detectors read: skipped or `found_inf`, scale
+    changed, loss or grad norm non-finite, the step after each skipped one (did the LR move?),
+    and the run's first and last step: O(events) rows, not O(steps).
+    """
+    columns = (Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
+               Step.scale_after_class, Step.found_inf, Step.skipped, Step.loss, Step.loss_class,
+               Step.grad_norm, Step.grad_norm_class, Step.lr, Step.lr_class, Step.growth_tracker)
+    statement = select(*columns).where(Step.run_id == run_id)
+    if not every_step:
+        after_skip = select(Step.step + 1).where(Step.run_id == run_id, Step.skipped.is_(True))
+        first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+        last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+        statement = statement.where(or_(
+            Step.skipped.is_(True), Step.found_inf.is_(True),
+            Step.scale_before != Step.scale_after,
+            Step.scale_before_class != Step.scale_after_class,
+            Step.loss_class != 0, Step.grad_norm_class != 0,
+            Step.step.in_(after_skip), Step.step == first, Step.step == last,
+        ))
+    return [tuple(row) for row in session.execute(statement.order_by(Step.step, Step.id))]
+
+
+def layer_stat_steps_last(
+    session: Session, run_id: str, limit: int, before_step: int | None = None
+) -> list[int]:
+    """Ids of the run's last `limit` steps that carry layer statistics (before `before_step`
+    when given), newest first. Walks the step index backwards and stops after `limit` hits."""
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    statement = select(Step.id).where(Step.run_id == run_id, has_stats)
+    if before_step is not None:
+        statement = statement.where(Step.step < before_step).order_by(Step.step.desc(),
+                                                                      Step.id.desc())
+    else:
+        statement = statement.order_by(Step.id.desc())
+    return [int(step_id) for step_id in session.scalars(statement.limit(limit))]
+
+
+def layer_stat_steps_all(session: Session, run_id: str) -> list[tuple[int, int]]:
+    """(id, step) of every step of the run that carries layer statistics, by step: one light
+    row per layer-stat step (a tenth of the steps at the default cadence)."""
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    rows = session.execute(
+        select(Step.id, Step.step).where(Step.run_id == run_id, has_stats)
+        .order_by(Step.step, Step.id))
+    return [(int(step_id), int(step)) for step_id, step in rows]
+
+
+def layer_samples_at(session: Session, step_ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """(step id, step, scale_before, class, layer index, amax, amin_nz, zero_frac,
+    subnormal_frac, underflow_frac, nan_count, inf_count, l2) at the given steps."""
+    if not step_ids:
+        return []
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+               LayerStat.layer_index, LayerStat.amax, LayerStat.amin_nz, LayerStat.zero_frac,
+               LayerStat.subnormal_frac, LayerStat.underflow_frac, LayerStat.nan_count,
+               LayerStat.inf_count, LayerStat.l2)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(Step.id.in_(list(step_ids)))
+        .order_by(Step.step, Step.id, LayerStat.layer_index))
+    return [tuple(row) for row in rows]
+
+
+def swallowed_last(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, int, float | None]]:
+    """(step, layer index, fraction) at the run's last `limit` steps (ingest order) that carry
+    swallowed fractions."""
+    has_rows = select(SwallowedStat.step_id).where(SwallowedStat.step_id == Step.id).exists()
+    last = (select(Step.id).where(Step.run_id == run_id, has_rows)
+            .order_by(Step.id.desc()).limit(limit))
+    rows = session.execute(
+        select(Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        .join(SwallowedStat, SwallowedStat.step_id == Step.id)
+        .where(Step.id.in_(last))
+        .order_by(Step.step, Step.id, SwallowedStat.layer_index))
+    return [(int(step), int(index), frac) for step, index, frac in rows]
+
+
+def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[int, str]]:
+    """(step, status) of the run's first `limit` FP32 re-checks, in step order."""
+    rows = session.execute(
+        select(Step.step, StepRecheck.status)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(Step.run_id == run_id).order_by(Step.step, Step.id).limit(limit))
+    return [(int(step), str(status)) for step, status in rows]
+
+
+def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, str, str]]:
+    """(step, kind, detail) of the run's first `limit` misuse events, in step order."""
+    rows = session.execute(
+        select(Step.step, MisuseEvent.kind, MisuseEvent.detail)
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(Step.run_id == run_id)
+        .order_by(Step.step, Step.id, MisuseEvent.position).limit(limit))
+    return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]

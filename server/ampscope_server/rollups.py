@@ -106,8 +106,16 @@ def merge_layers(a: LayerArrays | None, b: LayerArrays | None) -> LayerArrays | 
         return b
     if b is None:
         return a
+    return reduce_layers([a, b])
+
+
+def reduce_layers(arrays: Sequence[LayerArrays]) -> LayerArrays:
+    """The per-layer worst of several buckets' (or steps') arrays, in one pass per statistic:
+    `map(max, *lists)` compares k values per call rather than two (ingest's hot loop)."""
+    if len(arrays) == 1:
+        return arrays[0]
     return {
-        name: list(map(max if DIRECTION[name] == "max" else min, a[name], b[name]))
+        name: list(map(max if DIRECTION[name] == "max" else min, *(a[name] for a in arrays)))
         for name in ROLLUP_STATS
     }
 
@@ -123,6 +131,8 @@ class StepInput:
 
 
 def _or(values: Sequence[float | None], missing: float) -> list[float]:
+    if None not in values:  # the common case, a scan in C: fractions and counts never are None
+        return list(values)  # type: ignore[arg-type]  # no None in it, as just checked
     return [missing if v is None else v for v in values]
 
 
@@ -147,21 +157,32 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
     """Buckets of every level for steps given in (step, ingest) order: {(level, bucket): …}."""
     finest = LEVELS[0]
     out: dict[tuple[int, int], Bucket] = {}
+    layers: dict[int, list[LayerArrays]] = {}  # finest bucket → its steps' arrays
     for item in steps:
-        bucket = out.setdefault((finest, item.step >> finest), Bucket())
+        index = item.step >> finest
+        bucket = out.setdefault((finest, index), Bucket())
         for acc, value in zip(bucket.series, item.series, strict=True):
             if value is not None:
                 acc.add(item.step, value)
         if item.layers is not None:
             scale = item.series[0]
-            bucket.layers = merge_layers(bucket.layers, step_layers(item.layers, scale))
+            layers.setdefault(index, []).append(step_layers(item.layers, scale))
+    for index, arrays in layers.items():
+        out[(finest, index)].layers = reduce_layers(arrays)
     for coarser, finer in zip(LEVELS[1:], LEVELS, strict=False):
         shift = coarser - finer
+        groups: dict[int, list[Bucket]] = {}
         for (level, index), bucket in sorted(out.items()):
-            if level != finer:
-                continue
-            target = out.setdefault((coarser, index >> shift), Bucket())
-            target.merge(bucket)
+            if level == finer:
+                groups.setdefault(index >> shift, []).append(bucket)
+        for index, group in groups.items():
+            target = out.setdefault((coarser, index), Bucket())
+            for bucket in group:
+                for mine, theirs in zip(target.series, bucket.series, strict=True):
+                    mine.merge(theirs)
+            with_layers = [bucket.layers for bucket in group if bucket.layers is not None]
+            if with_layers:
+                target.layers = reduce_layers(with_layers)
     return out
 
 

@@ -9,12 +9,12 @@ reads as `crashed`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, repository, series
+from ampscope_server import codec, diagnosis, repository, series
 from ampscope_server.errors import RunNotFound
 from ampscope_server.formats import FORMATS, FloatFormat
 from ampscope_server.models import (
@@ -25,6 +25,7 @@ from ampscope_server.models import (
     Attempt,
     Run,
     Step,
+    StepRecheck,
 )
 from ampscope_server.schemas import (
     ActivationStatsRead,
@@ -37,6 +38,7 @@ from ampscope_server.schemas import (
     MisuseRead,
     ModuleInfo,
     NonfiniteLayerRead,
+    RecheckRead,
     RunDetail,
     RunStatus,
     RunSummary,
@@ -73,20 +75,22 @@ def summaries(
     last_ids = [agg[3] for agg in aggregates.values() if agg[3] is not None]
     scales = repository.last_scales(session, last_ids)
     worst = _worst_layers_of(session, runs)
+    top = diagnosis.top_findings(session, runs)
     result = []
     for run in runs:
-        num_steps, last_step, skipped, _ = aggregates.get(run.id, (0, None, 0, None))
+        num_steps, last_step, skipped, last_id = aggregates.get(run.id, (0, None, 0, None))
         scale = scales.get(run.id)
         worst_underflow, worst_headroom = worst.get(run.id, (None, None))
         result.append(RunSummary(
             id=run.id, project=run.project, name=run.name, tags=run.tags,
             status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
             created_at=run.created_at, updated_at=run.updated_at,
-            num_steps=num_steps, last_step=last_step,
+            num_steps=num_steps, last_step=last_step, last_id=last_id,
             last_scale=None if scale is None else codec.from_storage(*scale),
             skipped_steps=skipped, num_layers=layer_counts.get(run.id, 0),
             skip_rate=skipped / num_steps if num_steps else None,
             worst_underflow=worst_underflow, worst_headroom=worst_headroom,
+            top_finding=top.get(run.id),
         ))
     return result
 
@@ -220,6 +224,8 @@ def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, o
             "misuse": None if step.misuse_count is None else [],
             "activations": None,
             "histogram": None,
+            "recheck": None,
+            "swallowed": None,
         }
         for step in steps
     }
@@ -249,7 +255,23 @@ def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, o
         histogram.counts.append(list(row.counts))
     for step_id, histogram in histograms.items():
         fields[step_id]["histogram"] = histogram
+    for recheck in repository.rechecks_of(session, ids):
+        fields[recheck.step_id]["recheck"] = recheck_read(recheck)
+    swallowed: dict[int, list[float | None]] = {}
+    for fraction in repository.swallowed_of(session, ids):
+        swallowed.setdefault(fraction.step_id, []).append(fraction.frac)
+    for step_id, fractions in swallowed.items():
+        fields[step_id]["swallowed"] = fractions
     return fields
+
+
+def recheck_read(row: StepRecheck) -> RecheckRead:
+    return RecheckRead(
+        status=row.status,  # type: ignore[arg-type]  # stored from the wire's Literal
+        loss=codec.from_storage(row.loss, row.loss_class),
+        layers=[NonfiniteLayerRead.model_validate(entry) for entry in row.layers],
+        detail=row.detail,
+    )
 
 
 def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepExport]:
@@ -290,3 +312,14 @@ def live_update(
             return None
         status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
         return full_steps(session, run_id, after_id, limit), status
+
+
+def live_summaries(
+    factory: sessionmaker[Session], run_ids: Collection[str] | None, crash_timeout_s: float
+) -> list[RunSummary]:
+    """For the runs-list socket, in its own short session: the summaries of `run_ids` (the runs
+    that exist among them), or of every run when None."""
+    with factory() as session:
+        found = (repository.list_runs(session) if run_ids is None
+                 else repository.get_runs(session, run_ids))
+        return summaries(session, found, crash_timeout_s)

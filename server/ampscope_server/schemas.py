@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, PlainSerializer
 
 from ampscope_server import codec
+from ampscope_server.findings.schemas import FindingBrief
 from ampscope_server.wire import SCHEMA_VERSION as SCHEMA_VERSION
 from ampscope_server.wire import SCHEMA_VERSIONS as SCHEMA_VERSIONS
-from ampscope_server.wire import Captured, MisuseKind, NonfiniteKind
+from ampscope_server.wire import Captured, MisuseKind, NonfiniteKind, RecheckStatus
 from ampscope_server.wire import ClientAccounting as ClientAccounting
 from ampscope_server.wire import IngestBatch as IngestBatch
 from ampscope_server.wire import LayerInfo as LayerInfo
@@ -65,6 +66,8 @@ class RunSummary(BaseModel):
     updated_at: float
     num_steps: int
     last_step: int | None
+    last_id: int | None = None
+    """The id of the run's newest stored step: a live socket's `after_id` to start from."""
     last_scale: Tagged | None
     skipped_steps: int
     num_layers: int
@@ -74,6 +77,8 @@ class RunSummary(BaseModel):
     """The layer with the largest `lost_frac` at the run's last layer-stat step."""
     worst_headroom: WorstLayer | None
     """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
+    top_finding: FindingBrief | None = None
+    """The run's most severe finding (`diagnosis.top_findings`), null when it has none."""
 
 
 class AttemptRead(BaseModel):
@@ -152,14 +157,29 @@ class HistogramRead(BaseModel):
     counts: list[list[int]]
 
 
+class RecheckRead(BaseModel):
+    """The FP32 re-check of an overflow step (wire v3 `recheck`)."""
+
+    status: RecheckStatus
+    """persisted: NaN/inf also in FP32 (data or model); vanished: a range problem; failed."""
+    loss: Tagged | None
+    layers: list[NonfiniteLayerRead]
+    """Layers whose FP32 gradient was non-finite, in backward order."""
+    detail: str | None
+
+
 class StepExport(StepFull):
-    """A step with everything stored for it (wire v2 fields null when not measured)."""
+    """A step with everything stored for it (wire v2/v3 fields null when not measured)."""
 
     captured: Captured | None
     nonfinite: list[NonfiniteLayerRead] | None
     misuse: list[MisuseRead] | None
     activations: ActivationStatsRead | None
     histogram: HistogramRead | None
+    recheck: RecheckRead | None
+    swallowed: list[float | None] | None
+    """Per layer: the share of elements with a non-zero gradient that the optimizer step left
+    unchanged (parameters held in FP16/BF16); null entries: not measured for that layer."""
 
 
 class StepsPage(BaseModel):
@@ -207,6 +227,8 @@ class SkippedEventRead(BaseModel):
     """False: the loss itself overflowed (forward); True: only gradients did; null: no loss."""
     layers: list[EventLayerRead]
     """In backward order (first bad layer first); [] when not measured."""
+    recheck: RecheckRead | None = None
+    """The FP32 re-check of this step (wire v3), null when it was not re-checked."""
 
 
 class MisuseEventRead(BaseModel):
@@ -227,7 +249,7 @@ class EventsRead(BaseModel):
 
 HeatmapStat = Literal[
     "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
-    "l2", "lost_frac", "headroom_bits",
+    "l2", "lost_frac", "headroom_bits", "swallowed_frac",
 ]
 
 
@@ -263,6 +285,15 @@ class LiveStatus(BaseModel):
     status: RunStatus
 
 
+class LiveRuns(BaseModel):
+    """WS /api/runs/live: run summaries; `full` = every run (replace the list), else the runs
+    that changed (merge by id)."""
+
+    type: Literal["runs"] = "runs"
+    full: bool
+    runs: list[RunSummary]
+
+
 # --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------
 
 class DivergenceRead(BaseModel):
@@ -294,6 +325,12 @@ class ComparisonRead(BaseModel):
     loss_divergence: DivergenceRead | None
     grad_norm_divergence: DivergenceRead | None
     layers: list[LayerDiffRead]
+    divergence_exact: bool
+    """False when a long common range was searched through rollups (comparison.py)."""
+    layer_bucket_width: int
+    """1: the per-layer medians are over steps; k > 1: over rollup buckets of k steps, each
+    standing for its largest l2 and lost_frac (then `steps`, `ratio_steps` and `layer_steps`
+    count buckets)."""
 
 
 class CompareRead(BaseModel):

@@ -1,8 +1,9 @@
-"""The wire, client → server: docs/contracts.md "Wire v1" and "Wire v2", as strict pydantic models.
+"""The wire, client → server: docs/contracts.md "Wire v1", "v2" and "v3", as strict pydantic models.
 
 Strict means no string → number coercion and unknown fields refused, so that a client drifting
-from the contract fails loudly in the contract tests. v2 is v1 plus optional fields; a v1 batch
-that carries one of them is refused as an unknown field. Checks that need the run's stored
+from the contract fails loudly in the contract tests. Each version is the previous one plus
+optional fields; a batch that carries a field of a later version than its own is refused as an
+unknown field. Checks that need the run's stored
 tables (array lengths, layer indices, histogram sums) are made at ingest (`batch_checks`).
 Every float that may be non-finite is parsed by `codec` (`WireFloat`).
 """
@@ -29,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from ampscope_server import codec
 
-SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSIONS = (1, 2, 3)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -42,6 +43,7 @@ HISTOGRAM_EXTRA_BINS = 5
 
 V2_BATCH_FIELDS = ("modules", "client")
 V2_RECORD_FIELDS = ("captured", "nonfinite", "misuse", "activations", "histogram")
+V3_RECORD_FIELDS = ("recheck", "swallowed")
 
 
 # --- field types -------------------------------------------------------------------------------
@@ -105,6 +107,7 @@ TargetFormat = Literal["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2"]
 Captured = Literal["before_unscale", "after_unscale"]
 NonfiniteKind = Literal["nan", "inf"]
 MisuseKind = Literal["step_bypassed_scaler", "clip_before_unscale", "unscale_twice"]
+RecheckStatus = Literal["persisted", "vanished", "failed"]
 
 
 class WireModel(BaseModel):
@@ -218,6 +221,20 @@ class Histogram(WireModel):
         return self.max_exp - self.min_exp + HISTOGRAM_EXTRA_BINS
 
 
+# --- v3 additions ------------------------------------------------------------------------------
+
+class Recheck(WireModel):
+    """The FP32 re-check of an overflow step: did the NaN/inf persist without autocast and
+    scaling (`persisted`: data or model) or not (`vanished`: dynamic range); `failed`: the
+    user's closure raised (`detail`). `layers`: parameters whose FP32 gradient was non-finite,
+    in backward order; `loss`: the FP32 loss (null when not given)."""
+
+    status: RecheckStatus
+    loss: WireFloat = None
+    layers: list[NonfiniteLayer] = Field(default_factory=list)
+    detail: Text1000 | None = None
+
+
 # --- records and the batch ---------------------------------------------------------------------
 
 class StepRecord(WireModel):
@@ -240,6 +257,9 @@ class StepRecord(WireModel):
     misuse: list[Misuse] | None = None
     activations: ActivationStatArrays | None = None
     histogram: Histogram | None = None
+    # v3
+    recheck: Recheck | None = None
+    swallowed: list[Fraction | None] | None = None
 
 
 def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None:
@@ -253,7 +273,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2]
+    schema_version: Literal[1, 2, 3]
     run: RunInfo
     attempt: AttemptInfo
     layers: list[LayerInfo] | None = None
@@ -265,20 +285,25 @@ class IngestBatch(WireModel):
 
     # Model-level checks: their messages name the field themselves.
     @model_validator(mode="after")
-    def _v1_has_no_v2_fields(self) -> IngestBatch:
-        if self.schema_version != 1:
+    def _no_fields_of_later_versions(self) -> IngestBatch:
+        version = self.schema_version
+        if version >= 3:
             return self
-        unknown = [name for name in V2_BATCH_FIELDS if name in self.model_fields_set]
+        batch_fields = V2_BATCH_FIELDS if version == 1 else ()
+        record_fields = (*V2_RECORD_FIELDS, *V3_RECORD_FIELDS) if version == 1 else (
+            V3_RECORD_FIELDS)
+        unknown = [name for name in batch_fields if name in self.model_fields_set]
         unknown += [
             f"records[{position}].{name}"
             for position, record in enumerate(self.records)
-            for name in V2_RECORD_FIELDS
+            for name in record_fields
             if name in record.model_fields_set
         ]
         if unknown:
             raise PydanticCustomError(
-                "v2_field_in_v1",
-                "; ".join(f"{name}: unknown field in schema_version 1" for name in unknown),
+                "later_version_field",
+                "; ".join(f"{name}: unknown field in schema_version {version}"
+                          for name in unknown),
             )
         return self
 
@@ -315,6 +340,8 @@ class IngestBatch(WireModel):
                         {"where": where, "i": i, "layer": entry.layer},
                     )
                 seen.add(entry.layer)
+            if record.recheck is not None:
+                _check_recheck(record.recheck, f"{where}.recheck")
             histogram = record.histogram
             if histogram is None:
                 continue
@@ -334,3 +361,35 @@ class IngestBatch(WireModel):
                          "max_exp": histogram.max_exp, "bins": histogram.num_bins},
                     )
         return self
+
+
+def _check_recheck(recheck: Recheck, where: str) -> None:
+    """Layers listed once; the status agrees with what the re-check found."""
+    seen: set[int] = set()
+    for i, entry in enumerate(recheck.layers):
+        if entry.layer in seen:
+            raise PydanticCustomError(
+                "duplicate_layer", "{where}.layers[{i}].layer {layer} appears more than once",
+                {"where": where, "i": i, "layer": entry.layer},
+            )
+        seen.add(entry.layer)
+    nonfinite_loss = recheck.loss is not None and not math.isfinite(recheck.loss)
+    if recheck.status == "failed":
+        if recheck.layers or recheck.loss is not None:
+            raise PydanticCustomError(
+                "recheck_status", "{where}: a failed re-check carries no loss and no layers",
+                {"where": where})
+        return
+    if recheck.detail is not None:
+        raise PydanticCustomError(
+            "recheck_status", "{where}.detail: only a failed re-check carries a detail",
+            {"where": where})
+    persisted = nonfinite_loss or bool(recheck.layers)
+    if persisted != (recheck.status == "persisted"):
+        raise PydanticCustomError(
+            "recheck_status",
+            "{where}.status is '{status}', but the FP32 loss is {loss} and {n} layers were "
+            "non-finite: 'persisted' exactly when the loss is non-finite or a layer is listed",
+            {"where": where, "status": recheck.status, "loss": codec.encode(recheck.loss),
+             "n": len(recheck.layers)},
+        )

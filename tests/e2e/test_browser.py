@@ -57,6 +57,8 @@ class Training:
     """A watched training loop on a background thread, paced at STEPS_PER_S."""
 
     server_url: str
+    name: str = RUN_NAME
+    steps: int = STEPS
     run_id: str = ""
     steps_done: int = 0
     error: BaseException | None = None
@@ -75,12 +77,12 @@ class Training:
     def _train(self) -> None:
         torch.set_num_threads(1)
         model, scaler, optimizer, gen = make_training(init_scale=2.0**20, growth_interval=20)
-        monitor = ampscope.watch(model, scaler, optimizer, run=RUN_NAME, server=self.server_url,
+        monitor = ampscope.watch(model, scaler, optimizer, run=self.name, server=self.server_url,
                                  tags=["e2e", "<b>not bold</b>"], layer_every=1)
         self.run_id = monitor.run_id
         start = time.monotonic()
         try:
-            for step in range(STEPS):
+            for step in range(self.steps):
                 x, y = make_batch(gen)
                 with torch.autocast("cpu", dtype=torch.float16):
                     loss = nn.functional.mse_loss(model(x).float(), y)
@@ -134,22 +136,36 @@ def training(live_server: ServerProcess) -> Iterator[Training]:
     train.check()
 
 
+FRESH = "fresh-run"
+RUNS_LIVE = "() => document.getElementById('live').dataset.state === 'live'"
+
+
+def record_api_requests(page: Page) -> list[str]:
+    """Every GET /api/runs the page makes (the list must come over its socket, not by polling)."""
+    calls: list[str] = []
+    page.on("request", lambda req: calls.append(req.url)
+            if req.url.split("?")[0].endswith("/api/runs") else None)
+    return calls
+
+
 HOSTILE = "<img src=x onerror=alert(1)>"
 HOSTILE_TAG = "<script>alert(2)</script>"
 SHORT_STEPS = 80
 
 
-def train_short(server_url: str) -> str:
+def train_short(
+    server_url: str, name: str = HOSTILE, tags: list[str] | None = None, steps: int = 0
+) -> str:
     """A short, finished run streamed by the real hook, unpaced, named with markup.
 
     Same seed, model and scaler settings as `Training`: the two runs agree until the live run's
     NaN loss at NAN_LOSS_STEP, which the comparison must find.
     """
     model, scaler, optimizer, gen = make_training(init_scale=2.0**20, growth_interval=20)
-    monitor = ampscope.watch(model, scaler, optimizer, run=HOSTILE, server=server_url,
-                             tags=[HOSTILE_TAG, "short"], layer_every=1)
+    monitor = ampscope.watch(model, scaler, optimizer, run=name, server=server_url,
+                             tags=[HOSTILE_TAG, "short"] if tags is None else tags, layer_every=1)
     try:
-        for _ in range(SHORT_STEPS):
+        for _ in range(steps or SHORT_STEPS):
             x, y = make_batch(gen)
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = nn.functional.mse_loss(model(x).float(), y)
@@ -279,7 +295,7 @@ class TestRunsPage:
         href = row.locator(".run-name a").get_attribute("href")
         assert href == f"/runs/{training.run_id}"
 
-        # Refreshed every 2 s without a reload: the step count grows.
+        # Kept current over the runs socket without a reload: the step count grows.
         cell = row.locator("td.num").first
         before = int(cell.inner_text())
         watched.page.wait_for_function(
@@ -293,20 +309,66 @@ class TestRunsPage:
     def test_a_live_step_shows_within_2_s(
         self, live_server: ServerProcess, training: Training, watched: Watched
     ) -> None:
+        api_calls = record_api_requests(watched.page)
         watched.page.goto(f"{live_server.url}/")
         watched.page.locator(f'tr[data-run-id="{training.run_id}"]').wait_for(timeout=WAIT_MS)
+        watched.wait_for(RUNS_LIVE)
         shown = api_steps(live_server, training.run_id)
         while (steps := api_steps(live_server, training.run_id)) == shown:
             time.sleep(0.02)
         assert steps < STEPS, "the run ended before the list could follow it"
-        # The server has the new step now: the list polls every 2 s, so it shows it by then.
+        # The server has the new step now: the socket pushes it within 2 s.
         started = time.monotonic()
         watched.wait_for(f"""() => {{
               const td = document.querySelector('tr[data-run-id="{training.run_id}"] td.num');
               return td && Number(td.textContent) >= {steps};
             }}""", timeout_ms=2_500)
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 2.0
         assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
+        # Pushed, not polled: the page never asked GET /api/runs.
+        assert api_calls == [], api_calls
+        watched.assert_clean()
+
+    def test_a_new_run_shows_within_2_s(
+        self, live_server: ServerProcess, training: Training, watched: Watched
+    ) -> None:
+        api_calls = record_api_requests(watched.page)
+        watched.page.goto(f"{live_server.url}/")
+        watched.page.locator(f'tr[data-run-id="{training.run_id}"]').wait_for(timeout=WAIT_MS)
+        watched.wait_for(RUNS_LIVE)
+        shown = {r["id"] for r in httpx.get(f"{live_server.url}/api/runs", timeout=5).json()}
+        new: dict[str, str] = {}
+        thread = threading.Thread(target=lambda: new.setdefault(
+            "id", train_short(live_server.url, name=FRESH, tags=["fresh"], steps=20)))
+        thread.start()
+        try:
+            # The moment the server lists the new run, the page has at most 2 s to show it.
+            deadline = time.monotonic() + 30
+            while not (fresh := [r for r in httpx.get(f"{live_server.url}/api/runs",
+                                                      timeout=5).json()
+                                 if r["id"] not in shown]):
+                assert time.monotonic() < deadline, "the new run never reached the server"
+                time.sleep(0.02)
+            started = time.monotonic()
+            row = watched.page.locator(f'tr[data-run-id="{fresh[0]["id"]}"]')
+            row.wait_for(timeout=2_500)
+            assert time.monotonic() - started < 2.0
+            assert row.locator(".run-name a").inner_text() == FRESH
+            # Merged in by id: every run once, the updates of the other run included.
+            ids = watched.js("() => [...document.querySelectorAll('#runs-body tr')]"
+                             ".map((tr) => tr.dataset.runId)")
+            assert len(ids) == len(set(ids)) and training.run_id in ids
+        finally:
+            thread.join(timeout=60)
+        # ... and its steps follow until it finishes.
+        watched.wait_for(f"""() => {{
+              const tr = document.querySelector('tr[data-run-id="{new["id"]}"]');
+              return tr && tr.querySelector('.badge').textContent === 'finished'
+                && Number(tr.querySelector('td.num').textContent) === 20;
+            }}""")
+        assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
+        assert api_calls == [], api_calls
+        watched.screenshot("runs-live.png")
         watched.assert_clean()
 
 
@@ -604,6 +666,97 @@ class TestRunsListFeatures:
         watched.assert_clean()
 
 
+MISUSE_STEP = 3
+
+
+def train_with_misuse(server_url: str) -> str:
+    """A short run streamed by the real hook whose loop calls `optimizer.step()` itself once,
+    bypassing the scaler (the hook records `step_bypassed_scaler`)."""
+    model, scaler, optimizer, gen = make_training(init_scale=2.0**10, growth_interval=20)
+    monitor = ampscope.watch(model, scaler, optimizer, run="misuse", server=server_url,
+                             tags=["misuse"], layer_every=1)
+    try:
+        for step in range(8):
+            x, y = make_batch(gen)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            if step == MISUSE_STEP:
+                optimizer.step()  # the misuse: scaled gradients, no inf check
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        monitor.close()
+    return monitor.run_id
+
+
+class TestRunPageSources:
+    def test_activation_source_heatmap(
+        self, live_server: ServerProcess, training: Training, watched: Watched
+    ) -> None:
+        """The source selector switches the heatmap to the sampled activation gradients (one
+        row per module, one column per sampled step, as /layer-stats?source=activation serves
+        them) and back to the parameter gradients."""
+        assert training.finished.wait(STEPS / STEPS_PER_S + 30)
+        base = f"{live_server.url}/api/runs/{training.run_id}"
+        expected = httpx.get(f"{base}/layer-stats", params={
+            "stat": "lost_frac", "source": "activation"}, timeout=10).json()
+        assert expected["source"] == "activation" and expected["layers"] and expected["steps"]
+        page = watched.page
+        page.goto(f"{live_server.url}/runs/{training.run_id}")
+        watched.wait_for(LOADED)
+        page.select_option("#source-select", "activation")
+        watched.wait_for("() => window.ampscope.heatmap.source === 'activation'")
+        assert watched.js(HEATMAP_ROWS) == expected["layers"]
+        assert watched.js("() => document.getElementById('heatmap').data[0].x") == expected[
+            "steps"]
+        # z is per step (transpose: true): column j of the API's z[module][step].
+        z = watched.js("() => document.getElementById('heatmap').data[0].z")
+        assert [[row[j] for row in z] for j in range(len(z[0]))] == expected["z"]
+        note = page.locator("#source-note")
+        assert note.is_visible() and f"sampled on {len(expected['steps'])} steps" in (
+            note.inner_text())
+        # Another statistic keeps the source.
+        page.select_option("#stat-select", "headroom_bits")
+        watched.wait_for("() => window.ampscope.heatmap.stat === 'headroom_bits'")
+        assert watched.js("() => window.ampscope.heatmap.source") == "activation"
+        assert watched.js(HEATMAP_ROWS) == expected["layers"]
+        watched.screenshot("run-activations.png")
+        page.select_option("#source-select", "param")
+        watched.wait_for("() => window.ampscope.heatmap.source === 'param'")
+        assert watched.js(HEATMAP_ROWS) == layer_names(live_server, training.run_id)
+        assert watched.js(HEATMAP_COLUMNS) == STEPS
+        assert note.is_hidden()
+        watched.assert_clean()
+
+    def test_misuse_from_a_real_hook_run(
+        self, live_server: ServerProcess, watched: Watched
+    ) -> None:
+        run_id = train_with_misuse(live_server.url)
+        events = httpx.get(f"{live_server.url}/api/runs/{run_id}/events",
+                           timeout=10).json()["events"]
+        misuse = [e for e in events if e["kind"] == "misuse"]
+        assert [(e["step"], e["misuse_kind"]) for e in misuse] == [
+            (MISUSE_STEP, "step_bypassed_scaler")]
+        page = watched.page
+        page.goto(f"{live_server.url}/runs/{run_id}")
+        watched.wait_for(LOADED)
+        # A banner says which misuse, how often and from which step ...
+        banner = page.locator("#misuse")
+        assert banner.is_visible()
+        item = banner.locator('li[data-kind="step_bypassed_scaler"]')
+        assert "1 time, first at step 3" in item.inner_text()
+        # ... and the events table holds it, opening onto the hook's own words.
+        row = page.locator(f'tr.event-row[data-kind="misuse"][data-step="{MISUSE_STEP}"]')
+        assert row.count() == 1
+        row.locator("summary").click()
+        assert row.locator(".misuse-detail").inner_text() == misuse[0]["detail"]
+        assert "misuse" in page.locator("#event-counts").inner_text()
+        watched.screenshot("run-misuse.png")
+        watched.assert_clean()
+
+
 COMPARE_READY = "() => !!(window.ampscope && window.ampscope.compare?.ready)"
 
 
@@ -681,6 +834,60 @@ class TestComparePage:
         assert "tolerance 100000%" in page.locator(".divergence-detail").inner_text()
         assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
         watched.assert_clean()
+
+    def test_a_streaming_run_updates_in_place(
+        self, live_server: ServerProcess, short_run: str, watched: Watched
+    ) -> None:
+        """A run still training, compared with a finished one: its steps arrive over its live
+        socket and are appended to every chart, with no reload and no chart re-fetched."""
+        train = Training(live_server.url, name="compare-live", steps=60)
+        thread = threading.Thread(target=train.run, name="ampscope-e2e-compare", daemon=True)
+        thread.start()
+        try:
+            assert train.started.wait(60), "the training loop did not start"
+            train.check()
+            deadline = time.monotonic() + 15
+            while not train.run_id or httpx.get(
+                    f"{live_server.url}/api/runs/{train.run_id}", timeout=5).status_code != 200:
+                assert time.monotonic() < deadline, "the streaming run never reached the server"
+                time.sleep(0.05)
+            page = watched.page
+            requests: list[str] = []
+            page.on("request", lambda req: requests.append(req.url))
+            page.goto(f"{live_server.url}/compare?runs={short_run},{train.run_id}")
+            watched.wait_for(COMPARE_READY)
+            charts = ("scale-chart", "loss-chart", "gradnorm-chart")
+            before = {c: traces_of(watched, c, train.run_id)[0]["points"] for c in charts}
+            drawn = len(requests)
+            watched.wait_for("() => document.getElementById('live').dataset.state === 'live'")
+            # New steps land on every chart (extendTraces), the finished run's lines stay put.
+            for chart in charts:
+                watched.wait_for(f"""() => document.getElementById('{chart}').data
+                    .find((t) => t.meta === '{train.run_id}' && t.mode === 'lines').x.length
+                    > {before[chart] + 3}""")
+            assert train.steps_done < train.steps, "the run ended before the page could follow it"
+            assert traces_of(watched, "loss-chart", short_run)[0]["points"] == SHORT_STEPS
+            flushes = watched.js("() => window.ampscope.compare.live.flushes")
+            assert flushes >= 1
+            later = [u for u in requests[drawn:] if "/series/" in u or "/events" in u]
+            assert later == [], later
+            assert watched.js("() => performance.getEntriesByType('navigation').length") == 1
+            # The run's end reaches its card over the socket.
+            assert train.finished.wait(30)
+            train.check()
+            card = page.locator(f'#compare-runs li[data-run-id="{train.run_id}"] .badge')
+            watched.wait_for(f"""() => document.querySelector(
+                '#compare-runs li[data-run-id="{train.run_id}"] .badge')?.textContent
+                === 'finished'""")
+            assert card.inner_text() == "finished"
+            # Every step drawn once: the live run's loss line holds each of its steps.
+            xs = watched.js(f"""() => document.getElementById('loss-chart').data
+                .find((t) => t.meta === '{train.run_id}' && t.mode === 'lines').x""")
+            assert xs == sorted(set(xs)) and len(xs) == train.steps
+            watched.screenshot("compare-live.png")
+            watched.assert_clean()
+        finally:
+            thread.join(timeout=60)
 
     def test_too_few_runs_says_so(self, live_server: ServerProcess, watched: Watched) -> None:
         watched.page.goto(f"{live_server.url}/compare?runs=one")

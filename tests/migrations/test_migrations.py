@@ -13,6 +13,7 @@ TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}
 TABLES_0002 = TABLES_0001 | {
     "modules", "step_nonfinite", "misuse_events", "activation_stats", "histograms"}
 TABLES_0003 = TABLES_0002 | {"rollups"}
+TABLES_0004 = TABLES_0003 | {"step_rechecks", "swallowed_stats"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -36,8 +37,10 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0003")
+    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
     db.downgrade(db_url, "0002")
     assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
     db.downgrade(db_url, "0001")
@@ -47,7 +50,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -112,7 +115,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0003"
+            assert context.get_current_revision() == db.head_revision() == "0004"
     finally:
         engine.dispose()
 
@@ -130,7 +133,8 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
             "ix_steps_run_id_step", "ix_steps_run_id_id"}
-        for table in ("step_nonfinite", "misuse_events", "activation_stats", "histograms"):
+        for table in ("step_nonfinite", "misuse_events", "activation_stats", "histograms",
+                      "step_rechecks", "swallowed_stats"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_step_id_steps"]
@@ -153,3 +157,4 @@ def test_the_script_location_is_the_installed_package() -> None:
     assert (versions / "0001_initial.py").is_file()
     assert (versions / "0002_wire_v2.py").is_file()
     assert (versions / "0003_rollups.py").is_file()
+    assert (versions / "0004_wire_v3.py").is_file()

@@ -67,7 +67,8 @@ class TestSeries:
         ("layer-stats", 422, "query.stat: field required"),
         ("layer-stats?stat=l3", 422,
          "query.stat: Input should be 'amax', 'amin_nz', 'zero_frac', 'subnormal_frac', "
-         "'underflow_frac', 'nan_count', 'inf_count', 'l2', 'lost_frac' or 'headroom_bits'"),
+         "'underflow_frac', 'nan_count', 'inf_count', 'l2', 'lost_frac', 'headroom_bits' or "
+         "'swallowed_frac'"),
     ])
     def test_bad_queries(self, api: httpx.Client, query: str, status: int, detail: str) -> None:
         run_id = new_id()
@@ -87,7 +88,7 @@ class TestEvents:
         assert len(events) == 90
         assert events[:3] == [
             {"step": 0, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0,
-             "loss_finite": True, "layers": []},
+             "loss_finite": True, "layers": [], "recheck": None},
             {"step": 0, "kind": "backoff", "scale_before": 65536.0, "scale_after": 32768.0},
             {"step": 1, "kind": "growth", "scale_before": 32768.0, "scale_after": 65536.0},
         ]

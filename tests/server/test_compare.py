@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from ampscope_server import comparison, ingest, repository
 from ampscope_server.compare import (
     Divergence,
     LayerAt,
     LayerDiff,
+    bucket_layer_diffs,
     by_step,
     earliest,
     first_divergence,
     layer_diffs,
     relative_difference,
+    suspect_buckets,
 )
+from ampscope_server.rollups import SeriesAcc
+from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
 
 INF, NAN = math.inf, math.nan
@@ -172,6 +180,7 @@ class TestCompareEndpoint:
                 {"layer": "fc1.bias", "steps": 4, "l2_ratio": 1.0, "ratio_steps": 4,
                  "lost_frac_reference": 0.15625, "lost_frac": 0.0, "underflow_only_in": a},
             ],
+            "divergence_exact": True, "layer_bucket_width": 1,
         }
 
     def test_a_tighter_tolerance_finds_the_grad_norm_first(self, api: httpx.Client) -> None:
@@ -229,3 +238,133 @@ class TestCompareEndpoint:
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/html; charset=utf-8"
         assert '<script type="module" src="/static/js/compare.js"></script>' in response.text
+
+
+# --- long runs: bounded reads through the rollups ----------------------------------------------
+
+class TestSuspectBuckets:
+    def test_last_min_max_and_step_mismatches(self) -> None:
+        same = SeriesAcc(4, 1.0, 2.0, 1.5, 3)
+        ref = {0: same, 1: same, 2: same, 3: same, 4: same, 5: same}
+        other = {
+            0: same,
+            1: SeriesAcc(4, 1.0, 2.0, 1.7, 7),    # last 13 % apart
+            2: SeriesAcc(4, 1.0, 9.0, 1.5, 11),   # a spike: the max parts
+            3: SeriesAcc(4, 1.0, 2.0, 1.5, 14),   # last taken at another step
+            4: SeriesAcc(0, NAN, NAN, NAN, -1),   # nothing to compare
+            6: same,                              # not in the reference
+        }
+        assert suspect_buckets(ref, other, 0.05) == [1, 2, 3]
+        assert suspect_buckets(ref, {0: SeriesAcc(4, 1.0, INF, 1.5, 3)}, 0.05) == [0]
+
+
+class TestBucketLayerDiffs:
+    def test_the_same_medians_as_per_step_with_layers_matched_by_name(self) -> None:
+        m = -INF  # rollups.MISSING: no value in the bucket
+        ref = {0: ([1.0, 2.0], [0.0, 0.5]), 4: ([2.0, m], [0.0, m]), 8: ([0.0, 4.0], [0.0, 0.5])}
+        other = {0: ([9.0, 3.0], [0.0, 0.0]), 4: ([8.0, 5.0], [0.0, 0.0]),
+                 8: ([9.0, 8.0], [0.0, 0.0]), 12: ([1.0, 1.0], [0.0, 0.0])}
+        # The other run lists the layers the other way round, and one more.
+        other_order = ["b", "a", "c"]
+        swapped = {k: ([l2[1], l2[0], 1.0], [lost[1], lost[0], 0.0])
+                   for k, (l2, lost) in other.items()}
+        found = bucket_layer_diffs(ref, ["a", "b"], swapped, other_order, 0.01)
+        per_step = layer_diffs(
+            {"a": {0: LayerAt(1.0, 0.0), 4: LayerAt(2.0, 0.0), 8: LayerAt(0.0, 0.0)},
+             "b": {0: LayerAt(2.0, 0.5), 8: LayerAt(4.0, 0.5)}},
+            {"a": {k: LayerAt(v[0][0], v[1][0]) for k, v in other.items()},
+             "b": {k: LayerAt(v[0][1], v[1][1]) for k, v in other.items()}},
+            ["a", "b"], 0.01)
+        assert found == per_step
+        assert [(d.name, d.steps, d.l2_ratio, d.underflow_only_in) for d in found] == [
+            ("a", 3, 6.5, None), ("b", 2, 1.75, "reference")]
+
+    def test_no_common_bucket(self) -> None:
+        assert bucket_layer_diffs({0: ([1.0], [0.0])}, ["a"], {4: ([1.0], [0.0])}, ["a"],
+                                  0.01) == [LayerDiff("a", 0, None, 0, None, None, None)]
+
+
+def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> None:
+    with factory() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
+
+
+LONG = 600
+SPIKE, DRIFT = 357, 500
+
+
+def _long_loss(step: int) -> float:
+    return 1.0 + 0.01 * (step % 7)
+
+
+@pytest.fixture
+def long_pair(sessions: sessionmaker[Session]) -> tuple[str, str]:
+    """A and B over LONG steps: B's loss spikes x3 at SPIKE alone and drifts 20 % up from DRIFT,
+    its fc1.weight norm is doubled everywhere."""
+    a, b = new_id(), new_id()
+    records_a = [record(i, loss=_long_loss(i)) for i in range(LONG)]
+    records_b = []
+    for i in range(LONG):
+        rec = record(i, layers=_run_b_stats(i), loss=_long_loss(i))
+        rec["layers"]["zero_frac"][1] = 0.125  # as A's: only the norm differs
+        rec["layers"]["underflow_frac"][1] = 0.03125
+        if i == SPIKE:
+            rec["loss"] *= 3
+        if i >= DRIFT:
+            rec["loss"] *= 1.2
+        records_b.append(rec)
+    for first in range(0, LONG, 200):
+        _ingest(sessions, batch(records_a[first:first + 200], run_id=a))
+        _ingest(sessions, batch(records_b[first:first + 200], run_id=b))
+    return a, b
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str, seen: list[int]) -> None:
+    original: Callable[..., Any] = getattr(repository, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        rows = original(*args, **kwargs)
+        seen.append(len(rows))
+        return rows
+    monkeypatch.setattr(repository, name, counted)
+
+
+class TestLongRuns:
+    def test_bucketed_search_finds_the_exact_first_divergence(
+        self, sessions: sessionmaker[Session], long_pair: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        a, b = long_pair
+        with sessions() as session:
+            exact = comparison.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
+        assert exact.divergence_exact and exact.layer_bucket_width == 1
+        assert exact.divergence is not None and exact.divergence.step == SPIKE
+
+        # The same runs as if they were long: 64-step buckets, rows read counted.
+        monkeypatch.setattr(comparison, "SCALAR_RAW_STEPS", 64)
+        monkeypatch.setattr(comparison, "SCALAR_BUCKETS", 16)
+        monkeypatch.setattr(comparison, "LAYER_RAW_ROWS", 100)
+        monkeypatch.setattr(comparison, "LAYER_BUCKETS", 16)
+        series_rows: list[int] = []
+        _counting(monkeypatch, "series_rows", series_rows)
+        _counting(monkeypatch, "heatmap_rows", [])
+        with sessions() as session:
+            found = comparison.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
+        assert not found.divergence_exact and found.layer_bucket_width == 64
+        assert found.divergence == exact.divergence == found.loss_divergence
+        assert found.common_steps == exact.common_steps == LONG
+        # Raw steps read: the suspect bucket and the one before it, per run and metric.
+        assert series_rows and max(series_rows) <= 2 * 64 and sum(series_rows) <= 8 * 2 * 64
+        # Per-layer medians over the buckets: the doubled norm, the same lost share.
+        buckets = -(-LONG // 64)
+        assert found.layer_steps == buckets
+        assert [(d.layer, d.steps, d.l2_ratio, d.underflow_only_in) for d in found.layers] == [
+            ("fc1.weight", buckets, 2.0, None), ("fc1.bias", buckets, 1.0, None)]
+        assert found.layers[1].lost_frac == found.layers[1].lost_frac_reference == 0.15625
+
+        # Looser tolerances: the spike (3x) alone, then nothing; as step by step.
+        for tolerance, step in ((1.5, SPIKE), (2.5, None)):
+            with sessions() as session:
+                loose = comparison.compare_runs(session, [a, b], tolerance, 0.01, 300)
+            divergence = loose.comparisons[0].divergence
+            assert (divergence and divergence.step) == step, tolerance

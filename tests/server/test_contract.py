@@ -124,3 +124,65 @@ def test_a_real_monitor_stream_is_accepted_and_read_back_as_sent(
     poisoned = exported["steps"][3]
     assert (poisoned["skipped"], poisoned["grad_norm"]) == (True, "nan")
     assert [s["layers"] is not None for s in exported["steps"]] == [True, False] * 3
+
+
+def test_a_real_monitor_v3_stream_is_read_back_as_sent(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Wire v3 from a real `Monitor`: an FP32 re-check of an overflow step caused by a NaN in the
+    data, and swallowed fractions of an FP16-held model, stored and exported unchanged."""
+    import torch
+
+    import ampscope
+    from ampscope.transport import MemorySender
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sink = MemorySender()
+    mon = ampscope.watch(model, scaler, optimizer, run="contract-v3", server=None, sender=sink,
+                         layer_every=1)
+    for i in range(4):
+        x = torch.randn(16, 4)
+        if i == 2:
+            x[0, 0] = math.nan
+        mon.recheck(lambda x=x: model(x).float().pow(2).mean())  # type: ignore[misc]
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    mon.close()
+
+    half = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 1)).half()
+    off = torch.amp.GradScaler("cpu", enabled=False)
+    half_opt = torch.optim.SGD(half.parameters(), lr=1e-4)
+    half_sink = MemorySender()
+    half_mon = ampscope.watch(half, off, half_opt, run="contract-v3-half", server=None,
+                              sender=half_sink, layer_every=1)
+    for _ in range(2):
+        off.scale(half(torch.randn(16, 4).half()).float().pow(2).mean()).backward()
+        off.step(half_opt)
+        off.update()
+        half_opt.zero_grad()
+    half_mon.close()
+
+    for monitor, sent_to in ((mon, sink), (half_mon, half_sink)):
+        for body in sent_to.payloads():
+            assert body["schema_version"] == 3
+            with sessions() as session, session.begin():
+                ingest.ingest_batch(session, IngestBatch.model_validate(body))
+        sent = [record for body in sent_to.payloads() for record in body["records"]]
+        with sessions() as session:
+            run = runs.load_run(session, monitor.run_id)
+            exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+        assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
+                for got in exported["steps"]] == sent
+    rechecked = [r["recheck"] for body in sink.payloads() for r in body["records"]]
+    assert [None if r is None else r["status"] for r in rechecked] == [
+        None, None, "persisted", None]
+    swallowed = [r["swallowed"] for body in half_sink.payloads() for r in body["records"]]
+    assert all(s is not None and len(s) == 4 for s in swallowed)

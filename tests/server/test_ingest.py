@@ -226,7 +226,7 @@ def _invalid(mutate: Any) -> dict[str, Any]:
 
 class TestIngestValidation:
     @pytest.mark.parametrize(("mutate", "detail"), [
-        (lambda p: p.update(schema_version=3), "schema_version: Input should be 1 or 2"),
+        (lambda p: p.update(schema_version=4), "schema_version: Input should be 1, 2 or 3"),
         (lambda p: p.pop("records"), "records: field required"),
         (lambda p: p["run"].update(id="not-a-uuid"),
          "run.id: String should match pattern "

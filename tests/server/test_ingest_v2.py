@@ -91,7 +91,8 @@ class TestRoundTrip:
         assert export["modules"] == MODULES
         assert export["layers"] == LAYERS
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
-                for got in export["steps"]] == records
+                for got in export["steps"]] == [
+            {**sent, "recheck": None, "swallowed": None} for sent in records]  # v3: not sent
         assert export["steps"][0]["activations"]["amax"] == [0.5, "inf", None]
         assert export["steps"][0]["activations"]["amin_nz"] == [1e-30, "nan", 0.0]
         assert export["run"]["attempts"][0]["client"] == CLIENT
@@ -310,7 +311,7 @@ class TestEvents:
             {"step": 1, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0,
              "loss_finite": False, "layers": [
                  {"index": 1, "name": "fc1.bias", "kind": "inf"},
-                 {"index": 0, "name": "fc1.weight", "kind": "nan"}]},
+                 {"index": 0, "name": "fc1.weight", "kind": "nan"}], "recheck": None},
             {"step": 1, "kind": "backoff", "scale_before": 65536.0, "scale_after": 32768.0},
             {"step": 1, "kind": "misuse", "scale_before": 65536.0, "scale_after": 32768.0,
              "misuse_kind": "clip_before_unscale",
@@ -318,7 +319,7 @@ class TestEvents:
             {"step": 1, "kind": "misuse", "scale_before": 65536.0, "scale_after": 32768.0,
              "misuse_kind": "unscale_twice", "detail": "unscale_ called twice\nbefore step"},
             {"step": 4, "kind": "skipped", "scale_before": 32768.0, "scale_after": 16384.0,
-             "loss_finite": True, "layers": []},
+             "loss_finite": True, "layers": [], "recheck": None},
             {"step": 4, "kind": "backoff", "scale_before": 32768.0, "scale_after": 16384.0},
         ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.server.wire import batch, new_id, record, strict_json
+from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
 
 
@@ -96,3 +98,79 @@ class TestLive:
         _post(api, batch([record(1)], run_id=run_id))
         assert api.get("/api/health").json() == {"status": "ok"}
         assert "Traceback" not in module_server.log()
+
+
+def _runs_url(server: ServerProcess) -> str:
+    return f"ws://127.0.0.1:{server.port}/api/runs/live"
+
+
+class TestRunsLive:
+    def test_snapshot_then_the_runs_that_changed(
+        self, module_server: ServerProcess, api: httpx.Client
+    ) -> None:
+        old = new_id()
+        _post(api, batch([record(0)], run_id=old))
+        with connect(_runs_url(module_server)) as ws:
+            snapshot = _recv(ws)
+            assert snapshot["type"] == "runs" and snapshot["full"] is True
+            # The same summaries as GET /api/runs, newest first.
+            assert snapshot["runs"] == strict_json(api.get("/api/runs").text)
+
+            # A new run: only it comes, as the API summarises it.
+            fresh = new_id()
+            _post(api, batch([record(0), record(1, loss="nan")], run_id=fresh))
+            pushed = _recv(ws)
+            assert pushed["type"] == "runs" and pushed["full"] is False
+            assert [r["id"] for r in pushed["runs"]] == [fresh]
+            summary = pushed["runs"][0]
+            assert summary["num_steps"] == 2 and summary["status"] == "active"
+            detail = strict_json(api.get(f"/api/runs/{fresh}").text)
+            assert {key: detail[key] for key in summary} == summary
+
+            # A new step of an existing run, then its end.
+            _post(api, batch([record(1)], run_id=old))
+            assert [(r["id"], r["num_steps"]) for r in _recv(ws)["runs"]] == [(old, 2)]
+            _post(api, batch([], run_id=old, layers=None, final=True))
+            assert [(r["id"], r["status"]) for r in _recv(ws)["runs"]] == [(old, "finished")]
+
+    def test_every_run_of_a_burst_arrives(
+        self, module_server: ServerProcess, api: httpx.Client
+    ) -> None:
+        ids = [new_id() for _ in range(3)]
+        with connect(_runs_url(module_server)) as ws:
+            assert _recv(ws)["full"] is True
+            for run_id in ids:
+                _post(api, batch([record(0)], run_id=run_id))
+            seen: set[str] = set()
+            while seen != set(ids):
+                message = _recv(ws)
+                assert message["full"] is False
+                seen |= {r["id"] for r in message["runs"]}
+
+    def test_everything_again_when_a_run_turns_crashed(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A run that goes silent turns `crashed` with no ingest to announce it: the periodic
+        full message (every crash timeout / 2, here 0.5 s) carries it, even while another run
+        keeps the socket busy."""
+        monkeypatch.setenv("AMPSCOPE_CRASH_TIMEOUT_S", "1")
+        server = ServerProcess(sqlite_url(tmp_path), tmp_path).start()
+        try:
+            with httpx.Client(base_url=server.url, timeout=30.0) as api:
+                silent, busy = new_id(), new_id()
+                _post(api, batch([record(0)], run_id=silent))
+                with connect(_runs_url(server)) as ws:
+                    first = _recv(ws)
+                    assert first["full"] and first["runs"][0]["status"] == "active"
+                    seq = 0
+                    while True:
+                        seq += 1
+                        _post(api, batch([record(seq)], run_id=busy))
+                        message = _recv(ws)
+                        statuses = {r["id"]: r["status"] for r in message["runs"]}
+                        if message["full"] and statuses[silent] == "crashed":
+                            break
+                        assert seq < 100, "no full message ever said the run crashed"
+                    assert statuses[busy] == "active"
+        finally:
+            server.stop()

@@ -39,9 +39,9 @@ class TestRunsList:
         assert ids.index(second) < ids.index(first)
         summary = listed[first]
         assert set(summary) == {"id", "project", "name", "tags", "status", "created_at",
-                                "updated_at", "num_steps", "last_step", "last_scale",
-                                "skipped_steps", "num_layers", "skip_rate",
-                                "worst_underflow", "worst_headroom"}
+                                "updated_at", "num_steps", "last_step", "last_id",
+                                "last_scale", "skipped_steps", "num_layers", "skip_rate",
+                                "worst_underflow", "worst_headroom", "top_finding"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
                                        "last_scale", "skipped_steps", "num_layers")} == {
             "name": "first", "tags": ["amp", "cpu"], "status": "active", "num_steps": 3,

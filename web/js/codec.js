@@ -88,9 +88,10 @@ export function decodeLayerStats(body) {
   return { ...body, z: body.z.map(nums) };
 }
 
-/** A live socket message: {"type": "steps"|"status", ...}. */
+/** A live socket message: {"type": "steps"|"status"|"runs", ...}. */
 export function decodeLiveMessage(text) {
   const msg = JSON.parse(text);
   if (msg.type === 'steps') return { ...msg, steps: msg.steps.map(decodeStep) };
+  if (msg.type === 'runs') return { ...msg, runs: msg.runs.map(decodeRun) };
   return msg;
 }

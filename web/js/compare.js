@@ -1,14 +1,19 @@
 // Compare page: 2+ runs overlaid by step (loss scale, loss, grad norm), each run in its own stable
 // colour, the first step where a run departs from the reference, and per-layer differences
 // (GET /api/compare). User text (run and layer names) goes through textContent or plotText.
+// Runs still training keep streaming in (compare_live.js); the comparison itself is recomputed
+// at most every COMPARE_REFRESH_MS while they do.
 
 import * as api from './api.js';
 import { runColors } from './colors.js';
+import { CompareLive } from './compare_live.js';
+import { LiveState } from './live.js';
 import { el, numberText, scaleText, statusBadge } from './format.js';
 import { CONFIG, LogTicks, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
 import { TableSort } from './table_sort.js';
 
 const $ = (id) => document.getElementById(id);
+const COMPARE_REFRESH_MS = 5000;
 
 const CHARTS = [
   { id: 'scale-chart', series: 'scale', label: 'loss scale', height: 300, base: 2 },
@@ -39,6 +44,12 @@ class ComparePage {
     this.pair = 0;
     this.request = 0;
     this.ready = false;
+    this.charts = CHARTS;
+    this.traces = new Map(); // chart id → run id → {line, skipped, lastStep}: where live steps go
+    this.ticks = new Map();  // chart id → its LogTicks (log axes)
+    this.live = null;
+    this.refreshTimer = null;
+    this.liveState = null;
     const params = new URLSearchParams(location.search);
     if (params.has('tolerance')) $('tolerance').value = String(100 * Number(params.get('tolerance')));
     if (params.has('underflow_threshold')) $('threshold').value = String(100 * Number(params.get('underflow_threshold')));
@@ -55,7 +66,11 @@ class ComparePage {
   }
 
   async load() {
+    // The comparison (its run summaries carry each run's last step id) before the series: a
+    // step stored in between is then in both the charts and the sockets' backfill (dropped by
+    // step when drawn), never in neither.
     await this.fetchComparison();
+    const lastIds = new Map(this.body.runs.map((r) => [r.id, r.last_id ?? 0]));
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
     const perRun = await Promise.all(this.ids.map(async (id) => {
@@ -66,6 +81,7 @@ class ComparePage {
       return { id, scale, loss, grad_norm: gradNorm, skipped: events.filter((e) => e.kind === 'skipped') };
     }));
     await Promise.all(CHARTS.map((chart) => this.drawChart(chart, perRun)));
+    this.live = new CompareLive(this, lastIds).start();
     this.ready = true;
     window.ampscope = { compare: this }; // for the console and the browser tests
 
@@ -104,6 +120,34 @@ class ComparePage {
     } catch (err) {
       api.showError(err.message);
     }
+  }
+
+  /** A run's status changed (live socket): its card says so. */
+  onStatus(runId, status) {
+    const run = this.body && this.body.runs.find((r) => r.id === runId);
+    if (!run || run.status === status) return;
+    run.status = status;
+    this.renderRuns();
+    if (this.liveState) this.onState(this.liveState);
+    if (status !== 'active') this.refreshComparison(); // its last steps are in: compare them now
+  }
+
+  /** The sockets' state; "connected" rather than "live" once no compared run is still active. */
+  onState(state) {
+    this.liveState = state;
+    const ended = this.body && this.body.runs.every((r) => r.status !== 'active');
+    const shown = ended && state === LiveState.OPEN ? 'connected' : state;
+    $('live').dataset.state = shown;
+    $('live-text').textContent = shown;
+  }
+
+  /** Live steps were drawn: recompute the comparison soon (not per frame). */
+  onDrawn() {
+    if (this.refreshTimer !== null) return;
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = null;
+      this.refreshComparison();
+    }, COMPARE_REFRESH_MS);
   }
 
   /** Make `id` the reference: reorder, keep the colours, recompute. */
@@ -159,6 +203,9 @@ class ComparePage {
         value.classList.add('ok');
         detail.textContent = `loss and grad norm within ${tol} over ${c.common_steps} common steps`;
       }
+      if (c.divergence_exact === false) {
+        detail.textContent += ' · long runs: searched where their rollups part, not step by step';
+      }
       card.append(title, value, detail);
       return card;
     });
@@ -176,12 +223,17 @@ class ComparePage {
   async drawChart(chart, perRun) {
     const div = $(chart.id);
     const ticks = chart.base ? new LogTicks('yaxis', chart.base) : null;
+    if (ticks) this.ticks.set(chart.id, ticks);
+    const indices = new Map();
+    this.traces.set(chart.id, indices);
     const traces = [];
     for (const run of perRun) {
       const color = this.colors.get(run.id);
       const name = plotText(this.runName(run.id));
       const pts = run[chart.series].points;
       if (ticks) ticks.widen(pts.flatMap((p) => [p.min, p.max]));
+      const slot = { line: traces.length, lastStep: pts.length ? pts[pts.length - 1].step : -Infinity };
+      indices.set(run.id, slot);
       traces.push({
         x: pts.map((p) => p.step), y: pts.map((p) => finiteOrNull(p.last)), type: 'scatter', mode: 'lines',
         name, legendgroup: run.id, meta: run.id, connectgaps: false,
@@ -189,6 +241,7 @@ class ComparePage {
         hovertemplate: chart.series === 'scale' ? '%{y:.6g}' : '%{y:.4g}',
       });
       if (chart.series === 'scale') {
+        slot.skipped = traces.length;
         traces.push({
           x: run.skipped.map((e) => e.step), y: run.skipped.map((e) => finiteOrNull(e.scale_before)),
           type: 'scatter', mode: 'markers', name: `${name} skipped`, legendgroup: run.id, meta: run.id,
@@ -233,7 +286,10 @@ class ComparePage {
     })[key];
     const flagged = rows.filter((r) => r.underflow_only_in).length;
     const far = rows.filter((r) => r.l2_ratio > 0 && Math.abs(Math.log2(r.l2_ratio)) >= 1).length;
-    $('layers-note').textContent = `${rows.length} layers in both runs · ${c.layer_steps} common steps with layer statistics`
+    const over = c.layer_bucket_width > 1
+      ? `${c.layer_steps} common buckets of ${c.layer_bucket_width} steps (each bucket's largest norm and loss)`
+      : `${c.layer_steps} common steps with layer statistics`;
+    $('layers-note').textContent = `${rows.length} layers in both runs · ${over}`
       + ` · ${far} with norms 2× apart or more · ${flagged} underflowing in one run only`;
     $('layers-empty').hidden = rows.length > 0;
     $('layers').hidden = rows.length === 0;

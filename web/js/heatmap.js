@@ -97,6 +97,7 @@ export class LayerHeatmap {
     this.runId = runId;
     this.targetFormat = targetFormat;
     this.stat = 'lost_frac';
+    this.source = 'param';
     this.lastStep = -Infinity;
     this.zmin = Infinity;
     this.zmax = -Infinity;
@@ -112,6 +113,7 @@ export class LayerHeatmap {
   /** Draw /layer-stats output (z[layer][step]) from scratch: on load and when the stat changes. */
   async show(body) {
     this.stat = body.stat;
+    this.source = body.source ?? 'param';
     const spec = STATS[this.stat];
     const names = uniqueNames(body.layers);
     const columns = body.steps.map((_, j) => body.z.map((row) => this.cell(row[j])));
@@ -163,8 +165,10 @@ export class LayerHeatmap {
     return [lo, hi];
   }
 
-  /** Append live steps that carry per-layer stats. */
+  /** Append live steps that carry per-layer stats (parameter gradients: the live socket carries
+   * no activation statistics, so an activation heatmap stays as loaded). */
   append(steps) {
+    if (this.source !== 'param') return;
     const x = [];
     const z = [];
     for (const step of steps) {

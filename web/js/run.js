@@ -12,8 +12,17 @@ import { COLORS } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { followZoom } from './zoom.js';
+import { showFindings } from './findings.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
+const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
+
+// What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
+const MISUSE_HELP = Object.freeze({
+  step_bypassed_scaler: 'optimizer.step() was called directly: the gradients were still scaled and an overflow step was not skipped',
+  clip_before_unscale: 'gradients were clipped while still scaled: call scaler.unscale_(optimizer) before clipping',
+  unscale_twice: 'scaler.unscale_(optimizer) was called twice in one step',
+});
 
 const $ = (id) => document.getElementById(id);
 
@@ -34,6 +43,8 @@ class RunPage {
     this.numSteps = 0;
     this.recent = [];
     this.statRequest = 0;
+    this.source = 'param';
+    this.eventsRefetched = 0;
     this.liveState = LiveState.CONNECTING;
     this.liveDetail = undefined;
     this.skipFlags = []; // {step, skipped} of every stored step, for the rolling skip rate
@@ -66,7 +77,11 @@ class RunPage {
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
     this.gradNorm = new LineChart($('gradnorm-chart'),
       { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
-    this.events = new EventLog($('events-body'), $('event-counts'), () => api.getEvents(this.runId));
+    this.events = new EventLog($('events-body'), $('event-counts'), async () => {
+      const all = await api.getEvents(this.runId);
+      this.renderMisuse(all);
+      return all;
+    });
     this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
     this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
       runId: this.runId, layerNames: this.layerNames,
@@ -81,6 +96,7 @@ class RunPage {
     ]);
     this.skipFlags = null;
     this.events.add(events);
+    this.renderMisuse(events);
     await this.loadLayerTable(stats);
     this.initSmoothing();
     this.initLayerPicking();
@@ -89,6 +105,7 @@ class RunPage {
     this.renderCards();
     if (stats.steps.length) this.renderWorst(stats.z.map((row) => row[row.length - 1]));
     window.ampscope = this; // for the console and the browser tests
+    showFindings(this).catch((err) => api.showError(err.message));
 
     this.live = new LiveStream(this.runId, lastId, {
       onSteps: (steps) => this.onSteps(steps),
@@ -179,6 +196,10 @@ class RunPage {
     this.gradNorm.append(steps);
     this.skipRate.append(steps);
     this.events.addFromSteps(steps);
+    if (performance.now() - this.eventsRefetched > EVENTS_REFETCH_MS) {
+      this.eventsRefetched = performance.now();
+      this.events.scheduleRefetch(); // misuse events (not derivable from the steps) arrive too
+    }
     const withLayers = steps.filter((s) => s.layers);
     if (withLayers.length) {
       this.heatmap.append(withLayers);
@@ -239,9 +260,34 @@ class RunPage {
     });
   }
 
+  /** AMP misuse seen in the run: a banner naming each kind, how often, from which step. */
+  renderMisuse(events) {
+    const byKind = new Map();
+    for (const e of events) {
+      if (e.kind !== 'misuse') continue;
+      const seen = byKind.get(e.misuse_kind) ?? { count: 0, first: e.step, detail: e.detail };
+      seen.count += 1;
+      byKind.set(e.misuse_kind, seen);
+    }
+    const banner = $('misuse');
+    banner.hidden = byKind.size === 0;
+    if (!byKind.size) return;
+    const list = el('ul');
+    for (const [kind, seen] of byKind) {
+      const li = el('li');
+      li.dataset.kind = kind;
+      li.append(el('span', 'misuse-kind', kind),
+        ` ${seen.count} ${seen.count === 1 ? 'time' : 'times'}, first at step ${seen.first}: ${MISUSE_HELP[kind] ?? seen.detail ?? ''}`);
+      list.append(li);
+    }
+    banner.replaceChildren(el('strong', null, 'AMP misuse detected'),
+      ' — the loss-scale numbers below may not mean what they usually do (details under Events).', list);
+  }
+
   /** A click on a heatmap row adds (or removes) that layer's lines. */
   initLayerPicking() {
     this.heatmap.div.on('plotly_click', (event) => {
+      if (this.heatmap.source !== 'param') return; // rows are modules, not the layers the lines show
       const point = event && event.points && event.points[0];
       if (!point) return;
       const index = this.heatmap.div.data[0].y.indexOf(point.y);
@@ -273,16 +319,28 @@ class RunPage {
     select.value = this.heatmap.stat;
     $('stat-help').textContent = STATS[select.value].help;
     select.addEventListener('change', () => this.changeStat(select.value));
+    const source = $('source-select');
+    source.value = this.source;
+    source.addEventListener('change', () => {
+      this.source = source.value;
+      this.changeStat(select.value);
+    });
   }
 
   async changeStat(stat) {
     const request = ++this.statRequest;
     $('stat-help').textContent = STATS[stat].help;
     try {
-      const body = await api.getLayerStats(this.runId, stat);
+      const body = await api.getLayerStats(this.runId, stat, { source: this.source });
       if (request !== this.statRequest) return; // a newer choice is on its way
       await this.heatmap.show(body);
-      this.heatmap.append(this.recent); // steps that arrived while we fetched
+      this.heatmap.append(this.recent); // steps that arrived while we fetched (param only)
+      const note = $('source-note');
+      note.hidden = this.source === 'param';
+      note.textContent = body.layers.length === 0
+        ? 'This run has no activation statistics (the hook samples them every activation_every steps; 0 turns them off).'
+        : `Each row is a module's grad_output as it flowed in low precision, sampled on ${body.steps.length} steps;`
+          + ' reload to see samples taken since (the live socket carries parameter statistics only).';
       api.showError(null);
     } catch (err) {
       api.showError(err.message);

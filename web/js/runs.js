@@ -1,12 +1,14 @@
-// Runs list (GET /api/runs): filter (words or a regex), sort, select runs to compare. Polled on a
-// fixed 2 s cadence (a request still in flight makes the next tick wait), so a new step shows
-// within about 2 s without a reload; each run links to its page.
+// Runs list: filter (words or a regex), sort, select runs to compare. Kept current by the runs
+// socket (WS /api/runs/live: a snapshot on every connect, then the runs that changed), so a new
+// run or step shows without a reload and without polling; each run links to its page.
 
-import { listRuns, showError } from './api.js';
+import { showError } from './api.js';
+import { findingCell } from './findings.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge, toDate } from './format.js';
+import { LiveState } from './live.js';
+import { RunsStream } from './runs_live.js';
 import { TableSort } from './table_sort.js';
 
-const REFRESH_MS = 2000;
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
 
 const $ = (id) => document.getElementById(id);
@@ -19,7 +21,8 @@ const selectAll = $('select-all');
 
 let runs = [];
 let loaded = false;
-let inFlight = false;
+let liveState = LiveState.CONNECTING;
+let updatedAt = null;
 const selected = []; // run ids in the order they were picked: the first is the reference
 
 /** The filter as a predicate over a run, or an Error for an invalid regular expression. */
@@ -137,7 +140,7 @@ function row(run) {
 
   const under = run.worst_underflow;
   const head = run.worst_headroom;
-  tr.append(checkCell, name, el('td', null, run.project ?? ''), tags, status,
+  tr.append(checkCell, name, el('td', null, run.project ?? ''), tags, status, findingCell(run.top_finding),
     el('td', 'num', String(run.num_steps ?? 0)), scale, skip,
     layerCell(under, under ? `${numberText(100 * under.value, 3)}%` : '', under ? underflowLevel(under.value) : ''),
     layerCell(head, head ? headroomText(head.value) : '', head ? headroomLevel(head.value) : ''),
@@ -183,20 +186,33 @@ function render() {
   renderSelection(shown);
 }
 
-async function refresh() {
-  if (inFlight) return;
-  inFlight = true;
-  try {
-    runs = await listRuns();
-    loaded = true;
-    showError(null);
-    $('refresh-note').textContent = `updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
-    render();
-  } catch (err) {
-    showError(err.message);
-  } finally {
-    inFlight = false;
+/** A snapshot (`full`) replaces the list; otherwise the changed runs are merged in by id. */
+function onRuns(changed, full) {
+  if (full) runs = changed;
+  else {
+    const byId = new Map(changed.map((r) => [r.id, r]));
+    const known = new Set(runs.map((r) => r.id));
+    // New runs first (the newest), then the known ones, each replaced by its new summary.
+    runs = [...changed.filter((r) => !known.has(r.id)), ...runs.map((r) => byId.get(r.id) ?? r)];
   }
+  loaded = true;
+  updatedAt = new Date();
+  render();
+  renderLive();
+}
+
+function renderLive(detail) {
+  const note = $('refresh-note');
+  $('live').dataset.state = liveState;
+  const when = updatedAt ? ` · updated ${updatedAt.toLocaleTimeString()}` : '';
+  note.textContent = `${liveState}${detail ? ` · ${detail}` : ''}${when}`;
+}
+
+function onState(state, detail) {
+  liveState = state;
+  if (state === LiveState.RETRYING) showError('Lost the connection to the server: the list shows the last known state.');
+  else if (state === LiveState.OPEN) showError(null);
+  renderLive(detail);
 }
 
 $('server-url').textContent = location.origin;
@@ -216,5 +232,4 @@ compareButton.addEventListener('click', () => {
   if (selected.length < 2) return;
   location.href = `/compare?runs=${selected.map(encodeURIComponent).join(',')}`;
 });
-refresh();
-setInterval(refresh, REFRESH_MS);
+window.ampscope = { runs: new RunsStream({ onRuns, onState }).start() }; // for the console and the tests

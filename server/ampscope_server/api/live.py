@@ -1,7 +1,13 @@
-"""WS /api/runs/{run_id}/live: backfill after `after_id`, then push steps as they are ingested.
+"""The live WebSockets (docs/contracts.md, "Live").
 
-Messages (docs/contracts.md, "Live"): `{"type": "steps", ...}` and `{"type": "status", ...}`
-(once after the backfill, then whenever the status changes). An unknown run is closed with 4404.
+WS /api/runs/{run_id}/live: backfill after `after_id`, then push steps as they are ingested:
+`{"type": "steps", ...}` and `{"type": "status", ...}` (once after the backfill, then whenever
+the status changes). An unknown run is closed with 4404.
+
+WS /api/runs/live: the runs list. Every run's summary on connect (and again every
+`_poll_interval`, since a run turns `crashed` by silence), and in between the summaries of the
+runs that changed, at most `RUNS_PER_S` messages a second however fast batches arrive.
+
 Database reads run in the threadpool; the event loop only waits on the hub and the socket.
 """
 
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
@@ -17,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ampscope_server import runs
 from ampscope_server.deps import HubDep, SessionFactoryDep, SettingsDep
-from ampscope_server.schemas import LiveStatus, LiveSteps
+from ampscope_server.live import ALL_RUNS
+from ampscope_server.schemas import LiveRuns, LiveStatus, LiveSteps
 
 router = APIRouter(prefix="/api", tags=["live"])
 
@@ -26,6 +34,9 @@ CHUNK = 1000
 """Most steps read and sent in one message."""
 STATUS_POLL_S = 15.0
 """Without notifications the status is re-read this often (a run turns `crashed` by silence)."""
+RUNS_PER_S = 2.0
+"""The runs list's message rate cap: a burst of batches from many runs becomes one message, and
+a long run's summary (a count over its steps) is read at most this often per open list."""
 
 
 async def _send(websocket: WebSocket, message: BaseModel) -> None:
@@ -75,6 +86,58 @@ async def live_updates(
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 changed.cancel()
+                if receiver.done():
+                    message = receiver.result()
+                    if isinstance(message, dict) and message.get("type") == "websocket.disconnect":
+                        return
+                    receiver = asyncio.ensure_future(websocket.receive())  # client chatter: ignored
+    except (WebSocketDisconnect, OSError):
+        return
+    finally:
+        receiver.cancel()
+        if waiter is not None:
+            waiter.cancel()
+
+
+@router.websocket("/runs/live")
+async def runs_live(
+    websocket: WebSocket,
+    factory: SessionFactoryDep,
+    hub: HubDep,
+    settings: SettingsDep,
+) -> None:
+    await websocket.accept()
+    receiver: asyncio.Future[object] = asyncio.ensure_future(websocket.receive())
+    waiter: asyncio.Future[object] | None = None
+    try:
+        with hub.subscribe(ALL_RUNS) as subscription:
+            loop = asyncio.get_running_loop()
+            interval = _poll_interval(settings.crash_timeout_s)
+            last_full = -math.inf
+            while True:
+                # Everything again every `interval`, busy or not: idle runs' statuses age.
+                full = loop.time() - last_full >= interval
+                if full:
+                    last_full = loop.time()
+                # Both on this loop, as are the hub's notifications: none slips in between.
+                changed = subscription.take_runs()
+                subscription.changed.clear()
+                summaries = await run_in_threadpool(
+                    runs.live_summaries, factory, None if full else changed,
+                    settings.crash_timeout_s,
+                )
+                if full or summaries:
+                    await _send(websocket, LiveRuns(full=full, runs=summaries))
+                await asyncio.sleep(1 / RUNS_PER_S)  # what arrives meanwhile goes in one message
+                changed_wait: asyncio.Future[object] = asyncio.ensure_future(
+                    subscription.changed.wait()
+                )
+                waiter = changed_wait
+                await asyncio.wait(
+                    {receiver, changed_wait}, timeout=max(0.0, last_full + interval - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                changed_wait.cancel()
                 if receiver.done():
                     message = receiver.result()
                     if isinstance(message, dict) and message.get("type") == "websocket.disconnect":

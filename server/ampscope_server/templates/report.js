@@ -218,11 +218,36 @@
       events.length ? Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(' · ') : 'no events';
   }
 
+  // The diagnosis (GET /api/runs/{id}/findings), most severe first: what, where, why, what to do.
+  function findingsList(findings) {
+    const list = document.getElementById('findings');
+    const counts = { error: 0, warning: 0, info: 0 };
+    for (const f of findings || []) {
+      counts[f.severity] += 1;
+      const item = el('li', `finding finding-${f.severity}`);
+      const head = el('div', 'finding-head');
+      head.append(el('span', `severity severity-${f.severity}`, f.severity), el('b', null, f.title));
+      if (f.step_start !== null) {
+        head.append(el('span', 'muted', f.step_end !== f.step_start ? `steps ${f.step_start}–${f.step_end}` : `step ${f.step_start}`));
+      }
+      item.append(head, el('p', null, f.explanation));
+      if (f.layers.length) item.append(el('p', 'muted', `Layers, most responsible first: ${f.layers.join(', ')}`));
+      const evidence = Object.entries(f.evidence).map(([k, v]) => `${k} ${numberText(num(v))}`).join(' · ');
+      if (evidence) item.append(el('p', 'evidence', evidence));
+      item.append(el('p', 'advice', `→ ${f.recommendation}`));
+      list.append(item);
+    }
+    document.getElementById('findings-note').textContent = (findings || []).length
+      ? `${counts.error} error · ${counts.warning} warning · ${counts.info} info`
+      : 'nothing found: no overflow, underflow or misuse worth reporting';
+  }
+
   async function main() {
     const data = JSON.parse(document.getElementById('report-data').textContent);
     const run = data.run;
     document.title = `${run.name} · ampscope report`;
     header(run, data);
+    findingsList(data.findings);
     eventsTable(data.events);
     await Promise.all([
       scaleChart(data.series.scale, data.events),

@@ -1,0 +1,152 @@
+"""SQLite ingest rate with rollups (DESIGN.md §8: ≥ 1,000,000 layer-statistic values/s).
+
+Ingests --steps x --layers through the real ingest path (`ingest.ingest_batch` on validated
+wire batches, one transaction per batch of --batch steps, rollups included) into a fresh SQLite
+file, in interleaved rounds of two variants measured in this same run:
+
+- `current`: the server as it is;
+- `previous`: the same with the two hot spots as they were before bench/ingest_rate.py existed
+  (kept below as reference copies): layer rows inserted through SQLAlchemy's executemany of
+  dicts, and rollup buckets merged pairwise, step by step (`map(max, a, b)` per merge).
+
+Prints each variant's median values/s (8 stored statistics per layer per step; validation of
+the wire batch is done before the clock starts, as bench/query.py does) and the ratio.
+
+    .venv/bin/python bench/ingest_rate.py
+    .venv/bin/python bench/ingest_rate.py --steps 2000 --layers 200 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ampscope_server import db, ingest, repository, rollups
+from ampscope_server.models import Base
+from ampscope_server.wire import IngestBatch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find bench.*
+from bench.query import _batch
+
+VALUES_PER_LAYER = 8
+
+
+# --- the previous implementations (reference copies, for the baseline) -------------------------
+
+def _previous_insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(Base.metadata.tables[model.__tablename__].insert(), rows)
+
+
+def _previous_accumulate(
+    steps: Iterable[rollups.StepInput],
+) -> dict[tuple[int, int], rollups.Bucket]:
+    finest = rollups.LEVELS[0]
+    out: dict[tuple[int, int], rollups.Bucket] = {}
+    for item in steps:
+        bucket = out.setdefault((finest, item.step >> finest), rollups.Bucket())
+        for acc, value in zip(bucket.series, item.series, strict=True):
+            if value is not None:
+                acc.add(item.step, value)
+        if item.layers is not None:
+            layers = rollups.step_layers(item.layers, item.series[0])
+            bucket.layers = _pairwise(bucket.layers, layers)
+    for coarser, finer in zip(rollups.LEVELS[1:], rollups.LEVELS, strict=False):
+        shift = coarser - finer
+        for (level, index), bucket in sorted(out.items()):
+            if level != finer:
+                continue
+            target = out.setdefault((coarser, index >> shift), rollups.Bucket())
+            for mine, theirs in zip(target.series, bucket.series, strict=True):
+                mine.merge(theirs)
+            target.layers = _pairwise(target.layers, bucket.layers)
+    return out
+
+
+def _pairwise(
+    a: rollups.LayerArrays | None, b: rollups.LayerArrays | None
+) -> rollups.LayerArrays | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return {
+        name: list(map(max if rollups.DIRECTION[name] == "max" else min, a[name], b[name]))
+        for name in rollups.ROLLUP_STATS
+    }
+
+
+@contextmanager
+def _previous() -> Iterator[None]:
+    saved = repository.insert_rows, rollups.accumulate
+    repository.insert_rows, rollups.accumulate = _previous_insert_rows, _previous_accumulate
+    try:
+        yield
+    finally:
+        repository.insert_rows, rollups.accumulate = saved
+
+
+@contextmanager
+def _current() -> Iterator[None]:
+    yield
+
+
+# --- the measurement -----------------------------------------------------------------------------
+
+def _round(steps: int, layers: int, per_batch: int) -> float:
+    """Values/s of one ingest of a fresh run into a fresh database."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'ingest.db'}"
+        db.upgrade(url)
+        engine = db.make_engine(url)
+        factory = db.make_session_factory(engine)
+        run_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
+        batches = [
+            IngestBatch.model_validate(_batch(run_id, attempt_id, first,
+                                              min(per_batch, steps - first), layers, -1))
+            for first in range(0, steps, per_batch)
+        ]
+        began = time.perf_counter()
+        for payload in batches:
+            with factory() as session, session.begin():
+                ingest.ingest_batch(session, payload)
+        elapsed = time.perf_counter() - began
+        engine.dispose()
+    return steps * layers * VALUES_PER_LAYER / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--layers", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=100, help="steps per ingest batch")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    variants: dict[str, Callable[[], Any]] = {"previous": _previous, "current": _current}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):  # interleaved: machine noise hits both alike
+        for name, variant in variants.items():
+            with variant():
+                rates[name].append(_round(args.steps, args.layers, args.batch))
+    print(f"SQLite ingest, {args.steps} steps x {args.layers} layers, batches of {args.batch}, "
+          f"{args.rounds} rounds (median, min-max), layer-stat values/s:")
+    for name, values in rates.items():
+        print(f"  {name:9} {statistics.median(values):>12,.0f}   "
+              f"({min(values):,.0f} - {max(values):,.0f})")
+    ratio = statistics.median(rates["current"]) / statistics.median(rates["previous"])
+    print(f"  current / previous = {ratio:.2f}x; budget 1,000,000/s: "
+          f"{statistics.median(rates['current']) / 1e6:.2f}x of it")
+
+
+if __name__ == "__main__":
+    main()

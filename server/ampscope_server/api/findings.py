@@ -1,0 +1,27 @@
+"""Findings: GET /api/runs/{id}/findings[?baseline=RUN] (docs/contracts.md, Findings)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from ampscope_server import diagnosis
+from ampscope_server.deps import RunDep, SessionDep
+from ampscope_server.findings.schemas import FindingsRead
+from ampscope_server.schemas import ErrorBody
+
+router = APIRouter(prefix="/api", tags=["findings"])
+RESPONSES: dict[int | str, dict[str, object]] = {
+    404: {"model": ErrorBody, "description": "Unknown run or baseline"},
+    422: {"model": ErrorBody, "description": "The baseline is the run itself"},
+}
+
+
+@router.get("/runs/{run_id}/findings", responses=RESPONSES)
+def get_findings(
+    run: RunDep,
+    session: SessionDep,
+    baseline: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+) -> FindingsRead:
+    return diagnosis.findings_read(session, run, baseline)

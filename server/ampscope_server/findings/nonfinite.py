@@ -1,0 +1,203 @@
+"""Detectors of non-finite values that loss scaling cannot explain: forward overflow (the loss
+itself is NaN/inf) and NaN that is not a range problem.
+
+Why NaN matters apart from inf: a scaled gradient that exceeds the format becomes inf; NaN
+comes from inf - inf, 0 · inf, or NaN already in the data or the computation. A NaN that is
+the *first* bad value of the backward pass (backward order, DESIGN.md §3), at a moderate scale
+with ample headroom just before, or that keeps coming back after the scaler has backed off
+several times, is not cured by a smaller scale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ampscope_server.findings.model import (
+    Finding,
+    LayerSample,
+    RunData,
+    Severity,
+    is_nan,
+    is_nonfinite,
+)
+from ampscope_server.findings.thresholds import (
+    AMPLE_HEADROOM_BITS,
+    MODERATE_SCALE,
+    NAN_PERSIST_HALVINGS,
+)
+from ampscope_server.findings.timeline import ScaleHistory, culprits, finite
+from ampscope_server.formats import FORMATS
+
+
+def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
+    """Error: steps whose loss is NaN or ±inf.
+
+    The kind keeps its name whatever the cause: what it asserts is that the loss was non-finite
+    before any scaling, so no loss scale can fix it. When the hook re-ran those steps in FP32
+    (`mon.recheck`), the outcome names the cause: persisting in FP32 → the data or the model,
+    not the format's range; vanishing → a genuine FP16 range overflow in the forward pass."""
+    bad = [p for p in h.steps if is_nonfinite(p.loss)]
+    if not bad:
+        return []
+    nans = sum(1 for p in bad if is_nan(p.loss))
+    infs = len(bad) - nans
+    start, end = bad[0].step, bad[-1].step
+    checked = [run.rechecks[p.step] for p in bad if run.rechecks.get(p.step) in
+               ("persisted", "vanished")]
+    persisted = checked.count("persisted")
+    vanished = checked.count("vanished")
+    evidence: dict[str, float] = {"nonfinite_loss_steps": len(bad), "nan_loss_steps": nans,
+                "inf_loss_steps": infs}
+    if checked:
+        evidence |= {"recheck_persisted_steps": persisted, "recheck_vanished_steps": vanished}
+    title = f"Forward overflow: the loss itself is non-finite on {len(bad)} step(s)"
+    recommendation = (
+        "Check the inputs of the first bad step for NaN/inf; keep the overflowing ops "
+        "(softmax, large matmuls, exp, norms) in FP32 with autocast(enabled=False) or by "
+        "computing the loss in FP32; or train in BF16.")
+    if persisted and not vanished:
+        title = (f"Non-finite loss on {len(bad)} step(s), also in FP32: not a range overflow")
+        cause = ("The FP32 re-check (no autocast, no scaling) of these steps gave a non-finite "
+                 "loss too, so the format's range is not the cause: the inputs or the "
+                 "computation (a division by zero, log of 0, an exploded weight) produce it.")
+        recommendation = (
+            "Check the inputs of the first bad step for NaN/inf and the ops that can produce "
+            "them (division, log, sqrt of a negative); changing the precision will not help.")
+    elif vanished and not persisted:
+        cause = ("The FP32 re-check of these steps gave a finite loss: a forward activation or "
+                 "the loss exceeds FP16's range (max 65504) under autocast.")
+    elif infs and not nans:
+        cause = ("An infinite loss means a forward activation or the loss exceeded the format's "
+                 "range (FP16 max 65504) before any scaling happened.")
+    elif nans and not infs:
+        cause = ("A NaN loss comes from the forward pass itself: NaN or inf in the inputs, a "
+                 "division by zero, log of 0, or an activation overflow turned into NaN.")
+    else:
+        cause = ("Both NaN and infinite losses: forward activations overflow the format and/or "
+                 "the data or computation produces NaN.")
+    return [Finding(
+        kind="forward_overflow", severity="error",
+        title=title,
+        explanation=(
+            f"{cause} The loss scale only multiplies the backward pass, so no scale can fix "
+            "this: the scaler will skip these steps and back off for nothing."),
+        recommendation=recommendation,
+        step_start=start, step_end=end,
+        evidence=evidence,
+    )]
+
+
+def _nan_origin_steps(run: RunData, h: ScaleHistory) -> list[int]:
+    """found_inf steps whose first non-finite layer (backward order) held NaN; without the
+    per-layer list (wire v1), steps whose global grad norm is NaN with a finite loss.
+
+    Calibration and probe skips are left out: there the scale is known to be too high, and an
+    overflowing fp16 backward turns inf into NaN within a few ops (inf - inf, 0 x inf), so a
+    NaN first proves nothing."""
+    listed = {entry.step: entry for entry in run.nonfinite if entry.layers}
+    benign = set(h.calibration) | set(h.probes)
+    steps = []
+    for p in h.steps:
+        if not p.found_inf or is_nonfinite(p.loss):
+            continue  # a non-finite loss is forward_overflow's
+        if p.step in benign:
+            continue  # the scaler descending or probing: a range overflow by construction
+        entry = listed.get(p.step)
+        if entry is not None:
+            if entry.layers[0][1] == "nan":
+                steps.append(p.step)
+        elif is_nan(p.grad_norm):
+            steps.append(p.step)
+    return steps
+
+
+def min_headroom(samples: Sequence[LayerSample], target_format: str) -> float | None:
+    """Smallest log2(fmt.max / (amax · scale)) over the samples (None without a known amax)."""
+    fmt = FORMATS.get(target_format)
+    if fmt is None:
+        return None
+    best: float | None = None
+    for s in samples:
+        if s.amax is None:
+            continue
+        scaled = s.amax * (s.scale if s.scale is not None else 1.0)
+        bits = math.inf if scaled <= 0 else math.log2(fmt.max / scaled)
+        best = bits if best is None else min(best, bits)
+    return best
+
+
+def nan_not_range(run: RunData, h: ScaleHistory) -> list[Finding]:
+    """Error: NaN-origin steps at a moderate scale with ample headroom just before, NaN
+    persisting after NAN_PERSIST_HALVINGS backoffs since the first one, or an FP32 re-check
+    (`mon.recheck`) in which the non-finite values persisted. A step whose re-check vanished
+    is a range problem and is not cited."""
+    vanished = {step for step, status in run.rechecks.items() if status == "vanished"}
+    persisted = sorted(step for step, status in run.rechecks.items() if status == "persisted")
+    origins = [step for step in _nan_origin_steps(run, h) if step not in vanished]
+    if not origins and not persisted:
+        return []
+    reasons: list[str] = []
+    evidence: dict[str, float] = {"nan_steps": len(origins)}
+    if persisted:
+        evidence["recheck_persisted_steps"] = len(persisted)
+        reasons.append(
+            f"the FP32 re-check (no autocast, no scaling) of step {persisted[0]} still gave "
+            f"non-finite values ({len(persisted)} re-checked step(s) persisted)")
+    ample: list[int] = []
+    for step in origins:
+        point = h.point(step)
+        scale = None if point is None else finite(point.scale_before)
+        headroom = min_headroom(run.nan_context.get(step, ()), run.target_format)
+        if (scale is not None and scale <= MODERATE_SCALE and headroom is not None
+                and headroom >= AMPLE_HEADROOM_BITS):
+            ample.append(step)
+            evidence.setdefault("headroom_bits_before", headroom)
+            evidence.setdefault("scale_at_nan", scale)
+    first = h.point(origins[0]) if origins else None
+    first_scale = None if first is None else finite(first.scale_before)
+    persisting: list[int] = []
+    if first_scale is not None and first_scale > 0:
+        for step in origins:
+            point = h.point(step)
+            scale = None if point is None else finite(point.scale_before)
+            if scale is not None and scale > 0 and \
+                    math.log2(first_scale / scale) >= NAN_PERSIST_HALVINGS:
+                persisting.append(step)
+    if ample:
+        reasons.append(
+            f"at step {ample[0]} the gradients turned NaN at scale "
+            f"{evidence['scale_at_nan']:g} while every layer was still "
+            f"{evidence['headroom_bits_before']:.1f} doublings below the format's maximum "
+            "just before")
+    if persisting:
+        evidence["persisting_nan_steps"] = len(persisting)
+        evidence["halvings_since_first_nan"] = NAN_PERSIST_HALVINGS
+        reasons.append(
+            f"NaN kept appearing ({len(persisting)} more step(s), up to step {persisting[-1]}) "
+            f"after the scaler had backed off {NAN_PERSIST_HALVINGS}+ times, which a small "
+            "range overflow would not survive (a gradient explosion far beyond the format "
+            "would, so alone this is a warning)")
+    if not reasons:
+        return []
+    cited = sorted(set(ample + persisting + persisted))
+    ranked = culprits(run.nonfinite, set(cited))
+    # Ample headroom or a persisted FP32 re-check rule the range out; persistence alone cannot
+    # tell a NaN from the data from an explosion far beyond what halving the scale absorbs.
+    severity: Severity = "error" if ample or persisted else "warning"
+    return [Finding(
+        kind="nan_not_range", severity=severity,
+        title=f"NaN that is not a range problem (first at step {cited[0]})",
+        explanation=(
+            ("The first non-finite gradient values were NaN, not inf, and " if origins
+             else "Non-finite gradients are not a range problem: ") + "; ".join(reasons)
+            + ". An overflow of the format gives inf and is cured by a smaller scale; this "
+            "points at the data (NaN/inf inputs) or the computation (0/0, log(0), sqrt of a "
+            "negative, an unstable custom op)."),
+        recommendation=(
+            "Re-run the failing batch in FP32 without autocast or scaling (mon.recheck): if "
+            "the NaN persists, inspect that batch's inputs and the first layer named here; if "
+            "it vanishes, keep that layer in FP32."),
+        step_start=cited[0], step_end=cited[-1],
+        layers=[run.layer_name(i) for i, _, _ in ranked[:5]], evidence=evidence,
+    )]

@@ -1,0 +1,97 @@
+"""Named thresholds of the detectors, each with the reason for its value.
+
+They come from how `torch.amp.GradScaler` behaves with its defaults (init_scale 2^16,
+growth_factor 2, backoff_factor 0.5, growth_interval 2000), from the PyTorch AMP documentation,
+from Micikevicius et al., "Mixed Precision Training" (ICLR 2018) and from the IEEE formats
+themselves. None is fitted to a test or a scenario.
+"""
+
+from __future__ import annotations
+
+# --- calibration and probing -------------------------------------------------------------------
+CALIBRATION_GAP_STEPS = 2
+"""Skips at most this many steps apart count as one descent from init_scale. The gradients do not
+change in a step or two, so while the scale is too high every step overflows: the descent is a
+run of back-to-back skips (one clean step in between is tolerated, as data varies)."""
+CALIBRATION_START_STEPS = 2
+"""The descent must start within this many steps of the run's first step to be calibration."""
+TUNING_MIN_SKIPS = 3
+"""Scaler advice is given from 3 avoidable skips on: one or two are noise not worth a knob."""
+TUNING_INTERVAL_FACTOR = 2.5
+"""Proposed growth_interval = observed interval x 2.5 (2000 → 5000): probes happen 2.5x less
+often, so ~60 % of the probe skips go, while the scale still recovers within a few thousand
+steps if the gradients shrink (the reason GradScaler grows at all)."""
+
+# --- storms ------------------------------------------------------------------------------------
+STORM_WINDOW_STEPS = 100
+"""Window of the skip rate. At GradScaler's equilibrium a run skips about one step per
+growth_interval (2000 by default: 0.05 %), so a 100-step window holds at most one such skip."""
+STORM_MIN_SKIPS = 5
+"""Skips (calibration and probes excluded) in one window that make a storm: 5 % of the window's
+steps, 100x the equilibrium rate. GradScaler's docstring: after the first few calibration
+iterations "step skipping should occur rarely (once every few hundred or thousand
+iterations)"; five halvings within 100 steps (a factor 32) means the scaler is not finding a
+stable scale."""
+
+# --- scale collapse ----------------------------------------------------------------------------
+COLLAPSE_SCALE = 1.0
+"""At or below 1 loss scaling no longer lifts anything: the unscaled gradients themselves
+overflow the format (e.g. a model trained in BF16 run in FP16). DeepSpeed and Megatron use 1
+as their default `min_loss_scale` floor for the same reason."""
+COLLAPSE_WARN_SCALE = 2.0**7
+"""Warn below 2^7 = 128 (9 halvings below the default init_scale 2^16), and only while the scale
+is falling: a low scale is not wrong by itself (Micikevicius et al. 2018 trained SSD with a
+constant scale of 8), a scale still falling toward 1 is. With FP16's min subnormal 2^-24, a
+scale of 2^7 already flushes every gradient value below 2^-31 (about 4.7e-10)."""
+COLLAPSE_TREND_HALVINGS = 4
+"""…and only if the scale fell by a net 2^4 over the latter half of the run: a trend (more
+backoffs than growths can undo), not one backoff."""
+
+# --- NaN vs range -----------------------------------------------------------------------------
+AMPLE_HEADROOM_BITS = 8.0
+"""A layer 8 doublings (256x) below the format's max just before the NaN did not overflow from
+one step's gradient change: the NaN comes from the data or the computation."""
+NAN_PERSIST_HALVINGS = 4
+"""NaN still appearing after the scaler backed off 4 times (16x) since the first NaN: an ordinary
+range overflow (a gradient spike of a few x) would have been cured by then. A warning only: a
+gradient explosion of many orders of magnitude persists too; the FP32 re-check decides."""
+MODERATE_SCALE = 2.0**16
+"""A scale at or below GradScaler's default init_scale (2^16) counts as moderate."""
+
+# --- underflow ---------------------------------------------------------------------------------
+UNDERFLOW_LOST_FRAC = 0.25
+"""A layer losing a quarter of its gradient (zeros + values that flush) at the current scale.
+A dense layer's weight gradient is almost never exactly zero in FP32, so a loss this large is
+the format's doing (Micikevicius et al. 2018, §3.2: with unscaled FP16 gradients the values
+flushed to zero made SSD training diverge); structural zeros are excluded by module type
+(embeddings)."""
+UNDERFLOW_RECENT_SAMPLES = 5
+"""The judgement uses the median over the last 5 layer-stat steps, so one odd batch does not
+trigger it."""
+HEADROOM_MARGIN_BITS = 1
+"""Keep one doubling of headroom when proposing a higher scale: a backoff halves the scale, so
+a scale one doubling below overflow survives an ordinary gradient spike."""
+SPARSE_MODULE_TYPES = ("Embedding", "EmbeddingBag")
+"""Modules whose gradients are row-sparse by construction: their zeros are not underflow."""
+
+# --- swallowed updates -------------------------------------------------------------------------
+LOW_PRECISION_PARAM_DTYPES = {"float16": 10, "half": 10}
+"""Parameter dtypes (→ mantissa bits) whose updates can be rounded away: FP16 parameters hold
+10 mantissa bits, so an update below half a unit in the last place, |w|·2^-11, vanishes.
+BF16 parameters (7 bits) are not judged: BF16 is the range format and its users keep FP32
+masters by construction in every framework's BF16 mode; a bf16 model is a deliberate choice."""
+SWALLOWED_FRAC_WARN = 0.5
+"""Measured (wire v3): when most of a layer's elements that had a gradient did not move in the
+optimizer step, the layer is not training; below half it is partial rounding, which FP16
+training without masters always has a little of."""
+
+# --- misuse ------------------------------------------------------------------------------------
+LR_SKIP_WARN_FRACTION = 0.01
+"""An LR scheduler stepping on skipped steps shortens the schedule by one step each: worth a
+warning once 1 % of the schedule went by without training, else it is noted as info."""
+
+# --- baseline ----------------------------------------------------------------------------------
+BASELINE_TOLERANCE = 0.05
+"""Relative departure from the baseline that counts as divergence: the compare page's default
+tolerance (GET /api/compare), so the finding and the page agree on the step."""
+BASELINE_MAX_LAYERS = 5

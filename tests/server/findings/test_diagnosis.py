@@ -1,0 +1,87 @@
+"""The snapshot loader's read bounds and the findings cache, on a real migrated database of
+each dialect (runs ingested through the ingest service)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import diagnosis, ingest, repository
+from ampscope_server.schemas import IngestBatch
+from tests.server.findings.conftest import Database
+from tests.server.findings.payloads import records, troubled_batch
+from tests.server.findings.synthetic import fits_below, scaler_steps
+from tests.server.wire import batch_v2, new_id
+
+
+def _ingest(sessions: sessionmaker[Session], payload: dict[str, Any]) -> str:
+    with sessions() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+    return str(payload["run"]["id"])
+
+
+def _long_run(run_id: str, n: int = 2000) -> dict[str, Any]:
+    return batch_v2(records(scaler_steps(n, fits_below(2**10))), run_id=run_id)
+
+
+class TestLoader:
+    def test_reads_only_the_notable_steps(self, database: Database) -> None:
+        run_id = _ingest(database.sessions, _long_run(new_id()))
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            data = diagnosis.load_run_data(session, run)
+        # Calibration skips 0-5, the step after the last one, the last step.
+        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
+        assert sorted({s.step for s in data.layer_samples}) == list(range(1920, 2000, 10))
+        assert len(data.layer_samples) == diagnosis.RECENT_LAYER_STEPS * 2
+
+    def test_baseline_reads_every_step(self, database: Database) -> None:
+        run_id = _ingest(database.sessions, _long_run(new_id()))
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            data = diagnosis.load_run_data(session, run, for_baseline=True)
+        assert len(data.steps) == 2000
+        assert len({s.step for s in data.layer_samples}) == 200  # all 200 (fewer than 256)
+
+    def test_nonfinite_layers_and_nan_context(self, database: Database) -> None:
+        run_id = _ingest(database.sessions, troubled_batch(new_id()))
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            data = diagnosis.load_run_data(session, run)
+        assert data.nonfinite[0].step == 0
+        assert data.nonfinite[0].layers == ((1, "inf"), (0, "inf"))
+        assert [(m.step, m.kind) for m in data.misuse] == [
+            (300, "clip_before_unscale"), (301, "clip_before_unscale")]
+        assert data.nan_context == {}  # the NaN step's loss is NaN: forward, not a NaN origin
+
+
+def test_spread_keeps_first_and_last() -> None:
+    assert diagnosis._spread(list(range(10)), 4) == [0, 3, 6, 9]
+    assert diagnosis._spread([1, 2], 4) == [1, 2]
+
+
+def test_spread_by_step_lines_up_runs() -> None:
+    steps = [(100 + i, i * 10) for i in range(1000)]
+    chosen = diagnosis._spread_by_step(steps, 5)
+    assert chosen == [100, 350, 600, 850, 1099]  # the first step at or after each target
+
+
+class TestCache:
+    def test_cached_until_the_run_changes(self, database: Database) -> None:
+        payload = _long_run(new_id(), n=300)
+        first_half = dict(payload, records=payload["records"][:150])
+        run_id = _ingest(database.sessions, first_half)
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            once = diagnosis.run_findings(session, run)
+            assert diagnosis.run_findings(session, run) is once
+        _ingest(database.sessions, payload)
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            assert diagnosis.run_findings(session, run) is not once

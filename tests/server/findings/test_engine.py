@@ -1,0 +1,361 @@
+"""The findings engine on synthetic snapshots: one class per finding kind, positive and negative,
+with exact expectations. Runs are simulated with GradScaler's algorithm (`synthetic.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from ampscope_server.findings import (
+    KINDS,
+    Finding,
+    LayerSample,
+    MisuseEvent,
+    StepPoint,
+    SwallowedSample,
+    analyze,
+    most_severe,
+)
+from ampscope_server.findings.model import NonfiniteKind, RecheckStatus
+from tests.server.findings.synthetic import (
+    LAYERS,
+    fits_below,
+    healthy_samples,
+    nonfinite_at,
+    run_data,
+    scaler_steps,
+)
+
+# Gradients that fit below 2^10: GradScaler comes down 2^16 → 2^10 in 6 skips (steps 0-5), then
+# probes 2^11 after every 2000 clean steps (skips at 2006 and 4007).
+HEALTHY = scaler_steps(6000, fits_below(2**10))
+RECENT = healthy_samples(range(5900, 6000, 10))
+
+
+def kinds(findings: list[Finding]) -> list[tuple[str, str]]:
+    return [(f.kind, f.severity) for f in findings]
+
+
+def only(findings: list[Finding], kind: str) -> Finding:
+    matching = [f for f in findings if f.kind == kind]
+    assert len(matching) == 1, kinds(findings)
+    return matching[0]
+
+
+class TestHealthy:
+    def test_no_warning_or_error(self) -> None:
+        findings = analyze(run_data(HEALTHY, layer_samples=RECENT))
+        assert kinds(findings) == [("calibration_overflow", "info"), ("scaler_tuning", "info")]
+
+    def test_empty_run(self) -> None:
+        assert analyze(run_data([])) == []
+
+    def test_every_kind_is_listed(self) -> None:
+        assert len(KINDS) == 10
+
+
+class TestCalibration:
+    def test_descent_and_probes(self) -> None:
+        found = only(analyze(run_data(HEALTHY)), "calibration_overflow")
+        assert found.severity == "info"
+        assert (found.step_start, found.step_end) == (0, 4007)
+        assert found.evidence == {"calibration_skips": 6, "probe_skips": 2,
+                                  "init_scale": 65536.0, "settled_scale": 1024.0}
+        assert found.title == ("Benign overflows: 6 calibration skip(s), 2 probe skip(s) after "
+                               "growth")
+
+    def test_calibration_skips_alone_are_not_a_storm(self) -> None:
+        # 14 back-to-back skips (2^24 → 2^10): more than a storm window's threshold, but benign.
+        steps = scaler_steps(3000, fits_below(2**10), init=2.0**24)
+        findings = analyze(run_data(steps))
+        assert "overflow_storm" not in [f.kind for f in findings]
+        assert only(findings, "calibration_overflow").evidence["calibration_skips"] == 14
+
+    def test_a_descent_that_never_fits_is_no_calibration(self) -> None:
+        findings = analyze(run_data(scaler_steps(200, lambda step, scale: True)))
+        assert "calibration_overflow" not in [f.kind for f in findings]
+
+
+class TestOverflowStorm:
+    STORM = frozenset(range(2500, 2600, 12))  # 9 overflows in 100 steps
+
+    def test_storm_with_culprits(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM)
+        nonfinite = nonfinite_at(self.STORM, (3, "inf"), (1, "inf"))
+        found = only(analyze(run_data(steps, nonfinite=nonfinite)), "overflow_storm")
+        assert found.severity == "error"
+        assert (found.step_start, found.step_end) == (2500, 2596)
+        assert found.layers == ["fc2.weight", "fc1.weight"]
+        assert found.evidence["skipped_steps"] == 9
+        assert found.evidence["max_skips_per_window"] == 9
+        assert found.evidence["scale_before_storm"] == 1024.0
+        assert found.evidence["scale_after_storm"] == 2.0
+
+    def test_four_skips_in_a_window_are_not_a_storm(self) -> None:
+        storm = {3000, 3020, 3040, 3060}
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in storm)
+        assert "overflow_storm" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestScaleCollapse:
+    def test_collapse_below_one_is_an_error(self) -> None:
+        findings = analyze(run_data(scaler_steps(200, lambda step, scale: True)))
+        assert kinds(findings) == [("overflow_storm", "error"), ("scale_collapse", "error")]
+        found = only(findings, "scale_collapse")
+        assert found.step_start == 15  # 2^16 halved 16 times: the backoff that reached 1
+        assert found.evidence["skipped_steps"] == 200
+
+    def test_falling_scale_is_a_warning(self) -> None:
+        # The gradients grow 2x every 100 steps in the second half: one backoff per 100 steps.
+        steps = scaler_steps(
+            2000, lambda s, scale: scale > 2.0 ** (12 - max(0, s - 1000) // 100))
+        found = only(analyze(run_data(steps)), "scale_collapse")
+        assert found.severity == "warning"
+        assert found.evidence == {"scale_mid": 4096.0, "final_scale": 8.0, "net_halvings": 9.0}
+        assert (found.step_start, found.step_end) == (1000, 1999)
+
+    def test_stable_low_scale_is_not_a_collapse(self) -> None:
+        steps = scaler_steps(3000, fits_below(8.0))
+        assert "scale_collapse" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestForwardOverflow:
+    def test_infinite_loss(self) -> None:
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in (300, 301),
+                             loss=lambda s: math.inf if s in (300, 301) else 1.0)
+        found = only(analyze(run_data(steps)), "forward_overflow")
+        assert found.severity == "error"
+        assert (found.step_start, found.step_end) == (300, 301)
+        assert found.evidence == {"nonfinite_loss_steps": 2, "nan_loss_steps": 0,
+                                  "inf_loss_steps": 2}
+        assert "no scale can fix this" in found.explanation
+
+    def test_backward_overflow_is_not_forward(self) -> None:
+        assert "forward_overflow" not in [f.kind for f in analyze(run_data(HEALTHY))]
+
+    @pytest.mark.parametrize("status", ["persisted", "vanished"])
+    def test_the_fp32_recheck_names_the_cause(self, status: RecheckStatus) -> None:
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s == 300,
+                             loss=lambda s: math.nan if s == 300 else 1.0)
+        found = only(analyze(run_data(steps, rechecks={300: status})), "forward_overflow")
+        assert found.severity == "error" and (found.step_start, found.step_end) == (300, 300)
+        assert found.evidence == {
+            "nonfinite_loss_steps": 1, "nan_loss_steps": 1, "inf_loss_steps": 0,
+            "recheck_persisted_steps": int(status == "persisted"),
+            "recheck_vanished_steps": int(status == "vanished")}
+        if status == "persisted":
+            assert found.title == "Non-finite loss on 1 step(s), also in FP32: not a range overflow"
+            assert "will not help" in found.recommendation
+        else:
+            assert found.title == "Forward overflow: the loss itself is non-finite on 1 step(s)"
+            assert "exceeds FP16's range" in found.explanation
+
+
+class TestNanNotRange:
+    def _run(self, kind: NonfiniteKind, amax: float) -> list[Finding]:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)
+        context = [dataclasses.replace(s, amax=amax) for s in healthy_samples([2990])]
+        return analyze(run_data(
+            steps, nonfinite=nonfinite_at({3000}, (2, kind), (1, kind)),
+            nan_context={3000: context}))
+
+    def test_nan_with_ample_headroom(self) -> None:
+        found = only(self._run("nan", 0.05), "nan_not_range")
+        assert found.severity == "error"
+        assert (found.step_start, found.step_end) == (3000, 3000)
+        assert found.layers == ["fc1.bias", "fc1.weight"]
+        # log2(65504 / (0.05 * 1024)) = 10.32 doublings of headroom just before.
+        assert found.evidence["headroom_bits_before"] == math.log2(65504 / (0.05 * 1024))
+        assert "FP32" in found.recommendation
+
+    def test_inf_is_a_range_problem(self) -> None:
+        assert "nan_not_range" not in [f.kind for f in self._run("inf", 0.05)]
+
+    def test_nan_near_the_format_max_is_not_flagged(self) -> None:
+        # amax 30 at scale 1024: 1.09 doublings of headroom, the NaN may come from an overflow.
+        assert "nan_not_range" not in [f.kind for f in self._run("nan", 30.0)]
+
+    def test_nan_persisting_after_backoffs(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or 3000 <= s < 3006)
+        found = only(analyze(run_data(steps, nonfinite=nonfinite_at(range(3000, 3006),
+                                                                    (2, "nan")))),
+                     "nan_not_range")
+        # 1024 → 64 after four backoffs: steps 3004 and 3005 still NaN.
+        assert (found.step_start, found.step_end) == (3004, 3005)
+        assert found.evidence["persisting_nan_steps"] == 2
+        assert found.severity == "warning"  # could be an explosion: the re-check would tell
+
+    def test_v1_runs_fall_back_on_a_nan_grad_norm(self) -> None:
+        steps = [dataclasses.replace(p, grad_norm=math.nan) if p.step == 3000 else p
+                 for p in scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)]
+        found = only(analyze(run_data(steps, nan_context={3000: healthy_samples([2990])})),
+                     "nan_not_range")
+        assert found.layers == []
+
+
+def _underflowing(fc2_amax: float) -> list[LayerSample]:
+    """fc1.weight loses 60 % of its gradient (typical magnitude 1e-9) at scale 2^10."""
+    out = []
+    for sample in RECENT:
+        if sample.layer == 1:
+            sample = dataclasses.replace(sample, zero_frac=0.6, l2=1e-9 * math.sqrt(512))
+        if sample.layer == 3:
+            sample = dataclasses.replace(sample, amax=fc2_amax)
+        out.append(sample)
+    return out
+
+
+class TestGradientUnderflow:
+    def test_rescued_by_doublings(self) -> None:
+        found = only(analyze(run_data(HEALTHY, layer_samples=_underflowing(0.05))),
+                     "gradient_underflow")
+        assert found.severity == "warning"
+        assert found.layers == ["fc1.weight"]
+        # ceil(log2(2^-14 / (1e-9 * 1024))) = 6 doublings; 10.3 bits of headroom allow 9.
+        assert found.evidence["doublings_needed"] == 6
+        assert found.evidence["recommended_scale"] == 65536.0
+        assert found.recommendation.startswith("Raise the loss scale 64x to 65536")
+        assert (found.step_start, found.step_end) == (5950, 5990)
+
+    def test_format_cannot_serve_both(self) -> None:
+        found = only(analyze(run_data(HEALTHY, layer_samples=_underflowing(30.0))),
+                     "gradient_underflow")
+        assert "recommended_scale" not in found.evidence
+        assert found.recommendation.startswith(
+            "The format cannot serve both: fc1.weight needs about 6 more doublings of the "
+            "scale, but fc2.weight overflows after 1.1. Train in BF16")
+
+    def test_embedding_zeros_are_not_underflow(self) -> None:
+        # RECENT gives the embedding a 90 % zero fraction: row-sparse by construction.
+        assert "gradient_underflow" not in [
+            f.kind for f in analyze(run_data(HEALTHY, layer_samples=RECENT))]
+
+
+class TestSwallowedUpdates:
+    def test_fp16_parameters(self) -> None:
+        half = [dataclasses.replace(layer, dtype="float16") for layer in LAYERS]
+        found = only(analyze(run_data(HEALTHY, layers=half, layer_samples=RECENT)),
+                     "swallowed_updates")
+        assert found.severity == "warning"
+        # update = lr 1e-3 x rms 2e-3; half spacing of FP16 at |w|: 2^-11 for the embedding
+        # (N(0,1)), 2^-14 for fc1.weight (|w| ~ 1/sqrt(48)), 2^-15 for fc2.weight; no estimate
+        # for the bias.
+        assert found.layers == ["embed.weight", "fc1.weight", "fc2.weight"]
+        assert found.evidence["half_spacing"] == 2.0**-11
+        assert math.isclose(found.evidence["update"], 2e-6)
+
+    def test_a_measured_weight_magnitude_wins(self) -> None:
+        half = [dataclasses.replace(layer, dtype="float16") for layer in LAYERS]
+        samples = [dataclasses.replace(s, param_rms=1e-4) for s in RECENT]
+        # at |w| = 1e-4 the half spacing is 2^-25 ≈ 3e-8: a 2e-6 update survives.
+        assert "swallowed_updates" not in [
+            f.kind for f in analyze(run_data(HEALTHY, layers=half, layer_samples=samples))]
+
+    def test_fp32_parameters_are_never_judged(self) -> None:
+        assert "swallowed_updates" not in [
+            f.kind for f in analyze(run_data(HEALTHY, layer_samples=RECENT))]
+
+
+class TestAmpMisuse:
+    def test_hook_events(self) -> None:
+        misuse = [MisuseEvent(s, "clip_before_unscale", "clip saw scaled grads")
+                  for s in (10, 11, 12)]
+        found = only(analyze(run_data(HEALTHY, misuse=misuse)), "amp_misuse")
+        assert found.severity == "warning"
+        assert found.title == "Gradients clipped while still scaled (3 step(s))"
+        assert (found.step_start, found.step_end) == (10, 12)
+
+    def test_scheduler_on_skipped_steps(self) -> None:
+        steps = scaler_steps(6000, fits_below(2**10), lr=lambda s: 1e-3 * min(1, (s + 1) / 1000))
+        found = only(analyze(run_data(steps)), "amp_misuse")
+        assert found.severity == "info"  # 6 of 6000 steps: below LR_SKIP_WARN_FRACTION
+        assert found.evidence == {"skipped_steps_with_lr_change": 6, "fraction_of_run": 0.001}
+
+    def test_scheduler_on_many_skipped_steps_warns(self) -> None:
+        steps = scaler_steps(400, fits_below(2**10), lr=lambda s: 1e-3 * (s + 1))
+        found = only(analyze(run_data(steps)), "amp_misuse")
+        assert found.severity == "warning"  # 6 of 400 = 1.5 %
+
+
+class TestScalerTuning:
+    def test_init_scale_and_growth_interval(self) -> None:
+        found = only(analyze(run_data(scaler_steps(10_000, fits_below(2**10)))), "scaler_tuning")
+        assert found.recommendation == "GradScaler(init_scale=1024, growth_interval=5000)."
+        assert found.evidence == {
+            "recommended_init_scale": 1024.0, "avoidable_calibration_skips": 6,
+            "observed_growth_interval": 2000.0, "probe_skips": 4, "steps_after_growth": 1.0,
+            "recommended_growth_interval": 5000, "avoidable_probe_skips": 2}
+
+    def test_nothing_to_tune(self) -> None:
+        steps = scaler_steps(1500, fits_below(2**15))  # one calibration skip, no probe yet
+        assert "scaler_tuning" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestBaselineDivergence:
+    def test_first_step_and_layers(self) -> None:
+        base = scaler_steps(1000, fits_below(2**10), loss=lambda s: 2.0 - s / 1000)
+        run = scaler_steps(1000, fits_below(2**10),
+                           loss=lambda s: (2.0 - s / 1000) * (1.1 if s >= 500 else 1.0))
+        base_samples = healthy_samples(range(0, 1000, 10))
+        samples = [dataclasses.replace(s, l2=(s.l2 or 0) * 2)
+                   if s.layer == 1 and s.step >= 500 else s for s in base_samples]
+        found = only(analyze(run_data(run, layer_samples=samples),
+                             run_data(base, layer_samples=base_samples, name="fp32")),
+                     "baseline_divergence")
+        assert (found.severity, found.step_start, found.layers) == ("warning", 500, ["fc1.weight"])
+        assert math.isclose(found.evidence["relative"], 0.1)
+
+    def test_identical_runs_do_not_diverge(self) -> None:
+        data = run_data(HEALTHY)
+        assert "baseline_divergence" not in [f.kind for f in analyze(data, data)]
+
+
+class TestOrdering:
+    def test_most_severe_first(self) -> None:
+        steps = [dataclasses.replace(p, loss=math.nan) if p.step == 100 else p for p in HEALTHY]
+        findings = analyze(run_data(steps))
+        assert kinds(findings)[0] == ("forward_overflow", "error")
+        assert most_severe(findings) is findings[0]
+        assert most_severe([]) is None
+
+    def test_resent_steps_count_once(self) -> None:
+        again = [*HEALTHY[:10], *HEALTHY]
+        assert analyze(run_data(again)) == analyze(run_data(HEALTHY))
+
+    def test_unknown_scale_is_tolerated(self) -> None:
+        steps = [StepPoint(s, None, None, False, False, loss=1.0) for s in range(100)]
+        assert analyze(run_data(steps, layer_samples=RECENT)) == []
+
+
+class TestProbes:
+    def test_frequent_probes_are_tuning_not_a_storm(self) -> None:
+        # growth_interval 20: the scaler probes 2^11 every 21 steps, 5 skips per 100 steps.
+        steps = scaler_steps(1000, fits_below(2**10), growth_interval=20)
+        findings = analyze(run_data(steps))
+        assert kinds(findings) == [("calibration_overflow", "info"), ("scaler_tuning", "info")]
+        tuning = only(findings, "scaler_tuning")
+        assert tuning.evidence["recommended_growth_interval"] == 50
+        assert tuning.evidence["observed_growth_interval"] == 20
+
+
+class TestRechecksAndMeasuredSwallowing:
+    def test_persisted_recheck_is_not_a_range_problem(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)
+        found = only(analyze(run_data(steps, rechecks={3000: "persisted"})), "nan_not_range")
+        assert (found.step_start, found.evidence["recheck_persisted_steps"]) == (3000, 1)
+
+    def test_vanished_recheck_clears_a_nan(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)
+        data = run_data(steps, nonfinite=nonfinite_at({3000}, (2, "nan")),
+                        nan_context={3000: healthy_samples([2990])},
+                        rechecks={3000: "vanished"})
+        assert "nan_not_range" not in [f.kind for f in analyze(data)]
+
+    def test_measured_fraction_wins_over_the_estimate(self) -> None:
+        swallowed = [SwallowedSample(step, layer, 0.8 if layer == 3 else 0.0)
+                     for step in range(5950, 6000, 10) for layer in range(4)]
+        found = only(analyze(run_data(HEALTHY, swallowed=swallowed)), "swallowed_updates")
+        assert found.layers == ["fc2.weight"]
+        assert found.evidence == {"layers_flagged": 1, "swallowed_frac": 0.8}

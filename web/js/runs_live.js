@@ -1,0 +1,73 @@
+// The runs list's socket (WS /api/runs/live): every run's summary on connect, then the runs that
+// changed. Reconnects with backoff; the server's snapshot on every (re)connect is the resync, so
+// nothing missed while away is lost.
+
+import { decodeLiveMessage } from './codec.js';
+import { LiveState } from './live.js';
+
+const BACKOFF_MIN_MS = 500;
+const BACKOFF_MAX_MS = 15000;
+
+export class RunsStream {
+  /**
+   * @param {{onRuns: (runs: object[], full: boolean) => void,
+   *          onState: (state: string, detail?: string) => void}} handlers
+   */
+  constructor({ onRuns, onState }) {
+    this.onRuns = onRuns;
+    this.onState = onState;
+    this.socket = null;
+    this.attempt = 0;
+    this.retryTimer = null;
+    this.stopped = false;
+  }
+
+  start() {
+    this.stopped = false;
+    this.connect();
+    return this;
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    if (this.socket) this.socket.close(1000);
+    this.onState(LiveState.CLOSED);
+  }
+
+  connect() {
+    this.onState(this.attempt === 0 ? LiveState.CONNECTING : LiveState.RETRYING);
+    const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+    const socket = new WebSocket(`${scheme}://${location.host}/api/runs/live`);
+    this.socket = socket;
+    socket.addEventListener('open', () => {
+      this.attempt = 0;
+      this.onState(LiveState.OPEN);
+    });
+    socket.addEventListener('message', (event) => this.receive(event.data));
+    socket.addEventListener('close', () => {
+      if (this.socket !== socket) return;
+      this.socket = null;
+      if (!this.stopped) this.scheduleReconnect();
+    });
+  }
+
+  scheduleReconnect() {
+    this.attempt += 1;
+    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** (this.attempt - 1));
+    const delay = ceiling / 2 + Math.random() * (ceiling / 2); // jitter: several tabs don't stampede
+    this.onState(LiveState.RETRYING, `retry in ${(delay / 1000).toFixed(1)} s`);
+    this.retryTimer = setTimeout(() => this.connect(), delay);
+  }
+
+  receive(text) {
+    let msg;
+    try {
+      msg = decodeLiveMessage(text);
+    } catch (err) {
+      this.onState(LiveState.OPEN, `bad message: ${err.message}`);
+      return;
+    }
+    if (msg.type === 'runs') this.onRuns(msg.runs, msg.full);
+  }
+}
