@@ -54,6 +54,10 @@ class StepCycle:
         self.captured = False
         self._captured_kind: str | None = None
         self._head: torch.Tensor | None = None  # [global norm, per-layer norms or stats block]
+        # Set when _head is only the raw per-layer norms (GradStats.raw_layer_norms): the global
+        # norm and the division by the scale are left to the sender thread. True/False: whether
+        # the raw norms are scaled.
+        self._raw_norms: bool | None = None
         self._has_block = False
         self._float32_norms = False
         self._hist: torch.Tensor | None = None
@@ -97,7 +101,11 @@ class StepCycle:
         if self._has_block:
             self._head = self._stats.layer_stats(grads, scale, scaled)
         else:
-            self._head = self._stats.grad_norms(grads, scale, scaled)
+            direct = self._stats.raw_layer_norms(grads, scaled)
+            if direct is not None:
+                self._head, self._raw_norms = direct
+            else:
+                self._head = self._stats.grad_norms(grads, scale, scaled)
             self._float32_norms = self._stats.float32_norms
         if self._histogram_every and step % self._histogram_every == 0 and self._params:
             self._hist = exponent_histogram(grads, scale, scaled, self._numels).reshape(-1)
@@ -132,9 +140,12 @@ class StepCycle:
             loss = nan
             absent.add("loss")
         head = self._head
-        norm = head[0].to(device) if head is not None else nan
+        raw = self._raw_norms is not None
         if head is None:
+            norm = nan
             absent.add("grad_norm")
+        else:  # raw per-layer norms: the sender thread fills the slot (StepRecord.to_wire)
+            norm = nan if raw else head[0].to(device)
         rate = lr(device)
         if rate is None:
             rate = nan
@@ -143,8 +154,8 @@ class StepCycle:
         # loss and the norm already are): no conversion op per scalar.
         parts = [torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, rate])]
         assert parts[0].numel() == len(SCALARS)
-        if head is not None and head.numel() > 1:
-            parts.append(head[1:].to(device))
+        if head is not None and (raw or head.numel() > 1):
+            parts.append(head.to(device) if raw else head[1:].to(device))
         if self._hist is not None:
             parts.append(self._hist.to(device))
         if self._acts is not None:
@@ -164,7 +175,7 @@ class StepCycle:
             values = host
         elif values.device.type != "cpu":
             values = values.to("cpu")
-        per_layer = head is not None and head.numel() > 1
+        per_layer = head is not None and (raw or head.numel() > 1)
         sections = Sections(
             num_layers=len(self._params),
             norms=per_layer and not self._has_block,
@@ -192,6 +203,7 @@ class StepCycle:
             clip=clip,
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             float32_norms=self._float32_norms,
+            raw_norms=self._raw_norms,
         )
 
     def _device(self, before: Mapping[str, Any]) -> torch.device:

@@ -65,6 +65,9 @@ class StepRecord:
     # The norms were accumulated in float32 (GradStats.grad_norms' direct path), where +inf may
     # be an overflow of the sum of squares rather than an inf element.
     float32_norms: bool = False
+    # The norms section holds raw per-layer norms (GradStats.raw_layer_norms) and the grad_norm
+    # slot is empty: to_wire computes the global norm, dividing by scale_before when True.
+    raw_norms: bool | None = None
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -92,6 +95,9 @@ class StepRecord:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
             pos += len(STAT_NAMES) * m
+        if self.raw_norms is not None and norms is not None:
+            head["grad_norm"] = _global_norm(norms, head["scale_before"] if self.raw_norms
+                                             else 1.0)
         found_inf = bool(head["found_inf"])
         if self.float32_norms and not found_inf and head["grad_norm"] == math.inf:
             # No element was inf (the scaler checked them all), so this +inf is the float32 sum
@@ -166,6 +172,18 @@ class StepRecord:
             return None
         order = self.order if self.order is not None else range(len(norms or layers["l2"]))  # type: ignore[index]
         return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]
+
+
+def _global_norm(raw: Sequence[float], scale: float | None) -> float | None:
+    """sqrt(Σ raw²) / scale in float64, as the device path computes it: NaN if a layer's norm is
+    NaN, else +inf if one is inf (the squares are ≥ 0, so a sum cannot make NaN from infs);
+    None when the scale is unknown."""
+    if scale is None:
+        return None
+    norm = math.sqrt(sum(x * x for x in raw))
+    if scale == 0.0:  # a collapsed scale: IEEE division, as torch would do it
+        return math.nan if norm == 0.0 or math.isnan(norm) else math.inf
+    return norm / scale
 
 
 def layer_table(

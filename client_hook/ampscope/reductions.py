@@ -378,6 +378,50 @@ class GradStats:
         norm = _combine_norm(l2.square().sum(), nan_count.sum(), inf_count.sum())
         return torch.cat([norm.reshape(1), stats.reshape(-1)])
 
+    def raw_layer_norms(
+        self, grads: Grads, scaled: Sequence[bool] | bool
+    ) -> tuple[torch.Tensor, bool] | None:
+        """The direct path of ``grad_norms`` alone: every layer's L2 norm of the *raw* gradient
+        (as stored: times the scale when scaled), ``(L,)`` in the accumulation dtype (float32,
+        or float64 with ``exact_norms`` or float64 gradients), and whether they are all scaled
+        (divide by the scale for true units). None when the direct path does not apply (an
+        absent, sparse or off-device gradient, mixed scaled flags): use ``grad_norms``.
+
+        The monitor takes this on every step without per-layer stats and leaves the global norm
+        and the division by the scale to the sender thread (``StepRecord.to_wire``), a handful of
+        kernels fewer on the training thread; see ``grad_norms`` for the float32 range.
+        """
+        if isinstance(scaled, bool):
+            uniform: bool | None = scaled
+        else:
+            flags = list(scaled)
+            if len(flags) != len(grads):
+                raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
+            uniform = True if all(flags) else False if not any(flags) else None
+        if not (self._try_fast and uniform is not None and grads):
+            return None
+        if self.numels is not None and len(self.numels) != len(grads):
+            raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
+        dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
+                     else list(grads))
+        try:
+            # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a sparse
+            # one, RuntimeError from stack for gradients on several devices. (A None is checked
+            # by the op itself: no Python loop over the gradients.)
+            if self._acc64:
+                each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+            else:
+                try:
+                    each = torch._foreach_norm(dense, 2, dtype=torch.float32)
+                except RuntimeError:  # a float64 gradient does not narrow: float64 from now on
+                    self._acc64 = True
+                    each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+            v = torch.stack(each)
+        except (TypeError, RuntimeError):
+            return None
+        self.float32_norms = not self._acc64
+        return v, uniform
+
     def grad_norm(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
     ) -> torch.Tensor:
@@ -393,9 +437,9 @@ class GradStats:
         hook's floor. When every gradient is present, dense and on one device and all are scaled
         alike (the common case), the norms come straight from the gradients: one
         ``torch._foreach_norm`` accumulating each layer in **float32** (float64 for float64
-        gradients), one ``stack`` promoted to float64, a ``dot`` for the global norm, one ``cat``
-        and the division by the scale; about 8 launches plus one per-tensor norm inside the
-        multi-tensor call, no copy into the padded buffer.
+        gradients; ``raw_layer_norms``), one ``stack`` promoted to float64, a ``dot`` for the
+        global norm, one ``cat`` and the division by the scale; about 8 launches plus one
+        per-tensor norm inside the multi-tensor call, no copy into the padded buffer.
 
         Why float32 there: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
         reference loop the float64 conversion doubled the cost (≈210 → ≈110 µs, half of the
@@ -414,42 +458,18 @@ class GradStats:
         (so it doubles as the layer's finiteness code), 0 for an absent gradient; the global norm
         is NaN if any layer's is, else inf if any is. No host synchronisation.
         """
-        if isinstance(scaled, bool):
-            uniform: bool | None = scaled
-            flags: list[bool] | None = None
-        else:
-            flags = list(scaled)
-            if len(flags) != len(grads):
-                raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
-            uniform = True if all(flags) else False if not any(flags) else None
-        if self._try_fast and uniform is not None and grads:
-            if self.numels is not None and len(self.numels) != len(grads):
-                raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
+        direct = self.raw_layer_norms(grads, scaled)
+        if direct is not None:
+            v, divide = direct
+            v = v.to(torch.float64)
+            # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
+            out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
             try:
-                # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a
-                # sparse one, RuntimeError from stack for gradients on several devices.
-                # A scale on another device than the gradients fails in div_: same fallback.
-                # (a None is checked by the op itself: no Python loop over the gradients)
-                dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
-                             else list(grads))
-                if self._acc64:
-                    each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-                else:
-                    try:
-                        each = torch._foreach_norm(dense, 2, dtype=torch.float32)
-                    except RuntimeError:  # a float64 gradient does not narrow: float64 from now
-                        self._acc64 = True
-                        each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-                v = torch.stack(each).to(torch.float64)
-                self.float32_norms = not self._acc64
-                # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
-                out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
-                return out.div_(scale) if uniform else out
-            except (TypeError, RuntimeError):
+                return out.div_(scale) if divide else out
+            except RuntimeError:  # a scale on another device than the gradients: the plan path
                 pass
+        flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         self.float32_norms = False
-        if flags is None:
-            flags = [bool(scaled)] * len(grads)
         plan = self._plan(grads, flags, scale)
         self._try_fast = plan.fast
         f64 = torch.float64
