@@ -15,6 +15,19 @@ const CLOSE_UNKNOWN_RUN = 4404;
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 15000;
 
+/** Delay (ms) before reconnect attempt `attempt` (1, 2, …): exponential, capped, half jittered so
+ *  several tabs reconnecting to a restarted server don't stampede. Shared by every socket here. */
+export function reconnectDelay(attempt) {
+  const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** (attempt - 1));
+  return ceiling / 2 + Math.random() * (ceiling / 2);
+}
+
+/** The WebSocket URL of a server path, on this page's host and scheme. */
+export function socketUrl(path) {
+  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+  return `${scheme}://${location.host}${path}`;
+}
+
 export class LiveStream {
   /**
    * @param {string} runId
@@ -53,8 +66,7 @@ export class LiveStream {
   }
 
   url() {
-    const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
-    return `${scheme}://${location.host}/api/runs/${encodeURIComponent(this.runId)}/live?after_id=${this.lastId}`;
+    return socketUrl(`/api/runs/${encodeURIComponent(this.runId)}/live?after_id=${this.lastId}`);
   }
 
   connect() {
@@ -80,8 +92,7 @@ export class LiveStream {
 
   scheduleReconnect() {
     this.attempt += 1;
-    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** (this.attempt - 1));
-    const delay = ceiling / 2 + Math.random() * (ceiling / 2); // jitter: several tabs don't stampede
+    const delay = reconnectDelay(this.attempt);
     this.setState(LiveState.RETRYING, `retry in ${(delay / 1000).toFixed(1)} s`);
     this.retryTimer = setTimeout(() => this.connect(), delay);
   }

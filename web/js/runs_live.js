@@ -3,10 +3,7 @@
 // nothing missed while away is lost.
 
 import { decodeLiveMessage } from './codec.js';
-import { LiveState } from './live.js';
-
-const BACKOFF_MIN_MS = 500;
-const BACKOFF_MAX_MS = 15000;
+import { LiveState, reconnectDelay, socketUrl } from './live.js';
 
 export class RunsStream {
   /**
@@ -37,8 +34,7 @@ export class RunsStream {
 
   connect() {
     this.onState(this.attempt === 0 ? LiveState.CONNECTING : LiveState.RETRYING);
-    const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
-    const socket = new WebSocket(`${scheme}://${location.host}/api/runs/live`);
+    const socket = new WebSocket(socketUrl('/api/runs/live'));
     this.socket = socket;
     socket.addEventListener('open', () => {
       this.attempt = 0;
@@ -54,8 +50,7 @@ export class RunsStream {
 
   scheduleReconnect() {
     this.attempt += 1;
-    const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** (this.attempt - 1));
-    const delay = ceiling / 2 + Math.random() * (ceiling / 2); // jitter: several tabs don't stampede
+    const delay = reconnectDelay(this.attempt);
     this.onState(LiveState.RETRYING, `retry in ${(delay / 1000).toFixed(1)} s`);
     this.retryTimer = setTimeout(() => this.connect(), delay);
   }
