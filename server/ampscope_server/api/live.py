@@ -39,6 +39,36 @@ RUNS_PER_S = 2.0
 a long run's summary (a count over its steps) is read at most this often per open list."""
 
 
+class _Listener:
+    """The client's side of a push socket: a pending receive that notices the client leaving
+    (anything else it sends is ignored), raced against the hub's change event."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.receiver: asyncio.Future[object] = asyncio.ensure_future(websocket.receive())
+        self.waiter: asyncio.Future[object] | None = None
+
+    async def wait(self, changed: asyncio.Event, timeout: float) -> bool:
+        """Until `changed` is set, the client sends something or `timeout` passes; False when
+        the client disconnected."""
+        waiter: asyncio.Future[object] = asyncio.ensure_future(changed.wait())
+        self.waiter = waiter
+        await asyncio.wait({self.receiver, waiter}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self.receiver.done():
+            message = self.receiver.result()
+            if isinstance(message, dict) and message.get("type") == "websocket.disconnect":
+                return False
+            self.receiver = asyncio.ensure_future(self.websocket.receive())  # chatter: ignored
+        return True
+
+    def close(self) -> None:
+        self.receiver.cancel()
+        if self.waiter is not None:
+            self.waiter.cancel()
+
+
 async def _send(websocket: WebSocket, message: BaseModel) -> None:
     # allow_nan=False: a non-finite float that escaped the codec fails here, not in a browser.
     await websocket.send_text(json.dumps(message.model_dump(mode="json"), allow_nan=False))
@@ -54,8 +84,7 @@ async def live_updates(
     after_id: Annotated[int, Query(ge=0)] = 0,
 ) -> None:
     await websocket.accept()
-    receiver: asyncio.Future[object] = asyncio.ensure_future(websocket.receive())
-    waiter: asyncio.Future[object] | None = None
+    listener = _Listener(websocket)
     try:
         with hub.subscribe(run_id) as subscription:
             last_id, last_status = after_id, None
@@ -77,26 +106,13 @@ async def live_updates(
                 if status != last_status:
                     last_status = status
                     await _send(websocket, LiveStatus(status=status))
-                changed: asyncio.Future[object] = asyncio.ensure_future(
-                    subscription.changed.wait()
-                )
-                waiter = changed
-                await asyncio.wait(
-                    {receiver, changed}, timeout=_poll_interval(settings.crash_timeout_s),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                changed.cancel()
-                if receiver.done():
-                    message = receiver.result()
-                    if isinstance(message, dict) and message.get("type") == "websocket.disconnect":
-                        return
-                    receiver = asyncio.ensure_future(websocket.receive())  # client chatter: ignored
+                if not await listener.wait(subscription.changed,
+                                           _poll_interval(settings.crash_timeout_s)):
+                    return
     except (WebSocketDisconnect, OSError):
         return
     finally:
-        receiver.cancel()
-        if waiter is not None:
-            waiter.cancel()
+        listener.close()
 
 
 @router.websocket("/runs/live")
@@ -107,8 +123,7 @@ async def runs_live(
     settings: SettingsDep,
 ) -> None:
     await websocket.accept()
-    receiver: asyncio.Future[object] = asyncio.ensure_future(websocket.receive())
-    waiter: asyncio.Future[object] | None = None
+    listener = _Listener(websocket)
     try:
         with hub.subscribe(ALL_RUNS) as subscription:
             loop = asyncio.get_running_loop()
@@ -129,26 +144,13 @@ async def runs_live(
                 if full or summaries:
                     await _send(websocket, LiveRuns(full=full, runs=summaries))
                 await asyncio.sleep(1 / RUNS_PER_S)  # what arrives meanwhile goes in one message
-                changed_wait: asyncio.Future[object] = asyncio.ensure_future(
-                    subscription.changed.wait()
-                )
-                waiter = changed_wait
-                await asyncio.wait(
-                    {receiver, changed_wait}, timeout=max(0.0, last_full + interval - loop.time()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                changed_wait.cancel()
-                if receiver.done():
-                    message = receiver.result()
-                    if isinstance(message, dict) and message.get("type") == "websocket.disconnect":
-                        return
-                    receiver = asyncio.ensure_future(websocket.receive())  # client chatter: ignored
+                timeout = max(0.0, last_full + interval - loop.time())
+                if not await listener.wait(subscription.changed, timeout):
+                    return
     except (WebSocketDisconnect, OSError):
         return
     finally:
-        receiver.cancel()
-        if waiter is not None:
-            waiter.cancel()
+        listener.close()
 
 
 def _poll_interval(crash_timeout_s: float) -> float:
