@@ -9,6 +9,7 @@ fit the table is a 422.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from ampscope_server.errors import (
     Conflict,
@@ -87,14 +88,28 @@ def _check_layer_arrays(
 def _check_nonfinite(
     record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
 ) -> None:
-    if not record.nonfinite:
+    _check_layer_entries(record.nonfinite, f"{where}.nonfinite", "nonfinite layers", where,
+                         run_id, layer_numels)
+
+
+class _LayerRef(Protocol):
+    @property
+    def layer(self) -> int: ...
+
+
+def _check_layer_entries(
+    entries: Sequence[_LayerRef] | None, path: str, what: str, where: str, run_id: str,
+    layer_numels: Sequence[int] | None,
+) -> None:
+    """Entries naming a layer by index (``entry.layer``) must fit the run's layer table."""
+    if not entries:
         return
     if layer_numels is None:
-        raise _no_layer_table(where, "nonfinite layers", run_id)
-    for i, entry in enumerate(record.nonfinite):
+        raise _no_layer_table(where, what, run_id)
+    for i, entry in enumerate(entries):
         if entry.layer >= len(layer_numels):
             raise InvalidPayload(
-                f"{where}.nonfinite[{i}].layer is {entry.layer}, but the run's layer table has "
+                f"{path}[{i}].layer is {entry.layer}, but the run's layer table has "
                 f"{len(layer_numels)} layers"
             )
 
@@ -143,16 +158,9 @@ def _check_activations(
 def _check_recheck(
     record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
 ) -> None:
-    if record.recheck is None or not record.recheck.layers:
-        return
-    if layer_numels is None:
-        raise _no_layer_table(where, "re-check layers", run_id)
-    for i, entry in enumerate(record.recheck.layers):
-        if entry.layer >= len(layer_numels):
-            raise InvalidPayload(
-                f"{where}.recheck.layers[{i}].layer is {entry.layer}, but the run's layer table "
-                f"has {len(layer_numels)} layers"
-            )
+    if record.recheck is not None:
+        _check_layer_entries(record.recheck.layers, f"{where}.recheck.layers",
+                             "re-check layers", where, run_id, layer_numels)
 
 
 def _check_swallowed(
