@@ -335,6 +335,10 @@ def main() -> None:
         return make
 
     configs += [
+        # A second no-hook model, timed as a configuration: the bench's own resolution (noise
+        # and the memory placement of one model copy against another), printed beside the rest.
+        Config("control", "no hook, a second model copy (the bench's floor)",
+               lambda m, o, s: Probe()),
         Config("default", "ampscope, default cadence (layer_every=10)", hook(10)),
         Config("every", "ampscope, per-layer every step", hook(1)),
         Config("foreach9", "9-pass _foreach stats, every step",

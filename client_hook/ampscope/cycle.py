@@ -5,6 +5,11 @@
 the FP32 re-check block set by the monitor) and, at ``update()``, stacks
 them with the scaler's scalars into the ONE float64 tensor copied to the host (``build``). See
 ``ampscope.monitor`` for the lifecycle and the sync guarantees; nothing here reads a device value.
+
+On the CPU there is no copy to make, only kernels to launch, and each costs the training thread
+microseconds: there ``build`` hands the pieces themselves to the record (``record.Parts``) and
+the sender thread stacks them. The training thread copies only what ``update()`` changes in place
+afterwards (the scale and the growth tracker); every other piece is a tensor this cycle created.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from ampscope.activations import ActivationProbe
 from ampscope.histogram import exponent_histogram
 from ampscope.misuse import ClipHeuristic
 from ampscope.order import BackwardOrder
-from ampscope.record import SCALARS, Sections, StepRecord
+from ampscope.record import SCALARS, Parts, Sections, StepRecord
 from ampscope.reductions import GradStats
 from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
@@ -54,10 +59,12 @@ class StepCycle:
         self.captured = False
         self._captured_kind: str | None = None
         self._head: torch.Tensor | None = None  # [global norm, per-layer norms or stats block]
-        # Set when _head is only the raw per-layer norms (GradStats.raw_layer_norms): the global
-        # norm and the division by the scale are left to the sender thread. True/False: whether
-        # the raw norms are scaled.
+        # Set instead of _head when the capture took only the raw per-layer norms
+        # (GradStats.raw_layer_norms), unstacked: the global norm and the division by the scale
+        # are left to the sender thread. _raw_norms: whether the raw norms are scaled.
+        self._raw: list[torch.Tensor] | None = None
         self._raw_norms: bool | None = None
+        self._captured_device: torch.device | None = None
         self._has_block = False
         self._float32_norms = False
         self._hist: torch.Tensor | None = None
@@ -84,7 +91,9 @@ class StepCycle:
 
     def on_scale(self, outputs: Any) -> None:
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            loss = outputs.detach().reshape(()).to(torch.float64)
+            # A copy even of a float64 loss: on the CPU the record reads it later (``build``).
+            # Any shape of one element; ``build`` makes it 0-d where it stacks on the device.
+            loss = outputs.detach().to(torch.float64, copy=True)
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_n += 1
 
@@ -100,17 +109,27 @@ class StepCycle:
         self._has_block = self._cadence.due(step)
         if self._has_block:
             self._head = self._stats.layer_stats(grads, scale, scaled)
+            device = self._head.device
         else:
             direct = self._stats.raw_layer_norms(grads, scaled)
             if direct is not None:
-                self._head, self._raw_norms = direct
-            else:
+                self._raw, self._raw_norms = direct
+                device = self._raw[0].device
+                if (scale.device if isinstance(scale, torch.Tensor) else device).type != "cpu":
+                    try:  # stacked here: the step's one host copy is made on this thread
+                        self._head = torch.stack(self._raw)
+                        self._raw = None
+                    except RuntimeError:  # gradients on several devices
+                        self._raw, self._raw_norms = None, None
+            if self._raw is None and self._head is None:
                 self._head = self._stats.grad_norms(grads, scale, scaled)
+                device = self._head.device
             self._float32_norms = self._stats.float32_norms
+        self._captured_device = device
         if self._histogram_every and step % self._histogram_every == 0 and self._params:
             self._hist = exponent_histogram(grads, scale, scaled, self._numels).reshape(-1)
         if self.probe is not None and self.probe.armed:
-            self._acts = self.probe.collect(scale, self._head.device)
+            self._acts = self.probe.collect(scale, device)
 
     def build(
         self,
@@ -121,61 +140,72 @@ class StepCycle:
         lr: Callable[[torch.device], torch.Tensor | None],
         misuse: list[dict[str, str]] | None,
         clip: ClipHeuristic,
+        defer: bool = True,
     ) -> StepRecord:
-        """The cycle's record, after the original ``update()`` ran."""
+        """The cycle's record, after the original ``update()`` ran. ``defer``: on the CPU, leave
+        the stacking to the sender thread (``record.Parts``); False stacks here, as on a GPU."""
         now = time.perf_counter()
         duration = None if self._last_update is None else now - self._last_update
         self._last_update = now
         device = self._device(before)
+        host = defer and device.type == "cpu"
         f64 = torch.float64
         if self._nan is None or self._nan.device != device:
             self._nan = torch.full((), float("nan"), dtype=f64, device=device)
         nan = self._nan  # only ever stacked (copied), never written
         (scale_before, scale_after, growth, found_inf), absent, from_scale = (
-            self._view.after_update(before, device))
+            self._view.after_update(before, device, snapshot=host))
         if self._loss_sum is not None:
-            loss_sum = self._loss_sum
-            loss = (loss_sum if self._loss_n == 1 else loss_sum / self._loss_n).to(device)
+            loss = self._loss_sum if self._loss_n == 1 else self._loss_sum / self._loss_n
+            if not host:
+                loss = loss.to(device).reshape(())
         else:
             loss = nan
             absent.add("loss")
         head = self._head
         raw = self._raw_norms is not None
-        if head is None:
+        if head is None and self._raw is None:
             norm = nan
             absent.add("grad_norm")
         else:  # raw per-layer norms: the sender thread fills the slot (StepRecord.to_wire)
-            norm = nan if raw else head[0].to(device)
+            norm = nan if raw or head is None else head[0].to(device)
         rate = lr(device)
         if rate is None:
             rate = nan
             absent.add("lr")
-        # One stack, promoting the scaler's float32/int32 tensors to float64 (scale_before,
-        # loss and the norm already are): no conversion op per scalar.
-        parts = [torch.stack([scale_before, scale_after, growth, found_inf, loss, norm, rate])]
-        assert parts[0].numel() == len(SCALARS)
-        if head is not None and (raw or head.numel() > 1):
-            parts.append(head.to(device) if raw else head[1:].to(device))
-        if self._hist is not None:
-            parts.append(self._hist.to(device))
-        if self._acts is not None:
-            parts.append(self._acts.to(device))
-        if self.swallowed is not None:
-            parts.append(self.swallowed.to(device))
+        scalars = [scale_before, scale_after, growth, found_inf, loss, norm, rate]
+        assert len(scalars) == len(SCALARS)
+        blocks: list[torch.Tensor | list[torch.Tensor]] = []
+        if self._raw is not None:
+            blocks.append(self._raw)
+        elif head is not None and (raw or head.numel() > 1):
+            blocks.append(head if raw else head[1:])
+        for block in (self._hist, self._acts, self.swallowed):
+            if block is not None:
+                blocks.append(block)
         recheck_block = self.recheck if isinstance(self.recheck, torch.Tensor) else None
         if recheck_block is not None:
-            parts.append(recheck_block.to(device))
-        values = parts[0] if len(parts) == 1 else torch.cat(parts)
+            blocks.append(recheck_block)
         ready = None
-        if values.is_cuda:
-            host = torch.empty(values.shape, dtype=f64, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-            values = host
-        elif values.device.type != "cpu":
-            values = values.to("cpu")
-        per_layer = head is not None and (raw or head.numel() > 1)
+        values: Parts | torch.Tensor
+        if host:
+            values = [scalars, *blocks]  # stacked on the sender thread
+        else:
+            # One stack, promoting the scaler's float32/int32 tensors to float64 (scale_before,
+            # loss and the norm already are): no conversion op per scalar; then ONE copy.
+            parts = [torch.stack(scalars)]
+            parts += [(b if isinstance(b, torch.Tensor) else torch.stack(b)).to(device)
+                      for b in blocks]
+            values = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if values.is_cuda:
+                host_values = torch.empty(values.shape, dtype=f64, pin_memory=True)
+                host_values.copy_(values, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
+                values = host_values
+            elif values.device.type != "cpu":
+                values = values.to("cpu")
+        per_layer = self._raw is not None or (head is not None and (raw or head.numel() > 1))
         sections = Sections(
             num_layers=len(self._params),
             norms=per_layer and not self._has_block,
@@ -197,7 +227,7 @@ class StepCycle:
             absent=frozenset(absent),
             sections=sections,
             found_inf_from_scale=from_scale,
-            captured=self._captured_kind if head is not None else None,
+            captured=self._captured_kind if self._captured_device is not None else None,
             misuse=misuse,
             order=self.order.order() if self.order is not None else None,
             clip=clip,
@@ -209,6 +239,6 @@ class StepCycle:
     def _device(self, before: Mapping[str, Any]) -> torch.device:
         if "scale" in before:
             return torch.device(before["scale"].device)
-        if self._head is not None:
-            return self._head.device
+        if self._captured_device is not None:
+            return self._captured_device
         return torch.device("cpu")

@@ -76,6 +76,9 @@ logger = logging.getLogger("ampscope")
 
 _WRAPPED = ("scale", "unscale_", "step", "update")
 DEFAULT_SERVER = "http://127.0.0.1:8765"
+# Queued records above which a CPU step's values are stacked on the training thread again
+# (``_after_update``): 256 unstacked records are ~8 MiB.
+DEFER_MAX = 256
 
 
 class AmpscopeWarning(RuntimeWarning):
@@ -467,10 +470,14 @@ class Monitor:
             cycle.recheck = run_recheck(self._recheck_fn, self._model, self._params)
         if self._swallow is not None and cycle.has_block:
             cycle.swallowed = self._swallow.block()
-        record = cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
-                                   misuse=self._misuse.take(), clip=self._clip)
-        self._seq += 1
         assert self._transport is not None
+        # A CPU record left unstacked holds ~60 small tensors (~30 KiB) where a stacked one holds
+        # 1 KiB: only while the sender keeps up, so a stalled server cannot make the bounded
+        # queue cost 4096 x 30 KiB (DESIGN.md §8: <= 32 MiB with the server down).
+        defer = self._transport.backlog() < DEFER_MAX
+        record = cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
+                             misuse=self._misuse.take(), clip=self._clip, defer=defer)
+        self._seq += 1
         self._transport.put(record)
 
     def _overflowed(self, before: Mapping[str, Any]) -> bool:
@@ -491,7 +498,8 @@ class Monitor:
             return None
         lr = groups[0]["lr"]
         if isinstance(lr, torch.Tensor):
-            return lr.detach().to(device=device, dtype=torch.float64).reshape(())
+            # A copy: a scheduler writes a tensor lr in place, and a CPU record reads it later.
+            return lr.detach().to(device=device, dtype=torch.float64, copy=True).reshape(())
         key = (float(lr), device)
         if self._lr_cache is None or self._lr_cache[0] != key:  # a schedule changes it rarely
             self._lr_cache = (key, torch.full((), key[0], dtype=torch.float64, device=device))

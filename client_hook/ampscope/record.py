@@ -1,7 +1,8 @@
 """What one optimizer step leaves on the host, and the layer table: the hook's side of the wire.
 
-``StepRecord`` is built on the training thread (cheap: a host tensor and a few ints) and turned into
-the wire record on the sender thread (``to_wire``: the only place that reads the tensor's values).
+``StepRecord`` is built on the training thread (cheap: a host tensor, or on the CPU the unstacked
+pieces, and a few ints) and turned into the wire record on the sender thread (``to_wire``: the
+only place that reads the values).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from ampscope.selection import selected
 
 # Scalars at the head of the per-step tensor, in this order; the sections of ``Sections`` follow.
 SCALARS = ("scale_before", "scale_after", "growth_tracker", "found_inf", "loss", "grad_norm", "lr")
+
+# A CPU step's values left unstacked by the training thread (``cycle.StepCycle.build``): first the
+# SCALARS as 0-d tensors, then one entry per section, a tensor or a list of 0-d tensors (the raw
+# per-layer norms). Read in this order they are the same values as the stacked tensor.
+Parts = list[list[torch.Tensor] | torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class StepRecord:
     step: int
     wall_time: float
     duration: float | None
-    values: torch.Tensor  # float64 host tensor: SCALARS, then the blocks named by ``sections``
+    values: torch.Tensor | Parts  # float64 host tensor: SCALARS, then the ``sections`` blocks
     ready: Any  # torch.cuda.Event to wait on before reading ``values``, or None
     absent: frozenset[str]
     sections: Sections
@@ -72,7 +78,7 @@ class StepRecord:
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
             self.ready.synchronize()
-        v = self.values.tolist()
+        v: list[Any] = _host_values(self.values)  # read as Any: absent scalars become None
         head = dict(zip(SCALARS, v[: len(SCALARS)], strict=True))
         for name in self.absent:
             head[name] = None
@@ -172,6 +178,22 @@ class StepRecord:
             return None
         order = self.order if self.order is not None else range(len(norms or layers["l2"]))  # type: ignore[index]
         return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]
+
+
+def _host_values(values: torch.Tensor | Parts) -> list[float]:
+    """The record's values as one flat list: the host tensor's, or the parts' in order."""
+    if isinstance(values, torch.Tensor):
+        return values.tolist()
+    out: list[float] = []
+    for part in values:
+        if isinstance(part, torch.Tensor):
+            out += part.reshape(-1).tolist()
+            continue
+        try:  # 0-d tensors of mixed dtypes: stack promotes them (growth_tracker is int32)
+            out += torch.stack(part).tolist()
+        except RuntimeError:  # shapes or devices that do not stack: one by one
+            out += [float(t) for t in part]
+    return out
 
 
 def _global_norm(raw: Sequence[float], scale: float | None) -> float | None:

@@ -380,16 +380,20 @@ class GradStats:
 
     def raw_layer_norms(
         self, grads: Grads, scaled: Sequence[bool] | bool
-    ) -> tuple[torch.Tensor, bool] | None:
+    ) -> tuple[list[torch.Tensor], bool] | None:
         """The direct path of ``grad_norms`` alone: every layer's L2 norm of the *raw* gradient
-        (as stored: times the scale when scaled), ``(L,)`` in the accumulation dtype (float32,
-        or float64 with ``exact_norms`` or float64 gradients), and whether they are all scaled
-        (divide by the scale for true units). None when the direct path does not apply (an
-        absent, sparse or off-device gradient, mixed scaled flags): use ``grad_norms``.
+        (as stored: times the scale when scaled), L 0-d tensors in the accumulation dtype
+        (float32, or float64 with ``exact_norms`` or float64 gradients), and whether they are
+        all scaled (divide by the scale for true units). None when the direct path does not
+        apply (an absent, sparse or off-device gradient, mixed scaled flags): use
+        ``grad_norms``.
 
         The monitor takes this on every step without per-layer stats and leaves the global norm
         and the division by the scale to the sender thread (``StepRecord.to_wire``), a handful of
-        kernels fewer on the training thread; see ``grad_norms`` for the float32 range.
+        kernels fewer on the training thread; see ``grad_norms`` for the float32 range. The
+        norms come unstacked: on the CPU the sender thread stacks them too (a ``stack`` of L
+        0-d tensors is L ``unsqueeze`` calls, ~50 µs in the reference loop); on a GPU the
+        caller stacks them into the step's one host copy.
         """
         if isinstance(scaled, bool):
             uniform: bool | None = scaled
@@ -416,11 +420,10 @@ class GradStats:
                 except RuntimeError:  # a float64 gradient does not narrow: float64 from now on
                     self._acc64 = True
                     each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-            v = torch.stack(each)
         except (TypeError, RuntimeError):
             return None
         self.float32_norms = not self._acc64
-        return v, uniform
+        return list(each), uniform
 
     def grad_norm(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
@@ -460,8 +463,12 @@ class GradStats:
         """
         direct = self.raw_layer_norms(grads, scaled)
         if direct is not None:
-            v, divide = direct
-            v = v.to(torch.float64)
+            each, divide = direct
+            try:  # RuntimeError: gradients on several devices (then the plan path below)
+                v = torch.stack(each).to(torch.float64)
+            except RuntimeError:
+                v = None
+        if direct is not None and v is not None:
             # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
             out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
             try:

@@ -207,6 +207,11 @@ class Transport:
         if len(queue) >= self._batch_size:
             self._wake.set()
 
+    def backlog(self) -> int:
+        """Items queued in memory, not yet taken by the sender thread (no lock: a deque's
+        length is read atomically)."""
+        return len(self._queue)
+
     def stats(self) -> TransportStats:
         c = self._c
         with self._lock:

@@ -227,6 +227,81 @@ class TestRealLoop:
         assert clean >= 2
 
 
+class TestHostRecords:
+    """On the CPU the training thread leaves a step's values unstacked (``record.Parts``) and
+    the sender thread reads them later: they must be that step's values, whatever the loop
+    changed in place since, and equal to the stacked record's."""
+
+    @staticmethod
+    def wire(run: Run) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("wall_time", "duration")}
+                for r in run.records()]
+
+    def test_unstacked_and_stacked_records_are_equal(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        runs = []
+        for defer_max in (ampscope.monitor.DEFER_MAX, 0):
+            monkeypatch.setattr(ampscope.monitor, "DEFER_MAX", defer_max)
+            run = Run(layer_every=3, histogram_every=4, activation_every=5)
+            kinds: list[type] = []
+            put = run.mon._transport.put  # type: ignore[union-attr]
+
+            def spy(item: Any, put: Any = put, kinds: list[type] = kinds) -> None:
+                kinds.append(type(item.values))
+                put(item)
+
+            run.mon._transport.put = spy  # type: ignore[union-attr, method-assign]
+            for _ in range(12):
+                run.step()
+            run.mon.close()
+            assert kinds == [list] * 12 if defer_max else kinds == [torch.Tensor] * 12
+            runs.append(self.wire(run))
+        assert json.dumps(runs[0]) == json.dumps(runs[1])
+        assert any(r["found_inf"] for r in runs[0]) and any(r["histogram"] for r in runs[0])
+
+    def test_values_are_their_steps_when_read_after_the_loop(self) -> None:
+        """A tensor lr a schedule writes in place, a float64 loss zeroed after backward, and
+        the scale and growth tracker that update() writes in place: all read after training."""
+        run = Run(layer_every=0)
+        run.opt.param_groups[0]["lr"] = torch.tensor(0.05, dtype=torch.float64)
+        losses = []
+        for _ in range(8):
+            run.opt.zero_grad()
+            loss = run.loss().double()
+            losses.append(loss.item())
+            run.scaler.scale(loss).backward()
+            loss.zero_()
+            run.scaler.step(run.opt)
+            run.update([losses[-1]])
+            run.opt.param_groups[0]["lr"].mul_(0.5)
+        run.mon.close()  # the sender thread reads them here, if it did not wake (every 0.2 s)
+        records = run.records()
+        assert [r["loss"] for r in records] == losses
+        assert [r["lr"] for r in records] == [0.05 * 0.5**i for i in range(8)]
+        for rec, truth in zip(records, run.truth, strict=True):
+            assert (rec["scale_before"], rec["scale_after"], rec["growth_tracker"]) == (
+                truth["scale_before"], truth["scale_after"], truth["growth_tracker"])
+
+    @pytest.mark.parametrize("backlog,kind", [(0, list), (255, list), (256, torch.Tensor)])
+    def test_a_backlog_stacks_on_the_training_thread(
+            self, backlog: int, kind: type) -> None:
+        """Unstacked records cost ~30x the memory: past DEFER_MAX queued records (the server
+        stalls), the training thread stacks again, so the bounded queue stays small."""
+        assert ampscope.monitor.DEFER_MAX == 256
+        run = Run(layer_every=0)
+        transport = run.mon._transport
+        assert transport is not None
+        items: list[Any] = []
+        transport.backlog = lambda: backlog  # type: ignore[method-assign]
+        transport.put = items.append  # type: ignore[method-assign, assignment]
+        for _ in range(3):
+            run.step()
+        run.mon.close()
+        assert [type(i.values) for i in items] == [kind] * 3
+        assert [i.to_wire()["scale_after"] for i in items] == [
+            t["scale_after"] for t in run.truth]
+
+
 class TestModes:
     def test_disabled_scaler_still_records_scalars(self) -> None:
         run = Run(scaler_enabled=False, layer_every=2)
