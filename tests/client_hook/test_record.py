@@ -55,12 +55,12 @@ class TestHostValues:
         parts: Parts = [scalars(), raw_norms(), block]
         got, want = _host_values(parts), _host_values(stacked(parts))
         assert len(got) == len(SCALARS) + 4 + 4
-        assert [str(v) for v in got] == [str(v) for v in want]  # NaN and inf in kind
+        assert [repr(float(v)) for v in got] == [repr(float(v)) for v in want]  # NaN, inf kept
         assert got[len(SCALARS):] == [3.0, got[8], math.inf, 4.0, 1.0, 2.0, got[13], -math.inf]
         assert math.isnan(got[8]) and math.isnan(got[13])
 
-    def test_scalars_that_do_not_stack_are_read_one_by_one(self) -> None:
-        # A loss of shape (1,) beside 0-d scalars: stack refuses, the values are the same.
+    def test_a_loss_of_shape_1_is_read_as_a_scalar(self) -> None:
+        # A loss of shape (1,) beside 0-d scalars (a stack would refuse them): same values.
         got = _host_values([scalars(loss=torch.tensor([2.5], dtype=F64))])
         assert got[:5] == [65536.0, 32768.0, 0.0, 1.0, 2.5] and got[6] == 1e-3
         assert math.isnan(got[5])
