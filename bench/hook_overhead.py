@@ -15,7 +15,16 @@ untimed ones), interleaved with baseline segments: ``base X1 base X2 … base`` 
 order of the X rotated from round to round. A configuration's ratio in a round is the median of its
 segment over the median of the two baseline segments beside it, so slow drift of a shared, noisy
 machine cancels; the report gives the median of the per-round ratios and their min-max. Records go
-to ``MemorySender`` (no network, but the real sender thread, batching and encoding).
+to ``MemorySender`` (no network, but the real sender thread, batching and encoding). The
+``control`` configuration is a second no-hook model timed like the others: its ratio is the
+bench's own floor (noise, and one model copy's memory placement against another's), so a hook
+figure within the control's distance of 1.00 is not a measured cost.
+
+Reading the median. At the default cadence one step in ten carries the per-layer statistics
+(+0.8 ms here; the activation and histogram samples fall on those same steps) and the sender
+thread's batch (every 0.2 s) lands in about one step in eleven: the median step is a plain one,
+pushed a little up the tail by those. The plain step's own cost (one ``_foreach_norm`` and a few
+small copies on the training thread) is most of the figure.
 
 A configuration keeps ONE scaler and probe (one ``ampscope.watch``) across all its segments, so
 its optimizer-step counter runs on from segment to segment and the sampled steps (activation

@@ -107,9 +107,9 @@ class ScalerView:
         if len(found) == 1:  # one optimizer on one device: the common case, no op at all
             # update() reads a lone found_inf tensor without writing it (it adds in place into
             # the first one only when there are several), and the scaler only ever sets it to
-            # 0 or 1: keep it as it is; ``after_update`` makes it a 0-d view, the record's stack
-            # promotes it to float64.
-            before["found_inf"] = found[0].detach()
+            # 0 or 1: keep it as it is (the scaler's own, which needs no grad: no detach op);
+            # ``after_update`` makes it a 0-d view, the record's stack promotes it to float64.
+            before["found_inf"] = found[0]
         elif found:
             device = found[0].device
             before["found_inf"] = torch.stack(
