@@ -10,8 +10,13 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    CPU time.
 3. ``cprofile``: cProfile of ``--steps`` training steps with the hook (``layer_every`` 1 and 10),
    ampscope functions and the torch calls they make, by total time per step.
+4. ``inloop``: the training thread's time in ampscope's own code inside the real loop, per
+   wrapped scaler method: the wrapper's time minus the original's it calls (``unscale_`` runs
+   inside ``step``; its own time is counted under ``unscale_`` only). Right after ``backward()``
+   the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
+   though the first code after backward pays some warm-up the scaler would otherwise pay.
 
-Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile]``.
+Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,inloop]``.
 """
 
 from __future__ import annotations
@@ -199,9 +204,47 @@ def cprofile(args: argparse.Namespace) -> None:
             print(f"  {name:<48} {ct / args.steps * 1e3:7.3f} ms")
 
 
+def inloop(args: argparse.Namespace) -> None:
+    x, y = setup(args)[2:]
+    for layer_every in (0, 10, 1):
+        model, opt, _, _ = setup(args)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
+                                  layer_every=layer_every, activation_every=0, histogram_every=0)
+        outer: dict[str, int] = dict.fromkeys(("scale", "unscale_", "step", "update"), 0)
+        inner = dict(outer)
+
+        def timer(fn: Callable[..., Any], into: dict[str, int], name: str) -> Callable[..., Any]:
+            def timed(*a: Any, **k: Any) -> Any:
+                start = time.perf_counter_ns()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    into[name] += time.perf_counter_ns() - start
+            return timed
+
+        for name in outer:
+            setattr(scaler, name, timer(getattr(scaler, name), outer, name))
+            mon._originals[name] = timer(mon._originals[name], inner, name)
+        for _ in range(5):
+            step(model, opt, scaler, x, y)
+        rounds: list[dict[str, float]] = []
+        for _ in range(max(1, args.steps // 20)):
+            for d in (outer, inner):
+                d.update(dict.fromkeys(d, 0))
+            for _ in range(20):
+                step(model, opt, scaler, x, y)
+            rounds.append({n: (outer[n] - inner[n]) / 20 / 1e3 for n in outer})
+        mon.close()
+        cells = ", ".join(f"{n} {statistics.median(r[n] for r in rounds):.1f}" for n in outer)
+        total = statistics.median(sum(r.values()) for r in rounds)
+        print(f"inloop: layer_every={layer_every}, own us per step (median of "
+              f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="parts,ops,cprofile")
+    parser.add_argument("--only", default="parts,ops,cprofile,inloop")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--d", type=int, default=64)
@@ -210,7 +253,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16)
     args = parser.parse_args()
     for name in args.only.split(","):
-        {"parts": parts, "ops": ops, "cprofile": cprofile}[name](args)
+        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop}[name](args)
 
 
 if __name__ == "__main__":
