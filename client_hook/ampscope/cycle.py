@@ -8,8 +8,10 @@ them with the scaler's scalars into the ONE float64 tensor copied to the host (`
 
 On the CPU there is no copy to make, only kernels to launch, and each costs the training thread
 microseconds: there ``build`` hands the pieces themselves to the record (``record.Parts``) and
-the sender thread stacks them. The training thread copies only what ``update()`` changes in place
-afterwards (the scale and the growth tracker); every other piece is a tensor this cycle created.
+the sender thread stacks them. The training thread copies only what the loop may change in place
+afterwards (the scale and growth tracker ``update()`` rewrites; the loss and a tensor lr are taken
+as copies from the start); every other piece is a tensor this cycle created. Past a backlog of
+queued records (``monitor.DEFER_MAX``) it stacks here again, as on a GPU: memory stays bounded.
 """
 
 from __future__ import annotations
