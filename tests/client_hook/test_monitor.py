@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,15 @@ class TestModes:
         assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
         run.mon.close()
         assert run.mon.stats().internal_errors == 3
+
+    def test_flush_interval_sets_when_the_sender_wakes(self) -> None:
+        run = Run(layer_every=0, flush_interval=30.0)
+        for _ in range(3):
+            run.step()
+        time.sleep(0.3)
+        assert run.sender.payloads() == []  # 3 records, below a batch, 30 s before the flush
+        run.mon.close()
+        assert [r["step"] for r in run.records()] == [0, 1, 2]
 
     def test_close_unwraps_sends_final_and_balances(self) -> None:
         run = Run()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -93,6 +94,12 @@ class TestDelivery:
         sender = MemorySender()
         fast(sender).close(5.0)
         assert sender.payloads() == [{"layers": ["t"], "records": [], "final": True}]
+
+    @pytest.mark.parametrize("interval", [0.0, -1.0, math.nan, math.inf])
+    def test_a_flush_interval_that_would_spin_or_never_wake_is_refused(
+            self, interval: float) -> None:
+        with pytest.raises(ValueError, match="flush_interval must be a positive number"):
+            Transport(MemorySender(), encode, flush_interval=interval)
 
     def test_no_server_and_no_spool_counts_everything_dropped(self) -> None:
         t = fast(None, spool_max_bytes=0)
