@@ -391,8 +391,8 @@ class GradStats:
         The monitor takes this on every step without per-layer stats and leaves the global norm
         and the division by the scale to the sender thread (``StepRecord.to_wire``), a handful of
         kernels fewer on the training thread; see ``grad_norms`` for the float32 range. The
-        norms come unstacked: on the CPU the sender thread stacks them too (a ``stack`` of L
-        0-d tensors is L ``unsqueeze`` calls, ~50 µs in the reference loop); on a GPU the
+        norms come unstacked: on the CPU the sender thread reads them one by one (a ``stack`` of
+        L 0-d tensors is L ``unsqueeze`` calls, ~50 µs in the reference loop); on a GPU the
         caller stacks them into the step's one host copy.
         """
         if isinstance(scaled, bool):
@@ -464,16 +464,12 @@ class GradStats:
         direct = self.raw_layer_norms(grads, scaled)
         if direct is not None:
             each, divide = direct
-            try:  # RuntimeError: gradients on several devices (then the plan path below)
-                v = torch.stack(each).to(torch.float64)
-            except RuntimeError:
-                v = None
-        if direct is not None and v is not None:
-            # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
-            out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
-            try:
+            try:  # RuntimeError: gradients on several devices, or the scale on another device
+                v = torch.stack(each).to(torch.float64)  # than them: the plan path below
+                # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
+                out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
                 return out.div_(scale) if divide else out
-            except RuntimeError:  # a scale on another device than the gradients: the plan path
+            except RuntimeError:
                 pass
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         self.float32_norms = False
