@@ -41,6 +41,9 @@ from ampscope_server.models import (
     SwallowedStat,
 )
 
+KEYS_PER_STATEMENT = 1000
+"""The longest IN list one statement carries (SQLite's default limit is 32,766 variables)."""
+
 
 def _insert(session: Session, model: type[Any]) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
@@ -73,15 +76,22 @@ def get_run(session: Session, run_id: str) -> Run | None:
     return session.get(Run, run_id)
 
 
-def list_runs(session: Session) -> Sequence[Run]:
-    return session.scalars(select(Run).order_by(Run.created_at.desc(), Run.id)).all()
+def list_runs(session: Session, project: str | None = None) -> Sequence[Run]:
+    """Every run (of `project`, when given), newest first."""
+    statement = select(Run).order_by(Run.created_at.desc(), Run.id)
+    if project is not None:
+        statement = statement.where(Run.project == project)
+    return session.scalars(statement).all()
 
 
-def get_runs(session: Session, run_ids: Iterable[str]) -> Sequence[Run]:
-    """The runs among `run_ids` that exist, newest first (as `list_runs`)."""
-    return session.scalars(
-        select(Run).where(Run.id.in_(list(run_ids))).order_by(Run.created_at.desc(), Run.id)
-    ).all()
+def get_runs(session: Session, run_ids: Iterable[str], project: str | None = None
+             ) -> Sequence[Run]:
+    """The runs among `run_ids` that exist (in `project`, when given), newest first."""
+    statement = (select(Run).where(Run.id.in_(list(run_ids)))
+                 .order_by(Run.created_at.desc(), Run.id))
+    if project is not None:
+        statement = statement.where(Run.project == project)
+    return session.scalars(statement).all()
 
 
 def get_attempt(session: Session, attempt_id: str) -> Attempt | None:
@@ -399,13 +409,17 @@ def get_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
     """(level, bucket, *columns) of the run's stored rollups among `keys` (level, bucket)."""
-    if not keys:
-        return []
-    rows = session.execute(
-        select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-        .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(list(keys)))
-    )
-    return [tuple(row) for row in rows]
+    found: list[tuple[Any, ...]] = []
+    # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
+    # more than Postgres' planner takes (StatementTooComplex).
+    for start in range(0, len(keys), KEYS_PER_STATEMENT):
+        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+        rows = session.execute(
+            select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+            .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+        )
+        found.extend(tuple(row) for row in rows)
+    return found
 
 
 def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
