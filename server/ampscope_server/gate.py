@@ -8,8 +8,8 @@ In order, for each connection:
    teammate opens can read the runs socket or post to ingest.
 4. Authentication: `Authorization: Bearer`, else the session cookie, else the trusted proxy's
    user header (from a trusted address only). With auth off everyone is `ANONYMOUS`.
-   No principal on a non-public path: 401 (API), a redirect to /login (pages), close 1008
-   (WebSockets).
+   No principal on a non-public path: 401, a redirect to /login for a browser asking for a
+   page (Accept: text/html), close 1008 for a WebSocket.
 5. CSRF: a state-changing request carried by ambient credentials (cookie, proxy) needs the
    session's token in `X-CSRF-Token` (cookie) or an allowed `Origin` (proxy).
 The principal is left in `scope["state"]["principal"]`; routes check its scope (`deps`).
@@ -199,7 +199,9 @@ class Gate:
                         "reason": exc.message[:120]})
             return
         response: Response
-        page = not scope["path"].startswith("/api/") and scope["method"] in ("GET", "HEAD")
+        # A browser navigating (it asks for HTML) is sent to sign in; an API client gets 401.
+        page = (scope["method"] in ("GET", "HEAD")
+                and "text/html" in Headers(scope=scope).get("accept", ""))
         if isinstance(exc, Unauthorized) and page:
             target = urllib.parse.quote(scope["path"], safe="/")
             response = RedirectResponse(f"/login?next={target}", status_code=303)
