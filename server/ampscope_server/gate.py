@@ -153,10 +153,10 @@ class Gate:
             raise Forbidden(f"requests from the origin {origin!r} are not allowed")
         if not policy.auth:
             return ANONYMOUS
+        if is_public(scope["path"]):  # no database read: health answers while it is away
+            return None
         principal = await run_in_threadpool(self._authenticate, scope, headers)
         if principal is None:
-            if is_public(scope["path"]):
-                return None
             raise Unauthorized("authentication required: send `Authorization: Bearer <token>` "
                                "or sign in at /login")
         if unsafe and principal.ambient:

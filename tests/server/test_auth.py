@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -93,7 +94,7 @@ def team(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         yield team
 
 
-def _ingest(team: Team, token: str, run_id: str, project: str, **kwargs: object
+def _ingest(team: Team, token: str, run_id: str, project: str, **kwargs: Any
             ) -> httpx.Response:
     with team.client(token) as client:
         return client.post("/api/ingest", json=batch([record(0), record(1)], run_id=run_id,

@@ -54,19 +54,22 @@ class Team:
 
 
 @contextmanager
-def team_server(dialect: str, log_dir: Path, env: Mapping[str, str] | None = None,
+def team_server(database: str, log_dir: Path, env: Mapping[str, str] | None = None,
                 args: tuple[str, ...] = ("--auth", "required")) -> Iterator[Team]:
-    """Migrate a fresh database, make `TOKENS` with the CLI, then serve it with auth."""
+    """Migrate a fresh database ("sqlite", "postgres", or the URL of an empty one), make
+    `TOKENS` with the CLI, then serve it with auth."""
 
     @contextmanager
-    def database() -> Iterator[str]:
-        if dialect == "sqlite":
+    def database_url() -> Iterator[str]:
+        if database == "sqlite":
             yield sqlite_url(log_dir)
-        else:
+        elif database == "postgres":
             with postgres_database() as url:
                 yield url
+        else:
+            yield database
 
-    with database() as url:
+    with database_url() as url:
         result = cli("db", "upgrade", "--db", url)
         assert result.returncode == 0, result.stderr
         team = Team(ServerProcess(url, log_dir, args=args, env=env), url, log_dir)

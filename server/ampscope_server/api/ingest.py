@@ -60,7 +60,11 @@ def _ingest(factory: sessionmaker[Session], body: bytes, principal: Principal) -
     try:
         batch = IngestBatch.model_validate_json(body)
     except ValidationError as exc:
-        raise InvalidPayload(format_errors(exc.errors())) from None
+        message = format_errors(exc.errors())
+        if "hex escape" in message or "surrogate" in message:
+            message += (" (a lone UTF-16 surrogate such as \\ud800 is not text: no database "
+                        "could give it back)")
+        raise InvalidPayload(message) from None
     with unit_of_work(factory) as session:
         return ingest.ingest_batch(session, batch, writer=principal)
 
