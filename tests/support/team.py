@@ -69,6 +69,7 @@ def team_server(database: str, log_dir: Path, env: Mapping[str, str] | None = No
         else:
             yield database
 
+    log_dir.mkdir(parents=True, exist_ok=True)
     with database_url() as url:
         result = cli("db", "upgrade", "--db", url)
         assert result.returncode == 0, result.stderr
