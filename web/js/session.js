@@ -32,9 +32,13 @@ export async function send(method, path) {
 }
 
 async function showSession() {
-  const slot = document.getElementById('session');
   const who = await session();
-  if (!slot || !who || !who.auth) return;
+  const bar = document.querySelector('header.topbar');
+  if (!bar || !who || !who.auth) return;
+  const slot = document.createElement('span');
+  slot.className = 'session';
+  slot.id = 'session';
+  bar.append(slot);
   const label = document.createElement('span');
   label.className = 'session-name';
   const where = who.project === null ? 'all projects' : `project ${who.project}`;

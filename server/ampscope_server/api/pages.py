@@ -58,7 +58,10 @@ def page(name: str) -> FileResponse:
     path = web_root() / name
     if not path.is_file():
         raise NotFound(f"page {name} is not installed")
-    return FileResponse(path, media_type="text/html; charset=utf-8")
+    # no-store: a page must reach the server each time, so that once signed out (or revoked)
+    # the browser is sent to sign in instead of showing a cached page.
+    return FileResponse(path, media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-store"})
 
 
 @router.get("/")
