@@ -32,12 +32,10 @@ from ampscope_server.schemas import (
     ActivationStatsRead,
     AttemptRead,
     ClientAccounting,
-    ExportRead,
     HistogramRead,
     LayerInfo,
     LayerStatsRead,
     MisuseRead,
-    ModuleInfo,
     NonfiniteLayerRead,
     RecheckRead,
     RunDetail,
@@ -49,8 +47,6 @@ from ampscope_server.schemas import (
     StepsPage,
     WorstLayer,
 )
-
-EXPORT_PAGE = 5_000
 
 
 def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: float) -> RunStatus:
@@ -296,20 +292,6 @@ def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> li
         StepExport.model_validate({**values, **extra[step.id]})
         for values, (step, _) in zip(_with_layers(session, rows), rows, strict=True)
     ]
-
-
-def export(session: Session, run: Run, crash_timeout_s: float) -> ExportRead:
-    steps: list[StepExport] = []
-    while True:
-        page = export_steps(session, run.id, steps[-1].id if steps else 0, EXPORT_PAGE)
-        steps.extend(page)
-        if len(page) < EXPORT_PAGE:
-            break
-    return ExportRead(
-        run=detail(session, run, crash_timeout_s), layers=layers(session, run),
-        modules=[ModuleInfo.model_validate(m) for m in repository.get_modules(session, run.id)],
-        steps=steps,
-    )
 
 
 def live_update(

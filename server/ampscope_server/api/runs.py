@@ -93,7 +93,11 @@ def get_export(
             "Content-Disposition": exports.content_disposition(run, "html"),
             "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
         })
-    return runs.export(session, run, settings.crash_timeout_s)
+    # Streamed page by page (bounded memory however long the run), from a session of its own.
+    return StreamingResponse(
+        exports.json_chunks(factory, run.id, settings.crash_timeout_s),
+        media_type="application/json",
+    )
 
 
 @router.delete("/runs/{run_id}", responses=NOT_FOUND, dependencies=[requires(Scope.ADMIN)])
