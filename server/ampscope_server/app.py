@@ -29,6 +29,7 @@ from ampscope_server.handlers import (
 from ampscope_server.limits import BodyLimit
 from ampscope_server.live import Hub
 from ampscope_server.ratelimit import RateLimiter
+from ampscope_server.schemas import ErrorBody
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -78,6 +79,12 @@ def _document_ingest(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = plain()
             ingest.document(schema)
+            # Every 422 is `{"detail": "<message>"}` (handlers.validation_error_handler), not
+            # FastAPI's default list of errors.
+            components = schema.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" in components:
+                components["HTTPValidationError"] = ErrorBody.model_json_schema()
+                components.pop("ValidationError", None)
             app.openapi_schema = schema
         return app.openapi_schema
 
