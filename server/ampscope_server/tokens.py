@@ -58,10 +58,10 @@ def create_token(
 ) -> CreatedToken:
     """A new token for `project` (None: every project); its secret is in the result only."""
     now = time.time() if now is None else now
-    if project is not None:
-        access_repository.ensure_project(session, check_project_name(project), now)
     if len(name) > NAME_MAX or "\x00" in name:
         raise InvalidPayload(f"token name must be at most {NAME_MAX} characters without NUL")
+    if project is not None:
+        access_repository.ensure_project(session, check_project_name(project), now)
     secret = SECRET_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
     token = ApiToken(
         id=secrets.token_hex(6), name=name, project=project, scope=scope.value,
