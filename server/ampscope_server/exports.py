@@ -28,7 +28,10 @@ CSV_COLUMNS = ("step", "attempt", "seq", "wall_time", "source", "layer_index", "
 SCALAR_STATS = ("loss", "scale_before", "scale_after", "growth_tracker", "found_inf", "skipped",
                 "grad_norm", "lr", "duration")
 PAGE_VALUES = 50_000
-"""Per-layer (or per-module) rows a page reads at most (each carries the eight statistics)."""
+"""Per-layer (or per-module) rows a CSV page reads at most (each carries the eight statistics)."""
+JSON_PAGE_VALUES = 5_000
+"""The same for a JSON page, smaller: each row there also becomes ORM and pydantic objects
+(about 1 KiB each), so 4 exports at once stay well inside 64 MiB (bench/team_server.py)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -92,7 +95,7 @@ def _page_steps(session: Session, run_id: str, page_values: int) -> int:
 
 def json_chunks(
     factory: sessionmaker[Session], run_id: str, crash_timeout_s: float,
-    page_values: int = PAGE_VALUES,
+    page_values: int = JSON_PAGE_VALUES,
 ) -> Iterator[str]:
     """The JSON export (`ExportRead`'s document, the same bytes a single dump would give in
     structure) as text chunks: the head, then each page of steps."""

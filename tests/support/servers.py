@@ -66,6 +66,10 @@ class ServerProcess:
         self.kill()
         raise RuntimeError(f"server did not answer within {timeout_s}s:\n{self.log()}")
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def log(self) -> str:
         return self._log_path.read_text(errors="replace") if self._log_path.exists() else ""
 
