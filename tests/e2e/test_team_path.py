@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +124,34 @@ def test_sync_without_a_token_is_refused_once(team: Team, tmp_path: Path) -> Non
                             env=env)
     assert result.returncode == 0, result.stdout
     assert _stored_steps(team, mon.run_id) == list(range(STEPS))
+
+
+def test_deleting_a_live_run_stops_its_hook_with_a_clear_warning(
+    team: Team, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ampscope")
+    model, scaler, optimizer, gen = make_training()
+    mon = ampscope.watch(model, scaler, optimizer, run="doomed", project="alpha",
+                         server=team.url, token=team.tokens["alpha-ingest"],
+                         spool_dir=tmp_path / "spool", flush_interval=0.05)
+    for _ in range(10):
+        train_step(model, scaler, optimizer, gen)
+    deadline = time.monotonic() + 30
+    while mon.stats().acknowledged < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mon.stats().acknowledged == 10
+    with team.client("alpha-admin") as admin:
+        assert admin.delete(f"/api/runs/{mon.run_id}").status_code == 200
+    for _ in range(20):
+        train_step(model, scaler, optimizer, gen)
+    mon.close(5.0)
+    stats = mon.stats()
+    assert (stats.produced, stats.acknowledged, stats.spooled, stats.dropped) == (30, 10, 20, 0)
+    refused = [r.getMessage() for r in caplog.records
+               if r.name == "ampscope" and "HTTP 410" in r.getMessage()]
+    assert refused == [
+        f"ampscope server refused this client with HTTP 410: {{\"detail\":\"run '{mon.run_id}' "
+        "was deleted by an admin; it takes no more data (start a new run)\"}; sending stopped, "
+        f"records go to the spool ({tmp_path / 'spool'})"]
+    with team.client("root") as root:
+        assert root.get(f"/api/runs/{mon.run_id}").status_code == 404

@@ -181,11 +181,12 @@ def test_a_runaway_token_is_rate_limited(tmp_path: Path) -> None:
 @contextmanager
 def _served(url: str, log_dir: Path, auth: bool) -> Iterator[httpx.Client]:
     """A client of a server over `url`: with auth (a root token) or without."""
+    env = {"AMPSCOPE_CRASH_TIMEOUT_S": "2"}  # live sockets re-read every second
     if auth:
-        with team_server(url, log_dir) as team, team.client("root") as client:
+        with team_server(url, log_dir, env=env) as team, team.client("root") as client:
             yield client
         return
-    server = ServerProcess(url, log_dir).start()
+    server = ServerProcess(url, log_dir, env=env).start()
     try:
         with httpx.Client(base_url=server.url, timeout=30.0) as client:
             yield client
@@ -195,24 +196,34 @@ def _served(url: str, log_dir: Path, auth: bool) -> Iterator[httpx.Client]:
 
 @pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-required"])
 def test_a_database_that_refuses_connections_is_503(tmp_path: Path, auth: bool) -> None:
-    """Through the error handler (auth off) and through the gate's token lookup (auth on)."""
+    """Through the error handler (auth off) and through the gate's token lookup (auth on); an
+    open live socket is closed with 1013 (try again later) on its next read."""
     with postgres_database() as url:
         name = url.rsplit("/", 1)[1]
         with _served(url, tmp_path, auth) as client:
             assert client.get("/api/runs").status_code == 200
-            with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-                admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = %s", (name,))
-            try:
-                for path in ("/api/runs", f"/api/runs/{new_id()}"):
-                    response = client.get(path)
-                    assert response.status_code == 503, response.text
-                    assert response.headers["retry-after"] == "5"
-                    assert response.json()["detail"].startswith(
-                        "the database is unavailable (OperationalError)")
-                assert client.get("/api/health").status_code == 200
-            finally:
+            ws_url = str(client.base_url).replace("http://", "ws://") + "/api/runs/live"
+            auth_header = {key: value for key, value in client.headers.items()
+                           if key == "authorization"}
+            with connect(ws_url, additional_headers=auth_header) as socket:
+                assert json.loads(socket.recv(timeout=10))["type"] == "runs"
                 with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-                    admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+                    admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = %s", (name,))
+                try:
+                    for path in ("/api/runs", f"/api/runs/{new_id()}"):
+                        response = client.get(path)
+                        assert response.status_code == 503, response.text
+                        assert response.headers["retry-after"] == "5"
+                        assert response.json()["detail"].startswith(
+                            "the database is unavailable (OperationalError)")
+                    assert client.get("/api/health").status_code == 200
+                    with pytest.raises(ConnectionClosed) as closed:
+                        while True:
+                            socket.recv(timeout=10)
+                    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+                finally:
+                    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+                        admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
             assert client.get("/api/runs").status_code == 200

@@ -10,7 +10,8 @@ runs that changed, at most `RUNS_PER_S` messages a second however fast batches a
 
 The gate has authenticated the socket (cookie or bearer header, never the query string) and
 checked its Origin; a principal without the read scope is closed with 1008 here, and a run of a
-project it cannot see is "not found" (4404), as an unknown one.
+project it cannot see is "not found" (4404), as an unknown one. The database going away closes
+the socket with 1013 (try again later).
 
 Database reads run in the threadpool; the event loop only waits on the hub and the socket.
 """
@@ -18,12 +19,14 @@ Database reads run in the threadpool; the event loop only waits on the hub and t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from ampscope_server import runs
@@ -36,6 +39,7 @@ router = APIRouter(prefix="/api", tags=["live"])
 
 CLOSE_UNKNOWN_RUN = 4404
 CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
 CHUNK = 1000
 """Most steps read and sent in one message."""
 STATUS_POLL_S = 15.0
@@ -120,6 +124,8 @@ async def live_updates(
                     return
     except (WebSocketDisconnect, OSError):
         return
+    except (OperationalError, InterfaceError):
+        await _close_unavailable(websocket)
     finally:
         listener.close()
 
@@ -160,6 +166,8 @@ async def runs_live(
                     return
     except (WebSocketDisconnect, OSError):
         return
+    except (OperationalError, InterfaceError):
+        await _close_unavailable(websocket)
     finally:
         listener.close()
 
@@ -173,6 +181,12 @@ async def _accept(websocket: WebSocket, principal: Principal) -> bool:
                           reason=f"this token's scope is '{principal.scope.value}'; reading "
                                  "needs 'read'")
     return False
+
+
+async def _close_unavailable(websocket: WebSocket) -> None:
+    """The database went away: tell the page to come back later (its reconnect backs off)."""
+    with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+        await websocket.close(code=CLOSE_TRY_AGAIN, reason="the database is unavailable")
 
 
 def _poll_interval(crash_timeout_s: float) -> float:
