@@ -4,6 +4,7 @@ without credentials, checks the scope and hides other projects' runs (DESIGN.md 
 from __future__ import annotations
 
 import enum
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +123,8 @@ def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
     method = key[0]
     auth = {} if token is None else {"Authorization": f"Bearer {team.tokens[token]}"}
     auth.update(headers or {})
+    if method == "WS" and "Host" in auth:
+        return _raw_ws_close_code(team.server.port, url, auth)
     if method == "WS":
         ws_url = f"ws://127.0.0.1:{team.server.port}{url}"
         with connect(ws_url, additional_headers=auth, open_timeout=10) as ws:
@@ -135,6 +138,26 @@ def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
     with httpx.Client(base_url=team.url, timeout=30.0, follow_redirects=False) as client:
         return client.request("GET" if method == "MOUNT" else method, url, json=body,
                               headers=auth).status_code
+
+
+def _raw_ws_close_code(port: int, path: str, headers: dict[str, str]) -> int:
+    """A WebSocket handshake written by hand (websocket clients set Host themselves): the close
+    code of the first frame the server sends after accepting, or 1000 for a data frame."""
+    lines = [f"GET {path} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade",
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
+             *(f"{name}: {value}" for name, value in headers.items())]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(4096)
+        head, _, frame = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        while len(frame) < 4:
+            frame += sock.recv(4096)
+        if frame[0] & 0x0F != 0x8:  # not a close frame
+            return 1000
+        return int.from_bytes(frame[2:4], "big")
 
 
 @pytest.mark.parametrize("key", list(ROUTES), ids=lambda key: f"{key[0]} {key[1]}")
@@ -170,6 +193,27 @@ class TestEveryRoute:
                 assert status not in (401, 403, 404, 500), (token, status)
             else:
                 assert status == 403, (token, status)
+
+
+    def test_a_foreign_host(self, team: Team, runs: dict[str, str], key: tuple[str, str]
+                            ) -> None:
+        """DNS rebinding: whatever the route and the credentials, another Host is refused."""
+        status = _call(team, key, _url(ROUTES[key][1], runs), "root",
+                       {"Host": "rebound.example:8765"})
+        assert status == (1008 if key[0] == "WS" else 400)
+
+    def test_a_foreign_origin(self, team: Team, runs: dict[str, str], key: tuple[str, str]
+                              ) -> None:
+        """Sockets and state-changing requests from another origin are refused; plain reads
+        are left to the browser's same-origin policy (no CORS headers are ever sent)."""
+        status = _call(team, key, _url(ROUTES[key][1], runs), "root",
+                       {"Origin": "http://127.0.0.1:1"})
+        if key[0] == "WS":
+            assert status == 1008
+        elif key[0] in ("POST", "DELETE"):
+            assert status == 403
+        else:
+            assert status not in (401, 403)
 
 
 @pytest.mark.parametrize("key", RUN_ROUTES, ids=lambda key: f"{key[0]} {key[1]}")
