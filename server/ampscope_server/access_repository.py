@@ -23,10 +23,6 @@ def ensure_project(session: Session, name: str, now: float) -> None:
     )
 
 
-def list_projects(session: Session) -> Sequence[Project]:
-    return session.scalars(select(Project).order_by(Project.name)).all()
-
-
 # --- tokens --------------------------------------------------------------------------------------
 
 

@@ -54,8 +54,10 @@ def ingest_batch(
 ) -> IngestResult:
     now = time.time() if now is None else now
     run_id = batch.run.id
-    if not authorize(session, writer, batch):
-        access_repository.ensure_project(session, batch.run.project, now)
+    # A write first, so SQLite takes the write lock before any read of this transaction (no
+    # snapshot to upgrade); a refused batch rolls it back with everything else.
+    access_repository.ensure_project(session, batch.run.project, now)
+    authorize(session, writer, batch)
     repository.touch_run(session, batch.run.model_dump(), now)
     attempt = _attempt(session, batch)
     batch_checks.check_records(
@@ -86,10 +88,10 @@ def ingest_batch(
     )
 
 
-def authorize(session: Session, writer: Principal, batch: IngestBatch) -> bool:
+def authorize(session: Session, writer: Principal, batch: IngestBatch) -> None:
     """The writer may add to this run: its project is the writer's (403 for a new run of
     another project, 404 for an existing one: existence is not leaked) and it was not deleted
-    (410). True when the run exists already."""
+    (410)."""
     project = batch.run.project
     stored = repository.get_run(session, batch.run.id)
     if stored is not None and not writer.sees(stored.project):
@@ -99,7 +101,6 @@ def authorize(session: Session, writer: Principal, batch: IngestBatch) -> bool:
                         f"is in project '{project}' (pass project='{writer.project}' to watch)")
     if stored is None and access_repository.tombstone(session, batch.run.id) is not None:
         raise RunDeleted(batch.run.id)
-    return stored is not None
 
 
 def _attempt(session: Session, batch: IngestBatch) -> Attempt:

@@ -8,12 +8,17 @@ function runId() {
   return decodeURIComponent(parts[parts.length - 1] || '');
 }
 
-function build(id) {
+function makeButton(id, text, className) {
   const button = document.createElement('button');
   button.type = 'button';
-  button.className = 'button button-danger';
-  button.id = 'delete-run';
-  button.textContent = 'Delete run';
+  button.className = className;
+  button.id = id;
+  button.textContent = text;
+  return button;
+}
+
+function build(id) {
+  const button = makeButton('delete-run', 'Delete run', 'button button-danger');
 
   const dialog = document.createElement('dialog');
   dialog.id = 'delete-dialog';
@@ -23,16 +28,8 @@ function build(id) {
   const error = document.createElement('p');
   error.className = 'dialog-error';
   error.hidden = true;
-  const confirmButton = document.createElement('button');
-  confirmButton.type = 'button';
-  confirmButton.className = 'button button-danger';
-  confirmButton.id = 'delete-confirm';
-  confirmButton.textContent = 'Delete';
-  const cancel = document.createElement('button');
-  cancel.type = 'button';
-  cancel.className = 'button';
-  cancel.id = 'delete-cancel';
-  cancel.textContent = 'Cancel';
+  const confirmButton = makeButton('delete-confirm', 'Delete', 'button button-danger');
+  const cancel = makeButton('delete-cancel', 'Cancel', 'button');
   dialog.append(text, error, confirmButton, cancel);
 
   button.addEventListener('click', () => dialog.showModal());
