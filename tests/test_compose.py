@@ -41,7 +41,8 @@ def test_server_waits_for_a_healthy_postgres_and_migrates_first() -> None:
         "AMPSCOPE_AUTH": "required",
         "AMPSCOPE_ALLOWED_HOSTS": "${AMPSCOPE_ALLOWED_HOSTS:-localhost,127.0.0.1}"}
     assert server["command"] == [
-        "sh", "-c", "ampscope db upgrade && ampscope serve --host 0.0.0.0 --port 8765"]
+        "sh", "-c", "ampscope db upgrade && ampscope serve --host 0.0.0.0 --port 8765 "
+        "--workers 2"]
     assert server["ports"] == ["8765:8765"]
 
 

@@ -14,10 +14,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from ampscope_server import __version__
+from ampscope_server import __version__, live_pg
 from ampscope_server.api import auth, compare, findings, health, ingest, live, pages, runs, series
 from ampscope_server.config import Settings
-from ampscope_server.db import make_engine, make_session_factory, verify_schema
+from ampscope_server.db import is_sqlite, make_engine, make_session_factory, verify_schema
 from ampscope_server.errors import AmpscopeError
 from ampscope_server.gate import Gate
 from ampscope_server.handlers import (
@@ -41,7 +41,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         verify_schema(engine)
         factory = make_session_factory(engine)
         hub = Hub()
-        hub.install(factory)
+        listener: live_pg.Listener | None = None
+        if is_sqlite(settings.db_url):  # one process: the hub is the whole story
+            hub.install(factory)
+        else:  # every worker and instance hears every commit (LISTEN/NOTIFY)
+            hub.install(factory, local=False)
+            live_pg.install_notify(factory)
+            listener = live_pg.Listener(settings.db_url, hub)
+            listener.start()
         app.state.settings = settings
         app.state.session_factory = factory
         app.state.hub = hub
@@ -49,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if listener is not None:
+                listener.stop()
             engine.dispose()
 
     # /docs is pages.api_docs_page: FastAPI's own pages load Swagger/ReDoc from a CDN.

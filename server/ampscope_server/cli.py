@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-hosts",
                        help="Host names this server answers to, comma-separated, or * "
                             "(AMPSCOPE_ALLOWED_HOSTS; loopback names are always allowed)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="worker processes (Postgres only; live updates cross them through "
+                            "LISTEN/NOTIFY; default 1)")
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level; below info the access log is off (default info)")
@@ -99,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"ampscope: {db.safe_url(settings.db_url)} is at revision "
                          f"{db.head_revision()}\n")
         return 0
-    return _serve(settings, args.log_level)
+    return _serve(settings, args.log_level, args.workers)
 
 
 def _sync(path: str, server: str, token_file: str | None) -> int:
@@ -149,10 +152,17 @@ def _report(settings: Settings, run_id: str, baseline: str | None, html_path: st
     return 0
 
 
-def _serve(settings: Settings, log_level: str) -> int:
+def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
     from ampscope_server import db, serving
-    from ampscope_server.app import create_app
     from ampscope_server.errors import SchemaNotCurrent
+
+    if workers < 1:
+        sys.stderr.write(f"ampscope serve: --workers must be at least 1, not {workers}\n")
+        return 2
+    if workers > 1 and db.is_sqlite(settings.db_url):
+        sys.stderr.write("ampscope serve: SQLite is served by one process (one writer); "
+                         "--workers needs Postgres (--db postgresql+psycopg://…)\n")
+        return 2
 
     try:
         required = auth_required(settings)
@@ -175,7 +185,7 @@ def _serve(settings: Settings, log_level: str) -> int:
         return 2
     finally:
         engine.dispose()
-    serving.run(create_app(settings), settings, log_level)
+    serving.run(settings, log_level, workers)
     return 0
 
 

@@ -4,6 +4,8 @@
   ever on one whose headers never finish (slowloris). `GuardedHttpToolsProtocol` closes a
   connection whose request headers are not complete `header_timeout_s` after it opened or
   after its previous response.
+- `--workers N` runs N uvicorn processes on one socket (Postgres only: live updates cross them
+  through LISTEN/NOTIFY, `live_pg`).
 - `limit_concurrency`: beyond it, uvicorn answers 503 at once instead of queueing.
 - The access log never shows a query string: a credential pasted into a URL stays out of logs
   (the gate refuses such requests, but the log line is written anyway).
@@ -14,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # uvicorn[standard]
 
 from ampscope_server.config import Settings
 
@@ -29,48 +34,47 @@ class StripQuery(logging.Filter):
         return True
 
 
-def guarded_protocol(header_timeout_s: float) -> type[asyncio.Protocol] | str:
-    """httptools' protocol with a header timeout (uvicorn's default when httptools is present);
-    "auto" where httptools is missing."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
-        return "auto"
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """httptools' protocol, closing a connection whose request headers are not complete
+    `header_timeout_s` after it opened or after its previous response. Module-level, so
+    that uvicorn's worker processes can import it by name."""
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
+    header_timeout_s: float = Settings().header_timeout_s
+    _header_timer: asyncio.TimerHandle | None = None
 
-        def _arm(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout_s, self._expire)
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _expire(self) -> None:
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+    def _expire(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm()
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
 
-    return GuardedHttpToolsProtocol
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+PROTOCOL = "ampscope_server.serving:GuardedHttpToolsProtocol"
+"""By import path: uvicorn's worker processes import it themselves."""
 
 
 def log_config() -> dict[str, Any]:
@@ -83,13 +87,23 @@ def log_config() -> dict[str, Any]:
     return config
 
 
-def run(app: Any, settings: Settings, log_level: str) -> None:
+def run(settings: Settings, log_level: str, workers: int = 1) -> None:
+    """Serve `create_app(settings)`; with several workers each process builds its own app from
+    the environment, so `settings` is handed over as AMPSCOPE_* variables first."""
     import uvicorn
 
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=log_level,
-        access_log=log_level in ("info", "debug"), log_config=log_config(),
-        http=guarded_protocol(settings.header_timeout_s),
-        limit_concurrency=settings.limit_concurrency,
-        timeout_keep_alive=int(settings.timeout_keep_alive_s),
-    )
+    from ampscope_server.app import create_app
+
+    for name, value in settings.model_dump().items():
+        os.environ[f"AMPSCOPE_{name.upper()}"] = str(value)
+    GuardedHttpToolsProtocol.header_timeout_s = settings.header_timeout_s
+    options: dict[str, Any] = {
+        "host": settings.host, "port": settings.port, "log_level": log_level,
+        "access_log": log_level in ("info", "debug"), "log_config": log_config(),
+        "http": PROTOCOL, "limit_concurrency": settings.limit_concurrency,
+        "timeout_keep_alive": int(settings.timeout_keep_alive_s),
+    }
+    if workers > 1:
+        uvicorn.run("ampscope_server.app:create_app", factory=True, workers=workers, **options)
+    else:
+        uvicorn.run(create_app(settings), **options)

@@ -154,6 +154,8 @@ async def runs_live(
                 # Both on this loop, as are the hub's notifications: none slips in between.
                 changed = subscription.take_runs()
                 subscription.changed.clear()
+                if ALL_RUNS in changed:  # the hub may have missed notifications: all again
+                    full, last_full = True, loop.time()
                 summaries = await run_in_threadpool(
                     runs.live_summaries, factory, None if full else changed,
                     settings.crash_timeout_s, principal,
