@@ -312,15 +312,29 @@ def series_rows(
     ).all()
 
 
+def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,
+                      end: int | None = None) -> Sequence[StepNonfinite]:
+    """Non-finite layers of the run's skipped steps (within [start, end]), each step's in
+    backward order: a join, not an IN list of step ids, which a long run's thousands of skipped
+    steps would take past the database's limit on bound parameters."""
+    return session.scalars(
+        select(StepNonfinite)
+        .join(Step, Step.id == StepNonfinite.step_id)
+        .where(*_step_range(run_id, start, end), Step.skipped.is_(True))
+        .order_by(StepNonfinite.step_id, StepNonfinite.position)
+    ).all()
+
+
 def event_rows(
-    session: Session, run_id: str
+    session: Session, run_id: str, start: int | None = None, end: int | None = None
 ) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
     """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
-    the steps that were skipped or whose scale changed (or is non-finite), in step order."""
+    the steps (within [start, end]) that were skipped or whose scale changed (or is
+    non-finite), in step order."""
     return session.execute(
         select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
-        .where(Step.run_id == run_id)
+        .where(*_step_range(run_id, start, end))
         .where(or_(
             Step.skipped.is_(True),
             Step.scale_before != Step.scale_after,
@@ -331,15 +345,15 @@ def event_rows(
 
 
 def misuse_rows(
-    session: Session, run_id: str
+    session: Session, run_id: str, start: int | None = None, end: int | None = None
 ) -> Sequence[Row[int, int, float | None, int, float | None, int, str, str]]:
     """(step id, step, scale_before, its class, scale_after, its class, kind, detail) of every
-    misuse event of the run, in step order, then as reported."""
+    misuse event of the run (within [start, end]), in step order, then as reported."""
     return session.execute(
         select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, MisuseEvent.kind, MisuseEvent.detail)
         .join(MisuseEvent, MisuseEvent.step_id == Step.id)
-        .where(Step.run_id == run_id)
+        .where(*_step_range(run_id, start, end))
         .order_by(Step.step, Step.id, MisuseEvent.position)
     ).all()
 

@@ -39,8 +39,9 @@ def get_series(
 
 
 @router.get("/events")
-def get_events(run: RunDep, session: SessionDep) -> EventsRead:
-    return charts.events_read(session, run)
+def get_events(run: RunDep, session: SessionDep, start: StepBound = None,
+               end: StepBound = None) -> EventsRead:
+    return charts.events_read(session, run, start, end)
 
 
 @router.get("/layer-stats")
