@@ -69,7 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(InterfaceError, database_error_handler)
     app.add_exception_handler(Exception, internal_error_handler)
     # add_middleware puts each new one outside the previous ones.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_s)
     app.add_middleware(Gate, settings=settings)
     app.add_middleware(pages.SecurityHeaders)
     for module in (health, auth, runs, ingest, series, live, compare, findings, pages):

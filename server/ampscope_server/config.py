@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     limit_concurrency: int = 512
     """Connections served at once; beyond it new ones get 503 (uvicorn)."""
     timeout_keep_alive_s: float = 5.0
+    body_timeout_s: float = 30.0
+    """A request body whose next part takes longer than this is refused (408)."""
     header_timeout_s: float = 10.0
     """A connection that has not sent a complete request this long after it opened (or after
     its previous response) is closed, so half-sent requests cannot pile up."""

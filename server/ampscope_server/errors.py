@@ -7,6 +7,7 @@
     ├── NotFound (404) ── RunNotFound
     ├── Conflict (409) ── LayerTableConflict, LayerTableMissing,
     │                     ModuleTableConflict, ModuleTableMissing
+    ├── RequestTimeout (408)    a request body that stopped arriving
     ├── Gone (410) ── RunDeleted   ingest into a run that an admin deleted
     ├── PayloadTooLarge (413)   a body over the configured cap, refused while reading
     ├── UnsupportedMediaType (415)  an ingest body that is not application/json
@@ -82,6 +83,10 @@ class ModuleTableConflict(Conflict):
 
 class ModuleTableMissing(Conflict):
     """Activation statistics arrived for a run whose module table the server does not have."""
+
+
+class RequestTimeout(AmpscopeError):
+    status_code = 408
 
 
 class Gone(AmpscopeError):

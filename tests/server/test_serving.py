@@ -27,7 +27,8 @@ def test_strip_query() -> None:
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
-    env = {"AMPSCOPE_HEADER_TIMEOUT_S": "1", "AMPSCOPE_TRUSTED_PROXY_HEADER": "X-Forwarded-User",
+    env = {"AMPSCOPE_HEADER_TIMEOUT_S": "1", "AMPSCOPE_BODY_TIMEOUT_S": "1",
+           "AMPSCOPE_TRUSTED_PROXY_HEADER": "X-Forwarded-User",
            "AMPSCOPE_TRUSTED_PROXIES": "127.0.0.1"}
     with team_server("sqlite", tmp_path_factory.mktemp("serving"), env=env) as team:
         yield team
@@ -60,6 +61,19 @@ def test_a_complete_slow_request_is_served(guarded: Team) -> None:
         assert sock.recv(100).startswith(b"HTTP/1.1 200")
     finally:
         sock.close()
+
+
+def test_a_trickled_body_is_408(guarded: Team) -> None:
+    token = guarded.tokens["alpha-ingest"]
+    with socket.create_connection(("127.0.0.1", guarded.server.port), timeout=10) as sock:
+        sock.sendall(f"POST /api/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                     f"{token}\r\nContent-Type: application/json\r\nContent-Length: 100"
+                     "\r\n\r\n{\"schema".encode())
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b'{"detail":"no part of the request body arrived for 1 s"}' in answer
 
 
 class TestTrustedProxy:

@@ -32,6 +32,7 @@ PATH = "/api/ingest"
     responses={
         **AUTH_RESPONSES,
         404: {"model": ErrorBody, "description": "The run belongs to another project"},
+        408: {"model": ErrorBody, "description": "The body stopped arriving"},
         409: {"model": ErrorBody, "description": "Layer or module table missing or different"},
         410: {"model": ErrorBody, "description": "The run was deleted"},
         413: {"model": ErrorBody, "description": "The body is over the size limit"},
