@@ -35,7 +35,7 @@ def test_no_input_is_a_server_error(team: Team, tmp_path: Path) -> None:
          "--mode", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
          "--header", f"Authorization: Bearer {team.tokens['root']}",
          "--report", "ndjson", "--report-dir", str(tmp_path / "report")],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache goes there
     summary = result.stdout[-3000:]
     assert result.returncode == 0, summary
     tested = re.search(r"Tested: (\d+)", result.stdout)
