@@ -149,8 +149,11 @@ class TestForwardOverflow:
             assert found.title == "Non-finite loss on 1 step(s), also in FP32: not a range overflow"
             assert "will not help" in found.recommendation
         else:
-            assert found.title == "Forward overflow: the loss itself is non-finite on 1 step(s)"
+            assert found.title == ("Forward overflow on 1 step(s): the loss is finite in FP32, "
+                                   "non-finite in fp16")
             assert "exceeds FP16's range" in found.explanation
+            assert found.recommendation.startswith("Bring the forward pass into the format's")
+            assert "already ran" in found.recommendation
 
 
 class TestNanNotRange:
@@ -196,11 +199,13 @@ class TestNanNotRange:
 
 
 def _underflowing(fc2_amax: float) -> list[LayerSample]:
-    """fc1.weight loses 60 % of its gradient (typical magnitude 1e-9) at scale 2^10."""
+    """fc1.weight loses 60 % of its gradient (typical magnitude 1e-9) at scale 2^10: its
+    non-zero values are subnormal there (1e-9 x 1024 < 2^-14), so its zeros are flushed."""
     out = []
     for sample in RECENT:
         if sample.layer == 1:
-            sample = dataclasses.replace(sample, zero_frac=0.6, l2=1e-9 * math.sqrt(512))
+            sample = dataclasses.replace(sample, zero_frac=0.6, subnormal_frac=0.4,
+                                         l2=1e-9 * math.sqrt(512))
         if sample.layer == 3:
             sample = dataclasses.replace(sample, amax=fc2_amax)
         out.append(sample)
