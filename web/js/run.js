@@ -3,7 +3,7 @@
 import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
 import { EventLog } from './events.js';
-import { LayerHeatmap, STATS, columnOf } from './heatmap.js';
+import { LayerHeatmap, STATS } from './heatmap.js';
 import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
@@ -12,10 +12,11 @@ import { COLORS } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { followZoom } from './zoom.js';
-import { showFindings } from './findings.js';
+import { FindingsPanel } from './findings.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
+const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
 // What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
 const MISUSE_HELP = Object.freeze({
@@ -103,9 +104,12 @@ class RunPage {
     this.initZoom();
     this.initStatSelect();
     this.renderCards();
-    if (stats.steps.length) this.renderWorst(stats.z.map((row) => row[row.length - 1]));
     window.ampscope = this; // for the console and the browser tests
-    showFindings(this).catch((err) => api.showError(err.message));
+    this.findings = new FindingsPanel(this);
+    this.findings.onUpdate = (body) => this.renderWorst(body.worst_loss);
+    this.findings.wanted = this.lastStep ? this.lastStep.step : -1;
+    this.findings.refresh().catch((err) => api.showError(err.message));
+    setInterval(() => this.tick(), TICK_MS);
 
     this.live = new LiveStream(this.runId, lastId, {
       onSteps: (steps) => this.onSteps(steps),
@@ -146,7 +150,12 @@ class RunPage {
     for (const [label, value] of items) {
       if (value === null || value === undefined || value === '') continue;
       const item = el('span', 'meta-item');
-      item.append(el('span', 'meta-label', label), el('span', 'meta-value', String(value)));
+      const shown = el('span', 'meta-value', String(value));
+      if (label === 'started') {
+        shown.dataset.ago = String(run.created_at);
+        shown.title = new Date(run.created_at * 1000).toLocaleString();
+      }
+      item.append(el('span', 'meta-label', label), shown);
       nodes.push(item);
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
@@ -173,14 +182,33 @@ class RunPage {
     norm.classList.toggle('bad', !!s && typeof s.grad_norm === 'number' && !Number.isFinite(s.grad_norm));
   }
 
-  renderWorst(lost) {
-    if (!lost || !lost.length) return;
-    let worst = 0;
-    lost.forEach((v, i) => { if ((v ?? -1) > (lost[worst] ?? -1)) worst = i; });
+  /** Relative times ("28s ago") move on without new data. */
+  tick() {
+    for (const node of document.querySelectorAll('[data-ago]')) {
+      node.textContent = agoText(Number(node.dataset.ago));
+    }
+  }
+
+  /**
+   * The card of the layer losing most to the format: the findings' own numbers (median over the
+   * recent layer-stat steps, structural zeros apart), so the card and the underflow finding agree.
+   */
+  renderWorst(worst) {
     const node = $('card-worst');
-    node.replaceChildren(el('span', 'card-layer', this.layerNames[worst] ?? `layer ${worst}`),
-      el('span', 'card-sub', ` ${numberText(100 * (lost[worst] ?? 0), 3)}% lost`));
-    node.classList.toggle('warn', (lost[worst] ?? 0) >= 0.01);
+    const label = $('card-worst-label');
+    if (!worst) {
+      node.replaceChildren(el('span', 'muted', 'no layer statistics yet'));
+      return;
+    }
+    const lost = typeof worst.lost_frac === 'number' ? worst.lost_frac : NaN;
+    const structural = typeof worst.structural_zero_frac === 'number' ? worst.structural_zero_frac : NaN;
+    label.textContent = `Most lost to ${this.run.target_format} · median, last ${worst.steps} layer-stat steps`;
+    const parts = [el('span', 'card-layer', worst.layer), el('span', 'card-sub', ` ${numberText(100 * lost, 3)}% lost`)];
+    if (structural > 0) parts.push(el('span', 'card-sub card-structural', ` · ${numberText(100 * structural, 3)}% structural zeros (not lost)`));
+    node.replaceChildren(...parts);
+    node.title = 'Lost: values that flush to zero at this scale, and exact zeros where the layer\'s values press on the format\'s floor. '
+      + 'Structural zeros (dead ReLU units, unused rows) are shown apart. Same definition as the underflow finding (docs/findings.md).';
+    node.classList.toggle('warn', lost >= 0.25);
   }
 
   onSteps(steps) {
@@ -207,14 +235,15 @@ class RunPage {
       this.layerTable.append(withLayers);
       this.recent.push(...withLayers);
       if (this.recent.length > RECENT_STEPS) this.recent.splice(0, this.recent.length - RECENT_STEPS);
-      this.renderWorst(columnOf(withLayers[withLayers.length - 1], 'lost_frac', this.run.target_format));
     }
+    if (this.findings) this.findings.stepsArrived(this.lastStep.step);
     this.renderCards();
   }
 
   onStatus(status) {
     this.renderStatus(status);
     this.renderLive();
+    if (this.findings) this.findings.stepsArrived(this.lastStep ? this.lastStep.step : -1);
   }
 
   onLiveState(state, detail) {

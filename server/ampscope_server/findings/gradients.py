@@ -149,13 +149,15 @@ def gradient_underflow(
         title=f"Gradient underflow: {names[0]} loses {flagged[0][0]:.0%} of its gradient"
               + (f" (+{len(names) - 1} more layers)" if len(names) > 1 else ""),
         explanation=(
-            f"At the current scale {scale:g}, {len(names)} layer(s) lose at least "
-            f"{UNDERFLOW_LOST_FRAC:.0%} of their gradient values to {fmt.name}: values that "
-            "flush to zero at this scale, and exact zeros where the layer's values press on "
-            "the format's floor (median over the last "
-            f"{len(steps)} layer-stat steps; a flagged layer stays flagged until it is below "
-            f"{UNDERFLOW_EXIT_FRAC:.0%}). Structural zeros (dead ReLU units, unused rows) are "
-            "not counted. Those parameters get no or partial updates, silently."),
+            f"At the current scale {scale:g}, {names[0]} loses {flagged[0][0]:.0%} of its "
+            f"gradient values to {fmt.name} ({len(names)} layer(s) flagged, median over the "
+            f"last {len(steps)} layer-stat steps): values that flush to zero at this scale, "
+            "and exact zeros where the layer's values press on the format's floor; "
+            "structural zeros (dead ReLU units, unused rows) are not counted. A layer is "
+            f"flagged from {UNDERFLOW_LOST_FRAC:.0%} and stays flagged until below "
+            f"{UNDERFLOW_EXIT_FRAC:.0%}, so that a value near the threshold does not make "
+            "this finding come and go. Those parameters get no or partial updates, "
+            "silently."),
         recommendation=advice, step_start=steps[0], step_end=steps[-1], layers=names,
         evidence=evidence,
     )]
