@@ -579,7 +579,9 @@ class TestRunPage:
         watched.page.goto(f"{live_server.url}/runs/no-such-run")
         banner = watched.page.locator("#error")
         banner.wait_for(state="visible", timeout=WAIT_MS)
-        assert "run 'no-such-run' not found" in banner.inner_text()
+        assert banner.inner_text() == (  # a friendly not-found state (issue #14)
+            "This server has no run “no-such-run”: it may have been deleted, or the address "
+            "is mistyped. Back to the runs list")
         # The browser itself logs the 404 response; nothing else may be logged.
         unexpected = [e for e in watched.errors if "404" not in e]
         assert unexpected == []

@@ -338,7 +338,11 @@ async function main() {
   try {
     await new ComparePage(ids).load();
   } catch (err) {
-    api.showError(err.message);
+    if (err instanceof api.ApiError && err.status === 404) {
+      api.showNotFound(`Nothing to compare: ${err.detail ?? 'a run is unknown'} (the runs of this page come from its address, ?runs=…).`);
+    } else {
+      api.showError(err.message);
+    }
   }
 }
 

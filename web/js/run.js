@@ -160,6 +160,13 @@ class RunPage {
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
     meta.replaceChildren(...nodes);
+    const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
+    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv']]) {
+      const link = $(id);
+      link.href = exportUrl(format);
+      link.setAttribute('download', '');
+    }
+    $('run-actions').hidden = false;
   }
 
   renderStatus(status) {
@@ -386,7 +393,14 @@ async function main() {
   try {
     await new RunPage(runId).load();
   } catch (err) {
-    api.showError(err.message);
+    if (err instanceof api.ApiError && err.status === 404) {
+      api.showNotFound(`This server has no run “${runId}”: it may have been deleted, or the address is mistyped.`);
+      document.title = 'Run not found · ampscope';
+      $('run-name').textContent = 'Run not found';
+      $('crumb-run').textContent = 'not found';
+    } else {
+      api.showError(err.message);
+    }
     $('live').dataset.state = 'closed';
     $('live-text').textContent = 'not connected';
   }

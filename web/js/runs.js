@@ -131,7 +131,11 @@ function row(run) {
   name.append(link, el('div', 'run-id', run.id.slice(0, 8)));
 
   const tags = el('td', 'tags');
-  for (const tag of run.tags ?? []) tags.append(el('span', 'tag', tag));
+  for (const tag of run.tags ?? []) {
+    const chip = el('span', 'tag', tag);
+    chip.title = tag; // cut with an ellipsis when long: the full tag on hover
+    tags.append(chip);
+  }
 
   const status = el('td');
   status.append(statusBadge(run.status));
