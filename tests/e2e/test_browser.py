@@ -526,6 +526,13 @@ class TestRunPage:
             assert rates[step] == pytest.approx(sum(window) / len(window))
 
         # A click on a heatmap row adds that layer's amax and amin_nz; a second click removes them.
+        # The lines start with the layers the first finding cites (issue #14): clear those first.
+        watched.wait_for("() => window.ampscope.findings && window.ampscope.findings.body")
+        page.evaluate("""async () => {
+          const lines = window.ampscope.layerLines;
+          await window.ampscope.prefill;
+          for (const i of [...lines.shown]) await lines.toggle(i);
+        }""")
         lines = "() => document.getElementById('layer-lines').data.map((t) => [t.meta, t.name])"
         page.locator("#heatmap").scroll_into_view_if_needed()
         box = page.locator("#heatmap .nsewdrag").bounding_box()

@@ -157,3 +157,47 @@ def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[st
             assert response.headers["content-disposition"].startswith("attachment")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
     _assert_clean(pg, errors)
+
+
+STEP_CHARTS = ["scale-chart", "loss-chart", "gradnorm-chart", "skiprate-chart", "heatmap",
+               "layer-lines"]
+
+
+def test_run_page_reads_top_down_with_one_step_axis(
+    served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]
+) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    # Overview first: the scale, loss and grad-norm charts come before the per-layer views.
+    order = pg.evaluate(f"""() => {{
+      const ids = {STEP_CHARTS!r};
+      const nodes = ids.map((id) => document.getElementById(id));
+      return nodes.every((n, i) => i === 0 ||
+        !!(nodes[i - 1].compareDocumentPosition(n) & Node.DOCUMENT_POSITION_FOLLOWING));
+    }}""")
+    assert order
+    # The per-layer range starts with the layers the first finding cites (at most 3).
+    storm = httpx.get(f"{server.url}/api/runs/{ids[0]}/findings", timeout=30).json()
+    cited = next(f["layers"] for f in storm["findings"] if f["layers"])[:3]
+    shown = "() => window.ampscope.layerLines.shown.map((i) => window.ampscope.layerNames[i])"
+    pg.wait_for_function(f"(want) => JSON.stringify(({shown})()) === JSON.stringify(want)",
+                         arg=cited, timeout=WAIT_MS)
+    # Every step chart's plot area starts and ends at the same x (same margins, same width).
+    sizes = "ids => ids.map((id) => { const s = document.getElementById(id)._fullLayout._size;" \
+            " return [s.l, s.w]; })"
+    pg.wait_for_function(f"(ids) => new Set(({sizes})(ids).map(String)).size === 1",
+                         arg=STEP_CHARTS, timeout=WAIT_MS)
+    # Zoom one: all follow; reset another: all reset.
+    pg.evaluate("() => Plotly.relayout(document.getElementById('loss-chart'), "
+                "{'xaxis.range': [100, 200]})")
+    ranges = "ids => ids.map((id) => document.getElementById(id).layout.xaxis.range)"
+    pg.wait_for_function(f"(ids) => ({ranges})(ids).every((r) => r && r[0] === 100 && "
+                         "r[1] === 200)", arg=STEP_CHARTS, timeout=WAIT_MS)
+    pg.evaluate("() => Plotly.relayout(document.getElementById('heatmap'), "
+                "{'xaxis.autorange': true})")
+    pg.wait_for_function("(ids) => ids.every((id) => document.getElementById(id).layout.xaxis"
+                         ".autorange === true)", arg=STEP_CHARTS, timeout=WAIT_MS)
+    pg.screenshot(path=str(ARTIFACTS / "run-top-down.png"), full_page=True)
+    _assert_clean(pg, errors)

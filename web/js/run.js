@@ -11,11 +11,12 @@ import { LiveState, LiveStream } from './live.js';
 import { COLORS } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
-import { followZoom } from './zoom.js';
+import { alignMargins, followZoom, linkZoom } from './zoom.js';
 import { FindingsPanel } from './findings.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
+const PREFILL_LAYERS = 3; // the per-layer range starts with this many of the cited layers
 const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
 // What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
@@ -50,6 +51,9 @@ class RunPage {
     this.liveDetail = undefined;
     this.skipFlags = []; // {step, skipped} of every stored step, for the rolling skip rate
     this.zoom = {};
+    this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
+    this.layerLinesPrefilled = false;
+    this.prefill = Promise.resolve(); // settles once the pre-filled layer lines are drawn
   }
 
   async load() {
@@ -102,11 +106,15 @@ class RunPage {
     this.initSmoothing();
     this.initLayerPicking();
     this.initZoom();
+    await this.align();
     this.initStatSelect();
     this.renderCards();
     window.ampscope = this; // for the console and the browser tests
     this.findings = new FindingsPanel(this);
-    this.findings.onUpdate = (body) => this.renderWorst(body.worst_loss);
+    this.findings.onUpdate = (body) => {
+      this.renderWorst(body.worst_loss);
+      this.prefillLayerLines(body.findings);
+    };
     this.findings.wanted = this.lastStep ? this.lastStep.step : -1;
     this.findings.refresh().catch((err) => api.showError(err.message));
     setInterval(() => this.tick(), TICK_MS);
@@ -187,6 +195,26 @@ class RunPage {
     const norm = $('card-gradnorm');
     norm.textContent = s ? numberText(s.grad_norm) : '—';
     norm.classList.toggle('bad', !!s && typeof s.grad_norm === 'number' && !Number.isFinite(s.grad_norm));
+  }
+
+  /**
+   * Before the user picks layers, the per-layer range shows the layers the first finding that
+   * cites any names (most responsible first, at most PREFILL_LAYERS); once the user toggles a
+   * layer, the choice is theirs.
+   */
+  prefillLayerLines(findings) {
+    if (this.layerLinesPicked || this.layerLinesPrefilled) return;
+    const cited = findings.find((f) => f.layers.some((name) => this.layerNames.includes(name)));
+    if (!cited) return;
+    this.layerLinesPrefilled = true;
+    const indices = cited.layers.map((name) => this.layerNames.indexOf(name)).filter((i) => i >= 0)
+      .slice(0, PREFILL_LAYERS);
+    this.prefill = (async () => {
+      for (const index of indices) {
+        if (!this.layerLines.shown.includes(index)) await this.layerLines.toggle(index);
+      }
+      await this.align();
+    })().catch((err) => api.showError(err.message));
   }
 
   /** Relative times ("28s ago") move on without new data. */
@@ -328,12 +356,28 @@ class RunPage {
       if (!point) return;
       const index = this.heatmap.div.data[0].y.indexOf(point.y);
       if (index < 0) return;
-      this.layerLines.toggle(index).catch((err) => api.showError(err.message));
+      this.layerLinesPicked = true;
+      this.layerLines.toggle(index).then(() => this.align()).catch((err) => api.showError(err.message));
     });
   }
 
-  /** Zooming the scale, loss or grad-norm chart fetches the visible range in detail. */
+  /** The step charts, top to bottom: one step axis, lined up (zoom.js). */
+  stepCharts() {
+    return [this.scale.div, this.loss.div, this.gradNorm.div, this.skipRate.div, this.heatmap.div,
+      this.layerLines.div];
+  }
+
+  /** Line the step charts' plot areas up (after any of them re-drew its axes). */
+  align() {
+    return alignMargins(this.stepCharts()).catch((err) => api.showError(err.message));
+  }
+
+  /**
+   * Zooming any step chart zooms them all (linkZoom); the scale, loss and grad-norm charts then
+   * fetch the visible range in detail.
+   */
   initZoom() {
+    this.zoom.linked = linkZoom(this.stepCharts());
     const onError = (err) => api.showError(err.message);
     this.zoom.scale = followZoom(this.scale.div,
       (range, maxPoints) => api.getSeries(this.runId, 'scale', maxPoints, range),
@@ -371,6 +415,7 @@ class RunPage {
       if (request !== this.statRequest) return; // a newer choice is on its way
       await this.heatmap.show(body);
       this.heatmap.append(this.recent); // steps that arrived while we fetched (param only)
+      await this.align();
       const note = $('source-note');
       note.hidden = this.source === 'param';
       note.textContent = body.layers.length === 0
