@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ampscope_server import codec, repository
-from ampscope_server.errors import InvalidPayload, RunNotFound
+from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
 from ampscope_server.findings import (
     Finding,
     LayerInfo,
@@ -60,9 +60,12 @@ from ampscope_server.findings.schemas import (
     FindingBrief,
     FindingRead,
     FindingsRead,
+    FormatLimits,
+    HistogramView,
     LayerLossRead,
 )
 from ampscope_server.findings.timeline import history
+from ampscope_server.formats import FORMATS
 from ampscope_server.models import Run
 
 RECENT_LAYER_STEPS = 8
@@ -72,6 +75,8 @@ NAN_CONTEXT_STEPS = 16
 MISUSE_EVENTS = 10_000
 RECHECKS = 1000
 CACHE_RUNS = 512
+HISTOGRAM_STEPS = 50
+"""The "what if x k" view offers the run's last 50 sampled steps (every 100 steps by default)."""
 LIVE_REFRESH_S = 2.0
 """A changing run is analysed again at most every 2 s, however many pages read it: fast enough
 that a finding appears within a few seconds, slow enough that one analysis serves many reads."""
@@ -338,3 +343,32 @@ def report_markdown(
         data = load_run_data(session, run, for_baseline=True)
         findings = analyze(data, load_run_data(session, baseline, for_baseline=True))
     return markdown.render(run.id, data, findings, baseline_id), findings
+
+
+def histogram_read(session: Session, run: Run, step: int | None) -> HistogramView:
+    """The exponent histograms of one sampled step (the newest, or `step`; 404 when the run
+    has no histogram at that step), with the scale in effect and the format's limits."""
+    fmt = FORMATS[run.target_format]
+    limits = FormatLimits(name=fmt.name, max=fmt.max, min_normal=fmt.min_normal,
+                          min_subnormal=fmt.min_subnormal)
+    sampled = repository.histogram_steps_last(session, run.id, HISTOGRAM_STEPS)
+    steps = [number for _, number, _, _ in sampled]
+    if step is None and not sampled:
+        return HistogramView(run=run.id, step=None, scale=None, steps=[], format=limits,
+                             min_exp=None, max_exp=None, layers=[], counts=[])
+    chosen = sampled[0] if step is None else next((row for row in sampled if row[1] == step), None)
+    if chosen is None:
+        sampled_text = (f"sampled: the last {len(steps)} are {', '.join(map(str, steps[:5]))}"
+                        f"{' …' if len(steps) > 5 else ''}" if steps else "it has none yet")
+        raise NotFound(f"run '{run.id}' has no exponent histogram at step {step} "
+                       f"({sampled_text})")
+    step_id, number, scale, scale_cls = chosen
+    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    rows = repository.histograms_of(session, [step_id])
+    return HistogramView(
+        run=run.id, step=number, scale=codec.from_storage(scale, scale_cls), steps=steps,
+        format=limits, min_exp=rows[0].min_exp if rows else None,
+        max_exp=rows[0].max_exp if rows else None,
+        layers=[names[r.layer_index] if r.layer_index < len(names) else f"#{r.layer_index}"
+                for r in rows],
+        counts=[list(r.counts) for r in rows])

@@ -13,6 +13,7 @@ import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
 import { FindingsPanel } from './findings.js';
+import { WhatIf } from './whatif.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
@@ -118,6 +119,11 @@ class RunPage {
     this.findings.wanted = this.lastStep ? this.lastStep.step : -1;
     this.findings.refresh().catch((err) => api.showError(err.message));
     setInterval(() => this.tick(), TICK_MS);
+    this.whatIf = new WhatIf(this.runId, {
+      panel: $('whatif-panel'), chart: $('whatif-chart'), body: $('whatif-body'), slider: $('whatif-k'),
+      output: $('whatif-k-value'), select: $('whatif-step'), note: $('whatif-note'), empty: $('whatif-empty'),
+    });
+    this.whatIf.load().catch((err) => this.whatIf.fail(err));
 
     this.live = new LiveStream(this.runId, lastId, {
       onSteps: (steps) => this.onSteps(steps),
@@ -272,6 +278,7 @@ class RunPage {
       if (this.recent.length > RECENT_STEPS) this.recent.splice(0, this.recent.length - RECENT_STEPS);
     }
     if (this.findings) this.findings.stepsArrived(this.lastStep.step);
+    if (this.whatIf) this.whatIf.stepsArrived();
     this.renderCards();
   }
 

@@ -78,3 +78,32 @@ class FindingBrief(BaseModel):
     kind: str
     severity: Severity
     title: str
+
+
+class FormatLimits(BaseModel):
+    """The target format's limits the "what if x k" view draws (formats.py, from torch.finfo)."""
+
+    name: str
+    max: float
+    min_normal: float
+    min_subnormal: float
+
+
+class HistogramView(BaseModel):
+    """One sampled step's exponent histograms (docs/contracts.md, wire v2 `histogram`), for the
+    browser to recompute zero/flush/subnormal/overflow shares at any scale ("what if x k")."""
+
+    run: str
+    step: int | None
+    """The sampled step shown; null when the run has no histogram yet."""
+    scale: Tagged | None
+    """The scale in effect at that step (`scale_before`); null when unknown (read as 1)."""
+    steps: list[int]
+    """The run's most recent sampled steps, newest first (HISTOGRAM_STEPS of them)."""
+    format: FormatLimits
+    min_exp: int | None
+    max_exp: int | None
+    layers: list[str]
+    counts: list[list[int]]
+    """Per layer (model order): [0] |g| = 0, [1] non-finite, [2] 0 < |g| < 2^min_exp,
+    [3 + k] 2^(min_exp+k) ≤ |g| < 2^(min_exp+k+1), [last] |g| ≥ 2^(max_exp+1); true units."""

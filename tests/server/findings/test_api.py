@@ -100,3 +100,16 @@ class TestRunsList:
         payload["records"] = []
         run = _seed(api, payload)
         assert _get(api, f"/api/runs/{run}")["top_finding"] is None
+
+
+class TestHistogram:
+    def test_a_run_without_histograms(self, api: httpx.Client) -> None:
+        run = _seed(api, healthy_batch(new_id()))
+        assert _get(api, f"/api/runs/{run}/histogram") == {
+            "run": run, "step": None, "scale": None, "steps": [],
+            "format": {"name": "fp16", "max": 65504.0, "min_normal": 2.0**-14,
+                       "min_subnormal": 2.0**-24},
+            "min_exp": None, "max_exp": None, "layers": [], "counts": []}
+        assert _get(api, f"/api/runs/{run}/histogram?step=3", 404) == {
+            "detail": f"run '{run}' has no exponent histogram at step 3 (it has none yet)"}
+        assert _get(api, "/api/runs/nope/histogram", 404) == {"detail": "run 'nope' not found"}
