@@ -201,3 +201,18 @@ def test_run_page_reads_top_down_with_one_step_axis(
                          ".autorange === true)", arg=STEP_CHARTS, timeout=WAIT_MS)
     pg.screenshot(path=str(ARTIFACTS / "run-top-down.png"), full_page=True)
     _assert_clean(pg, errors)
+
+
+def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[str]],
+                                            page: tuple[Page, list[str]]) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/compare?runs={ids[0]},{ids[1]}")
+    for run_id in ids[:2]:
+        top = httpx.get(f"{server.url}/api/runs/{run_id}", timeout=30).json()["top_finding"]
+        cell = pg.locator(f'li[data-run-id="{run_id}"] .compare-run-finding')
+        cell.wait_for(timeout=WAIT_MS)
+        assert cell.get_attribute("data-kind") == top["kind"]
+        assert cell.inner_text() == f"{top['severity'].upper()} {top['title']}"
+    pg.screenshot(path=str(ARTIFACTS / "compare-findings.png"))
+    _assert_clean(pg, errors)

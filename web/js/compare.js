@@ -169,6 +169,16 @@ class ComparePage {
       meta.append(statusBadge(run.status), el('span', 'muted', `${run.num_steps} steps`),
         el('span', 'muted', `scale ${scaleText(run.last_scale)}`), el('span', 'run-id', run.id.slice(0, 8)));
       li.append(head, meta);
+      // The run's root-cause finding, as its run page lists it first (refreshed with the
+      // comparison while the run is live).
+      const finding = el('div', 'compare-run-finding');
+      if (run.top_finding) {
+        finding.dataset.kind = run.top_finding.kind;
+        finding.append(el('span', `severity severity-${run.top_finding.severity}`, run.top_finding.severity),
+          ' ', el('span', 'finding-brief', run.top_finding.title));
+        finding.title = run.top_finding.title;
+      } else finding.append(el('span', 'muted', 'no findings'));
+      li.append(finding);
       if (index === 0) li.append(el('span', 'reference-tag', 'reference'));
       else {
         const button = el('button', 'button button-small', 'make reference');
