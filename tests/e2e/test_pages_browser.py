@@ -216,3 +216,51 @@ def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[st
         assert cell.inner_text() == f"{top['severity'].upper()} {top['title']}"
     pg.screenshot(path=str(ARTIFACTS / "compare-findings.png"))
     _assert_clean(pg, errors)
+
+
+def test_a_scripted_session_logs_no_error(served: tuple[ServerProcess, list[str]],
+                                          page: tuple[Page, list[str]]) -> None:
+    """Clicks and zooms over every control of the run page and the runs list."""
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    for title in pg.locator("#findings .finding-title").all():
+        title.click()
+    heat = pg.locator("#heatmap .nsewdrag")
+    heat.scroll_into_view_if_needed()
+    box = heat.bounding_box()
+    assert box is not None
+    for row in (0, 1, 0):  # add, add, remove
+        pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + (row + 0.5) * box["height"] / 2)
+    options = pg.locator("#stat-select option").evaluate_all("os => os.map((o) => o.value)")
+    assert "inf_count" in options
+    for stat in options:
+        pg.select_option("#stat-select", stat)
+        pg.wait_for_function("(s) => window.ampscope.heatmap.stat === s", arg=stat,
+                             timeout=WAIT_MS)
+    pg.select_option("#source-select", "activation")
+    pg.select_option("#source-select", "param")
+    scale = pg.locator("#scale-chart .nsewdrag")
+    scale.scroll_into_view_if_needed()
+    sbox = scale.bounding_box()
+    assert sbox is not None
+    y = sbox["y"] + sbox["height"] / 2
+    pg.mouse.move(sbox["x"] + sbox["width"] * 0.3, y)
+    pg.mouse.down()
+    pg.mouse.move(sbox["x"] + sbox["width"] * 0.6, y, steps=5)
+    pg.mouse.up()
+    pg.wait_for_function("() => !document.getElementById('heatmap').layout.xaxis.autorange",
+                         timeout=WAIT_MS)
+    pg.mouse.dblclick(sbox["x"] + sbox["width"] / 2, y)
+    pg.locator("#smoothing").fill("0.9")
+    pg.evaluate("""() => { const s = document.getElementById('whatif-k'); s.value = '5';
+                           s.dispatchEvent(new Event('input')); }""")
+    assert pg.locator("#whatif-empty").is_visible()  # these runs carry no histograms
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    for key in ("name", "steps", "underflow", "headroom", "started"):
+        pg.click(f'#runs th[data-sort="{key}"]')
+    pg.fill("#filter", "checks-1")
+    pg.fill("#filter", "")
+    _assert_clean(pg, errors)

@@ -49,6 +49,10 @@ export const STATS = Object.freeze({
     label: 'NaN count', help: 'NaN elements in the gradient', zmin: 0,
     colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
   },
+  inf_count: {
+    label: 'inf count', help: '±inf elements in the gradient: the layers that overflowed at that step', zmin: 0,
+    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
+  },
 });
 
 /** One step's column of `stat` from its live per-layer arrays (null when the step has none). */

@@ -101,6 +101,8 @@ class RunPage {
       this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(this.skipFlags, maxPoints), this.layerLines.init(),
     ]);
     this.skipFlags = null;
+    $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
+    $('heatmap-empty').hidden = stats.steps.length > 0;
     this.events.add(events);
     this.renderMisuse(events);
     await this.loadLayerTable(stats);
@@ -269,8 +271,10 @@ class RunPage {
       this.eventsRefetched = performance.now();
       this.events.scheduleRefetch(); // misuse events (not derivable from the steps) arrive too
     }
+    if (steps.some((s) => typeof s.loss === 'number')) $('loss-empty').hidden = true;
     const withLayers = steps.filter((s) => s.layers);
     if (withLayers.length) {
+      $('heatmap-empty').hidden = true;
       this.heatmap.append(withLayers);
       this.layerLines.append(withLayers);
       this.layerTable.append(withLayers);
