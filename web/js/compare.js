@@ -287,7 +287,7 @@ class ComparePage {
     const c = this.body.comparisons[this.pair];
     $('lost-ref-head').textContent = `Lost · ${this.runName(c.reference)}`;
     $('lost-head').textContent = `Lost · ${this.runName(c.run)}`;
-    $('lost-ref-head').title = 'Median share of the gradient lost (zero or flushed to zero) over the common steps';
+    $('lost-ref-head').title = 'Median share of exact zeros plus values flushed to zero over the common steps: an upper bound on what the format loses (exact zeros include structural ones such as dead ReLU units; the run page counts those apart, docs/findings.md)';
     $('lost-head').title = $('lost-ref-head').title;
     const rows = c.layers.map((layer, order) => ({ ...layer, order }));
     const valueOf = (row, key) => ({
