@@ -18,12 +18,12 @@ from ampscope_server.findings.model import SEVERITY_RANK, Finding, RunData
 from ampscope_server.findings.stability import Memory, track
 from ampscope_server.findings.timeline import history
 
-_NO_HOLD: Mapping[str, frozenset[str]] = {}
+_NO_HOLD: Mapping[str, tuple[str, ...]] = {}
 
 
 def detect(
     run: RunData, baseline: RunData | None = None,
-    holding: Mapping[str, frozenset[str]] = _NO_HOLD,
+    holding: Mapping[str, tuple[str, ...]] = _NO_HOLD,
 ) -> list[Finding]:
     """Every detector's findings for `run` (and against `baseline`), unordered. `holding`:
     {kind: layers a previous live analysis flagged} for the detectors' hysteresis."""
@@ -37,9 +37,8 @@ def detect(
         findings += nonfinite.forward_overflow(run, h)
         findings += nonfinite.nan_not_range(run, h)
         findings += scaling.scaler_tuning(run, h, storm)
-    findings += gradients.gradient_underflow(
-        run, holding.get("gradient_underflow", frozenset()))
-    findings += gradients.swallowed_updates(run, holding.get("swallowed_updates", frozenset()))
+    findings += gradients.gradient_underflow(run, holding.get("gradient_underflow", ()))
+    findings += gradients.swallowed_updates(run, holding.get("swallowed_updates", ()))
     findings += misuse.amp_misuse(run, h)
     if baseline is not None:
         findings += baseline_mod.baseline_divergence(run, baseline)

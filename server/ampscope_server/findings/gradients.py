@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 
 from ampscope_server.findings.lost import LayerLoss, lost_to_format, structural_zeros
 from ampscope_server.findings.model import Finding, LayerInfo, LayerSample, RunData
@@ -20,6 +21,7 @@ from ampscope_server.findings.nonfinite import min_headroom
 from ampscope_server.findings.thresholds import (
     HEADROOM_MARGIN_BITS,
     LOW_PRECISION_PARAM_DTYPES,
+    PRIMARY_MARGIN,
     SPARSE_MODULE_TYPES,
     SWALLOWED_EXIT_FRAC,
     SWALLOWED_FRAC_WARN,
@@ -82,11 +84,26 @@ def worst_loss(run: RunData) -> LayerLoss | None:
     return LayerLoss(run.layer_name(index), lost, structural, len(steps))
 
 
+def _ordered(flagged: list[tuple[float, int]], run: RunData,
+             holding: Sequence[str]) -> list[tuple[float, int]]:
+    """Most lost first (ties: model order); but the layer the previous analysis named first
+    stays first while it is within PRIMARY_MARGIN of the most lost, so the title does not swap
+    layer names between analyses for a point or two."""
+    flagged = sorted(flagged, key=lambda pair: (-pair[0], pair[1]))
+    if not flagged or not holding:
+        return flagged
+    previous = next((pair for pair in flagged if run.layer_name(pair[1]) == holding[0]), None)
+    if previous is None or previous is flagged[0] or previous[0] < flagged[0][0] - PRIMARY_MARGIN:
+        return flagged
+    return [previous] + [pair for pair in flagged if pair is not previous]
+
+
 def gradient_underflow(
-    run: RunData, holding: frozenset[str] = frozenset()
+    run: RunData, holding: Sequence[str] = ()
 ) -> list[Finding]:
     """Warning: layers whose median lost share over the recent samples is ≥ UNDERFLOW_LOST_FRAC,
-    or ≥ UNDERFLOW_EXIT_FRAC for the layers in `holding` (flagged by the previous analysis)."""
+    or ≥ UNDERFLOW_EXIT_FRAC for the layers in `holding` (flagged by the previous analysis,
+    most responsible first)."""
     fmt = FORMATS.get(run.target_format)
     steps, _ = recent_samples(run)
     if fmt is None or not steps:
@@ -98,7 +115,7 @@ def gradient_underflow(
             flagged.append((lost, index))
     if not flagged:
         return []
-    flagged.sort(key=lambda pair: (-pair[0], pair[1]))
+    flagged = _ordered(flagged, run, holding)
     last = [s for s in run.layer_samples if s.step == steps[-1]]
     scale = next((s.scale for s in last if s.scale is not None), None) or 1.0
     headroom = min_headroom(last, run.target_format)
@@ -117,7 +134,8 @@ def gradient_underflow(
                  else math.floor(headroom) - HEADROOM_MARGIN_BITS)
     names = [run.layer_name(index) for _, index in flagged]
     evidence: dict[str, float] = {
-        "layers_flagged": len(flagged), "worst_lost_frac": flagged[0][0], "scale": scale,
+        "layers_flagged": len(flagged), "worst_lost_frac": max(lost for lost, _ in flagged),
+        "first_layer_lost_frac": flagged[0][0], "scale": scale,
         "threshold": UNDERFLOW_LOST_FRAC,
     }
     if headroom is not None:
@@ -223,7 +241,7 @@ def _estimated_swallowed(run: RunData, skip: set[int]) -> list[tuple[float, int,
 
 
 def swallowed_updates(
-    run: RunData, holding: frozenset[str] = frozenset()
+    run: RunData, holding: Sequence[str] = ()
 ) -> list[Finding]:
     """Warning: parameters whose updates round away.
 

@@ -35,11 +35,13 @@ class Memory:
     last_raised: Mapping[str, int] = field(default_factory=dict)
     """{identity: the newest step at which the detectors raised it}."""
 
-    def holding(self) -> dict[str, frozenset[str]]:
-        """{kind: the layers its shown finding cites}: the detectors' hysteresis input."""
-        out: dict[str, frozenset[str]] = {}
+    def holding(self) -> dict[str, tuple[str, ...]]:
+        """{kind: the layers its shown finding cites, most responsible first}: the detectors'
+        hysteresis input (and the order they keep when values are close)."""
+        out: dict[str, tuple[str, ...]] = {}
         for finding in self.shown.values():
-            out[finding.kind] = out.get(finding.kind, frozenset()) | frozenset(finding.layers)
+            known = out.get(finding.kind, ())
+            out[finding.kind] = known + tuple(n for n in finding.layers if n not in known)
         return out
 
     def findings(self) -> list[Finding]:

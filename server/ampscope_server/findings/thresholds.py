@@ -106,6 +106,10 @@ UNDERFLOW_EXIT_FRAC = 0.15
 """Hysteresis: a layer flagged for underflow stays flagged until its median lost share falls
 below 15 %, clearly under the 25 % that flags it. A median hovering at the threshold (batches
 vary by a few points) then cannot make the finding come and go."""
+PRIMARY_MARGIN = 0.10
+"""The layer an underflow finding names first stays first while its median lost share is within
+10 points of the most lost layer's: two layers a few points apart (batches vary by that much)
+would otherwise swap the name in the title from one analysis to the next."""
 SWALLOWED_EXIT_FRAC = 0.35
 """Hysteresis of the measured swallowed fraction: flagged from 50 %, kept down to 35 %."""
 FLOOR_PRESSURE_FRAC = 0.05

@@ -8,9 +8,11 @@ import dataclasses
 import itertools
 
 from ampscope_server.findings import Finding, LayerSample, Memory, analyze_live
+from ampscope_server.findings.gradients import gradient_underflow
 from ampscope_server.findings.stability import track
 from ampscope_server.findings.thresholds import (
     HOLD_STEPS,
+    PRIMARY_MARGIN,
     UNDERFLOW_EXIT_FRAC,
     UNDERFLOW_LOST_FRAC,
 )
@@ -52,7 +54,7 @@ class TestTrack:
 
     def test_holding_names_the_layers_of_shown_findings(self) -> None:
         memory = track(None, [_finding(layers=["a", "b"])], step=0)
-        assert memory.holding() == {"gradient_underflow": frozenset({"a", "b"})}
+        assert memory.holding() == {"gradient_underflow": ("a", "b")}
         assert Memory().holding() == {}
 
 
@@ -109,3 +111,23 @@ class TestHysteresis:
         fracs = [0.3] * 5 + [UNDERFLOW_EXIT_FRAC - 0.05] * 5
         # Present while the median of 5 is above 15 %, then raised no more (held, not raised).
         assert _sequence(fracs) == [True] * 7 + [False] * 3
+
+
+class TestPrimaryLayer:
+    def _run(self, fc1: float, fc2: float) -> list[LayerSample]:
+        out = []
+        for s in healthy_samples([0]):
+            frac = {1: fc1, 3: fc2}.get(s.layer)
+            out.append(s if frac is None else dataclasses.replace(
+                s, underflow_frac=frac, subnormal_frac=frac))
+        return out
+
+    def _first(self, fc1: float, fc2: float, holding: tuple[str, ...]) -> str:
+
+        data = run_data(STEPS[:1], layers=LAYERS, layer_samples=self._run(fc1, fc2))
+        return gradient_underflow(data, holding)[0].layers[0]
+
+    def test_the_named_layer_stays_first_within_the_margin(self) -> None:
+        assert self._first(0.30, 0.35, ()) == "fc2.weight"
+        assert self._first(0.30, 0.35, ("fc1.weight",)) == "fc1.weight"
+        assert self._first(0.30, 0.30 + PRIMARY_MARGIN + 0.01, ("fc1.weight",)) == "fc2.weight"
