@@ -47,7 +47,8 @@ WAIT_MS = 60_000
 RECORD = """
 window.__cspViolations = [];
 document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
+  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`
+    + ` (${e.sourceFile}:${e.lineNumber}:${e.columnNumber} ${e.sample})`);
 });
 """
 SHOWN = "() => [...document.querySelectorAll('#findings li[data-identity]')]" \

@@ -117,7 +117,8 @@ export class WhatIf {
   async draw() {
     const v = this.view;
     this.empty.hidden = v.step !== null;
-    this.chart.hidden = v.step === null;
+    // The chart's div stays displayed (plotly drawing into a hidden div sets inline styles,
+    // which the CSP blocks): with nothing to draw, it is simply not plotted yet.
     if (v.step === null) {
       this.body.replaceChildren();
       this.note.textContent = '';
