@@ -47,7 +47,8 @@ export async function focusFinding(page, finding) {
 
 /** Fill `item` (an <li>, kept across updates) with finding `f`. */
 function fillItem(item, page, f, causeTitle) {
-  item.className = `finding finding-${f.severity}${f.cause ? ' finding-consequence' : ''}${f.held_since !== null ? ' finding-held' : ''}`;
+  const held = typeof f.held_since === 'number';
+  item.className = `finding finding-${f.severity}${f.cause ? ' finding-consequence' : ''}${held ? ' finding-held' : ''}`;
   item.dataset.kind = f.kind;
   item.dataset.identity = f.identity;
   item.dataset.severity = f.severity;
@@ -57,7 +58,7 @@ function fillItem(item, page, f, causeTitle) {
   title.title = 'Show these steps on the loss-scale chart and these layers\' lines';
   title.addEventListener('click', () => focusFinding(page, f).catch((err) => showError(err.message)));
   head.append(severityBadge(f.severity), title, el('span', 'muted', stepsText(f)));
-  if (f.held_since !== null) {
+  if (held) {
     head.append(el('span', 'finding-state', `not seen since step ${f.held_since}`));
   }
   const parts = [head];
