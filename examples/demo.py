@@ -3,17 +3,20 @@
 The training (examples/demo_model.py) overflows at the start (the initial scale is far too high),
 overflows again each time the scaler probes upward, and loses part of one branch's gradient to fp16
 underflow. The server stays up after training until Ctrl-C, so the charts can be browsed.
+SIGTERM stops it as Ctrl-C does: the server child goes with it and frees the port.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,7 +47,13 @@ def port_in_use(url: str) -> bool:
         return False
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: unwind through main's `finally`, which stops the server child."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--db", default="sqlite:///./.ampscope/ampscope.db")

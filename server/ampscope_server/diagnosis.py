@@ -14,11 +14,12 @@ What one snapshot reads, whatever the run's length (measured: 0.1 s on SQLite fo
   (one index probe each), the first MISUSE_EVENTS misuse events and RECHECKS re-checks, and
   the swallowed fractions of the last RECENT_LAYER_STEPS steps that carry them.
 
-The runs list shows each run's most severe finding. Computing it per list request would read
-every run's snapshot each time, so results are cached in process per (database, run,
-`updated_at`): a finished run is analysed once per server process, an active one again only
-after new data arrived, and for the list at most once per LIST_REFRESH_S (the live runs list
-pushes a changed run up to 10 times a second). The caches are bounded (CACHE_RUNS entries).
+Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
+cached per (database, run): a run is analysed again only once it changed and at most every
+LIVE_REFRESH_S, through its stability `Memory` (findings/stability.py), so the page and the
+list show the same findings, holding steady. The memory lives in this process: another worker
+keeps its own (its findings then hold steady on their own, from its first analysis on).
+The cache is bounded (CACHE_RUNS runs).
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from ampscope_server import codec, repository
-from ampscope_server.errors import InvalidPayload, RunNotFound
+from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
 from ampscope_server.findings import (
     Finding,
     LayerInfo,
+    LayerLoss,
     LayerSample,
+    Memory,
     MisuseEvent,
     NonfiniteStep,
     RecheckStatus,
@@ -45,12 +49,23 @@ from ampscope_server.findings import (
     StepPoint,
     SwallowedSample,
     analyze,
+    analyze_live,
+    gradients,
     markdown,
-    most_severe,
+    primary,
 )
+from ampscope_server.findings.engine import last_step
 from ampscope_server.findings.model import NonfiniteKind
-from ampscope_server.findings.schemas import FindingBrief, FindingRead, FindingsRead
+from ampscope_server.findings.schemas import (
+    FindingBrief,
+    FindingRead,
+    FindingsRead,
+    FormatLimits,
+    HistogramView,
+    LayerLossRead,
+)
 from ampscope_server.findings.timeline import history
+from ampscope_server.formats import FORMATS
 from ampscope_server.models import Run
 
 RECENT_LAYER_STEPS = 8
@@ -60,7 +75,11 @@ NAN_CONTEXT_STEPS = 16
 MISUSE_EVENTS = 10_000
 RECHECKS = 1000
 CACHE_RUNS = 512
-LIST_REFRESH_S = 10.0
+HISTOGRAM_STEPS = 50
+"""The "what if x k" view offers the run's last 50 sampled steps (every 100 steps by default)."""
+LIVE_REFRESH_S = 2.0
+"""A changing run is analysed again at most every 2 s, however many pages read it: fast enough
+that a finding appears within a few seconds, slow enough that one analysis serves many reads."""
 
 
 def _steps(rows: Sequence[tuple[Any, ...]]) -> tuple[list[StepPoint], dict[int, int]]:
@@ -195,27 +214,76 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False) -> 
     )
 
 
-_cache: OrderedDict[tuple[str, str, float], list[Finding]] = OrderedDict()
+@dataclass(frozen=True)
+class LiveView:
+    """One analysis of a run as the run page and the runs list show it."""
+
+    findings: list[Finding]
+    """Grouped, root cause first (`causes.group`), held steady (`stability.track`)."""
+    worst: LayerLoss | None
+    """The layer losing most to the format, by `gradient_underflow`'s definition."""
+    step: int
+    """The newest step the analysis saw (-1: none)."""
+    memory: Memory
+    updated_at: float
+    """`run.updated_at` when analysed: unchanged means nothing new to analyse."""
+    analysed_at: float
+    """time.monotonic() of the analysis."""
+
+
+_live: OrderedDict[tuple[str, str], LiveView] = OrderedDict()
 _cache_lock = threading.Lock()
+_run_locks: dict[tuple[str, str], threading.Lock] = {}
 
 
-def _cache_key(session: Session, run: Run) -> tuple[str, str, float]:
-    return (str(session.get_bind().engine.url), run.id, run.updated_at)
+def _key(session: Session, run: Run) -> tuple[str, str]:
+    return (str(session.get_bind().engine.url), run.id)
 
 
-def run_findings(session: Session, run: Run) -> list[Finding]:
-    """The run's findings (no baseline), from the cache when the run has not changed."""
-    key = _cache_key(session, run)
+def _fresh(view: LiveView | None, run: Run, now: float) -> bool:
+    """Whether `view` still answers for `run`: nothing new since, or analysed less than
+    LIVE_REFRESH_S ago (a live run changes ten times a second; its diagnosis need not)."""
+    return view is not None and (
+        view.updated_at == run.updated_at or now - view.analysed_at < LIVE_REFRESH_S)
+
+
+def live_view(session: Session, run: Run, now: float | None = None) -> LiveView:
+    """The run's current findings (no baseline): analysed again when the run changed and the
+    last analysis is older than LIVE_REFRESH_S, through the run's `Memory` so that findings
+    hold steady across analyses. Every reader of one server process (run page, runs list,
+    report) sees the same view; concurrent readers of one run wait for one analysis. `now`:
+    time.monotonic() unless given (tests)."""
+    clock = time.monotonic() if now is None else now
+    key = _key(session, run)
     with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    findings = analyze(load_run_data(session, run))
-    with _cache_lock:
-        _cache[key] = findings
-        while len(_cache) > CACHE_RUNS:
-            _cache.popitem(last=False)
-    return findings
+        view = _live.get(key)
+        lock = _run_locks.setdefault(key, threading.Lock())
+    if _fresh(view, run, clock):
+        assert view is not None
+        return view
+    with lock:
+        with _cache_lock:
+            view = _live.get(key)
+        if _fresh(view, run, clock):
+            assert view is not None
+            return view
+        data = load_run_data(session, run)
+        findings, memory = analyze_live(data, None if view is None else view.memory)
+        view = LiveView(findings=findings, worst=gradients.worst_loss(data),
+                        step=last_step(data), memory=memory, updated_at=run.updated_at,
+                        analysed_at=clock)
+        with _cache_lock:
+            _live[key] = view
+            _live.move_to_end(key)
+            while len(_live) > CACHE_RUNS:
+                old, _ = _live.popitem(last=False)
+                _run_locks.pop(old, None)
+    return view
+
+
+def run_findings(session: Session, run: Run, now: float | None = None) -> list[Finding]:
+    """The run's findings (no baseline), as the run page shows them (`live_view`)."""
+    return live_view(session, run, now).findings
 
 
 def _baseline(session: Session, run: Run, baseline_id: str) -> Run:
@@ -238,40 +306,29 @@ def findings_of(session: Session, run: Run, baseline_id: str | None) -> list[Fin
 
 
 def findings_read(session: Session, run: Run, baseline_id: str | None) -> FindingsRead:
+    if baseline_id is not None:
+        return FindingsRead(
+            run=run.id, baseline=baseline_id,
+            findings=[FindingRead.of(f) for f in findings_of(session, run, baseline_id)])
+    view = live_view(session, run)
     return FindingsRead(
-        run=run.id, baseline=baseline_id,
-        findings=[FindingRead.of(f) for f in findings_of(session, run, baseline_id)])
-
-
-_list_seen: dict[tuple[str, str], tuple[float, list[Finding]]] = {}
-
-
-def _for_list(session: Session, run: Run) -> list[Finding]:
-    """`run_findings`, but an active run that changed within LIST_REFRESH_S of its last analysis
-    keeps that one: the live runs list updates up to 10 times a second, and a list needs the
-    headline, not a fresh analysis per ingested batch."""
-    key = (str(session.get_bind().engine.url), run.id)
-    now = time.monotonic()
-    with _cache_lock:
-        seen = _list_seen.get(key)
-    if seen is not None and now - seen[0] < LIST_REFRESH_S:
-        return seen[1]
-    findings = run_findings(session, run)
-    with _cache_lock:
-        _list_seen[key] = (now, findings)
-        if len(_list_seen) > CACHE_RUNS:
-            _list_seen.pop(next(iter(_list_seen)))
-    return findings
+        run=run.id, baseline=None, findings=[FindingRead.of(f) for f in view.findings],
+        step=view.step, worst_loss=None if view.worst is None else LayerLossRead.of(view.worst))
 
 
 def top_findings(session: Session, runs: Sequence[Run]) -> dict[str, FindingBrief | None]:
-    """{run id: its most severe finding or None}, for the runs list (cached per run)."""
+    """{run id: its root-cause finding (the first of `live_view`) or None}, for the runs list."""
     out: dict[str, FindingBrief | None] = {}
     for run in runs:
-        top = most_severe(_for_list(session, run))
+        top = primary(live_view(session, run).findings)
         out[run.id] = None if top is None else FindingBrief(
             kind=top.kind, severity=top.severity, title=top.title)
     return out
+
+
+def worst_losses(session: Session, runs: Sequence[Run]) -> dict[str, LayerLoss | None]:
+    """{run id: the layer losing most to the format}, as the run page's card shows it."""
+    return {run.id: live_view(session, run).worst for run in runs}
 
 
 def report_markdown(
@@ -286,3 +343,32 @@ def report_markdown(
         data = load_run_data(session, run, for_baseline=True)
         findings = analyze(data, load_run_data(session, baseline, for_baseline=True))
     return markdown.render(run.id, data, findings, baseline_id), findings
+
+
+def histogram_read(session: Session, run: Run, step: int | None) -> HistogramView:
+    """The exponent histograms of one sampled step (the newest, or `step`; 404 when the run
+    has no histogram at that step), with the scale in effect and the format's limits."""
+    fmt = FORMATS[run.target_format]
+    limits = FormatLimits(name=fmt.name, max=fmt.max, min_normal=fmt.min_normal,
+                          min_subnormal=fmt.min_subnormal)
+    sampled = repository.histogram_steps_last(session, run.id, HISTOGRAM_STEPS)
+    steps = [number for _, number, _, _ in sampled]
+    if step is None and not sampled:
+        return HistogramView(run=run.id, step=None, scale=None, steps=[], format=limits,
+                             min_exp=None, max_exp=None, layers=[], counts=[])
+    chosen = sampled[0] if step is None else next((row for row in sampled if row[1] == step), None)
+    if chosen is None:
+        sampled_text = (f"sampled: the last {len(steps)} are {', '.join(map(str, steps[:5]))}"
+                        f"{' …' if len(steps) > 5 else ''}" if steps else "it has none yet")
+        raise NotFound(f"run '{run.id}' has no exponent histogram at step {step} "
+                       f"({sampled_text})")
+    step_id, number, scale, scale_cls = chosen
+    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    rows = repository.histograms_of(session, [step_id])
+    return HistogramView(
+        run=run.id, step=number, scale=codec.from_storage(scale, scale_cls), steps=steps,
+        format=limits, min_exp=rows[0].min_exp if rows else None,
+        max_exp=rows[0].max_exp if rows else None,
+        layers=[names[r.layer_index] if r.layer_index < len(names) else f"#{r.layer_index}"
+                for r in rows],
+        counts=[list(r.counts) for r in rows])

@@ -635,3 +635,17 @@ def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, s
         .where(Step.run_id == run_id)
         .order_by(Step.step, Step.id, MisuseEvent.position).limit(limit))
     return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]
+
+
+# --- exponent histograms for the "what if x k" view (diagnosis.histogram_read) ----------------
+def histogram_steps_last(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, int, float | None, int]]:
+    """(step id, step, scale_before, its class) of the run's last `limit` steps that carry an
+    exponent histogram, newest first."""
+    has_histogram = select(Histogram.step_id).where(Histogram.step_id == Step.id).exists()
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class)
+        .where(Step.run_id == run_id, has_histogram)
+        .order_by(Step.step.desc(), Step.id.desc()).limit(limit))
+    return [(int(i), int(step), scale, int(cls)) for i, step, scale, cls in rows]

@@ -85,11 +85,17 @@ def summaries(
     scales = repository.last_scales(session, last_ids)
     worst = _worst_layers_of(session, runs)
     top = diagnosis.top_findings(session, runs)
+    # Lost to the format as the findings judge it (structural zeros apart, median of the recent
+    # layer-stat steps), so the list, the run page's card and the finding agree.
+    lost = diagnosis.worst_losses(session, runs)
     result = []
     for run in runs:
         num_steps, last_step, skipped, last_id = aggregates.get(run.id, (0, None, 0, None))
         scale = scales.get(run.id)
-        worst_underflow, worst_headroom = worst.get(run.id, (None, None))
+        _, worst_headroom = worst.get(run.id, (None, None))
+        loss = lost.get(run.id)
+        worst_underflow = None if loss is None else WorstLayer(layer=loss.layer,
+                                                               value=loss.lost_frac)
         result.append(RunSummary(
             id=run.id, project=run.project, name=run.name, tags=run.tags,
             status=derive_status(run.status, run.updated_at, now, crash_timeout_s),

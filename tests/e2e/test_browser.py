@@ -526,6 +526,13 @@ class TestRunPage:
             assert rates[step] == pytest.approx(sum(window) / len(window))
 
         # A click on a heatmap row adds that layer's amax and amin_nz; a second click removes them.
+        # The lines start with the layers the first finding cites (issue #14): clear those first.
+        watched.wait_for("() => window.ampscope.findings && window.ampscope.findings.body")
+        page.evaluate("""async () => {
+          const lines = window.ampscope.layerLines;
+          await window.ampscope.prefill;
+          for (const i of [...lines.shown]) await lines.toggle(i);
+        }""")
         lines = "() => document.getElementById('layer-lines').data.map((t) => [t.meta, t.name])"
         page.locator("#heatmap").scroll_into_view_if_needed()
         box = page.locator("#heatmap .nsewdrag").bounding_box()
@@ -579,7 +586,9 @@ class TestRunPage:
         watched.page.goto(f"{live_server.url}/runs/no-such-run")
         banner = watched.page.locator("#error")
         banner.wait_for(state="visible", timeout=WAIT_MS)
-        assert "run 'no-such-run' not found" in banner.inner_text()
+        assert banner.inner_text() == (  # a friendly not-found state (issue #14)
+            "This server has no run “no-such-run”: it may have been deleted, or the address "
+            "is mistyped. Back to the runs list")
         # The browser itself logs the 404 response; nothing else may be logged.
         unexpected = [e for e in watched.errors if "404" not in e]
         assert unexpected == []

@@ -22,7 +22,8 @@ from tests.support.servers import ServerProcess
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "nan_in_data",
-             "activation_overflow", "clip_before_unscale", "fp16_params_no_master", "healthy")
+             "activation_overflow", "clip_before_unscale", "fp16_params_no_master", "healthy",
+             "healthy_relu")
 
 
 class Runs:
@@ -167,6 +168,16 @@ class TestPhenomena:
         assert heat["z"] == [[step["swallowed"][i] for step in measured]
                              for i in range(len(export["layers"]))]
 
+    def test_healthy_relu_has_structural_zeros(self, runs: Runs) -> None:
+        export = runs.export("healthy_relu")
+        assert not any(step["skipped"] for step in export["steps"])
+        first = _layer(export, "0.weight")
+        # The units kept off (bias -50) pass back whole rows of exact zeros: 4 of 32 rows.
+        assert all(step["layers"]["zero_frac"][first] >= 4 / 32
+                   for step in _layer_steps(export))
+        assert all(step["layers"]["subnormal_frac"][first] == 0.0
+                   for step in _layer_steps(export))
+
     def test_healthy_run_is_clean(self, runs: Runs) -> None:
         steps = runs.export("healthy")["steps"]
         assert not any(step["skipped"] for step in steps)
@@ -183,11 +194,75 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "init_scale_too_high": ({"calibration_overflow"},
                             {"overflow_storm", "scale_collapse", "nan_not_range"}),
     "lr_explodes": ({"overflow_storm", "scale_collapse"}, set()),
-    "nan_in_data": ({"nan_not_range"}, {"overflow_storm", "scale_collapse"}),
+    # The NaN loss persisted in the FP32 re-check: forward_overflow says so; nan_not_range
+    # would say it again about the same step (issue #14: two ERRORs, one cause).
+    "nan_in_data": ({"forward_overflow"}, {"overflow_storm", "scale_collapse", "nan_not_range"}),
     "activation_overflow": ({"forward_overflow"}, {"nan_not_range"}),
     "clip_before_unscale": ({"amp_misuse"}, {"overflow_storm", "scale_collapse"}),
     "fp16_params_no_master": ({"swallowed_updates"}, {"overflow_storm"}),
 }
+
+
+PRIMARY: dict[str, tuple[str, str] | None] = {
+    # scenario: (kind, severity) of the first finding, the root cause to read first
+    "tiny_gradient_underflow": ("gradient_underflow", "warning"),
+    "init_scale_too_high": ("calibration_overflow", "info"),
+    # The gradients overflow from step 1, the loss only from step 20: the storm (diverging
+    # loss, "lower the learning rate") explains the forward overflow and the collapse.
+    "lr_explodes": ("overflow_storm", "error"),
+    "nan_in_data": ("forward_overflow", "error"),
+    "activation_overflow": ("forward_overflow", "error"),
+    "clip_before_unscale": ("amp_misuse", "warning"),
+    "fp16_params_no_master": ("swallowed_updates", "warning"),
+    "healthy": None,
+    "healthy_relu": None,
+}
+
+
+class TestPrimary:
+    @pytest.mark.parametrize("name", sorted(PRIMARY))
+    def test_the_first_finding_is_the_root_cause(self, runs: Runs, name: str) -> None:
+        findings = runs.findings(name)
+        first = (findings[0]["kind"], findings[0]["severity"]) if findings else None
+        assert first == PRIMARY[name], [(f["kind"], f["cause"]) for f in findings]
+        assert all(f["cause"] is None for f in findings if f["severity"] == "info")
+        summary = runs.get(f"/api/runs/{runs.run_id(name)}")
+        expected = None if not findings else {
+            "kind": findings[0]["kind"], "severity": findings[0]["severity"],
+            "title": findings[0]["title"]}
+        assert summary["top_finding"] == expected
+
+    @pytest.mark.parametrize("name", sorted(PRIMARY))
+    def test_one_piece_of_advice_per_cause(self, runs: Runs, name: str) -> None:
+        findings = runs.findings(name)
+        roots = {f["identity"] for f in findings if f["cause"] is None}
+        for f in findings:
+            if f["cause"] is not None:
+                assert f["cause"] in roots
+                assert f["recommendation"].startswith("Follows from “")
+        # No advice to run the FP32 re-check where the scenario already ran it.
+        if name in ("nan_in_data", "activation_overflow"):
+            assert not any("(mon.recheck)" in f["recommendation"] for f in findings)
+
+    def test_lr_explodes_says_lower_the_learning_rate(self, runs: Runs) -> None:
+        findings = runs.findings("lr_explodes")
+        assert findings[0]["recommendation"].startswith("Lower the learning rate")
+        assert {f["kind"]: f["cause"] for f in findings[1:]} == {
+            "scale_collapse": "overflow_storm", "forward_overflow": "overflow_storm"}
+        # Nowhere the advice to raise the scale while overflows pushed it down.
+        assert not any("Raise the loss scale" in f["recommendation"] for f in findings)
+
+    def test_nan_in_data_is_one_finding(self, runs: Runs) -> None:
+        assert [f["kind"] for f in runs.findings("nan_in_data")] == ["forward_overflow"]
+
+    @pytest.mark.parametrize("name", ["healthy", "healthy_relu"])
+    def test_healthy_runs_show_nothing_lost(self, runs: Runs, name: str) -> None:
+        summary = runs.get(f"/api/runs/{runs.run_id(name)}")
+        assert summary["worst_underflow"]["value"] == 0.0
+        worst = runs.get(f"/api/runs/{runs.run_id(name)}/findings")["worst_loss"]
+        assert worst["lost_frac"] == 0.0
+        if name == "healthy_relu":
+            assert worst["structural_zero_frac"] >= 4 / 32
 
 
 class TestFindings:
@@ -198,8 +273,9 @@ class TestFindings:
         assert required <= kinds, kinds
         assert not forbidden & kinds, kinds
 
-    def test_healthy_run_gets_no_warning(self, runs: Runs) -> None:
-        findings = runs.findings("healthy")
+    @pytest.mark.parametrize("name", ["healthy", "healthy_relu"])
+    def test_healthy_run_gets_no_warning(self, runs: Runs, name: str) -> None:
+        findings = runs.findings(name)
         assert [f for f in findings if f["severity"] != "info"] == []
 
     def test_tiny_gradient_at_65536_has_no_underflow_finding(self, runs: Runs) -> None:
@@ -220,5 +296,6 @@ class TestFindings:
             "Non-finite loss on 1 step(s), also in FP32: not a range overflow"]
         overflow = [f for f in runs.findings("activation_overflow")
                     if f["kind"] == "forward_overflow"]
-        assert len(overflow) == 1 and overflow[0]["title"].startswith("Forward overflow:")
+        assert [f["title"] for f in overflow] == [
+            "Forward overflow on 30 step(s): the loss is finite in FP32, non-finite in fp16"]
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0

@@ -52,6 +52,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/api/runs/{run_id}/layer-stats"): (
         Needs.READ, "/api/runs/RUN/layer-stats?stat=amax"),
     ("GET", "/api/runs/{run_id}/findings"): (Needs.READ, "/api/runs/RUN/findings"),
+    ("GET", "/api/runs/{run_id}/histogram"): (Needs.READ, "/api/runs/RUN/histogram"),
     ("GET", "/api/compare"): (Needs.READ, "/api/compare?runs=RUN,RUN2"),
     ("GET", "/"): (Needs.READ, "/"),
     ("GET", "/runs/{run_id}"): (Needs.READ, "/runs/RUN"),

@@ -3,10 +3,11 @@
 import { decodeCompare, decodeEvents, decodeLayerStats, decodeRun, decodeSeries, decodeStep } from './codec.js';
 
 export class ApiError extends Error {
-  constructor(message, status) {
+  constructor(message, status, detail = null) {
     super(message);
     this.name = 'ApiError';
     this.status = status;
+    this.detail = detail; // the server's own words (its `detail`), when it gave some
   }
 }
 
@@ -28,7 +29,7 @@ export async function getJSON(path) {
     } catch {
       // not JSON: keep the status text
     }
-    throw new ApiError(`GET ${path} → ${response.status}: ${detail}`, response.status);
+    throw new ApiError(`GET ${path} → ${response.status}: ${detail}`, response.status, detail);
   }
   return response.json();
 }
@@ -89,4 +90,19 @@ export function showError(message) {
   if (!banner) return;
   banner.textContent = message ?? '';
   banner.hidden = !message;
+}
+
+/**
+ * A friendly "not found" state in the error banner: what is missing, in the server's words, and
+ * a way back to the runs list. Text only (the message may quote an id from the address).
+ */
+export function showNotFound(message) {
+  const banner = document.getElementById('error');
+  if (!banner) return;
+  const back = document.createElement('a');
+  back.href = '/';
+  back.textContent = 'Back to the runs list';
+  banner.replaceChildren(document.createTextNode(`${message} `), back);
+  banner.classList.add('banner-not-found');
+  banner.hidden = false;
 }

@@ -169,6 +169,16 @@ class ComparePage {
       meta.append(statusBadge(run.status), el('span', 'muted', `${run.num_steps} steps`),
         el('span', 'muted', `scale ${scaleText(run.last_scale)}`), el('span', 'run-id', run.id.slice(0, 8)));
       li.append(head, meta);
+      // The run's root-cause finding, as its run page lists it first (refreshed with the
+      // comparison while the run is live).
+      const finding = el('div', 'compare-run-finding');
+      if (run.top_finding) {
+        finding.dataset.kind = run.top_finding.kind;
+        finding.append(el('span', `severity severity-${run.top_finding.severity}`, run.top_finding.severity),
+          ' ', el('span', 'finding-brief', run.top_finding.title));
+        finding.title = run.top_finding.title;
+      } else finding.append(el('span', 'muted', 'no findings'));
+      li.append(finding);
       if (index === 0) li.append(el('span', 'reference-tag', 'reference'));
       else {
         const button = el('button', 'button button-small', 'make reference');
@@ -277,7 +287,7 @@ class ComparePage {
     const c = this.body.comparisons[this.pair];
     $('lost-ref-head').textContent = `Lost · ${this.runName(c.reference)}`;
     $('lost-head').textContent = `Lost · ${this.runName(c.run)}`;
-    $('lost-ref-head').title = 'Median share of the gradient lost (zero or flushed to zero) over the common steps';
+    $('lost-ref-head').title = 'Median share of exact zeros plus values flushed to zero over the common steps: an upper bound on what the format loses (exact zeros include structural ones such as dead ReLU units; the run page counts those apart, docs/findings.md)';
     $('lost-head').title = $('lost-ref-head').title;
     const rows = c.layers.map((layer, order) => ({ ...layer, order }));
     const valueOf = (row, key) => ({
@@ -338,7 +348,11 @@ async function main() {
   try {
     await new ComparePage(ids).load();
   } catch (err) {
-    api.showError(err.message);
+    if (err instanceof api.ApiError && err.status === 404) {
+      api.showNotFound(`Nothing to compare: ${err.detail ?? 'a run is unknown'} (the runs of this page come from its address, ?runs=…).`);
+    } else {
+      api.showError(err.message);
+    }
   }
 }
 

@@ -1,6 +1,9 @@
-// Findings (GET /api/runs/{id}/findings): the diagnosis at the top of the run page, most severe
-// first, each linking to the steps and layers it cites; and a run's most severe finding in the
-// runs list (`top_finding` of the summary). Text reaches the page through textContent only.
+// Findings (GET /api/runs/{id}/findings): the diagnosis at the top of the run page, root causes
+// first with their consequences under them, each linking to the steps and layers it cites; and a
+// run's root-cause finding in the runs list (`top_finding` of the summary). Live: the panel fetches
+// again when new steps arrived (at most every REFETCH_MS, once more after the last change) and
+// updates each finding in place by its identity, so nothing blinks. Text reaches the page through
+// textContent only.
 
 import { getJSON, showError } from './api.js';
 import { el, numberText } from './format.js';
@@ -8,6 +11,7 @@ import { el, numberText } from './format.js';
 const TAGS = { nan: NaN, inf: Infinity, '-inf': -Infinity };
 const num = (v) => (typeof v === 'string' && v in TAGS ? TAGS[v] : v);
 const PAD = 0.1; // the zoomed range shows a tenth of the cited range on each side (at least 5 steps)
+export const REFETCH_MS = 3000; // the server analyses a changing run at most every 2 s
 
 /** A finding's severity as a small coloured label. */
 function severityBadge(severity) {
@@ -41,39 +45,116 @@ export async function focusFinding(page, finding) {
   page.scale.div.scrollIntoView({ block: 'center' });
 }
 
-function findingItem(page, f) {
-  const item = el('li', `finding finding-${f.severity}`);
+/** Fill `item` (an <li>, kept across updates) with finding `f`. */
+function fillItem(item, page, f, causeTitle) {
+  const held = typeof f.held_since === 'number';
+  item.className = `finding finding-${f.severity}${f.cause ? ' finding-consequence' : ''}${held ? ' finding-held' : ''}`;
   item.dataset.kind = f.kind;
+  item.dataset.identity = f.identity;
+  item.dataset.severity = f.severity;
   const head = el('div', 'finding-head');
   const title = el('button', 'finding-title', f.title);
   title.type = 'button';
   title.title = 'Show these steps on the loss-scale chart and these layers\' lines';
   title.addEventListener('click', () => focusFinding(page, f).catch((err) => showError(err.message)));
   head.append(severityBadge(f.severity), title, el('span', 'muted', stepsText(f)));
-  item.append(head, el('p', 'finding-text', f.explanation));
-  if (f.layers.length) item.append(el('p', 'finding-layers', `Layers, most responsible first: ${f.layers.join(', ')}`));
+  if (held) {
+    head.append(el('span', 'finding-state', `not seen since step ${f.held_since}`));
+  }
+  const parts = [head];
+  if (f.cause) parts.push(el('p', 'finding-cause', `Follows from: ${causeTitle ?? f.cause}`));
+  parts.push(el('p', 'finding-text', f.explanation));
+  if (f.layers.length) parts.push(el('p', 'finding-layers', `Layers, most responsible first: ${f.layers.join(', ')}`));
   const evidence = Object.entries(f.evidence).map(([k, v]) => `${k} ${numberText(num(v))}`).join(' · ');
-  if (evidence) item.append(el('p', 'finding-evidence', evidence));
-  item.append(el('p', 'finding-advice', `→ ${f.recommendation}`));
-  return item;
+  if (evidence) parts.push(el('p', 'finding-evidence', evidence));
+  if (!f.cause) parts.push(el('p', 'finding-advice', `→ ${f.recommendation}`));
+  item.replaceChildren(...parts);
 }
 
-/** Fetch and render the run's findings into #findings (the run page calls this once loaded). */
-export async function showFindings(page) {
-  const panel = document.getElementById('findings');
-  if (!panel) return;
-  const body = await getJSON(`/api/runs/${encodeURIComponent(page.runId)}/findings`);
-  const list = el('ol', 'findings');
-  for (const f of body.findings) list.append(findingItem(page, f));
-  const counts = { error: 0, warning: 0, info: 0 };
-  for (const f of body.findings) counts[f.severity] += 1;
-  const note = body.findings.length
-    ? `${counts.error} error · ${counts.warning} warning · ${counts.info} info`
-    : 'nothing found: no overflow, underflow or misuse worth reporting';
-  const head = el('div', 'panel-head');
-  head.append(el('h2', null, 'Findings'), el('span', 'panel-note', note));
-  panel.replaceChildren(head, list);
-  panel.hidden = false;
+/** The run page's findings panel (#findings): fetched on load, again when steps arrive. */
+export class FindingsPanel {
+  constructor(page, panel = document.getElementById('findings')) {
+    this.page = page;
+    this.panel = panel;
+    this.items = new Map(); // identity → <li>, kept while the finding is shown
+    this.list = el('ol', 'findings');
+    this.note = el('span', 'panel-note');
+    this.body = null;
+    this.lastFetch = -Infinity;
+    this.timer = null;
+    this.inFlight = null;
+    this.wanted = -1; // the newest step the page holds; fetch until the analysis has seen it
+    this.onUpdate = () => {};
+  }
+
+  /** Steps up to `step` arrived: fetch again (throttled) until the analysis covers them. */
+  stepsArrived(step) {
+    this.wanted = Math.max(this.wanted, step);
+    this.schedule();
+  }
+
+  schedule() {
+    if (this.timer !== null || this.inFlight) return;
+    const wait = Math.max(0, this.lastFetch + REFETCH_MS - performance.now());
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      this.refresh().catch((err) => showError(err.message));
+    }, wait);
+  }
+
+  async refresh() {
+    if (this.inFlight) return this.inFlight;
+    this.lastFetch = performance.now();
+    this.inFlight = getJSON(`/api/runs/${encodeURIComponent(this.page.runId)}/findings`)
+      .then((body) => this.render(body))
+      .finally(() => {
+        this.inFlight = null;
+        // The server's analysis is up to 2 s behind the newest steps: ask again until it has them.
+        if (this.body && typeof this.body.step === 'number' && this.body.step < this.wanted) this.schedule();
+      });
+    return this.inFlight;
+  }
+
+  render(body) {
+    this.body = body;
+    const panel = this.panel;
+    if (!panel) return;
+    const titles = new Map(body.findings.map((f) => [f.identity, f.title]));
+    const keep = new Set();
+    const ordered = [];
+    for (const f of body.findings) {
+      let item = this.items.get(f.identity);
+      if (!item) {
+        item = el('li');
+        this.items.set(f.identity, item);
+      }
+      fillItem(item, this.page, f, titles.get(f.cause));
+      keep.add(f.identity);
+      ordered.push(item);
+    }
+    for (const [identity, item] of this.items) {
+      if (!keep.has(identity)) {
+        item.remove();
+        this.items.delete(identity);
+      }
+    }
+    this.list.append(...ordered); // moves kept nodes into the new order without recreating them
+    const counts = { error: 0, warning: 0, info: 0 };
+    for (const f of body.findings) counts[f.severity] += 1;
+    const roots = body.findings.filter((f) => !f.cause).length;
+    const at = typeof body.step === 'number' && body.step >= 0 ? ` · analysed at step ${body.step}` : '';
+    this.note.textContent = body.findings.length
+      ? `${counts.error} error · ${counts.warning} warning · ${counts.info} info · ${roots} root cause${roots === 1 ? '' : 's'}, read first${at}`
+      : `nothing found: no overflow, underflow or misuse worth reporting${at}`;
+    panel.dataset.step = String(body.step ?? '');
+    if (!panel.firstChild) {
+      const head = el('div', 'panel-head');
+      head.append(el('h2', null, 'Findings'), this.note);
+      panel.replaceChildren(head, this.list);
+    }
+    panel.hidden = false;
+    this.onUpdate(body);
+  }
 }
 
 /** The runs list's cell for a summary's `top_finding` (null: none). */
@@ -84,6 +165,8 @@ export function findingCell(top) {
     return td;
   }
   td.append(severityBadge(top.severity), el('div', 'finding-brief', top.title));
+  td.dataset.kind = top.kind;
+  td.dataset.severity = top.severity;
   td.title = top.title;
   return td;
 }

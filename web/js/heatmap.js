@@ -33,12 +33,12 @@ const fixed1 = (v) => v.toFixed(1);
 
 /** The statistics the selector offers, in its order. */
 export const STATS = Object.freeze({
-  lost_frac: fraction('lost fraction', 'zero + underflow: the share of the gradient lost in the target format'),
-  zero_frac: fraction('zero fraction', 'elements exactly 0'),
+  lost_frac: fraction('zeros + flushed', 'exact zeros plus values that would flush at this scale: an upper bound on what the format loses (exact zeros include structural ones, e.g. dead ReLU units; the Findings and the card count those apart, docs/findings.md)'),
+  zero_frac: fraction('zero fraction', 'elements exactly 0: flushed upstream, or structural (dead ReLU units, unused rows)'),
   underflow_frac: fraction('underflow fraction', 'non-zero, but would flush to 0 in the target format at this scale'),
   subnormal_frac: fraction('subnormal fraction', 'non-zero but below the smallest normal at this scale: precision lost'),
   headroom_bits: {
-    label: 'headroom (bits)', help: 'doublings of the scale left before this layer overflows (red: little)',
+    label: 'headroom (bits)', help: 'doublings of the scale left before this layer overflows; 0–2 bits is normal (dynamic loss scaling grows the scale until the next overflow)',
     colorscale: HEADROOM, symmetric: true, format: '.1f', legend: fixed1,
   },
   amax: {
@@ -47,6 +47,10 @@ export const STATS = Object.freeze({
   },
   nan_count: {
     label: 'NaN count', help: 'NaN elements in the gradient', zmin: 0,
+    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
+  },
+  inf_count: {
+    label: 'inf count', help: '±inf elements in the gradient: the layers that overflowed at that step', zmin: 0,
     colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
   },
 });

@@ -7,7 +7,7 @@ import { columnOf } from './heatmap.js';
 import { TableSort } from './table_sort.js';
 
 export const COLUMNS = Object.freeze([
-  ['lost_frac', 'lost', 'pct'], ['zero_frac', 'zero', 'pct'], ['underflow_frac', 'underflow', 'pct'],
+  ['lost_frac', 'zeros+flushed', 'pct'], ['zero_frac', 'zero', 'pct'], ['underflow_frac', 'underflow', 'pct'],
   ['subnormal_frac', 'subnormal', 'pct'], ['headroom_bits', 'headroom bits', 'fixed'],
   ['amax', 'amax', 'exp'], ['amin_nz', 'amin≠0', 'exp'], ['l2', 'l2', 'exp'],
   ['nan_count', 'NaN', 'int'], ['inf_count', 'inf', 'int'],

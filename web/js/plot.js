@@ -32,7 +32,10 @@ export const CONFIG = Object.freeze({
 
 /** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
 export function themedLayout(uirevision, overrides = {}) {
-  const axis = { gridcolor: COLORS.grid, linecolor: COLORS.axis, zeroline: false, automargin: true };
+  // exponentformat 'e': plotly's own labels for powers ("10<sup>-5</sup>") are drawn as tspans
+  // with an inline style, which the CSP blocks; "1e-5" is plain text (LogTicks labels powers).
+  const axis = { gridcolor: COLORS.grid, linecolor: COLORS.axis, zeroline: false, automargin: true,
+    exponentformat: 'e' };
   return {
     uirevision,
     font: FONT,

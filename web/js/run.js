@@ -3,7 +3,7 @@
 import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
 import { EventLog } from './events.js';
-import { LayerHeatmap, STATS, columnOf } from './heatmap.js';
+import { LayerHeatmap, STATS } from './heatmap.js';
 import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
@@ -11,11 +11,14 @@ import { LiveState, LiveStream } from './live.js';
 import { COLORS } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
-import { followZoom } from './zoom.js';
-import { showFindings } from './findings.js';
+import { alignMargins, followZoom, linkZoom } from './zoom.js';
+import { FindingsPanel } from './findings.js';
+import { WhatIf } from './whatif.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
+const PREFILL_LAYERS = 3; // the per-layer range starts with this many of the cited layers
+const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
 // What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
 const MISUSE_HELP = Object.freeze({
@@ -49,6 +52,9 @@ class RunPage {
     this.liveDetail = undefined;
     this.skipFlags = []; // {step, skipped} of every stored step, for the rolling skip rate
     this.zoom = {};
+    this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
+    this.layerLinesPrefilled = false;
+    this.prefill = Promise.resolve(); // settles once the pre-filled layer lines are drawn
   }
 
   async load() {
@@ -95,17 +101,31 @@ class RunPage {
       this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(this.skipFlags, maxPoints), this.layerLines.init(),
     ]);
     this.skipFlags = null;
+    $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
+    $('heatmap-empty').hidden = stats.steps.length > 0;
     this.events.add(events);
     this.renderMisuse(events);
     await this.loadLayerTable(stats);
     this.initSmoothing();
     this.initLayerPicking();
     this.initZoom();
+    await this.align();
     this.initStatSelect();
     this.renderCards();
-    if (stats.steps.length) this.renderWorst(stats.z.map((row) => row[row.length - 1]));
     window.ampscope = this; // for the console and the browser tests
-    showFindings(this).catch((err) => api.showError(err.message));
+    this.findings = new FindingsPanel(this);
+    this.findings.onUpdate = (body) => {
+      this.renderWorst(body.worst_loss);
+      this.prefillLayerLines(body.findings);
+    };
+    this.findings.wanted = this.lastStep ? this.lastStep.step : -1;
+    this.findings.refresh().catch((err) => api.showError(err.message));
+    setInterval(() => this.tick(), TICK_MS);
+    this.whatIf = new WhatIf(this.runId, {
+      panel: $('whatif-panel'), chart: $('whatif-chart'), body: $('whatif-body'), slider: $('whatif-k'),
+      output: $('whatif-k-value'), select: $('whatif-step'), note: $('whatif-note'), empty: $('whatif-empty'),
+    });
+    this.whatIf.load().catch((err) => this.whatIf.fail(err));
 
     this.live = new LiveStream(this.runId, lastId, {
       onSteps: (steps) => this.onSteps(steps),
@@ -146,11 +166,23 @@ class RunPage {
     for (const [label, value] of items) {
       if (value === null || value === undefined || value === '') continue;
       const item = el('span', 'meta-item');
-      item.append(el('span', 'meta-label', label), el('span', 'meta-value', String(value)));
+      const shown = el('span', 'meta-value', String(value));
+      if (label === 'started') {
+        shown.dataset.ago = String(run.created_at);
+        shown.title = new Date(run.created_at * 1000).toLocaleString();
+      }
+      item.append(el('span', 'meta-label', label), shown);
       nodes.push(item);
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
     meta.replaceChildren(...nodes);
+    const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
+    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv']]) {
+      const link = $(id);
+      link.href = exportUrl(format);
+      link.setAttribute('download', '');
+    }
+    $('run-actions').hidden = false;
   }
 
   renderStatus(status) {
@@ -173,14 +205,53 @@ class RunPage {
     norm.classList.toggle('bad', !!s && typeof s.grad_norm === 'number' && !Number.isFinite(s.grad_norm));
   }
 
-  renderWorst(lost) {
-    if (!lost || !lost.length) return;
-    let worst = 0;
-    lost.forEach((v, i) => { if ((v ?? -1) > (lost[worst] ?? -1)) worst = i; });
+  /**
+   * Before the user picks layers, the per-layer range shows the layers the first finding that
+   * cites any names (most responsible first, at most PREFILL_LAYERS); once the user toggles a
+   * layer, the choice is theirs.
+   */
+  prefillLayerLines(findings) {
+    if (this.layerLinesPicked || this.layerLinesPrefilled) return;
+    const cited = findings.find((f) => f.layers.some((name) => this.layerNames.includes(name)));
+    if (!cited) return;
+    this.layerLinesPrefilled = true;
+    const indices = cited.layers.map((name) => this.layerNames.indexOf(name)).filter((i) => i >= 0)
+      .slice(0, PREFILL_LAYERS);
+    this.prefill = (async () => {
+      for (const index of indices) {
+        if (!this.layerLines.shown.includes(index)) await this.layerLines.toggle(index);
+      }
+      await this.align();
+    })().catch((err) => api.showError(err.message));
+  }
+
+  /** Relative times ("28s ago") move on without new data. */
+  tick() {
+    for (const node of document.querySelectorAll('[data-ago]')) {
+      node.textContent = agoText(Number(node.dataset.ago));
+    }
+  }
+
+  /**
+   * The card of the layer losing most to the format: the findings' own numbers (median over the
+   * recent layer-stat steps, structural zeros apart), so the card and the underflow finding agree.
+   */
+  renderWorst(worst) {
     const node = $('card-worst');
-    node.replaceChildren(el('span', 'card-layer', this.layerNames[worst] ?? `layer ${worst}`),
-      el('span', 'card-sub', ` ${numberText(100 * (lost[worst] ?? 0), 3)}% lost`));
-    node.classList.toggle('warn', (lost[worst] ?? 0) >= 0.01);
+    const label = $('card-worst-label');
+    if (!worst) {
+      node.replaceChildren(el('span', 'muted', 'no layer statistics yet'));
+      return;
+    }
+    const lost = typeof worst.lost_frac === 'number' ? worst.lost_frac : NaN;
+    const structural = typeof worst.structural_zero_frac === 'number' ? worst.structural_zero_frac : NaN;
+    label.textContent = `Most lost to ${this.run.target_format} · median, last ${worst.steps} layer-stat steps`;
+    const parts = [el('span', 'card-layer', worst.layer), el('span', 'card-sub', ` ${numberText(100 * lost, 3)}% lost`)];
+    if (structural > 0) parts.push(el('span', 'card-sub card-structural', ` · ${numberText(100 * structural, 3)}% structural zeros (not lost)`));
+    node.replaceChildren(...parts);
+    node.title = 'Lost: values that flush to zero at this scale, and exact zeros where the layer\'s values press on the format\'s floor. '
+      + 'Structural zeros (dead ReLU units, unused rows) are shown apart. Same definition as the underflow finding (docs/findings.md).';
+    node.classList.toggle('warn', lost >= 0.25);
   }
 
   onSteps(steps) {
@@ -200,21 +271,25 @@ class RunPage {
       this.eventsRefetched = performance.now();
       this.events.scheduleRefetch(); // misuse events (not derivable from the steps) arrive too
     }
+    if (steps.some((s) => typeof s.loss === 'number')) $('loss-empty').hidden = true;
     const withLayers = steps.filter((s) => s.layers);
     if (withLayers.length) {
+      $('heatmap-empty').hidden = true;
       this.heatmap.append(withLayers);
       this.layerLines.append(withLayers);
       this.layerTable.append(withLayers);
       this.recent.push(...withLayers);
       if (this.recent.length > RECENT_STEPS) this.recent.splice(0, this.recent.length - RECENT_STEPS);
-      this.renderWorst(columnOf(withLayers[withLayers.length - 1], 'lost_frac', this.run.target_format));
     }
+    if (this.findings) this.findings.stepsArrived(this.lastStep.step);
+    if (this.whatIf) this.whatIf.stepsArrived();
     this.renderCards();
   }
 
   onStatus(status) {
     this.renderStatus(status);
     this.renderLive();
+    if (this.findings) this.findings.stepsArrived(this.lastStep ? this.lastStep.step : -1);
   }
 
   onLiveState(state, detail) {
@@ -292,12 +367,28 @@ class RunPage {
       if (!point) return;
       const index = this.heatmap.div.data[0].y.indexOf(point.y);
       if (index < 0) return;
-      this.layerLines.toggle(index).catch((err) => api.showError(err.message));
+      this.layerLinesPicked = true;
+      this.layerLines.toggle(index).then(() => this.align()).catch((err) => api.showError(err.message));
     });
   }
 
-  /** Zooming the scale, loss or grad-norm chart fetches the visible range in detail. */
+  /** The step charts, top to bottom: one step axis, lined up (zoom.js). */
+  stepCharts() {
+    return [this.scale.div, this.loss.div, this.gradNorm.div, this.skipRate.div, this.heatmap.div,
+      this.layerLines.div];
+  }
+
+  /** Line the step charts' plot areas up (after any of them re-drew its axes). */
+  align() {
+    return alignMargins(this.stepCharts()).catch((err) => api.showError(err.message));
+  }
+
+  /**
+   * Zooming any step chart zooms them all (linkZoom); the scale, loss and grad-norm charts then
+   * fetch the visible range in detail.
+   */
   initZoom() {
+    this.zoom.linked = linkZoom(this.stepCharts());
     const onError = (err) => api.showError(err.message);
     this.zoom.scale = followZoom(this.scale.div,
       (range, maxPoints) => api.getSeries(this.runId, 'scale', maxPoints, range),
@@ -335,6 +426,7 @@ class RunPage {
       if (request !== this.statRequest) return; // a newer choice is on its way
       await this.heatmap.show(body);
       this.heatmap.append(this.recent); // steps that arrived while we fetched (param only)
+      await this.align();
       const note = $('source-note');
       note.hidden = this.source === 'param';
       note.textContent = body.layers.length === 0
@@ -357,7 +449,14 @@ async function main() {
   try {
     await new RunPage(runId).load();
   } catch (err) {
-    api.showError(err.message);
+    if (err instanceof api.ApiError && err.status === 404) {
+      api.showNotFound(`This server has no run “${runId}”: it may have been deleted, or the address is mistyped.`);
+      document.title = 'Run not found · ampscope';
+      $('run-name').textContent = 'Run not found';
+      $('crumb-run').textContent = 'not found';
+    } else {
+      api.showError(err.message);
+    }
     $('live').dataset.state = 'closed';
     $('live-text').textContent = 'not connected';
   }

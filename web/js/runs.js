@@ -64,11 +64,19 @@ function sortValue(run, key) {
 
 const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' }, render);
 
+const TICK_MS = 5000; // relative times ("3m ago") are redrawn this often without new data
+const UNDERFLOW_WARN = 0.25; // the underflow finding's threshold (findings/thresholds.py)
+
 function timeCell(seconds) {
   const td = el('td', 'num muted', agoText(seconds));
+  td.dataset.ago = String(seconds);
   const when = toDate(seconds);
   if (when) td.title = when.toLocaleString();
   return td;
+}
+
+function tick() {
+  for (const node of body.querySelectorAll('[data-ago]')) node.textContent = agoText(Number(node.dataset.ago));
 }
 
 /** A layer name plus its value, or a dash: user text, so textContent only. */
@@ -85,15 +93,17 @@ function layerCell(worst, valueText, level) {
   return td;
 }
 
+// Lost to the format as the findings count it: structural zeros (dead ReLU units) not included.
 function underflowLevel(v) {
   if (!(v > 0)) return 'muted';
-  return v >= 0.01 ? 'warn' : '';
+  return v >= UNDERFLOW_WARN ? 'warn' : '';
 }
 
+// Dynamic loss scaling grows the scale until the next overflow, so 0–2 bits of headroom is the
+// scaler working as designed: never a warning; below 0 the step overflowed.
 function headroomLevel(bits) {
   if (bits === null || bits === undefined || Number.isNaN(bits)) return 'muted';
-  if (bits < 1) return 'bad';
-  return bits < 4 ? 'warn' : '';
+  return bits < 0 ? 'bad' : '';
 }
 
 function headroomText(bits) {
@@ -121,7 +131,11 @@ function row(run) {
   name.append(link, el('div', 'run-id', run.id.slice(0, 8)));
 
   const tags = el('td', 'tags');
-  for (const tag of run.tags ?? []) tags.append(el('span', 'tag', tag));
+  for (const tag of run.tags ?? []) {
+    const chip = el('span', 'tag', tag);
+    chip.title = tag; // cut with an ellipsis when long: the full tag on hover
+    tags.append(chip);
+  }
 
   const status = el('td');
   status.append(statusBadge(run.status));
@@ -232,4 +246,5 @@ compareButton.addEventListener('click', () => {
   if (selected.length < 2) return;
   location.href = `/compare?runs=${selected.map(encodeURIComponent).join(',')}`;
 });
+setInterval(tick, TICK_MS);
 window.ampscope = { runs: new RunsStream({ onRuns, onState }).start() }; // for the console and the tests

@@ -45,3 +45,55 @@ export function followZoom(div, fetchRange, apply, onError) {
   });
   return state;
 }
+
+/**
+ * One step axis for several charts: zooming (or resetting) the x axis of any of them zooms the
+ * others to the same steps. Each chart's own followZoom then fetches its detail. A chart being
+ * synchronised ignores the relayout event it emits, so the group never loops.
+ * @param {HTMLElement[]} divs  plotly charts whose x axis is the step number
+ * @returns {{sync: (range: number[] | null) => Promise<void>}}
+ */
+export function linkZoom(divs) {
+  const syncing = new Set();
+  const apply = async (source, update) => {
+    await Promise.all(divs.filter((d) => d !== source && d.data).map(async (d) => {
+      syncing.add(d);
+      try {
+        await Plotly.relayout(d, update);
+      } finally {
+        syncing.delete(d);
+      }
+    }));
+  };
+  for (const div of divs) {
+    div.on('plotly_relayout', (event) => {
+      if (syncing.has(div) || !event) return;
+      const range = xRangeOf(event);
+      if (range) {
+        const lo = event['xaxis.range[0]'] ?? event['xaxis.range'][0];
+        const hi = event['xaxis.range[1]'] ?? event['xaxis.range'][1];
+        apply(div, { 'xaxis.range': [lo, hi] });
+      } else if (event['xaxis.autorange'] === true) {
+        apply(div, { 'xaxis.autorange': true });
+      }
+    });
+  }
+  return { sync: (range) => apply(null, range ? { 'xaxis.range': range } : { 'xaxis.autorange': true }) };
+}
+
+/**
+ * Line the plot areas of step charts up with each other (same left and right margins), so a
+ * step is at the same x on every chart: plotly's automargin sizes each chart's margins to its
+ * own tick labels (the heatmap's layer names are far wider than a loss axis's numbers).
+ */
+export async function alignMargins(divs) {
+  const drawn = divs.filter((d) => d._fullLayout && d._fullLayout._size);
+  if (drawn.length < 2) return;
+  const left = Math.max(...drawn.map((d) => d._fullLayout._size.l));
+  const right = Math.max(...drawn.map((d) => d._fullLayout._size.r));
+  await Promise.all(drawn.map((d) => {
+    const size = d._fullLayout._size;
+    if (size.l === left && size.r === right) return null;
+    return Plotly.relayout(d, { 'margin.l': left, 'margin.r': right, 'yaxis.automargin': false });
+  }));
+}

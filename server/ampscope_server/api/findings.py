@@ -1,4 +1,5 @@
-"""Findings: GET /api/runs/{id}/findings[?baseline=RUN] (docs/contracts.md, Findings)."""
+"""Findings: GET /api/runs/{id}/findings[?baseline=RUN] (docs/contracts.md, Findings), and the
+exponent histograms behind the "what if x k" view: GET /api/runs/{id}/histogram[?step=N]."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from ampscope_server import diagnosis, runs
 from ampscope_server.deps import PrincipalDep, RunDep, SessionDep, requires
-from ampscope_server.findings.schemas import FindingsRead
+from ampscope_server.findings.schemas import FindingsRead, HistogramView
 from ampscope_server.principal import Scope
 from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody
 
@@ -30,3 +31,13 @@ def get_findings(
     if baseline is not None and baseline != run.id:
         runs.load_run(session, baseline, principal)  # 404 unless the viewer may see it
     return diagnosis.findings_read(session, run, baseline)
+
+
+@router.get("/runs/{run_id}/histogram", responses={
+    404: {"model": ErrorBody, "description": "Unknown run, or no histogram at that step"}})
+def get_histogram(
+    run: RunDep,
+    session: SessionDep,
+    step: Annotated[int | None, Query(ge=0)] = None,
+) -> HistogramView:
+    return diagnosis.histogram_read(session, run, step)

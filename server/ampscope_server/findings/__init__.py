@@ -4,11 +4,17 @@ Pure functions over a plain snapshot of a run (`RunData`); no database, no torch
 that loads a snapshot from the database is `ampscope_server.diagnosis`.
 
     analyze(run: RunData, baseline: RunData | None = None) -> list[Finding]
+    analyze_live(run: RunData, memory: Memory | None) -> tuple[list[Finding], Memory]
+
+Findings come grouped, root cause first (`causes.py`); live, they hold steady (`stability.py`);
+"lost" counts only what the format loses (`lost.py`).
 """
 
 from __future__ import annotations
 
-from ampscope_server.findings.engine import analyze, most_severe
+from ampscope_server.findings.causes import primary
+from ampscope_server.findings.engine import analyze, analyze_live, most_severe
+from ampscope_server.findings.lost import LayerLoss
 from ampscope_server.findings.model import (
     Finding,
     LayerInfo,
@@ -21,6 +27,7 @@ from ampscope_server.findings.model import (
     StepPoint,
     SwallowedSample,
 )
+from ampscope_server.findings.stability import Memory
 
 KINDS = (
     "calibration_overflow", "overflow_storm", "scale_collapse", "forward_overflow",
@@ -29,6 +36,7 @@ KINDS = (
 )
 
 __all__ = [
-    "KINDS", "Finding", "LayerInfo", "LayerSample", "MisuseEvent", "NonfiniteStep", "RecheckStatus",
-    "RunData", "Severity", "StepPoint", "SwallowedSample", "analyze", "most_severe",
+    "KINDS", "Finding", "LayerInfo", "LayerLoss", "LayerSample", "Memory", "MisuseEvent",
+    "NonfiniteStep", "RecheckStatus", "RunData", "Severity", "StepPoint", "SwallowedSample",
+    "analyze", "analyze_live", "most_severe", "primary",
 ]

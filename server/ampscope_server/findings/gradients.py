@@ -2,7 +2,10 @@
 swallowed by FP16 parameters.
 
 Both judge "now": the last UNDERFLOW_RECENT_SAMPLES layer-stat steps of the snapshot, taking
-each layer's median there so one odd batch does not decide.
+each layer's median there so one odd batch does not decide. Both take the layers a previous
+live analysis flagged (`holding`): those stay flagged down to the exit threshold (hysteresis,
+findings/stability.py), so a median hovering at the entry threshold cannot flip the finding.
+The share "lost" is `lost.lost_to_format`: structural zeros (dead ReLU units) do not count.
 """
 
 from __future__ import annotations
@@ -10,14 +13,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 
+from ampscope_server.findings.lost import LayerLoss, lost_to_format, structural_zeros
 from ampscope_server.findings.model import Finding, LayerInfo, LayerSample, RunData
 from ampscope_server.findings.nonfinite import min_headroom
 from ampscope_server.findings.thresholds import (
     HEADROOM_MARGIN_BITS,
     LOW_PRECISION_PARAM_DTYPES,
+    PRIMARY_MARGIN,
     SPARSE_MODULE_TYPES,
+    SWALLOWED_EXIT_FRAC,
     SWALLOWED_FRAC_WARN,
+    UNDERFLOW_EXIT_FRAC,
     UNDERFLOW_LOST_FRAC,
     UNDERFLOW_RECENT_SAMPLES,
 )
@@ -51,22 +59,63 @@ def doublings_to_rescue(rms: float | None, scale: float, fmt: FloatFormat) -> in
     return max(1, math.ceil(math.log2(fmt.min_normal / (rms * scale))))
 
 
-def gradient_underflow(run: RunData) -> list[Finding]:
-    """Warning: layers whose median lost fraction over the recent samples ≥ UNDERFLOW_LOST_FRAC."""
+def _median_losses(run: RunData) -> list[tuple[float, float, int]]:
+    """(median lost-to-format share, median structural-zero share, layer) over the recent
+    samples, for every dense layer with samples, in model order."""
+    _, by_layer = recent_samples(run)
+    out = []
+    for index in sorted(by_layer):
+        if index >= len(run.layers) or run.layers[index].module_type in SPARSE_MODULE_TYPES:
+            continue
+        layer, samples = run.layers[index], by_layer[index]
+        out.append((statistics.median(lost_to_format(s, layer) for s in samples),
+                    statistics.median(structural_zeros(s, layer) for s in samples), index))
+    return out
+
+
+def worst_loss(run: RunData) -> LayerLoss | None:
+    """The layer losing the largest median share to the format over the recent samples (ties:
+    model order), as `gradient_underflow` measures it; None without layer samples."""
+    steps, _ = recent_samples(run)
+    losses = _median_losses(run)
+    if not losses:
+        return None
+    lost, structural, index = max(losses, key=lambda row: (row[0], -row[2]))
+    return LayerLoss(run.layer_name(index), lost, structural, len(steps))
+
+
+def _ordered(flagged: list[tuple[float, int]], run: RunData,
+             holding: Sequence[str]) -> list[tuple[float, int]]:
+    """Most lost first (ties: model order); but the layer the previous analysis named first
+    stays first while it is within PRIMARY_MARGIN of the most lost, so the title does not swap
+    layer names between analyses for a point or two."""
+    flagged = sorted(flagged, key=lambda pair: (-pair[0], pair[1]))
+    if not flagged or not holding:
+        return flagged
+    previous = next((pair for pair in flagged if run.layer_name(pair[1]) == holding[0]), None)
+    if previous is None or previous is flagged[0] or previous[0] < flagged[0][0] - PRIMARY_MARGIN:
+        return flagged
+    return [previous] + [pair for pair in flagged if pair is not previous]
+
+
+def gradient_underflow(
+    run: RunData, holding: Sequence[str] = ()
+) -> list[Finding]:
+    """Warning: layers whose median lost share over the recent samples is ≥ UNDERFLOW_LOST_FRAC,
+    or ≥ UNDERFLOW_EXIT_FRAC for the layers in `holding` (flagged by the previous analysis,
+    most responsible first)."""
     fmt = FORMATS.get(run.target_format)
-    steps, by_layer = recent_samples(run)
+    steps, _ = recent_samples(run)
     if fmt is None or not steps:
         return []
     flagged: list[tuple[float, int]] = []
-    for index, samples in by_layer.items():
-        if index >= len(run.layers) or run.layers[index].module_type in SPARSE_MODULE_TYPES:
-            continue
-        lost = statistics.median(s.lost_frac for s in samples)
-        if lost >= UNDERFLOW_LOST_FRAC:
+    for lost, _, index in _median_losses(run):
+        enter = UNDERFLOW_EXIT_FRAC if run.layer_name(index) in holding else UNDERFLOW_LOST_FRAC
+        if lost >= enter:
             flagged.append((lost, index))
     if not flagged:
         return []
-    flagged.sort(key=lambda pair: (-pair[0], pair[1]))
+    flagged = _ordered(flagged, run, holding)
     last = [s for s in run.layer_samples if s.step == steps[-1]]
     scale = next((s.scale for s in last if s.scale is not None), None) or 1.0
     headroom = min_headroom(last, run.target_format)
@@ -85,7 +134,8 @@ def gradient_underflow(run: RunData) -> list[Finding]:
                  else math.floor(headroom) - HEADROOM_MARGIN_BITS)
     names = [run.layer_name(index) for _, index in flagged]
     evidence: dict[str, float] = {
-        "layers_flagged": len(flagged), "worst_lost_frac": flagged[0][0], "scale": scale,
+        "layers_flagged": len(flagged), "worst_lost_frac": max(lost for lost, _ in flagged),
+        "first_layer_lost_frac": flagged[0][0], "scale": scale,
         "threshold": UNDERFLOW_LOST_FRAC,
     }
     if headroom is not None:
@@ -117,10 +167,15 @@ def gradient_underflow(run: RunData) -> list[Finding]:
         title=f"Gradient underflow: {names[0]} loses {flagged[0][0]:.0%} of its gradient"
               + (f" (+{len(names) - 1} more layers)" if len(names) > 1 else ""),
         explanation=(
-            f"At the current scale {scale:g}, {len(names)} layer(s) lose at least "
-            f"{UNDERFLOW_LOST_FRAC:.0%} of their gradient values to zero or to values that "
-            f"flush in {fmt.name} (median over the last {len(steps)} layer-stat steps). Those "
-            "parameters get no or partial updates, silently."),
+            f"At the current scale {scale:g}, {names[0]} loses {flagged[0][0]:.0%} of its "
+            f"gradient values to {fmt.name} ({len(names)} layer(s) flagged, median over the "
+            f"last {len(steps)} layer-stat steps): values that flush to zero at this scale, "
+            "and exact zeros where the layer's values press on the format's floor; "
+            "structural zeros (dead ReLU units, unused rows) are not counted. A layer is "
+            f"flagged from {UNDERFLOW_LOST_FRAC:.0%} and stays flagged until below "
+            f"{UNDERFLOW_EXIT_FRAC:.0%}, so that a value near the threshold does not make "
+            "this finding come and go. Those parameters get no or partial updates, "
+            "silently."),
         recommendation=advice, step_start=steps[0], step_end=steps[-1], layers=names,
         evidence=evidence,
     )]
@@ -185,17 +240,21 @@ def _estimated_swallowed(run: RunData, skip: set[int]) -> list[tuple[float, int,
     return sorted(rows)
 
 
-def swallowed_updates(run: RunData) -> list[Finding]:
+def swallowed_updates(
+    run: RunData, holding: Sequence[str] = ()
+) -> list[Finding]:
     """Warning: parameters whose updates round away.
 
     Measured when the hook sends the swallowed fraction (wire v3): a layer whose median
     fraction is at least SWALLOWED_FRAC_WARN. Otherwise estimated for parameters *held* in
     FP16 (their dtype; autocast keeps FP32 masters, so this means `model.half()` without master
     weights): the SGD-like update lr·rms(grad) below half the FP16 spacing at the weight's
-    magnitude."""
+    magnitude. Layers in `holding` stay flagged down to SWALLOWED_EXIT_FRAC."""
     measured = _measured_swallowed(run)
     flagged_measured = sorted(
-        ((frac, index) for index, frac in measured.items() if frac >= SWALLOWED_FRAC_WARN),
+        ((frac, index) for index, frac in measured.items()
+         if frac >= (SWALLOWED_EXIT_FRAC if run.layer_name(index) in holding
+                     else SWALLOWED_FRAC_WARN)),
         key=lambda pair: (-pair[0], pair[1]))
     estimated = _estimated_swallowed(run, set(measured))
     if not flagged_measured and not estimated:

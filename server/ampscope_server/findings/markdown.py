@@ -13,7 +13,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.findings.lost import lost_to_format, structural_zeros
+from ampscope_server.findings.model import Finding, LayerInfo, LayerSample, RunData
 from ampscope_server.findings.nonfinite import min_headroom
 from ampscope_server.findings.timeline import history
 
@@ -106,20 +107,27 @@ def _worst_layers(run: RunData) -> list[str]:
         return ["### Worst layers", "", "No per-layer statistics recorded.", ""]
     last = max(s.step for s in run.layer_samples)
     at = [s for s in run.layer_samples if s.step == last]
-    lost = sorted(at, key=lambda s: (-s.lost_frac, s.layer))[:WORST_LAYERS]
-    lines = [f"### Worst layers (step {last})", "", "| layer | lost fraction | headroom bits |",
-             "|---|---|---|"]
+    def lost_of(s: LayerSample) -> float:
+        return lost_to_format(s, _info(run, s.layer))
+
+    lost = sorted(at, key=lambda s: (-lost_of(s), s.layer))[:WORST_LAYERS]
+    lines = [f"### Worst layers (step {last})", "",
+             "| layer | lost to the format | structural zeros | headroom bits |",
+             "|---|---|---|---|"]
     for s in lost:
         bits = min_headroom([s], run.target_format)
-        lines.append(f"| {_code(run.layer_name(s.layer))} | {s.lost_frac:.2%} | "
+        lines.append(f"| {_code(run.layer_name(s.layer))} | {lost_of(s):.2%} | "
+                     f"{structural_zeros(s, _info(run, s.layer)):.2%} | "
                      f"{'n/a' if bits is None else _num(round(bits, 2))} |")
     headrooms = [(b, s) for s in at if (b := min_headroom([s], run.target_format)) is not None]
     if headrooms:
         bits, closest = min(headrooms, key=lambda pair: (pair[0], pair[1].layer))
         lines += ["", f"Closest to overflow: {_code(run.layer_name(closest.layer))} "
                       f"({_num(round(bits, 2))} doublings of headroom)."]
-    lost_all = [s.lost_frac for s in at]
-    lines += [f"Median lost fraction over all layers: {statistics.median(lost_all):.2%}.", ""]
+    lost_all = [lost_of(s) for s in at]
+    lines += [f"Median share lost to the format over all layers: "
+              f"{statistics.median(lost_all):.2%} (structural zeros, such as dead ReLU units, "
+              "not counted; docs/findings.md).", ""]
     return lines
 
 
@@ -142,10 +150,16 @@ def render(run_id: str, run: RunData, findings: Sequence[Finding],
         lines += _finding(f)
     lines += ["## Key charts as numbers", "", *_charts(run)]
     lines += ["## Recommendations", ""]
-    actionable = [f for f in findings if f.severity != "info" or f.kind == "scaler_tuning"]
+    # Root causes only: a consequence's advice is "act on the cause first".
+    actionable = [f for f in findings if f.cause is None
+                  and (f.severity != "info" or f.kind == "scaler_tuning")]
     if actionable:
         lines += [f"{i}. [{SEVERITY_MARK[f.severity]}] {f.recommendation}"
                   for i, f in enumerate(actionable, 1)]
     else:
         lines.append("None: the run looks healthy.")
     return "\n".join(lines) + "\n"
+
+
+def _info(run: RunData, index: int) -> LayerInfo:
+    return run.layers[index] if 0 <= index < len(run.layers) else LayerInfo(f"#{index}")

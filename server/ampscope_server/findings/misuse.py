@@ -53,7 +53,7 @@ def amp_misuse(run: RunData, h: ScaleHistory | None) -> list[Finding]:
             explanation=explanation + (f" Hook detail: {detail}" if detail else ""),
             recommendation=recommendation,
             step_start=min(e.step for e in events), step_end=max(e.step for e in events),
-            evidence={"steps": len({e.step for e in events})},
+            evidence={"steps": len({e.step for e in events})}, subject=kind,
         ))
     if h is not None:
         findings.extend(_lr_on_skipped(h))
@@ -81,4 +81,5 @@ def _lr_on_skipped(h: ScaleHistory) -> list[Finding]:
             "before and after scaler.update(): a drop means the step was skipped)."),
         step_start=moved[0], step_end=moved[-1],
         evidence={"skipped_steps_with_lr_change": len(moved), "fraction_of_run": fraction},
+        subject="lr_on_skipped_steps",
     )]

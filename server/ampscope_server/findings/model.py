@@ -159,6 +159,21 @@ class Finding:
     layers: list[str] = field(default_factory=list)
     """Layer names, most responsible first."""
     evidence: dict[str, float] = field(default_factory=dict)
+    subject: str = ""
+    """What tells two findings of one kind apart (the misuse kind of `amp_misuse`); empty for
+    kinds that raise at most one finding per run."""
+    cause: str | None = None
+    """The `identity` of the finding this one follows from (findings/causes.py), None for a root
+    cause: its recommendation then defers to the cause's."""
+    held_since: int | None = None
+    """None when the latest analysis raised this finding; else the last step at which one did
+    (findings/stability.py keeps it shown for HOLD_STEPS steps: no blinking)."""
+
+    @property
+    def identity(self) -> str:
+        """Stable across live analyses: kind plus subject. Its layers, numbers and title update
+        in place; the layers inside it have their own hysteresis (`gradients.py`)."""
+        return f"{self.kind}:{self.subject}" if self.subject else self.kind
 
 
 def is_nan(value: float | None) -> bool:

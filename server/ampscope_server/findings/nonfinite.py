@@ -65,8 +65,15 @@ def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
             "Check the inputs of the first bad step for NaN/inf and the ops that can produce "
             "them (division, log, sqrt of a negative); changing the precision will not help.")
     elif vanished and not persisted:
+        title = (f"Forward overflow on {len(bad)} step(s): the loss is finite in FP32, "
+                 f"non-finite in {run.target_format}")
         cause = ("The FP32 re-check of these steps gave a finite loss: a forward activation or "
                  "the loss exceeds FP16's range (max 65504) under autocast.")
+        recommendation = (
+            "Bring the forward pass into the format's range: normalise the inputs (or scale "
+            "the activations down), keep the overflowing ops (the first layers, softmax, exp, "
+            "norms) in FP32 with autocast(enabled=False), or train in BF16. The FP32 re-check "
+            "already ran: no need to run it again.")
     elif infs and not nans:
         cause = ("An infinite loss means a forward activation or the loss exceeded the format's "
                  "range (FP16 max 65504) before any scaling happened.")
@@ -133,7 +140,11 @@ def nan_not_range(run: RunData, h: ScaleHistory) -> list[Finding]:
     (`mon.recheck`) in which the non-finite values persisted. A step whose re-check vanished
     is a range problem and is not cited."""
     vanished = {step for step, status in run.rechecks.items() if status == "vanished"}
-    persisted = sorted(step for step, status in run.rechecks.items() if status == "persisted")
+    # A re-checked step whose loss was already non-finite is `forward_overflow`'s (it says the
+    # same thing about the same step): citing it here too would make two findings of one cause.
+    loss_bad = {p.step for p in h.steps if is_nonfinite(p.loss)}
+    persisted = sorted(step for step, status in run.rechecks.items()
+                       if status == "persisted" and step not in loss_bad)
     origins = [step for step in _nan_origin_steps(run, h) if step not in vanished]
     if not origins and not persisted:
         return []
@@ -194,10 +205,23 @@ def nan_not_range(run: RunData, h: ScaleHistory) -> list[Finding]:
             + ". An overflow of the format gives inf and is cured by a smaller scale; this "
             "points at the data (NaN/inf inputs) or the computation (0/0, log(0), sqrt of a "
             "negative, an unstable custom op)."),
-        recommendation=(
-            "Re-run the failing batch in FP32 without autocast or scaling (mon.recheck): if "
-            "the NaN persists, inspect that batch's inputs and the first layer named here; if "
-            "it vanishes, keep that layer in FP32."),
+        recommendation=_nan_advice(run, persisted),
         step_start=cited[0], step_end=cited[-1],
         layers=[run.layer_name(i) for i, _, _ in ranked[:5]], evidence=evidence,
     )]
+
+
+def _nan_advice(run: RunData, persisted: Sequence[int]) -> str:
+    """What to do about a NaN that is not a range problem; never "run the re-check" when the
+    hook already ran it (`run.rechecks` holds its outcomes)."""
+    if persisted:
+        return ("The FP32 re-check already ran and the NaN persisted: inspect the inputs of "
+                f"step {persisted[0]} and the first layer named here (division, log, sqrt of "
+                "a negative, an unstable custom op); changing the precision will not help.")
+    if run.rechecks:
+        return ("Inspect the inputs of the first NaN step and the first layer named here; the "
+                "FP32 re-check ran on other steps only, so register it around this batch too "
+                "to tell the data from the format.")
+    return ("Re-run the failing batch in FP32 without autocast or scaling (mon.recheck): if "
+            "the NaN persists, inspect that batch's inputs and the first layer named here; if "
+            "it vanishes, keep that layer in FP32.")

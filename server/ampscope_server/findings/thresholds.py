@@ -33,6 +33,11 @@ iterations "step skipping should occur rarely (once every few hundred or thousan
 iterations)"; five halvings within 100 steps (a factor 32) means the scaler is not finding a
 stable scale."""
 
+DIVERGENCE_LOSS_FACTOR = 100.0
+"""A loss that rose 100x from its first value by the end of a storm is training diverging (the
+gradients grow with it), not a format problem: the storm's advice then leads with the learning
+rate. Ordinary training noise moves a loss by a few x, never two orders of magnitude."""
+
 # --- scale collapse ----------------------------------------------------------------------------
 COLLAPSE_SCALE = 1.0
 """At or below 1 loss scaling no longer lifts anything: the unscaled gradients themselves
@@ -95,3 +100,36 @@ BASELINE_TOLERANCE = 0.05
 """Relative departure from the baseline that counts as divergence: the compare page's default
 tolerance (GET /api/compare), so the finding and the page agree on the step."""
 BASELINE_MAX_LAYERS = 5
+
+# --- honest "lost" numbers (findings/lost.py) ---------------------------------------------------
+UNDERFLOW_EXIT_FRAC = 0.15
+"""Hysteresis: a layer flagged for underflow stays flagged until its median lost share falls
+below 15 %, clearly under the 25 % that flags it. A median hovering at the threshold (batches
+vary by a few points) then cannot make the finding come and go."""
+PRIMARY_MARGIN = 0.10
+"""The layer an underflow finding names first stays first while its median lost share is within
+10 points of the most lost layer's: two layers a few points apart (batches vary by that much)
+would otherwise swap the name in the title from one analysis to the next."""
+SWALLOWED_EXIT_FRAC = 0.35
+"""Hysteresis of the measured swallowed fraction: flagged from 50 %, kept down to 35 %."""
+FLOOR_PRESSURE_FRAC = 0.05
+"""Exact zeros count as lost to the format when at least 5 % of the layer's *non-zero* values
+are subnormal at the current scale: the distribution then reaches the format's floor, and its
+zeros are most plausibly the part that fell through (flushed upstream in an FP16 activation
+gradient, then copied into the FP32 master gradient as 0). Zeros beside values all well above
+the floor are a gap in the distribution, not its tail: a dead ReLU unit, an unused embedding
+row (structural). 5 % because a healthy layer under dynamic loss scaling has next to no
+subnormal values (the scaler grows the scale until the next overflow)."""
+
+# --- headroom (docs/findings.md) -----------------------------------------------------------------
+HEADROOM_EXPECTED_BITS = 2.0
+"""Dynamic loss scaling grows the scale until the next overflow and then halves it, so the layer
+closest to overflow normally sits 0 to ~2 doublings below the format's max: little headroom is
+the scaler working, not a warning. Headroom is judged bad only when it is gone (below 0: the
+step overflowed) or, for underflow advice, when there is not enough of it to raise the scale."""
+
+# --- stability (findings/stability.py) -----------------------------------------------------------
+HOLD_STEPS = 200
+"""A finding the detectors no longer raise stays shown (marked as no longer seen) until it has
+been absent for 200 steps: 10 s of the demo at 20 steps/s, several live analyses, at least 20
+layer-stat steps at the default cadence. A value near its threshold cannot make it blink."""

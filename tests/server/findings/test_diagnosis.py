@@ -71,17 +71,26 @@ def test_spread_by_step_lines_up_runs() -> None:
 
 
 class TestCache:
-    def test_cached_until_the_run_changes(self, database: Database) -> None:
+    def test_analysed_again_once_changed_and_at_most_every_refresh(
+        self, database: Database
+    ) -> None:
         payload = _long_run(new_id(), n=300)
         first_half = dict(payload, records=payload["records"][:150])
         run_id = _ingest(database.sessions, first_half)
+        t0 = 1000.0
         with database.sessions() as session:
             run = repository.get_run(session, run_id)
             assert run is not None
-            once = diagnosis.run_findings(session, run)
-            assert diagnosis.run_findings(session, run) is once
+            once = diagnosis.run_findings(session, run, now=t0)
+            assert diagnosis.run_findings(session, run, now=t0 + 3600) is once  # unchanged
+            assert diagnosis.live_view(session, run, now=t0).step == 149
         _ingest(database.sessions, payload)
         with database.sessions() as session:
             run = repository.get_run(session, run_id)
             assert run is not None
-            assert diagnosis.run_findings(session, run) is not once
+            # Changed, but analysed less than LIVE_REFRESH_S ago: the same analysis serves.
+            soon = t0 + diagnosis.LIVE_REFRESH_S / 2
+            assert diagnosis.run_findings(session, run, now=soon) is once
+            later = t0 + diagnosis.LIVE_REFRESH_S
+            assert diagnosis.run_findings(session, run, now=later) is not once
+            assert diagnosis.live_view(session, run, now=later).step == 299

@@ -93,6 +93,23 @@ class TestOverflowStorm:
         assert found.evidence["scale_before_storm"] == 1024.0
         assert found.evidence["scale_after_storm"] == 2.0
 
+    def test_a_diverging_loss_leads_with_the_learning_rate(self) -> None:
+        # The loss grows 10x every 10 steps from 1.0 at step 2500 to 1e10 at 2600; the storm
+        # ends at 2596, where it is 10^9.6.
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: 10.0 ** ((min(max(s, 2500), 2600) - 2500) / 10))
+        found = only(analyze(run_data(steps)), "overflow_storm")
+        assert found.recommendation.startswith("Lower the learning rate (or add warmup)")
+        assert found.evidence["loss_first"] == 1.0
+        assert math.isclose(found.evidence["loss_growth"], 10.0 ** 9.6)
+        assert "the training diverges" in found.explanation
+
+    def test_a_steady_loss_keeps_the_generic_advice(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM)
+        found = only(analyze(run_data(steps)), "overflow_storm")
+        assert found.recommendation.startswith("Find why the gradients blow up")
+        assert "loss_growth" not in found.evidence
+
     def test_four_skips_in_a_window_are_not_a_storm(self) -> None:
         storm = {3000, 3020, 3040, 3060}
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in storm)
@@ -149,8 +166,11 @@ class TestForwardOverflow:
             assert found.title == "Non-finite loss on 1 step(s), also in FP32: not a range overflow"
             assert "will not help" in found.recommendation
         else:
-            assert found.title == "Forward overflow: the loss itself is non-finite on 1 step(s)"
+            assert found.title == ("Forward overflow on 1 step(s): the loss is finite in FP32, "
+                                   "non-finite in fp16")
             assert "exceeds FP16's range" in found.explanation
+            assert found.recommendation.startswith("Bring the forward pass into the format's")
+            assert "already ran" in found.recommendation
 
 
 class TestNanNotRange:
@@ -187,6 +207,25 @@ class TestNanNotRange:
         assert found.evidence["persisting_nan_steps"] == 2
         assert found.severity == "warning"  # could be an explosion: the re-check would tell
 
+    def test_a_persisted_recheck_of_a_nan_loss_is_forward_overflows_alone(self) -> None:
+        # The data-NaN of nan_in_data: the loss is NaN and the FP32 re-check reproduced it.
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s == 300,
+                             loss=lambda s: math.nan if s == 300 else 1.0)
+        findings = analyze(run_data(steps, rechecks={300: "persisted"}))
+        assert "nan_not_range" not in [f.kind for f in findings]
+        assert only(findings, "forward_overflow").title == (
+            "Non-finite loss on 1 step(s), also in FP32: not a range overflow")
+
+    def test_no_advice_to_run_a_recheck_that_ran(self) -> None:
+        # A NaN gradient with a finite loss, re-checked in FP32: it persisted.
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)
+        found = only(analyze(run_data(
+            steps, nonfinite=nonfinite_at({3000}, (2, "nan")), rechecks={3000: "persisted"})),
+            "nan_not_range")
+        assert found.recommendation.startswith(
+            "The FP32 re-check already ran and the NaN persisted: inspect the inputs of step 3000")
+        assert "(mon.recheck)" not in found.recommendation
+
     def test_v1_runs_fall_back_on_a_nan_grad_norm(self) -> None:
         steps = [dataclasses.replace(p, grad_norm=math.nan) if p.step == 3000 else p
                  for p in scaler_steps(6000, lambda s, scale: scale > 2**10 or s == 3000)]
@@ -196,11 +235,13 @@ class TestNanNotRange:
 
 
 def _underflowing(fc2_amax: float) -> list[LayerSample]:
-    """fc1.weight loses 60 % of its gradient (typical magnitude 1e-9) at scale 2^10."""
+    """fc1.weight loses 60 % of its gradient (typical magnitude 1e-9) at scale 2^10: its
+    non-zero values are subnormal there (1e-9 x 1024 < 2^-14), so its zeros are flushed."""
     out = []
     for sample in RECENT:
         if sample.layer == 1:
-            sample = dataclasses.replace(sample, zero_frac=0.6, l2=1e-9 * math.sqrt(512))
+            sample = dataclasses.replace(sample, zero_frac=0.6, subnormal_frac=0.4,
+                                         l2=1e-9 * math.sqrt(512))
         if sample.layer == 3:
             sample = dataclasses.replace(sample, amax=fc2_amax)
         out.append(sample)

@@ -1,0 +1,266 @@
+"""The pages' rough edges in a real browser (issue #14): the runs list fits 1,440 px without
+horizontal scroll even with long names and tags, unknown run and compare ids get a friendly
+not-found state (no raw "GET … → 404"), the run page offers its report and exports, and an
+unknown id quoted from the address stays text. No console error, no CSP violation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import ConsoleMessage, Page, sync_playwright
+
+from tests.server.findings.payloads import healthy_batch, troubled_batch
+from tests.server.wire import new_id
+from tests.support.databases import sqlite_url
+from tests.support.servers import ServerProcess
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+WAIT_MS = 15_000
+WIDTH = 1440
+RECORD = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
+});
+"""
+LONG_TAGS = ["scenario", "transformer-encoder-large-with-a-very-long-tag-name", "bf16-vs-fp16",
+             "experiment-2026-12-01-learning-rate-sweep"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str]]]:
+    tmp = tmp_path_factory.mktemp("pages-browser")
+    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    ids = []
+    try:
+        for i, make in enumerate([troubled_batch, healthy_batch, troubled_batch]):
+            run_id = new_id()
+            payload = make(run_id, name=f"a-rather-long-run-name-for-layout-checks-{i}"
+                                        "-seed-1234-lr-3e-4-warmup-2000")
+            payload["run"]["tags"] = LONG_TAGS
+            response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=30)
+            assert response.status_code == 200, response.text
+            ids.append(run_id)
+        yield server, ids
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def page() -> Iterator[tuple[Page, list[str]]]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = chromium.new_context(viewport={"width": WIDTH, "height": 900})
+        context.add_init_script(RECORD)
+        pg = context.new_page()
+        errors: list[str] = []
+
+        def on_console(msg: ConsoleMessage) -> None:
+            # The not-found pages fetch a missing resource on purpose: the browser logs that
+            # 404 itself ("Failed to load resource"); anything else is an error of ours.
+            if msg.type == "error" and "404 (Not Found)" not in msg.text:
+                errors.append(f"console.error: {msg.text}")
+
+        pg.on("console", on_console)
+        pg.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+        try:
+            yield pg, errors
+        finally:
+            chromium.close()
+
+
+def _assert_clean(pg: Page, errors: list[str]) -> None:
+    violations: list[str] = pg.evaluate("() => window.__cspViolations || []")
+    assert violations == [], "\n".join(violations)
+    assert errors == [], "\n".join(errors)
+
+
+def test_runs_list_fits_1440_px(served: tuple[ServerProcess, list[str]],
+                                page: tuple[Page, list[str]]) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[-1]}"]').wait_for(timeout=WAIT_MS)
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "runs-1440.png"), full_page=True)
+    widths = pg.evaluate("""() => {
+      const wrap = document.getElementById('runs').parentElement;
+      return {doc: document.documentElement.scrollWidth,
+              view: document.documentElement.clientWidth,
+              table: wrap.scrollWidth, box: wrap.clientWidth};
+    }""")
+    assert widths["doc"] <= widths["view"], widths
+    assert widths["table"] <= widths["box"], widths  # no horizontal scroll inside the panel
+    # A tag stays on one line (cut with an ellipsis, its full text in the tooltip), never
+    # broken mid-word: one line box of 20 px each.
+    heights = pg.evaluate("""() => [...document.querySelectorAll('td.tags .tag')].map(
+      (t) => [t.textContent, t.getBoundingClientRect().height, t.title])""")
+    assert {(text, height, title == text) for text, height, title in heights} == {
+        (tag, 20, True) for tag in LONG_TAGS}
+    _assert_clean(pg, errors)
+
+
+def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[str]],
+                                             page: tuple[Page, list[str]]) -> None:
+    server, _ = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+    banner = pg.locator("#error")
+    banner.wait_for(state="visible", timeout=WAIT_MS)
+    assert banner.inner_text() == (
+        "This server has no run “<img src=x onerror=alert(1)>”: it may have been deleted, or "
+        "the address is mistyped. Back to the runs list")
+    assert banner.locator("a").get_attribute("href") == "/"
+    assert pg.locator("#error img").count() == 0  # the id stayed text
+    assert pg.locator("#run-name").inner_text() == "Run not found"
+    assert "→ 404" not in banner.inner_text()
+    _assert_clean(pg, errors)
+
+
+def test_unknown_compare_id_is_a_friendly_not_found(served: tuple[ServerProcess, list[str]],
+                                                    page: tuple[Page, list[str]]) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/compare?runs={ids[0]},nope")
+    banner = pg.locator("#error")
+    banner.wait_for(state="visible", timeout=WAIT_MS)
+    assert banner.inner_text() == (
+        "Nothing to compare: run 'nope' not found (the runs of this page come from its "
+        "address, ?runs=…). Back to the runs list")
+    _assert_clean(pg, errors)
+
+
+def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[str]],
+                                            page: tuple[Page, list[str]]) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator("#run-actions").wait_for(state="visible", timeout=WAIT_MS)
+    links = pg.evaluate("""() => [...document.querySelectorAll('#run-actions a')].map(
+      (a) => [a.textContent, a.getAttribute('href'), a.hasAttribute('download')])""")
+    base = f"/api/runs/{ids[0]}/export?format="
+    assert links == [["Report (HTML)", base + "html", True], ["Export JSON", base + "json", True],
+                     ["Export CSV", base + "csv", True]]
+    for _, href, _ in links:
+        response = httpx.get(f"{server.url}{href}", timeout=30)
+        assert response.status_code == 200, (href, response.text[:200])
+        if href.endswith("json"):
+            assert response.json()["run"]["id"] == ids[0]  # the link's `download` saves it
+        else:
+            assert response.headers["content-disposition"].startswith("attachment")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    _assert_clean(pg, errors)
+
+
+STEP_CHARTS = ["scale-chart", "loss-chart", "gradnorm-chart", "skiprate-chart", "heatmap",
+               "layer-lines"]
+
+
+def test_run_page_reads_top_down_with_one_step_axis(
+    served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]
+) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    # Overview first: the scale, loss and grad-norm charts come before the per-layer views.
+    order = pg.evaluate(f"""() => {{
+      const ids = {STEP_CHARTS!r};
+      const nodes = ids.map((id) => document.getElementById(id));
+      return nodes.every((n, i) => i === 0 ||
+        !!(nodes[i - 1].compareDocumentPosition(n) & Node.DOCUMENT_POSITION_FOLLOWING));
+    }}""")
+    assert order
+    # The per-layer range starts with the layers the first finding cites (at most 3).
+    storm = httpx.get(f"{server.url}/api/runs/{ids[0]}/findings", timeout=30).json()
+    cited = next(f["layers"] for f in storm["findings"] if f["layers"])[:3]
+    shown = "() => window.ampscope.layerLines.shown.map((i) => window.ampscope.layerNames[i])"
+    pg.wait_for_function(f"(want) => JSON.stringify(({shown})()) === JSON.stringify(want)",
+                         arg=cited, timeout=WAIT_MS)
+    # Every step chart's plot area starts and ends at the same x (same margins, same width).
+    sizes = "ids => ids.map((id) => { const s = document.getElementById(id)._fullLayout._size;" \
+            " return [s.l, s.w]; })"
+    pg.wait_for_function(f"(ids) => new Set(({sizes})(ids).map(String)).size === 1",
+                         arg=STEP_CHARTS, timeout=WAIT_MS)
+    # Zoom one: all follow; reset another: all reset.
+    pg.evaluate("() => Plotly.relayout(document.getElementById('loss-chart'), "
+                "{'xaxis.range': [100, 200]})")
+    ranges = "ids => ids.map((id) => document.getElementById(id).layout.xaxis.range)"
+    pg.wait_for_function(f"(ids) => ({ranges})(ids).every((r) => r && r[0] === 100 && "
+                         "r[1] === 200)", arg=STEP_CHARTS, timeout=WAIT_MS)
+    pg.evaluate("() => Plotly.relayout(document.getElementById('heatmap'), "
+                "{'xaxis.autorange': true})")
+    pg.wait_for_function("(ids) => ids.every((id) => document.getElementById(id).layout.xaxis"
+                         ".autorange === true)", arg=STEP_CHARTS, timeout=WAIT_MS)
+    pg.screenshot(path=str(ARTIFACTS / "run-top-down.png"), full_page=True)
+    _assert_clean(pg, errors)
+
+
+def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[str]],
+                                            page: tuple[Page, list[str]]) -> None:
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/compare?runs={ids[0]},{ids[1]}")
+    for run_id in ids[:2]:
+        top = httpx.get(f"{server.url}/api/runs/{run_id}", timeout=30).json()["top_finding"]
+        cell = pg.locator(f'li[data-run-id="{run_id}"] .compare-run-finding')
+        cell.wait_for(timeout=WAIT_MS)
+        assert cell.get_attribute("data-kind") == top["kind"]
+        assert cell.inner_text() == f"{top['severity'].upper()} {top['title']}"
+    pg.screenshot(path=str(ARTIFACTS / "compare-findings.png"))
+    _assert_clean(pg, errors)
+
+
+def test_a_scripted_session_logs_no_error(served: tuple[ServerProcess, list[str]],
+                                          page: tuple[Page, list[str]]) -> None:
+    """Clicks and zooms over every control of the run page and the runs list."""
+    server, ids = served
+    pg, errors = page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    for title in pg.locator("#findings .finding-title").all():
+        title.click()
+    heat = pg.locator("#heatmap .nsewdrag")
+    heat.scroll_into_view_if_needed()
+    box = heat.bounding_box()
+    assert box is not None
+    for row in (0, 1, 0):  # add, add, remove
+        pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + (row + 0.5) * box["height"] / 2)
+    options = pg.locator("#stat-select option").evaluate_all("os => os.map((o) => o.value)")
+    assert "inf_count" in options
+    for stat in options:
+        pg.select_option("#stat-select", stat)
+        pg.wait_for_function("(s) => window.ampscope.heatmap.stat === s", arg=stat,
+                             timeout=WAIT_MS)
+    pg.select_option("#source-select", "activation")
+    pg.select_option("#source-select", "param")
+    scale = pg.locator("#scale-chart .nsewdrag")
+    scale.scroll_into_view_if_needed()
+    sbox = scale.bounding_box()
+    assert sbox is not None
+    y = sbox["y"] + sbox["height"] / 2
+    pg.mouse.move(sbox["x"] + sbox["width"] * 0.3, y)
+    pg.mouse.down()
+    pg.mouse.move(sbox["x"] + sbox["width"] * 0.6, y, steps=5)
+    pg.mouse.up()
+    pg.wait_for_function("() => !document.getElementById('heatmap').layout.xaxis.autorange",
+                         timeout=WAIT_MS)
+    pg.mouse.dblclick(sbox["x"] + sbox["width"] / 2, y)
+    pg.locator("#smoothing").fill("0.9")
+    pg.evaluate("""() => { const s = document.getElementById('whatif-k'); s.value = '5';
+                           s.dispatchEvent(new Event('input')); }""")
+    assert pg.locator("#whatif-empty").is_visible()  # these runs carry no histograms
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    for key in ("name", "steps", "underflow", "headroom", "started"):
+        pg.click(f'#runs th[data-sort="{key}"]')
+    pg.fill("#filter", "checks-1")
+    pg.fill("#filter", "")
+    _assert_clean(pg, errors)
