@@ -88,7 +88,8 @@ class RunSummary(BaseModel):
     skip_rate: float | None
     """skipped_steps / num_steps; null for a run without steps."""
     worst_underflow: WorstLayer | None
-    """The layer with the largest `lost_frac` at the run's last layer-stat step."""
+    """The layer losing most to the format, as the findings judge it (`diagnosis.worst_losses`:
+    structural zeros apart, the median over the recent layer-stat steps)."""
     worst_headroom: WorstLayer | None
     """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
     top_finding: FindingBrief | None = None

@@ -38,6 +38,6 @@ def get_findings(
 def get_histogram(
     run: RunDep,
     session: SessionDep,
-    step: Annotated[int | None, Query(ge=0)] = None,
+    step: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
 ) -> HistogramView:
     return diagnosis.histogram_read(session, run, step)
