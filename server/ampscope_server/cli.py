@@ -26,13 +26,23 @@ from ampscope_server.config import Settings, auth_required, is_loopback
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not between 1 and 65535")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ampscope", description="ampscope server")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the dashboard and ingest server")
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
-    serve.add_argument("--port", type=int, help="port (default 8765, AMPSCOPE_PORT)")
+    serve.add_argument("--port", type=_port, help="port (default 8765, AMPSCOPE_PORT)")
     serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
     serve.add_argument("--auth", choices=["required", "auto"],
                        help="require a token (auto: unless bound to loopback only; AMPSCOPE_AUTH)")
@@ -64,8 +74,9 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser(
         "report", help="print a run's Markdown post-mortem (findings, key numbers, advice)")
-    report.add_argument("run", help="run id")
-    report.add_argument("--baseline", help="id of a run to compare with (e.g. the FP32 run)")
+    report.add_argument("run", help="run id, its first 8 or more characters, or its name")
+    report.add_argument("--baseline", help="a run to compare with (e.g. the FP32 run), named "
+                                           "the same ways")
     report.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
     report.add_argument("--html", metavar="PATH",
                         help="also write the self-contained HTML report, findings first")
@@ -91,6 +102,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sync":
         return _sync(args.path, args.server, args.token_file)
     settings = _settings(args)
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+    from ampscope_server import db
+
+    try:
+        return _dispatch(args, settings)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        sys.stderr.write(f"ampscope: the database URL {settings.db_url!r} is not one SQLAlchemy "
+                         f"can use ({exc}); e.g. sqlite:///runs.db or "
+                         "postgresql+psycopg://user@host/db\n")
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        sys.stderr.write(f"ampscope: cannot reach the database {db.safe_url(settings.db_url)}: "
+                         f"{reason}\n")
+    return 2
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     from ampscope_server import db
 
     if args.command in ("token", "runs"):
@@ -128,11 +157,18 @@ def _report(settings: Settings, run_id: str, baseline: str | None, html_path: st
     from ampscope_server import db, diagnosis, report, runs
     from ampscope_server.errors import AmpscopeError
 
+    try:
+        db.require_existing(settings.db_url)
+    except AmpscopeError as exc:
+        sys.stderr.write(f"ampscope report: {exc.message}\n")
+        return 2
     engine = db.make_engine(settings.db_url)
     try:
         db.verify_schema(engine)
         with db.make_session_factory(engine)() as session:
-            run = runs.load_run(session, run_id)
+            run = runs.resolve_run(session, run_id)
+            if baseline is not None:
+                baseline = runs.resolve_run(session, baseline).id
             text, findings = diagnosis.report_markdown(session, run, baseline)
             page = (None if html_path is None else
                     report.report_html_of(session, run, settings.crash_timeout_s, findings)[0])

@@ -45,7 +45,7 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     runs = commands.add_parser("runs", help="run lifecycle: delete, prune")
     run_commands = runs.add_subparsers(dest="runs_command", required=True)
     delete = run_commands.add_parser("delete", help="delete a run and everything stored for it")
-    delete.add_argument("id", help="run id")
+    delete.add_argument("id", help="run id, its first 8 or more characters, or its name")
     delete.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
     prune = run_commands.add_parser("prune", help="delete a project's runs idle for long")
     prune.add_argument("--project", required=True)
@@ -76,6 +76,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _session(settings: Settings) -> Iterator[Session]:
     from ampscope_server import db
 
+    db.require_existing(settings.db_url)
     engine = db.make_engine(settings.db_url)
     try:
         db.verify_schema(engine)
@@ -127,7 +128,7 @@ def _token_revoke(args: argparse.Namespace, session: Session) -> int:
 def _runs_delete(args: argparse.Namespace, session: Session) -> int:
     from ampscope_server import lifecycle, runs
 
-    deleted = lifecycle.delete_run(session, runs.load_run(session, args.id))
+    deleted = lifecycle.delete_run(session, runs.resolve_run(session, args.id))
     sys.stderr.write(f"ampscope: run {deleted.id} (project {deleted.project}, "
                      f"{deleted.steps} steps) deleted\n")
     return 0

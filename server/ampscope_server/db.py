@@ -19,7 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server.errors import SchemaNotCurrent
+from ampscope_server.errors import DatabaseMissing, SchemaNotCurrent
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -31,6 +31,16 @@ def is_sqlite(url: str) -> bool:
 def safe_url(url: str) -> str:
     """The URL with any password masked, for messages and logs."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+def require_existing(url: str) -> None:
+    """For commands that only read: a SQLite file that is not there is an error, never created
+    (with its folders) as connecting would."""
+    parsed = make_url(url)
+    if (parsed.get_backend_name() == "sqlite" and parsed.database
+            and parsed.database != ":memory:" and not Path(parsed.database).is_file()):
+        raise DatabaseMissing(f"no SQLite database at {parsed.database} (`ampscope serve` or "
+                              "`ampscope db upgrade` creates one)")
 
 
 def make_engine(url: str) -> Engine:

@@ -5,7 +5,7 @@
     ├── Unauthorized (401)      no credentials, or ones that are not valid (any more)
     ├── Forbidden (403)         valid credentials without the scope, project or origin needed
     ├── NotFound (404) ── RunNotFound
-    ├── Conflict (409) ── LayerTableConflict, LayerTableMissing,
+    ├── Conflict (409) ── AmbiguousRun, LayerTableConflict, LayerTableMissing,
     │                     ModuleTableConflict, ModuleTableMissing
     ├── RequestTimeout (408)    a request body that stopped arriving
     ├── Gone (410) ── RunDeleted   ingest into a run that an admin deleted
@@ -69,6 +69,10 @@ class Conflict(AmpscopeError):
     status_code = 409
 
 
+class AmbiguousRun(Conflict):
+    """A short id or a name (the CLI's) that more than one run matches."""
+
+
 class LayerTableConflict(Conflict):
     """The batch's layer table differs from the one stored for the run."""
 
@@ -127,6 +131,10 @@ class ServiceUnavailable(AmpscopeError):
 
 class SchemaNotCurrent(ServiceUnavailable):
     pass
+
+
+class DatabaseMissing(NotFound):
+    """A read-only command pointed at a SQLite file that does not exist."""
 
 
 class DatabaseUnavailable(ServiceUnavailable):

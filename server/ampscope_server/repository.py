@@ -94,6 +94,17 @@ def get_runs(session: Session, run_ids: Iterable[str], project: str | None = Non
     return session.scalars(statement).all()
 
 
+def runs_matching(session: Session, *, prefix: str | None = None, name: str | None = None,
+                  limit: int = 2) -> Sequence[Run]:
+    """Up to `limit` runs whose id starts with `prefix` or whose name is `name`."""
+    statement = select(Run).order_by(Run.created_at.desc(), Run.id).limit(limit)
+    if prefix is not None:
+        statement = statement.where(Run.id.startswith(prefix, autoescape=True))
+    if name is not None:
+        statement = statement.where(Run.name == name)
+    return session.scalars(statement).all()
+
+
 def get_attempt(session: Session, attempt_id: str) -> Attempt | None:
     return session.get(Attempt, attempt_id)
 

@@ -15,7 +15,7 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import codec, diagnosis, repository, series
-from ampscope_server.errors import RunNotFound
+from ampscope_server.errors import AmbiguousRun, RunNotFound
 from ampscope_server.formats import FORMATS, FloatFormat
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
@@ -298,6 +298,29 @@ def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> li
         StepExport.model_validate({**values, **extra[step.id]})
         for values, (step, _) in zip(_with_layers(session, rows), rows, strict=True)
     ]
+
+
+SHORT_ID_MIN = 8
+"""The shortest id prefix the CLI resolves: the 8 characters the dashboard shows."""
+
+
+def resolve_run(session: Session, text: str) -> Run:
+    """The run a person named on the command line: its id, a unique prefix of at least
+    SHORT_ID_MIN characters (as the dashboard shows it), or its unique name."""
+    if not plausible_id(text):
+        raise RunNotFound(text[:RUN_ID_MAX].replace("\x00", "\\0"))
+    run = repository.get_run(session, text)
+    if run is not None:
+        return run
+    by_prefix = len(text) >= SHORT_ID_MIN
+    for by in ("id prefix", "name") if by_prefix else ("name",):
+        found = (repository.runs_matching(session, prefix=text) if by == "id prefix"
+                 else repository.runs_matching(session, name=text))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise AmbiguousRun(f"more than one run has the {by} '{text}'; give more of its id")
+    raise RunNotFound(text)
 
 
 def live_update(

@@ -69,6 +69,7 @@ class TestToken:
         assert unknown.stderr == "ampscope token revoke: token 'ffffffffffff' not found\n"
 
     def test_an_unmigrated_database(self, tmp_path: Path) -> None:
+        (tmp_path / "empty.db").touch()
         url = f"sqlite:///{tmp_path / 'empty.db'}"
         result = cli("token", "list", "--db", url)
         assert result.returncode == 2

@@ -98,6 +98,7 @@ def test_unknown_run_and_baseline(database: Database,
 
 
 def test_unmigrated_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.db").touch()  # an empty SQLite file: a database without the schema
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert cli.main(["report", "x", "--db", url]) == 2
     err = capsys.readouterr().err

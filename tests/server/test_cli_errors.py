@@ -1,0 +1,76 @@
+"""The CLI's one-line errors and the ways it names a run, as real processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ampscope_server import db
+from tests.server.wire import batch, new_id, record
+from tests.support.servers import ServerProcess
+from tests.support.team import cli
+
+
+class TestDatabaseErrors:
+    def test_an_unusable_url(self) -> None:
+        for url in ("foo://bar", "not a url"):
+            result = cli("report", "x", "--db", url)
+            assert result.returncode == 2
+            assert result.stderr.startswith(f"ampscope: the database URL {url!r} is not one "
+                                            "SQLAlchemy can use")
+            assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+    def test_an_unreachable_postgres(self) -> None:
+        url = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
+        for command in (["report", "x"], ["token", "list"], ["db", "upgrade"]):
+            result = cli(*command, "--db", url)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.startswith(
+                "ampscope: cannot reach the database postgresql+psycopg://postgres@127.0.0.1:1/"
+                "nothing: ")
+            assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+    def test_a_read_only_command_creates_nothing(self, tmp_path: Path) -> None:
+        missing = tmp_path / "missing" / "dir" / "x.db"
+        for command in (["report", "x"], ["token", "list"], ["runs", "delete", "x"]):
+            result = cli(*command, "--db", f"sqlite:///{missing}")
+            assert result.returncode == 2
+            assert result.stderr.endswith(
+                f"no SQLite database at {missing} (`ampscope serve` or `ampscope db upgrade` "
+                "creates one)\n")
+        assert not (tmp_path / "missing").exists()
+
+    @pytest.mark.parametrize("port", ["99999", "0", "http"])
+    def test_serve_validates_the_port(self, port: str) -> None:
+        result = cli("serve", "--port", port)
+        assert result.returncode == 2
+        assert "argument --port:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_run_is_named_by_id_short_id_or_name(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    db.upgrade(url)
+    server = ServerProcess(url, tmp_path).start()
+    first, second, third = new_id(), new_id(), new_id()
+    try:
+        for run_id, name in ((first, "alpha"), (second, "twin"), (third, "twin")):
+            response = httpx.post(f"{server.url}/api/ingest", timeout=30,
+                                  json=batch([record(0)], run_id=run_id, name=name))
+            assert response.status_code == 200
+    finally:
+        server.stop()
+    for named in (first, first[:8], "alpha"):
+        result = cli("report", named, "--db", url)
+        assert result.returncode == 0, result.stderr
+    ambiguous = cli("report", "twin", "--db", url)
+    assert ambiguous.returncode == 2
+    assert ambiguous.stderr == (
+        "ampscope report: more than one run has the name 'twin'; give more of its id\n")
+    short = cli("report", first[:7], "--db", url)  # under 8 characters: not a prefix
+    assert short.returncode == 2
+    assert short.stderr == f"ampscope report: run '{first[:7]}' not found\n"
+    deleted = cli("runs", "delete", second[:8], "--db", url)
+    assert deleted.returncode == 0
+    assert deleted.stderr.startswith(f"ampscope: run {second} ")
