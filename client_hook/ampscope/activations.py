@@ -99,7 +99,9 @@ class ActivationProbe:
         self._pending_elems = 0
         # Its own GradStats: the plan cache then holds the activation layouts, which repeat from
         # sample to sample, and never evicts the parameter layout of the monitor's instance.
-        self._stats = GradStats(fmt)
+        # Never fused: activation shapes may change from sample to sample (sequence lengths),
+        # and each new layout would be a compile for one sampled step.
+        self._stats = GradStats(fmt, fused=False)
 
     @property
     def armed(self) -> bool:

@@ -159,6 +159,7 @@ class Monitor:
         spool_max_bytes: int = 256 * 2**20,
         max_errors: int = 3,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        fused: bool | None = None,
     ) -> None:
         self.fmt = TargetFormat.get(target_format)
         self.run_id = run_id or str(uuid.uuid4())
@@ -181,7 +182,8 @@ class Monitor:
         # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
         # every-step norms from an inf gradient (record.StepRecord.to_wire): exact norms there.
         self._stats = GradStats(self.fmt, [p.numel() for p in self._params],
-                                exact_norms=not self._view.enabled())
+                                exact_norms=not self._view.enabled(),
+                                fused=fused if enabled else False)
         self._max_errors = max_errors
         self._errors = 0
         self._updates = 0
@@ -552,7 +554,11 @@ def watch(
     ``flush_interval`` (seconds, default 0.5) is how often the sender thread wakes to send what is
     queued: the live latency's main term (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s
     at 0.2) against fewer, larger requests and fewer steps slowed by the sender's batch
-    (``transport.DEFAULT_FLUSH_INTERVAL``); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2).
+    (``transport.DEFAULT_FLUSH_INTERVAL``); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2);
+    ``fused``: the per-layer stats' compiled one-read kernel (``ampscope.fused``), compiled in the
+    background on the first per-layer step while the exact eager path answers; None (default)
+    takes it for models of at least ``reductions.FUSE_MIN_ELEMS`` gradient elements, True always,
+    False never (nothing is compiled).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the
