@@ -168,17 +168,22 @@ class FusedPartials:
     def __init__(self, fmt: TargetFormat) -> None:
         self.fmt = fmt
         self._last: tuple[LayoutKey, _Layout] | None = None
+        self._seen: dict[LayoutKey, _Layout] = {}
         self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def layout(self, key: LayoutKey) -> _Layout:
         """The registry entry of ``key``, starting its background compile on first sight."""
         with _LOCK:
             entry = _REGISTRY.get(key)
+            if len(self._seen) >= MAX_LAYOUTS:
+                self._seen.pop(next(iter(self._seen)))
             if entry is not None:
+                self._seen[key] = entry
                 return entry
             if len(_REGISTRY) >= MAX_LAYOUTS:
                 _REGISTRY.pop(next(iter(_REGISTRY)))
             entry = _REGISTRY[key] = _Layout()
+            self._seen[key] = entry
         thread = threading.Thread(target=_compile, args=(key, entry, self.fmt),
                                   name="ampscope-compile", daemon=True)
         thread.start()
@@ -195,6 +200,15 @@ class FusedPartials:
         entry = self.layout(key)
         entry.done.wait(timeout)
         return entry.state
+
+    def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
+        """(state, compile seconds, error) of every layout this instance has met, after waiting
+        up to ``timeout`` s for each to finish compiling. For benchmarks and diagnostics."""
+        out = []
+        for entry in list(self._seen.values()):
+            entry.done.wait(timeout)
+            out.append((entry.state, entry.compile_s, entry.error))
+        return out
 
     def __call__(
         self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], scale: torch.Tensor

@@ -390,6 +390,10 @@ class GradStats:
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         return self._fused.wait(grads, flags, timeout)
 
+    def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
+        """``FusedPartials.compiles``: the fused layouts met so far (empty when it is off)."""
+        return [] if self._fused is None else self._fused.compiles(timeout)
+
     def _fused_partials(
         self, grads: Grads, flags: list[bool], scale: torch.Tensor | float
     ) -> torch.Tensor | None:
