@@ -85,6 +85,28 @@ class AmpscopeWarning(RuntimeWarning):
     """The hook disabled itself; training is unaffected."""
 
 
+class _Wrapper:
+    """A wrapped scaler method, set as an instance attribute of the scaler.
+
+    It pickles (``pickle``, ``copy.deepcopy``, ``torch.save`` of the scaler: ``GradScaler``'s
+    ``__getstate__`` keeps its whole ``__dict__``) as the copy's own method, never as the monitor,
+    whose threads and locks cannot be copied: a copied or unpickled scaler is a plain, unwatched
+    one.
+    """
+
+    __slots__ = ("monitor", "name", "scaler", "target")
+
+    def __init__(self, monitor: Monitor, scaler: torch.amp.GradScaler, name: str,
+                 target: Callable[..., Any]) -> None:
+        self.monitor, self.scaler, self.name, self.target = monitor, scaler, name, target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.scaler, self.name)
+
+
 class HookState(enum.Enum):
     ACTIVE = "active"
     DISABLED = "disabled"  # enabled=False, repeated internal errors, or a forked child
@@ -328,13 +350,13 @@ class Monitor:
             self._originals[name] = getattr(scaler, name)  # bound: chains an earlier wrapper too
             if name in vars(scaler):
                 self._previous[name] = vars(scaler)[name]
-            setattr(scaler, name, hooks[name])
+            setattr(scaler, name, _Wrapper(self, scaler, name, hooks[name]))
 
     def _unwrap(self) -> None:
         attrs = vars(self._scaler)
         for name in self._originals:
             mine = attrs.get(name)
-            if getattr(mine, "__self__", None) is not self:
+            if not (isinstance(mine, _Wrapper) and mine.monitor is self):
                 continue  # someone wrapped on top of us: stay in the chain as a pass-through
             if name in self._previous:
                 setattr(self._scaler, name, self._previous[name])

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import copy
+import io
 import json
 import math
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -632,3 +635,33 @@ class TestGlobalNormOnTheSenderThread:
             assert got is want or (got is not None and math.isnan(got))
         else:
             assert got == want
+
+
+class TestCopies:
+    """Checkpoints taken mid-run: nothing the hook leaves on the user's objects may break
+    ``pickle``, ``copy.deepcopy`` or ``torch.save``, and a copy is a plain, unwatched object."""
+
+    @pytest.mark.parametrize("steps", [0, 1, 3])  # 0: before any step; 3: the probe is armed
+    def test_model_optimizer_and_scaler_copy_at_any_step(self, steps: int) -> None:
+        run = Run(activation_every=3, layer_every=1)
+        for _ in range(steps):
+            run.step()
+        if steps == 3:
+            assert run.mon._probe is not None and run.mon._probe.armed
+        for obj in (run.model, run.opt, run.scaler):
+            pickle.loads(pickle.dumps(obj))
+            copy.deepcopy(obj)
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=False)
+        produced = run.mon.stats().produced
+        twin = copy.deepcopy(run.scaler)
+        assert all(not isinstance(v, type(vars(run.scaler)["update"]))
+                   for v in vars(twin).values())  # the copy holds none of the hook's wrappers
+        opt = torch.optim.SGD(run.model.parameters(), lr=0.0)
+        twin.scale(run.loss()).backward()
+        twin.step(opt)
+        twin.update()
+        run.mon.close()
+        assert run.mon.stats().produced == produced  # the copy's step was not recorded
