@@ -665,3 +665,30 @@ class TestCopies:
         twin.update()
         run.mon.close()
         assert run.mon.stats().produced == produced  # the copy's step was not recorded
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_fused_records_equal_the_eager_ones() -> None:
+    """The same loop with the compiled kernel and without: the same records (the first steps
+    overflow from 2^24, so NaN/inf layers are among them)."""
+    fused, eager = Run(layer_every=1, fused=True), Run(layer_every=1, fused=False)
+    grads = [torch.zeros_like(p) for p in fused.model.parameters()]
+    assert fused.mon._stats.wait_fused(grads, True, 600.0) is not None
+    for _ in range(12):
+        fused.step()
+        eager.step()
+    assert fused.mon._stats.last_path == "fused" and eager.mon._stats.last_path == "eager"
+    fused.mon.close()
+    eager.mon.close()
+    got, want = fused.records(), eager.records()
+    assert len(got) == len(want) == 12
+    assert any(r["found_inf"] for r in want) and not all(r["found_inf"] for r in want)
+    for a, b in zip(got, want, strict=True):
+        for name in STAT_NAMES:
+            for x, y in zip(decoded(a["layers"][name]), decoded(b["layers"][name]),
+                            strict=True):
+                if math.isnan(y):
+                    assert math.isnan(x)
+                else:
+                    assert x == pytest.approx(y, rel=1e-12 if name == "l2" else 0.0), name
+        assert a["nonfinite"] == b["nonfinite"]
