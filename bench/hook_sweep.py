@@ -18,8 +18,10 @@ Method, as ``hook_overhead.py``: per size, ``--rounds`` rounds of ``base X1 base
 order rotated each round; a configuration's ratio in a round is its segment's median step over
 the median of the two baseline segments beside it; printed: the median of those ratios (min-max)
 and the total-time ratio (all its steps, sampled ones and the sender thread's batches included,
-over the neighbouring baseline segments' mean total). The fused kernel compiles in the
-background during the untimed warm-up; the bench waits for it and prints its compile time.
+over the neighbouring baseline segments' mean total), and the ratio of the 10th-percentile step
+times (``p10``: on a shared, loaded machine the least contended steps). The fused kernel
+compiles in the background during the untimed warm-up; the bench waits for it and prints its
+compile time.
 
 Passes over gradient memory: ``read`` is one read of every gradient byte (``torch.sum`` over a
 flat float32 copy the size of the gradients), measured in the same run; the hook's added time per
@@ -140,7 +142,8 @@ def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int) -> lis
     return times
 
 
-def median_s(fn: Callable[[], Any], device: torch.device, reps: int = 30) -> float:
+def timed_s(fn: Callable[[], Any], device: torch.device, reps: int = 30) -> tuple[float, float]:
+    """(median, min) seconds of ``fn``: on a loaded machine the min is the uncontended cost."""
     for _ in range(3):
         fn()
     sync(device)
@@ -150,7 +153,11 @@ def median_s(fn: Callable[[], Any], device: torch.device, reps: int = 30) -> flo
         fn()
         sync(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
+
+
+def p10(times: list[float]) -> float:
+    return sorted(times)[len(times) // 10]
 
 
 def grads_after_backward(live: Live, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -197,14 +204,16 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     probe = lives["every"]
     grads = grads_after_backward(probe, x, y)
     flat = torch.cat([g.reshape(-1).float() for g in grads])
-    read_s = median_s(lambda: flat.sum(), device)
+    read_s, read_min = timed_s(lambda: flat.sum(), device)
     scale = probe.scaler._scale
     assert probe.mon is not None and scale is not None and lives["every_eager"].mon is not None
-    fused_s = median_s(lambda: probe.mon._stats.layer_stats(grads, scale, True), device)  # type: ignore[union-attr]
+    fused_s, fused_min = timed_s(
+        lambda: probe.mon._stats.layer_stats(grads, scale, True), device)  # type: ignore[union-attr]
     fused_path = probe.mon._stats.last_path
     eager_stats = lives["every_eager"].mon._stats
-    eager_s = median_s(lambda: eager_stats.layer_stats(grads, scale, True), device)
-    norms_s = median_s(lambda: probe.mon._stats.grad_norms(grads, scale, True), device)  # type: ignore[union-attr]
+    eager_s, eager_min = timed_s(lambda: eager_stats.layer_stats(grads, scale, True), device)
+    norms_s, norms_min = timed_s(
+        lambda: probe.mon._stats.grad_norms(grads, scale, True), device)  # type: ignore[union-attr]
     probe.opt.zero_grad(set_to_none=True)
 
     names = [c for c, _, _ in CONFIGS]
@@ -242,22 +251,24 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
             f"{state.value} in {secs:.1f} s" + (f" ({err})" if err else "")
             for state, secs, err in states) or "not compiled (eager)"
         print(f"   fused kernel ({c}): {described}")
-    print(f"   one read of the gradients: {read_s * 1e3:.3f} ms "
-          f"({grad_bytes / read_s / 1e9:.1f} GB/s)")
-    print(f"   per-layer reduction alone: {fused_path} {fused_s * 1e3:.3f} ms = "
-          f"{fused_s / read_s:.1f} reads; eager {eager_s * 1e3:.3f} ms = {eager_s / read_s:.1f} "
-          f"reads; every-step norms {norms_s * 1e3:.3f} ms = {norms_s / read_s:.1f} reads")
+    print(f"   one read of the gradients (median / min): {read_s * 1e3:.3f} / "
+          f"{read_min * 1e3:.3f} ms ({grad_bytes / read_min / 1e9:.1f} GB/s at the min)")
+    for label, med, low in (("per-layer " + str(fused_path), fused_s, fused_min),
+                            ("per-layer eager", eager_s, eager_min),
+                            ("every-step norms", norms_s, norms_min)):
+        print(f"   {label + ' alone:':<24} {med * 1e3:8.3f} / {low * 1e3:8.3f} ms = "
+              f"{med / read_s:6.1f} / {low / read_min:6.1f} reads (median / min)")
     print(f"   median step, no hook: {base * 1e3:.2f} ms")
     print(f"   {'configuration':<14} {'median':>9} {'ratio (min-max)':>22} {'total':>7} "
-          f"{'added/step':>11} {'= reads':>8}")
+          f"{'p10':>7} {'added/step':>11} {'= reads':>8}")
     for c in names:
         med = statistics.median(seg[c])
         rs = ratios[c]
         total = total_cfg[c] / total_base[c]
         added = total_cfg[c] / len(seg[c]) - total_base[c] / len(seg[c])
         print(f"   {c:<14} {med * 1e3:7.2f}ms {statistics.median(rs):8.3f}x "
-              f"({min(rs):.3f}-{max(rs):.3f}) {total:6.3f}x {added * 1e3:8.3f}ms "
-              f"{added / read_s:8.1f}")
+              f"({min(rs):.3f}-{max(rs):.3f}) {total:6.3f}x {p10(seg[c]) / p10(base_times):6.3f}x"
+              f" {added * 1e3:8.3f}ms {added / read_s:8.1f}")
     for c, live in lives.items():
         if live.mon is not None:
             errors = live.mon.stats().internal_errors

@@ -1,10 +1,12 @@
 """The fused per-layer reduction: one compiled kernel that reads every gradient once.
 
-``torch.compile`` (inductor: C++/OpenMP on the CPU, Triton on CUDA) turns
+``torch.compile`` (inductor: single-threaded C++ on the CPU, Triton on CUDA) turns
 ``partials.tensor_partials`` over a model's gradient list into one loop per gradient that computes
 all eight partials in a single read, straight from the ``.grad`` tensors (no packing copy), and
-stacks them into one ``(L, 8)`` float64 tensor. On the 4 M-parameter bench model that is ~1 ms
-where the eager padded-buffer path takes ~10 ms (``bench/hook_overhead.py`` prints the figures).
+stacks them into one ``(L, 8)`` float64 tensor. On the 4 M-parameter bench model that measured
+1.5 ms where the eager padded-buffer path took 11.7 ms (``bench/hook_sweep.py``, 2-core CPU at
+load ~5; ``docs/hook-cost.md``). Below ~0.5 M parameters the fixed cost per gradient (~10 µs:
+the kernel call, its output) makes it no faster than eager.
 
 A *layout* is what a compiled kernel is specialised on: device, and per gradient its shape,
 strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` returns None, and
@@ -15,8 +17,8 @@ answer now:
   list): never compiled;
 * its kernel is still compiling: the first call of a layout starts the compile on a background
   thread, on placeholder tensors of the same layout, so the training thread never waits for it
-  (it competes for the GIL and a core while it runs: ~15-30 s on a 2-core CPU, once per process
-  and layout, a few seconds when inductor's on-disk cache has it);
+  (it competes for the GIL and a core while it runs: measured 4.5-23 s on a cold inductor cache
+  and 1-8 s on a warm one, on 2 cores at load 4-7; once per process and layout);
 * the compile failed (no C++ compiler, no inductor, any error): logged once, eager from then on.
 
 Calls run under ``torch.compiler.set_stance("fail_on_recompile")``: a gradient that differs from

@@ -579,8 +579,8 @@ def watch(
     (``transport.DEFAULT_FLUSH_INTERVAL``); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2);
     ``fused``: the per-layer stats' compiled one-read kernel (``ampscope.fused``), compiled in the
     background on the first per-layer step while the exact eager path answers; None (default)
-    takes it for models of at least ``reductions.FUSE_MIN_ELEMS`` gradient elements, True always,
-    False never (nothing is compiled).
+    takes it for models of at least ``reductions.FUSE_MIN_ELEMS`` (2^19) gradient elements, True
+    always, False never (nothing is compiled).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the
