@@ -181,6 +181,7 @@ class Monitor:
         spool_max_bytes: int = 256 * 2**20,
         max_errors: int = 3,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        token: str | None = None,
         fused: bool | None = None,
     ) -> None:
         self.fmt = TargetFormat.get(target_format)
@@ -240,7 +241,7 @@ class Monitor:
         if os.environ.get("AMPSCOPE_MODE", "").strip().lower() == "offline":
             server = None
         if sender is None and server is not None:
-            sender = HttpSender(server)
+            sender = HttpSender(server, token=token or os.environ.get("AMPSCOPE_TOKEN") or None)
         self._transport = Transport(sender, self._encode, spool_dir=spool_dir,
                                     spool_max_bytes=spool_max_bytes, flush_interval=flush_interval)
         self._order = BackwardOrder(self._params)
@@ -573,14 +574,17 @@ def watch(
     ``server`` (default ``http://127.0.0.1:8765``; ``None``, or ``AMPSCOPE_MODE=offline`` in the
     environment, sends nothing and spools only, when a spool exists); ``sender`` replaces the HTTP
     sender (tests, embedding); ``spool_dir``/``spool_max_bytes`` bound the disk spool;
-    ``flush_interval`` (seconds, default 0.5) is how often the sender thread wakes to send what is
-    queued: the live latency's main term (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s
-    at 0.2) against fewer, larger requests and fewer steps slowed by the sender's batch
-    (``transport.DEFAULT_FLUSH_INTERVAL``); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2);
-    ``fused``: the per-layer stats' compiled one-read kernel (``ampscope.fused``), compiled in the
-    background on the first per-layer step while the exact eager path answers; None (default)
-    takes it for models of at least ``reductions.FUSE_MIN_ELEMS`` (2^19) gradient elements, True
-    always, False never (nothing is compiled).
+    ``token`` (default ``$AMPSCOPE_TOKEN``) is the server's ingest token, sent as
+    ``Authorization: Bearer``; a server that refuses it (401/403/410) stops the sending with one
+    warning and the records go to the spool; ``flush_interval`` (seconds, default 0.5) is how
+    often the sender thread wakes to send what is queued: the live latency's main term
+    (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s at 0.2) against fewer, larger
+    requests and fewer steps slowed by the sender's batch (``transport.DEFAULT_FLUSH_INTERVAL``);
+    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2); ``fused``: the per-layer stats'
+    compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
+    per-layer step while the exact eager path answers; None (default) takes it for models of at
+    least ``reductions.FUSE_MIN_ELEMS`` (2^19) gradient elements, True always, False never
+    (nothing is compiled).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the

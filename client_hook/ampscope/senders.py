@@ -1,7 +1,7 @@
 """Senders: how one encoded batch reaches the server (``HttpSender``) or a test (``MemorySender``).
 
 A sender never raises: it turns every outcome into a ``SendResult`` the transport acts on
-(``ACKED``, ``RETRY`` with an optional ``Retry-After``, ``REJECTED``).
+(``ACKED``, ``RETRY`` with an optional ``Retry-After``, ``REJECTED``, ``DENIED``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ class Outcome(enum.Enum):
     ACKED = "acked"
     RETRY = "retry"
     REJECTED = "rejected"
+    DENIED = "denied"  # 401, 403, 410: this client may not send here; retrying cannot help
+
+
+DENIED_STATUSES = frozenset({401, 403, 410})
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,16 @@ class HttpSender:
     """POSTs JSON batches to ``{server}/api/ingest`` over one keep-alive ``http.client`` connection.
 
     Socket timeouts bound every connect and read, so a blackholed server costs at most ``timeout``.
+    ``token`` goes in ``Authorization: Bearer``; it is kept out of ``repr`` and every message.
     """
 
-    def __init__(self, server: str, *, path: str = "/api/ingest") -> None:
+    def __init__(self, server: str, *, path: str = "/api/ingest",
+                 token: str | None = None) -> None:
+        if token is not None and (not token or any(c in token for c in "\r\n")):
+            raise ValueError("token must be a non-empty single-line string")
+        self._headers = {"Content-Type": "application/json"}
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(
@@ -96,7 +107,7 @@ class HttpSender:
         try:
             conn = self._connection(timeout)
             conn.request("POST", self._path, body=body, headers={
-                "Content-Type": "application/json", "Content-Length": str(len(body))})
+                **self._headers, "Content-Length": str(len(body))})
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -111,7 +122,13 @@ class HttpSender:
         if status in (408, 429) or status >= 500:
             after = _retry_after(resp.getheader("Retry-After"))
             return SendResult(Outcome.RETRY, status, after, detail)
+        if status in DENIED_STATUSES:
+            return SendResult(Outcome.DENIED, status, detail=detail)
         return SendResult(Outcome.REJECTED, status, detail=detail)
+
+    def __repr__(self) -> str:
+        scheme = "https" if self._https else "http"
+        return f"HttpSender({scheme}://{self._host}:{self._port}{self._path})"
 
     def abort(self) -> None:
         """From another thread: end the request in flight now (it returns ``RETRY``)."""

@@ -56,18 +56,20 @@ def sync(
     sender: Sender | None = None,
     timeout: float = 30.0,
     attempts: int = 5,
+    token: str | None = None,
 ) -> SyncReport:
     """Upload the spool at ``path`` (a directory or one ``.ampspool`` file) to ``server``.
 
     A frame the server refuses with a 4xx is reported and skipped. One it cannot take right now
     (connection error, 5xx, 408, 429) is tried ``attempts`` times with backoff; if it still fails,
     that frame and every later one are reported undelivered and sync stops, so a later run resumes
-    in order.
+    in order. A refusal of the client itself (401, 403, 410: the ``token``, sent as a bearer
+    token, is missing, revoked or of another project) also stops it: every frame would fail so.
     """
     if sender is None:
         if server is None:
             raise ValueError("sync needs a server URL or a sender")
-        sender = HttpSender(server)
+        sender = HttpSender(server, token=token)
     report = SyncReport()
     files = spool_files(path)
     try:
@@ -107,6 +109,9 @@ def _send(sender: Sender, body: bytes, where: str, report: SyncReport, timeout: 
             return
         if result.outcome is Outcome.REJECTED:
             report.rejected.append(f"{where}: HTTP {result.status} {result.detail}")
+            return
+        if result.outcome is Outcome.DENIED:
+            report.undelivered.append(f"{where} (refused, HTTP {result.status}: {result.detail})")
             return
         if attempt + 1 < attempts:
             time.sleep(min(60.0, result.retry_after) if result.retry_after is not None

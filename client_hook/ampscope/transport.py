@@ -10,6 +10,10 @@ full batch is queued), turns queued items into wire records, and hands encoded b
   capped exponential backoff with jitter, or after ``Retry-After`` when the server gives one.
 * ``Outcome.REJECTED`` (any other 4xx): the batch is dropped and counted; the first rejection is
   logged, later ones only counted, so a misconfigured client cannot flood the log.
+* ``Outcome.DENIED`` (401, 403, 410: no or a revoked token, another project's run, a deleted run):
+  sending stops for good (no retry storm) with one warning; the transport turns ``SPOOLING``
+  and never probes again, so every record still reaches the disk spool for a later
+  ``ampscope sync --token-file …``.
 
 Two modes (``Mode``). ``DIRECT``: batches go straight to the server. When a batch is still not
 acknowledged after ``retry_window`` seconds of retries (or there is no sender: offline mode), the
@@ -183,6 +187,7 @@ class Transport:
         self._next_probe = 0.0
         self._probe_failures = 0
         self._final_done = False
+        self._denied = False
         self._layers_acked = False
         self._closed = False
         self._forked = False
@@ -300,14 +305,15 @@ class Transport:
                 self._spool.close()
 
     def _idle_wait(self) -> float:
-        if self._mode is Mode.SPOOLING and self._sender is not None:
+        if self._mode is Mode.SPOOLING and self._sender is not None and not self._denied:
             return max(0.0, min(self._flush_interval, self._next_probe - time.monotonic()))
         return self._flush_interval
 
     def _spooling_round(self, closing: bool) -> None:
         """Queue to disk, then replay the spool when a probe is due (every time when closing)."""
         self._spill(self._take_all(), final=False)
-        if self._sender is not None and (closing or time.monotonic() >= self._next_probe):
+        if self._sender is not None and not self._denied and (
+                closing or time.monotonic() >= self._next_probe):
             self._replay()
         if self._mode is Mode.SPOOLING and closing:
             self._spill(self._take_all(), final=not self._final_done)
@@ -355,6 +361,9 @@ class Transport:
                     c.dropped_sender += n
                 self._log_rejection(n, result)
                 continue
+            if result.outcome is Outcome.DENIED:
+                self._deny(result)
+                return
             self._next_probe = time.monotonic() + self._backoff(self._probe_failures, result)
             self._probe_failures += 1
             return
@@ -421,6 +430,10 @@ class Transport:
                     c.dropped_sender += len(records)
                 self._log_rejection(len(records), result)
                 return
+            if result.outcome is Outcome.DENIED:
+                self._deny(result)
+                self._spool_records(records, final)
+                return
             logger.debug("ampscope send failed (%s %s); will retry", result.status, result.detail)
             delay = self._backoff(tries, result)
             tries += 1
@@ -436,6 +449,17 @@ class Transport:
             else:
                 # Wakes early when close() starts, so the remaining budget goes to the final flush.
                 self._closing.wait(delay)
+
+    def _deny(self, result: SendResult) -> None:
+        """Stop sending for good: spool from now on, never probe, warn once."""
+        if not self._denied:
+            self._denied = True
+            logger.warning(
+                "ampscope server refused this client with HTTP %s: %s; sending stopped, records "
+                "go to the spool%s", result.status, result.detail,
+                "" if self._spool is None else f" ({self._spool.directory})")
+        self._mode = Mode.SPOOLING
+        self._next_probe = float("inf")
 
     def _log_rejection(self, n: int, result: SendResult) -> None:
         if not self._c.logged_rejection:

@@ -1,20 +1,35 @@
-"""create_app(settings): wiring only (routers, handlers, middleware, lifespan)."""
+"""create_app(settings): wiring only (routers, handlers, middleware, lifespan).
+
+Middleware, outermost first: the security headers (on every response, refusals included), the
+gate (Host, Origin, authentication, CSRF: `gate.py`), the body cap (`limits.py`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from ampscope_server import __version__
-from ampscope_server.api import compare, findings, ingest, live, pages, runs, series
+from ampscope_server import __version__, live_pg
+from ampscope_server.api import auth, compare, findings, health, ingest, live, pages, runs, series
 from ampscope_server.config import Settings
-from ampscope_server.db import make_engine, make_session_factory, verify_schema
+from ampscope_server.db import is_sqlite, make_engine, make_session_factory, verify_schema
 from ampscope_server.errors import AmpscopeError
-from ampscope_server.handlers import ampscope_error_handler, validation_error_handler
+from ampscope_server.gate import Gate
+from ampscope_server.handlers import (
+    ampscope_error_handler,
+    database_error_handler,
+    internal_error_handler,
+    validation_error_handler,
+)
+from ampscope_server.limits import BodyLimit
 from ampscope_server.live import Hub
+from ampscope_server.ratelimit import RateLimiter
+from ampscope_server.schemas import ErrorBody
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -26,13 +41,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         verify_schema(engine)
         factory = make_session_factory(engine)
         hub = Hub()
-        hub.install(factory)
+        listener: live_pg.Listener | None = None
+        if is_sqlite(settings.db_url):  # one process: the hub is the whole story
+            hub.install(factory)
+        else:  # every worker and instance hears every commit (LISTEN/NOTIFY)
+            hub.install(factory, local=False)
+            live_pg.install_notify(factory)
+            listener = live_pg.Listener(settings.db_url, hub)
+            listener.start()
         app.state.settings = settings
         app.state.session_factory = factory
         app.state.hub = hub
+        app.state.ingest_limiter = RateLimiter(settings.ingest_rate_per_s, settings.ingest_burst)
         try:
             yield
         finally:
+            if listener is not None:
+                listener.stop()
             engine.dispose()
 
     # /docs is pages.api_docs_page: FastAPI's own pages load Swagger/ReDoc from a CDN.
@@ -40,8 +65,37 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   docs_url=None, redoc_url=None)
     app.add_exception_handler(AmpscopeError, ampscope_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(OperationalError, database_error_handler)
+    app.add_exception_handler(InterfaceError, database_error_handler)
+    app.add_exception_handler(Exception, internal_error_handler)
+    # add_middleware puts each new one outside the previous ones.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       timeout_s=settings.body_timeout_s)
+    app.add_middleware(Gate, settings=settings)
     app.add_middleware(pages.SecurityHeaders)
-    for module in (runs, ingest, series, live, compare, findings, pages):
+    for module in (health, auth, runs, ingest, series, live, compare, findings, pages):
         app.include_router(module.router)
+    app.include_router(pages.assets)
     app.mount("/static", pages.static_files(), name="static")
+    _document_ingest(app)
     return app
+
+
+def _document_ingest(app: FastAPI) -> None:
+    """The OpenAPI document with the ingest body (read by hand, see api/ingest.py) in it."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = plain()
+            ingest.document(schema)
+            # Every 422 is `{"detail": "<message>"}` (handlers.validation_error_handler), not
+            # FastAPI's default list of errors.
+            components = schema.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" in components:
+                components["HTTPValidationError"] = ErrorBody.model_json_schema()
+                components.pop("ValidationError", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

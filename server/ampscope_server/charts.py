@@ -100,7 +100,9 @@ def _raw_series(
     )
 
 
-def events_read(session: Session, run: Run) -> EventsRead:
+def events_read(session: Session, run: Run, start: int | None = None, end: int | None = None
+                ) -> EventsRead:
+    """Every event of the run, or of its steps in [start, end] (a zoomed chart's window)."""
     steps = [
         events.StepRow(
             step_id=int(step_id), step=int(step), skipped=bool(skipped),
@@ -109,10 +111,10 @@ def events_read(session: Session, run: Run) -> EventsRead:
             loss=codec.from_storage(loss, loss_cls),
         )
         for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls
-        in repository.event_rows(session, run.id)
+        in repository.event_rows(session, run.id, start, end)
     ]
     bad_layers: dict[int, list[tuple[int, str]]] = {}
-    for entry in repository.nonfinite_of(session, [s.step_id for s in steps if s.skipped]):
+    for entry in repository.skipped_nonfinite(session, run.id, start, end):
         bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
     misuse = [
         events.MisuseRow(
@@ -121,7 +123,7 @@ def events_read(session: Session, run: Run) -> EventsRead:
             scale_after=codec.from_storage(after, after_cls), kind=kind, detail=detail,
         )
         for step_id, step, before, before_cls, after, after_cls, kind, detail
-        in repository.misuse_rows(session, run.id)
+        in repository.misuse_rows(session, run.id, start, end)
     ]
     names = [layer.name for layer in repository.get_layers(session, run.id)]
     rechecks = {

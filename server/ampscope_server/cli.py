@@ -1,8 +1,12 @@
 """`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]`,
 `ampscope report RUN [--baseline RUN] [--db URL] [--html PATH]` (the Markdown post-mortem of
 `diagnosis`, optionally the HTML report with findings) and
-`ampscope sync PATH [--server URL]` (uploads a client's disk spool; the logic is the client's,
-`ampscope.sync`, imported lazily and torch-free).
+`ampscope sync PATH [--server URL] [--token]` (uploads a client's disk spool; the logic is the
+client's, `ampscope.sync`, imported lazily and torch-free), and the team-mode commands
+`ampscope token …` and `ampscope runs …` (`cli_admin`).
+
+`serve --auth auto` (the default) requires a token unless the server binds to loopback only;
+binding beyond loopback without auth takes `--insecure-no-auth` and says so loudly.
 
 `serve` on SQLite brings the schema to the Alembic head itself; on Postgres it refuses to start
 until `ampscope db upgrade` has been run (migrations there are an operator's decision).
@@ -16,7 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ampscope_server.config import Settings
+from ampscope_server import cli_admin
+from ampscope_server.config import Settings, auth_required, is_loopback
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -29,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
     serve.add_argument("--port", type=int, help="port (default 8765, AMPSCOPE_PORT)")
     serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    serve.add_argument("--auth", choices=["required", "auto"],
+                       help="require a token (auto: unless bound to loopback only; AMPSCOPE_AUTH)")
+    serve.add_argument("--insecure-no-auth", action="store_true", default=None,
+                       help="serve beyond loopback with no access control (a trusted network)")
+    serve.add_argument("--allowed-hosts",
+                       help="Host names this server answers to, comma-separated, or * "
+                            "(AMPSCOPE_ALLOWED_HOSTS; loopback names are always allowed)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="worker processes (Postgres only; live updates cross them through "
+                            "LISTEN/NOTIFY; default 1)")
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level; below info the access log is off (default info)")
@@ -43,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("path", help="spool directory or file")
     sync.add_argument("--server", default=os.environ.get("AMPSCOPE_SERVER", DEFAULT_SERVER),
                       help=f"server URL (default $AMPSCOPE_SERVER or {DEFAULT_SERVER})")
+    sync.add_argument("--token-file", metavar="PATH",
+                      help="read the ingest token from this file (default: $AMPSCOPE_TOKEN); "
+                           "never pass a secret as an argument, `ps` shows it")
 
     report = commands.add_parser(
         "report", help="print a run's Markdown post-mortem (findings, key numbers, advice)")
@@ -51,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
     report.add_argument("--html", metavar="PATH",
                         help="also write the self-contained HTML report, findings first")
+    cli_admin.add_parsers(commands)
     return parser
 
 
@@ -58,7 +77,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides = {
         key: value
         for key, value in (("db_url", args.db), ("host", getattr(args, "host", None)),
-                           ("port", getattr(args, "port", None)))
+                           ("port", getattr(args, "port", None)),
+                           ("auth", getattr(args, "auth", None)),
+                           ("insecure_no_auth", getattr(args, "insecure_no_auth", None)),
+                           ("allowed_hosts", getattr(args, "allowed_hosts", None)))
         if value is not None
     }
     return Settings(**overrides)
@@ -67,10 +89,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "sync":
-        return _sync(args.path, args.server)
+        return _sync(args.path, args.server, args.token_file)
     settings = _settings(args)
     from ampscope_server import db
 
+    if args.command in ("token", "runs"):
+        return cli_admin.run(args, settings)
     if args.command == "report":
         return _report(settings, args.run, args.baseline, args.html)
     if args.command == "db":
@@ -78,18 +102,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"ampscope: {db.safe_url(settings.db_url)} is at revision "
                          f"{db.head_revision()}\n")
         return 0
-    return _serve(settings, args.log_level)
+    return _serve(settings, args.log_level, args.workers)
 
 
-def _sync(path: str, server: str) -> int:
+def _sync(path: str, server: str, token_file: str | None) -> int:
     """Exit 0 when every readable frame was taken (accepted or a duplicate), 1 when the server
     refused or never took some, 2 when PATH or the URL is unusable. Damaged stretches (a truncated
     tail after a kill) are reported but do not fail the run: the good frames were delivered."""
     from ampscope.sync import sync
 
     try:
-        report = sync(path, server)
-    except (FileNotFoundError, ValueError) as exc:
+        token = (Path(token_file).read_text(encoding="utf-8").strip() if token_file
+                 else os.environ.get("AMPSCOPE_TOKEN") or None)
+        report = sync(path, server, token=token)
+    except (OSError, ValueError) as exc:
         sys.stderr.write(f"ampscope sync: {exc}\n")
         return 2
     sys.stdout.write(f"ampscope sync: {report.summary()}\n")
@@ -126,12 +152,28 @@ def _report(settings: Settings, run_id: str, baseline: str | None, html_path: st
     return 0
 
 
-def _serve(settings: Settings, log_level: str) -> int:
-    import uvicorn
-
-    from ampscope_server import db
-    from ampscope_server.app import create_app
+def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
+    from ampscope_server import db, serving
     from ampscope_server.errors import SchemaNotCurrent
+
+    if workers < 1:
+        sys.stderr.write(f"ampscope serve: --workers must be at least 1, not {workers}\n")
+        return 2
+    if workers > 1 and db.is_sqlite(settings.db_url):
+        sys.stderr.write("ampscope serve: SQLite is served by one process (one writer); "
+                         "--workers needs Postgres (--db postgresql+psycopg://…)\n")
+        return 2
+
+    try:
+        required = auth_required(settings)
+    except ValueError as exc:
+        sys.stderr.write(f"ampscope serve: {exc}\n")
+        return 2
+    if not required and not is_loopback(settings.host):
+        sys.stderr.write(
+            f"ampscope serve: WARNING: serving {settings.host}:{settings.port} with NO access "
+            "control (--insecure-no-auth): anyone who can reach it can read, write and delete "
+            "every run\n")
 
     if db.is_sqlite(settings.db_url):
         db.upgrade(settings.db_url)
@@ -143,8 +185,7 @@ def _serve(settings: Settings, log_level: str) -> int:
         return 2
     finally:
         engine.dispose()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=log_level, access_log=log_level in ("info", "debug"))
+    serving.run(settings, log_level, workers)
     return 0
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from ampscope_server import codec, compare, repository, rollups, runs, series
 from ampscope_server.errors import InvalidPayload
 from ampscope_server.models import Run
+from ampscope_server.principal import ANONYMOUS, Principal
 from ampscope_server.schemas import (
     CompareRead,
     ComparisonRead,
@@ -215,10 +216,11 @@ def _comparison(
 
 def compare_runs(
     session: Session, run_ids: list[str], tolerance: float, threshold: float,
-    crash_timeout_s: float,
+    crash_timeout_s: float, viewer: Principal = ANONYMOUS,
 ) -> CompareRead:
-    """Every run after the first compared with the first (404 for an unknown run)."""
-    loaded = [runs.load_run(session, run_id) for run_id in run_ids]
+    """Every run after the first compared with the first (404 for an unknown run, or one of a
+    project `viewer` cannot see)."""
+    loaded = [runs.load_run(session, run_id, viewer) for run_id in run_ids]
     sides = [
         _Side(run, [layer.name for layer in repository.get_layers(session, run.id)],
               repository.step_extent(session, run.id))

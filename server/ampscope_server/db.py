@@ -8,6 +8,7 @@ it raises; services never commit.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,12 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
             session.rollback()
             raise
         session.commit()
+
+
+@contextmanager
+def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """`session_scope` as a `with` block, for work outside a request's dependencies."""
+    yield from session_scope(factory)
 
 
 # --- migrations ---------------------------------------------------------------------------------

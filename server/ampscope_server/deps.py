@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, params
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
 from ampscope_server import runs
 from ampscope_server.config import Settings
 from ampscope_server.db import session_scope
+from ampscope_server.errors import Forbidden, Unauthorized
+from ampscope_server.gate import principal_of
 from ampscope_server.live import Hub
 from ampscope_server.models import Run
+from ampscope_server.principal import Principal, Scope
 
 
 def get_settings(connection: HTTPConnection) -> Settings:
@@ -44,9 +47,32 @@ HubDep = Annotated[Hub, Depends(get_hub)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def get_run(run_id: str, session: SessionDep) -> Run:
-    """The path's run, or 404."""
-    return runs.load_run(session, run_id)
+def get_principal(connection: HTTPConnection) -> Principal:
+    """Who the gate admitted; a public path reached without credentials has nobody."""
+    principal = principal_of(connection.scope.get("state", {}))
+    if principal is None:
+        raise Unauthorized("authentication required")
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def requires(scope: Scope) -> params.Depends:
+    """A router dependency: the principal's scope must grant `scope`, else 403."""
+
+    def check(principal: PrincipalDep) -> None:
+        if not principal.may(scope):
+            raise Forbidden(f"this token's scope is '{principal.scope.value}'; this needs "
+                            f"'{scope.value}'")
+
+    dependency: params.Depends = Depends(check)
+    return dependency
+
+
+def get_run(run_id: str, session: SessionDep, principal: PrincipalDep) -> Run:
+    """The path's run, or 404 (also when it belongs to a project the principal cannot see)."""
+    return runs.load_run(session, run_id, principal)
 
 
 RunDep = Annotated[Run, Depends(get_run, scope="function")]

@@ -1,8 +1,9 @@
-"""Downloads of a run: the long-format CSV stream and the attachment filename.
+"""Downloads of a run: the JSON and long-format CSV streams and the attachment filename.
 
-The CSV is the run's full, unsampled data, one row per value (docs/contracts.md "Export"):
-`step,attempt,seq,wall_time,source,layer_index,layer,stat,value`. It is produced page by page
-from its own session, so memory stays constant however long the run: a page holds at most
+The JSON is `ExportRead` (run, layers, modules, steps), written step by step. The CSV is the
+run's full, unsampled data, one row per value (docs/contracts.md "Export"):
+`step,attempt,seq,wall_time,source,layer_index,layer,stat,value`. Both are produced page by page
+from their own session, so memory stays bounded however long the run: a page holds at most
 `PAGE_VALUES` per-layer rows.
 """
 
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
 from collections.abc import Iterator, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, repository
+from ampscope_server import codec, repository, runs
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run, Step
+from ampscope_server.schemas import ModuleInfo
 
 CSV_COLUMNS = ("step", "attempt", "seq", "wall_time", "source", "layer_index", "layer", "stat",
                "value")
@@ -25,7 +28,10 @@ CSV_COLUMNS = ("step", "attempt", "seq", "wall_time", "source", "layer_index", "
 SCALAR_STATS = ("loss", "scale_before", "scale_after", "growth_tracker", "found_inf", "skipped",
                 "grad_norm", "lr", "duration")
 PAGE_VALUES = 50_000
-"""Per-layer (or per-module) rows a page reads at most (each carries the eight statistics)."""
+"""Per-layer (or per-module) rows a CSV page reads at most (each carries the eight statistics)."""
+JSON_PAGE_VALUES = 5_000
+"""The same for a JSON page, smaller: each row there also becomes ORM and pydantic objects
+(about 1 KiB each), so 4 exports at once stay well inside 64 MiB (bench/team_server.py)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -78,6 +84,43 @@ def _stat_rows(
         [*head, source, str(index), name, stat, cell(value)]
         for stat, value in zip(LAYER_STAT_NAMES, values, strict=True)
     ]
+
+
+def _page_steps(session: Session, run_id: str, page_values: int) -> int:
+    """Steps per page so that a page holds about `page_values` per-layer and per-module rows."""
+    width = len(repository.get_layers(session, run_id)) + len(repository.get_modules(session,
+                                                                                        run_id))
+    return max(1, page_values // max(1, width))
+
+
+def json_chunks(
+    factory: sessionmaker[Session], run_id: str, crash_timeout_s: float,
+    page_values: int = JSON_PAGE_VALUES,
+) -> Iterator[str]:
+    """The JSON export (`ExportRead`'s document, the same bytes a single dump would give in
+    structure) as text chunks: the head, then each page of steps."""
+    with factory() as session:
+        run = runs.load_run(session, run_id)
+        head = {
+            "run": runs.detail(session, run, crash_timeout_s).model_dump(mode="json"),
+            "layers": [layer.model_dump(mode="json") for layer in runs.layers(session, run)],
+            "modules": [ModuleInfo.model_validate(module).model_dump(mode="json")
+                        for module in repository.get_modules(session, run_id)],
+        }
+        yield json.dumps(head, allow_nan=False)[:-1] + ', "steps": ['
+        limit = _page_steps(session, run_id, page_values)
+        after_id, first = 0, True
+        while True:
+            page = runs.export_steps(session, run_id, after_id, limit)
+            if page:
+                text = ",".join(step.model_dump_json() for step in page)
+                yield text if first else "," + text
+                first = False
+                after_id = page[-1].id
+            session.expunge_all()
+            if len(page) < limit:
+                break
+    yield "]}"
 
 
 def csv_chunks(

@@ -7,19 +7,40 @@ very NaN a JSON response cannot carry.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from ampscope_server.errors import AmpscopeError
+from ampscope_server.errors import AmpscopeError, DatabaseUnavailable
+
+logger = logging.getLogger("ampscope_server")
 
 
 def ampscope_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AmpscopeError)
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+    return JSONResponse({"detail": exc.message}, status_code=exc.status_code,
+                        headers=exc.headers)
+
+
+def database_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The database is down, unreachable or full: 503 with Retry-After, so clients (the hook
+    honours it) come back later instead of treating the request as refused."""
+    assert isinstance(exc, OperationalError | InterfaceError)
+    logger.error("database error on %s %s: %s", request.method, request.url.path,
+                 type(exc.orig).__name__)
+    return ampscope_error_handler(request, DatabaseUnavailable(
+        f"the database is unavailable ({type(exc.orig).__name__}); retry later"))
+
+
+def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Anything unforeseen: a JSON 500 like every other error (the traceback goes to the log)."""
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"detail": "internal server error"}, status_code=500)
 
 
 def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:

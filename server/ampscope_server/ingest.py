@@ -17,8 +17,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import batch_checks, codec, live, repository, rollups
-from ampscope_server.errors import Conflict, LayerTableConflict, ModuleTableConflict
+from ampscope_server import access_repository, batch_checks, codec, live, repository, rollups
+from ampscope_server.errors import (
+    Conflict,
+    Forbidden,
+    LayerTableConflict,
+    ModuleTableConflict,
+    RunDeleted,
+    RunNotFound,
+)
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
@@ -34,15 +41,23 @@ from ampscope_server.models import (
     StepRecheck,
     SwallowedStat,
 )
+from ampscope_server.principal import ANONYMOUS, Principal
 from ampscope_server.schemas import IngestResult, RunStatus
 from ampscope_server.wire import ClientAccounting, IngestBatch, StepRecord
 
 Rows = list[dict[str, Any]]
 
 
-def ingest_batch(session: Session, batch: IngestBatch, now: float | None = None) -> IngestResult:
+def ingest_batch(
+    session: Session, batch: IngestBatch, now: float | None = None,
+    writer: Principal = ANONYMOUS,
+) -> IngestResult:
     now = time.time() if now is None else now
     run_id = batch.run.id
+    # A write first, so SQLite takes the write lock before any read of this transaction (no
+    # snapshot to upgrade); a refused batch rolls it back with everything else.
+    access_repository.ensure_project(session, batch.run.project, now)
+    authorize(session, writer, batch)
     repository.touch_run(session, batch.run.model_dump(), now)
     attempt = _attempt(session, batch)
     batch_checks.check_records(
@@ -71,6 +86,21 @@ def ingest_batch(session: Session, batch: IngestBatch, now: float | None = None)
         run_id=run_id, attempt=attempt.ordinal, accepted=len(new_ids),
         duplicates=len(batch.records) - len(new_ids),
     )
+
+
+def authorize(session: Session, writer: Principal, batch: IngestBatch) -> None:
+    """The writer may add to this run: its project is the writer's (403 for a new run of
+    another project, 404 for an existing one: existence is not leaked) and it was not deleted
+    (410)."""
+    project = batch.run.project
+    stored = repository.get_run(session, batch.run.id)
+    if stored is not None and not writer.sees(stored.project):
+        raise RunNotFound(batch.run.id)
+    if not writer.sees(project):
+        raise Forbidden(f"this token writes to project '{writer.project}', but the batch's run "
+                        f"is in project '{project}' (pass project='{writer.project}' to watch)")
+    if stored is None and access_repository.tombstone(session, batch.run.id) is not None:
+        raise RunDeleted(batch.run.id)
 
 
 def _attempt(session: Session, batch: IngestBatch) -> Attempt:

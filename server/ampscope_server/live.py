@@ -1,8 +1,9 @@
 """The live hub: "run X has new rows" from the ingest threads to the WebSocket tasks.
 
-A notification carries only the run id; subscribers then read what is new from the database,
-so the hub can later be replaced by Postgres LISTEN/NOTIFY (multi-worker) without changing the
-readers. A subscription to `ALL_RUNS` (the runs list) is woken for every run and collects the
+A notification carries only the run id; subscribers then read what is new from the database.
+On Postgres the notifications travel through LISTEN/NOTIFY (`live_pg`), so that every worker
+and instance hears every ingest; the hub then only fans them out within its process.
+A subscription to `ALL_RUNS` (the runs list) is woken for every run and collects the
 ids it was woken for, so its reader re-reads only those runs.
 
 Publishing is thread-safe: ingest runs in the threadpool, each subscriber's Event belongs to its
@@ -35,6 +36,12 @@ def notify_after_commit(session: Session, run_id: str) -> None:
     session.info.setdefault(_PENDING, set()).add(run_id)
 
 
+def pending_runs(session: Session) -> set[str]:
+    """The runs this session's transaction has marked so far."""
+    runs: set[str] = session.info.get(_PENDING, set())
+    return runs
+
+
 @dataclass(eq=False)
 class Subscription:
     run_id: str
@@ -64,17 +71,21 @@ class Subscription:
 
 class Hub:
     def __init__(self) -> None:
+        self._local = True
         self._lock = threading.Lock()
         self._subscribers: dict[str, set[Subscription]] = {}
 
-    def install(self, factory: sessionmaker[Session]) -> None:
-        """Publish the runs a session marked when it commits; drop the marks on rollback."""
+    def install(self, factory: sessionmaker[Session], local: bool = True) -> None:
+        """Forget the runs a session marked when it commits or rolls back; with `local`,
+        publish them on commit (off when LISTEN/NOTIFY brings them back, `live_pg`)."""
+        self._local = local
         event.listen(factory, "after_commit", self._after_commit)
         event.listen(factory, "after_soft_rollback", self._after_rollback)
 
     def _after_commit(self, session: Session) -> None:
         for run_id in session.info.pop(_PENDING, ()):
-            self.publish(run_id)
+            if self._local:
+                self.publish(run_id)
 
     def _after_rollback(self, session: Session, _previous: object) -> None:
         session.info.pop(_PENDING, None)
@@ -104,6 +115,14 @@ class Hub:
             # RuntimeError: its loop has closed, the subscriber is going away.
             with contextlib.suppress(RuntimeError):
                 subscription.loop.call_soon_threadsafe(subscription.notify, run_id)
+
+    def publish_all(self) -> None:
+        """Wake every subscriber (after notifications may have been missed)."""
+        with self._lock:
+            run_ids = [run_id for run_id in self._subscribers if run_id != ALL_RUNS]
+        for run_id in run_ids:
+            self.publish(run_id)
+        self.publish(ALL_RUNS)  # a runs list woken for "*" reads every run again
 
     def subscriber_count(self, run_id: str) -> int:
         with self._lock:

@@ -320,3 +320,55 @@ class Rollup(Base):
     inf_count: Mapped[bytes | None] = mapped_column(LargeBinary)
     l2: Mapped[bytes | None] = mapped_column(LargeBinary)
     amax_scaled: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+# --- team mode (revision 0005) ------------------------------------------------------------------
+
+class Project(Base):
+    """A project owns runs (by `runs.project`, its name) and the tokens made for it. Created by the
+    first token or run that names it."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class ApiToken(Base):
+    """An API token: only the SHA-256 of its secret is stored (the secret is 256 random bits, so
+    a slow KDF would add nothing). `project` NULL = every project. Revoked tokens are kept, so
+    `token list` shows what existed and when it stopped."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    project: Mapped[str | None] = mapped_column(String(200))
+    scope: Mapped[str] = mapped_column(String(16))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+    last_used_at: Mapped[float | None] = mapped_column(Double)
+
+
+class BrowserSession(Base):
+    """A signed-in browser: the cookie's secret is stored only as its SHA-256 (`id`). The session
+    lives no longer than its token: revoking the token ends it."""
+
+    __tablename__ = "browser_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    csrf: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+
+
+class DeletedRun(Base):
+    """A tombstone: the hook of a deleted live run gets 410 instead of recreating the run."""
+
+    __tablename__ = "deleted_runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project: Mapped[str] = mapped_column(String(200))
+    deleted_at: Mapped[float] = mapped_column(Double)

@@ -41,6 +41,9 @@ from ampscope_server.models import (
     SwallowedStat,
 )
 
+KEYS_PER_STATEMENT = 1000
+"""The longest IN list one statement carries (SQLite's default limit is 32,766 variables)."""
+
 
 def _insert(session: Session, model: type[Any]) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
@@ -73,15 +76,22 @@ def get_run(session: Session, run_id: str) -> Run | None:
     return session.get(Run, run_id)
 
 
-def list_runs(session: Session) -> Sequence[Run]:
-    return session.scalars(select(Run).order_by(Run.created_at.desc(), Run.id)).all()
+def list_runs(session: Session, project: str | None = None) -> Sequence[Run]:
+    """Every run (of `project`, when given), newest first."""
+    statement = select(Run).order_by(Run.created_at.desc(), Run.id)
+    if project is not None:
+        statement = statement.where(Run.project == project)
+    return session.scalars(statement).all()
 
 
-def get_runs(session: Session, run_ids: Iterable[str]) -> Sequence[Run]:
-    """The runs among `run_ids` that exist, newest first (as `list_runs`)."""
-    return session.scalars(
-        select(Run).where(Run.id.in_(list(run_ids))).order_by(Run.created_at.desc(), Run.id)
-    ).all()
+def get_runs(session: Session, run_ids: Iterable[str], project: str | None = None
+             ) -> Sequence[Run]:
+    """The runs among `run_ids` that exist (in `project`, when given), newest first."""
+    statement = (select(Run).where(Run.id.in_(list(run_ids)))
+                 .order_by(Run.created_at.desc(), Run.id))
+    if project is not None:
+        statement = statement.where(Run.project == project)
+    return session.scalars(statement).all()
 
 
 def get_attempt(session: Session, attempt_id: str) -> Attempt | None:
@@ -302,15 +312,29 @@ def series_rows(
     ).all()
 
 
+def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,
+                      end: int | None = None) -> Sequence[StepNonfinite]:
+    """Non-finite layers of the run's skipped steps (within [start, end]), each step's in
+    backward order: a join, not an IN list of step ids, which a long run's thousands of skipped
+    steps would take past the database's limit on bound parameters."""
+    return session.scalars(
+        select(StepNonfinite)
+        .join(Step, Step.id == StepNonfinite.step_id)
+        .where(*_step_range(run_id, start, end), Step.skipped.is_(True))
+        .order_by(StepNonfinite.step_id, StepNonfinite.position)
+    ).all()
+
+
 def event_rows(
-    session: Session, run_id: str
+    session: Session, run_id: str, start: int | None = None, end: int | None = None
 ) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
     """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
-    the steps that were skipped or whose scale changed (or is non-finite), in step order."""
+    the steps (within [start, end]) that were skipped or whose scale changed (or is
+    non-finite), in step order."""
     return session.execute(
         select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
-        .where(Step.run_id == run_id)
+        .where(*_step_range(run_id, start, end))
         .where(or_(
             Step.skipped.is_(True),
             Step.scale_before != Step.scale_after,
@@ -321,15 +345,15 @@ def event_rows(
 
 
 def misuse_rows(
-    session: Session, run_id: str
+    session: Session, run_id: str, start: int | None = None, end: int | None = None
 ) -> Sequence[Row[int, int, float | None, int, float | None, int, str, str]]:
     """(step id, step, scale_before, its class, scale_after, its class, kind, detail) of every
-    misuse event of the run, in step order, then as reported."""
+    misuse event of the run (within [start, end]), in step order, then as reported."""
     return session.execute(
         select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, MisuseEvent.kind, MisuseEvent.detail)
         .join(MisuseEvent, MisuseEvent.step_id == Step.id)
-        .where(Step.run_id == run_id)
+        .where(*_step_range(run_id, start, end))
         .order_by(Step.step, Step.id, MisuseEvent.position)
     ).all()
 
@@ -399,13 +423,17 @@ def get_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
     """(level, bucket, *columns) of the run's stored rollups among `keys` (level, bucket)."""
-    if not keys:
-        return []
-    rows = session.execute(
-        select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-        .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(list(keys)))
-    )
-    return [tuple(row) for row in rows]
+    found: list[tuple[Any, ...]] = []
+    # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
+    # more than Postgres' planner takes (StatementTooComplex).
+    for start in range(0, len(keys), KEYS_PER_STATEMENT):
+        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+        rows = session.execute(
+            select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+            .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+        )
+        found.extend(tuple(row) for row in rows)
+    return found
 
 
 def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:

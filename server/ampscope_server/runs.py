@@ -27,16 +27,15 @@ from ampscope_server.models import (
     Step,
     StepRecheck,
 )
+from ampscope_server.principal import ANONYMOUS, Principal
 from ampscope_server.schemas import (
     ActivationStatsRead,
     AttemptRead,
     ClientAccounting,
-    ExportRead,
     HistogramRead,
     LayerInfo,
     LayerStatsRead,
     MisuseRead,
-    ModuleInfo,
     NonfiniteLayerRead,
     RecheckRead,
     RunDetail,
@@ -49,8 +48,6 @@ from ampscope_server.schemas import (
     WorstLayer,
 )
 
-EXPORT_PAGE = 5_000
-
 
 def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: float) -> RunStatus:
     if stored == RunStatus.ACTIVE.value and now - updated_at > crash_timeout_s:
@@ -58,9 +55,21 @@ def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: f
     return RunStatus(stored)
 
 
-def load_run(session: Session, run_id: str) -> Run:
+RUN_ID_MAX = 64
+
+
+def plausible_id(run_id: str) -> bool:
+    """Whether a run could have this id: Postgres refuses a NUL in a query parameter."""
+    return len(run_id) <= RUN_ID_MAX and "\x00" not in run_id
+
+
+def load_run(session: Session, run_id: str, viewer: Principal = ANONYMOUS) -> Run:
+    """The run, or RunNotFound: also for an id no run can have (too long, NUL) and for a run of
+    a project `viewer` cannot see, so another project's run ids are not confirmed to exist."""
+    if not plausible_id(run_id):
+        raise RunNotFound(run_id[:RUN_ID_MAX].replace("\x00", "\\0"))
     run = repository.get_run(session, run_id)
-    if run is None:
+    if run is None or not viewer.sees(run.project):
         raise RunNotFound(run_id)
     return run
 
@@ -144,8 +153,9 @@ def _worst(found: tuple[str, float] | None) -> WorstLayer | None:
     return None if found is None else WorstLayer(layer=found[0], value=found[1])
 
 
-def list_summaries(session: Session, crash_timeout_s: float) -> list[RunSummary]:
-    return summaries(session, repository.list_runs(session), crash_timeout_s)
+def list_summaries(session: Session, crash_timeout_s: float, viewer: Principal = ANONYMOUS
+                   ) -> list[RunSummary]:
+    return summaries(session, repository.list_runs(session, viewer.project), crash_timeout_s)
 
 
 def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
@@ -284,42 +294,31 @@ def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> li
     ]
 
 
-def export(session: Session, run: Run, crash_timeout_s: float) -> ExportRead:
-    steps: list[StepExport] = []
-    while True:
-        page = export_steps(session, run.id, steps[-1].id if steps else 0, EXPORT_PAGE)
-        steps.extend(page)
-        if len(page) < EXPORT_PAGE:
-            break
-    return ExportRead(
-        run=detail(session, run, crash_timeout_s), layers=layers(session, run),
-        modules=[ModuleInfo.model_validate(m) for m in repository.get_modules(session, run.id)],
-        steps=steps,
-    )
-
-
 def live_update(
     factory: sessionmaker[Session], run_id: str, after_id: int, limit: int,
-    crash_timeout_s: float,
+    crash_timeout_s: float, viewer: Principal = ANONYMOUS,
 ) -> tuple[list[StepFull], RunStatus] | None:
     """For the live socket, in its own short session: new steps and the run's status.
 
-    None when the run does not exist.
+    None when the run does not exist (or is not `viewer`'s to see).
     """
+    if not plausible_id(run_id):
+        return None
     with factory() as session:
         run = repository.get_run(session, run_id)
-        if run is None:
+        if run is None or not viewer.sees(run.project):
             return None
         status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
         return full_steps(session, run_id, after_id, limit), status
 
 
 def live_summaries(
-    factory: sessionmaker[Session], run_ids: Collection[str] | None, crash_timeout_s: float
+    factory: sessionmaker[Session], run_ids: Collection[str] | None, crash_timeout_s: float,
+    viewer: Principal = ANONYMOUS,
 ) -> list[RunSummary]:
     """For the runs-list socket, in its own short session: the summaries of `run_ids` (the runs
-    that exist among them), or of every run when None."""
+    that exist among them), or of every run when None; only those `viewer` may see."""
     with factory() as session:
-        found = (repository.list_runs(session) if run_ids is None
-                 else repository.get_runs(session, run_ids))
+        found = (repository.list_runs(session, viewer.project) if run_ids is None
+                 else repository.get_runs(session, run_ids, viewer.project))
         return summaries(session, found, crash_timeout_s)

@@ -39,6 +39,20 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "No credentials, or not valid ones"},
+    403: {"model": ErrorBody, "description": "The token's scope does not allow this"},
+}
+
+
+class DeletedRead(BaseModel):
+    id: str
+    project: str
+    deleted_at: float
+    steps: int
+    """How many steps were deleted with the run."""
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
 

@@ -10,6 +10,7 @@ Every float that may be non-finite is parsed by `codec` (`WireFloat`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -110,6 +111,49 @@ MisuseKind = Literal["step_bypassed_scaler", "clip_before_unscale", "unscale_twi
 RecheckStatus = Literal["persisted", "vanished", "failed"]
 
 
+MAX_TAGS = 32
+MAX_CONFIG_BYTES = 64 * 1024
+MAX_CONFIG_DEPTH = 16
+MAX_RECORDS = 10_000
+MAX_TABLE = 100_000
+"""Limits (DESIGN.md §7): each is a 422 whose message names it. Runs are listed with their tags,
+so tags stay small; a config is stored and sent back whole, so it is bounded in size and depth
+(a deeper one could be stored, then never serialised again)."""
+
+
+def _readable_config(value: dict[str, Any]) -> dict[str, Any]:
+    """A config every dialect stores and gives back: bounded, finite numbers, no NUL."""
+    _check_json(value, "config", 1)
+    size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_CONFIG_BYTES:
+        raise PydanticCustomError(
+            "config_size", "is {size} bytes as JSON; the limit is {limit}",
+            {"size": size, "limit": MAX_CONFIG_BYTES})
+    return value
+
+
+def _check_json(value: object, where: str, depth: int) -> None:
+    if depth > MAX_CONFIG_DEPTH:
+        raise PydanticCustomError(
+            "config_depth", "{where} is nested deeper than {limit} levels",
+            {"where": where, "limit": MAX_CONFIG_DEPTH})
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError(
+            "config_number", "{where} is a non-finite number (NaN, Infinity or an overflowing "
+            "literal such as 1e400): write it as a string", {"where": where})
+    if isinstance(value, str) and "\x00" in value:
+        raise PydanticCustomError("nul_char", "{where} contains a NUL character", {"where": where})
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in key:
+                raise PydanticCustomError(
+                    "nul_char", "a key of {where} contains a NUL character", {"where": where})
+            _check_json(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, f"{where}[{i}]", depth + 1)
+
+
 class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -120,8 +164,9 @@ class RunInfo(WireModel):
     id: Uuid
     project: Text200 = "default"
     name: Text200 = ""
-    tags: list[Text200] = Field(default_factory=list)
-    config: dict[str, Any] = Field(default_factory=dict)
+    tags: Annotated[list[Text200], Field(max_length=MAX_TAGS)] = Field(default_factory=list)
+    config: Annotated[dict[str, Any], AfterValidator(_readable_config)] = Field(
+        default_factory=dict)
     host: Text255 = ""
     rank: Int32 = 0
     target_format: TargetFormat = "fp16"
@@ -138,7 +183,7 @@ class LayerInfo(WireModel):
 
     index: Int32
     name: Text500
-    shape: list[Int64]
+    shape: Annotated[list[Int64], Field(max_length=32)]
     dtype: Text32
     numel: Int64
     module_type: Text200
@@ -276,11 +321,11 @@ class IngestBatch(WireModel):
     schema_version: Literal[1, 2, 3]
     run: RunInfo
     attempt: AttemptInfo
-    layers: list[LayerInfo] | None = None
-    records: list[StepRecord]
+    layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None
+    records: Annotated[list[StepRecord], Field(max_length=MAX_RECORDS)]
     final: StrictBool = False
     # v2
-    modules: list[ModuleInfo] | None = None
+    modules: Annotated[list[ModuleInfo], Field(max_length=MAX_TABLE)] | None = None
     client: ClientAccounting | None = None
 
     # Model-level checks: their messages name the field themselves.

@@ -92,3 +92,29 @@ class TestMemorySender:
         assert json.loads(sender.bodies[1]) == {"b": "nan"}
         sender.close()
         assert sender.closed
+
+
+class TestToken:
+    def test_the_token_goes_in_the_authorization_header_only(self) -> None:
+        with StubServer() as server:
+            sender = HttpSender(server.url, token="s3cret-token")
+            assert sender.send(b"{}", 5.0).outcome is Outcome.ACKED
+            assert "s3cret-token" not in repr(sender)
+        assert server.headers[0]["Authorization"] == "Bearer s3cret-token"
+        assert "s3cret-token" not in server.requests[0][1]  # not in the URL
+
+    def test_no_token_no_header(self) -> None:
+        with StubServer() as server:
+            assert HttpSender(server.url).send(b"{}", 5.0).outcome is Outcome.ACKED
+        assert "Authorization" not in server.headers[0]
+
+    @pytest.mark.parametrize("status", [401, 403, 410])
+    def test_denied_statuses_are_not_retried(self, status: int) -> None:
+        with StubServer([Reply(status, body=b"no")]) as server:
+            result = HttpSender(server.url, token="t").send(b"{}", 5.0)
+        assert result == SendResult(Outcome.DENIED, status, detail="no")
+
+    @pytest.mark.parametrize("token", ["", "a\r\nX-Evil: 1"])
+    def test_a_bad_token_is_refused(self, token: str) -> None:
+        with pytest.raises(ValueError, match="token must be a non-empty single-line string"):
+            HttpSender("http://127.0.0.1:1", token=token)

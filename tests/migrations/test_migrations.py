@@ -14,6 +14,7 @@ TABLES_0002 = TABLES_0001 | {
     "modules", "step_nonfinite", "misuse_events", "activation_stats", "histograms"}
 TABLES_0003 = TABLES_0002 | {"rollups"}
 TABLES_0004 = TABLES_0003 | {"step_rechecks", "swallowed_stats"}
+TABLES_0005 = TABLES_0004 | {"projects", "api_tokens", "browser_sessions", "deleted_runs"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -37,8 +38,10 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0004")
+    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
     db.downgrade(db_url, "0003")
     assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
     db.downgrade(db_url, "0002")
@@ -50,7 +53,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -108,6 +111,21 @@ def test_0002_keeps_v1_data_both_ways(db_url: str) -> None:
         assert "AUTOINCREMENT" in str(schema)
 
 
+def test_0005_backfills_projects_from_stored_runs(db_url: str) -> None:
+    db.upgrade(db_url, "0004")
+    _execute(
+        db_url,
+        "INSERT INTO runs VALUES ('r1', 'vision', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 5, 5)",
+        "INSERT INTO runs VALUES ('r2', 'vision', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 3, 3)",
+        "INSERT INTO runs VALUES ('r3', 'nlp', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 9, 9)",
+    )
+    db.upgrade(db_url)
+    assert _scalar(db_url, "SELECT count(*) FROM projects") == 2
+    assert _scalar(db_url, "SELECT created_at FROM projects WHERE name = 'vision'") == 3
+    db.downgrade(db_url, "0004")
+    assert _scalar(db_url, "SELECT count(*) FROM runs") == 3
+
+
 def test_models_match_the_migrated_schema(db_url: str) -> None:
     db.upgrade(db_url)
     engine = db.make_engine(db_url)
@@ -115,7 +133,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0004"
+            assert context.get_current_revision() == db.head_revision() == "0005"
     finally:
         engine.dispose()
 
@@ -158,3 +176,4 @@ def test_the_script_location_is_the_installed_package() -> None:
     assert (versions / "0002_wire_v2.py").is_file()
     assert (versions / "0003_rollups.py").is_file()
     assert (versions / "0004_wire_v3.py").is_file()
+    assert (versions / "0005_team.py").is_file()

@@ -14,10 +14,15 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope import wire
-from ampscope_server import ingest, runs
+from ampscope_server import exports, ingest
 from ampscope_server.models import LAYER_STAT_NAMES
 from ampscope_server.schemas import SCHEMA_VERSION, IngestBatch
 from tests.server.wire import LAYERS, strict_json
+
+
+def _export(sessions: sessionmaker[Session], run_id: str) -> Any:
+    """The run's JSON export, as the server streams it."""
+    return strict_json("".join(exports.json_chunks(sessions, run_id, 300.0)))
 
 
 def _hook_payload(final: bool = False) -> dict[str, Any]:
@@ -66,9 +71,7 @@ def test_hook_output_is_accepted_and_read_back_as_sent(
     with sessions() as session, session.begin():
         result = ingest.ingest_batch(session, batch)
     assert (result.accepted, result.duplicates) == (3, 0)
-    with sessions() as session:
-        run = runs.load_run(session, payload["run"]["id"])
-        exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+    exported = _export(sessions, payload["run"]["id"])
     assert exported["run"]["status"] == "finished"
     assert exported["run"]["config"] == {"lr": 1e-3, "eps": "inf", "betas": [0.9, 0.999]}
     for sent, got in zip(payload["records"], exported["steps"], strict=True):
@@ -113,9 +116,7 @@ def test_a_real_monitor_stream_is_accepted_and_read_back_as_sent(
         with sessions() as session, session.begin():
             ingest.ingest_batch(session, batch)
     sent = [record for body in sink.payloads() for record in body["records"]]
-    with sessions() as session:
-        run = runs.load_run(session, mon.run_id)
-        exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+    exported = _export(sessions, mon.run_id)
     assert exported["run"]["status"] == "finished"
     assert [layer["name"] for layer in exported["layers"]] == [
         layer["name"] for layer in mon.layers]
@@ -176,9 +177,7 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
             with sessions() as session, session.begin():
                 ingest.ingest_batch(session, IngestBatch.model_validate(body))
         sent = [record for body in sent_to.payloads() for record in body["records"]]
-        with sessions() as session:
-            run = runs.load_run(session, monitor.run_id)
-            exported = strict_json(runs.export(session, run, 300.0).model_dump_json())
+        exported = _export(sessions, monitor.run_id)
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
                 for got in exported["steps"]] == sent
     rechecked = [r["recheck"] for body in sink.payloads() for r in body["records"]]

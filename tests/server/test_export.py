@@ -146,6 +146,32 @@ class TestCsv:
         assert _parse("".join(whole))[1] == _expected(payload)
 
 
+class TestJson:
+    def test_pages_through_the_run(self, sessions: sessionmaker[Session]) -> None:
+        """Page by page (one step a page) or in one page: the same document, valid JSON with
+        every step; the head is the run's detail, layer and module tables."""
+        payload = batch_v2(_records(), run_id=new_id(), layers=_layers())
+        with sessions() as session, session.begin():
+            ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
+        run_id = payload["run"]["id"]
+        small = list(exports.json_chunks(sessions, run_id, 300.0, page_values=1))
+        whole = list(exports.json_chunks(sessions, run_id, 300.0))
+        assert len(small) == 1 + 3 + 1 and len(whole) == 1 + 1 + 1
+        document = strict_json("".join(small))
+        assert document == strict_json("".join(whole))
+        assert list(document) == ["run", "layers", "modules", "steps"]
+        assert [step["seq"] for step in document["steps"]] == [0, 1, 2]
+        assert [layer["name"] for layer in document["layers"]] == [
+            layer["name"] for layer in payload["layers"]]
+
+    def test_a_run_without_steps(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
+        response = api.get(f"/api/runs/{run_id}/export")
+        assert response.headers["content-type"] == "application/json"
+        assert strict_json(response.text)["steps"] == []
+
+
 class TestFormats:
     def test_unknown_format_is_422(self, api: httpx.Client) -> None:
         run_id = new_id()

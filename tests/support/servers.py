@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -25,8 +26,12 @@ class ServerProcess:
     The port stays the same across restarts so a client keeps its URL.
     """
 
-    def __init__(self, db_url: str, log_dir: Path, port: int | None = None) -> None:
+    def __init__(self, db_url: str, log_dir: Path, port: int | None = None,
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+        """`args` are extra `serve` flags (`--auth required`), `env` extra environment."""
         self.db_url = db_url
+        self.args = list(args)
+        self.env = dict(env or {})
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_path = log_dir / f"server-{self.port}.log"
@@ -43,9 +48,9 @@ class ServerProcess:
             self.upgrade()
             self._upgraded = True
         cmd = [sys.executable, "-m", "ampscope_server.cli", "serve",
-               "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url]
+               "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url, *self.args]
         log = open(self._log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -60,6 +65,10 @@ class ServerProcess:
             time.sleep(0.1)
         self.kill()
         raise RuntimeError(f"server did not answer within {timeout_s}s:\n{self.log()}")
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     def log(self) -> str:
         return self._log_path.read_text(errors="replace") if self._log_path.exists() else ""

@@ -7,10 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from ampscope_server import comparison
-from ampscope_server.deps import SessionDep, SettingsDep
-from ampscope_server.schemas import CompareRead, ErrorBody
+from ampscope_server.deps import PrincipalDep, SessionDep, SettingsDep, requires
+from ampscope_server.principal import Scope
+from ampscope_server.schemas import AUTH_RESPONSES, CompareRead, ErrorBody
 
-router = APIRouter(prefix="/api", tags=["compare"])
+router = APIRouter(prefix="/api", tags=["compare"], dependencies=[requires(Scope.READ)],
+                   responses=AUTH_RESPONSES)
 
 
 @router.get("/compare", responses={
@@ -20,10 +22,12 @@ router = APIRouter(prefix="/api", tags=["compare"])
 def get_compare(
     session: SessionDep,
     settings: SettingsDep,
+    principal: PrincipalDep,
     runs: Annotated[str, Query(description="Run ids separated by commas; the first is the "
                                            "reference", max_length=2000)],
     tolerance: Annotated[float, Query(ge=0, le=1000)] = 0.05,
     underflow_threshold: Annotated[float, Query(ge=0, le=1)] = 0.01,
 ) -> CompareRead:
     return comparison.compare_runs(session, comparison.parse_run_ids(runs), tolerance,
-                                   underflow_threshold, settings.crash_timeout_s)
+                                   underflow_threshold, settings.crash_timeout_s,
+                                   principal)

@@ -6,12 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import diagnosis
-from ampscope_server.deps import RunDep, SessionDep
+from ampscope_server import diagnosis, runs
+from ampscope_server.deps import PrincipalDep, RunDep, SessionDep, requires
 from ampscope_server.findings.schemas import FindingsRead
-from ampscope_server.schemas import ErrorBody
+from ampscope_server.principal import Scope
+from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody
 
-router = APIRouter(prefix="/api", tags=["findings"])
+router = APIRouter(prefix="/api", tags=["findings"], dependencies=[requires(Scope.READ)],
+                   responses=AUTH_RESPONSES)
 RESPONSES: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "Unknown run or baseline"},
     422: {"model": ErrorBody, "description": "The baseline is the run itself"},
@@ -22,6 +24,9 @@ RESPONSES: dict[int | str, dict[str, object]] = {
 def get_findings(
     run: RunDep,
     session: SessionDep,
+    principal: PrincipalDep,
     baseline: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> FindingsRead:
+    if baseline is not None and baseline != run.id:
+        runs.load_run(session, baseline, principal)  # 404 unless the viewer may see it
     return diagnosis.findings_read(session, run, baseline)

@@ -8,28 +8,38 @@ WS /api/runs/live: the runs list. Every run's summary on connect (and again ever
 `_poll_interval`, since a run turns `crashed` by silence), and in between the summaries of the
 runs that changed, at most `RUNS_PER_S` messages a second however fast batches arrive.
 
+The gate has authenticated the socket (cookie or bearer header, never the query string) and
+checked its Origin; a principal without the read scope is closed with 1008 here, and a run of a
+project it cannot see is "not found" (4404), as an unknown one. The database going away closes
+the socket with 1013 (try again later).
+
 Database reads run in the threadpool; the event loop only waits on the hub and the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from ampscope_server import runs
-from ampscope_server.deps import HubDep, SessionFactoryDep, SettingsDep
+from ampscope_server.deps import HubDep, PrincipalDep, SessionFactoryDep, SettingsDep
 from ampscope_server.live import ALL_RUNS
+from ampscope_server.principal import Principal, Scope
 from ampscope_server.schemas import LiveRuns, LiveStatus, LiveSteps
 
 router = APIRouter(prefix="/api", tags=["live"])
 
 CLOSE_UNKNOWN_RUN = 4404
+CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
 CHUNK = 1000
 """Most steps read and sent in one message."""
 STATUS_POLL_S = 15.0
@@ -81,9 +91,11 @@ async def live_updates(
     factory: SessionFactoryDep,
     hub: HubDep,
     settings: SettingsDep,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    principal: PrincipalDep,
+    after_id: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> None:
-    await websocket.accept()
+    if not await _accept(websocket, principal):
+        return
     listener = _Listener(websocket)
     try:
         with hub.subscribe(run_id) as subscription:
@@ -91,7 +103,8 @@ async def live_updates(
             while True:
                 subscription.changed.clear()
                 update = await run_in_threadpool(
-                    runs.live_update, factory, run_id, last_id, CHUNK, settings.crash_timeout_s
+                    runs.live_update, factory, run_id, last_id, CHUNK, settings.crash_timeout_s,
+                    principal,
                 )
                 if update is None:
                     reason = f"run '{run_id}' not found"
@@ -111,6 +124,8 @@ async def live_updates(
                     return
     except (WebSocketDisconnect, OSError):
         return
+    except (OperationalError, InterfaceError):
+        await _close_unavailable(websocket)
     finally:
         listener.close()
 
@@ -121,8 +136,10 @@ async def runs_live(
     factory: SessionFactoryDep,
     hub: HubDep,
     settings: SettingsDep,
+    principal: PrincipalDep,
 ) -> None:
-    await websocket.accept()
+    if not await _accept(websocket, principal):
+        return
     listener = _Listener(websocket)
     try:
         with hub.subscribe(ALL_RUNS) as subscription:
@@ -137,9 +154,11 @@ async def runs_live(
                 # Both on this loop, as are the hub's notifications: none slips in between.
                 changed = subscription.take_runs()
                 subscription.changed.clear()
+                if ALL_RUNS in changed:  # the hub may have missed notifications: all again
+                    full, last_full = True, loop.time()
                 summaries = await run_in_threadpool(
                     runs.live_summaries, factory, None if full else changed,
-                    settings.crash_timeout_s,
+                    settings.crash_timeout_s, principal,
                 )
                 if full or summaries:
                     await _send(websocket, LiveRuns(full=full, runs=summaries))
@@ -149,8 +168,27 @@ async def runs_live(
                     return
     except (WebSocketDisconnect, OSError):
         return
+    except (OperationalError, InterfaceError):
+        await _close_unavailable(websocket)
     finally:
         listener.close()
+
+
+async def _accept(websocket: WebSocket, principal: Principal) -> bool:
+    """Accept the socket; close it at once (1008) when the principal may not read."""
+    await websocket.accept()
+    if principal.may(Scope.READ):
+        return True
+    await websocket.close(code=CLOSE_POLICY,
+                          reason=f"this token's scope is '{principal.scope.value}'; reading "
+                                 "needs 'read'")
+    return False
+
+
+async def _close_unavailable(websocket: WebSocket) -> None:
+    """The database went away: tell the page to come back later (its reconnect backs off)."""
+    with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+        await websocket.close(code=CLOSE_TRY_AGAIN, reason="the database is unavailable")
 
 
 def _poll_interval(crash_timeout_s: float) -> float:

@@ -16,14 +16,18 @@ from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ampscope_server.deps import requires
 from ampscope_server.errors import NotFound
+from ampscope_server.principal import Scope as TokenScope
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, dependencies=[requires(TokenScope.READ)])
+assets = APIRouter(include_in_schema=False)
+"""Files every page needs before sign-in (the login page's too): public, under /static/."""
 
 
 def package_dir(name: str) -> Path | None:
@@ -50,29 +54,32 @@ def plotly_js() -> Path | None:
     return None if plotly is None else plotly / "package_data" / "plotly.min.js"
 
 
-def _page(name: str) -> FileResponse:
+def page(name: str) -> FileResponse:
     path = web_root() / name
     if not path.is_file():
         raise NotFound(f"page {name} is not installed")
-    return FileResponse(path, media_type="text/html; charset=utf-8")
+    # no-store: a page must reach the server each time, so that once signed out (or revoked)
+    # the browser is sent to sign in instead of showing a cached page.
+    return FileResponse(path, media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-store"})
 
 
 @router.get("/")
 def index_page() -> FileResponse:
-    return _page("index.html")
+    return page("index.html")
 
 
 @router.get("/runs/{run_id}")
 def run_page(run_id: str) -> FileResponse:
-    return _page("run.html")
+    return page("run.html")
 
 
 @router.get("/compare")
 def compare_page() -> FileResponse:
-    return _page("compare.html")
+    return page("compare.html")
 
 
-@router.get("/static/vendor/plotly.min.js")
+@assets.get("/static/vendor/plotly.min.js")
 def plotly_bundle() -> FileResponse:
     path = plotly_js()
     if path is None or not path.is_file():
@@ -90,10 +97,10 @@ SWAGGER_FILES = {
 @router.get("/docs")
 def api_docs_page() -> FileResponse:
     """The OpenAPI page, offline and under the strict CSP (FastAPI's default loads a CDN)."""
-    return _page("api-docs.html")
+    return page("api-docs.html")
 
 
-@router.get("/static/vendor/swagger-ui/{name}")
+@assets.get("/static/vendor/swagger-ui/{name}")
 def swagger_file(name: str) -> FileResponse:
     folder = swagger_ui_dir()
     if name not in SWAGGER_FILES or folder is None or not (folder / name).is_file():

@@ -1,4 +1,4 @@
-"""Runs: list, detail, layer table, raw steps, export (JSON, CSV, HTML report)."""
+"""Runs: list, detail, layer table, raw steps, export (JSON, CSV, HTML report), delete (admin)."""
 
 from __future__ import annotations
 
@@ -7,32 +7,39 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import exports, report, runs
-from ampscope_server.deps import RunDep, SessionDep, SessionFactoryDep, SettingsDep
+from ampscope_server import exports, lifecycle, report, runs
+from ampscope_server.deps import (
+    PrincipalDep,
+    RunDep,
+    SessionDep,
+    SessionFactoryDep,
+    SettingsDep,
+    requires,
+)
+from ampscope_server.principal import Scope
 from ampscope_server.schemas import (
+    AUTH_RESPONSES,
+    DeletedRead,
     ErrorBody,
     ExportRead,
-    Health,
     LayerInfo,
     RunDetail,
     RunSummary,
     StepsPage,
 )
 
-router = APIRouter(prefix="/api", tags=["runs"])
+router = APIRouter(prefix="/api", tags=["runs"], dependencies=[requires(Scope.READ)],
+                   responses=AUTH_RESPONSES)
 NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "Unknown run"},
 }
-
-
-@router.get("/health")
-def get_health() -> Health:
-    return Health()
+StepId = Annotated[int, Query(ge=0, le=2**63 - 1)]
 
 
 @router.get("/runs")
-def list_runs(session: SessionDep, settings: SettingsDep) -> list[RunSummary]:
-    return runs.list_summaries(session, settings.crash_timeout_s)
+def list_runs(session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+              ) -> list[RunSummary]:
+    return runs.list_summaries(session, settings.crash_timeout_s, principal)
 
 
 @router.get("/runs/{run_id}", responses=NOT_FOUND)
@@ -49,7 +56,7 @@ def get_layers(run: RunDep, session: SessionDep) -> list[LayerInfo]:
 def get_steps(
     run: RunDep,
     session: SessionDep,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    after_id: StepId = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> StepsPage:
     return runs.steps_page(session, run, after_id, limit)
@@ -86,4 +93,14 @@ def get_export(
             "Content-Disposition": exports.content_disposition(run, "html"),
             "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
         })
-    return runs.export(session, run, settings.crash_timeout_s)
+    # Streamed page by page (bounded memory however long the run), from a session of its own.
+    return StreamingResponse(
+        exports.json_chunks(factory, run.id, settings.crash_timeout_s),
+        media_type="application/json",
+    )
+
+
+@router.delete("/runs/{run_id}", responses=NOT_FOUND, dependencies=[requires(Scope.ADMIN)])
+def delete_run(run: RunDep, session: SessionDep) -> DeletedRead:
+    """Delete the run and everything stored for it; its hook's next batch gets 410."""
+    return lifecycle.delete_run(session, run)

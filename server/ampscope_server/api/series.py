@@ -8,8 +8,10 @@ from fastapi import APIRouter, Query
 
 from ampscope_server import charts
 from ampscope_server.api.runs import NOT_FOUND
-from ampscope_server.deps import RunDep, SessionDep
+from ampscope_server.deps import RunDep, SessionDep, requires
+from ampscope_server.principal import Scope
 from ampscope_server.schemas import (
+    AUTH_RESPONSES,
     EventsRead,
     HeatmapRead,
     HeatmapSource,
@@ -18,9 +20,10 @@ from ampscope_server.schemas import (
     SeriesRead,
 )
 
-router = APIRouter(prefix="/api/runs/{run_id}", tags=["charts"], responses=NOT_FOUND)
+router = APIRouter(prefix="/api/runs/{run_id}", tags=["charts"],
+                   responses={**NOT_FOUND, **AUTH_RESPONSES}, dependencies=[requires(Scope.READ)])
 
-StepBound = Annotated[int | None, Query(ge=0)]
+StepBound = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
 
 
 @router.get("/series/{name}")
@@ -36,8 +39,9 @@ def get_series(
 
 
 @router.get("/events")
-def get_events(run: RunDep, session: SessionDep) -> EventsRead:
-    return charts.events_read(session, run)
+def get_events(run: RunDep, session: SessionDep, start: StepBound = None,
+               end: StepBound = None) -> EventsRead:
+    return charts.events_read(session, run, start, end)
 
 
 @router.get("/layer-stats")

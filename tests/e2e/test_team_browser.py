@@ -1,0 +1,220 @@
+"""Team mode in a real browser (Debian's headless Chromium) over `ampscope serve --auth
+required`: sign-in exchanges a token for an HttpOnly, SameSite=Strict cookie; pages need it; a
+page of another origin cannot read the runs socket even though the browser sends it the cookie;
+markup in run names stays text; an admin deletes a run after confirming; signing out ends the
+session on the server. No console error, no dialog, no CSP violation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Dialog,
+    Page,
+    Route,
+    sync_playwright,
+)
+
+from tests.server.wire import batch, new_id, record
+from tests.support.servers import free_port
+from tests.support.team import Team, team_server
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+HOSTILE = "<img src=x onerror=alert(1)>"
+WAIT_MS = 15_000
+RECORD_CSP_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    with team_server("sqlite", tmp_path_factory.mktemp("team-browser")) as team:
+        yield team
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class Session:
+    def __init__(self, context: BrowserContext, page: Page, errors: list[str]) -> None:
+        self.context, self.page, self.errors = context, page, errors
+
+    def assert_clean(self) -> None:
+        violations = self.page.evaluate("() => window.__cspViolations || []")
+        assert self.errors == [], "\n".join(self.errors)
+        assert violations == [], "\n".join(violations)
+
+    def sign_in(self, team: Team, token: str, path: str = "/") -> None:
+        self.page.goto(f"{team.url}{path}")
+        assert self.page.url.startswith(f"{team.url}/login?next=")
+        self.page.fill("#token", team.tokens[token])
+        self.page.click("#sign-in")
+        self.page.wait_for_url(f"{team.url}{path}", timeout=WAIT_MS)
+
+
+@pytest.fixture
+def session(browser: Browser) -> Iterator[Session]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.add_init_script(RECORD_CSP_VIOLATIONS)
+    page = context.new_page()
+    errors: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            errors.append(f"console.error: {msg.text} ({msg.location.get('url', '')})")
+
+    def on_dialog(dialog: Dialog) -> None:
+        errors.append(f"a {dialog.type} dialog fired: {dialog.message!r}")
+        dialog.dismiss()
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    page.on("dialog", on_dialog)
+    try:
+        yield Session(context, page, errors)
+    finally:
+        context.close()
+
+
+def _run(team: Team, name: str, token: str = "alpha-ingest", project: str = "alpha") -> str:
+    run_id = new_id()
+    with team.client(token) as client:
+        response = client.post("/api/ingest", json=batch(
+            [record(0), record(1)], run_id=run_id, project=project, name=name,
+            tags=[HOSTILE, "team"]))
+        assert response.status_code == 200, response.text
+    return run_id
+
+
+def test_sign_in_sets_a_strict_httponly_cookie_and_shows_the_projects_runs(
+    team: Team, session: Session
+) -> None:
+    mine, theirs = _run(team, HOSTILE), _run(team, "beta run", "beta-ingest", "beta")
+    page = session.page
+    page.goto(f"{team.url}/login")
+    page.fill("#token", team.tokens["alpha-ingest"])
+    page.click("#sign-in")
+    page.wait_for_selector("#error:not([hidden])", timeout=WAIT_MS)
+    assert page.text_content("#error") == (
+        "Sign-in failed: an ingest token cannot sign in; use a read or admin token")
+    page.fill("#token", "amps_" + "x" * 43)
+    page.click("#sign-in")
+    page.wait_for_function("() => document.getElementById('error').textContent.includes("
+                           "'not valid')", timeout=WAIT_MS)
+    # Chromium logs the two refused sign-ins (403, 401) as failed loads: they were the point.
+    assert [e.split("(")[0] for e in session.errors] == [
+        "console.error: Failed to load resource: the server responded with a status of 403 ",
+        "console.error: Failed to load resource: the server responded with a status of 401 "]
+    session.errors.clear()
+
+    session.sign_in(team, "alpha-read", f"/runs/{mine}")
+    cookies = {c["name"]: c for c in session.context.cookies()}
+    cookie = cookies["ampscope_session"]
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert cookie["value"] not in team.tokens.values()
+    assert page.evaluate("() => document.cookie") == ""  # not readable by scripts
+    page.wait_for_function(f"() => document.getElementById('run-name').textContent === "
+                           f"{json.dumps(HOSTILE)}", timeout=WAIT_MS)
+    assert page.eval_on_selector_all("img[src='x']", "els => els.length") == 0
+    assert "alpha-read · read · project alpha" in (page.text_content("#session") or "")
+    assert page.query_selector("#delete-run") is None  # read scope: no delete
+
+    page.goto(f"{team.url}/")
+    page.wait_for_selector(f"tr[data-run-id='{mine}']", timeout=WAIT_MS)
+    assert page.query_selector(f"tr[data-run-id='{theirs}']") is None
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "team-runs.png"), full_page=True)
+    session.assert_clean()
+
+
+def test_a_foreign_origin_cannot_read_the_runs_socket(team: Team, session: Session) -> None:
+    """Another port on 127.0.0.1 is another origin but the same site: the browser sends the
+    SameSite=Strict cookie along, so only the server's Origin check stands in the way."""
+    _run(team, "socket target")
+    session.sign_in(team, "alpha-read")
+    foreign = f"http://127.0.0.1:{free_port()}"
+    probe = f"""<!doctype html><script>
+      window.result = {{}};
+      const ws = new WebSocket('ws://127.0.0.1:{team.server.port}/api/runs/live');
+      ws.onmessage = (e) => {{ window.result.message = e.data.slice(0, 80); }};
+      ws.onclose = (e) => {{ window.result.closed = e.code; }};
+      fetch('{team.url}/api/runs', {{credentials: 'include'}})
+        .then((r) => r.text()).then((t) => {{ window.result.fetched = t.slice(0, 80); }})
+        .catch((e) => {{ window.result.fetchError = String(e); }});
+    </script>"""
+
+    def serve(route: Route) -> None:
+        route.fulfill(status=200, content_type="text/html", body=probe)
+
+    session.page.route(f"{foreign}/**", serve)
+    session.page.goto(f"{foreign}/evil.html")
+    session.page.wait_for_function(
+        "() => window.result.closed !== undefined && window.result.fetchError !== undefined",
+        timeout=WAIT_MS)
+    result: dict[str, Any] = session.page.evaluate("() => window.result")
+    assert "message" not in result and "fetched" not in result, result
+    assert result["closed"] in (1006, 1008)  # refused: the page learns nothing else
+    log = team.server.log()
+    assert "/api/runs/live" in log
+
+
+def test_an_admin_deletes_a_run_after_confirming(team: Team, session: Session) -> None:
+    run_id = _run(team, "to be deleted")
+    session.sign_in(team, "alpha-admin", f"/runs/{run_id}")
+    page = session.page
+    page.wait_for_selector("#delete-run", timeout=WAIT_MS)
+    page.click("#delete-run")
+    assert page.is_visible("#delete-dialog")
+    assert run_id in (page.text_content("#delete-dialog") or "")
+    page.click("#delete-cancel")
+    assert not page.is_visible("#delete-dialog")
+    with team.client("root") as root:
+        assert root.get(f"/api/runs/{run_id}").status_code == 200
+    page.click("#delete-run")
+    page.click("#delete-confirm")
+    page.wait_for_url(f"{team.url}/", timeout=WAIT_MS)
+    with team.client("root") as root:
+        assert root.get(f"/api/runs/{run_id}").status_code == 404
+    session.assert_clean()
+
+
+def test_sign_out_ends_the_session_on_the_server(team: Team, session: Session) -> None:
+    session.sign_in(team, "alpha-read")
+    cookie = next(c["value"] for c in session.context.cookies()
+                  if c["name"] == "ampscope_session")
+    page = session.page
+    page.wait_for_selector("#sign-out", timeout=WAIT_MS)
+    page.click("#sign-out")
+    page.wait_for_url(f"{team.url}/login", timeout=WAIT_MS)
+    assert all(c["name"] != "ampscope_session" for c in session.context.cookies())
+    # The old cookie, replayed by hand, no longer works: the server forgot the session.
+    with httpx.Client(base_url=team.url, timeout=30.0) as client:
+        response = client.get("/api/runs", headers={"Cookie": f"ampscope_session={cookie}"})
+    assert response.status_code == 401
+    assert response.json() == {"detail": "the session has expired or was ended; sign in again"}
+    page.goto(f"{team.url}/")
+    assert page.url.startswith(f"{team.url}/login")
+    session.assert_clean()

@@ -1,0 +1,42 @@
+"""Events of a long run: more skipped steps than a database takes bound parameters in one
+statement (SQLite's default limit is 32,766), read whole and by window, on both dialects."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import charts, ingest, repository, runs
+from ampscope_server.models import StepNonfinite
+from ampscope_server.schemas import IngestBatch
+from tests.server.wire import batch, new_id
+
+SKIPPED = 33_000
+
+
+def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session]) -> None:
+    payload = batch([], run_id=new_id())
+    with sessions() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+        rows = [{
+            "run_id": payload["run"]["id"], "attempt_id": payload["attempt"]["id"], "seq": i,
+            "step": i, "wall_time": 1.0 + i, "loss": None, "loss_class": 1,
+            "scale_before": 1.0, "scale_before_class": 0, "scale_after": 1.0,
+            "scale_after_class": 0, "growth_tracker": 0, "found_inf": True, "skipped": True,
+            "grad_norm": None, "grad_norm_class": 2, "lr": None, "lr_class": 0,
+            "duration": None, "duration_class": 0, "captured": None, "nonfinite_count": 1,
+            "misuse_count": None,
+        } for i in range(SKIPPED)]
+        ids = repository.insert_steps(session, rows)
+        repository.insert_rows(session, StepNonfinite, [
+            {"step_id": ids[seq], "position": 0, "layer_index": seq % 2, "kind": "inf"}
+            for seq in (5, 20_000, 32_999)])
+    with sessions() as session:
+        run = runs.load_run(session, payload["run"]["id"])
+        every = charts.events_read(session, run).events
+        assert len(every) == SKIPPED and {event.kind for event in every} == {"skipped"}
+        named = {event.step: [layer.name for layer in event.layers]  # type: ignore[union-attr]
+                 for event in every if event.layers}  # type: ignore[union-attr]
+        assert named == {5: ["fc1.bias"], 20_000: ["fc1.weight"], 32_999: ["fc1.bias"]}
+        window = charts.events_read(session, run, 19_990, 20_009).events
+        assert [event.step for event in window] == list(range(19_990, 20_010))
+        assert [len(event.layers) for event in window].count(1) == 1  # type: ignore[union-attr]

@@ -1,0 +1,229 @@
+"""Hostile input on a real server, both dialects: everything accepted reads back, everything else
+is a 4xx naming the limit, nothing is a 5xx, and nothing refused is stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from tests.server.wire import batch, new_id, record
+from tests.support.databases import PG_ADMIN_DSN, postgres_database
+from tests.support.servers import ServerProcess
+from tests.support.team import team_server
+
+INT64_OVER = 2**63
+
+
+def _raw(api: httpx.Client, body: bytes, content_type: str = "application/json"
+         ) -> httpx.Response:
+    return api.post("/api/ingest", content=body, headers={"Content-Type": content_type})
+
+
+def _with_config_text(run_id: str, config_json: str) -> bytes:
+    """A valid batch whose run config is the given JSON text, spliced in verbatim (so that
+    tokens json.dumps would never write — NaN, lone surrogates — reach the server as sent)."""
+    payload = batch([record(0)], run_id=run_id)
+    payload["run"]["config"] = "__CONFIG__"
+    return json.dumps(payload).replace('"__CONFIG__"', config_json).encode()
+
+
+class TestNothingUnreadableIsStored:
+    @pytest.mark.parametrize(("config", "message"), [
+        ('{"path": "\\ud800"}', "a lone UTF-16 surrogate such as \\ud800 is not text"),
+        ('{"path": "x\\udc00"}', "a lone UTF-16 surrogate such as \\ud800 is not text"),
+        ('{"lr": NaN}', "config.lr is a non-finite number"),
+        ('{"lr": Infinity}', "config.lr is a non-finite number"),
+        ('{"lr": 1e400}', "config.lr is a non-finite number"),
+        ('{"a": {"b": "\\u0000"}}', "config.a.b contains a NUL character"),
+        ('{"\\u0000": 1}', "a key of config contains a NUL character"),
+        ("[" * 300 + "]" * 300, "recursion limit"),
+        ('{"a": ' + "[" * 16 + "]" * 16 + "}", "is nested deeper than 16 levels"),
+    ], ids=["high-surrogate", "low-surrogate", "nan", "infinity", "1e400", "nul-value",
+            "nul-key", "300-deep", "17-deep"])
+    def test_config(self, api: httpx.Client, config: str, message: str) -> None:
+        run_id = new_id()
+        response = _raw(api, _with_config_text(run_id, config))
+        assert response.status_code == 422, response.text
+        assert message in response.json()["detail"]
+        assert api.get(f"/api/runs/{run_id}").status_code == 404
+
+    def test_what_is_accepted_reads_back_exactly(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        config = {"emoji": "😀", "deep": json.loads("[" * 15 + "]" * 15), "big": 2**62,
+                  "tiny": 5e-324, "text": "é\t\u2028"}
+        response = _raw(api, _with_config_text(run_id, json.dumps(config)))
+        assert response.status_code == 200, response.text
+        assert api.get(f"/api/runs/{run_id}").json()["config"] == config
+        assert api.get(f"/api/runs/{run_id}/export").status_code == 200
+
+    def test_a_bare_nan_in_a_record_is_refused(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        body = json.dumps(batch([record(0, loss=0.987654)], run_id=run_id))
+        body = body.replace("0.987654", "NaN")
+        response = _raw(api, body.encode())
+        assert response.status_code == 422
+        assert response.json()["detail"] == (
+            'records[0].loss: non-finite numbers must be sent as "nan", "inf" or "-inf"')
+
+
+class TestLimits:
+    def test_tags(self, api: httpx.Client) -> None:
+        response = api.post("/api/ingest", json=batch([record(0)], run_id=new_id(),
+                                                      tags=[f"t{i}" for i in range(33)]))
+        assert response.status_code == 422
+        assert response.json()["detail"].startswith("run.tags: List should have at most 32 items")
+
+    def test_records_per_batch(self, api: httpx.Client) -> None:
+        records = [record(i, with_layers=False) for i in range(10_001)]
+        response = api.post("/api/ingest", json=batch(records, run_id=new_id(), layers=None))
+        assert response.status_code == 422
+        assert response.json()["detail"].startswith(
+            "records: List should have at most 10000 items")
+
+    def test_a_full_batch_spread_over_many_buckets_is_stored(self, api: httpx.Client) -> None:
+        """10,000 records with layers and steps far apart: every rollup level has thousands of
+        buckets, which one IN list could not carry (StatementTooComplex on Postgres)."""
+        run_id = new_id()
+        records = [record(i, step=i * 7) for i in range(10_000)]
+        response = api.post("/api/ingest", json=batch(records, run_id=run_id))
+        assert response.status_code == 200, response.text
+        assert response.json()["accepted"] == 10_000
+        assert api.get(f"/api/runs/{run_id}").json()["num_steps"] == 10_000
+
+    def test_a_body_over_the_cap_is_413_and_stores_nothing(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        payload = batch([record(0)], run_id=run_id)
+        payload["run"]["name"] = "x" * 100
+        body = json.dumps(payload).encode()
+        body = body[:-1] + b"," + b'"pad": "' + b"y" * (8 * 2**20) + b'"}'
+        response = _raw(api, body)
+        assert response.status_code == 413
+        assert response.json() == {"detail": (
+            "the request body is over the server's limit of 8388608 bytes "
+            "(AMPSCOPE_MAX_BODY_BYTES); send smaller batches")}
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted while read
+            for _ in range(9):
+                yield b" " * 2**20
+
+        chunked = api.post("/api/ingest", content=chunks(),
+                           headers={"Content-Type": "application/json"})
+        assert chunked.status_code == 413
+        assert api.get(f"/api/runs/{run_id}").status_code == 404
+
+    def test_a_body_that_is_not_json(self, api: httpx.Client) -> None:
+        response = _raw(api, b"records=1", "text/plain")
+        assert response.status_code == 415
+        assert response.json() == {"detail": "the body must be application/json, not text/plain"}
+        assert _raw(api, b"").status_code == 422
+
+
+class TestQueryParameters:
+    @pytest.mark.parametrize("query", [
+        f"steps?after_id={INT64_OVER}", f"series/loss?start={INT64_OVER}",
+        f"series/loss?end={INT64_OVER}", f"layer-stats?stat=amax&start={INT64_OVER}",
+    ])
+    def test_integers_past_int64_are_422(self, api: httpx.Client, query: str) -> None:
+        run_id = new_id()
+        assert api.post("/api/ingest", json=batch([record(0)], run_id=run_id)).status_code == 200
+        response = api.get(f"/api/runs/{run_id}/{query}")
+        assert response.status_code == 422
+        assert "less than or equal to 9223372036854775807" in response.json()["detail"]
+
+    @pytest.mark.parametrize("path", [
+        "/api/runs/a%00b", "/api/runs/a%00b/steps", "/api/runs/a%00b/export?format=csv",
+        "/api/compare?runs=a%00b,c", "/api/runs/" + "x" * 65,
+    ])
+    def test_nul_and_overlong_ids_are_404(self, api: httpx.Client, path: str) -> None:
+        assert api.get(path).status_code == 404
+
+    def test_nul_in_a_baseline_is_404(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert api.post("/api/ingest", json=batch([record(0)], run_id=run_id)).status_code == 200
+        assert api.get(f"/api/runs/{run_id}/findings?baseline=a%00b").status_code == 404
+
+    def test_websocket_parameters(self, module_server: ServerProcess) -> None:
+        base = f"ws://127.0.0.1:{module_server.port}/api/runs"
+        with connect(f"{base}/a%00b/live") as ws, pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
+        # A parameter that fails validation refuses the handshake (FastAPI's 1008 before
+        # accepting is an HTTP 403), and the server goes on serving.
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"{base}/{new_id()}/live?after_id={INT64_OVER}")
+        assert refused.value.response.status_code == 403
+        assert "Traceback" not in module_server.log()
+
+
+def test_a_runaway_token_is_rate_limited(tmp_path: Path) -> None:
+    env = {"AMPSCOPE_INGEST_RATE_PER_S": "0.5", "AMPSCOPE_INGEST_BURST": "2"}
+    with team_server("sqlite", tmp_path, env=env) as team, team.client("alpha-ingest") as client:
+        run_id = new_id()
+        statuses = [client.post("/api/ingest", json=batch([record(i)], run_id=run_id,
+                                                           project="alpha")) for i in range(3)]
+        assert [r.status_code for r in statuses] == [200, 200, 429]
+        assert statuses[2].headers["retry-after"] == "2"
+        assert statuses[2].json() == {
+            "detail": "this token is over its ingest rate of 0.5 requests/s; retry later"}
+        with team.client("beta-ingest") as other:  # another token has its own bucket
+            assert other.post("/api/ingest", json=batch([record(0)], run_id=new_id(),
+                                                        project="beta")).status_code == 200
+
+
+@contextmanager
+def _served(url: str, log_dir: Path, auth: bool) -> Iterator[httpx.Client]:
+    """A client of a server over `url`: with auth (a root token) or without."""
+    env = {"AMPSCOPE_CRASH_TIMEOUT_S": "2"}  # live sockets re-read every second
+    if auth:
+        with team_server(url, log_dir, env=env) as team, team.client("root") as client:
+            yield client
+        return
+    server = ServerProcess(url, log_dir, env=env).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            yield client
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-required"])
+def test_a_database_that_refuses_connections_is_503(tmp_path: Path, auth: bool) -> None:
+    """Through the error handler (auth off) and through the gate's token lookup (auth on); an
+    open live socket is closed with 1013 (try again later) on its next read."""
+    with postgres_database() as url:
+        name = url.rsplit("/", 1)[1]
+        with _served(url, tmp_path, auth) as client:
+            assert client.get("/api/runs").status_code == 200
+            ws_url = str(client.base_url).replace("http://", "ws://") + "/api/runs/live"
+            auth_header = {key: value for key, value in client.headers.items()
+                           if key == "authorization"}
+            with connect(ws_url, additional_headers=auth_header) as socket:
+                assert json.loads(socket.recv(timeout=10))["type"] == "runs"
+                with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+                    admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = %s", (name,))
+                try:
+                    for path in ("/api/runs", f"/api/runs/{new_id()}"):
+                        response = client.get(path)
+                        assert response.status_code == 503, response.text
+                        assert response.headers["retry-after"] == "5"
+                        assert response.json()["detail"].startswith(
+                            "the database is unavailable (OperationalError)")
+                    assert client.get("/api/health").status_code == 200
+                    with pytest.raises(ConnectionClosed) as closed:
+                        while True:
+                            socket.recv(timeout=10)
+                    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+                finally:
+                    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+                        admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+            assert client.get("/api/runs").status_code == 200

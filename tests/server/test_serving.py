@@ -1,0 +1,101 @@
+"""How `ampscope serve` runs: half-sent requests are cut off, the access log drops query strings,
+and the trusted-proxy (SSO) mode believes its header only from the proxy's address."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ampscope_server.serving import StripQuery, log_config
+from tests.support.team import Team, team_server
+
+
+def test_strip_query() -> None:
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", "/api/runs?token=amps_x", "1.1", 400), None)
+    assert StripQuery().filter(record)
+    assert record.getMessage() == '127.0.0.1:5 - "GET /api/runs HTTP/1.1" 400'
+    config = log_config()
+    assert config["handlers"]["access"]["filters"] == ["strip_query"]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    env = {"AMPSCOPE_HEADER_TIMEOUT_S": "1", "AMPSCOPE_BODY_TIMEOUT_S": "1",
+           "AMPSCOPE_TRUSTED_PROXY_HEADER": "X-Forwarded-User",
+           "AMPSCOPE_TRUSTED_PROXIES": "127.0.0.1"}
+    with team_server("sqlite", tmp_path_factory.mktemp("serving"), env=env) as team:
+        yield team
+
+
+def _half_sent(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    return sock
+
+
+def test_half_sent_requests_are_closed_and_starve_nobody(guarded: Team) -> None:
+    sockets = [_half_sent(guarded.server.port) for _ in range(300)]
+    try:
+        with httpx.Client(base_url=guarded.url, timeout=10.0) as client:
+            assert [client.get("/api/health").status_code for _ in range(5)] == [200] * 5
+        for sock in sockets:  # the 1 s header timeout passes: the server closes every one
+            sock.settimeout(10)
+            assert sock.recv(100) == b""
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_complete_slow_request_is_served(guarded: Team) -> None:
+    sock = _half_sent(guarded.server.port)
+    try:
+        sock.sendall(b"1\r\n\r\n")  # headers done within the timeout
+        sock.settimeout(10)
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+    finally:
+        sock.close()
+
+
+def test_a_trickled_body_is_408(guarded: Team) -> None:
+    token = guarded.tokens["alpha-ingest"]
+    with socket.create_connection(("127.0.0.1", guarded.server.port), timeout=10) as sock:
+        sock.sendall(f"POST /api/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                     f"{token}\r\nContent-Type: application/json\r\nContent-Length: 100"
+                     "\r\n\r\n{\"schema".encode())
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b'{"detail":"no part of the request body arrived for 1 s"}' in answer
+
+
+class TestTrustedProxy:
+    def test_the_proxys_user_reads(self, guarded: Team) -> None:
+        with httpx.Client(base_url=guarded.url, timeout=10.0) as client:
+            headers = {"X-Forwarded-User": "ada@example.com"}
+            who = client.get("/api/session", headers=headers).json()
+            assert who == {"name": "ada@example.com", "scope": "read", "project": None,
+                           "via": "proxy", "csrf": None, "auth": True}
+            assert client.get("/api/runs", headers=headers).status_code == 200
+            # Writes through the proxy need an Origin (CSRF), and the read scope cannot delete.
+            delete = client.delete(f"/api/runs/{'0' * 8}", headers=headers)
+            assert delete.status_code == 403
+            assert delete.json() == {
+                "detail": "a state-changing request through the proxy needs an Origin"}
+            assert client.get("/api/runs").status_code == 401
+
+
+def test_the_proxy_header_from_elsewhere_is_ignored(tmp_path: Path) -> None:
+    env = {"AMPSCOPE_TRUSTED_PROXY_HEADER": "X-Forwarded-User",
+           "AMPSCOPE_TRUSTED_PROXIES": "10.9.9.9"}
+    with team_server("sqlite", tmp_path, env=env) as team, httpx.Client(
+            base_url=team.url, timeout=10.0) as client:
+        response = client.get("/api/runs", headers={"X-Forwarded-User": "mallory"})
+        assert response.status_code == 401

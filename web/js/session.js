@@ -1,0 +1,61 @@
+// Who is signed in, a sign-out button, and state-changing requests with the session's CSRF token.
+// Every page includes this; with auth off (a loopback server) it shows nothing.
+
+let current = null;
+
+/** GET /api/session once: {name, scope, project, via, csrf, auth}. */
+export async function session() {
+  if (current === null) {
+    current = fetch('/api/session', { headers: { Accept: 'application/json' } })
+      .then((response) => (response.ok ? response.json() : null))
+      .catch(() => null);
+  }
+  return current;
+}
+
+/** A state-changing request (POST, DELETE) carrying the CSRF token; throws with the detail. */
+export async function send(method, path) {
+  const who = await session();
+  const headers = { Accept: 'application/json' };
+  if (who && who.csrf) headers['X-CSRF-Token'] = who.csrf;
+  const response = await fetch(path, { method, headers, credentials: 'same-origin' });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try {
+      detail = (await response.json()).detail ?? detail;
+    } catch {
+      // not JSON: keep the status text
+    }
+    throw new Error(`${method} ${path} → ${response.status}: ${detail}`);
+  }
+  return response;
+}
+
+async function showSession() {
+  const who = await session();
+  const bar = document.querySelector('header.topbar');
+  if (!bar || !who || !who.auth) return;
+  const slot = document.createElement('span');
+  slot.className = 'session';
+  slot.id = 'session';
+  bar.append(slot);
+  const label = document.createElement('span');
+  label.className = 'session-name';
+  const where = who.project === null ? 'all projects' : `project ${who.project}`;
+  label.textContent = `${who.name} · ${who.scope} · ${where}`;
+  slot.append(label);
+  if (who.via === 'cookie') {
+    const button = document.createElement('button');
+    button.type = 'button';
+    button.className = 'button';
+    button.id = 'sign-out';
+    button.textContent = 'Sign out';
+    button.addEventListener('click', async () => {
+      await send('POST', '/api/logout').catch(() => null);
+      window.location.assign('/login');
+    });
+    slot.append(button);
+  }
+}
+
+showSession();
