@@ -33,6 +33,9 @@ statistics every 50th step, exponent histograms every 100th, per-layer stats eve
 default cadence) fall among the timed steps in their true proportion; a fresh monitor per segment
 would put the step-0 samples in the untimed warm-up and never reach step 50.
 
+Size sweep (#12): ``--sweep`` runs ``bench/hook_sweep.py`` instead (models of 0.25 M to 10 M
+parameters, FP32 forward, the passes over gradient memory each configuration implies).
+
 Reference model: the spec's "small transformer block plus an MLP" as ``Linear(32, d)``, four
 pre-norm transformer blocks (``nn.MultiheadAttention`` + a 4x MLP, 12 parameter tensors each) and
 ``Linear(d, 10)``: 52 parameter tensors; fp16 autocast + ``GradScaler`` + AdamW. Default shape
@@ -314,6 +317,12 @@ def wandb_run(tmp: str) -> Iterator[Any]:
 
 
 def main() -> None:
+    if "--sweep" in sys.argv:  # the size sweep of #12 (bench/hook_sweep.py), same options
+        from hook_sweep import main as sweep_main  # type: ignore[import-not-found]
+
+        sys.argv.remove("--sweep")
+        sweep_main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per segment")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")

@@ -8,6 +8,12 @@ gradient with respect to that output as it flowed, in its own dtype, still multi
 ``collect`` removes the forward hooks (the tensor hooks die with the graph, and any that fires late
 is ignored), so nothing stays registered between samples.
 
+The forward hook is ONE process-wide hook (``register_module_forward_hook``) that answers only for
+the watched leaf modules, not a hook stored on each module: a model pickled, deep-copied or
+``torch.save``d during a sampled step (a checkpoint every N steps lands on one) carries nothing of
+the probe, whose closures could not be pickled. While armed it costs every module call in the
+process one dict lookup, on the sampled steps only.
+
 Units: ``amax``/``amin_nz``/``l2`` in true units (divided by the scale in effect); fractions are
 judged on the flowing values, i.e. at the scale, against the target format. A module that received
 no gradient in the sampled backward (not called, or its output does not reach the loss) reports a
@@ -90,6 +96,7 @@ class ActivationProbe:
             for i, (name, m) in enumerate(leaves)
         ]
         self._modules = [m for _, m in leaves]
+        self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules
         self._handles: list[Any] = []
         self._generation = 0
         self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
@@ -99,14 +106,16 @@ class ActivationProbe:
         self._pending_elems = 0
         # Its own GradStats: the plan cache then holds the activation layouts, which repeat from
         # sample to sample, and never evicts the parameter layout of the monitor's instance.
-        self._stats = GradStats(fmt)
+        # Never fused: activation shapes may change from sample to sample (sequence lengths),
+        # and each new layout would be a compile for one sampled step.
+        self._stats = GradStats(fmt, fused=False)
 
     @property
     def armed(self) -> bool:
         return bool(self._handles)
 
     def hook_count(self) -> int:
-        """Forward hooks of ours still registered (0 between samples)."""
+        """Forward hooks of ours still registered (1 while armed, 0 between samples)."""
         return len(self._handles)
 
     def arm(self) -> None:
@@ -118,9 +127,9 @@ class ActivationProbe:
         self._results = {}
         self._pending = []
         self._pending_elems = 0
-        gen = self._generation
-        for i, m in enumerate(self._modules):
-            self._handles.append(m.register_forward_hook(self._forward_hook(i, gen)))
+        if self._modules:
+            hook = self._forward_hook(self._generation)
+            self._handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
 
     def disarm(self) -> None:
         for handle in self._handles:
@@ -130,10 +139,11 @@ class ActivationProbe:
         self._pending_elems = 0
         self._generation += 1  # tensor hooks still attached to a live graph go quiet
 
-    def _forward_hook(self, index: int, gen: int) -> Callable[..., None]:
+    def _forward_hook(self, gen: int) -> Callable[..., None]:
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             try:
-                if gen != self._generation or index in self._hooked:
+                index = self._index.get(id(module))
+                if index is None or gen != self._generation or index in self._hooked:
                     return
                 out = output
                 if isinstance(out, (tuple, list)):

@@ -85,6 +85,28 @@ class AmpscopeWarning(RuntimeWarning):
     """The hook disabled itself; training is unaffected."""
 
 
+class _Wrapper:
+    """A wrapped scaler method, set as an instance attribute of the scaler.
+
+    It pickles (``pickle``, ``copy.deepcopy``, ``torch.save`` of the scaler: ``GradScaler``'s
+    ``__getstate__`` keeps its whole ``__dict__``) as the copy's own method, never as the monitor,
+    whose threads and locks cannot be copied: a copied or unpickled scaler is a plain, unwatched
+    one.
+    """
+
+    __slots__ = ("monitor", "name", "scaler", "target")
+
+    def __init__(self, monitor: Monitor, scaler: torch.amp.GradScaler, name: str,
+                 target: Callable[..., Any]) -> None:
+        self.monitor, self.scaler, self.name, self.target = monitor, scaler, name, target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.scaler, self.name)
+
+
 class HookState(enum.Enum):
     ACTIVE = "active"
     DISABLED = "disabled"  # enabled=False, repeated internal errors, or a forked child
@@ -160,6 +182,7 @@ class Monitor:
         max_errors: int = 3,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         token: str | None = None,
+        fused: bool | None = None,
     ) -> None:
         self.fmt = TargetFormat.get(target_format)
         self.run_id = run_id or str(uuid.uuid4())
@@ -182,7 +205,8 @@ class Monitor:
         # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
         # every-step norms from an inf gradient (record.StepRecord.to_wire): exact norms there.
         self._stats = GradStats(self.fmt, [p.numel() for p in self._params],
-                                exact_norms=not self._view.enabled())
+                                exact_norms=not self._view.enabled(),
+                                fused=fused if enabled else False)
         self._max_errors = max_errors
         self._errors = 0
         self._updates = 0
@@ -327,13 +351,13 @@ class Monitor:
             self._originals[name] = getattr(scaler, name)  # bound: chains an earlier wrapper too
             if name in vars(scaler):
                 self._previous[name] = vars(scaler)[name]
-            setattr(scaler, name, hooks[name])
+            setattr(scaler, name, _Wrapper(self, scaler, name, hooks[name]))
 
     def _unwrap(self) -> None:
         attrs = vars(self._scaler)
         for name in self._originals:
             mine = attrs.get(name)
-            if getattr(mine, "__self__", None) is not self:
+            if not (isinstance(mine, _Wrapper) and mine.monitor is self):
                 continue  # someone wrapped on top of us: stay in the chain as a pass-through
             if name in self._previous:
                 setattr(self._scaler, name, self._previous[name])
@@ -556,7 +580,11 @@ def watch(
     often the sender thread wakes to send what is queued: the live latency's main term
     (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s at 0.2) against fewer, larger
     requests and fewer steps slowed by the sender's batch (``transport.DEFAULT_FLUSH_INTERVAL``);
-    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2).
+    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2); ``fused``: the per-layer stats'
+    compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
+    per-layer step while the exact eager path answers; None (default) takes it for models of at
+    least ``reductions.FUSE_MIN_ELEMS`` (2^19) gradient elements, True always, False never
+    (nothing is compiled).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the

@@ -1,4 +1,4 @@
-"""Per-layer gradient statistics as pure tensor math: fused launches, no host sync.
+"""Per-layer gradient statistics as tensor math: one read per gradient, no host sync.
 
 Units. The caller passes the raw ``.grad`` tensors, the scale ``s`` in effect for the step, and for
 each gradient whether it is still *scaled* (captured before ``unscale_``: raw = g·s) or already in
@@ -6,19 +6,26 @@ each gradient whether it is still *scaled* (captured before ``unscale_``: raw = 
 units** (g), while the subnormal/underflow classes are judged on |g·s|, the value the target format
 would hold at that scale. A layer is one named parameter.
 
-Layout. All gradients are copied once into a persistent float32 buffer in which each layer is
-zero-padded to a whole number of fixed-size chunks: one ``torch._foreach_copy_`` into fixed views of
-the buffer (its padding is zeroed once, when the layout is first seen), or, for a layout that needs
-several groups or holds sparse or off-device gradients, one ``torch.cat`` per group. Every
-statistic is then a plain row reduction over a ``(chunks, CHUNK)`` matrix (vectorised, and a
-constant number of launches however many layers there are), and chunk results are folded into
-layers with one ``index_add_`` and two ``scatter_reduce_``. The padding zeros are subtracted again
-from the zero counts. Nothing here calls ``.item()`` or otherwise synchronises with the device; the
-result is a single float64 tensor on the gradients' device.
+Two paths, one result. ``GradStats.layer_stats`` computes each layer's mergeable partials
+(``partials.py``: counts, sum of squares, max, min) and turns them into the wire's stats with
+``partials.finalize``:
 
-Exactness. Counts are row sums of 0/1 values in float32 (exact: a row holds ``CHUNK`` ≤ 2^24
-elements) and are folded into layers in float64; sums of squares are accumulated in float64 (squares
-of scaled float32 gradients overflow float32 from 1.8e19); amax/amin are exact selections.
+* **fused** (``fused.py``): a ``torch.compile``d kernel reads each gradient once, in place, for all
+  eight partials. Taken when the layout is supported and compiled (in the background);
+* **eager**, exact and always available: every gradient is copied once into a persistent float32
+  buffer in which each layer is zero-padded to whole ``CHUNK``-element rows (one
+  ``torch._foreach_copy_`` into fixed views, or one ``torch.cat`` per group for a layout that
+  needs several groups or holds sparse or off-device gradients); each partial is a row reduction
+  over the ``(chunks, CHUNK)`` matrix, folded into layers with one ``index_add_`` and two
+  ``scatter_reduce_``: a constant number of launches however many layers there are. The padding
+  zeros are subtracted again from the counts.
+
+Both judge the classes on the bit patterns against ``partials.threshold_bits`` (exact at any
+scale), count exactly (row sums of at most ``CHUNK`` ≤ 2^24 ones in float32, or integer sums),
+accumulate squares in float64 (squares of scaled float32 gradients overflow float32 from 1.8e19)
+and select max/min exactly, so they agree to the last bit except the sum of squares, which they add
+in different orders (float64 rounding). Float64 gradients take the eager path and are judged as
+their float32 rounding there.
 
 A gradient that is ``None`` is treated as PyTorch defines it, an all-zero gradient of the
 parameter's size (``zero_frac`` 1, ``amax`` 0): the parameter received no gradient this step.
@@ -35,9 +42,12 @@ from typing import cast
 import torch
 
 from ampscope.formats import TargetFormat
+from ampscope.fused import FusedPartials, LayoutState
+from ampscope.partials import NUM_SUMS, finalize, float32_bits, threshold_bits
 from ampscope.wire import LAYER_STAT_NAMES
 
-__all__ = ["CHUNK", "STAT_NAMES", "GradStats", "grad_norm", "layer_stats", "unpack"]
+__all__ = ["CHUNK", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm", "layer_stats",
+           "unpack"]
 
 STAT_NAMES: tuple[str, ...] = LAYER_STAT_NAMES
 """Rows of the stats block, in wire order; see DESIGN.md §3 for the definitions."""
@@ -50,11 +60,16 @@ MAX_GROUP_ELEMS = 1 << 26
 """Scratch buffers hold at most this many elements; bigger models are reduced in groups of layers,
 so launches grow with model size / 64M, never with the layer count."""
 
-# Chunk-stat columns: counts and sums first (folded with index_add_), then amax, amin.
+FUSE_MIN_ELEMS = 1 << 19
+"""With ``fused=None`` (auto), layouts of at least this many gradient elements get the compiled
+kernel. Below it the fused kernel's fixed cost per gradient (~10 µs) leaves it no faster than the
+eager path (bench/hook_sweep.py, 34 tensors: 0.55 against 0.49 ms at 0.25 M parameters, 0.73
+against 1.50 ms at 1 M), and a compile takes the GIL and a core from training for seconds."""
+
+# Partial columns (``partials.COLUMNS``): counts and sums first (folded with index_add_), then
+# amax, amin.
 _ZERO, _NAN, _INF, _LT_UNDER, _LT_NORMAL, _SUMSQ, _AMAX, _AMIN = range(8)
-_NUM_SUMS = 6
 # float32 bit patterns: |x| viewed as int32 is monotonic in x.
-_INF_BITS = 0x7F800000
 _MAX_FINITE_BITS = 0x7F7FFFFF
 
 Grads = Sequence["torch.Tensor | None"]
@@ -77,7 +92,9 @@ class _Plan:
     groups: list[_Group]
     chunk_layer: torch.Tensor  # int64 (rows,): layer index of every chunk row
     numel: torch.Tensor  # float64 (L,)
-    zero_adjust: torch.Tensor  # float64 (L,): -padding for present layers, +numel for absent ones
+    # float64 (L, NUM_SUMS): -padding for present layers, +numel for absent ones, in the three
+    # columns that count zeros (ZERO, LT_UNDER, LT_NORMAL); 0 elsewhere.
+    adjust: torch.Tensor
     scaled: torch.Tensor  # bool (L,)
     unscaled_rows: torch.Tensor | None  # bool (rows, 1) when only some layers are unscaled
     all_unscaled: bool
@@ -95,10 +112,8 @@ class _Plan:
     views: list[torch.Tensor] | None
     all_present: bool
     fast: bool  # every gradient present, dense, on ``device``: grad_norms' direct path applies
-    pad_index: torch.Tensor | None  # int64: positions of the padding in ``buf`` (views only)
-    denom: torch.Tensor  # float64 (L,): numel, at least 1
     one: torch.Tensor  # float64 0-d 1.0
-    nan: torch.Tensor  # float64 0-d NaN
+    thresholds: torch.Tensor  # float64 (2,): the format's underflow and min-normal thresholds
 
 
 _META = operator.attrgetter("shape", "dtype", "device", "layout")
@@ -118,6 +133,7 @@ def _build_plan(
     device: torch.device,
     numels: Sequence[int] | None,
     meta: list[tuple[object, ...] | None],
+    fmt: TargetFormat,
 ) -> _Plan:
     numel = [
         (numels[i] if numels is not None else 0) if g is None else g.numel()
@@ -149,25 +165,20 @@ def _build_plan(
     f64 = {"dtype": torch.float64, "device": device}
     buf = torch.zeros(max_elems, dtype=torch.float32, device=device)
     views: list[torch.Tensor] | None = None
-    pad_index: torch.Tensor | None = None
     dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
     if len(groups) == 1 and dense_here:
         views, offset = [], 0
-        pads: list[int] = []
         for i in present:
             g = grads[i]
             assert g is not None
             views.append(buf[offset : offset + numel[i]].view(g.shape))
-            end = offset + -(-numel[i] // CHUNK) * CHUNK
-            pads.extend(range(offset + numel[i], end))
-            offset = end
-        pad_index = torch.tensor(pads, dtype=torch.int64, device=device)
+            offset += -(-numel[i] // CHUNK) * CHUNK
     return _Plan(
         device=device,
         groups=groups,
         chunk_layer=torch.tensor(chunk_layer, dtype=torch.int64, device=device),
         numel=torch.tensor(numel, **f64),  # type: ignore[arg-type]
-        zero_adjust=torch.tensor(zero_adjust, **f64),  # type: ignore[arg-type]
+        adjust=_count_adjust(zero_adjust, device),
         scaled=torch.tensor(list(scaled), dtype=torch.bool, device=device),
         unscaled_rows=(
             torch.tensor(unscaled_rows, dtype=torch.bool, device=device).unsqueeze(1)
@@ -191,11 +202,18 @@ def _build_plan(
         all_present=len(present) == len(grads),
         fast=len(present) == len(grads) and dense_here,
         all_scaled=len(present) == len(grads) and all(scaled),
-        pad_index=pad_index,
-        denom=torch.tensor(numel, **f64).clamp(min=1.0),  # type: ignore[arg-type]
         one=torch.ones((), dtype=torch.float64, device=device),
-        nan=torch.full((), math.nan, dtype=torch.float64, device=device),
+        thresholds=torch.tensor([fmt.underflow_threshold, fmt.min_normal], dtype=torch.float64,
+                                device=device),
     )
+
+
+def _count_adjust(zero_adjust: list[float], device: torch.device) -> torch.Tensor:
+    adjust = torch.zeros((len(zero_adjust), NUM_SUMS), dtype=torch.float64)
+    column = torch.tensor(zero_adjust, dtype=torch.float64)
+    for k in (_ZERO, _LT_UNDER, _LT_NORMAL):
+        adjust[:, k] = column
+    return adjust.to(device)
 
 
 def _flat(g: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -236,9 +254,13 @@ def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
 
 
 def _chunk_stats(
-    plan: _Plan, group: _Group, grads: Grads, mult: torch.Tensor | None, fmt: TargetFormat
+    plan: _Plan, group: _Group, grads: Grads, under: torch.Tensor | int,
+    normal: torch.Tensor | int,
 ) -> torch.Tensor:
-    """One group's per-chunk stats, float64 (rows, 8); columns as the _ZERO... constants."""
+    """One group's per-chunk partials, float64 (rows, 8); columns as ``partials.COLUMNS``.
+
+    ``under``/``normal``: the classes' threshold bit patterns (``partials.threshold_bits``), 0-d
+    or one per row ``(rows, 1)`` when scaled and unscaled layers are mixed."""
     a = _fill(plan, group, grads).abs_()
     s = plan.scratch[: group.rows * CHUNK].view(group.rows, CHUNK)
     cols: list[torch.Tensor] = [torch.empty(0)] * 8
@@ -248,6 +270,9 @@ def _chunk_stats(
     cols[_ZERO] = torch.eq(a, 0.0, out=s).sum(1)
     cols[_NAN] = torch.ne(a, a, out=s).sum(1)
     cols[_INF] = torch.eq(a, math.inf, out=s).sum(1)
+    bits = a.view(torch.int32)  # |raw| ≥ 0: the bit pattern orders as the value (NaN above inf)
+    cols[_LT_UNDER] = torch.lt(bits, under, out=s).sum(1)
+    cols[_LT_NORMAL] = torch.lt(bits, normal, out=s).sum(1)
     torch.nan_to_num(a, nan=0.0, posinf=0.0, out=s)  # finite magnitudes, non-finite → 0
     cols[_AMAX] = s.amax(1)
     # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19.
@@ -256,16 +281,9 @@ def _chunk_stats(
     # largest key and keeps every other magnitude in order, so zeros never win; a row without a
     # finite non-zero element lands at or above the inf pattern and reads back as +inf.
     key = s.view(torch.int32)
-    torch.sub(a.view(torch.int32), 1, out=key).bitwise_and_(0x7FFFFFFF)
+    torch.sub(bits, 1, out=key).bitwise_and_(0x7FFFFFFF)
     amin_bits = key.amin(1).clamp_max_(_MAX_FINITE_BITS).add_(1)
     cols[_AMIN] = amin_bits.view(torch.float32)
-    if mult is not None:
-        a.mul_(mult)  # raw true-unit values → the scaled values the target format would hold
-    cols[_LT_UNDER] = torch.lt(a, fmt.underflow_threshold, out=s).sum(1)
-    cols[_LT_NORMAL] = torch.lt(a, fmt.min_normal, out=s).sum(1)
-    if mult is not None and plan.pad_index is not None:
-        # The persistent padding must stay 0 (0 · a non-finite scale is NaN).
-        plan.buf.index_fill_(0, plan.pad_index, 0.0)
     return torch.stack(cols, dim=1)
 
 
@@ -281,8 +299,12 @@ class GradStats:
         fmt: TargetFormat | str = "fp16",
         numels: Sequence[int] | None = None,
         exact_norms: bool = False,
+        fused: bool | None = None,
     ) -> None:
         """``numels[i]`` is layer i's parameter size, used when its gradient is ``None``.
+
+        ``fused``: take the compiled kernel when it is ready (``fused.py``); None (auto) does for
+        layouts of at least ``FUSE_MIN_ELEMS`` elements, False never compiles anything.
 
         ``exact_norms``: ``grad_norms`` accumulates in float64 on every path (about twice the cost
         of the float32 direct path; see there). The monitor asks for it when no ``found_inf``
@@ -295,14 +317,22 @@ class GradStats:
         """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
+        self._fused = FusedPartials(self.fmt) if fused is not False else None
+        self._fuse_auto = fused is None
+        self._consts: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last_path: str | None = None
+        """Which path the last ``layer_stats`` took: "fused" or "eager" (tests, benchmarks)."""
         # grad_norms' direct path (no plan, no buffer copy); off after a layout that cannot take it
         self._try_fast = True
 
-    def _plan(self, grads: Grads, scaled: list[bool], scale: torch.Tensor | float) -> _Plan:
+    def _check(self, grads: Grads, scaled: list[bool]) -> None:
         if len(scaled) != len(grads):
             raise ValueError(f"got {len(scaled)} scaled flags for {len(grads)} gradients")
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
+
+    def _plan(self, grads: Grads, scaled: list[bool], scale: torch.Tensor | float) -> _Plan:
+        self._check(grads, scaled)
         meta = _meta(grads)
         last = self._last
         if last is not None and last.flags == scaled and last.meta == meta:
@@ -315,7 +345,8 @@ class GradStats:
                 device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
             if len(self._plans) >= 4:  # a changing layout (e.g. freezing) must not pile up buffers
                 self._plans.clear()
-            plan = self._plans[key] = _build_plan(grads, scaled, device, self.numels, meta)
+            plan = self._plans[key] = _build_plan(grads, scaled, device, self.numels, meta,
+                                                        self.fmt)
         self._last = plan
         return plan
 
@@ -329,54 +360,99 @@ class GradStats:
         ``STAT_NAMES``. ``amax``/``amin_nz`` are NaN when no element qualifies (sent as null);
         ``nan_count``/``inf_count`` are exact integer-valued floats. No host synchronisation.
         """
+        with torch.no_grad():  # gradients of a create_graph=True backward require grad
+            return self._layer_stats(grads, scale, scaled)
+
+    def _layer_stats(
+        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
+    ) -> torch.Tensor:
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
+        self._check(grads, flags)
+        partials = None
+        if self._fused is not None and grads:
+            partials = self._fused_partials(grads, flags, scale)
+        if partials is not None:
+            self.last_path = "fused"
+            return partials
+        self.last_path = "eager"
         plan = self._plan(grads, flags, scale)
         s = _scale_tensor(scale, plan.device)
-        mult: torch.Tensor | None = None
-        if plan.all_unscaled:
-            mult = s.to(torch.float32)
-        elif plan.unscaled_rows is not None:
-            one = torch.ones((), dtype=torch.float32, device=plan.device)
-            mult = torch.where(plan.unscaled_rows, s.to(torch.float32), one)
+        return finalize(self._eager_partials(plan, grads, s), plan.numel,
+                        torch.where(plan.scaled, s.reciprocal(), plan.one))
+
+    def wait_fused(
+        self, grads: Grads, scaled: Sequence[bool] | bool, timeout: float
+    ) -> LayoutState | None:
+        """Start the compile of this layout if needed and wait up to ``timeout`` s for it; its
+        state, None when the fused path is off or cannot take the layout. For tests and
+        benchmarks: training never waits (``layer_stats`` takes the eager path meanwhile)."""
+        if self._fused is None:
+            return None
+        flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
+        return self._fused.wait(grads, flags, timeout)
+
+    def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
+        """``FusedPartials.compiles``: the fused layouts met so far (empty when it is off)."""
+        return [] if self._fused is None else self._fused.compiles(timeout)
+
+    def _fused_partials(
+        self, grads: Grads, flags: list[bool], scale: torch.Tensor | float
+    ) -> torch.Tensor | None:
+        """The fused path's stats, or None when it cannot answer now (``fused.py``)."""
+        assert self._fused is not None
+        first = grads[0]
+        if first is None or any(g is None for g in grads):
+            return None
+        numels = tuple(cast(torch.Tensor, g).numel() for g in grads)
+        if self._fuse_auto and sum(numels) < FUSE_MIN_ELEMS:
+            return None
+        s = _scale_tensor(scale, first.device)
+        partials = self._fused(grads, flags, s)
+        if partials is None:
+            return None
+        key = (first.device, tuple(flags), numels)
+        consts = self._consts.get(key)
+        if consts is None:
+            if len(self._consts) >= 4:
+                self._consts.clear()
+            consts = self._consts[key] = (
+                torch.tensor(key[2], dtype=torch.float64, device=first.device),
+                torch.tensor(flags, dtype=torch.bool, device=first.device),
+            )
+        numel, is_scaled = consts
+        one = torch.ones((), dtype=torch.float64, device=first.device)
+        return finalize(partials, numel, torch.where(is_scaled, s.reciprocal(), one))
+
+    def _eager_partials(self, plan: _Plan, grads: Grads, s: torch.Tensor) -> torch.Tensor:
+        """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring)."""
+        # Scaled layers are judged as stored: the thresholds' own bit patterns.
+        under: torch.Tensor | int = float32_bits(self.fmt.underflow_threshold)
+        normal: torch.Tensor | int = float32_bits(self.fmt.min_normal)
+        if plan.all_unscaled or plan.unscaled_rows is not None:
+            bits = threshold_bits(plan.thresholds, s)
+            under, normal = bits[0], bits[1]
+            if plan.unscaled_rows is not None:  # mixed: one threshold per row
+                under = torch.where(plan.unscaled_rows, under, float32_bits(
+                    self.fmt.underflow_threshold))
+                normal = torch.where(plan.unscaled_rows, normal, float32_bits(
+                    self.fmt.min_normal))
         num_layers = len(grads)
         if plan.groups:
-            chunks = [_chunk_stats(plan, g, grads, mult, self.fmt) for g in plan.groups]
+            chunks = [_chunk_stats(plan, g, grads, under, normal) for g in plan.groups]
             chunk = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
         else:
             chunk = torch.zeros((0, 8), dtype=torch.float64, device=plan.device)
         f64, dev = torch.float64, plan.device
-        sums = torch.zeros((num_layers, _NUM_SUMS), dtype=f64, device=dev).index_add_(
-            0, plan.chunk_layer, chunk[:, :_NUM_SUMS]
+        sums = torch.zeros((num_layers, NUM_SUMS), dtype=f64, device=dev).index_add_(
+            0, plan.chunk_layer, chunk[:, :NUM_SUMS]
         )
-        amax_raw = torch.zeros(num_layers, dtype=f64, device=dev).scatter_reduce_(
+        amax = torch.zeros(num_layers, dtype=f64, device=dev).scatter_reduce_(
             0, plan.chunk_layer, chunk[:, _AMAX], "amax"
         )
-        amin_raw = torch.full((num_layers,), math.inf, dtype=f64, device=dev).scatter_reduce_(
+        amin = torch.full((num_layers,), math.inf, dtype=f64, device=dev).scatter_reduce_(
             0, plan.chunk_layer, chunk[:, _AMIN], "amin"
         )
-        to_true = torch.where(plan.scaled, s.reciprocal(), plan.one)
-        nan_count = sums[:, _NAN]
-        inf_count = sums[:, _INF]
-        zero_raw = sums[:, _ZERO]
-        denom = plan.denom
-        finite = plan.numel - nan_count - inf_count
-        amax = torch.where(finite > 0, amax_raw * to_true, plan.nan)
-        amin = torch.where(torch.isinf(amin_raw), plan.nan, amin_raw * to_true)
-        l2 = sums[:, _SUMSQ].sqrt() * to_true
-        stats = torch.stack(
-            [
-                amax,
-                amin,
-                (zero_raw + plan.zero_adjust) / denom,
-                (sums[:, _LT_NORMAL] - zero_raw) / denom,
-                (sums[:, _LT_UNDER] - zero_raw) / denom,
-                nan_count,
-                inf_count,
-                l2,
-            ]
-        )
-        norm = _combine_norm(l2.square().sum(), nan_count.sum(), inf_count.sum())
-        return torch.cat([norm.reshape(1), stats.reshape(-1)])
+        return torch.cat([sums.add_(plan.adjust), amax.unsqueeze(1), amin.unsqueeze(1)], dim=1)
 
     def raw_layer_norms(
         self, grads: Grads, scaled: Sequence[bool] | bool
@@ -503,12 +579,6 @@ class GradStats:
         out[0] = (norms * norms).sum().sqrt()
         out[1:].index_copy_(0, plan.present_index, norms)
         return out
-
-
-def _combine_norm(sumsq: torch.Tensor, nans: torch.Tensor, infs: torch.Tensor) -> torch.Tensor:
-    norm = sumsq.sqrt()
-    norm = torch.where(infs > 0, torch.full_like(norm, math.inf), norm)
-    return torch.where(nans > 0, torch.full_like(norm, math.nan), norm)
 
 
 def layer_stats(

@@ -25,12 +25,14 @@ class StubServer:
     def __init__(self, script: list[Reply] | None = None) -> None:
         self.script: deque[Reply] = deque(script or [])
         self.requests: list[tuple[float, str, bytes]] = []  # (monotonic time, path, body)
+        self.headers: list[dict[str, str]] = []  # of each request, in order
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 stub.requests.append((time.monotonic(), self.path, body))
+                stub.headers.append(dict(self.headers.items()))
                 reply = stub.script.popleft() if stub.script else Reply()
                 self.send_response(reply.status)
                 for k, v in reply.headers.items():

@@ -27,7 +27,8 @@ MODULES = [
 
 def train(init_scale: float, steps: int, **watch: Any) -> tuple[nn.Module, ampscope.Monitor,
                                                                 MemorySender, list[int]]:
-    """A tiny loss (x 1e-6) under fp16 autocast; returns the hook count seen between steps."""
+    """A tiny loss (x 1e-6) under fp16 autocast; returns the probe's hook count seen between
+    steps (and asserts that the modules themselves never hold a hook)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                           nn.Linear(64, 4))
@@ -46,7 +47,8 @@ def train(init_scale: float, steps: int, **watch: Any) -> tuple[nn.Module, ampsc
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        hooks.append(sum(len(m._forward_hooks) for m in model.modules()))
+        assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+        hooks.append(0 if mon._probe is None else mon._probe.hook_count())
     mon.close()
     return model, mon, sink, hooks
 
@@ -76,7 +78,7 @@ class TestActivationSource:
         assert [r["activations"] is not None for r in recs] == [
             True, False, False, True, False, False, True]
         # armed for the next sampled step right after the update before it, removed at capture
-        assert hooks == [0, 0, 5, 0, 0, 5, 0]
+        assert hooks == [0, 0, 1, 0, 0, 1, 0]
         assert mon.modules == MODULES
         payloads = sink.payloads()
         assert payloads[0]["modules"] == MODULES
@@ -88,9 +90,9 @@ class TestActivationSource:
         assert all(r["activations"] is None for r in records(sink))
 
     def test_close_removes_armed_hooks(self) -> None:
-        model, mon, _, hooks = train(2.0**10, 1, activation_every=1)
-        assert hooks == [5] and mon.state is ampscope.monitor.HookState.CLOSED
-        assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+        _, mon, _, hooks = train(2.0**10, 1, activation_every=1)
+        assert hooks == [1] and mon.state is ampscope.monitor.HookState.CLOSED
+        assert mon._probe is not None and mon._probe.hook_count() == 0
 
 
 class TestGradOutputStats:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import copy
+import io
 import json
 import math
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -632,3 +635,60 @@ class TestGlobalNormOnTheSenderThread:
             assert got is want or (got is not None and math.isnan(got))
         else:
             assert got == want
+
+
+class TestCopies:
+    """Checkpoints taken mid-run: nothing the hook leaves on the user's objects may break
+    ``pickle``, ``copy.deepcopy`` or ``torch.save``, and a copy is a plain, unwatched object."""
+
+    @pytest.mark.parametrize("steps", [0, 1, 3])  # 0: before any step; 3: the probe is armed
+    def test_model_optimizer_and_scaler_copy_at_any_step(self, steps: int) -> None:
+        run = Run(activation_every=3, layer_every=1)
+        for _ in range(steps):
+            run.step()
+        if steps == 3:
+            assert run.mon._probe is not None and run.mon._probe.armed
+        for obj in (run.model, run.opt, run.scaler):
+            pickle.loads(pickle.dumps(obj))
+            copy.deepcopy(obj)
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=False)
+        produced = run.mon.stats().produced
+        twin = copy.deepcopy(run.scaler)
+        assert all(not isinstance(v, type(vars(run.scaler)["update"]))
+                   for v in vars(twin).values())  # the copy holds none of the hook's wrappers
+        opt = torch.optim.SGD(run.model.parameters(), lr=0.0)
+        twin.scale(run.loss()).backward()
+        twin.step(opt)
+        twin.update()
+        run.mon.close()
+        assert run.mon.stats().produced == produced  # the copy's step was not recorded
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_fused_records_equal_the_eager_ones() -> None:
+    """The same loop with the compiled kernel and without: the same records (the first steps
+    overflow from 2^24, so NaN/inf layers are among them)."""
+    fused, eager = Run(layer_every=1, fused=True), Run(layer_every=1, fused=False)
+    grads = [torch.zeros_like(p) for p in fused.model.parameters()]
+    assert fused.mon._stats.wait_fused(grads, True, 600.0) is not None
+    for _ in range(12):
+        fused.step()
+        eager.step()
+    assert fused.mon._stats.last_path == "fused" and eager.mon._stats.last_path == "eager"
+    fused.mon.close()
+    eager.mon.close()
+    got, want = fused.records(), eager.records()
+    assert len(got) == len(want) == 12
+    assert any(r["found_inf"] for r in want) and not all(r["found_inf"] for r in want)
+    for a, b in zip(got, want, strict=True):
+        for name in STAT_NAMES:
+            for x, y in zip(decoded(a["layers"][name]), decoded(b["layers"][name]),
+                            strict=True):
+                if math.isnan(y):
+                    assert math.isnan(x)
+                else:
+                    assert x == pytest.approx(y, rel=1e-12 if name == "l2" else 0.0), name
+        assert a["nonfinite"] == b["nonfinite"]

@@ -1,0 +1,310 @@
+"""Hook overhead against model size (#12): the per-layer statistics must not cost more on a bigger
+model than one read of its gradients.
+
+Models: one family, ``Linear(32, d)``, a 2-layer ``nn.TransformerEncoder`` (d, 4 heads, ff 4d)
+and a token-wise 4-layer MLP ``width`` wide, 34 parameter tensors; AdamW, ``GradScaler`` on,
+**FP32 forward** (this CPU has no fast fp16/bf16 GEMM, so an autocast step would be made of the
+slow fallback and hide the hook), batch 4 x 32 tokens. ``4M`` is the shape #12 measured
+(d=256, 4 x 1024 MLP: 3.96 M parameters).
+
+Configurations, each its own model copy, monitor and scaler, kept across its segments:
+
+- ``control``: a second no-hook model (the bench's own floor: noise and memory placement);
+- ``default``: ampscope at the default cadence (scalars every step, per-layer stats every 10th);
+- ``every``: per-layer stats every step (the fused kernel once compiled);
+- ``every_eager``: per-layer stats every step, ``fused=False`` (the exact eager fallback).
+
+Method, as ``hook_overhead.py``: per size, ``--rounds`` rounds of ``base X1 base X2 … base``, the
+order rotated each round; a configuration's ratio in a round is its segment's median step over
+the median of the two baseline segments beside it; printed: the median of those ratios (min-max)
+and the total-time ratio (all its steps, sampled ones and the sender thread's batches included,
+over the neighbouring baseline segments' mean total), and the ratio of the 10th-percentile step
+times (``p10``: on a shared, loaded machine the least contended steps). The fused kernel
+compiles in the background during the untimed warm-up; the bench waits for it and prints its
+compile time.
+
+Passes over gradient memory: ``read`` is one read of every gradient byte (``torch.sum`` over a
+flat float32 copy the size of the gradients), measured in the same run; the hook's added time per
+step and the per-layer reduction alone are printed divided by it (the physical floor is one pass).
+The machine's load average is printed beside every size: on a shared machine only ratios from the
+same interleaved run are comparable.
+
+CUDA (``--device cuda``): the same sweep with the hook's own training-thread code (capture,
+record build, scaler reads) run under ``torch.cuda.set_sync_debug_mode("error")``: a sync there
+raises inside the hook, which counts it as an internal error; the bench prints that count (must be
+0). The whole step cannot run under "error": ``GradScaler.step`` itself reads ``found_inf``.
+
+Usage: ``python bench/hook_sweep.py [--sizes 0.25M,1M,4M,10M] [--rounds 5] [--steps 20]
+[--device cpu|cuda]``, or ``python bench/hook_overhead.py --sweep`` with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import ampscope
+from ampscope.transport import MemorySender
+
+SHAPES: dict[str, tuple[int, int]] = {
+    "0.25M": (64, 256),
+    "1M": (128, 512),
+    "4M": (256, 1024),
+    "10M": (384, 1700),
+}
+D_IN, CLASSES, BATCH, TOKENS = 32, 10, 4, 32
+COMPILE_TIMEOUT_S = 900.0
+
+
+def make_model(d: int, width: int) -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True)
+    return nn.Sequential(
+        nn.Linear(D_IN, d),
+        nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+        nn.Linear(d, width), nn.GELU(),
+        nn.Linear(width, width), nn.GELU(),
+        nn.Linear(width, width), nn.GELU(),
+        nn.Linear(width, CLASSES),
+    )
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def strict_sync(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` under ``set_sync_debug_mode("error")``: a host sync inside raises."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    return wrapped
+
+
+@dataclass
+class Live:
+    """A configuration's model, optimizer, scaler and monitor (None: no hook)."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    mon: ampscope.Monitor | None
+
+
+def make_live(shape: tuple[int, int], device: torch.device, layer_every: int | None,
+              fused: bool | None) -> Live:
+    model = make_model(*shape).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+    mon = None
+    if layer_every is not None:
+        mon = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
+                             fused=fused)
+        if device.type == "cuda":
+            for name in ("_capture", "_after_update", "_on_scale"):
+                setattr(mon, name, strict_sync(getattr(mon, name)))
+            mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
+    return Live(model, opt, scaler, mon)
+
+
+def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+    model, opt, scaler = live.model, live.opt, live.scaler
+    times: list[float] = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x).mean(1), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sync(x.device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def timed_s(fn: Callable[[], Any], device: torch.device, reps: int = 30) -> tuple[float, float]:
+    """(median, min) seconds of ``fn``: on a loaded machine the min is the uncontended cost."""
+    for _ in range(3):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def p10(times: list[float]) -> float:
+    return sorted(times)[len(times) // 10]
+
+
+def grads_after_backward(live: Live, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """The model's gradients of one (scaled) backward, left in place."""
+    live.opt.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(live.model(x).mean(1), y)
+    live.scaler.scale(loss).backward()
+    return [p.grad for p in live.model.parameters() if p.grad is not None]
+
+
+CONFIGS: list[tuple[str, int | None, bool | None]] = [
+    ("control", None, None),
+    ("default", 10, None),
+    ("every", 1, None),
+    ("every_eager", 1, False),
+]
+
+
+def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> None:
+    shape = SHAPES[name]
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, TOKENS, D_IN, device=device)
+    y = torch.randint(0, CLASSES, (BATCH,), device=device)
+    load_before = load()
+    baseline = make_live(shape, device, None, None)
+    lives = {c: make_live(shape, device, every, fused) for c, every, fused in CONFIGS}
+    params = [p for p in baseline.model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+
+    # Untimed warm-up; the monitors' first per-layer step starts the fused compile.
+    start = time.perf_counter()
+    for live in [baseline, *lives.values()]:
+        run_segment(live, x, y, args.warmup)
+    compiles: dict[str, list[tuple[Any, float | None, str | None]]] = {}
+    for c, live in lives.items():
+        if live.mon is not None:
+            compiles[c] = live.mon._stats.compiles(COMPILE_TIMEOUT_S)
+    for live in [baseline, *lives.values()]:  # steady state again after the compile's load
+        run_segment(live, x, y, args.warmup)
+    warm_s = time.perf_counter() - start
+
+    # One read of the gradient bytes, and the per-layer reduction alone, on real gradients.
+    probe = lives["every"]
+    grads = grads_after_backward(probe, x, y)
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    read_s, read_min = timed_s(lambda: flat.sum(), device)
+    scale = probe.scaler._scale
+    assert probe.mon is not None and scale is not None and lives["every_eager"].mon is not None
+    fused_s, fused_min = timed_s(
+        lambda: probe.mon._stats.layer_stats(grads, scale, True), device)  # type: ignore[union-attr]
+    fused_path = probe.mon._stats.last_path
+    eager_stats = lives["every_eager"].mon._stats
+    eager_s, eager_min = timed_s(lambda: eager_stats.layer_stats(grads, scale, True), device)
+    norms_s, norms_min = timed_s(
+        lambda: probe.mon._stats.grad_norms(grads, scale, True), device)  # type: ignore[union-attr]
+    probe.opt.zero_grad(set_to_none=True)
+
+    names = [c for c, _, _ in CONFIGS]
+    base_times: list[float] = []
+    seg: dict[str, list[float]] = {c: [] for c in names}
+    ratios: dict[str, list[float]] = {c: [] for c in names}
+    total_cfg: dict[str, float] = dict.fromkeys(names, 0.0)
+    total_base: dict[str, float] = dict.fromkeys(names, 0.0)
+    started = time.perf_counter()
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        prev = run_segment(baseline, x, y, args.steps)
+        base_times += prev
+        for c in order:
+            times = run_segment(lives[c], x, y, args.steps)
+            nxt = run_segment(baseline, x, y, args.steps)
+            base_times += nxt
+            seg[c] += times
+            ratios[c].append(statistics.median(times) / statistics.median(prev + nxt))
+            total_cfg[c] += sum(times)
+            total_base[c] += (sum(prev) + sum(nxt)) / 2
+            prev = nxt
+        print(f"  {name} round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{c} {ratios[c][-1]:.3f}" for c in names), file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - started
+    base = statistics.median(base_times)
+
+    print(f"\n== {name}: d={shape[0]}, MLP width {shape[1]}; {len(params)} tensors, {numel:,} "
+          f"parameters, {grad_bytes / 2**20:.1f} MiB of gradients; {device.type}, fp32 forward, "
+          f"GradScaler on; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"   {load_before} before, {load()} after; {args.rounds} rounds x {args.steps} steps "
+          f"per segment, {elapsed:.0f} s timed, {warm_s:.0f} s warm-up")
+    for c, states in compiles.items():
+        described = ", ".join(
+            f"{state.value} in {secs:.1f} s" + (f" ({err})" if err else "")
+            for state, secs, err in states) or "not compiled (eager)"
+        print(f"   fused kernel ({c}): {described}")
+    print(f"   one read of the gradients (median / min): {read_s * 1e3:.3f} / "
+          f"{read_min * 1e3:.3f} ms ({grad_bytes / read_min / 1e9:.1f} GB/s at the min)")
+    for label, med, low in (("per-layer " + str(fused_path), fused_s, fused_min),
+                            ("per-layer eager", eager_s, eager_min),
+                            ("every-step norms", norms_s, norms_min)):
+        print(f"   {label + ' alone:':<24} {med * 1e3:8.3f} / {low * 1e3:8.3f} ms = "
+              f"{med / read_s:6.1f} / {low / read_min:6.1f} reads (median / min)")
+    print(f"   median step, no hook: {base * 1e3:.2f} ms")
+    print(f"   {'configuration':<14} {'median':>9} {'ratio (min-max)':>22} {'total':>7} "
+          f"{'p10':>7} {'added/step':>11} {'= reads':>8}")
+    for c in names:
+        med = statistics.median(seg[c])
+        rs = ratios[c]
+        total = total_cfg[c] / total_base[c]
+        added = total_cfg[c] / len(seg[c]) - total_base[c] / len(seg[c])
+        print(f"   {c:<14} {med * 1e3:7.2f}ms {statistics.median(rs):8.3f}x "
+              f"({min(rs):.3f}-{max(rs):.3f}) {total:6.3f}x {p10(seg[c]) / p10(base_times):6.3f}x"
+              f" {added * 1e3:8.3f}ms {added / read_s:8.1f}")
+    for c, live in lives.items():
+        if live.mon is not None:
+            errors = live.mon.stats().internal_errors
+            if errors or device.type == "cuda":
+                print(f"   {c}: hook internal errors {errors}"
+                      + (" (syncs under set_sync_debug_mode('error'))"
+                         if device.type == "cuda" else ""))
+            live.mon.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default=",".join(SHAPES), help="comma-separated: "
+                        + ", ".join(SHAPES))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per segment")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+
+
+def run(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    print(f"hook size sweep; {load()}; command: {' '.join(sys.argv)}")
+    for name in args.sizes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"unknown size {name!r}; expected one of: {', '.join(SHAPES)}")
+        sweep_size(name, args, device)
+    print("\nbudgets (DESIGN.md §8, #12): default cadence <= 1.02x, per-layer every step <= 1.10x "
+          "(CPU), <= 1.01x and 0 added syncs (GPU); the physical floor of the per-layer "
+          "statistics is one read of the gradients")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

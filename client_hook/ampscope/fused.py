@@ -1,0 +1,254 @@
+"""The fused per-layer reduction: one compiled kernel that reads every gradient once.
+
+``torch.compile`` (inductor: single-threaded C++ on the CPU, Triton on CUDA) turns
+``partials.tensor_partials`` over a model's gradient list into one loop per gradient that computes
+all eight partials in a single read, straight from the ``.grad`` tensors (no packing copy), and
+stacks them into one ``(L, 8)`` float64 tensor. On the 4 M-parameter bench model that measured
+1.5 ms where the eager padded-buffer path took 11.7 ms (``bench/hook_sweep.py``, 2-core CPU at
+load ~5; ``docs/hook-cost.md``). Below ~0.5 M parameters the fixed cost per gradient (~10 µs:
+the kernel call, its output) makes it no faster than eager.
+
+A *layout* is what a compiled kernel is specialised on: device, and per gradient its shape,
+strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` returns None, and
+the caller takes the exact eager path (``reductions.GradStats``), whenever the fused one cannot
+answer now:
+
+* the layout is unsupported (a ``None``, sparse or float64 gradient, several devices, an empty
+  list): never compiled;
+* its kernel is still compiling: the first call of a layout starts the compile on a background
+  thread, on placeholder tensors of the same layout, so the training thread never waits for it
+  (it competes for the GIL and a core while it runs: measured 4.5-23 s on a cold inductor cache
+  and 1-8 s on a warm one, on 2 cores at load 4-7; once per process and layout);
+* the compile failed (no C++ compiler, no inductor, any error): logged once, eager from then on.
+
+Calls run under ``torch.compiler.set_stance("fail_on_recompile")``: a gradient that differs from
+its layout in something the key does not see (a guard miss) raises instead of compiling on the
+training thread, and the layout is dropped to eager. Compiled kernels live in a process-wide
+registry (``MAX_LAYOUTS``), so every monitor of a layout shares one compile.
+
+No host sync: the thresholds are device tensors (``partials.threshold_bits``) and the kernel's
+output stays on the gradients' device.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ampscope.formats import TargetFormat
+from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
+
+__all__ = ["MAX_LAYOUTS", "FusedPartials", "LayoutState"]
+
+logger = logging.getLogger("ampscope")
+
+MAX_LAYOUTS = 16
+"""Compiled layouts kept per process; past it the oldest is forgotten (a run has one or two)."""
+
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+Kernel = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
+Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]  # shape, stride, dtype
+
+
+@dataclass(frozen=True)
+class LayoutKey:
+    """What one compiled kernel is specialised on."""
+
+    device: torch.device
+    scaled: tuple[bool, ...]
+    fmt: str
+    specs: tuple[Spec, ...]
+
+
+class LayoutState(enum.Enum):
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class _Layout:
+    state: LayoutState = LayoutState.COMPILING
+    kernel: Kernel | None = None
+    compile_s: float | None = None
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_REGISTRY: dict[LayoutKey, _Layout] = {}
+_LOCK = threading.Lock()
+_LOGGED_FAILURE = False
+
+
+def _make_kernel(flags: tuple[bool, ...], under: int, normal: int) -> Kernel:
+    """The function ``torch.compile`` traces for one layout; ``flags`` and the scaled layers'
+    thresholds are constants of its closure."""
+
+    def layer_partials(
+        grads: list[torch.Tensor], under_bits: torch.Tensor, normal_bits: torch.Tensor
+    ) -> torch.Tensor:
+        rows = []
+        for g, scaled in zip(grads, flags, strict=True):
+            if g.numel() == 0:
+                rows.append(torch.tensor([0.0] * (NUM_COLUMNS - 1) + [math.inf],
+                                         dtype=torch.float64, device=g.device))
+            elif scaled:  # judged as stored
+                rows.append(tensor_partials(g, under, normal))
+            else:  # judged at the scale: the thresholds of m = scale
+                rows.append(tensor_partials(g, under_bits, normal_bits))
+        return torch.stack(rows)
+
+    # A code object of its own: dynamo's cache (and its limit of 8 entries) is per code object,
+    # and one layout's entry must never evict another's or count against a user's functions.
+    layer_partials.__code__ = layer_partials.__code__.replace()
+    return layer_partials
+
+
+def _placeholders(key: LayoutKey) -> list[torch.Tensor]:
+    return [torch.empty_strided(shape, stride, dtype=dtype, device=key.device).zero_()
+            for shape, stride, dtype in key.specs]
+
+
+def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
+    """Background thread: compile the layout's kernel and run it once on placeholders."""
+    global _LOGGED_FAILURE
+    start = time.perf_counter()
+    try:
+        under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
+        # One thread on the CPU: the kernel is short and launched from the training thread
+        # between ATen's own parallel ops; an OpenMP team per gradient means a barrier per
+        # gradient, and on a busy machine one descheduled thread stalls it (4M bench model at
+        # load 7 on 2 cores: 12.4 ms with 2 threads, 1.4 ms with 1).
+        options: dict[str, str | int | bool | Callable[..., Any]] = (
+            {"cpp.threads": 1} if key.device.type == "cpu" else {})
+        kernel = torch.compile(_make_kernel(key.scaled, under, normal), dynamic=False,
+                               fullgraph=True, options=options)
+        bits = torch.tensor([under, normal], dtype=torch.int32, device=key.device)
+        with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
+            kernel(_placeholders(key), bits[0], bits[1])
+        layout.kernel = kernel
+        layout.compile_s = time.perf_counter() - start
+        layout.state = LayoutState.READY
+    except Exception as exc:  # no compiler, no inductor, anything: the eager path stays exact
+        layout.error = f"{type(exc).__name__}: {exc}"
+        layout.compile_s = time.perf_counter() - start
+        layout.state = LayoutState.FAILED
+        if not _LOGGED_FAILURE:
+            _LOGGED_FAILURE = True
+            logger.warning("ampscope: the fused reduction did not compile (%s); per-layer stats "
+                           "take the eager path", layout.error)
+    finally:
+        layout.done.set()
+
+
+def layout_key(
+    grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat
+) -> LayoutKey | None:
+    """The layout of these gradients, or None when the fused path cannot take them."""
+    if not grads:
+        return None
+    first = grads[0]
+    if first is None:
+        return None
+    device = first.device
+    if device.type not in ("cpu", "cuda"):
+        return None
+    specs: list[Spec] = []
+    for g in grads:
+        if (g is None or g.layout != torch.strided or g.device != device
+                or g.dtype not in _SUPPORTED):
+            return None
+        specs.append((tuple(g.shape), g.stride(), g.dtype))
+    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs))
+
+
+class FusedPartials:
+    """Per-layer partials ``(L, 8)`` from the compiled kernel, or None (take the eager path)."""
+
+    def __init__(self, fmt: TargetFormat) -> None:
+        self.fmt = fmt
+        self._last: tuple[LayoutKey, _Layout] | None = None
+        self._seen: dict[LayoutKey, _Layout] = {}
+        self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layout(self, key: LayoutKey) -> _Layout:
+        """The registry entry of ``key``, starting its background compile on first sight."""
+        with _LOCK:
+            entry = _REGISTRY.get(key)
+            if len(self._seen) >= MAX_LAYOUTS:
+                self._seen.pop(next(iter(self._seen)))
+            if entry is not None:
+                self._seen[key] = entry
+                return entry
+            if len(_REGISTRY) >= MAX_LAYOUTS:
+                _REGISTRY.pop(next(iter(_REGISTRY)))
+            entry = _REGISTRY[key] = _Layout()
+            self._seen[key] = entry
+        thread = threading.Thread(target=_compile, args=(key, entry, self.fmt),
+                                  name="ampscope-compile", daemon=True)
+        thread.start()
+        return entry
+
+    def wait(
+        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], timeout: float
+    ) -> LayoutState | None:
+        """Start (if needed) and wait for the compile of this layout; its state, or None when
+        the layout is unsupported. For tests and benchmarks: training never waits."""
+        key = layout_key(grads, scaled, self.fmt)
+        if key is None:
+            return None
+        entry = self.layout(key)
+        entry.done.wait(timeout)
+        return entry.state
+
+    def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
+        """(state, compile seconds, error) of every layout this instance has met, after waiting
+        up to ``timeout`` s for each to finish compiling. For benchmarks and diagnostics."""
+        out = []
+        for entry in list(self._seen.values()):
+            entry.done.wait(timeout)
+            out.append((entry.state, entry.compile_s, entry.error))
+        return out
+
+    def __call__(
+        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], scale: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
+        key = layout_key(grads, scaled, self.fmt)
+        if key is None:
+            return None
+        last = self._last
+        entry = last[1] if last is not None and last[0] == key else self.layout(key)
+        self._last = (key, entry)
+        if entry.state is not LayoutState.READY or entry.kernel is None:
+            return None
+        consts = self._thresholds.get(key.device)
+        if consts is None:
+            fmt = self.fmt
+            consts = self._thresholds[key.device] = (
+                torch.tensor([fmt.underflow_threshold, fmt.min_normal], dtype=torch.float64,
+                             device=key.device),
+                torch.tensor([float32_bits(fmt.underflow_threshold),
+                              float32_bits(fmt.min_normal)], dtype=torch.int32,
+                             device=key.device))
+        # Only the unscaled layers read these (the scaled ones' are constants of the kernel).
+        bits = consts[1] if all(key.scaled) else threshold_bits(consts[0], scale)
+        try:
+            # no_grad: grad mode is one of the kernel's guards (compiled under no_grad too).
+            with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+                return entry.kernel(list(grads), bits[0], bits[1])  # type: ignore[arg-type]
+        except Exception as exc:  # a guard miss, or anything else: eager from now on
+            entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
+            logger.warning("ampscope: the fused reduction failed (%s); eager from now on",
+                           entry.error)
+            return None
+

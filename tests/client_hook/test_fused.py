@@ -1,0 +1,249 @@
+"""The compiled per-layer reduction against the eager path and NumPy, and its fallbacks.
+
+Each distinct layout compiles once per process (seconds on this CPU): the layouts below are few
+and shared by the tests of a class.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from ampscope import fused as fused_module
+from ampscope.formats import FORMATS
+from ampscope.fused import FusedPartials, LayoutState
+from ampscope.partials import COLUMNS, NUM_COLUMNS
+from ampscope.reductions import STAT_NAMES, GradStats, unpack
+from tests.client_hook.reference import FP16, edge_tensor, reference
+
+# Inductor imports a module that calls torch's own deprecated API; under ``filterwarnings=error``
+# that warning would fail the (background) compile. Users without that filter never see it fail;
+# with it, the exact eager path is taken.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+COMPILE_TIMEOUT = 600.0
+# (shape, dtype, scaled): every supported dtype both ways, a transposed view, 1 and 0 elements.
+LAYOUT: list[tuple[tuple[int, ...], torch.dtype, bool]] = [
+    ((2999,), torch.float32, True),
+    ((50, 60), torch.float32, False),
+    ((1024,), torch.float16, True),
+    ((1000,), torch.float16, False),
+    ((777,), torch.bfloat16, True),
+    ((3, 259), torch.bfloat16, False),
+    ((13, 7), torch.float32, True),  # filled as the transpose of a (7, 13): strides (1, 13)
+    ((1,), torch.float32, False),
+    ((0,), torch.float32, True),
+]
+FLAGS = [scaled for _, _, scaled in LAYOUT]
+
+
+def make_grads(scale: float, seed: int = 0) -> list[torch.Tensor]:
+    """Gradients of ``LAYOUT`` holding zeros, fp16-subnormal and underflowing magnitudes at
+    ``scale``, NaN and ±inf in some layers."""
+    grads = []
+    for i, (shape, dtype, scaled) in enumerate(LAYOUT):
+        n = math.prod(shape)
+        if shape == (13, 7):
+            g = edge_tensor(scale, dtype, scaled, n + seed).narrow(0, 0, n).view(7, 13).t()
+        else:
+            g = edge_tensor(scale, dtype, scaled, n + seed)[:n].view(shape)
+        if i in (1, 4) and n > 3:
+            g.view(-1)[:3] = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)
+        grads.append(g)
+    return grads
+
+
+def assert_stats_equal(got: list[float], want: list[float], rel: float) -> None:
+    for g, w in zip(got, want, strict=True):
+        if math.isnan(w):
+            assert math.isnan(g)
+        elif rel == 0.0:
+            assert g == w
+        else:
+            assert g == pytest.approx(w, rel=rel, abs=0.0)
+
+
+def compare(fused_out: torch.Tensor, eager_out: torch.Tensor, grads: list[torch.Tensor],
+            scale: float) -> None:
+    """Fused == eager to the last bit but the float64 sums of squares; both == NumPy."""
+    n = len(grads)
+    fused_norm, fused = unpack(fused_out.tolist(), n)
+    eager_norm, eager = unpack(eager_out.tolist(), n)
+    want_norm, want = reference(grads, [g.numel() for g in grads], scale, FLAGS, FP16)
+    # 1/s in float64 against NumPy's division: equal for powers of two, one ulp otherwise.
+    magnitude_rel = 0.0 if math.log2(scale).is_integer() else 2.3e-16
+    for name in STAT_NAMES:
+        exact = name not in ("l2",)
+        assert_stats_equal(fused[name], eager[name], 0.0 if exact else 1e-12)
+        rel = 1e-12 if name == "l2" else magnitude_rel if name in ("amax", "amin_nz") else 0.0
+        assert_stats_equal(fused[name], want[name], rel)
+    assert_stats_equal([fused_norm], [eager_norm], 1e-12)
+    assert_stats_equal([fused_norm], [want_norm], 1e-12)
+
+
+@pytest.fixture(scope="module")
+def compiled() -> GradStats:
+    stats = GradStats(FP16, fused=True)
+    assert stats.wait_fused(make_grads(1.0), FLAGS, COMPILE_TIMEOUT) is LayoutState.READY
+    return stats
+
+
+class TestAgainstEagerAndNumpy:
+    @pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**10, 2.0**16, 2.0**24, 0.5])
+    def test_edge_values(self, compiled: GradStats, scale: float) -> None:
+        grads = make_grads(scale)
+        got = compiled.layer_stats(grads, torch.tensor(scale), FLAGS)
+        assert compiled.last_path == "fused"
+        compare(got, GradStats(FP16, fused=False).layer_stats(grads, scale, FLAGS), grads, scale)
+        _, stats = unpack(got.tolist(), len(grads))
+        assert stats["nan_count"][1] == 1 and stats["inf_count"][1] == 2
+        assert stats["underflow_frac"][0] > 0 and stats["subnormal_frac"][2] > 0
+
+    def test_all_zero_all_non_finite_and_huge(self, compiled: GradStats) -> None:
+        grads = make_grads(1.0)
+        grads[0].zero_()
+        grads[1].fill_(math.nan)
+        grads[2].fill_(-math.inf)
+        grads[3].fill_(65504.0)
+        grads[6].fill_(3e38)  # squares overflow float32; float64 holds them
+        grads[7].fill_(-2.0**-149)  # float32's smallest subnormal
+        got = compiled.layer_stats(grads, torch.tensor(2.0**16), FLAGS)
+        assert compiled.last_path == "fused"
+        want = GradStats(FP16, fused=False).layer_stats(grads, 2.0**16, FLAGS)
+        compare(got, want, grads, 2.0**16)
+
+    def test_other_formats_judge_their_own_thresholds(self) -> None:
+        stats = GradStats(FORMATS["bf16"], fused=True)
+        grads = make_grads(2.0**6)
+        assert stats.wait_fused(grads, FLAGS, COMPILE_TIMEOUT) is LayoutState.READY
+        got = stats.layer_stats(grads, 2.0**6, FLAGS)
+        assert stats.last_path == "fused"
+        want = GradStats(FORMATS["bf16"], fused=False).layer_stats(grads, 2.0**6, FLAGS)
+        assert_stats_equal(got.tolist()[1:], want.tolist()[1:], 1e-12)
+
+    def test_no_host_sync(self, compiled: GradStats, monkeypatch: pytest.MonkeyPatch) -> None:
+        grads = make_grads(8.0)
+        scale = torch.tensor(8.0)
+        compiled.layer_stats(grads, scale, FLAGS)
+
+        def boom(*args: object) -> Iterator[None]:
+            raise AssertionError("host sync inside the fused path")
+
+        for attr in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+            monkeypatch.setattr(torch.Tensor, attr, boom)
+        compiled.layer_stats(grads, scale, FLAGS)
+        monkeypatch.undo()
+        assert compiled.last_path == "fused"
+
+
+class TestLargeOffsets:
+    def test_counts_past_2_31_elements(self) -> None:
+        """2^31 + 8 elements without the memory: a stride-0 view of 8 values, repeated. Counts
+        run in int64 there, and every partial is known by construction."""
+        base = torch.tensor([0.0, 1.0, -2.0**-20, 2.0**-26, math.nan, math.inf, -3.0, 2.0**-140])
+        reps = 2**28 + 1
+        big = base.as_strided((reps, 8), (0, 1))
+        assert big.numel() == 2**31 + 8
+        fused = FusedPartials(FP16)
+        grads = [big, torch.ones(3)]
+        assert fused.wait(grads, [True, True], COMPILE_TIMEOUT) is LayoutState.READY
+        got = fused(grads, [True, True], torch.tensor(1.0, dtype=torch.float64))
+        assert got is not None
+        want = [reps, reps, reps, 3 * reps, 4 * reps, reps * (1 + 2.0**-40 + 2.0**-52 + 9),
+                3.0, 2.0**-140]
+        row = dict(zip(COLUMNS, got[0].tolist(), strict=True))
+        for name, value in zip(COLUMNS, want, strict=True):
+            if name == "sumsq":
+                assert row[name] == pytest.approx(value, rel=1e-12)
+            else:
+                assert row[name] == value, name
+        assert got[1].tolist() == [0, 0, 0, 0, 0, 3.0, 1.0, 1.0]
+
+
+class TestFallback:
+    def test_compile_unavailable(self, monkeypatch: pytest.MonkeyPatch,
+                                 caplog: pytest.LogCaptureFixture) -> None:
+        def no_compiler(*args: object, **kwargs: object) -> Any:
+            raise RuntimeError("no C++ compiler")
+
+        monkeypatch.setattr(torch, "compile", no_compiler)
+        monkeypatch.setattr(fused_module, "_LOGGED_FAILURE", False)
+        grads = [g.reshape(-1)[: max(g.numel() - 1, 0)] for g in make_grads(2.0**10)]
+        stats = GradStats(FP16, fused=True)
+        with caplog.at_level(logging.WARNING, logger="ampscope"):
+            assert stats.wait_fused(grads, FLAGS, COMPILE_TIMEOUT) is LayoutState.FAILED
+        assert "fused reduction did not compile (RuntimeError: no C++ compiler)" in caplog.text
+        got = stats.layer_stats(grads, 2.0**10, FLAGS)
+        assert stats.last_path == "eager"
+        want_norm, want = reference(grads, [g.numel() for g in grads], 2.0**10, FLAGS, FP16)
+        norm, out = unpack(got.tolist(), len(grads))
+        for name in STAT_NAMES:
+            assert_stats_equal(out[name], want[name], 1e-12)
+        assert_stats_equal([norm], [want_norm], 1e-12)
+
+    @pytest.mark.parametrize("grads", [
+        [torch.ones(3, dtype=torch.float64)],
+        [torch.ones(3).to_sparse()],
+        [torch.ones(3), None],
+        [],
+    ], ids=["float64", "sparse", "absent", "empty"])
+    def test_unsupported_layouts_are_never_compiled(
+        self, grads: list[torch.Tensor | None], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def must_not_compile(*args: object, **kwargs: object) -> Any:
+            raise AssertionError("compiled an unsupported layout")
+
+        monkeypatch.setattr(torch, "compile", must_not_compile)
+        stats = GradStats(FP16, numels=[3] * len(grads), fused=True)
+        assert stats.wait_fused(grads, True, 1.0) is None
+        stats.layer_stats(grads, 2.0, True)
+        assert stats.last_path == "eager"
+
+    def test_small_layouts_stay_eager_by_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def must_not_compile(*args: object, **kwargs: object) -> Any:
+            raise AssertionError("compiled a small layout")
+
+        monkeypatch.setattr(torch, "compile", must_not_compile)
+        stats = GradStats(FP16)  # fused=None: auto
+        stats.layer_stats([torch.ones(100), torch.ones(7)], 2.0, True)
+        assert stats.last_path == "eager"
+
+    def test_eager_while_compiling_then_fused_then_eager_after_a_guard_miss(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        release = threading.Event()
+        real_compile = torch.compile
+
+        def slow_compile(fn: Callable[..., Any], **kwargs: Any) -> Any:
+            assert release.wait(COMPILE_TIMEOUT)
+            return real_compile(fn, **kwargs)
+
+        monkeypatch.setattr(torch, "compile", slow_compile)
+        grads = [torch.randn(41, 3), torch.randn(5).half()]
+        grads[0][0, 0] = math.nan
+        stats = GradStats(FP16, fused=True)
+        first = stats.layer_stats(grads, 4.0, [True, False])
+        assert stats.last_path == "eager"  # compiling, on another thread
+        release.set()
+        assert stats.wait_fused(grads, [True, False], COMPILE_TIMEOUT) is LayoutState.READY
+        second = stats.layer_stats(grads, 4.0, [True, False])
+        assert stats.last_path == "fused"
+        assert_stats_equal(second.tolist(), first.tolist(), 1e-12)
+        # Same shapes, strides and dtypes, but requiring grad (create_graph=True makes such
+        # gradients): the kernel's guards miss, and nothing compiles on this thread.
+        odd = [g.clone().requires_grad_() for g in grads]
+        third = stats.layer_stats(odd, 4.0, [True, False])
+        assert stats.last_path == "eager"
+        assert_stats_equal(third.tolist(), first.tolist(), 1e-12)
+        assert stats.wait_fused(grads, [True, False], 0.0) is LayoutState.FAILED
+
+
+def test_partials_have_eight_columns() -> None:
+    assert NUM_COLUMNS == len(STAT_NAMES) == 8
