@@ -15,7 +15,18 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ampscope_server import __version__, live_pg
-from ampscope_server.api import auth, compare, findings, health, ingest, live, pages, runs, series
+from ampscope_server.api import (
+    auth,
+    compare,
+    findings,
+    health,
+    ingest,
+    live,
+    pages,
+    runs,
+    series,
+    tokens,
+)
 from ampscope_server.config import Settings
 from ampscope_server.db import is_sqlite, make_engine, make_session_factory, verify_schema
 from ampscope_server.errors import AmpscopeError
@@ -73,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        timeout_s=settings.body_timeout_s)
     app.add_middleware(Gate, settings=settings)
     app.add_middleware(pages.SecurityHeaders)
-    for module in (health, auth, runs, ingest, series, live, compare, findings, pages):
+    for module in (health, auth, runs, ingest, series, live, compare, findings, tokens, pages):
         app.include_router(module.router)
     app.include_router(pages.assets)
     app.mount("/static", pages.static_files(), name="static")

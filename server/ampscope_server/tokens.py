@@ -71,9 +71,28 @@ def create_token(
     return CreatedToken(token, secret)
 
 
-def revoke_token(session: Session, token_id: str, now: float | None = None) -> ApiToken:
+def tokens_seen_by(session: Session, viewer: Principal) -> list[ApiToken]:
+    """The tokens an admin manages: its project's, or every one for an all-projects admin."""
+    return [token for token in access_repository.list_tokens(session)
+            if viewer.project is None or token.project == viewer.project]
+
+
+def create_token_for(session: Session, viewer: Principal, scope: Scope, project: str | None,
+                     name: str = "") -> CreatedToken:
+    """`create_token` on behalf of an admin: only within its own project, unless it is an
+    all-projects admin."""
+    if viewer.project is not None and project != viewer.project:
+        raise Forbidden(f"this admin token manages project '{viewer.project}' only")
+    return create_token(session, scope, project, name)
+
+
+def revoke_token(session: Session, token_id: str, now: float | None = None,
+                 viewer: Principal | None = None) -> ApiToken:
+    """Revoke the token (and end its sessions); a token `viewer` does not manage is not
+    found."""
     token = access_repository.get_token(session, token_id)
-    if token is None:
+    if token is None or (viewer is not None and viewer.project is not None
+                         and token.project != viewer.project):
         raise NotFound(f"token '{token_id}' not found")
     if token.revoked_at is None:
         access_repository.revoke_token(session, token_id, time.time() if now is None else now)

@@ -60,6 +60,9 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/docs"): (Needs.READ, "/docs"),
     ("DELETE", "/api/runs/{run_id}"): (Needs.ADMIN, "/api/runs/RUN"),
     ("POST", "/api/ingest"): (Needs.INGEST, "/api/ingest"),
+    ("GET", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
+    ("POST", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
+    ("DELETE", "/api/tokens/{token_id}"): (Needs.ADMIN, "/api/tokens/TOKEN"),
     ("WS", "/api/runs/{run_id}/live"): (Needs.READ, "/api/runs/RUN/live"),
     ("WS", "/api/runs/live"): (Needs.READ, "/api/runs/live"),
 }
@@ -112,6 +115,15 @@ def runs(team: Team) -> dict[str, str]:
     return ids
 
 
+def _fresh_token(team: Team, project: str) -> str:
+    """The id of a new read token of `project`, made through the API by the root admin."""
+    with team.client("root") as root:
+        response = root.post("/api/tokens", json={"project": project, "scope": "read"})
+    assert response.status_code == 201, response.text
+    token_id: str = response.json()["id"]
+    return token_id
+
+
 def _url(template: str, runs: dict[str, str], run: str | None = None) -> str:
     url = template.replace("RUN2", runs["RUN2"])
     return url.replace("RUN", run or runs["RUN"])
@@ -135,7 +147,11 @@ def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
                 assert closed.rcvd is not None
                 return closed.rcvd.code
             return 1000
-    body = batch([record(5)], run_id=new_id(), project="alpha") if url == "/api/ingest" else None
+    body: dict[str, Any] | None = None
+    if url == "/api/ingest":
+        body = batch([record(5)], run_id=new_id(), project="alpha")
+    elif url == "/api/tokens" and method == "POST":
+        body = {"project": "alpha", "scope": "read", "name": "matrix"}
     with httpx.Client(base_url=team.url, timeout=30.0, follow_redirects=False) as client:
         return client.request("GET" if method == "MOUNT" else method, url, json=body,
                               headers=auth).status_code
@@ -182,10 +198,14 @@ class TestEveryRoute:
         for token, scope in (("alpha-read", "read"), ("alpha-ingest", "ingest"),
                              ("alpha-admin", "admin")):
             run = None
-            if key[0] == "DELETE":  # each scope on its own run: an allowed delete removes it
+            url = _url(template, runs)
+            if key == ("DELETE", "/api/runs/{run_id}"):  # each scope on a run of its own
                 run = new_id()
                 assert _ingest(team, "alpha-ingest", run, "alpha").status_code == 200
-            status = _call(team, key, _url(template, runs, run), token)
+                url = _url(template, runs, run)
+            elif key == ("DELETE", "/api/tokens/{token_id}"):  # and on a token of its own
+                url = template.replace("TOKEN", _fresh_token(team, "alpha"))
+            status = _call(team, key, url, token)
             allowed = (needs in (Needs.PUBLIC, Needs.ANYONE) or scope == "admin"
                        or needs.value == scope)
             if key[0] == "WS":
@@ -323,3 +343,49 @@ class TestBrowsersAndHosts:
         assert response.json() == {
             "detail": "requests from the origin 'https://evil.example' are not allowed"}
 
+
+
+class TestTokenApi:
+    def test_an_admin_manages_its_projects_tokens(self, team: Team) -> None:
+        with team.client("alpha-admin") as admin:
+            created = admin.post("/api/tokens", json={"project": "alpha", "scope": "ingest",
+                                                      "name": "ci"})
+            assert created.status_code == 201
+            body = created.json()
+            assert set(body) == {"id", "name", "project", "scope", "created_at",
+                                 "last_used_at", "revoked_at", "secret"}
+            assert (body["project"], body["scope"], body["name"]) == ("alpha", "ingest", "ci")
+            listed = admin.get("/api/tokens").json()
+            assert {t["project"] for t in listed} == {"alpha"}
+            assert body["id"] in {t["id"] for t in listed}
+            assert body["secret"] not in created.request.url.query.decode() + str(listed)
+            with httpx.Client(base_url=team.url, timeout=30.0,
+                              headers={"Authorization": f"Bearer {body['secret']}"}) as ci:
+                payload = batch([record(0)], run_id=new_id(), project="alpha")
+                assert ci.post("/api/ingest", json=payload).status_code == 200
+                revoked = admin.delete(f"/api/tokens/{body['id']}")
+                assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+                assert ci.post("/api/ingest", json=payload).status_code == 401
+
+    def test_not_beyond_its_project(self, team: Team) -> None:
+        with team.client("alpha-admin") as admin, team.client("root") as root:
+            for project in ("beta", None):
+                response = admin.post("/api/tokens", json={"project": project,
+                                                           "scope": "read"})
+                assert response.status_code == 403
+                assert response.json() == {
+                    "detail": "this admin token manages project 'alpha' only"}
+            beta = root.post("/api/tokens", json={"project": "beta", "scope": "read"}).json()
+            assert admin.delete(f"/api/tokens/{beta['id']}").status_code == 404
+            assert beta["id"] not in {t["id"] for t in admin.get("/api/tokens").json()}
+            everyone = root.post("/api/tokens", json={"project": None, "scope": "admin"})
+            assert everyone.status_code == 201 and everyone.json()["project"] is None
+
+    def test_bad_input(self, team: Team) -> None:
+        with team.client("root") as root:
+            bad = root.post("/api/tokens", json={"project": "a b", "scope": "read"})
+            assert bad.status_code == 422
+            assert bad.json()["detail"].startswith("project name 'a b' is not valid")
+            assert root.post("/api/tokens", json={"project": "p", "scope": "write"}
+                             ).status_code == 422
+            assert root.delete("/api/tokens/nope").json() == {"detail": "token 'nope' not found"}
