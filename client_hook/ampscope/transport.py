@@ -188,6 +188,7 @@ class Transport:
         self._probe_failures = 0
         self._final_done = False
         self._denied = False
+        self._announced = False
         self._layers_acked = False
         self._closed = False
         self._forked = False
@@ -491,5 +492,23 @@ class Transport:
         with self._lock:
             if self._spool is not None and self._spool.append(body, n):
                 self._c.spooled += n
+                spooled = True
             else:
                 self._c.dropped_sender += n
+                spooled = False
+        if spooled and n and not self._announced:
+            self._announce_spool()
+
+    def _announce_spool(self) -> None:
+        """Say once where records are going, and how they will reach a server (a refusal said
+        it already, `_deny`)."""
+        self._announced = True
+        assert self._spool is not None
+        where = self._spool.directory
+        if self._sender is None:
+            logger.info("ampscope is offline: records go to the spool at %s; upload them with "
+                        "`ampscope sync %s --server URL`", where, where)
+        elif not self._denied:
+            logger.warning("ampscope server is not answering; records go to the spool at %s "
+                           "and are sent from there once it is back (or with `ampscope sync "
+                           "%s --server URL`)", where, where)

@@ -274,6 +274,28 @@ def wait_for(predicate: Any, timeout: float = 5.0) -> None:
 
 
 class TestSpool:
+    def test_the_spool_is_announced_once(
+        self, spool_dir: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="ampscope")
+        sender = _Switch()
+        sender.down.set()
+        t = fast(sender, batch_size=2, retry_window=0.05, backoff_cap=0.05)
+        for i in range(6):
+            t.put(Item(i))
+        wait_for(lambda: t.stats().spooled == 6)
+        t.close(1.0)
+        offline = fast(None)
+        offline.put(Item(0))
+        offline.close(1.0)
+        messages = [r.getMessage() for r in caplog.records if r.name == "ampscope"]
+        assert messages == [
+            f"ampscope server is not answering; records go to the spool at {spool_dir} and are "
+            f"sent from there once it is back (or with `ampscope sync {spool_dir} --server "
+            "URL`)",
+            f"ampscope is offline: records go to the spool at {spool_dir}; upload them with "
+            f"`ampscope sync {spool_dir} --server URL`"]
+
     def test_server_away_spools_then_replays_in_order_before_newer_records(
         self, spool_dir: Path
     ) -> None:
