@@ -79,10 +79,13 @@ def _level(first: int, last: int, max_buckets: int) -> int:
 def _scalars(
     session: Session, run_id: str, metric: str, start: int, end: int
 ) -> dict[int, float]:
+    """{step: value}. A skipped step's grad norm is that of an overflowed gradient the optimizer
+    never used, so the grad norm is compared over taken steps only: a calibration overflow in
+    one run (the scaler's first steps) is not a divergence."""
+    rows = repository.series_rows(session, run_id, metric, start, end,
+                                  applied_only=metric == "grad_norm")
     return compare.by_step(
-        (int(step), codec.from_storage(value, value_class))
-        for step, value, value_class in repository.series_rows(session, run_id, metric, start, end)
-    )
+        (int(step), codec.from_storage(value, value_class)) for step, value, value_class in rows)
 
 
 def _divergences_raw(

@@ -310,17 +310,22 @@ def _step_range(run_id: str, start: int | None, end: int | None) -> list[ColumnE
 
 
 def series_rows(
-    session: Session, run_id: str, column: str, start: int | None, end: int | None
+    session: Session, run_id: str, column: str, start: int | None, end: int | None,
+    applied_only: bool = False,
 ) -> Sequence[Row[int, float | None, int]]:
-    """(step, value, value_class) of one classed step column, by step then ingest order."""
+    """(step, value, value_class) of one classed step column, by step then ingest order; with
+    `applied_only`, of the steps the optimizer took (not skipped) only."""
     value = getattr(Step, column)
     value_class = getattr(Step, f"{column}_class")
-    return session.execute(
+    statement = (
         select(Step.step, value, value_class)
         .where(*_step_range(run_id, start, end))
         .where(or_(value.is_not(None), value_class != 0))
         .order_by(Step.step, Step.id)
-    ).all()
+    )
+    if applied_only:
+        statement = statement.where(Step.skipped.is_(False))
+    return session.execute(statement).all()
 
 
 def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,

@@ -191,6 +191,18 @@ class TestCompareEndpoint:
             "relative": abs(0.75 * 1.04 - 0.75) / 0.75}
         assert comparison["loss_divergence"]["step"] == 2
 
+    def test_a_calibration_overflow_is_not_a_divergence(self, api: httpx.Client) -> None:
+        """Run B's scaler starts too high: steps 0 and 1 overflow and are skipped (grad norm
+        inf), then it trains exactly as A. The grad norms of skipped steps are not compared."""
+        a, b = new_id(), new_id()
+        _post(api, batch([record(i) for i in range(6)], run_id=a))
+        _post(api, batch([record(i, skipped=i < 2, found_inf=i < 2,
+                                 grad_norm="inf" if i < 2 else 0.75) for i in range(6)],
+                         run_id=b))
+        [comparison] = _get(api, f"/api/compare?runs={a},{b}")["comparisons"]
+        assert comparison["divergence"] is None
+        assert comparison["grad_norm_divergence"] is None and comparison["common_steps"] == 6
+
     def test_the_reference_is_the_first_run_given(self, api: httpx.Client) -> None:
         a, b = _seed_pair(api)
         body = _get(api, f"/api/compare?runs={b},{a}&underflow_threshold=0.5")
