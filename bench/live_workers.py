@@ -16,40 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
-import psycopg
+from team_server import CLI, database, free_port, wait_healthy  # type: ignore[import-not-found]
 from websockets.sync.client import connect
-
-CLI = [sys.executable, "-m", "ampscope_server.cli"]
-PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def database() -> Iterator[str]:
-    name = f"ampscope_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager
@@ -57,13 +36,7 @@ def serve(url: str) -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--db", url, "--log-level",
                              "warning"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_healthy(f"http://127.0.0.1:{port}")
     try:
         yield port
     finally:
@@ -83,7 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--interval", type=float, default=0.1)
     args = parser.parse_args()
-    with database() as url:
+    with tempfile.TemporaryDirectory() as folder, database("postgres", Path(folder)) as url:
         subprocess.run([*CLI, "db", "upgrade", "--db", url], check=True, capture_output=True)
         with serve(url) as port_a, serve(url) as port_b, ExitStack() as stack:
             run_id, attempt = str(uuid.uuid4()), str(uuid.uuid4())

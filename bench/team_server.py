@@ -63,6 +63,17 @@ def database(kind: str, folder: Path) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def wait_healthy(base: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/api/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"the server at {base} did not answer within {timeout_s:.0f} s")
+
+
 @contextmanager
 def server(url: str, folder: Path) -> Iterator[tuple[str, str, int]]:
     """(base URL, an all-projects admin token, the server's pid)."""
@@ -76,13 +87,7 @@ def server(url: str, folder: Path) -> Iterator[tuple[str, str, int]]:
                                  "required", "--log-level", "warning"], stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/api/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_healthy(base)
     try:
         yield base, token.strip(), proc.pid
     finally:

@@ -94,8 +94,6 @@ def run(settings: Settings, log_level: str, workers: int = 1) -> None:
 
     from ampscope_server.app import create_app
 
-    for name, value in settings.model_dump().items():
-        os.environ[f"AMPSCOPE_{name.upper()}"] = str(value)
     GuardedHttpToolsProtocol.header_timeout_s = settings.header_timeout_s
     options: dict[str, Any] = {
         "host": settings.host, "port": settings.port, "log_level": log_level,
@@ -103,7 +101,9 @@ def run(settings: Settings, log_level: str, workers: int = 1) -> None:
         "http": PROTOCOL, "limit_concurrency": settings.limit_concurrency,
         "timeout_keep_alive": int(settings.timeout_keep_alive_s),
     }
-    if workers > 1:
+    if workers > 1:  # each worker process reads its Settings (and the protocol's) from here
+        for name, value in settings.model_dump().items():
+            os.environ[f"AMPSCOPE_{name.upper()}"] = str(value)
         uvicorn.run("ampscope_server.app:create_app", factory=True, workers=workers, **options)
     else:
         uvicorn.run(create_app(settings), **options)
