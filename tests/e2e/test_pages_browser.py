@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 from tests.server.findings.payloads import healthy_batch, troubled_batch
-from tests.server.wire import new_id
+from tests.server.wire import batch_v2, layer_stats, new_id, record_v2
 from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
 
@@ -263,4 +263,62 @@ def test_a_scripted_session_logs_no_error(served: tuple[ServerProcess, list[str]
         pg.click(f'#runs th[data-sort="{key}"]')
     pg.fill("#filter", "checks-1")
     pg.fill("#filter", "")
+    _assert_clean(pg, errors)
+
+
+LONE_EVENT_STEP = 1234
+DENSE_STEPS = 2000
+
+
+def _lone_event_batch(run_id: str) -> dict[str, object]:
+    """2,000 steps with layer statistics at every step, one inf in fc1.bias at step 1234 only."""
+    records = []
+    for step in range(DENSE_STEPS):
+        rec = record_v2(step)
+        rec["layers"] = layer_stats(1.0)
+        rec["layers"]["nan_count"] = [0, 0]
+        rec["layers"]["inf_count"] = [0, 5 if step == LONE_EVENT_STEP else 0]
+        records.append(rec)
+    return batch_v2(records, run_id=run_id, name="lone-event", final=True)
+
+
+def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, list[str]],
+                                                page: tuple[Page, list[str]]) -> None:
+    """A heatmap column of a 2,000-step run is under a pixel wide: the one step where a layer
+    overflowed is also marked with a square of fixed size, whatever the zoom. (And a constant
+    series stays a flat line once smoothed.)"""
+    server, _ = served
+    pg, errors = page
+    run_id = new_id()
+    response = httpx.post(f"{server.url}/api/ingest", json=_lone_event_batch(run_id), timeout=60)
+    assert response.status_code == 200, response.text
+    pg.goto(f"{server.url}/runs/{run_id}")
+    pg.locator("#heatmap .nsewdrag").wait_for(timeout=WAIT_MS)
+    pg.select_option("#stat-select", "inf_count")
+    pg.wait_for_function("() => window.ampscope.heatmap.stat === 'inf_count' && "
+                         "document.getElementById('heatmap').data.length === 2", timeout=WAIT_MS)
+    marked, columns = pg.evaluate("""() => { const [heat, t] = document.getElementById('heatmap').data;
+      return [[Array.from(t.x), Array.from(t.y), Array.from(t.text)], Array.from(heat.x)]; }""")
+    # One marker, on the column (a downsampled bucket of steps) that holds step 1234.
+    [bucket], names, counts = marked
+    assert (names, counts) == (["fc1.bias"], [5])
+    after = columns[columns.index(bucket) + 1]
+    assert bucket <= LONE_EVENT_STEP < after
+    column_px = pg.evaluate("""() => { const l = document.getElementById('heatmap')._fullLayout;
+      return l._size.w / (l.xaxis.range[1] - l.xaxis.range[0]); }""")
+    assert column_px < 1  # the heatmap's own cell for that step: a sliver
+    box = pg.locator("#heatmap .scatterlayer .point").bounding_box()
+    assert box is not None and box["width"] >= 6 and box["height"] >= 6, box
+    # A statistic without events draws no markers.
+    pg.select_option("#stat-select", "zero_frac")
+    pg.wait_for_function("() => window.ampscope.heatmap.stat === 'zero_frac' && "
+                         "document.getElementById('heatmap').data.length === 1", timeout=WAIT_MS)
+    pg.select_option("#stat-select", "inf_count")
+    pg.locator("#heatmap .scatterlayer .point").wait_for(timeout=WAIT_MS)
+    # The constant grad norm (0.75 at every step) is smoothed to exactly 0.75: no rounding
+    # wiggle for the autorange to zoom into.
+    smoothed = pg.evaluate("""() => document.getElementById('gradnorm-chart').data
+      .filter((t) => t.name.endsWith('(smoothed)')).map((t) => Array.from(new Set(t.y)))""")
+    assert smoothed == [[0.75]]
+    pg.screenshot(path=str(ARTIFACTS / "heatmap-lone-event.png"), full_page=True)
     _assert_clean(pg, errors)

@@ -30,6 +30,13 @@ const VIRIDIS = [
 // Red = little or negative headroom (about to overflow), blue = plenty.
 const HEADROOM = [[0, '#b2182b'], [0.25, '#ef8a62'], [0.5, '#f7f7f7'], [0.75, '#67a9cf'], [1, '#2166ac']];
 const fixed1 = (v) => v.toFixed(1);
+const EVENT_COLOUR = '#7f1d1d';
+// A lone NaN/inf cell among thousands of steps is one pixel wide or less: event statistics also
+// mark every non-zero cell with a square of fixed pixel size, visible at any zoom.
+// Beyond MAX_EVENT_MARKERS cells the events are no longer sparse: the colours show them, and
+// markers would only slow the chart down.
+const EVENT_MARKER = Object.freeze({ symbol: 'square', size: 7, color: EVENT_COLOUR, line: { width: 0 } });
+const MAX_EVENT_MARKERS = 2000;
 
 /** The statistics the selector offers, in its order. */
 export const STATS = Object.freeze({
@@ -46,12 +53,12 @@ export const STATS = Object.freeze({
     colorscale: VIRIDIS, format: '.2f', legend: fixed1,
   },
   nan_count: {
-    label: 'NaN count', help: 'NaN elements in the gradient', zmin: 0,
-    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
+    label: 'NaN count', help: 'NaN elements in the gradient (marked ■ where they are sparse)', zmin: 0,
+    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, EVENT_COLOUR]], format: 'd', legend: String, events: true,
   },
   inf_count: {
-    label: 'inf count', help: '±inf elements in the gradient: the layers that overflowed at that step', zmin: 0,
-    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, '#7f1d1d']], format: 'd', legend: String,
+    label: 'inf count', help: '±inf elements in the gradient: the layers that overflowed at that step (marked ■ where they are sparse)', zmin: 0,
+    colorscale: [[0, '#f8fafc'], [0.001, '#fecaca'], [1, EVENT_COLOUR]], format: 'd', legend: String, events: true,
   },
 });
 
@@ -72,6 +79,21 @@ export function columnOf(step, stat, targetFormat) {
     });
   }
   return null;
+}
+
+/** The (step, layer) cells of `columns` (one array of cells per step) holding a non-zero count,
+ * as the x/y/text arrays of a marker trace. */
+export function eventCells(steps, columns, names) {
+  const x = [];
+  const y = [];
+  const text = [];
+  columns.forEach((column, j) => column.forEach((v, i) => {
+    if (v === null || v === 0) return;
+    x.push(steps[j]);
+    y.push(names[i]);
+    text.push(v);
+  }));
+  return { x, y, text };
 }
 
 function uniqueNames(names) {
@@ -141,8 +163,19 @@ export class LayerHeatmap {
       yaxis: { type: 'category', autorange: 'reversed', showgrid: false, ticks: '', automargin: true },
       xaxis: { showgrid: false },
     });
+    const traces = [trace];
+    this.names = names;
+    this.markers = 0;
+    const cells = spec.events ? eventCells(trace.x, columns, names) : null;
+    if (cells && cells.x.length <= MAX_EVENT_MARKERS) {
+      this.markers = cells.x.length;
+      traces.push({
+        type: 'scatter', mode: 'markers', ...cells, marker: { ...EVENT_MARKER }, cliponaxis: true,
+        hovertemplate: `%{y}<br>step %{x}<br>${spec.label}: %{text}<extra></extra>`,
+      });
+    }
     this.div.style.height = `${height}px`; // responsive plots fill their div: size the div
-    await Plotly.react(this.div, [trace], layout, CONFIG);
+    await Plotly.react(this.div, traces, layout, CONFIG);
     drawLegend(this.legend, spec, zmin, zmax);
   }
 
@@ -185,6 +218,7 @@ export class LayerHeatmap {
     }
     if (!x.length) return;
     Plotly.extendTraces(this.div, { x: [x], z: [z] }, [0], MAX_COLUMNS);
+    this.extendMarkers(eventCells(x, z, this.names));
     const before = this.range();
     this.widen(z);
     const [zmin, zmax] = this.range();
@@ -192,6 +226,17 @@ export class LayerHeatmap {
       Plotly.restyle(this.div, { zmin: [zmin], zmax: [zmax] }, [0]);
       drawLegend(this.legend, STATS[this.stat], zmin, zmax);
     }
+  }
+
+  /** Live event cells join the marker trace while they stay sparse; past that it goes. */
+  extendMarkers(cells) {
+    if (this.div.data.length < 2 || !cells.x.length) return;
+    this.markers += cells.x.length;
+    if (this.markers > MAX_EVENT_MARKERS) {
+      Plotly.deleteTraces(this.div, 1);
+      return;
+    }
+    Plotly.extendTraces(this.div, { x: [cells.x], y: [cells.y], text: [cells.text] }, [1]);
   }
 
   get rows() {

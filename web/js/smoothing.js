@@ -5,13 +5,20 @@
 export function ema(weight) {
   let last = 0;
   let count = 0;
+  let lo = Infinity;
+  let hi = -Infinity;
   return {
     push(value) {
       if (typeof value !== 'number' || !Number.isFinite(value)) return null;
       last = last * weight + (1 - weight) * value;
       count += 1;
+      lo = Math.min(lo, value);
+      hi = Math.max(hi, value);
       const debias = weight === 0 ? 1 : 1 - weight ** count;
-      return last / debias;
+      // The debiased EMA is a weighted mean of the values seen, so it lies within their range;
+      // clamping removes the rounding that would otherwise make a constant series wiggle (and a
+      // chart autoranged on it zoom into that rounding).
+      return Math.min(hi, Math.max(lo, last / debias));
     },
   };
 }
