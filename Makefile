@@ -12,9 +12,11 @@ PORT   ?= 8765
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# setuptools announces every editable install with a boxed "be careful with folders named like
+# your package" note (an InformationOnly warning, not a problem): filtered so `make demo` is quiet.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev]"
 	touch $@
 
 demo: $(VENV)/.installed

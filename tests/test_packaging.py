@@ -1,0 +1,36 @@
+"""The Makefile's install recipe, run for real into a fresh virtual environment: `make demo` and
+`make test` start with it, so whatever it prints is the first thing a new user reads."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# This machine's pip configuration names local package folders that do not all exist; pip says
+# so on every install. That is the machine, not the project.
+MACHINE_NOISE = re.compile(r"^WARNING: Location '.*' is ignored: it is neither a file nor a "
+                           r"directory\.$")
+
+
+def test_the_install_recipe_prints_nothing(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    # TORCH is the recipe's first requirement; "--no-deps" in its place installs the project
+    # alone (torch and the rest are the suite's own venv's business), through the same command.
+    done = subprocess.run(
+        ["make", "--no-print-directory", f"VENV={venv}", "TORCH=--no-deps",
+         f"PYTHON={sys.executable}", f"{venv}/.installed"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")})
+    assert done.returncode == 0, done.stderr
+    printed = [line for line in (done.stdout + done.stderr).splitlines()
+               if line.strip() and not MACHINE_NOISE.match(line)]
+    recipe = [line for line in printed if line.startswith((str(venv), sys.executable, "touch ",
+                                                           "PYTHONWARNINGS="))]
+    assert printed == recipe, "\n".join(printed)
+    shown = subprocess.run([f"{venv}/bin/pip", "show", "ampscope"], capture_output=True,
+                           text=True, check=True).stdout
+    assert "Editable project location: " + str(ROOT) in shown
