@@ -23,6 +23,10 @@ def ensure_project(session: Session, name: str, now: float) -> None:
     )
 
 
+def project_exists(session: Session, name: str) -> bool:
+    return session.get(Project, name) is not None
+
+
 # --- tokens --------------------------------------------------------------------------------------
 
 

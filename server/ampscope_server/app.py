@@ -15,6 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ampscope_server import __version__, live_pg
+from ampscope_server.alert_worker import AlertWorker
+from ampscope_server.api import (
+    alerts as alerts_api,
+)
 from ampscope_server.api import (
     auth,
     compare,
@@ -64,9 +68,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.session_factory = factory
         app.state.hub = hub
         app.state.ingest_limiter = RateLimiter(settings.ingest_rate_per_s, settings.ingest_burst)
+        alerts = AlertWorker(factory, settings) if settings.alerts else None
+        if alerts is not None:
+            alerts.start()
         try:
             yield
         finally:
+            if alerts is not None:
+                alerts.stop()
             if listener is not None:
                 listener.stop()
             engine.dispose()
@@ -84,7 +93,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        timeout_s=settings.body_timeout_s)
     app.add_middleware(Gate, settings=settings)
     app.add_middleware(pages.SecurityHeaders)
-    for module in (health, auth, runs, ingest, series, live, compare, findings, tokens, pages):
+    for module in (health, auth, runs, ingest, series, live, compare, findings, tokens,
+                   alerts_api, pages):
         app.include_router(module.router)
     app.include_router(pages.assets)
     app.mount("/static", pages.static_files(), name="static")

@@ -27,6 +27,15 @@ class Settings(BaseSettings):
     crash_timeout_s: float = 300.0
     """An active run with no ingest for this long is reported as crashed."""
 
+    # --- alerts -----------------------------------------------------------------------------
+    alerts: bool = True
+    """Evaluate alert rules and deliver alerts (alert_worker.py); off: rules are kept, unused."""
+    alert_interval_s: float = 1.0
+    """How often the alerts leader evaluates the rules and sends what is due."""
+    public_url: str = ""
+    """The address users reach this server at, for the links in alerts (default: the bind
+    address, e.g. http://127.0.0.1:8765)."""
+
     # --- team mode --------------------------------------------------------------------------
     auth: Literal["required", "auto"] = "auto"
     insecure_no_auth: bool = False

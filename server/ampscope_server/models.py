@@ -372,3 +372,121 @@ class DeletedRun(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     project: Mapped[str] = mapped_column(String(200))
     deleted_at: Mapped[float] = mapped_column(Double)
+
+
+# --- alerts (revision 0008) ---------------------------------------------------------------------
+
+class AlertRule(Base):
+    """When to alert, per project (alert_rules.py says what each kind and its `params` mean).
+    `severity`: the least severe finding a `finding` rule reacts to; the level of the alerts a
+    `series` or `state` rule raises. `builtin`: which shipped default this is (None: made by a
+    user); a default can be turned off, and is not made again."""
+
+    __tablename__ = "alert_rules"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project: Mapped[str] = mapped_column(ForeignKey("projects.name", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    severity: Mapped[str] = mapped_column(String(8))
+    cooldown_s: Mapped[float] = mapped_column(Double)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    builtin: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class AlertDestination(Base):
+    """Where a project's alerts go. `url` (Slack's and Discord's carry their secret in it) and
+    `signing_secret` (the HMAC key of a generic webhook) are never returned by the API."""
+
+    __tablename__ = "alert_destinations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project: Mapped[str] = mapped_column(ForeignKey("projects.name", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(String(2000))
+    signing_secret: Mapped[str | None] = mapped_column(String(128))
+    min_severity: Mapped[str] = mapped_column(String(8))
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class AlertDefaults(Base):
+    """A project whose default rules were made: they are made once, so one turned off (or
+    deleted) stays so."""
+
+    __tablename__ = "alert_defaults"
+
+    project: Mapped[str] = mapped_column(
+        ForeignKey("projects.name", ondelete="CASCADE"), primary_key=True)
+    seeded_at: Mapped[float] = mapped_column(Double)
+
+
+class AlertEpisode(Base):
+    """One stretch of time during which a rule's condition held for a run (`key` tells apart
+    what it held for: a finding's identity, a state); `ordinal` counts the episodes of one
+    (rule, run, key). An episode alerts once, when it opens, unless the rule alerted for the run
+    less than its cooldown ago (`alerted` false)."""
+
+    __tablename__ = "alert_episodes"
+    __table_args__ = (UniqueConstraint("rule_id", "run_id", "key", "ordinal"),)
+
+    id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
+    rule_id: Mapped[str] = mapped_column(ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(300))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    opened_at: Mapped[float] = mapped_column(Double)
+    closed_at: Mapped[float | None] = mapped_column(Double)
+    alerted: Mapped[bool] = mapped_column(Boolean)
+
+
+class Alert(Base):
+    """One alert as sent (the history): `event` is `fired`, `recovered` or `test`. `dedup_key`
+    (rule, run, episode, event) makes deciding it twice impossible; receivers get it as the
+    delivery id, so a redelivery after a crash is recognisable."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        Index("ix_alerts_run_id_id", "run_id", "id"),
+        Index("ix_alerts_project_id", "project", "id"),
+        Index("ix_alerts_rule_id_run_id", "rule_id", "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
+    dedup_key: Mapped[str] = mapped_column(String(400), unique=True)
+    rule_id: Mapped[str | None] = mapped_column(
+        ForeignKey("alert_rules.id", ondelete="SET NULL"))
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    project: Mapped[str] = mapped_column(String(200))
+    event: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(8))
+    title: Mapped[str] = mapped_column(String(500))
+    explanation: Mapped[str] = mapped_column(String(4000))
+    recommendation: Mapped[str] = mapped_column(String(4000))
+    step_start: Mapped[int | None] = mapped_column(BigInteger)
+    step_end: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class AlertDelivery(Base):
+    """The outbox: one alert to one destination, retried with backoff until delivered or given
+    up (`failed`). Written in the transaction that decides the alert, so none is lost."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        UniqueConstraint("alert_id", "destination_id"),
+        Index("ix_alert_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
+    alert_id: Mapped[int] = mapped_column(StepId, ForeignKey("alerts.id", ondelete="CASCADE"))
+    destination_id: Mapped[str] = mapped_column(
+        ForeignKey("alert_destinations.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[float] = mapped_column(Double)
+    last_error: Mapped[str | None] = mapped_column(String(500))
+    delivered_at: Mapped[float | None] = mapped_column(Double)

@@ -15,6 +15,8 @@ TABLES_0002 = TABLES_0001 | {
 TABLES_0003 = TABLES_0002 | {"rollups"}
 TABLES_0004 = TABLES_0003 | {"step_rechecks", "swallowed_stats"}
 TABLES_0005 = TABLES_0004 | {"projects", "api_tokens", "browser_sessions", "deleted_runs"}
+TABLES_0008 = TABLES_0005 | {"alert_rules", "alert_destinations", "alert_defaults",
+                             "alert_episodes", "alerts", "alert_deliveries"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -38,8 +40,10 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0005")
+    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
     db.downgrade(db_url, "0004")
     assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
     db.downgrade(db_url, "0003")
@@ -53,7 +57,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -133,7 +137,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0005"
+            assert context.get_current_revision() == db.head_revision() == "0008"
     finally:
         engine.dispose()
 

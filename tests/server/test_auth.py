@@ -63,6 +63,18 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
     ("POST", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
     ("DELETE", "/api/tokens/{token_id}"): (Needs.ADMIN, "/api/tokens/TOKEN"),
+    ("GET", "/api/alerts/rules"): (Needs.ADMIN, "/api/alerts/rules"),
+    ("POST", "/api/alerts/rules"): (Needs.ADMIN, "/api/alerts/rules"),
+    ("PATCH", "/api/alerts/rules/{rule_id}"): (Needs.ADMIN, "/api/alerts/rules/RULE"),
+    ("DELETE", "/api/alerts/rules/{rule_id}"): (Needs.ADMIN, "/api/alerts/rules/RULE"),
+    ("GET", "/api/alerts/destinations"): (Needs.ADMIN, "/api/alerts/destinations"),
+    ("POST", "/api/alerts/destinations"): (Needs.ADMIN, "/api/alerts/destinations"),
+    ("DELETE", "/api/alerts/destinations/{destination_id}"): (
+        Needs.ADMIN, "/api/alerts/destinations/DEST"),
+    ("POST", "/api/alerts/destinations/{destination_id}/test"): (
+        Needs.ADMIN, "/api/alerts/destinations/DEST/test"),
+    ("GET", "/api/alerts"): (Needs.READ, "/api/alerts"),
+    ("GET", "/api/runs/{run_id}/alerts"): (Needs.READ, "/api/runs/RUN/alerts"),
     ("WS", "/api/runs/{run_id}/live"): (Needs.READ, "/api/runs/RUN/live"),
     ("WS", "/api/runs/live"): (Needs.READ, "/api/runs/live"),
 }
@@ -124,6 +136,22 @@ def _fresh_token(team: Team, project: str) -> str:
     return token_id
 
 
+RULE_BODY = {"project": "alpha", "name": "matrix", "condition": {"kind": "state",
+                                                                  "state": "finished"}}
+DESTINATION_BODY = {"project": "alpha", "name": "matrix", "kind": "webhook",
+                    "url": "http://127.0.0.1:9/matrix", "enabled": False}
+
+
+def _fresh(team: Team, what: str) -> str:
+    """The id of a new alert rule or destination of project alpha, made by the root admin."""
+    body = RULE_BODY if what == "rules" else DESTINATION_BODY
+    with team.client("root") as root:
+        response = root.post(f"/api/alerts/{what}", json=body)
+    assert response.status_code == 201, response.text
+    made: str = response.json()["id"]
+    return made
+
+
 def _url(template: str, runs: dict[str, str], run: str | None = None) -> str:
     url = template.replace("RUN2", runs["RUN2"])
     return url.replace("RUN", run or runs["RUN"])
@@ -152,6 +180,12 @@ def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
         body = batch([record(5)], run_id=new_id(), project="alpha")
     elif url == "/api/tokens" and method == "POST":
         body = {"project": "alpha", "scope": "read", "name": "matrix"}
+    elif url == "/api/alerts/rules" and method == "POST":
+        body = RULE_BODY
+    elif url == "/api/alerts/destinations" and method == "POST":
+        body = DESTINATION_BODY
+    elif method == "PATCH":
+        body = {"enabled": False}
     with httpx.Client(base_url=team.url, timeout=30.0, follow_redirects=False) as client:
         return client.request("GET" if method == "MOUNT" else method, url, json=body,
                               headers=auth).status_code
@@ -205,6 +239,10 @@ class TestEveryRoute:
                 url = _url(template, runs, run)
             elif key == ("DELETE", "/api/tokens/{token_id}"):  # and on a token of its own
                 url = template.replace("TOKEN", _fresh_token(team, "alpha"))
+            elif "RULE" in template:  # an alert rule or destination of its own
+                url = template.replace("RULE", _fresh(team, "rules"))
+            elif "DEST" in template:
+                url = template.replace("DEST", _fresh(team, "destinations"))
             status = _call(team, key, url, token)
             allowed = (needs in (Needs.PUBLIC, Needs.ANYONE) or scope == "admin"
                        or needs.value == scope)
@@ -231,7 +269,7 @@ class TestEveryRoute:
                        {"Origin": "http://127.0.0.1:1"})
         if key[0] == "WS":
             assert status == 1008
-        elif key[0] in ("POST", "DELETE"):
+        elif key[0] in ("POST", "PATCH", "DELETE"):
             assert status == 403
         else:
             assert status not in (401, 403)

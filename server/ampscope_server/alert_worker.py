@@ -1,0 +1,108 @@
+"""The alert loop of one server process: every `alert_interval_s`, if this process is the
+alerts leader, evaluate (alerting.py) and deliver (alert_delivery.py).
+
+One leader among all workers and instances on one database: on Postgres the process that holds
+the session-level advisory lock LEADER_LOCK on a connection of its own; when that process dies
+its connection closes, the lock is released, and another process takes over within one
+interval. SQLite serves one process, which is the leader. Evaluation and delivery run on this
+thread, never on a request's: an unreachable webhook slows nothing but the next alert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import psycopg
+from sqlalchemy.orm import Session, sessionmaker
+
+from ampscope_server import alert_delivery, alerting
+from ampscope_server.config import Settings
+from ampscope_server.db import is_sqlite
+from ampscope_server.live_pg import conninfo
+
+log = logging.getLogger("ampscope.alerts")
+
+LEADER_LOCK = 0x616D7073  # "amps": the advisory lock key of the alerts leader
+FIRST_LOOK_BACK_S = 600.0
+"""At start, runs changed this long ago are evaluated again (a restart misses no episode
+start, and old runs of a database that just got alerts are left alone)."""
+
+
+class Leadership:
+    """Whether this process is the alerts leader, held through Postgres' advisory lock."""
+
+    def __init__(self, db_url: str) -> None:
+        self._conninfo = None if is_sqlite(db_url) else conninfo(db_url)
+        self._connection: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def held(self) -> bool:
+        if self._conninfo is None:
+            return True
+        try:
+            if self._connection is not None:
+                self._connection.execute("SELECT 1")
+                return True
+            connection = psycopg.connect(self._conninfo, autocommit=True)
+            row = connection.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
+            if row is not None and row[0]:
+                self._connection = connection
+                log.info("this process delivers the alerts")
+                return True
+            connection.close()
+        except psycopg.Error as exc:
+            log.warning("alerts leadership lost (%s)", type(exc).__name__)
+            self.release()
+        return False
+
+    def release(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._connection.close()
+            self._connection = None
+
+
+class AlertWorker:
+    def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
+        self._factory = factory
+        self._settings = settings
+        self._leadership = Leadership(settings.db_url)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ampscope-alerts", daemon=True)
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        self._leadership.release()
+
+    def public_url(self) -> str:
+        if self._settings.public_url:
+            return self._settings.public_url
+        host = self._settings.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self._settings.port}"
+
+    def _run(self) -> None:
+        changed_since = time.time() - FIRST_LOOK_BACK_S
+        while not self._stop.wait(self._settings.alert_interval_s if self.passes else 0):
+            try:
+                if not self._leadership.held():
+                    continue
+                started = time.time()
+                # Runs changed during the previous pass are looked at again: a batch that
+                # committed while it evaluated is not missed.
+                alerting.evaluate(self._factory, now=started, changed_since=changed_since,
+                                  crash_timeout_s=self._settings.crash_timeout_s)
+                changed_since = started - self._settings.alert_interval_s
+                alert_delivery.deliver_due(self._factory, now=time.time,
+                                           public_url=self.public_url())
+            except Exception:  # the loop outlives a database away or a bug in one pass
+                log.exception("alert pass failed")
+            finally:
+                self.passes += 1
