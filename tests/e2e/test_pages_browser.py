@@ -297,7 +297,8 @@ def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, lis
     pg.select_option("#stat-select", "inf_count")
     pg.wait_for_function("() => window.ampscope.heatmap.stat === 'inf_count' && "
                          "document.getElementById('heatmap').data.length === 2", timeout=WAIT_MS)
-    marked, columns = pg.evaluate("""() => { const [heat, t] = document.getElementById('heatmap').data;
+    marked, columns = pg.evaluate("""() => {
+      const [heat, t] = document.getElementById('heatmap').data;
       return [[Array.from(t.x), Array.from(t.y), Array.from(t.text)], Array.from(heat.x)]; }""")
     # One marker, on the column (a downsampled bucket of steps) that holds step 1234.
     [bucket], names, counts = marked

@@ -36,7 +36,7 @@ class Receiver:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def record(self, received: Received) -> None:
         with self._lock:
@@ -64,7 +64,7 @@ def receiver() -> Iterator[Receiver]:
     holder: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server protocol
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
             me = holder[0]
@@ -76,7 +76,7 @@ def receiver() -> Iterator[Receiver]:
             self.end_headers()
             self.wfile.write(b"ok")
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
