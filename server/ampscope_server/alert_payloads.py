@@ -81,15 +81,21 @@ def _where(m: AlertMessage) -> str:
     return " · ".join(p for p in (f"project {m.project}", f"run {run}", _steps(m)) if p)
 
 
+def _mrkdwn(text: str) -> str:
+    """Slack's escaping: `<…>` would be a link or a mention (`<!channel>`), `&` an entity."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_body(m: AlertMessage) -> dict[str, Any]:
     heading = f"{LEVEL_MARK[_level(m)]} {m.severity.upper()}: {m.title}"
-    text = f"{m.explanation}\n*What to do:* {m.recommendation}"
+    text = f"{_mrkdwn(m.explanation)}\n*What to do:* {_mrkdwn(m.recommendation)}"
     return {
-        "text": _cut(heading, 3000),  # the notification's text, and what old clients show
+        "text": _cut(_mrkdwn(heading), 3000),  # the notification's text, and what old clients show
         "blocks": [
             {"type": "header", "text": {"type": "plain_text", "text": _cut(heading, 150)}},
             {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, 3000)}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": _cut(_where(m), 3000)}]},
+            {"type": "context", "elements": [
+                {"type": "mrkdwn", "text": _cut(_mrkdwn(_where(m)), 3000)}]},
             {"type": "actions", "elements": [{
                 "type": "button", "text": {"type": "plain_text", "text": "Open the run"},
                 "url": m.link}]},

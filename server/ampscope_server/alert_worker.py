@@ -26,9 +26,6 @@ from ampscope_server.live_pg import conninfo
 log = logging.getLogger("ampscope.alerts")
 
 LEADER_LOCK = 0x616D7073  # "amps": the advisory lock key of the alerts leader
-FIRST_LOOK_BACK_S = 600.0
-"""At start, runs changed this long ago are evaluated again (a restart misses no episode
-start, and old runs of a database that just got alerts are left alone)."""
 
 
 class Leadership:
@@ -89,17 +86,12 @@ class AlertWorker:
         return f"http://{host}:{self._settings.port}"
 
     def _run(self) -> None:
-        changed_since = time.time() - FIRST_LOOK_BACK_S
         while not self._stop.wait(self._settings.alert_interval_s if self.passes else 0):
             try:
                 if not self._leadership.held():
                     continue
-                started = time.time()
-                # Runs changed during the previous pass are looked at again: a batch that
-                # committed while it evaluated is not missed.
-                alerting.evaluate(self._factory, now=started, changed_since=changed_since,
+                alerting.evaluate(self._factory, now=time.time(),
                                   crash_timeout_s=self._settings.crash_timeout_s)
-                changed_since = started - self._settings.alert_interval_s
                 alert_delivery.deliver_due(self._factory, now=time.time,
                                            public_url=self.public_url())
             except Exception:  # the loop outlives a database away or a bug in one pass

@@ -28,6 +28,10 @@ from ampscope_server.runs import derive_status
 log = logging.getLogger("ampscope.alerts")
 
 KEY_MAX = 300  # alert_episodes.key
+LOOK_BACK_S = 60.0
+"""Each pass looks again at every run changed this recently (and at every open run): a batch's
+`updated_at` is taken when its transaction starts, so it may commit seconds after a pass that
+would otherwise have moved past it. Looking again is idempotent (an open episode stays open)."""
 RECENT_MIN = 50
 RECENT_MAX = 10_000
 
@@ -115,13 +119,12 @@ def apply_rule(session: Session, rule: AlertRule, run: Run, facts: RunFacts,
     return decided
 
 
-def evaluate(factory: sessionmaker[Session], *, now: float, changed_since: float,
-             crash_timeout_s: float) -> Pass:
-    """One evaluation pass: the runs changed since `changed_since`, and the open runs that can
+def evaluate(factory: sessionmaker[Session], *, now: float, crash_timeout_s: float) -> Pass:
+    """One evaluation pass: the runs changed in the last LOOK_BACK_S, and the open runs that can
     still stall or crash. One transaction per run: a failing run does not hold back the rest."""
     with unit_of_work(factory) as session:
         runs = list(alerts_repository.runs_to_evaluate(
-            session, changed_since, now - 2 * crash_timeout_s))
+            session, now - LOOK_BACK_S, now - 2 * crash_timeout_s))
         projects = sorted({r.project for r in runs})
         for project in projects:
             alert_settings.seed_defaults(session, project, now)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from sqlalchemy import CursorResult, delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ampscope_server.models import (
@@ -31,11 +31,12 @@ def _in_projects(column: object, projects: Collection[str] | None) -> object:
 
 def claim_defaults(session: Session, project: str, now: float) -> bool:
     """Mark `project` as given its default rules; False when it already was."""
-    result = session.execute(
+    # RETURNING, not rowcount: psycopg's rowcount does not tell a skipped conflict apart.
+    made = session.execute(
         _insert(session, AlertDefaults).values(project=project, seeded_at=now)
-        .on_conflict_do_nothing(index_elements=[AlertDefaults.project]))
-    assert isinstance(result, CursorResult)
-    return bool(result.rowcount)
+        .on_conflict_do_nothing(index_elements=[AlertDefaults.project])
+        .returning(AlertDefaults.project)).first()
+    return made is not None
 
 
 # --- rules and destinations ----------------------------------------------------------------------

@@ -3,7 +3,7 @@
 `diagnosis`, optionally the HTML report with findings) and
 `ampscope sync PATH [--server URL] [--token]` (uploads a client's disk spool; the logic is the
 client's, `ampscope.sync`, imported lazily and torch-free), and the team-mode commands
-`ampscope token …` and `ampscope runs …` (`cli_admin`).
+`ampscope token …` and `ampscope runs …` (`cli_admin`), and `ampscope alerts …` (`cli_alerts`).
 
 `serve --auth auto` (the default) requires a token unless the server binds to loopback only;
 binding beyond loopback without auth takes `--insecure-no-auth` and says so loudly.
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ampscope_server import cli_admin
+from ampscope_server import cli_admin, cli_alerts
 from ampscope_server.config import Settings, auth_required, is_loopback
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--html", metavar="PATH",
                         help="also write the self-contained HTML report, findings first")
     cli_admin.add_parsers(commands)
+    cli_alerts.add_parsers(commands)
     return parser
 
 
@@ -124,6 +125,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.command in ("token", "runs"):
         return cli_admin.run(args, settings)
+    if args.command == "alerts":
+        return cli_alerts.run(args, settings)
     if args.command == "report":
         return _report(settings, args.run, args.baseline, args.html)
     if args.command == "db":

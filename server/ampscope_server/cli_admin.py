@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from ampscope_server.errors import AmpscopeError
 
     try:
-        with _session(settings) as session:
+        with session_for(settings) as session:
             return handlers[(args.command, sub)](args, session)
     except AmpscopeError as exc:
         sys.stderr.write(f"ampscope {args.command} {sub}: {exc.message}\n")
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 @contextmanager
-def _session(settings: Settings) -> Iterator[Session]:
+def session_for(settings: Settings) -> Iterator[Session]:
     from ampscope_server import db
 
     db.require_existing(settings.db_url)
@@ -86,7 +86,7 @@ def _session(settings: Settings) -> Iterator[Session]:
         engine.dispose()
 
 
-def _when(seconds: float | None) -> str:
+def when(seconds: float | None) -> str:
     return "-" if seconds is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(seconds))
 
 
@@ -107,8 +107,8 @@ def _token_list(_args: argparse.Namespace, session: Session) -> int:
     from ampscope_server import access_repository
 
     rows = [("ID", "NAME", "PROJECT", "SCOPE", "CREATED", "LAST USED", "REVOKED")]
-    rows += [(t.id, t.name or "-", t.project or "*", t.scope, _when(t.created_at),
-              _when(t.last_used_at), _when(t.revoked_at))
+    rows += [(t.id, t.name or "-", t.project or "*", t.scope, when(t.created_at),
+              when(t.last_used_at), when(t.revoked_at))
              for t in access_repository.list_tokens(session)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -145,7 +145,7 @@ def _runs_prune(args: argparse.Namespace, session: Session) -> int:
     if args.dry_run:
         old = access_repository.runs_older_than(session, args.project, time.time() - age)
         for run in old:
-            sys.stdout.write(f"{run.id}  {run.name}  last ingest {_when(run.updated_at)}\n")
+            sys.stdout.write(f"{run.id}  {run.name}  last ingest {when(run.updated_at)}\n")
         sys.stderr.write(f"ampscope: {len(old)} runs would be deleted (dry run)\n")
         return 0
     deleted = lifecycle.prune(session, args.project, age)

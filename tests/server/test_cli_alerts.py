@@ -1,0 +1,67 @@
+"""`ampscope alerts …` on a real SQLite database, then the server it configured sending."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.databases import sqlite_url
+from tests.support.servers import ServerProcess
+from tests.support.team import cli
+from tests.support.webhooks import receiver
+
+
+def _cli_stdin(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ampscope_server.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_configure_alerts_from_the_shell(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    assert cli("db", "upgrade", "--db", url).returncode == 0
+    with receiver() as hook:
+        made = _cli_stdin(f"{hook.url}/hooks/s3cr3t\n", "alerts", "add-destination",
+                          "--project", "vision", "--name", "ops", "--kind", "webhook",
+                          "--url-file", "-", "--min-severity", "info", "--db", url)
+        assert made.returncode == 0, made.stderr
+        secret = made.stdout.strip()
+        assert len(secret) == 43 and "signing secret is shown once" in made.stderr
+        listed = cli("alerts", "destinations", "--db", url)
+        assert listed.returncode == 0
+        [header, row] = listed.stdout.splitlines()
+        assert header.split() == ["ID", "PROJECT", "NAME", "KIND", "TARGET", "FLOOR", "ON"]
+        dest_id, *cells = row.split()
+        assert cells == ["vision", "ops", "webhook", f"{hook.url}/…", "info", "yes"]
+        assert "s3cr3t" not in listed.stdout + listed.stderr
+        rule = cli("alerts", "add-rule", "--project", "vision", "--name", "skips", "--series",
+                   "skip_rate", "--threshold", "0.2", "--window", "50", "--severity", "warning",
+                   "--db", url)
+        assert rule.returncode == 0, rule.stderr
+        rule_id = rule.stdout.strip()
+        assert cli("alerts", "disable", rule_id, "--db", url).returncode == 0
+        rules = cli("alerts", "rules", "--project", "vision", "--db", url).stdout.splitlines()
+        assert [line.split()[-1] for line in rules if line.startswith(rule_id)] == ["no"]
+        assert sorted(line.split("  ")[2].strip() for line in rules[1:]) == [
+            "Any error finding", "Run crashed", "Run stalled", "skips"]
+        bad = cli("alerts", "add-rule", "--project", "vision", "--name", "x", "--finding",
+                  "nope", "--db", url)
+        assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+        assert bad.stderr.startswith("ampscope alerts add-rule: finding.finding_kind: ")
+        missing = cli("alerts", "test", "nope", "--db", url)
+        assert missing.stderr == "ampscope alerts test: alert destination 'nope' not found\n"
+        queued = cli("alerts", "test", dest_id, "--db", url)
+        assert queued.returncode == 0 and "queued" in queued.stderr
+        # The server on that database sends it, signed with the secret printed above.
+        server = ServerProcess(url, tmp_path, env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
+        try:
+            [got] = hook.wait_for(lambda got: len(got) >= 1)
+        finally:
+            server.stop()
+        signed = hmac.new(secret.encode(), got.body, hashlib.sha256).hexdigest()
+        assert got.headers["X-Ampscope-Signature-256"] == f"sha256={signed}"
+        assert got.path == "/hooks/s3cr3t" and got.json()["alert"]["event"] == "test"
+        history = cli("alerts", "history", "--project", "vision", "--db", url).stdout
+        assert history.splitlines()[1].endswith("ops: delivered")
