@@ -241,10 +241,13 @@ def _key(session: Session, run: Run) -> tuple[str, str]:
 
 
 def _fresh(view: LiveView | None, run: Run, now: float) -> bool:
-    """Whether `view` still answers for `run`: nothing new since, or analysed less than
-    LIVE_REFRESH_S ago (a live run changes ten times a second; its diagnosis need not)."""
+    """Whether `view` still answers for `run`: nothing new since, or (while the run is live)
+    analysed less than LIVE_REFRESH_S ago (a live run changes ten times a second; its diagnosis
+    need not)."""
     return view is not None and (
-        view.updated_at == run.updated_at or now - view.analysed_at < LIVE_REFRESH_S)
+        view.updated_at == run.updated_at
+        # A finished run changes no more: its last batch is analysed at once, not 2 s later.
+        or (run.status == "active" and now - view.analysed_at < LIVE_REFRESH_S))
 
 
 def live_view(session: Session, run: Run, now: float | None = None) -> LiveView:

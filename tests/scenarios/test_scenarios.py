@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from tests.support.databases import sqlite_url
 from tests.support.servers import ServerProcess
+from tests.support.webhooks import Receiver, receiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
@@ -29,8 +31,10 @@ SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "n
 class Runs:
     """Runs each scenario once on the module's server and reads back what was stored."""
 
-    def __init__(self, server: ServerProcess) -> None:
+    def __init__(self, server: ServerProcess, hook: Receiver) -> None:
         self.server = server
+        self.hook = hook
+        """Every alert of the module's runs (project `default`) arrives here."""
         self.client = httpx.Client(base_url=server.url, timeout=60.0)
         self._ids: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {}
 
@@ -58,16 +62,28 @@ class Runs:
         return findings
 
 
+# The alert rules the scenarios run under: the default one (any error finding) and this one.
+WARNING_RULE = {"project": "default", "name": "any warning", "severity": "warning",
+                "condition": {"kind": "finding", "finding_kind": None}}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     directory = tmp_path_factory.mktemp("scenarios")
-    server = ServerProcess(sqlite_url(directory), directory).start()
-    try:
-        runs = Runs(server)
-        yield runs
-        runs.client.close()
-    finally:
-        server.stop()
+    with receiver() as hook:
+        server = ServerProcess(sqlite_url(directory), directory,
+                               env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
+        try:
+            runs = Runs(server, hook)
+            made = [runs.client.post("/api/alerts/destinations", json={
+                        "project": "default", "name": "test", "kind": "webhook",
+                        "url": f"{hook.url}/scenarios", "min_severity": "info"}),
+                    runs.client.post("/api/alerts/rules", json=WARNING_RULE)]
+            assert [m.status_code for m in made] == [201, 201], [m.text for m in made]
+            yield runs
+            runs.client.close()
+        finally:
+            server.stop()
 
 
 def _layer(export: dict[str, Any], name: str) -> int:
@@ -299,3 +315,33 @@ class TestFindings:
         assert [f["title"] for f in overflow] == [
             "Forward overflow on 30 step(s): the loss is finite in FP32, non-finite in fp16"]
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0
+
+
+class TestAlerts:
+    """Each scenario, run live into a server alerting on any error (the default rule) and on
+    any warning, gets exactly one alert per rule for each root cause its findings hold at that
+    severity, and no other; the healthy runs none."""
+
+    @pytest.mark.parametrize("name", SCENARIOS)
+    def test_exactly_the_alerts_its_findings_imply(self, runs: Runs, name: str) -> None:
+        run_id = runs.run_id(name)
+        rules = {r["id"]: r["severity"] for r in runs.get("/api/alerts/rules?project=default")
+                 if r["builtin"] == "errors" or r["name"] == "any warning"}
+        rank = {"info": 0, "warning": 1, "error": 2}
+        findings = runs.findings(name)
+        expected = sorted(
+            (rule, root) for rule, floor in rules.items()
+            for root in {f["cause"] or f["identity"] for f in findings
+                         if rank[f["severity"]] >= rank[floor]})
+        def mine(got: list[Any]) -> list[Any]:
+            return [r for r in got if r.json()["alert"]["run_id"] == run_id]
+        runs.hook.wait_for(lambda got: len(mine(got)) >= len(expected))
+        time.sleep(2.0)  # ten more evaluation passes: room for a duplicate to show
+        prefix = f":{run_id}:"
+        alerted = sorted(
+            (r.headers["X-Ampscope-Delivery"].split(prefix)[0],
+             r.headers["X-Ampscope-Delivery"].split(prefix)[1].rsplit("#", 1)[0])
+            for r in mine(runs.hook.received))
+        assert alerted == expected
+        if name.startswith("healthy"):
+            assert alerted == []

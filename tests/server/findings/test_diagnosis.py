@@ -94,3 +94,21 @@ class TestCache:
             later = t0 + diagnosis.LIVE_REFRESH_S
             assert diagnosis.run_findings(session, run, now=later) is not once
             assert diagnosis.live_view(session, run, now=later).step == 299
+
+    def test_a_finished_run_is_analysed_again_at_once(self, database: Database) -> None:
+        """The last batch of a run (final) is not served the analysis of the one before: a
+        report or an alert right after training ends sees the whole run."""
+        payload = _long_run(new_id(), n=300)
+        run_id = _ingest(database.sessions, dict(payload, records=payload["records"][:150]))
+        t0 = 1000.0
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None
+            once = diagnosis.run_findings(session, run, now=t0)
+        _ingest(database.sessions, dict(payload, final=True))
+        with database.sessions() as session:
+            run = repository.get_run(session, run_id)
+            assert run is not None and run.status == "finished"
+            soon = t0 + diagnosis.LIVE_REFRESH_S / 2
+            assert diagnosis.run_findings(session, run, now=soon) is not once
+            assert diagnosis.live_view(session, run, now=soon).step == 299
