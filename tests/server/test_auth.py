@@ -57,6 +57,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/"): (Needs.READ, "/"),
     ("GET", "/runs/{run_id}"): (Needs.READ, "/runs/RUN"),
     ("GET", "/compare"): (Needs.READ, "/compare"),
+    ("GET", "/settings"): (Needs.READ, "/settings"),
     ("GET", "/docs"): (Needs.READ, "/docs"),
     ("DELETE", "/api/runs/{run_id}"): (Needs.ADMIN, "/api/runs/RUN"),
     ("POST", "/api/ingest"): (Needs.INGEST, "/api/ingest"),

@@ -13,12 +13,18 @@ export async function session() {
   return current;
 }
 
-/** A state-changing request (POST, DELETE) carrying the CSRF token; throws with the detail. */
-export async function send(method, path) {
+/** A state-changing request (POST, PATCH, DELETE) carrying the CSRF token and, when given, a
+ * JSON body; throws with the server's detail. */
+export async function send(method, path, body = undefined) {
   const who = await session();
   const headers = { Accept: 'application/json' };
   if (who && who.csrf) headers['X-CSRF-Token'] = who.csrf;
-  const response = await fetch(path, { method, headers, credentials: 'same-origin' });
+  const init = { method, headers, credentials: 'same-origin' };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
   if (!response.ok) {
     let detail = response.statusText;
     try {

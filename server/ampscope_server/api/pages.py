@@ -79,6 +79,12 @@ def compare_page() -> FileResponse:
     return page("compare.html")
 
 
+@router.get("/settings")
+def settings_page() -> FileResponse:
+    """Alert rules, destinations and history of a project (?project=P); managing takes admin."""
+    return page("settings.html")
+
+
 @assets.get("/static/vendor/plotly.min.js")
 def plotly_bundle() -> FileResponse:
     path = plotly_js()

@@ -1,0 +1,30 @@
+// The run page's alert history (the run id comes from the address, /runs/{id}): fetched on load
+// and every REFRESH_MS while the page is open, so an alert decided during a live run shows up.
+
+import { getJSON } from './api.js';
+import { drawAlerts } from './alerts_table.js';
+
+const REFRESH_MS = 5000;
+
+async function refresh(runId, body, note) {
+  try {
+    const page = await getJSON(`/api/runs/${encodeURIComponent(runId)}/alerts?limit=50`);
+    drawAlerts(body, page.alerts);
+    note.textContent = page.next_before === null ? '' : 'the 50 newest';
+  } catch (err) {
+    note.textContent = err.status === 404 ? '' : `could not load alerts (${err.message})`;
+    return false;
+  }
+  return true;
+}
+
+async function main() {
+  const body = document.getElementById('alerts-body');
+  const note = document.getElementById('alerts-note');
+  if (!body || !note) return;
+  const runId = decodeURIComponent(window.location.pathname.split('/').pop() ?? '');
+  if (!(await refresh(runId, body, note))) return;
+  setInterval(() => refresh(runId, body, note), REFRESH_MS);
+}
+
+main();
