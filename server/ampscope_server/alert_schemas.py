@@ -4,13 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from ampscope_server.findings import KINDS
 
 Severity = Literal["info", "warning", "error"]
 FindingKind = Literal[KINDS]  # type: ignore[valid-type]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _storable(value: str) -> str:
+    """Text both databases store and give back: no NUL, no lone UTF-16 surrogate (which a
+    JSON body may carry as an escape, and which is not text)."""
+    if "\x00" in value:
+        raise PydanticCustomError("nul_char", "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError(
+            "surrogate", "must not contain a lone UTF-16 surrogate such as \\ud800") from None
+    return value
+
+
+Storable = AfterValidator(_storable)
+Name = Annotated[str, Field(min_length=1, max_length=200), Storable]
+Project = Annotated[str, Field(max_length=200), Storable]
 
 
 class FindingCondition(BaseModel):
@@ -49,7 +67,7 @@ Condition = Annotated[FindingCondition | SeriesCondition | StateCondition,
 
 class RuleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    project: str = Field(max_length=200)
+    project: Project
     name: Name
     condition: Condition
     severity: Severity = "error"
@@ -82,13 +100,13 @@ class RuleRead(BaseModel):
 
 class DestinationCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    project: str = Field(max_length=200)
+    project: Project
     name: Name
     kind: Literal["slack", "discord", "webhook"]
-    url: str = Field(min_length=1, max_length=2000)
+    url: Annotated[str, Field(min_length=1, max_length=2000), Storable]
     """Kept on the server and never returned: Slack's and Discord's carry their secret."""
     min_severity: Severity = "warning"
-    signing_secret: str | None = Field(None, min_length=16, max_length=128)
+    signing_secret: Annotated[str, Field(min_length=16, max_length=128), Storable] | None = None
     """`webhook` only: the HMAC key; made by the server (and returned once) when not given."""
     enabled: bool = True
 

@@ -32,7 +32,7 @@ from ampscope_server.alert_schemas import (
 from ampscope_server.errors import Forbidden, InvalidPayload, NotFound
 from ampscope_server.models import Alert, AlertDestination, AlertRule
 from ampscope_server.principal import Principal
-from ampscope_server.tokens import check_project_name
+from ampscope_server.tokens import PROJECT_PATTERN, check_project_name
 
 # The rules a new project starts with, each of which can be turned off (DESIGN.md §7; issue:
 # "errors, crashed, stalled"): (builtin, name, kind, params, severity).
@@ -59,7 +59,7 @@ def seed_defaults(session: Session, project: str, now: float) -> None:
 def _scope(viewer: Principal, project: str | None) -> list[str] | None:
     """The projects a listing covers: the one asked for (if the viewer may), else the viewer's."""
     if project is not None:
-        if not viewer.sees(project):
+        if not viewer.sees(project) or not PROJECT_PATTERN.match(project):
             raise NotFound(f"project '{project}' not found")
         return [project]
     return None if viewer.project is None else [viewer.project]

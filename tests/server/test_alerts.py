@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import signal
 import subprocess
@@ -223,6 +224,12 @@ def test_bad_destinations_and_rules_are_refused(served: ServerProcess) -> None:
             answer = client.post("/api/alerts/destinations", json={
                 "project": project, "name": "x", "kind": "webhook", "url": url})
             assert answer.status_code == 422 and why in answer.json()["detail"], answer.text
+        for name in ("nul\x00here", "lone \ud800 surrogate"):
+            answer = client.post("/api/alerts/rules", content=json.dumps({
+                "project": project, "name": name,
+                "condition": {"kind": "state", "state": "finished"}}),
+                headers={"Content-Type": "application/json"})
+            assert answer.status_code == 422, answer.text
         answer = client.post("/api/alerts/destinations", json={
             "project": project, "name": "x", "kind": "slack", "url": "https://hooks.slack.com/x",
             "signing_secret": "0123456789abcdef"})
