@@ -117,12 +117,16 @@ class RunSummary(BaseModel):
     skip_rate: float | None
     """skipped_steps / num_steps; null for a run without steps."""
     worst_underflow: WorstLayer | None
-    """The layer losing most to the format, as the findings judge it (`diagnosis.worst_losses`:
+    """The layer losing most to the format, as the findings judge it (`diagnosis.live_view`:
     structural zeros apart, the median over the recent layer-stat steps)."""
     worst_headroom: WorstLayer | None
     """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
     top_finding: FindingBrief | None = None
-    """The run's most severe finding (`diagnosis.top_findings`), null when it has none."""
+    """The run's root-cause finding (the first the run page lists), null when it has none."""
+    summary_step: int | None = None
+    """The step `top_finding`, `worst_underflow` and `worst_headroom` are as of: the newest
+    step their analysis saw (cached beside the counters, `summary_cache`); behind `last_step`
+    while the analysis catches up; null: not analysed yet (or no steps)."""
 
 
 class AttemptRead(BaseModel):
