@@ -314,19 +314,21 @@ def live_update(
 def live_summaries(
     factory: sessionmaker[Session], run_ids: Collection[str] | None, crash_timeout_s: float,
     viewer: Principal = ANONYMOUS,
-) -> list[RunSummary]:
+) -> SummaryPage:
     """For the runs-list socket, in its own short session: the summaries of `run_ids` (the runs
-    that exist among them), or when None the list's snapshot: its first page (newest first)
-    and every run stored as active (whose status may turn `crashed` by silence); only those
-    `viewer` may see. Bounded either way, however many runs are stored."""
+    that exist among them), or when None the list's snapshot: its first page (newest first,
+    with the page's cursor) and every run stored as active (whose status may turn `crashed` by
+    silence); only those `viewer` may see. Bounded either way, however many runs are stored."""
     with factory() as session:
-        if run_ids is None:
-            now = time.time()
-            first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
-            active = repository.get_runs(session, run_counters_repository.active_run_ids(
-                session, viewer.project, LIVE_ACTIVE_RUNS), viewer.project)
-            shown = {run.id for run in first.runs}
-            found = [*first.runs, *(run for run in active if run.id not in shown)]
-        else:
-            found = list(repository.get_runs(session, run_ids, viewer.project))
-        return summaries(session, found, crash_timeout_s, factory=factory)
+        if run_ids is not None:
+            found = repository.get_runs(session, run_ids, viewer.project)
+            return SummaryPage(runs=summaries(session, found, crash_timeout_s, factory=factory),
+                               next_cursor=None, total=None)
+        now = time.time()
+        first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
+        active = repository.get_runs(session, run_counters_repository.active_run_ids(
+            session, viewer.project, LIVE_ACTIVE_RUNS), viewer.project)
+        shown = {run.id for run in first.runs}
+        runs = [*first.runs, *(run for run in active if run.id not in shown)]
+        return SummaryPage(runs=summaries(session, runs, crash_timeout_s, now, factory),
+                           next_cursor=first.next_cursor, total=first.total)

@@ -334,12 +334,17 @@ class LiveStatus(BaseModel):
 
 
 class LiveRuns(BaseModel):
-    """WS /api/runs/live: run summaries; `full` = every run (replace the list), else the runs
-    that changed (merge by id)."""
+    """WS /api/runs/live: run summaries, merged by id. `full` = the snapshot: the first page of
+    `GET /api/runs` (newest first) plus every run stored as active, with the cursor of the next
+    page; else the runs that changed."""
 
     type: Literal["runs"] = "runs"
     full: bool
     runs: list[RunSummary]
+    next_cursor: str | None = None
+    """With `full`: the cursor of `GET /api/runs` after the list's first page (null: no more)."""
+    total: int | None = None
+    """With `full`: how many runs the viewer has."""
 
 
 # --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------

@@ -11,8 +11,8 @@ export class ApiError extends Error {
   }
 }
 
-/** GET a JSON document; on failure throw an ApiError naming the URL, the status and the detail. */
-export async function getJSON(path) {
+/** GET `path`; on failure throw an ApiError naming the URL, the status and the detail. */
+async function fetchOk(path) {
   let response;
   try {
     response = await fetch(path, { headers: { Accept: 'application/json' } });
@@ -31,13 +31,30 @@ export async function getJSON(path) {
     }
     throw new ApiError(`GET ${path} → ${response.status}: ${detail}`, response.status, detail);
   }
-  return response.json();
+  return response;
+}
+
+/** GET a JSON document (see fetchOk for failures). */
+export async function getJSON(path) {
+  return (await fetchOk(path)).json();
 }
 
 const runPath = (id) => `/api/runs/${encodeURIComponent(id)}`;
 
-export async function listRuns() {
-  return (await getJSON('/api/runs')).map(decodeRun);
+/**
+ * One page of the runs list: `query` = {sort, order, q, regex, limit} for the first page, or the
+ * `next` path a page gave. Resolves to {runs, next (path of the next page or null), total}.
+ */
+export async function listRunsPage(query) {
+  const path = typeof query === 'string' ? query : `/api/runs?${new URLSearchParams(query)}`;
+  const response = await fetchOk(path);
+  const link = /<([^>]+)>;\s*rel="next"/.exec(response.headers.get('Link') ?? '');
+  const total = response.headers.get('X-Total-Count');
+  return {
+    runs: (await response.json()).map(decodeRun),
+    next: link ? link[1] : null,
+    total: total === null ? null : Number(total),
+  };
 }
 
 export async function getRun(id) {
