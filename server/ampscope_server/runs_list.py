@@ -74,8 +74,10 @@ def decode_cursor(cursor: str, sort: SortKey, descending: bool) -> tuple[Any, st
         raise InvalidPayload(f"cursor: made for sort={made_sort} order={direction}, but this "
                              f"request asks sort={sort} order={wanted}")
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not isinstance(run_id, str) or not (
-            isinstance(value, str) or (numeric and math.isfinite(value))):
+    # Postgres refuses a NUL in a query parameter; no stored name or id holds one.
+    if not isinstance(run_id, str) or "\x00" in run_id or not (
+            (isinstance(value, str) and "\x00" not in value)
+            or (numeric and math.isfinite(value))):
         raise InvalidPayload("cursor: not a cursor this server gave")
     return value, run_id
 

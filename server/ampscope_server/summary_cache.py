@@ -251,6 +251,7 @@ class Refresher:
         self._wanted: dict[sessionmaker[Session], set[str]] = {}
         self._made: dict[sessionmaker[Session], dict[str, Analysis]] = {}
         self._wake = threading.Event()
+        self._working = False
         self._thread: threading.Thread | None = None
 
     def submit(self, factory: sessionmaker[Session], run_ids: Collection[str],
@@ -268,8 +269,9 @@ class Refresher:
         self._wake.set()
 
     def idle(self) -> bool:
+        """Nothing asked for is left to do (bench and tests wait for this)."""
         with self._lock:
-            return not self._wanted and not self._made
+            return not self._wanted and not self._made and not self._working
 
     def _take(self) -> tuple[sessionmaker[Session], dict[str, Analysis], list[str]] | None:
         with self._lock:
@@ -280,7 +282,9 @@ class Refresher:
                 ids.difference_update(batch, made)
                 if not ids:
                     self._wanted.pop(factory, None)
+                self._working = True
                 return factory, made, batch
+            self._working = False
             self._wake.clear()
             return None
 

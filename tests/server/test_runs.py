@@ -164,7 +164,8 @@ class TestWorstLayers:
         assert headroom == ("d", math.log2(65504.0) - 2 - 10)
 
     def test_pure_worst_layers_without_a_known_amax(self) -> None:
-        assert summary_cache.worst_layers([("a", 0.0, 0.0, None)], 1.0, self.FP16) == (("a", 0.0), None)
+        assert summary_cache.worst_layers([("a", 0.0, 0.0, None)], 1.0, self.FP16) == (
+            ("a", 0.0), None)
         assert summary_cache.worst_layers([], 1.0, self.FP16) == (None, None)
 
     def test_summary_fields(self, api: httpx.Client) -> None:
