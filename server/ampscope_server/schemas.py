@@ -293,6 +293,26 @@ AnyEventRead = SkippedEventRead | EventRead | MisuseEventRead
 
 class EventsRead(BaseModel):
     events: list[AnyEventRead]
+    next_start: int | None = None
+    """More events follow from this step on: pass it as `start` for the next page."""
+
+
+class SkipRatePoint(BaseModel):
+    step: int
+    """The first step of the bucket."""
+    rate: float
+    """The highest rolling skip rate in the bucket."""
+
+
+class SkipRateRead(BaseModel):
+    """The rolling skip rate: the share of skipped steps among the last `window` step numbers,
+    bucket maxima (a burst is never averaged away)."""
+
+    window: int
+    downsampled: bool
+    points: list[SkipRatePoint]
+    tail: list[tuple[int, bool]]
+    """(step, skipped) of the last window's steps, oldest first: to continue the rate live."""
 
 
 HeatmapStat = Literal[

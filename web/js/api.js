@@ -81,8 +81,25 @@ export async function getSeries(id, name, maxPoints, range = null) {
   return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?${query}`));
 }
 
-export async function getEvents(id) {
-  return decodeEvents(await getJSON(`${runPath(id)}/events`));
+/**
+ * /events from `start` on (every page, following next_start): the whole list, or with `start`
+ * only what a live page does not have yet.
+ */
+export async function getEvents(id, start = null) {
+  const events = [];
+  let from = start;
+  for (;;) {
+    const query = from === null ? '' : `?start=${from}`;
+    const body = await getJSON(`${runPath(id)}/events${query}`);
+    events.push(...decodeEvents(body));
+    if (body.next_start === null || body.next_start === undefined) return events;
+    from = body.next_start;
+  }
+}
+
+/** /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live. */
+export function getSkipRate(id, maxPoints) {
+  return getJSON(`${runPath(id)}/skip-rate?max_points=${maxPoints}`);
 }
 
 /** /layer-stats; `options` may hold start, end and max_points. */
