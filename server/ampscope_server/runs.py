@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
@@ -121,6 +121,8 @@ class SummaryPage:
     runs: list[RunSummary]
     next_cursor: str | None
     total: int | None
+    active: list[RunSummary] = field(default_factory=list)
+    """The runs-list snapshot only: the active runs beyond its first page (their status ages)."""
 
 
 def list_page(
@@ -317,8 +319,9 @@ def live_summaries(
 ) -> SummaryPage:
     """For the runs-list socket, in its own short session: the summaries of `run_ids` (the runs
     that exist among them), or when None the list's snapshot: its first page (newest first,
-    with the page's cursor) and every run stored as active (whose status may turn `crashed` by
-    silence); only those `viewer` may see. Bounded either way, however many runs are stored."""
+    with the page's cursor) and apart every other run stored as active (whose status may turn
+    `crashed` by silence); only those `viewer` may see. Bounded either way, however many runs
+    are stored."""
     with factory() as session:
         if run_ids is not None:
             found = repository.get_runs(session, run_ids, viewer.project)
@@ -326,9 +329,12 @@ def live_summaries(
                                next_cursor=None, total=None)
         now = time.time()
         first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
-        active = repository.get_runs(session, run_counters_repository.active_run_ids(
-            session, viewer.project, LIVE_ACTIVE_RUNS), viewer.project)
         shown = {run.id for run in first.runs}
-        runs = [*first.runs, *(run for run in active if run.id not in shown)]
-        return SummaryPage(runs=summaries(session, runs, crash_timeout_s, now, factory),
-                           next_cursor=first.next_cursor, total=first.total)
+        active = [run for run in repository.get_runs(
+            session, run_counters_repository.active_run_ids(session, viewer.project,
+                                                            LIVE_ACTIVE_RUNS), viewer.project)
+                  if run.id not in shown]
+        shown_summaries = summaries(session, [*first.runs, *active], crash_timeout_s, now,
+                                    factory)
+        return SummaryPage(runs=shown_summaries[:len(first.runs)], next_cursor=first.next_cursor,
+                           total=first.total, active=shown_summaries[len(first.runs):])

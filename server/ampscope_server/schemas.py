@@ -355,8 +355,8 @@ class LiveStatus(BaseModel):
 
 class LiveRuns(BaseModel):
     """WS /api/runs/live: run summaries, merged by id. `full` = the snapshot: the first page of
-    `GET /api/runs` (newest first) plus every run stored as active, with the cursor of the next
-    page; else the runs that changed."""
+    `GET /api/runs` (newest first) with the cursor of the next page, and apart the other runs
+    stored as active; else the runs that changed."""
 
     type: Literal["runs"] = "runs"
     full: bool
@@ -365,6 +365,8 @@ class LiveRuns(BaseModel):
     """With `full`: the cursor of `GET /api/runs` after the list's first page (null: no more)."""
     total: int | None = None
     """With `full`: how many runs the viewer has."""
+    active: list[RunSummary] = []
+    """With `full`: the other runs stored as active, beyond the first page (to update)."""
 
 
 # --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------

@@ -247,7 +247,8 @@ function merge(changed) {
   runs = [...added, ...runs.map((r) => byId.get(r.id) ?? r)];
 }
 
-/** The socket's summaries: its snapshot (`full`) is the first page of the default order. */
+/** The socket's summaries: its snapshot (`full`) is the first page of the default order, with
+ * the older active runs apart (`active`: they update the runs loaded, never add to the page). */
 function onRuns(changed, full, message) {
   const query = serverQuery();
   if (full && isDefault(query) && pagesLoaded <= 1 && generation === 0) {
@@ -255,6 +256,7 @@ function onRuns(changed, full, message) {
     nextPage = message.next_cursor ? `/api/runs?${new URLSearchParams({ cursor: message.next_cursor, limit: String(PAGE) })}` : null;
     pagesLoaded = 1;
   } else merge(changed);
+  if (full && message.active) merge(message.active); // older active runs: updates of those loaded
   if (full && message.total !== null && message.total !== undefined) total = message.total;
   loaded = true;
   updatedAt = new Date();

@@ -164,7 +164,7 @@ async def runs_live(
                 if full or found.runs:
                     await _send(websocket, LiveRuns(full=full, runs=found.runs,
                                                     next_cursor=found.next_cursor,
-                                                    total=found.total))
+                                                    total=found.total, active=found.active))
                 await asyncio.sleep(1 / RUNS_PER_S)  # what arrives meanwhile goes in one message
                 timeout = max(0.0, last_full + interval - loop.time())
                 if not await listener.wait(subscription.changed, timeout):
