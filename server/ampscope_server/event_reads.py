@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, events, events_repository, repository, runs, skip_rates
+from ampscope_server import codec, events, repository, runs, skip_rates
 from ampscope_server.models import Run
 from ampscope_server.schemas import EventsRead, SkipRatePoint, SkipRateRead
 
@@ -23,17 +23,18 @@ MAX_EVENT_STEPS = 100_000
 
 
 def events_page(session: Session, run: Run, start: int | None, end: int | None,
-                limit: int = DEFAULT_EVENT_STEPS) -> EventsRead:
-    """The run's events of at most `limit` event steps in [start, end], in step order. When
-    the page is cut, it ends before the step of its last event step (so no step's events are
-    split) and `next_start` is that step."""
-    rows = list(events_repository.event_steps(session, run.id, start, end, limit + 1))
+                limit: int | None = DEFAULT_EVENT_STEPS) -> EventsRead:
+    """The run's events of at most `limit` event steps (None: all) in [start, end], in step
+    order. When the page is cut, it ends before the step of its last event step (so no step's
+    events are split) and `next_start` is that step."""
+    rows = list(repository.event_rows(session, run.id, start, end,
+                                      None if limit is None else limit + 1))
     next_start = None
-    if len(rows) > limit:
+    if limit is not None and len(rows) > limit:
         next_start = int(rows[limit][1])
         rows = [row for row in rows if int(row[1]) < next_start]
         if not rows:  # one step holds more event rows than a page: give it whole
-            rows = list(events_repository.event_steps(session, run.id, next_start, next_start,
+            rows = list(repository.event_rows(session, run.id, next_start, next_start,
                                                       MAX_EVENT_STEPS))
             next_start = next_start + 1
     last = end if next_start is None else next_start - 1
@@ -60,7 +61,7 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
     ]
     names = [layer.name for layer in repository.get_layers(session, run.id)]
     rechecks = {int(step_id): runs.recheck_read(recheck)
-                for step_id, recheck in events_repository.rechecks_in(session, run.id, start, last)}
+                for step_id, recheck in repository.rechecks_in(session, run.id, start, last)}
     return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks),
                       next_start=next_start)
 
@@ -74,7 +75,7 @@ def skip_rate_read(session: Session, run: Run, max_points: int, window: int,
     last = extent[1] if end is None else min(end, extent[1])
     width = skip_rates.bucket_width(first, last, max_points)
     points, rolling = skip_rates.rolling_max(
-        events_repository.skip_flags(session, run.id, start, end), window, first, width)
+        repository.skip_flags(session, run.id, start, end), window, first, width)
     return SkipRateRead(
         window=window, downsampled=width > 1,
         points=[SkipRatePoint(step=step, rate=rate) for step, rate in points],
