@@ -203,14 +203,18 @@ def runs_socket(base: str, client: httpx.Client, run_id: str, steps: int, layers
         for i in range(repeat):
             body = _batch(run_id, attempt, "socket", _records(steps + i, 1, layers), layers)
             began = time.perf_counter()
-            client.post("/api/ingest", content=body, headers={"Content-Type":
-                                                              "application/json"})
-            while True:
+            response = client.post("/api/ingest", content=body,
+                                   headers={"Content-Type": "application/json"})
+            response.raise_for_status()
+            while time.perf_counter() - began < 30:
                 message = json.loads(ws.recv(timeout=30))
                 if any(r["id"] == run_id and r["num_steps"] == steps + i + 1
-                       for r in message["runs"]):
+                       for r in [*message["runs"], *message.get("active", [])]):
+                    latencies.append(time.perf_counter() - began)
                     break
-            latencies.append(time.perf_counter() - began)
+            else:
+                raise SystemExit(f"the runs-list socket did not push step {steps + i} of "
+                                 f"{run_id} within 30 s")
             time.sleep(0.6)  # the socket sends at most 2 messages a second
     print(f"{'runs-list socket: step posted -> summary pushed':58} {_stats(latencies)}  "
           f"({_load()}; includes the ingest request)")
