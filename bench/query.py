@@ -16,6 +16,10 @@ divergence search has a real divergence to find.
     .venv/bin/python bench/query.py                      # SQLite, 100k x 200
     .venv/bin/python bench/query.py --db postgresql+psycopg://postgres@127.0.0.1/bench
     .venv/bin/python bench/query.py --steps 20000 --layers 50 --repeat 10
+
+`bench/query.py reads` measures the other reads of issue #11 through a real server instead: the
+runs list (2,000 runs x 1,000 steps by default), its socket, the run page's requests and a
+Chromium first paint, with data built through HTTP ingest (`bench/query_reads.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -255,4 +260,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["reads"]:  # the runs list, its socket, the run page, Chromium
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import query_reads  # type: ignore[import-not-found]
+
+        query_reads.main(sys.argv[2:])
+    else:
+        main()

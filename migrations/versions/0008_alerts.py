@@ -1,7 +1,7 @@
 """Alerts: rules and destinations per project, episodes, the alert history and its outbox.
 
 Revision ID: 0008
-Revises: 0005
+Revises: 0007
 Create Date: 2026-12-01
 
 New tables only; nothing stored before changes. A project gets its default rules from the
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0005"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

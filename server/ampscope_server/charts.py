@@ -13,7 +13,7 @@ import math
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, events, repository, rollups, runs, series
+from ampscope_server import codec, event_reads, repository, rollups, series
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run
 from ampscope_server.schemas import (
@@ -102,35 +102,9 @@ def _raw_series(
 
 def events_read(session: Session, run: Run, start: int | None = None, end: int | None = None
                 ) -> EventsRead:
-    """Every event of the run, or of its steps in [start, end] (a zoomed chart's window)."""
-    steps = [
-        events.StepRow(
-            step_id=int(step_id), step=int(step), skipped=bool(skipped),
-            scale_before=codec.from_storage(before, before_cls),
-            scale_after=codec.from_storage(after, after_cls),
-            loss=codec.from_storage(loss, loss_cls),
-        )
-        for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls
-        in repository.event_rows(session, run.id, start, end)
-    ]
-    bad_layers: dict[int, list[tuple[int, str]]] = {}
-    for entry in repository.skipped_nonfinite(session, run.id, start, end):
-        bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
-    misuse = [
-        events.MisuseRow(
-            step_id=int(step_id), step=int(step),
-            scale_before=codec.from_storage(before, before_cls),
-            scale_after=codec.from_storage(after, after_cls), kind=kind, detail=detail,
-        )
-        for step_id, step, before, before_cls, after, after_cls, kind, detail
-        in repository.misuse_rows(session, run.id, start, end)
-    ]
-    names = [layer.name for layer in repository.get_layers(session, run.id)]
-    rechecks = {
-        int(step_id): runs.recheck_read(recheck)
-        for step_id, _, recheck in repository.run_rechecks(session, run.id)
-    }
-    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks))
+    """Every event of the run, or of its steps in [start, end] (a zoomed chart's window): one
+    unlimited page of `event_reads.events_page` (the report; the API pages)."""
+    return event_reads.events_page(session, run, start, end, limit=None)
 
 
 def _heatmap_columns(source: HeatmapSource, stat: HeatmapStat) -> list[str]:

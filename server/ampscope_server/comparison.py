@@ -6,11 +6,8 @@ compared with it over the steps both runs have (`common range`).
 The reads stay bounded whatever the runs' length (DESIGN.md §8: 150 ms on 100k steps x 200
 layers), as the chart queries do:
 
-- Divergence: a common range of at most `SCALAR_RAW_STEPS` steps is compared step by step.
-  A longer one is searched through the rollups of the finest level with at most
-  `SCALAR_BUCKETS` buckets: only the buckets where the runs may part (`compare.suspect_buckets`)
-  are read raw, each with the bucket before it, and the first step found beyond the tolerance
-  there is the answer (`divergence_exact: false`).
+- Divergence: `divergence_search` (step by step up to its SCALAR_RAW_STEPS common steps, a
+  rollup search beyond: `divergence_exact: false`).
 - Per-layer differences: at most `LAYER_RAW_ROWS` layer rows per run are read raw (medians
   over steps). Past that the medians are over the rollup buckets of the finest level with at
   most `LAYER_BUCKETS` buckets, each bucket standing for its worst (largest) l2 and lost_frac
@@ -23,7 +20,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, compare, repository, rollups, runs, series
+from ampscope_server import compare, divergence_search, repository, rollups, runs, series
+from ampscope_server.divergence_search import (
+    METRICS,
+    divergences_bucketed,
+    divergences_raw,
+    level_for,
+)
 from ampscope_server.errors import InvalidPayload
 from ampscope_server.models import Run
 from ampscope_server.principal import ANONYMOUS, Principal
@@ -35,19 +38,11 @@ from ampscope_server.schemas import (
 )
 
 MAX_RUNS = 8
-SCALAR_RAW_STEPS = 8192
-"""Longest common range whose loss and grad norm are compared step by step."""
-SCALAR_BUCKETS = 1024
-"""Most rollup buckets searched for a divergence on a longer range."""
-MAX_REFINE = 16
-"""Most suspect buckets read raw before the search gives up (no divergence reported)."""
 LAYER_RAW_ROWS = 20_000
 """Most layer rows per run read raw for the per-layer differences."""
 LAYER_BUCKETS = 128
 """Most rollup buckets the per-layer medians are taken over on a longer range."""
 
-_METRICS: tuple[compare.Metric, ...] = ("loss", "grad_norm")
-_SERIES_INDEX = {name: rollups.SERIES.index(name) for name in _METRICS}
 
 LayerMap = dict[str, dict[int, compare.LayerAt]]
 
@@ -68,73 +63,6 @@ class _Side:
     run: Run
     order: list[str]
     extent: tuple[int, int] | None
-
-
-def _level(first: int, last: int, max_buckets: int) -> int:
-    """The finest rollup level whose buckets over [first, last] number at most `max_buckets`."""
-    return next((lvl for lvl in rollups.LEVELS if (last >> lvl) - (first >> lvl) < max_buckets),
-                rollups.LEVELS[-1])
-
-
-def _scalars(
-    session: Session, run_id: str, metric: str, start: int, end: int
-) -> dict[int, float]:
-    """{step: value}. A skipped step's grad norm is that of an overflowed gradient the optimizer
-    never used, so the grad norm is compared over taken steps only: a calibration overflow in
-    one run (the scaler's first steps) is not a divergence."""
-    rows = repository.series_rows(session, run_id, metric, start, end,
-                                  applied_only=metric == "grad_norm")
-    return compare.by_step(
-        (int(step), codec.from_storage(value, value_class)) for step, value, value_class in rows)
-
-
-def _divergences_raw(
-    session: Session, a: str, b: str, start: int, end: int, tolerance: float
-) -> tuple[dict[str, compare.Divergence | None], int]:
-    """Each metric's first divergence over every step of [start, end], and the common steps."""
-    found: dict[str, compare.Divergence | None] = {}
-    steps: list[set[int]] = [set(), set()]
-    for metric in _METRICS:
-        ref = _scalars(session, a, metric, start, end)
-        other = _scalars(session, b, metric, start, end)
-        found[metric] = compare.first_divergence(metric, ref, other, tolerance)
-        steps[0] |= ref.keys()
-        steps[1] |= other.keys()
-    return found, len(steps[0] & steps[1])
-
-
-def _divergences_bucketed(
-    session: Session, a: str, b: str, start: int, end: int, tolerance: float
-) -> tuple[dict[str, compare.Divergence | None], int]:
-    """As `_divergences_raw`, searched through rollups; the common steps are estimated per
-    bucket as the smaller of the two runs' counts."""
-    level = _level(start, end, SCALAR_BUCKETS)
-    first, last = start >> level, end >> level
-    rows = [repository.rollup_rows(session, run_id, level, first, last, ["series"])
-            for run_id in (a, b)]
-    per_metric = {  # metric → per run: {bucket: SeriesAcc}; only the two series unpacked
-        metric: [{int(bucket): rollups.unpack_series(blob, index)[0] for bucket, blob in run_rows}
-                 for run_rows in rows]
-        for metric, index in _SERIES_INDEX.items()
-    }
-    common = 0
-    for bucket in per_metric["loss"][0].keys() & per_metric["loss"][1].keys():
-        common += min(max(accs[side][bucket].n for accs in per_metric.values())
-                      for side in (0, 1))
-    found: dict[str, compare.Divergence | None] = {}
-    for metric in _SERIES_INDEX:
-        reference, other = per_metric[metric]
-        suspects = compare.suspect_buckets(reference, other, tolerance)
-        found[metric] = None
-        for bucket in suspects[:MAX_REFINE]:
-            # With the bucket before: a drift is often first seen one bucket late.
-            lo, hi = max(start, (bucket - 1) << level), min(end, ((bucket + 1) << level) - 1)
-            found[metric] = compare.first_divergence(
-                metric, _scalars(session, a, metric, lo, hi), _scalars(session, b, metric, lo, hi),
-                tolerance)
-            if found[metric] is not None:
-                break
-    return found, common
 
 
 def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap:
@@ -172,7 +100,7 @@ def _divergence(found: compare.Divergence | None) -> DivergenceRead | None:
 def _comparison(
     session: Session, ref: _Side, other: _Side, tolerance: float, threshold: float
 ) -> ComparisonRead:
-    found: dict[str, compare.Divergence | None] = dict.fromkeys(_METRICS)
+    found: dict[str, compare.Divergence | None] = dict.fromkeys(METRICS)
     common_steps, exact, width = 0, True, 1
     ref_layers: LayerMap = {name: {} for name in ref.order}
     other_layers: LayerMap = {name: {} for name in other.order}
@@ -181,14 +109,14 @@ def _comparison(
         start, end = max(ref.extent[0], other.extent[0]), min(ref.extent[1], other.extent[1])
         if start <= end:
             span = end - start + 1
-            exact = span <= SCALAR_RAW_STEPS
-            search = _divergences_raw if exact else _divergences_bucketed
+            exact = span <= divergence_search.SCALAR_RAW_STEPS
+            search = divergences_raw if exact else divergences_bucketed
             found, common_steps = search(session, ref.run.id, other.run.id, start, end, tolerance)
             if span * max(len(ref.order), len(other.order), 1) <= LAYER_RAW_ROWS:
                 ref_layers = _layers_raw(session, ref, start, end)
                 other_layers = _layers_raw(session, other, start, end)
             else:
-                level = _level(start, end, LAYER_BUCKETS)
+                level = level_for(start, end, LAYER_BUCKETS)
                 width = 1 << level
                 ref_buckets = _layers_bucketed(session, ref, level, start, end)
                 other_buckets = _layers_bucketed(session, other, level, start, end)

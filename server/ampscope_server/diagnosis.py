@@ -1,14 +1,17 @@
 """Findings of a stored run: load a bounded snapshot, run the pure engine, shape the output.
 
-What one snapshot reads, whatever the run's length (measured: 0.1 s on SQLite for a run of
-100k steps x 200 layers; 1.5 s with a baseline, which reads every step):
+What one snapshot reads, whatever the run's length (measured before this bound on a
+baseline: 0.1 s on SQLite for a run of 100k steps x 200 layers; 1.5 s with a baseline, which
+then read every step):
 - step scalars of the *notable* steps only (skipped or found_inf, scale changes, non-finite
   loss/grad norm, the step after each skip, first and last): O(events), not O(steps);
-  with a baseline, every step of both runs (as `GET /api/compare` does), since divergence is
-  judged on every common step;
+  with a baseline, also the BASELINE_WINDOW steps up to where the runs part, found by the
+  bounded search `GET /api/compare` uses (`divergence_search`: step by step up to 8192 common
+  steps, through the rollups beyond), not every step of both runs;
 - per-layer statistics of the last RECENT_LAYER_STEPS layer-stat steps (that many x layers
   rows), plus, with a baseline, BASELINE_LAYER_STEPS steps spread evenly by step number
-  (picked from a light list of layer-stat step ids);
+  (picked from a light list of layer-stat step ids on a run shorter than BASELINE_SPAN_ALL
+  steps, by one index probe each on a longer one) and the first at or after the divergence;
 - the non-finite layers of at most NONFINITE_STEPS found_inf steps (evenly spread over them,
   first and last kept), the layer statistics just before at most NAN_CONTEXT_STEPS NaN steps
   (one index probe each), the first MISUSE_EVENTS misuse events and RECHECKS re-checks, and
@@ -34,7 +37,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, repository
+from ampscope_server import codec, divergence_search, findings_repository, repository
 from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
 from ampscope_server.findings import (
     Finding,
@@ -64,12 +67,18 @@ from ampscope_server.findings.schemas import (
     HistogramView,
     LayerLossRead,
 )
+from ampscope_server.findings.thresholds import BASELINE_TOLERANCE
 from ampscope_server.findings.timeline import history
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import Run
 
 RECENT_LAYER_STEPS = 8
 BASELINE_LAYER_STEPS = 256
+BASELINE_SPAN_ALL = 16_384
+"""A run spanning fewer steps picks its spread layer samples from its full list of layer-stat
+steps; a longer one probes for them (`_baseline_sample_ids`)."""
+BASELINE_WINDOW = 64
+"""Steps read raw before the divergence step, beside the notable steps, against a baseline."""
 NONFINITE_STEPS = 1000
 NAN_CONTEXT_STEPS = 16
 MISUSE_EVENTS = 10_000
@@ -165,21 +174,52 @@ def _recheck_status(status: str) -> RecheckStatus | None:
     return _RECHECK_STATUSES.get(status)
 
 
-def load_run_data(session: Session, run: Run, *, for_baseline: bool = False) -> RunData:
+def _baseline_sample_ids(session: Session, run: Run, divergence: int | None) -> set[int]:
+    """Layer-stat step ids spread evenly by step number (`_spread_by_step`), and the first at
+    or after the divergence step. A short run's are picked from its full list (light rows, at
+    most BASELINE_SPAN_ALL steps' worth); a longer run's by one forward probe per target."""
+    chosen: set[int] = set()
+    extent = repository.step_extent(session, run.id)
+    if extent is not None and extent[1] - extent[0] < BASELINE_SPAN_ALL:
+        chosen.update(_spread_by_step(repository.layer_stat_steps_all(session, run.id),
+                                      BASELINE_LAYER_STEPS))
+    elif extent is not None:
+        first, last = extent
+        for i in range(BASELINE_LAYER_STEPS):
+            target = first + (last - first) * i // (BASELINE_LAYER_STEPS - 1)
+            found = findings_repository.layer_stat_step_at(session, run.id, target)
+            if found is not None:
+                chosen.add(found)
+    if divergence is not None:
+        found = findings_repository.layer_stat_step_at(session, run.id, divergence)
+        if found is not None:
+            chosen.add(found)
+    return chosen
+
+
+def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
+                  divergence: int | None = None) -> RunData:
     """The run's snapshot for the engine, within the read bounds of the module docstring.
 
-    `for_baseline`: read every step and the spread layer samples too (either side of a
-    baseline comparison)."""
+    `for_baseline` (either side of a baseline comparison): also the steps of the
+    BASELINE_WINDOW steps up to `divergence` (where `divergence_search` found the runs part)
+    and the spread layer samples (`_baseline_sample_ids`)."""
     layers = [
         LayerInfo(name=layer.name, dtype=layer.dtype, shape=tuple(layer.shape),
                   numel=int(layer.numel), module_type=layer.module_type)
         for layer in repository.get_layers(session, run.id)
     ]
-    points, found_inf = _steps(repository.findings_steps(session, run.id, for_baseline))
+    step_rows = repository.findings_steps(session, run.id, False)
+    if for_baseline and divergence is not None:
+        notable = {int(row[0]) for row in step_rows}
+        step_rows += [row for row in findings_repository.steps_between(
+            session, run.id, max(0, divergence - BASELINE_WINDOW), divergence)
+            if int(row[0]) not in notable]
+        step_rows.sort(key=lambda row: (int(row[1]), int(row[0])))
+    points, found_inf = _steps(step_rows)
     sample_ids = repository.layer_stat_steps_last(session, run.id, RECENT_LAYER_STEPS)
     if for_baseline:
-        sample_ids = sorted(set(sample_ids) | set(_spread_by_step(
-            repository.layer_stat_steps_all(session, run.id), BASELINE_LAYER_STEPS)))
+        sample_ids = sorted(set(sample_ids) | _baseline_sample_ids(session, run, divergence))
     samples = _samples(repository.layer_samples_at(session, sample_ids))
 
     by_step: dict[int, list[tuple[int, NonfiniteKind]]] = {}
@@ -304,8 +344,16 @@ def findings_of(session: Session, run: Run, baseline_id: str | None) -> list[Fin
     if baseline_id is None:
         return run_findings(session, run)
     baseline = _baseline(session, run, baseline_id)
-    return analyze(load_run_data(session, run, for_baseline=True),
-                   load_run_data(session, baseline, for_baseline=True))
+    return analyze(*_with_baseline(session, run, baseline))
+
+
+def _with_baseline(session: Session, run: Run, baseline: Run) -> tuple[RunData, RunData]:
+    """Both snapshots of a baseline comparison: bounded, around where the runs part."""
+    found = divergence_search.first_divergence(session, baseline.id, run.id, BASELINE_TOLERANCE,
+                                               taken_only=False)
+    divergence = None if found is None else found.step
+    return (load_run_data(session, run, for_baseline=True, divergence=divergence),
+            load_run_data(session, baseline, for_baseline=True, divergence=divergence))
 
 
 def findings_read(session: Session, run: Run, baseline_id: str | None) -> FindingsRead:
@@ -343,8 +391,8 @@ def report_markdown(
         findings = analyze(data)
     else:
         baseline = _baseline(session, run, baseline_id)
-        data = load_run_data(session, run, for_baseline=True)
-        findings = analyze(data, load_run_data(session, baseline, for_baseline=True))
+        data, baseline_data = _with_baseline(session, run, baseline)
+        findings = analyze(data, baseline_data)
     return markdown.render(run.id, data, findings, baseline_id), findings
 
 

@@ -17,7 +17,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import access_repository, batch_checks, codec, live, repository, rollups
+from ampscope_server import (
+    access_repository,
+    batch_checks,
+    codec,
+    live,
+    repository,
+    rollups,
+    summary_cache,
+)
 from ampscope_server.errors import (
     Conflict,
     Forbidden,
@@ -73,6 +81,7 @@ def ingest_batch(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
         )
     _update_rollups(session, run_id, new)
+    summary_cache.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
         repository.set_attempt_client(session, attempt.id, {
             f"client_{name}": getattr(batch.client, name) for name in CLIENT_FIELDS

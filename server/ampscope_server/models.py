@@ -374,6 +374,49 @@ class DeletedRun(Base):
     deleted_at: Mapped[float] = mapped_column(Double)
 
 
+# --- run counters (revision 0007) ----------------------------------------------------------------
+
+class RunCounters(Base):
+    """A run's summary kept as counters at ingest (`summary_cache.count_new_steps`, in the
+    batch's transaction), so the runs list reads one row per run, never the run's steps.
+
+    `version` grows by one with every batch that stored new steps. The `summary_*` block is a
+    cache of what the runs list shows beside the counters but must analyse to know (the top
+    finding, the layer losing most to the format, the layer closest to overflow): computed off
+    the ingest path, as of `summary_version` (stale when it differs from `version`) and
+    `summary_step` (the newest step the analysis saw). No row: a run without steps.
+    """
+
+    __tablename__ = "run_counters"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(BigInteger)
+    num_steps: Mapped[int] = mapped_column(BigInteger)
+    skipped_steps: Mapped[int] = mapped_column(BigInteger)
+    nonfinite_steps: Mapped[int] = mapped_column(BigInteger)
+    """Steps with `found_inf` (some gradient held NaN or ±inf)."""
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    """The highest step number stored."""
+    last_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The id of the newest stored step (ingest order); its scale and loss are `last_*`."""
+    last_scale: Mapped[float | None] = mapped_column(Double)
+    last_scale_class: Mapped[int] = mapped_column(SmallInteger)
+    last_loss: Mapped[float | None] = mapped_column(Double)
+    last_loss_class: Mapped[int] = mapped_column(SmallInteger)
+    summary_version: Mapped[int | None] = mapped_column(BigInteger)
+    summary_step: Mapped[int | None] = mapped_column(BigInteger)
+    finding_kind: Mapped[str | None] = mapped_column(String(64))
+    finding_severity: Mapped[str | None] = mapped_column(String(16))
+    finding_title: Mapped[str | None] = mapped_column(String(1000))
+    underflow_layer: Mapped[str | None] = mapped_column(String(500))
+    underflow_frac: Mapped[float | None] = mapped_column(Double)
+    headroom_layer: Mapped[str | None] = mapped_column(String(500))
+    headroom_bits: Mapped[float | None] = mapped_column(Double)
+    headroom_bits_class: Mapped[int] = mapped_column(SmallInteger)
+
+
 # --- alerts (revision 0008) ---------------------------------------------------------------------
 
 class AlertRule(Base):

@@ -5,7 +5,7 @@ Inserts that must be idempotent use the dialect's INSERT … ON CONFLICT DO NOTH
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -342,11 +342,12 @@ def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,
 
 
 def event_rows(
-    session: Session, run_id: str, start: int | None = None, end: int | None = None
+    session: Session, run_id: str, start: int | None = None, end: int | None = None,
+    limit: int | None = None,
 ) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
     """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
-    the steps (within [start, end]) that were skipped or whose scale changed (or is
-    non-finite), in step order."""
+    the (first `limit`) steps (within [start, end]) that were skipped or whose scale changed (or
+    is non-finite), in step order."""
     return session.execute(
         select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
@@ -357,7 +358,37 @@ def event_rows(
             Step.scale_before_class != Step.scale_after_class,
         ))
         .order_by(Step.step, Step.id)
+        .limit(limit)
     ).all()
+
+
+def rechecks_in(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Sequence[Row[int, StepRecheck]]:
+    """(step id, re-check) of the re-checked steps within [start, end], in step order."""
+    return session.execute(
+        select(Step.id, StepRecheck)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(*_step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+SKIP_FLAG_ROWS = 10_000
+"""Rows fetched per round trip when streaming a run's skip flags."""
+
+
+def skip_flags(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Iterator[tuple[int, bool]]:
+    """(step, skipped) of every step within [start, end], by step then ingest order, streamed
+    (the skip rate's input: the rollups do not count skips)."""
+    result = session.execute(
+        select(Step.step, Step.skipped).where(*_step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
+        .execution_options(yield_per=SKIP_FLAG_ROWS))
+    for step, skipped in result:
+        yield int(step), bool(skipped)
 
 
 def misuse_rows(

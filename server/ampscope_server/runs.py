@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, diagnosis, repository, series
+from ampscope_server import (
+    codec,
+    repository,
+    run_counters_repository,
+    runs_list,
+    summary_cache,
+)
 from ampscope_server.errors import AmbiguousRun, RunNotFound
-from ampscope_server.formats import FORMATS, FloatFormat
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
@@ -28,6 +34,7 @@ from ampscope_server.models import (
     StepRecheck,
 )
 from ampscope_server.principal import ANONYMOUS, Principal
+from ampscope_server.runs_list import RunsQuery
 from ampscope_server.schemas import (
     ActivationStatsRead,
     AttemptRead,
@@ -45,7 +52,6 @@ from ampscope_server.schemas import (
     StepFull,
     StepScalars,
     StepsPage,
-    WorstLayer,
 )
 
 
@@ -56,6 +62,8 @@ def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: f
 
 
 RUN_ID_MAX = 64
+LIVE_ACTIVE_RUNS = 500
+"""The most active runs a runs-list snapshot carries beyond its first page."""
 
 
 def plausible_id(run_id: str) -> bool:
@@ -75,93 +83,57 @@ def load_run(session: Session, run_id: str, viewer: Principal = ANONYMOUS) -> Ru
 
 
 def summaries(
-    session: Session, runs: Sequence[Run], crash_timeout_s: float, now: float | None = None
+    session: Session, runs: Sequence[Run], crash_timeout_s: float, now: float | None = None,
+    factory: sessionmaker[Session] | None = None,
 ) -> list[RunSummary]:
+    """The runs' summaries from their counters and cached analyses (`summary_cache`): a
+    bounded number of rows per run, never its steps. With `factory`, stale analyses beyond
+    the few done here are refreshed in the background (and stored)."""
     now = time.time() if now is None else now
     ids = [run.id for run in runs]
-    aggregates = repository.step_aggregates(session, ids)
+    counters = run_counters_repository.counters_of(session, ids)
     layer_counts = repository.count_layers(session, ids)
-    last_ids = [agg[3] for agg in aggregates.values() if agg[3] is not None]
-    scales = repository.last_scales(session, last_ids)
-    worst = _worst_layers_of(session, runs)
-    top = diagnosis.top_findings(session, runs)
-    # Lost to the format as the findings judge it (structural zeros apart, median of the recent
-    # layer-stat steps), so the list, the run page's card and the finding agree.
-    lost = diagnosis.worst_losses(session, runs)
+    analyses = summary_cache.current(session, runs, counters, factory)
     result = []
     for run in runs:
-        num_steps, last_step, skipped, last_id = aggregates.get(run.id, (0, None, 0, None))
-        scale = scales.get(run.id)
-        _, worst_headroom = worst.get(run.id, (None, None))
-        loss = lost.get(run.id)
-        worst_underflow = None if loss is None else WorstLayer(layer=loss.layer,
-                                                               value=loss.lost_frac)
+        row = counters.get(run.id)
+        analysis = analyses[run.id]
+        num_steps = 0 if row is None else row.num_steps
+        skipped = 0 if row is None else row.skipped_steps
         result.append(RunSummary(
             id=run.id, project=run.project, name=run.name, tags=run.tags,
             status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
             created_at=run.created_at, updated_at=run.updated_at,
-            num_steps=num_steps, last_step=last_step, last_id=last_id,
-            last_scale=None if scale is None else codec.from_storage(*scale),
+            num_steps=num_steps, last_step=None if row is None else row.last_step,
+            last_id=None if row is None else row.last_id,
+            last_scale=None if row is None else codec.from_storage(row.last_scale,
+                                                                   row.last_scale_class),
             skipped_steps=skipped, num_layers=layer_counts.get(run.id, 0),
             skip_rate=skipped / num_steps if num_steps else None,
-            worst_underflow=worst_underflow, worst_headroom=worst_headroom,
-            top_finding=top.get(run.id),
+            worst_underflow=analysis.underflow, worst_headroom=analysis.headroom,
+            top_finding=analysis.top, summary_step=analysis.step,
         ))
     return result
 
 
-LayerAtStep = tuple[str, float, float, float | None]
-"""(name, zero_frac, underflow_frac, amax) of one layer at one step."""
+@dataclass(frozen=True)
+class SummaryPage:
+    runs: list[RunSummary]
+    next_cursor: str | None
+    total: int | None
+    active: list[RunSummary] = field(default_factory=list)
+    """The runs-list snapshot only: the active runs beyond its first page (their status ages)."""
 
 
-def worst_layers(
-    layers: Sequence[LayerAtStep], scale: float | None, fmt: FloatFormat
-) -> tuple[tuple[str, float] | None, tuple[str, float] | None]:
-    """(name, lost_frac) of the layer losing the largest share of its gradient and (name,
-    headroom_bits) of the layer closest to overflow, among `layers` (in model order) at one step
-    whose scale in effect was `scale`.
-
-    Ties go to the first layer in model order. A layer whose amax is unknown (no finite element)
-    has no headroom and is skipped; None when no layer qualifies.
-    """
-    underflow: tuple[str, float] | None = None
-    headroom: tuple[str, float] | None = None
-    for name, zero_frac, underflow_frac, amax in layers:
-        lost = series.lost_frac(zero_frac, underflow_frac)
-        if underflow is None or lost > underflow[1]:
-            underflow = (name, lost)
-        bits = series.headroom_bits(amax, scale, fmt)
-        if bits is not None and (headroom is None or bits < headroom[1]):
-            headroom = (name, bits)
-    return underflow, headroom
-
-
-def _worst_layers_of(
-    session: Session, runs: Sequence[Run]
-) -> dict[str, tuple[WorstLayer | None, WorstLayer | None]]:
-    """Each run's worst layers at its last layer-stat step (two bounded queries for all runs)."""
-    step_ids = repository.last_layer_stat_steps(session, [run.id for run in runs])
-    by_run: dict[str, tuple[float | None, list[LayerAtStep]]] = {}
-    for run_id, scale, scale_cls, _, name, zero, under, amax in repository.named_layer_stats(
-        session, step_ids.values()
-    ):
-        entry = by_run.setdefault(run_id, (codec.from_storage(scale, scale_cls), []))
-        entry[1].append((name, zero, under, amax))
-    formats = {run.id: run.target_format for run in runs}
-    result: dict[str, tuple[WorstLayer | None, WorstLayer | None]] = {}
-    for run_id, (scale, layers) in by_run.items():
-        underflow, headroom = worst_layers(layers, scale, FORMATS[formats[run_id]])
-        result[run_id] = (_worst(underflow), _worst(headroom))
-    return result
-
-
-def _worst(found: tuple[str, float] | None) -> WorstLayer | None:
-    return None if found is None else WorstLayer(layer=found[0], value=found[1])
-
-
-def list_summaries(session: Session, crash_timeout_s: float, viewer: Principal = ANONYMOUS
-                   ) -> list[RunSummary]:
-    return summaries(session, repository.list_runs(session, viewer.project), crash_timeout_s)
+def list_page(
+    session: Session, crash_timeout_s: float, query: RunsQuery, viewer: Principal = ANONYMOUS,
+    factory: sessionmaker[Session] | None = None, now: float | None = None,
+) -> SummaryPage:
+    """One page of the runs list (`runs_list.page`), summarised."""
+    now = time.time() if now is None else now
+    found = runs_list.page(session, query, viewer.project, now - crash_timeout_s)
+    return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory),
+                       next_cursor=found.next_cursor, total=found.total)
 
 
 def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
@@ -344,10 +316,25 @@ def live_update(
 def live_summaries(
     factory: sessionmaker[Session], run_ids: Collection[str] | None, crash_timeout_s: float,
     viewer: Principal = ANONYMOUS,
-) -> list[RunSummary]:
+) -> SummaryPage:
     """For the runs-list socket, in its own short session: the summaries of `run_ids` (the runs
-    that exist among them), or of every run when None; only those `viewer` may see."""
+    that exist among them), or when None the list's snapshot: its first page (newest first,
+    with the page's cursor) and apart every other run stored as active (whose status may turn
+    `crashed` by silence); only those `viewer` may see. Bounded either way, however many runs
+    are stored."""
     with factory() as session:
-        found = (repository.list_runs(session, viewer.project) if run_ids is None
-                 else repository.get_runs(session, run_ids, viewer.project))
-        return summaries(session, found, crash_timeout_s)
+        if run_ids is not None:
+            found = repository.get_runs(session, run_ids, viewer.project)
+            return SummaryPage(runs=summaries(session, found, crash_timeout_s, factory=factory),
+                               next_cursor=None, total=None)
+        now = time.time()
+        first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
+        shown = {run.id for run in first.runs}
+        active = [run for run in repository.get_runs(
+            session, run_counters_repository.active_run_ids(session, viewer.project,
+                                                            LIVE_ACTIVE_RUNS), viewer.project)
+                  if run.id not in shown]
+        shown_summaries = summaries(session, [*first.runs, *active], crash_timeout_s, now,
+                                    factory)
+        return SummaryPage(runs=shown_summaries[:len(first.runs)], next_cursor=first.next_cursor,
+                           total=first.total, active=shown_summaries[len(first.runs):])

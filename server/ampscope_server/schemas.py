@@ -117,12 +117,16 @@ class RunSummary(BaseModel):
     skip_rate: float | None
     """skipped_steps / num_steps; null for a run without steps."""
     worst_underflow: WorstLayer | None
-    """The layer losing most to the format, as the findings judge it (`diagnosis.worst_losses`:
+    """The layer losing most to the format, as the findings judge it (`diagnosis.live_view`:
     structural zeros apart, the median over the recent layer-stat steps)."""
     worst_headroom: WorstLayer | None
     """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
     top_finding: FindingBrief | None = None
-    """The run's most severe finding (`diagnosis.top_findings`), null when it has none."""
+    """The run's root-cause finding (the first the run page lists), null when it has none."""
+    summary_step: int | None = None
+    """The step `top_finding`, `worst_underflow` and `worst_headroom` are as of: the newest
+    step their analysis saw (cached beside the counters, `summary_cache`); behind `last_step`
+    while the analysis catches up; null: not analysed yet (or no steps)."""
 
 
 class AttemptRead(BaseModel):
@@ -289,6 +293,26 @@ AnyEventRead = SkippedEventRead | EventRead | MisuseEventRead
 
 class EventsRead(BaseModel):
     events: list[AnyEventRead]
+    next_start: int | None = None
+    """More events follow from this step on: pass it as `start` for the next page."""
+
+
+class SkipRatePoint(BaseModel):
+    step: int
+    """The first step of the bucket."""
+    rate: float
+    """The highest rolling skip rate in the bucket."""
+
+
+class SkipRateRead(BaseModel):
+    """The rolling skip rate: the share of skipped steps among the last `window` step numbers,
+    bucket maxima (a burst is never averaged away)."""
+
+    window: int
+    downsampled: bool
+    points: list[SkipRatePoint]
+    tail: list[tuple[int, bool]]
+    """(step, skipped) of the last window's steps, oldest first: to continue the rate live."""
 
 
 HeatmapStat = Literal[
@@ -330,12 +354,19 @@ class LiveStatus(BaseModel):
 
 
 class LiveRuns(BaseModel):
-    """WS /api/runs/live: run summaries; `full` = every run (replace the list), else the runs
-    that changed (merge by id)."""
+    """WS /api/runs/live: run summaries, merged by id. `full` = the snapshot: the first page of
+    `GET /api/runs` (newest first) with the cursor of the next page, and apart the other runs
+    stored as active; else the runs that changed."""
 
     type: Literal["runs"] = "runs"
     full: bool
     runs: list[RunSummary]
+    next_cursor: str | None = None
+    """With `full`: the cursor of `GET /api/runs` after the list's first page (null: no more)."""
+    total: int | None = None
+    """With `full`: how many runs the viewer has."""
+    active: list[RunSummary] = []
+    """With `full`: the other runs stored as active, beyond the first page (to update)."""
 
 
 # --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------

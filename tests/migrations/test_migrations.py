@@ -15,7 +15,8 @@ TABLES_0002 = TABLES_0001 | {
 TABLES_0003 = TABLES_0002 | {"rollups"}
 TABLES_0004 = TABLES_0003 | {"step_rechecks", "swallowed_stats"}
 TABLES_0005 = TABLES_0004 | {"projects", "api_tokens", "browser_sessions", "deleted_runs"}
-TABLES_0008 = TABLES_0005 | {"alert_rules", "alert_destinations", "alert_defaults",
+TABLES_0007 = TABLES_0005 | {"run_counters"}
+TABLES_0008 = TABLES_0007 | {"alert_rules", "alert_destinations", "alert_defaults",
                              "alert_episodes", "alerts", "alert_deliveries"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
@@ -42,6 +43,8 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    db.downgrade(db_url, "0007")
+    assert _tables(db_url) == TABLES_0007 | {"alembic_version"}
     db.downgrade(db_url, "0005")
     assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
     db.downgrade(db_url, "0004")
@@ -123,11 +126,58 @@ def test_0005_backfills_projects_from_stored_runs(db_url: str) -> None:
         "INSERT INTO runs VALUES ('r2', 'vision', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 3, 3)",
         "INSERT INTO runs VALUES ('r3', 'nlp', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 9, 9)",
     )
-    db.upgrade(db_url)
+    db.upgrade(db_url, "0005")
     assert _scalar(db_url, "SELECT count(*) FROM projects") == 2
     assert _scalar(db_url, "SELECT created_at FROM projects WHERE name = 'vision'") == 3
     db.downgrade(db_url, "0004")
     assert _scalar(db_url, "SELECT count(*) FROM runs") == 3
+
+
+def _rows(url: str, statement: str) -> list[tuple[object, ...]]:
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(text(statement))]
+    finally:
+        engine.dispose()
+
+
+_STEP = ("INSERT INTO steps (run_id, attempt_id, seq, step, wall_time, loss, loss_class, "
+         "scale_before, scale_before_class, scale_after, scale_after_class, found_inf, skipped, "
+         "grad_norm_class, lr_class, duration_class) VALUES ")
+
+
+def test_0007_backfills_run_counters_from_stored_steps(db_url: str) -> None:
+    """Counters of every run with steps, the last step by ingest order (its scale and loss,
+    non-finite ones kept by their class), none for a run without steps; summaries left stale."""
+    db.upgrade(db_url, "0005")
+    _execute(
+        db_url,
+        "INSERT INTO runs VALUES ('r1', 'p', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 1, 1)",
+        "INSERT INTO runs VALUES ('r2', 'p', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 2, 2)",
+        "INSERT INTO runs VALUES ('r3', 'p', 'n', '[]', '{}', 'h', 0, 'fp16', 'active', 3, 3)",
+        "INSERT INTO attempts (id, run_id, ordinal, pid, started_at) VALUES ('a1', 'r1', 1, 7, 1)",
+        "INSERT INTO attempts (id, run_id, ordinal, pid, started_at) VALUES ('a2', 'r2', 1, 7, 1)",
+        # r1: steps 5, 9 (skipped, found_inf), then a resumed step 7 ingested last, loss NaN.
+        _STEP + "('r1', 'a1', 0, 5, 1.0, 2.5, 0, 4.0, 0, 4.0, 0, false, false, 0, 0, 0)",
+        _STEP + "('r1', 'a1', 1, 9, 1.0, 2.0, 0, 4.0, 0, 2.0, 0, true, true, 0, 0, 0)",
+        _STEP + "('r1', 'a1', 2, 7, 1.0, NULL, 1, 2.0, 0, NULL, 2, false, false, 0, 0, 0)",
+        _STEP + "('r2', 'a2', 0, 0, 1.0, 1.5, 0, 8.0, 0, 8.0, 0, true, false, 0, 0, 0)",
+    )
+    db.upgrade(db_url)
+    rows = _rows(db_url, "SELECT run_id, version, num_steps, skipped_steps, nonfinite_steps, "
+                         "last_step, last_scale, last_scale_class, last_loss, last_loss_class, "
+                         "summary_version, summary_step FROM run_counters ORDER BY run_id")
+    assert rows == [
+        ("r1", 1, 3, 1, 1, 9, None, 2, None, 1, None, None),
+        ("r2", 1, 1, 0, 1, 0, 8.0, 0, 1.5, 0, None, None),
+    ]
+    last_ids = _rows(db_url, "SELECT c.last_id = max(s.id) FROM run_counters c "
+                             "JOIN steps s ON s.run_id = c.run_id GROUP BY c.run_id, c.last_id")
+    assert last_ids == [(True,), (True,)] or last_ids == [(1,), (1,)]
+    db.downgrade(db_url, "0005")
+    assert "run_counters" not in _tables(db_url)
+    assert _scalar(db_url, "SELECT count(*) FROM steps") == 4
 
 
 def test_models_match_the_migrated_schema(db_url: str) -> None:

@@ -97,7 +97,7 @@ class TestEvents:
     def test_quiet_run_has_no_events(self, api: httpx.Client) -> None:
         run_id = new_id()
         _post(api, run_id, [record(0), record(1)])
-        assert _get(api, f"/api/runs/{run_id}/events") == {"events": []}
+        assert _get(api, f"/api/runs/{run_id}/events") == {"events": [], "next_start": None}
 
 
 class TestHeatmap:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import comparison, ingest, repository
+from ampscope_server import comparison, divergence_search, ingest, repository
 from ampscope_server.compare import (
     Divergence,
     LayerAt,
@@ -353,8 +353,8 @@ class TestLongRuns:
         assert exact.divergence is not None and exact.divergence.step == SPIKE
 
         # The same runs as if they were long: 64-step buckets, rows read counted.
-        monkeypatch.setattr(comparison, "SCALAR_RAW_STEPS", 64)
-        monkeypatch.setattr(comparison, "SCALAR_BUCKETS", 16)
+        monkeypatch.setattr(divergence_search, "SCALAR_RAW_STEPS", 64)
+        monkeypatch.setattr(divergence_search, "SCALAR_BUCKETS", 16)
         monkeypatch.setattr(comparison, "LAYER_RAW_ROWS", 100)
         monkeypatch.setattr(comparison, "LAYER_BUCKETS", 16)
         series_rows: list[int] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,15 @@ class TestLive:
         assert "Traceback" not in module_server.log()
 
 
+def _analysed(api: httpx.Client) -> None:
+    """Until every listed run's cached analysis is as of its last step: a read analyses a few
+    stale runs itself and leaves the rest to the server's background refresher."""
+    deadline = time.monotonic() + 10
+    while any(run["summary_step"] != run["last_step"] for run in api.get("/api/runs").json()):
+        assert time.monotonic() < deadline, "the run summaries were not analysed within 10 s"
+        time.sleep(0.05)
+
+
 def _runs_url(server: ServerProcess) -> str:
     return f"ws://127.0.0.1:{server.port}/api/runs/live"
 
@@ -110,6 +120,7 @@ class TestRunsLive:
     ) -> None:
         old = new_id()
         _post(api, batch([record(0)], run_id=old))
+        _analysed(api)
         with connect(_runs_url(module_server)) as ws:
             snapshot = _recv(ws)
             assert snapshot["type"] == "runs" and snapshot["full"] is True

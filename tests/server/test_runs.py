@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, runs
+from ampscope_server import ingest, runs, summary_cache
 from ampscope_server.formats import FORMATS
 from ampscope_server.schemas import IngestBatch, RunStatus
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
@@ -41,7 +41,8 @@ class TestRunsList:
         assert set(summary) == {"id", "project", "name", "tags", "status", "created_at",
                                 "updated_at", "num_steps", "last_step", "last_id",
                                 "last_scale", "skipped_steps", "num_layers", "skip_rate",
-                                "worst_underflow", "worst_headroom", "top_finding"}
+                                "worst_underflow", "worst_headroom", "top_finding",
+                                "summary_step"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
                                        "last_scale", "skipped_steps", "num_layers")} == {
             "name": "first", "tags": ["amp", "cpu"], "status": "active", "num_steps": 3,
@@ -158,13 +159,14 @@ class TestWorstLayers:
     def test_pure_worst_layers(self) -> None:
         layers = [("a", 0.0, 0.0, 1.0), ("b", 0.25, 0.25, 0.0), ("c", 0.5, 0.0, None),
                   ("d", 0.0, 0.0, 4.0)]
-        underflow, headroom = runs.worst_layers(layers, 2.0**10, self.FP16)
+        underflow, headroom = summary_cache.worst_layers(layers, 2.0**10, self.FP16)
         assert underflow == ("b", 0.5)  # a tie goes to the first in model order
         assert headroom == ("d", math.log2(65504.0) - 2 - 10)
 
     def test_pure_worst_layers_without_a_known_amax(self) -> None:
-        assert runs.worst_layers([("a", 0.0, 0.0, None)], 1.0, self.FP16) == (("a", 0.0), None)
-        assert runs.worst_layers([], 1.0, self.FP16) == (None, None)
+        assert summary_cache.worst_layers([("a", 0.0, 0.0, None)], 1.0, self.FP16) == (
+            ("a", 0.0), None)
+        assert summary_cache.worst_layers([], 1.0, self.FP16) == (None, None)
 
     def test_summary_fields(self, api: httpx.Client) -> None:
         run_id = new_id()

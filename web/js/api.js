@@ -11,8 +11,8 @@ export class ApiError extends Error {
   }
 }
 
-/** GET a JSON document; on failure throw an ApiError naming the URL, the status and the detail. */
-export async function getJSON(path) {
+/** GET `path`; on failure throw an ApiError naming the URL, the status and the detail. */
+async function fetchOk(path) {
   let response;
   try {
     response = await fetch(path, { headers: { Accept: 'application/json' } });
@@ -31,13 +31,30 @@ export async function getJSON(path) {
     }
     throw new ApiError(`GET ${path} → ${response.status}: ${detail}`, response.status, detail);
   }
-  return response.json();
+  return response;
+}
+
+/** GET a JSON document (see fetchOk for failures). */
+export async function getJSON(path) {
+  return (await fetchOk(path)).json();
 }
 
 const runPath = (id) => `/api/runs/${encodeURIComponent(id)}`;
 
-export async function listRuns() {
-  return (await getJSON('/api/runs')).map(decodeRun);
+/**
+ * One page of the runs list: `query` = {sort, order, q, regex, limit} for the first page, or the
+ * `next` path a page gave. Resolves to {runs, next (path of the next page or null), total}.
+ */
+export async function listRunsPage(query) {
+  const path = typeof query === 'string' ? query : `/api/runs?${new URLSearchParams(query)}`;
+  const response = await fetchOk(path);
+  const link = /<([^>]+)>;\s*rel="next"/.exec(response.headers.get('Link') ?? '');
+  const total = response.headers.get('X-Total-Count');
+  return {
+    runs: (await response.json()).map(decodeRun),
+    next: link ? link[1] : null,
+    total: total === null ? null : Number(total),
+  };
 }
 
 export async function getRun(id) {
@@ -64,8 +81,25 @@ export async function getSeries(id, name, maxPoints, range = null) {
   return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?${query}`));
 }
 
-export async function getEvents(id) {
-  return decodeEvents(await getJSON(`${runPath(id)}/events`));
+/**
+ * /events from `start` on (every page, following next_start): the whole list, or with `start`
+ * only what a live page does not have yet.
+ */
+export async function getEvents(id, start = null) {
+  const events = [];
+  let from = start;
+  for (;;) {
+    const query = from === null ? '' : `?start=${from}`;
+    const body = await getJSON(`${runPath(id)}/events${query}`);
+    events.push(...decodeEvents(body));
+    if (body.next_start === null || body.next_start === undefined) return events;
+    from = body.next_start;
+  }
+}
+
+/** /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live. */
+export function getSkipRate(id, maxPoints) {
+  return getJSON(`${runPath(id)}/skip-rate?max_points=${maxPoints}`);
 }
 
 /** /layer-stats; `options` may hold start, end and max_points. */

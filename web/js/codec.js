@@ -92,6 +92,6 @@ export function decodeLayerStats(body) {
 export function decodeLiveMessage(text) {
   const msg = JSON.parse(text);
   if (msg.type === 'steps') return { ...msg, steps: msg.steps.map(decodeStep) };
-  if (msg.type === 'runs') return { ...msg, runs: msg.runs.map(decodeRun) };
+  if (msg.type === 'runs') return { ...msg, runs: msg.runs.map(decodeRun), active: (msg.active ?? []).map(decodeRun) };
   return msg;
 }

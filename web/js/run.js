@@ -29,6 +29,13 @@ const MISUSE_HELP = Object.freeze({
 
 const $ = (id) => document.getElementById(id);
 
+/** The highest step among `events` (or `since` when higher, or none). */
+function lastEventStep(events, since) {
+  let last = since;
+  for (const e of events) if (last === null || e.step > last) last = e.step;
+  return last;
+}
+
 function runIdFromUrl() {
   const match = location.pathname.match(/^\/runs\/([^/]+)\/?$/);
   if (match) return decodeURIComponent(match[1]);
@@ -50,7 +57,7 @@ class RunPage {
     this.eventsRefetched = 0;
     this.liveState = LiveState.CONNECTING;
     this.liveDetail = undefined;
-    this.skipFlags = []; // {step, skipped} of every stored step, for the rolling skip rate
+    this.eventsFrom = null; // the newest step /events gave: a live refetch starts there
     this.zoom = {};
     this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
     this.layerLinesPrefilled = false;
@@ -67,14 +74,16 @@ class RunPage {
     this.counted = this.lastStep ? this.lastStep.step : -1;
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
-    const [layers, scale, events, stats, loss, gradNorm] = await Promise.all([
+    const [layers, scale, events, stats, loss, gradNorm, skipRate] = await Promise.all([
       api.getLayers(this.runId),
       api.getSeries(this.runId, 'scale', maxPoints),
       api.getEvents(this.runId),
       api.getLayerStats(this.runId, 'lost_frac'),
       api.getSeries(this.runId, 'loss', maxPoints),
       api.getSeries(this.runId, 'grad_norm', maxPoints),
+      api.getSkipRate(this.runId, maxPoints),
     ]);
+    this.eventsFrom = lastEventStep(events, null);
     this.layerNames = layers.map((l) => l.name);
 
     this.scale = new ScaleChart($('scale-chart'), this.runId);
@@ -83,10 +92,13 @@ class RunPage {
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
     this.gradNorm = new LineChart($('gradnorm-chart'),
       { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
+    // Live: only the events from the newest step /events gave (that step again: repeats are
+    // merged by the log), never the whole list again.
     this.events = new EventLog($('events-body'), $('event-counts'), async () => {
-      const all = await api.getEvents(this.runId);
-      this.renderMisuse(all);
-      return all;
+      const fresh = await api.getEvents(this.runId, this.eventsFrom);
+      this.eventsFrom = lastEventStep(fresh, this.eventsFrom);
+      setTimeout(() => this.renderMisuse(this.events.events), 0); // once the log holds them
+      return fresh;
     });
     this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
     this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
@@ -98,9 +110,8 @@ class RunPage {
     const smoothing = Number($('smoothing').value);
     await Promise.all([
       this.scale.init(scale, events), this.heatmap.show(stats), this.loss.init(loss, smoothing),
-      this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(this.skipFlags, maxPoints), this.layerLines.init(),
+      this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(skipRate), this.layerLines.init(),
     ]);
-    this.skipFlags = null;
     $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
     $('heatmap-empty').hidden = stats.steps.length > 0;
     this.events.add(events);
@@ -134,20 +145,18 @@ class RunPage {
     }).start();
   }
 
-  /** Page through /steps to the newest id, counting steps and skips for the cards. */
+  /**
+   * The newest step id and its scalars (for the cards), the step and skip counts from the run's
+   * counters (the run detail): one step is read, never the whole run.
+   */
   async lastStepId() {
-    let after = 0;
-    for (;;) {
-      const page = await api.getSteps(this.runId, after);
-      if (page.steps.length) this.lastStep = page.steps[page.steps.length - 1];
-      this.numSteps += page.steps.length;
-      for (const step of page.steps) {
-        if (step.skipped) this.skipped += 1;
-        this.skipFlags.push({ step: step.step, skipped: !!step.skipped });
-      }
-      if (typeof page.last_id === 'number') after = Math.max(after, page.last_id);
-      if (page.steps.length < 10000) return after;
-    }
+    this.numSteps = this.run.num_steps ?? 0;
+    this.skipped = this.run.skipped_steps ?? 0;
+    const lastId = this.run.last_id;
+    if (typeof lastId !== 'number') return 0;
+    const page = await api.getSteps(this.runId, lastId - 1, 1);
+    if (page.steps.length) this.lastStep = page.steps[page.steps.length - 1];
+    return lastId;
   }
 
   renderHeader() {
@@ -256,7 +265,7 @@ class RunPage {
 
   onSteps(steps) {
     for (const s of steps) {
-      if (s.step <= this.counted) continue; // already counted from /steps
+      if (s.step <= this.counted) continue; // already in the run's counters
       this.counted = s.step;
       this.numSteps += 1;
       if (s.skipped) this.skipped += 1;

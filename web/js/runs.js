@@ -1,13 +1,17 @@
-// Runs list: filter (words or a regex), sort, select runs to compare. Kept current by the runs
-// socket (WS /api/runs/live: a snapshot on every connect, then the runs that changed), so a new
-// run or step shows without a reload and without polling; each run links to its page.
+// Runs list: filter (words or a regex), sort, select runs to compare, page by page. The server
+// sorts and filters (GET /api/runs, a keyset cursor: "load more" and infinite scroll fetch the
+// next page of the same order and filter); the page re-sorts and re-filters only what it has
+// loaded, at once, while the server's answer is on its way. Kept current by the runs socket
+// (WS /api/runs/live: a snapshot of the first page and the active runs on every connect, then
+// the runs that changed), so a new run or step shows without a reload and without polling;
+// with the default order and no filter the first page is the socket's snapshot itself.
 
-import { showError } from './api.js';
+import { listRunsPage, showError } from './api.js';
 import { findingCell } from './findings.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge, toDate } from './format.js';
 import { LiveState } from './live.js';
 import { RunsStream } from './runs_live.js';
-import { TableSort } from './table_sort.js';
+import { compareValues, TableSort } from './table_sort.js';
 
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
 
@@ -18,9 +22,20 @@ const regexToggle = $('filter-regex');
 const filterError = $('filter-error');
 const compareButton = $('compare');
 const selectAll = $('select-all');
+const loadMoreRow = $('load-more-row');
+const loadMoreButton = $('load-more');
 
-let runs = [];
+const PAGE = 100; // runs per page (GET /api/runs?limit=)
+const FILTER_DEBOUNCE_MS = 250; // the server is asked once typing pauses
+
+let runs = []; // the loaded runs of the current order and filter: a prefix of the server's list
 let loaded = false;
+let nextPage = null; // the path of the next page, null when every matching run is loaded
+let total = null; // how many runs the viewer has (the server's count, unfiltered)
+let pagesLoaded = 0;
+let generation = 0; // answers to an order or filter since replaced are dropped
+let loadingMore = false;
+let filterTimer = null;
 let liveState = LiveState.CONNECTING;
 let updatedAt = null;
 const selected = []; // run ids in the order they were picked: the first is the reference
@@ -62,7 +77,10 @@ function sortValue(run, key) {
   }
 }
 
-const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' }, render);
+const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' }, () => {
+  render(); // the loaded runs at once; then the server's first page of the new order
+  reload();
+});
 
 const TICK_MS = 5000; // relative times ("3m ago") are redrawn this often without new data
 const UNDERFLOW_WARN = 0.25; // the underflow finding's threshold (findings/thresholds.py)
@@ -174,8 +192,7 @@ function toggle(id, on) {
 }
 
 function renderSelection(shown) {
-  const known = new Set(runs.map((r) => r.id));
-  for (let i = selected.length - 1; i >= 0; i -= 1) if (!known.has(selected[i])) selected.splice(i, 1);
+  // A selection outlives the filter and the order: the run stays picked while it is not shown.
   compareButton.disabled = selected.length < 2;
   compareButton.textContent = selected.length ? `Compare ${selected.length} runs` : 'Compare';
   compareButton.title = selected.length < 2 ? 'Select two or more runs to compare them' : '';
@@ -184,35 +201,113 @@ function renderSelection(shown) {
   selectAll.indeterminate = shownSelected > 0 && shownSelected < shown.length;
 }
 
+/** The filter the server is asked for: empty while the regular expression is invalid. */
+function serverQuery() {
+  const q = filter.value.trim();
+  return {
+    sort: sort.key, order: sort.direction, q: matcher() instanceof Error ? '' : q,
+    regex: regexToggle.checked ? 'true' : 'false', limit: String(PAGE),
+  };
+}
+
+const isDefault = (query) => query.sort === 'started' && query.order === 'desc' && !query.q;
+
 function render() {
   const match = matcher();
   const invalid = match instanceof Error;
+  const filtered = !invalid && filter.value.trim() !== '';
   filterError.hidden = !invalid;
   filterError.textContent = invalid ? `${match.message} — showing every run.` : '';
   filter.setAttribute('aria-invalid', String(invalid));
   const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
   body.replaceChildren(...shown.map(row));
-  $('empty').hidden = !loaded || runs.length > 0;
-  $('runs').hidden = runs.length === 0;
-  $('no-match').hidden = runs.length === 0 || shown.length > 0;
-  $('run-count').textContent = runs.length
-    ? (shown.length === runs.length ? `${runs.length} runs` : `${shown.length} of ${runs.length} runs`) : '';
+  $('empty').hidden = !loaded || filtered || runs.length > 0 || nextPage !== null;
+  $('runs').hidden = shown.length === 0;
+  $('no-match').hidden = !loaded || !filtered || shown.length > 0 || nextPage !== null;
+  loadMoreRow.hidden = nextPage === null;
+  const known = total ?? runs.length;
+  let count = '';
+  if (filtered) count = `${shown.length} matching run${shown.length === 1 ? '' : 's'}${nextPage ? ' loaded, more below' : ''}`;
+  else if (known) count = shown.length < known ? `${shown.length} of ${known} runs` : `${known} runs`;
+  $('run-count').textContent = count;
   renderSelection(shown);
 }
 
-/** A snapshot (`full`) replaces the list; otherwise the changed runs are merged in by id. */
-function onRuns(changed, full) {
-  if (full) runs = changed;
-  else {
-    const byId = new Map(changed.map((r) => [r.id, r]));
-    const known = new Set(runs.map((r) => r.id));
-    // New runs first (the newest), then the known ones, each replaced by its new summary.
-    runs = [...changed.filter((r) => !known.has(r.id)), ...runs.map((r) => byId.get(r.id) ?? r)];
-  }
+/** Merge summaries in by id: a known run is replaced; a new one joins when it matches the filter
+ * and sorts within what is loaded (beyond it, it comes with a later page). */
+function merge(changed) {
+  const byId = new Map(changed.map((r) => [r.id, r]));
+  const known = new Set(runs.map((r) => r.id));
+  const match = matcher();
+  const ordered = sort.sorted(runs, sortValue);
+  const last = ordered[ordered.length - 1];
+  const fits = (r) => nextPage === null || !last
+    || compareValues(sortValue(r, sort.key), sortValue(last, sort.key), sort.direction) <= 0;
+  const added = changed.filter((r) => !known.has(r.id) && (match instanceof Error || match(r)) && fits(r));
+  runs = [...added, ...runs.map((r) => byId.get(r.id) ?? r)];
+}
+
+/** The socket's summaries: its snapshot (`full`) is the first page of the default order, with
+ * the older active runs apart (`active`: they update the runs loaded, never add to the page). */
+function onRuns(changed, full, message) {
+  const query = serverQuery();
+  if (full && isDefault(query) && pagesLoaded <= 1 && generation === 0) {
+    runs = changed;
+    nextPage = message.next_cursor ? `/api/runs?${new URLSearchParams({ cursor: message.next_cursor, limit: String(PAGE) })}` : null;
+    pagesLoaded = 1;
+  } else merge(changed);
+  if (full && message.active) merge(message.active); // older active runs: updates of those loaded
+  if (full && message.total !== null && message.total !== undefined) total = message.total;
   loaded = true;
   updatedAt = new Date();
   render();
   renderLive();
+}
+
+/** Ask the server for the first page of the current order and filter. */
+async function reload() {
+  generation += 1;
+  const mine = generation;
+  try {
+    const page = await listRunsPage(serverQuery());
+    if (mine !== generation) return;
+    runs = page.runs;
+    nextPage = page.next;
+    if (page.total !== null) total = page.total;
+    pagesLoaded = 1;
+    loaded = true;
+    showError(null);
+    render();
+  } catch (err) {
+    if (mine === generation) showError(err.message);
+  }
+}
+
+/** The next page of the same order and filter (the button, or scrolling to it). */
+async function loadMore() {
+  if (nextPage === null || loadingMore) return;
+  loadingMore = true;
+  const mine = generation;
+  try {
+    const page = await listRunsPage(nextPage);
+    if (mine !== generation) return;
+    const byId = new Map(page.runs.map((r) => [r.id, r]));
+    const fresh = page.runs.filter((r) => !runs.some((known) => known.id === r.id));
+    runs = [...runs.map((r) => byId.get(r.id) ?? r), ...fresh];
+    nextPage = page.next;
+    pagesLoaded += 1;
+    render();
+  } catch (err) {
+    if (mine === generation) showError(err.message);
+  } finally {
+    loadingMore = false;
+  }
+}
+
+function onFilter() {
+  render(); // at once, over what is loaded
+  clearTimeout(filterTimer);
+  filterTimer = setTimeout(reload, FILTER_DEBOUNCE_MS);
 }
 
 function renderLive(detail) {
@@ -230,8 +325,12 @@ function onState(state, detail) {
 }
 
 $('server-url').textContent = location.origin;
-filter.addEventListener('input', render);
-regexToggle.addEventListener('change', render);
+filter.addEventListener('input', onFilter);
+regexToggle.addEventListener('change', onFilter);
+loadMoreButton.addEventListener('click', loadMore);
+new IntersectionObserver((entries) => {
+  if (entries.some((entry) => entry.isIntersecting)) loadMore();
+}).observe(loadMoreButton);
 selectAll.addEventListener('change', () => {
   const match = matcher();
   const shown = match instanceof Error ? runs : runs.filter(match);

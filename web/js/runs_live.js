@@ -1,5 +1,5 @@
-// The runs list's socket (WS /api/runs/live): every run's summary on connect, then the runs that
-// changed. Reconnects with backoff; the server's snapshot on every (re)connect is the resync, so
+// The runs list's socket (WS /api/runs/live): a snapshot on connect (the first page, the active
+// runs and the next page's cursor), then the runs that changed. Reconnects with backoff; the server's snapshot on every (re)connect is the resync, so
 // nothing missed while away is lost.
 
 import { decodeLiveMessage } from './codec.js';
@@ -7,7 +7,7 @@ import { LiveState, reconnectDelay, socketUrl } from './live.js';
 
 export class RunsStream {
   /**
-   * @param {{onRuns: (runs: object[], full: boolean) => void,
+   * @param {{onRuns: (runs: object[], full: boolean, message: object) => void,
    *          onState: (state: string, detail?: string) => void}} handlers
    */
   constructor({ onRuns, onState }) {
@@ -63,6 +63,6 @@ export class RunsStream {
       this.onState(LiveState.OPEN, `bad message: ${err.message}`);
       return;
     }
-    if (msg.type === 'runs') this.onRuns(msg.runs, msg.full);
+    if (msg.type === 'runs') this.onRuns(msg.runs, msg.full, msg);
   }
 }

@@ -1,7 +1,7 @@
-// Rolling skip rate: the share of skipped steps among the last WINDOW steps, computed here from the
-// steps' `skipped` flags (/steps on load, the socket after). Long runs are reduced to buckets that
-// keep each bucket's highest rate (a burst of skips is never averaged away), then live steps are
-// appended with Plotly.extendTraces.
+// Rolling skip rate: the share of skipped steps among the last WINDOW steps. On load from the
+// server (/skip-rate: bucket maxima, so a burst of skips is never averaged away, and the last
+// window's steps), then computed here from live steps' `skipped` flags, continuing the server's
+// window exactly, and appended with Plotly.extendTraces.
 
 import { COLORS, CONFIG, Plotly, themedLayout } from './plot.js';
 
@@ -42,20 +42,11 @@ export class SkipRateChart {
     return { x, y };
   }
 
-  /** steps: [{step, skipped}] in step order; maxPoints: the chart's budget of points. */
-  async init(steps, maxPoints) {
-    const { x, y } = this.rates(steps);
-    let bx = x;
-    let by = y;
-    if (x.length > maxPoints) { // bucket max, never stride sampling
-      const width = Math.ceil(x.length / maxPoints);
-      bx = [];
-      by = [];
-      for (let i = 0; i < x.length; i += width) {
-        bx.push(x[i]);
-        by.push(Math.max(...y.slice(i, i + width)));
-      }
-    }
+  /** body: /skip-rate (bucket maxima and the last window's [step, skipped], oldest first). */
+  async init(body) {
+    for (const [step, skipped] of body.tail) this.push(step, skipped);
+    const bx = body.points.map((p) => p.step);
+    const by = body.points.map((p) => p.rate);
     const trace = {
       x: bx, y: by, type: 'scatter', mode: 'lines', name: `skip rate (last ${this.window} steps)`,
       line: { color: COLORS.skipped, width: 1.5, shape: 'hv' }, fill: 'tozeroy', fillcolor: 'rgba(220, 38, 38, 0.08)',

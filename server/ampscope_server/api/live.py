@@ -4,9 +4,10 @@ WS /api/runs/{run_id}/live: backfill after `after_id`, then push steps as they a
 `{"type": "steps", ...}` and `{"type": "status", ...}` (once after the backfill, then whenever
 the status changes). An unknown run is closed with 4404.
 
-WS /api/runs/live: the runs list. Every run's summary on connect (and again every
-`_poll_interval`, since a run turns `crashed` by silence), and in between the summaries of the
-runs that changed, at most `RUNS_PER_S` messages a second however fast batches arrive.
+WS /api/runs/live: the runs list. A snapshot on connect (and again every `_poll_interval`, since
+a run turns `crashed` by silence): the first page of `GET /api/runs` and every active run, with
+the next page's cursor; in between the summaries of the runs that changed, at most `RUNS_PER_S`
+messages a second however fast batches arrive.
 
 The gate has authenticated the socket (cookie or bearer header, never the query string) and
 checked its Origin; a principal without the read scope is closed with 1008 here, and a run of a
@@ -156,12 +157,14 @@ async def runs_live(
                 subscription.changed.clear()
                 if ALL_RUNS in changed:  # the hub may have missed notifications: all again
                     full, last_full = True, loop.time()
-                summaries = await run_in_threadpool(
+                found = await run_in_threadpool(
                     runs.live_summaries, factory, None if full else changed,
                     settings.crash_timeout_s, principal,
                 )
-                if full or summaries:
-                    await _send(websocket, LiveRuns(full=full, runs=summaries))
+                if full or found.runs:
+                    await _send(websocket, LiveRuns(full=full, runs=found.runs,
+                                                    next_cursor=found.next_cursor,
+                                                    total=found.total, active=found.active))
                 await asyncio.sleep(1 / RUNS_PER_S)  # what arrives meanwhile goes in one message
                 timeout = max(0.0, last_full + interval - loop.time())
                 if not await listener.wait(subscription.changed, timeout):

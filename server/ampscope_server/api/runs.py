@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import exports, lifecycle, report, runs
+from ampscope_server import exports, lifecycle, report, runs, runs_list
 from ampscope_server.deps import (
     PrincipalDep,
     RunDep,
@@ -17,6 +17,8 @@ from ampscope_server.deps import (
     requires,
 )
 from ampscope_server.principal import Scope
+from ampscope_server.run_counters_repository import SortKey
+from ampscope_server.runs_list import RunsQuery
 from ampscope_server.schemas import (
     AUTH_RESPONSES,
     DeletedRead,
@@ -36,10 +38,40 @@ NOT_FOUND: dict[int | str, dict[str, object]] = {
 StepId = Annotated[int, Query(ge=0, le=2**63 - 1)]
 
 
-@router.get("/runs")
-def list_runs(session: SessionDep, settings: SettingsDep, principal: PrincipalDep
-              ) -> list[RunSummary]:
-    return runs.list_summaries(session, settings.crash_timeout_s, principal)
+LIST_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"description": "One page of runs. `Link: <…>; rel=\"next\"` gives the next page "
+                         "(absent on the last); `X-Total-Count` the number of runs (unfiltered "
+                         "only). See docs/contracts.md, Runs list.",
+          "headers": {"Link": {"schema": {"type": "string"}},
+                      "X-Total-Count": {"schema": {"type": "integer"}}}},
+    422: {"model": ErrorBody, "description": "A bad cursor, sort or filter"},
+}
+
+
+@router.get("/runs", responses=LIST_RESPONSES)
+def list_runs(
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    factory: SessionFactoryDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=runs_list.MAX_LIMIT)] = runs_list.DEFAULT_LIMIT,
+    cursor: Annotated[str | None, Query(max_length=2000)] = None,
+    sort: SortKey = "started",
+    order: Literal["asc", "desc"] = "desc",
+    q: Annotated[str, Query(max_length=runs_list.FILTER_MAX)] = "",
+    regex: bool = False,
+) -> list[RunSummary]:
+    query = RunsQuery(sort=sort, descending=order == "desc", cursor=cursor, limit=limit, q=q,
+                      regex=regex)
+    page = runs.list_page(session, settings.crash_timeout_s, query, principal, factory)
+    if page.next_cursor is not None:
+        after = request.url.include_query_params(cursor=page.next_cursor)
+        response.headers["Link"] = f'<{after.path}?{after.query}>; rel="next"'
+    if page.total is not None:
+        response.headers["X-Total-Count"] = str(page.total)
+    return page.runs
 
 
 @router.get("/runs/{run_id}", responses=NOT_FOUND)

@@ -1,4 +1,4 @@
-"""Chart data: downsampled series, scale events, layer-by-step heatmaps."""
+"""Chart data: downsampled series, scale events (paged), skip rate, layer-by-step heatmaps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import charts
+from ampscope_server import charts, event_reads
 from ampscope_server.api.runs import NOT_FOUND
 from ampscope_server.deps import RunDep, SessionDep, requires
 from ampscope_server.principal import Scope
@@ -18,6 +18,7 @@ from ampscope_server.schemas import (
     HeatmapStat,
     SeriesName,
     SeriesRead,
+    SkipRateRead,
 )
 
 router = APIRouter(prefix="/api/runs/{run_id}", tags=["charts"],
@@ -39,9 +40,28 @@ def get_series(
 
 
 @router.get("/events")
-def get_events(run: RunDep, session: SessionDep, start: StepBound = None,
-               end: StepBound = None) -> EventsRead:
-    return charts.events_read(session, run, start, end)
+def get_events(
+    run: RunDep,
+    session: SessionDep,
+    start: StepBound = None,
+    end: StepBound = None,
+    limit: Annotated[int, Query(ge=1, le=event_reads.MAX_EVENT_STEPS)] = (
+        event_reads.DEFAULT_EVENT_STEPS),
+) -> EventsRead:
+    """Events of at most `limit` event steps from `start`; `next_start` when more follow."""
+    return event_reads.events_page(session, run, start, end, limit)
+
+
+@router.get("/skip-rate")
+def get_skip_rate(
+    run: RunDep,
+    session: SessionDep,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
+    window: Annotated[int, Query(ge=1, le=1_000_000)] = 100,
+    start: StepBound = None,
+    end: StepBound = None,
+) -> SkipRateRead:
+    return event_reads.skip_rate_read(session, run, max_points, window, start, end)
 
 
 @router.get("/layer-stats")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import diagnosis, ingest, repository
@@ -37,14 +38,40 @@ class TestLoader:
         assert sorted({s.step for s in data.layer_samples}) == list(range(1920, 2000, 10))
         assert len(data.layer_samples) == diagnosis.RECENT_LAYER_STEPS * 2
 
-    def test_baseline_reads_every_step(self, database: Database) -> None:
+    def test_baseline_reads_the_notable_steps_and_the_window_before_the_divergence(
+        self, database: Database
+    ) -> None:
         run_id = _ingest(database.sessions, _long_run(new_id()))
         with database.sessions() as session:
             run = repository.get_run(session, run_id)
             assert run is not None
-            data = diagnosis.load_run_data(session, run, for_baseline=True)
-        assert len(data.steps) == 2000
+            data = diagnosis.load_run_data(session, run, for_baseline=True, divergence=1000)
+            quiet = diagnosis.load_run_data(session, run, for_baseline=True)
+        window = list(range(1000 - diagnosis.BASELINE_WINDOW, 1001))
+        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, *window, 1999]
+        assert [p.step for p in quiet.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
         assert len({s.step for s in data.layer_samples}) == 200  # all 200 (fewer than 256)
+
+    def test_a_baseline_comparison_reads_no_run_whole(
+        self, database: Database, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Both sides read their notable steps and a window found by the bounded divergence
+        search (a step-by-step search here: 2000 common steps), never every step."""
+        ids = [_ingest(database.sessions, _long_run(new_id())) for _ in range(2)]
+        asked: list[bool] = []
+        whole = repository.findings_steps
+
+        def spy(session: Session, run_id: str, every_step: bool) -> list[tuple[Any, ...]]:
+            asked.append(every_step)
+            return whole(session, run_id, every_step)
+
+        monkeypatch.setattr(repository, "findings_steps", spy)
+        with database.sessions() as session:
+            run, baseline = (repository.get_run(session, run_id) for run_id in ids)
+            assert run is not None and baseline is not None
+            findings = diagnosis.findings_of(session, run, baseline.id)
+        assert asked == [False, False]
+        assert "baseline_divergence" not in {f.kind for f in findings}  # the same training
 
     def test_nonfinite_layers_and_nan_context(self, database: Database) -> None:
         run_id = _ingest(database.sessions, troubled_batch(new_id()))

@@ -1,0 +1,139 @@
+"""Service: the runs list's pages — sort, keyset cursor, filter — over `run_counters_repository`.
+
+A page is `limit` runs in the order asked for, after an opaque cursor (the previous page's last
+(sort value, id), base64url JSON): stable while runs are added, unlike an offset. The filter is
+applied here, on the server, before the page is cut, so "the next page" means the next runs that
+match, and it matches what the page's own filter box does in the browser (`web/js/runs.js`):
+words (each must appear, case-insensitive, in the name, project, id, status or a tag) or one
+regular expression (searched, case-insensitive). Unfiltered, a page reads `limit + 1` rows;
+filtered, it reads runs in order, FILTER_CHUNK at a time, until the page is full (the runs
+table only: never a step).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from ampscope_server import run_counters_repository
+from ampscope_server.errors import InvalidPayload
+from ampscope_server.models import Run, RunCounters
+from ampscope_server.run_counters_repository import SORT_KEYS, SortKey
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 500
+FILTER_MAX = 200
+"""The longest filter accepted (a regular expression is run on the server)."""
+FILTER_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class RunsQuery:
+    sort: SortKey = "started"
+    descending: bool = True
+    cursor: str | None = None
+    limit: int = DEFAULT_LIMIT
+    q: str = ""
+    regex: bool = False
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    runs: list[Run]
+    next_cursor: str | None
+    """Where the next page starts; None: this is the last."""
+    total: int | None
+    """How many runs there are (the viewer's); None when filtered (counting the matches would
+    read every run)."""
+
+
+def encode_cursor(sort: SortKey, descending: bool, value: Any, run_id: str) -> str:
+    text = json.dumps([sort, "desc" if descending else "asc", value, run_id],
+                      separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: SortKey, descending: bool) -> tuple[Any, str]:
+    """(sort value, run id) of a cursor made for this sort and direction; 422 otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        made_sort, direction, value, run_id = json.loads(raw)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidPayload("cursor: not a cursor this server gave (pass the `next` link of "
+                             "the previous page unchanged)") from None
+    wanted = "desc" if descending else "asc"
+    if (made_sort, direction) != (sort, wanted):
+        raise InvalidPayload(f"cursor: made for sort={made_sort} order={direction}, but this "
+                             f"request asks sort={sort} order={wanted}")
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # Postgres refuses a NUL in a query parameter; no stored name or id holds one.
+    if not isinstance(run_id, str) or "\x00" in run_id or not (
+            (isinstance(value, str) and "\x00" not in value)
+            or (numeric and math.isfinite(value))):
+        raise InvalidPayload("cursor: not a cursor this server gave")
+    return value, run_id
+
+
+def status_of(run: Run, crashed_before: float) -> str:
+    """The derived status (`runs.derive_status`) as the filter reads it."""
+    if run.status == "active" and run.updated_at < crashed_before:
+        return "crashed"
+    return run.status
+
+
+def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Run], bool] | None:
+    """The filter as a predicate over runs (None: no filter); 422 for an invalid one."""
+    query = q.strip()
+    if not query:
+        return None
+    if len(query) > FILTER_MAX:
+        raise InvalidPayload(f"q: at most {FILTER_MAX} characters")
+
+    def fields(run: Run) -> list[str]:
+        return [run.name, run.project, run.id, status_of(run, crashed_before),
+                *(str(tag) for tag in run.tags)]
+
+    if regex:
+        try:
+            pattern = re.compile(query, re.IGNORECASE)
+        except re.error as exc:
+            raise InvalidPayload(f"q: invalid regular expression: {exc}") from None
+        return lambda run: any(pattern.search(field) for field in fields(run))
+    words = query.lower().split()
+    return lambda run: all(word in " ".join(fields(run)).lower() for word in words)
+
+
+def page(session: Session, query: RunsQuery, project: str | None, crashed_before: float
+         ) -> RunsPage:
+    """The runs of one page of the list (of `project`, when given)."""
+    if query.sort not in SORT_KEYS:
+        raise InvalidPayload(f"sort: one of {', '.join(SORT_KEYS)}")
+    after = (None if query.cursor is None
+             else decode_cursor(query.cursor, query.sort, query.descending))
+    match = matcher(query.q, query.regex, crashed_before)
+    chunk = query.limit + 1 if match is None else FILTER_CHUNK
+    kept: list[tuple[Run, Any]] = []
+    while len(kept) <= query.limit:
+        rows: Sequence[tuple[Run, RunCounters | None, Any]] = run_counters_repository.runs_page(
+            session, project=project, key=query.sort, descending=query.descending,
+            after=after, limit=chunk, crashed_before=crashed_before)
+        kept.extend((run, value) for run, _, value in rows if match is None or match(run))
+        if len(rows) < chunk:
+            break
+        last_run, _, last_value = rows[-1]
+        after = (last_value, last_run.id)
+    shown = kept[:query.limit]
+    next_cursor = None
+    if len(kept) > query.limit and shown:
+        run, value = shown[-1]
+        next_cursor = encode_cursor(query.sort, query.descending, value, run.id)
+    total = run_counters_repository.count_runs(session, project) if match is None else None
+    return RunsPage(runs=[run for run, _ in shown], next_cursor=next_cursor, total=total)

@@ -1,0 +1,104 @@
+"""The runs list pages in a real browser: the first page comes over the socket (no GET), the
+next by the cursor when the list is scrolled to its end, a filter is answered by the server
+(it finds a run beyond the loaded pages), and a run pushed live still joins. No console error,
+no CSP violation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from tests.server.wire import batch, new_id, record
+from tests.support.databases import sqlite_url
+from tests.support.servers import ServerProcess
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+WAIT_MS = 15_000
+RUNS = 130  # more than a page (100)
+ROWS = "() => [...document.querySelectorAll('#runs-body tr')].map((tr) => tr.dataset.runId)"
+
+
+def _post(server: ServerProcess, run_id: str, name: str, steps: int = 1) -> None:
+    response = httpx.post(f"{server.url}/api/ingest", timeout=30, json=batch(
+        [record(i, with_layers=False) for i in range(steps)], run_id=run_id, name=name))
+    assert response.status_code == 200, response.text
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str]]]:
+    tmp = tmp_path_factory.mktemp("runs-pages")
+    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    try:
+        ids = []
+        for i in range(RUNS):
+            run_id = new_id()
+            _post(server, run_id, "needle-in-page-two" if i == 3 else f"hay-{i:03d}")
+            ids.append(run_id)
+        yield server, ids[::-1]  # newest first, as the list shows them
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def page() -> Iterator[tuple[Page, list[str], list[str]]]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = chromium.new_context(viewport={"width": 1440, "height": 900}).new_page()
+        pg.add_init_script("""window.__cspViolations = [];
+          document.addEventListener('securitypolicyviolation',
+            (e) => window.__cspViolations.push(e.violatedDirective));""")
+        errors: list[str] = []
+        lists: list[str] = []
+        pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        pg.on("request", lambda r: lists.append(r.url.split("/", 3)[3])
+              if r.url.split("?")[0].endswith("/api/runs") else None)
+        try:
+            yield pg, errors, lists
+        finally:
+            chromium.close()
+
+
+def test_pages_filter_and_live(served: tuple[ServerProcess, list[str]],
+                               page: tuple[Page, list[str], list[str]]) -> None:
+    server, ids = served
+    pg, errors, lists = page
+    pg.goto(f"{server.url}/")
+    pg.wait_for_function(f"() => ({ROWS})().length === 100", timeout=WAIT_MS)
+    assert pg.evaluate(ROWS) == ids[:100]
+    assert lists == []  # the first page is the socket's snapshot
+    assert pg.locator("#run-count").inner_text() == f"100 of {RUNS} runs"
+
+    # Scrolled to the end: the next page, by the cursor the snapshot carried.
+    pg.locator("#load-more").scroll_into_view_if_needed()
+    pg.wait_for_function(f"() => ({ROWS})().length === {RUNS}", timeout=WAIT_MS)
+    assert pg.evaluate(ROWS) == ids
+    assert len(lists) == 1 and "cursor=" in lists[0]
+    assert pg.locator("#load-more-row").is_hidden()
+    assert pg.locator("#run-count").inner_text() == f"{RUNS} runs"
+
+    # A filter is the server's: reloaded, it finds the run on page two.
+    pg.evaluate("() => window.scrollTo(0, 0)")
+    pg.reload()
+    pg.wait_for_function(f"() => ({ROWS})().length === 100", timeout=WAIT_MS)
+    assert ids[RUNS - 4] not in pg.evaluate(ROWS)  # the needle is on page two
+    with pg.expect_response(lambda r: "q=needle" in r.url, timeout=WAIT_MS):
+        pg.fill("#filter", "needle")
+    pg.wait_for_function(f"() => ({ROWS})().length === 1 && ({ROWS})()[0] === '{ids[RUNS - 4]}'",
+                         timeout=WAIT_MS)
+    assert pg.locator("#run-count").inner_text() == "1 matching run"
+
+    # Live: a new run that matches joins; one that does not stays out.
+    hit, miss = new_id(), new_id()
+    _post(server, hit, "needle-live")
+    _post(server, miss, "hay-live")
+    pg.wait_for_function(f"() => ({ROWS})().includes('{hit}')", timeout=WAIT_MS)
+    assert miss not in pg.evaluate(ROWS)
+    assert pg.evaluate("() => window.__cspViolations") == []
+    assert errors == []
