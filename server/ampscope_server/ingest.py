@@ -17,7 +17,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import access_repository, batch_checks, codec, live, repository, rollups
+from ampscope_server import (
+    access_repository,
+    batch_checks,
+    codec,
+    live,
+    repository,
+    rollups,
+    stat_packing,
+)
 from ampscope_server.errors import (
     Conflict,
     Forbidden,
@@ -30,6 +38,7 @@ from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
     CLIENT_FIELDS,
+    LAYER_STAT_KINDS,
     LAYER_STAT_NAMES,
     ActivationStat,
     Attempt,
@@ -68,6 +77,8 @@ def ingest_batch(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
+    repository.insert_rows(session, LayerStat, [
+        row for step_id, record in new for row in _layer_stat_rows(run_id, step_id, record)])
     for model, rows_of in _CHILDREN:
         repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
@@ -169,16 +180,23 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         )
         for _, record in ordered
     )
-    columns = ("series", *rollups.ROLLUP_STATS)
-    for level, index, series_blob, *stats in repository.get_rollups(
-        session, run_id, list(delta), columns
+    for level, index, series_blob in repository.get_rollups(
+        session, run_id, list(delta), ("series",)
     ):
-        stored = rollups.from_row(series_blob, dict(zip(rollups.ROLLUP_STATS, stats, strict=True)))
-        stored.merge(delta[(level, index)])
-        delta[(level, index)] = stored
+        stored = rollups.unpack_series(series_blob)
+        for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
+            mine.merge(theirs)
+        delta[(level, index)].series = stored
+    with_layers = [key for key, bucket in delta.items() if bucket.layers is not None]
+    for key, blob in repository.get_layer_rollups(session, run_id, with_layers).items():
+        delta[key].layers = rollups.merge_layers(rollups.unpack_layers(blob), delta[key].layers)
     repository.upsert_rollups(
         session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
     )
+    repository.upsert_layer_rollups(session, [
+        rollups.to_layer_row(run_id, key, delta[key].layers)  # type: ignore[arg-type]
+        for key in sorted(with_layers)
+    ])
 
 
 ClientKey = tuple[int, int, int, int]
@@ -234,10 +252,13 @@ def _by_index(arrays: object, index_column: str) -> Rows:
     ]
 
 
-def _layer_stat_rows(step_id: int, record: StepRecord) -> Rows:
-    if record.layers is None:
+def _layer_stat_rows(run_id: str, step_id: int, record: StepRecord) -> Rows:
+    layers = record.layers
+    if layers is None:
         return []
-    return [{"step_id": step_id, **row} for row in _by_index(record.layers, "layer_index")]
+    columns = [getattr(layers, name) for name in LAYER_STAT_NAMES]
+    return [{"step_id": step_id, "run_id": run_id, "layers": len(columns[0]),
+             "data": stat_packing.pack(columns, LAYER_STAT_KINDS)}]
 
 
 def _activation_rows(step_id: int, record: StepRecord) -> Rows:
@@ -296,7 +317,6 @@ def _swallowed_rows(step_id: int, record: StepRecord) -> Rows:
 
 
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
-    (LayerStat, _layer_stat_rows),
     (ActivationStat, _activation_rows),
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
@@ -304,4 +324,5 @@ _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
     (StepRecheck, _recheck_rows),
     (SwallowedStat, _swallowed_rows),
 )
-"""Each table a step's children go to, with the function that builds a step's rows for it."""
+"""Each table a step's children go to (besides `layer_stats`, which also takes the run), with the
+function that builds a step's rows for it."""

@@ -31,7 +31,8 @@ def test_db_upgrade_creates_the_schema(db_url: str) -> None:
         assert set(inspect(engine).get_table_names()) == {
             "alembic_version", "runs", "attempts", "layers", "steps", "layer_stats", "modules",
             "step_nonfinite", "misuse_events", "activation_stats", "histograms", "rollups",
-            "step_rechecks", "swallowed_stats", "projects", "api_tokens", "browser_sessions",
+            "layer_rollups", "step_rechecks", "swallowed_stats", "projects", "api_tokens",
+            "browser_sessions",
                 "deleted_runs"}
         db.verify_schema(engine)
     finally:

@@ -29,7 +29,8 @@ def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
         return (
             session.scalar(select(func.count()).select_from(Run)) or 0,
             session.scalar(select(func.count()).select_from(Step)) or 0,
-            session.scalar(select(func.count()).select_from(LayerStat)) or 0,
+            # per-layer statistics stored: a packed row per step holds `layers` of them
+            session.scalar(select(func.coalesce(func.sum(LayerStat.layers), 0))) or 0,
         )
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import charts, codec, db, ingest, repository, rollups
-from ampscope_server.models import LAYER_STAT_NAMES, LayerStat, Rollup, Run, Step
+from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
 
@@ -42,13 +42,19 @@ def _random_record(rng: random.Random, seq: int, step: int) -> dict[str, Any]:
     return rec
 
 
-def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, ...]]:
+def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, bytes | None]]:
+    """{(level, bucket): (series blob, packed per-layer rollup or None)}."""
+    layers = {
+        (level, bucket): data for level, bucket, data in session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id))
+    }
     rows = session.execute(
-        select(Rollup.level, Rollup.bucket, Rollup.series,
-               *[getattr(Rollup, name) for name in rollups.ROLLUP_STATS])
-        .where(Rollup.run_id == run_id)
-    )
-    return {(level, bucket): tuple(rest) for level, bucket, *rest in rows}
+        select(Rollup.level, Rollup.bucket, Rollup.series).where(Rollup.run_id == run_id))
+    out = {(level, bucket): (series, layers.pop((level, bucket), None))
+           for level, bucket, series in rows}
+    assert layers == {}  # no per-layer rollup without its series rollup
+    return out
 
 
 def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
@@ -60,9 +66,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     for step in steps:
         values = [codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
                   for name in rollups.SERIES]
-        stats = session.execute(
-            select(LayerStat).where(LayerStat.step_id == step.id).order_by(LayerStat.layer_index)
-        ).scalars().all()
+        stats = repository.layer_stats_of(session, [step.id])
         for level in rollups.LEVELS:
             bucket = out.setdefault((level, step.step >> level), rollups.Bucket())
             for acc, value in zip(bucket.series, values, strict=True):
@@ -73,7 +77,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
                     acc.lo = value if math.isnan(acc.lo) else min(acc.lo, value)
                     acc.hi = value if math.isnan(acc.hi) else max(acc.hi, value)
                 acc.last, acc.last_step = value, step.step
-            if stats:
+            if stats and level in rollups.LAYER_LEVELS:
                 layers = {name: [getattr(s, name) for s in stats] for name in LAYER_STAT_NAMES}
                 bucket.layers = rollups.merge_layers(
                     bucket.layers, rollups.step_layers(layers, values[0]))
@@ -103,8 +107,10 @@ class TestMaintainedAtIngest:
             expected = _brute_force(session, run_id)
         assert set(stored) == set(expected)
         for key, bucket in expected.items():
-            got = rollups.from_row(stored[key][0], dict(
-                zip(rollups.ROLLUP_STATS, stored[key][1:], strict=True)))
+            series_blob, layers_blob = stored[key]
+            got = rollups.Bucket(
+                series=rollups.unpack_series(series_blob),
+                layers=None if layers_blob is None else rollups.unpack_layers(layers_blob))
             for mine, theirs in zip(got.series, bucket.series, strict=True):
                 assert (mine.n, mine.last_step) == (theirs.n, theirs.last_step), key
                 assert all(_same(x, y) for x, y in ((mine.lo, theirs.lo), (mine.hi, theirs.hi),
