@@ -130,9 +130,9 @@ def _attempt(session: Session, batch: IngestBatch) -> Attempt:
 
 def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
     """Store the batch's layer table or check it against the stored one; the numels or None."""
+    if batch.layers is None:  # most batches: only the numels are needed, not the table's rows
+        return repository.layer_numels(session, batch.run.id) or None
     stored = repository.get_layers(session, batch.run.id)
-    if batch.layers is None:
-        return [layer.numel for layer in stored] if stored else None
     if not stored:
         repository.insert_layers(session, [
             {"run_id": batch.run.id, **layer.model_dump()} for layer in batch.layers
@@ -187,7 +187,8 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
             mine.merge(theirs)
         delta[(level, index)].series = stored
-    with_layers = [key for key, bucket in delta.items() if bucket.layers is not None]
+    with_layers = [key for key, bucket in delta.items()
+                   if bucket.layers is not None and key[0] in rollups.LAYER_LEVELS]
     for key, blob in repository.get_layer_rollups(session, run_id, with_layers).items():
         delta[key].layers = rollups.merge_layers(rollups.unpack_layers(blob), delta[key].layers)
     repository.upsert_rollups(

@@ -165,6 +165,12 @@ def get_layers(session: Session, run_id: str) -> Sequence[Layer]:
     return session.scalars(select(Layer).where(Layer.run_id == run_id).order_by(Layer.index)).all()
 
 
+def layer_numels(session: Session, run_id: str) -> list[int]:
+    """The numel of each of the run's layers, in index order (empty: no layer table)."""
+    return [int(numel) for numel in session.scalars(
+        select(Layer.numel).where(Layer.run_id == run_id).order_by(Layer.index))]
+
+
 def insert_layers(session: Session, rows: list[dict[str, Any]]) -> None:
     if rows:
         session.execute(_insert(session, Layer), rows)

@@ -161,12 +161,61 @@ def step_layers(layers: Mapping[str, Sequence[float | None]], scale: float | Non
     return out
 
 
+RawLayers = tuple[Mapping[str, Sequence[float | None]], float | None]
+"""One step's stored statistics per layer and the scale in effect (`StepInput`'s two parts)."""
+
+
+def reduce_steps(steps: Sequence[RawLayers]) -> LayerArrays:
+    """`reduce_layers` of every step's `step_layers`, without building each step's ten arrays.
+
+    Equal value for value: max and min do not depend on the order; `lost_frac` is still the max
+    of the per-step sums; and for the steps that share a positive finite scale s, the largest
+    amax · s is the largest amax times s (rounding is monotonic), so `amax_scaled` takes one
+    product per layer and scale rather than one per layer and step.
+    """
+    out: LayerArrays = {}
+    for name in _STORED:
+        columns = [_or(layers[name], MISSING[name]) for layers, _ in steps]
+        out[name] = _worst(name, columns)
+    out["lost_frac"] = _worst("lost_frac", [
+        list(map(add, _or(layers["zero_frac"], MISSING["zero_frac"]),
+                 _or(layers["underflow_frac"], MISSING["underflow_frac"])))
+        for layers, _ in steps])
+    by_scale: dict[float, list[int]] = {}
+    for position, (_, scale) in enumerate(steps):
+        effective = 1.0 if scale is None else scale
+        if math.isfinite(effective) and effective > 0:
+            by_scale.setdefault(effective, []).append(position)
+    width = len(out["amax"])
+    scaled = [[-math.inf] * width]
+    if len(by_scale) == 1 and len(steps) == len(next(iter(by_scale.values()))):
+        amax_columns = {-1: out["amax"]}  # every step at one scale: the amax already reduced
+    else:
+        amax_columns = {
+            key: _worst("amax", [_or(steps[i][0]["amax"], MISSING["amax"]) for i in positions])
+            for key, positions in enumerate(by_scale.values())
+        }
+    for key, effective in zip(amax_columns, by_scale, strict=False):
+        scaled.append([a * effective if a >= 0 else a for a in amax_columns[key]])
+    out["amax_scaled"] = _worst("amax_scaled", scaled)
+    return out
+
+
+_STORED = tuple(name for name in ROLLUP_STATS if name not in ("lost_frac", "amax_scaled"))
+
+
+def _worst(name: str, columns: Sequence[list[float]]) -> list[float]:
+    if len(columns) == 1:
+        return columns[0]
+    return list(map(max if DIRECTION[name] == "max" else min, *columns))
+
+
 def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
     """Buckets of every level for steps given in (step, ingest) order: {(level, bucket): …};
     per-layer arrays only at `LAYER_LEVELS` (None at the finer levels)."""
     finest, layer_finest = LEVELS[0], LAYER_LEVELS[0]
     out: dict[tuple[int, int], Bucket] = {}
-    layers: dict[int, list[LayerArrays]] = {}  # finest layer bucket → its steps' arrays
+    layers: dict[int, list[RawLayers]] = {}  # finest layer bucket → its steps' statistics
     for item in steps:
         index = item.step >> finest
         bucket = out.setdefault((finest, index), Bucket())
@@ -174,9 +223,8 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
             if value is not None:
                 acc.add(item.step, value)
         if item.layers is not None:
-            scale = item.series[0]
             layers.setdefault(item.step >> layer_finest, []).append(
-                step_layers(item.layers, scale))
+                (item.layers, item.series[0]))
     for coarser, finer in zip(LEVELS[1:], LEVELS, strict=False):
         shift = coarser - finer
         groups: dict[int, list[Bucket]] = {}
@@ -189,7 +237,7 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
                 for mine, theirs in zip(target.series, bucket.series, strict=True):
                     mine.merge(theirs)
             if coarser == layer_finest:
-                target.layers = reduce_layers(layers[index]) if index in layers else None
+                target.layers = reduce_steps(layers[index]) if index in layers else None
             elif coarser > layer_finest:
                 with_layers = [bucket.layers for bucket in group if bucket.layers is not None]
                 if with_layers:
@@ -203,10 +251,10 @@ def layer_buckets(
     """{bucket: per-layer worst} at any level, folded from raw (step, layers, scale) triples:
     the per-layer rollup of a level finer than `LAYER_LEVELS`, identical to what a stored one
     would hold (max and min do not depend on the order)."""
-    grouped: dict[int, list[LayerArrays]] = {}
+    grouped: dict[int, list[RawLayers]] = {}
     for step, stats, scale in steps:
-        grouped.setdefault(step >> level, []).append(step_layers(stats, scale))
-    return {index: reduce_layers(arrays) for index, arrays in grouped.items()}
+        grouped.setdefault(step >> level, []).append((stats, scale))
+    return {index: reduce_steps(arrays) for index, arrays in grouped.items()}
 
 
 # --- packing -----------------------------------------------------------------------------------

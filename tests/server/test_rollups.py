@@ -221,3 +221,30 @@ class TestBackfill:
         with sessions() as session:
             assert _stored(session, run_id) == expected
             assert repository.step_extent(session, run_id) == (0, 597)
+
+
+class TestReduceSteps:
+    def test_equal_to_reducing_each_step_in_rollup_form(self) -> None:
+        rng = random.Random(19)
+        for trial in range(200):
+            layers = rng.randint(1, 6)
+            steps: list[tuple[dict[str, list[float | None]], float | None]] = []
+            for _ in range(rng.randint(1, 9)):
+                stats: dict[str, list[float | None]] = {
+                    "amax": [rng.choice([rng.lognormvariate(0, 20), 0.0, None])
+                             for _ in range(layers)],
+                    "amin_nz": [rng.choice([rng.random() * 1e-6, None]) for _ in range(layers)],
+                    "zero_frac": [rng.choice([0.0, rng.random()]) for _ in range(layers)],
+                    "subnormal_frac": [rng.random() for _ in range(layers)],
+                    "underflow_frac": [rng.choice([0.0, rng.random() / 7]) for _ in range(layers)],
+                    "nan_count": [rng.randint(0, 3) for _ in range(layers)],
+                    "inf_count": [rng.randint(0, 2**62) for _ in range(layers)],
+                    "l2": [rng.choice([rng.random() * 9, None]) for _ in range(layers)],
+                }
+                # a few scales shared between steps, and the ones that give no headroom
+                scale = rng.choice([65536.0, 65536.0, 2.0**-3, 3.0, None, math.inf, math.nan,
+                                    0.0, -1.0, 1e308])
+                steps.append((stats, scale))
+            want = rollups.reduce_layers([rollups.step_layers(s, scale) for s, scale in steps])
+            got = rollups.reduce_steps(steps)
+            assert got == want, trial
