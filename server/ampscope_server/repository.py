@@ -14,6 +14,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Row,
+    Table,
     and_,
     case,
     func,
@@ -25,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, rollups, stat_packing
+from ampscope_server import bulk_repository, codec, rollups, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
     ActivationStat,
@@ -68,6 +69,14 @@ class LayerStatRow:
 def _unpack_stats(data: bytes) -> list[list[Any]]:
     """A step's packed layer statistics as columns in LAYER_STAT_NAMES order."""
     return stat_packing.unpack(data)
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _table(model: type[Base]) -> Table:
+    return Base.metadata.tables[model.__tablename__]
 
 
 def _insert(session: Session, model: type[Any]) -> Any:
@@ -201,6 +210,10 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
     """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
     if not rows:
         return {}
+    if _postgres(session):
+        return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
+            session, _table(Step), rows, conflict=("run_id", "attempt_id", "seq"),
+            returning=("seq", "id"))}
     statement = (
         _insert(session, Step)
         .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
@@ -220,9 +233,12 @@ def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]])
     """
     if not rows:
         return
-    table = Base.metadata.tables[model.__tablename__]
+    table = _table(model)
     dialect = session.get_bind().dialect
     names = list(rows[0])
+    if dialect.name == "postgresql" and bulk_repository.supported(table, names):
+        bulk_repository.copy(session, table, rows)
+        return
     if dialect.name == "sqlite" and len(names) > 1 and all(
         isinstance(table.c[name].type, Float)
         or table.c[name].type._cached_bind_processor(dialect) is None
@@ -536,8 +552,8 @@ def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
             rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    statement = _insert(session, model)
     keys = ("run_id", "level", "bucket")
+    statement = _insert(session, model)
     statement = statement.on_conflict_do_update(
         index_elements=[getattr(model, key) for key in keys],
         set_={name: getattr(statement.excluded, name) for name in rows[0] if name not in keys},
