@@ -301,21 +301,26 @@ class SwallowedStat(Base):
 
 # --- rollups (revision 0003) -------------------------------------------------------------------
 
-class Rollup(Base):
-    """Min/max/last of a run's chart series over one bucket of 2^level steps, every level of
-    `rollups.LEVELS` (from 4 steps), maintained at ingest (`rollups.py` packs `series`)."""
-
-    __tablename__ = "rollups"
+class _RunBucket:
+    """The key of a rollup row: a run's steps [bucket·2^level, (bucket+1)·2^level)."""
 
     run_id: Mapped[str] = mapped_column(
         ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
     )
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class Rollup(_RunBucket, Base):
+    """Min/max/last of a run's chart series over one bucket of 2^level steps, every level of
+    `rollups.LEVELS` (from 4 steps), maintained at ingest (`rollups.py` packs `series`)."""
+
+    __tablename__ = "rollups"
+
     series: Mapped[bytes] = mapped_column(LargeBinary)
 
 
-class LayerRollup(Base):
+class LayerRollup(_RunBucket, Base):
     """Worst-direction per-layer statistics over one bucket of 2^level steps, at the levels of
     `rollups.LAYER_LEVELS` only (from 64 steps: finer ones would cost about as much as the data
     they summarise, revision 0006). `data` is `stat_packing` of the `rollups.ROLLUP_STATS`
@@ -323,11 +328,6 @@ class LayerRollup(Base):
 
     __tablename__ = "layer_rollups"
 
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
-    )
-    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
