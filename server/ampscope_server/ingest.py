@@ -63,6 +63,9 @@ def ingest_batch(
 ) -> IngestResult:
     now = time.time() if now is None else now
     run_id = batch.run.id
+    # Packing is CPU work (zlib lets go of the GIL): done before the first write, so that it
+    # overlaps with another batch's transaction instead of holding SQLite's write lock.
+    packed = [_pack_layers(record, early=True) for record in batch.records]
     # A write first, so SQLite takes the write lock before any read of this transaction (no
     # snapshot to upgrade); a refused batch rolls it back with everything else.
     access_repository.ensure_project(session, batch.run.project, now)
@@ -77,8 +80,11 @@ def ingest_batch(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
+    blobs = {record.seq: blob for record, blob in zip(batch.records, packed, strict=True)}
     repository.insert_rows(session, LayerStat, [
-        row for step_id, record in new for row in _layer_stat_rows(run_id, step_id, record)])
+        {"step_id": step_id, "run_id": run_id, "layers": blob[1], "data": blob[0]}
+        for step_id, record in new
+        if (blob := blobs[record.seq] or _pack_layers(record)) is not None])
     for model, rows_of in _CHILDREN:
         repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
@@ -253,13 +259,20 @@ def _by_index(arrays: object, index_column: str) -> Rows:
     ]
 
 
-def _layer_stat_rows(run_id: str, step_id: int, record: StepRecord) -> Rows:
+def _pack_layers(record: StepRecord, early: bool = False) -> tuple[bytes, int] | None:
+    """The record's layer statistics packed for `layer_stats.data`, and the layer count; None
+    without layer statistics. `early` (before `batch_checks`): arrays of unequal lengths give
+    None too, and the checks then refuse the batch with their own message."""
     layers = record.layers
     if layers is None:
-        return []
+        return None
     columns = [getattr(layers, name) for name in LAYER_STAT_NAMES]
-    return [{"step_id": step_id, "run_id": run_id, "layers": len(columns[0]),
-             "data": stat_packing.pack(columns, LAYER_STAT_KINDS)}]
+    try:
+        return stat_packing.pack(columns, LAYER_STAT_KINDS), len(columns[0])
+    except ValueError:
+        if early:
+            return None
+        raise
 
 
 def _activation_rows(step_id: int, record: StepRecord) -> Rows:
