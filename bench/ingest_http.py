@@ -81,8 +81,8 @@ def client_bodies(index: int, batches: int, records: int, layers: int,
            "name": f"client-{index}", "tags": ["bench"], "config": {"lr": 1e-3},
            "host": "bench", "rank": index, "target_format": "fp16"}
     attempt = {"id": str(uuid.uuid4()), "pid": os.getpid(), "started_at": time.time()}
-    # A pool of distinct steps' statistics, cycled: drawing 10^8 values would take longer
-    # than the measurement; the server decodes and stores each record whatever it repeats.
+    # A pool of distinct steps' statistics, cycled and rescaled per step (`varied`): drawing
+    # every value afresh would take longer than the measurement.
     pool = [layer_values.stats(rng, numels) for _ in range(16)]
     out = []
     for number in range(batches):
@@ -93,7 +93,7 @@ def client_bodies(index: int, batches: int, records: int, layers: int,
                 seq=seq, step=seq, wall_time=1.7e9 + seq, loss=2.0 - seq * 1e-6,
                 scale_before=65536.0, scale_after=65536.0, growth_tracker=seq % 2000,
                 found_inf=False, skipped=False, grad_norm=1.0 + rng.random(), lr=1e-3,
-                duration=0.05, layers=pool[seq % len(pool)]))
+                duration=0.05, layers=layer_values.varied(rng, pool[seq % len(pool)])))
         payload = wire.build_payload(run=run, attempt=attempt,
                                      layers=table if number == 0 and first_seq == 0 else None,
                                      records=recs, final=False)

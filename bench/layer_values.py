@@ -49,3 +49,14 @@ def stats(rng: random.Random, numels: list[int], worst: bool = False) -> dict[st
         "l2": [a * math.sqrt(numel) * rng.uniform(0.05, 0.5) for a, numel in zip(amax, numels,
                                                                                  strict=True)],
     }
+
+
+def varied(rng: random.Random, pool_stats: dict[str, list[float]]) -> dict[str, list[float]]:
+    """A pooled step's statistics with amax, amin_nz and l2 scaled by a fresh factor per layer,
+    so a bucket's worst values keep moving as a real run's do (a cycled pool would stop them
+    once a bucket has seen the whole pool, and flatter the rollups)."""
+    factors = [rng.lognormvariate(0.0, 0.5) for _ in pool_stats["amax"]]
+    out = dict(pool_stats)
+    for name in ("amax", "amin_nz", "l2"):
+        out[name] = [v * f for v, f in zip(pool_stats[name], factors, strict=True)]
+    return out

@@ -6,11 +6,13 @@ Builds one run of --steps steps x --layers layers through the real ingest path: 
 body (`IngestBatch.model_validate_json`) and stored by `ingest.ingest_batch`, a transaction per
 batch of --batch records, rollups included. Per-layer statistics come every --layer-every steps
 (1: every step; the hook's default is 10), drawn as a model's would be (`layer_values`) from a
-pool of 64 distinct steps, cycled: each row is packed and compressed on its own and neither
-database compresses across rows (Postgres stores the blobs EXTERNAL, uncompressed), so reusing
-a step's statistics changes no row's size. `--worst` draws every fraction non-zero.
+pool of 64 distinct steps, cycled, amax/amin_nz/l2 scaled afresh per step and layer
+(`layer_values.varied`): each row is packed and compressed on its own and neither database
+compresses across rows (Postgres stores the blobs EXTERNAL, uncompressed), so the pool changes
+no row's size. `--worst` draws every fraction non-zero.
 
-Then measures, after the build (Postgres: after `VACUUM`, which autovacuum would run):
+Then measures, after the build (Postgres: after `VACUUM`, which autovacuum would run, and
+again after `VACUUM FULL`, the live rows without the reusable space of rewritten rollups):
 SQLite from `dbstat` (pages in use per table and per index; the file size beside), Postgres
 from `pg_relation_size` (heap), the TOAST table and `pg_indexes_size`. Bytes per value divide
 by the layer-statistic values stored: steps with layer statistics x layers x 8.
@@ -67,7 +69,8 @@ def build(engine: Engine, args: argparse.Namespace) -> int:
                 scale_after=65536.0, growth_tracker=step % 2000, found_inf=skipped,
                 skipped=skipped, grad_norm=float("inf") if skipped else 1.0 + rng.random(),
                 lr=1e-3, duration=0.05 + rng.random() * 1e-3,
-                layers=pool[step % len(pool)] if with_layers else None))
+                layers=layer_values.varied(rng, pool[step % len(pool)]) if with_layers
+                else None))
             values += args.layers * VALUES_PER_LAYER if with_layers else 0
         body = wire.dumps(wire.build_payload(run=run, attempt=attempt,
                                              layers=table if first == 0 else None,
@@ -94,10 +97,11 @@ def sqlite_sizes(engine: Engine) -> dict[str, tuple[int, int, int]]:
     return {table: (a, b, c) for table, (a, b, c) in sizes.items()}
 
 
-def postgres_sizes(engine: Engine) -> dict[str, tuple[int, int, int]]:
-    """{table: (heap bytes, TOAST and other forks, index bytes)}."""
+def postgres_sizes(engine: Engine, full: bool = False) -> dict[str, tuple[int, int, int]]:
+    """{table: (heap bytes, TOAST and other forks, index bytes)} after VACUUM (space of dead
+    row versions kept for reuse) or VACUUM FULL (live rows only)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("VACUUM"))
+        conn.execute(text("VACUUM FULL" if full else "VACUUM"))
         rows = conn.execute(text(
             "SELECT relname, pg_relation_size(oid), pg_total_relation_size(oid) "
             "- pg_relation_size(oid) - pg_indexes_size(oid), pg_indexes_size(oid) "
@@ -147,6 +151,11 @@ def main() -> None:
                     file_bytes: int | None = Path(url.removeprefix("sqlite:///")).stat().st_size
                 else:
                     sizes, file_bytes = postgres_sizes(engine), None
+                    report(kind + " after VACUUM", sizes, values, None)
+                    # The rollups of the open buckets are rewritten by every batch: the space
+                    # of their old versions is reused after each VACUUM, so it grows with the
+                    # time between vacuums, not with the run. VACUUM FULL shows the live rows.
+                    sizes, kind = postgres_sizes(engine, full=True), kind + " after VACUUM FULL"
             finally:
                 engine.dispose()
             report(kind, sizes, values, file_bytes)

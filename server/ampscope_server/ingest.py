@@ -195,14 +195,21 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         delta[(level, index)].series = stored
     with_layers = [key for key, bucket in delta.items()
                    if bucket.layers is not None and key[0] in rollups.LAYER_LEVELS]
+    changed = set(with_layers)
     for key, blob in repository.get_layer_rollups(session, run_id, with_layers).items():
-        delta[key].layers = rollups.merge_layers(rollups.unpack_layers(blob), delta[key].layers)
+        stored_layers = rollups.unpack_layers(blob)
+        merged = rollups.merge_layers(stored_layers, delta[key].layers)
+        delta[key].layers = merged
+        if merged == stored_layers:
+            # Nothing worse arrived for any layer (usual in a wide bucket late in a run): not
+            # rewriting a 16 KB row spares its packing and, on Postgres, a dead row version.
+            changed.discard(key)
     repository.upsert_rollups(
         session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
     )
     repository.upsert_layer_rollups(session, [
         rollups.to_layer_row(run_id, key, delta[key].layers)  # type: ignore[arg-type]
-        for key in sorted(with_layers)
+        for key in sorted(changed)
     ])
 
 
