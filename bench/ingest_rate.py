@@ -5,9 +5,10 @@ wire batches, one transaction per batch of --batch steps, rollups included) into
 file, in interleaved rounds of two variants measured in this same run:
 
 - `current`: the server as it is;
-- `previous`: the same with the two hot spots as they were before bench/ingest_rate.py existed
-  (kept below as reference copies): layer rows inserted through SQLAlchemy's executemany of
-  dicts, and rollup buckets merged pairwise, step by step (`map(max, a, b)` per merge).
+- `previous`: the same with the per-layer rollups folded as before `rollups.reduce_steps`
+  (kept below as a reference copy): every step's ten rollup arrays built, then reduced. (The
+  earlier baselines, a row per layer inserted as dicts and pairwise merges, no longer apply:
+  since revision 0006 a step's layer statistics are one packed row.)
 
 Prints each variant's median values/s (8 stored statistics per layer per step; validation of
 the wire batch is done before the clock starts, as bench/query.py does) and the ratio.
@@ -29,10 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from ampscope_server import db, ingest, repository, rollups
-from ampscope_server.models import Base
+from ampscope_server import db, ingest, rollups
 from ampscope_server.wire import IngestBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find bench.*
@@ -41,59 +39,51 @@ from bench.query import _batch
 VALUES_PER_LAYER = 8
 
 
-# --- the previous implementations (reference copies, for the baseline) -------------------------
-
-def _previous_insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
-    if rows:
-        session.execute(Base.metadata.tables[model.__tablename__].insert(), rows)
-
+# --- the previous implementation (a reference copy, for the baseline) ---------------------------
 
 def _previous_accumulate(
     steps: Iterable[rollups.StepInput],
 ) -> dict[tuple[int, int], rollups.Bucket]:
-    finest = rollups.LEVELS[0]
+    """`rollups.accumulate` before `reduce_steps`: every step's ten rollup arrays built
+    (`step_layers`), then reduced."""
+    finest, layer_finest = rollups.LEVELS[0], rollups.LAYER_LEVELS[0]
     out: dict[tuple[int, int], rollups.Bucket] = {}
+    layers: dict[int, list[rollups.LayerArrays]] = {}
     for item in steps:
         bucket = out.setdefault((finest, item.step >> finest), rollups.Bucket())
         for acc, value in zip(bucket.series, item.series, strict=True):
             if value is not None:
                 acc.add(item.step, value)
         if item.layers is not None:
-            layers = rollups.step_layers(item.layers, item.series[0])
-            bucket.layers = _pairwise(bucket.layers, layers)
+            layers.setdefault(item.step >> layer_finest, []).append(
+                rollups.step_layers(item.layers, item.series[0]))
     for coarser, finer in zip(rollups.LEVELS[1:], rollups.LEVELS, strict=False):
-        shift = coarser - finer
+        groups: dict[int, list[rollups.Bucket]] = {}
         for (level, index), bucket in sorted(out.items()):
-            if level != finer:
-                continue
-            target = out.setdefault((coarser, index >> shift), rollups.Bucket())
-            for mine, theirs in zip(target.series, bucket.series, strict=True):
-                mine.merge(theirs)
-            target.layers = _pairwise(target.layers, bucket.layers)
+            if level == finer:
+                groups.setdefault(index >> (coarser - finer), []).append(bucket)
+        for index, group in groups.items():
+            target = out.setdefault((coarser, index), rollups.Bucket())
+            for bucket in group:
+                for mine, theirs in zip(target.series, bucket.series, strict=True):
+                    mine.merge(theirs)
+            if coarser == layer_finest and index in layers:
+                target.layers = rollups.reduce_layers(layers[index])
+            elif coarser > layer_finest:
+                with_layers = [b.layers for b in group if b.layers is not None]
+                if with_layers:
+                    target.layers = rollups.reduce_layers(with_layers)
     return out
-
-
-def _pairwise(
-    a: rollups.LayerArrays | None, b: rollups.LayerArrays | None
-) -> rollups.LayerArrays | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return {
-        name: list(map(max if rollups.DIRECTION[name] == "max" else min, a[name], b[name]))
-        for name in rollups.ROLLUP_STATS
-    }
 
 
 @contextmanager
 def _previous() -> Iterator[None]:
-    saved = repository.insert_rows, rollups.accumulate
-    repository.insert_rows, rollups.accumulate = _previous_insert_rows, _previous_accumulate
+    saved = rollups.accumulate
+    rollups.accumulate = _previous_accumulate
     try:
         yield
     finally:
-        repository.insert_rows, rollups.accumulate = saved
+        rollups.accumulate = saved
 
 
 @contextmanager

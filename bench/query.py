@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ampscope_server import charts, comparison, db, ingest, repository, rollups
 from ampscope_server.app import create_app
 from ampscope_server.config import Settings
-from ampscope_server.models import Attempt, Layer, LayerStat, Rollup, Run, Step
+from ampscope_server.models import Attempt, Layer, LayerRollup, LayerStat, Rollup, Run, Step
 from ampscope_server.wire import IngestBatch
 
 ROWS = {"n": 0}
@@ -57,7 +57,8 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-for _name in ("rollup_pieces", "series_rows", "heatmap_rows", "rollup_rows"):
+for _name in ("rollup_pieces", "series_rows", "heatmap_rows", "rollup_rows", "layer_rollup_arrays",
+              "layer_steps_in"):
     setattr(repository, _name, _counting(getattr(repository, _name)))
 
 
@@ -145,7 +146,10 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
         conn.execute(update(steps).where(steps.c.run_id == new_id, drifted)
                      .values(loss=steps.c.loss * DRIFT))
         source_ids = select(steps.c.id).where(steps.c.run_id == run_id)
-        copy(stats, stats.c.step_id.in_(source_ids), {"step_id": stats.c.step_id + offset})
+        copy(stats, stats.c.step_id.in_(source_ids),
+             {"step_id": stats.c.step_id + offset, "run_id": literal(new_id)})
+        layer_rollups = cast(Table, LayerRollup.__table__)
+        copy(layer_rollups, layer_rollups.c.run_id == run_id, {"run_id": literal(new_id)})
         table = cast(Table, Rollup.__table__)
         copy(table, table.c.run_id == run_id, {"run_id": literal(new_id)})
         # The copy's rollups follow its loss: buckets past the drift scaled, those across it

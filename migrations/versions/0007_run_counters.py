@@ -1,7 +1,7 @@
 """Run counters: each run's summary kept at ingest, so the runs list never reads steps.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-02
 
 One new table, `run_counters` (one row per run with steps, cascading with its run). The upgrade
@@ -10,8 +10,6 @@ step once). The cached summary block (`summary_*`, top finding, worst layers) is
 it reads as stale and the server computes it on first read: the analysis is application code,
 which a migration never imports. Self-contained: plain SQL on tables this history created.
 Downgrade drops the table (its content is derived from the steps: nothing is lost).
-
-`down_revision` is 0005 for now; the storage redesign's 0006 is merged before it.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
-down_revision: str | None = "0005"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from ampscope_server import codec, event_reads, repository, rollups, series
 from ampscope_server.formats import FORMATS
-from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run
+from ampscope_server.models import CLASSED_ACTIVATION_STATS, Run
 from ampscope_server.schemas import (
     EventsRead,
     HeatmapRead,
@@ -142,13 +142,13 @@ def heatmap_read(
     )
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
-    for level, bucket, blob in repository.rollup_pieces(session, run.id, plan.ranges, name):
-        if blob is not None:
-            arrays.setdefault(plan.column(bucket << level), []).append(
-                rollups.unpack_stat(name, blob))
+    pieces = repository.layer_rollup_arrays(session, run.id, plan.ranges)
+    for (level, bucket), layer_arrays in sorted(pieces.items()):
+        arrays.setdefault(plan.column(bucket << level), []).append(layer_arrays[name])
     for first, last in plan.raw:
-        for step, values in _raw_layer_arrays(session, run, first, last):
-            arrays.setdefault(plan.column(step), []).append(values[name])
+        for step, stats, scale in repository.layer_steps_in(session, run.id, first, last):
+            arrays.setdefault(plan.column(step), []).append(
+                rollups.step_layers(stats, scale)[name])
     reduce = max if rollups.DIRECTION[name] == "max" else min
     columns = sorted(arrays)
     z: list[list[float | None]] = [[] for _ in names]
@@ -169,31 +169,6 @@ def _display(stat: HeatmapStat, value: float, fmt_max: float) -> float | None:
             return None
         return math.inf if value == 0 else math.log2(fmt_max) - math.log2(value)
     return None if value == rollups.MISSING[stat] else value
-
-
-def _raw_layer_arrays(
-    session: Session, run: Run, start: int, end: int
-) -> list[tuple[int, rollups.LayerArrays]]:
-    """(step, per-layer values in rollup form) of each step with layer statistics in range."""
-    out: list[tuple[int, rollups.LayerArrays]] = []
-    current = None
-    stats: dict[str, list[float | None]] = {}
-    scale: float | None = None
-    step = 0
-    for step_id, row_step, scale_value, scale_cls, _, *values in repository.heatmap_rows(
-        session, run.id, "param", LAYER_STAT_NAMES, start, end
-    ):
-        if step_id != current:
-            if current is not None:
-                out.append((step, rollups.step_layers(stats, scale)))
-            current, step = step_id, int(row_step)
-            scale = codec.from_storage(scale_value, scale_cls)
-            stats = {name: [] for name in LAYER_STAT_NAMES}
-        for name, value in zip(LAYER_STAT_NAMES, values, strict=True):
-            stats[name].append(value)
-    if current is not None:
-        out.append((step, rollups.step_layers(stats, scale)))
-    return out
 
 
 def _raw_heatmap(

@@ -24,6 +24,7 @@ from ampscope_server import (
     live,
     repository,
     rollups,
+    stat_packing,
     summary_cache,
 )
 from ampscope_server.errors import (
@@ -38,6 +39,7 @@ from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
     CLIENT_FIELDS,
+    LAYER_STAT_KINDS,
     LAYER_STAT_NAMES,
     ActivationStat,
     Attempt,
@@ -62,6 +64,9 @@ def ingest_batch(
 ) -> IngestResult:
     now = time.time() if now is None else now
     run_id = batch.run.id
+    # Packing is CPU work (zlib lets go of the GIL): done before the first write, so that it
+    # overlaps with another batch's transaction instead of holding SQLite's write lock.
+    packed = [_pack_layers(record, early=True) for record in batch.records]
     # A write first, so SQLite takes the write lock before any read of this transaction (no
     # snapshot to upgrade); a refused batch rolls it back with everything else.
     access_repository.ensure_project(session, batch.run.project, now)
@@ -76,6 +81,11 @@ def ingest_batch(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
+    blobs = {record.seq: blob for record, blob in zip(batch.records, packed, strict=True)}
+    repository.insert_rows(session, LayerStat, [
+        {"step_id": step_id, "run_id": run_id, "layers": blob[1], "data": blob[0]}
+        for step_id, record in new
+        if (blob := blobs[record.seq] or _pack_layers(record)) is not None])
     for model, rows_of in _CHILDREN:
         repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
@@ -128,9 +138,9 @@ def _attempt(session: Session, batch: IngestBatch) -> Attempt:
 
 def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
     """Store the batch's layer table or check it against the stored one; the numels or None."""
+    if batch.layers is None:  # most batches: only the numels are needed, not the table's rows
+        return repository.layer_numels(session, batch.run.id) or None
     stored = repository.get_layers(session, batch.run.id)
-    if batch.layers is None:
-        return [layer.numel for layer in stored] if stored else None
     if not stored:
         repository.insert_layers(session, [
             {"run_id": batch.run.id, **layer.model_dump()} for layer in batch.layers
@@ -178,16 +188,31 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         )
         for _, record in ordered
     )
-    columns = ("series", *rollups.ROLLUP_STATS)
-    for level, index, series_blob, *stats in repository.get_rollups(
-        session, run_id, list(delta), columns
+    for level, index, series_blob in repository.get_rollups(
+        session, run_id, list(delta), ("series",)
     ):
-        stored = rollups.from_row(series_blob, dict(zip(rollups.ROLLUP_STATS, stats, strict=True)))
-        stored.merge(delta[(level, index)])
-        delta[(level, index)] = stored
+        stored = rollups.unpack_series(series_blob)
+        for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
+            mine.merge(theirs)
+        delta[(level, index)].series = stored
+    with_layers = [key for key, bucket in delta.items()
+                   if bucket.layers is not None and key[0] in rollups.LAYER_LEVELS]
+    changed = set(with_layers)
+    for key, blob in repository.get_layer_rollups(session, run_id, with_layers).items():
+        stored_layers = rollups.unpack_layers(blob)
+        merged = rollups.merge_layers(stored_layers, delta[key].layers)
+        delta[key].layers = merged
+        if merged == stored_layers:
+            # Nothing worse arrived for any layer (usual in a wide bucket late in a run): not
+            # rewriting a 16 KB row spares its packing and, on Postgres, a dead row version.
+            changed.discard(key)
     repository.upsert_rollups(
         session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
     )
+    repository.upsert_layer_rollups(session, [
+        rollups.to_layer_row(run_id, key, delta[key].layers)  # type: ignore[arg-type]
+        for key in sorted(changed)
+    ])
 
 
 ClientKey = tuple[int, int, int, int]
@@ -243,10 +268,20 @@ def _by_index(arrays: object, index_column: str) -> Rows:
     ]
 
 
-def _layer_stat_rows(step_id: int, record: StepRecord) -> Rows:
-    if record.layers is None:
-        return []
-    return [{"step_id": step_id, **row} for row in _by_index(record.layers, "layer_index")]
+def _pack_layers(record: StepRecord, early: bool = False) -> tuple[bytes, int] | None:
+    """The record's layer statistics packed for `layer_stats.data`, and the layer count; None
+    without layer statistics. `early` (before `batch_checks`): arrays of unequal lengths give
+    None too, and the checks then refuse the batch with their own message."""
+    layers = record.layers
+    if layers is None:
+        return None
+    columns = [getattr(layers, name) for name in LAYER_STAT_NAMES]
+    try:
+        return stat_packing.pack(columns, LAYER_STAT_KINDS), len(columns[0])
+    except ValueError:
+        if early:
+            return None
+        raise
 
 
 def _activation_rows(step_id: int, record: StepRecord) -> Rows:
@@ -305,7 +340,6 @@ def _swallowed_rows(step_id: int, record: StepRecord) -> Rows:
 
 
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
-    (LayerStat, _layer_stat_rows),
     (ActivationStat, _activation_rows),
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
@@ -313,4 +347,5 @@ _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
     (StepRecheck, _recheck_rows),
     (SwallowedStat, _swallowed_rows),
 )
-"""Each table a step's children go to, with the function that builds a step's rows for it."""
+"""Each table a step's children go to (besides `layer_stats`, which also takes the run), with the
+function that builds a step's rows for it."""

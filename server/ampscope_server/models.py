@@ -11,6 +11,9 @@ Wire v2 (revision 0002) adds the module table, per-step children (non-finite lay
 activation statistics, exponent histograms), `steps.captured` and the client's accounting on
 `attempts`. A wire list that may be null ("not measured") or empty ("measured, none") keeps its
 length on the step (`nonfinite_count`, `misuse_count`: NULL = not measured).
+
+Revision 0006 packs the per-layer statistics of a step into one row (`LayerStat.data`) and keeps
+per-layer rollups apart from the series rollups, from coarser buckets (`LayerRollup`).
 """
 
 from __future__ import annotations
@@ -140,31 +143,34 @@ CLASSED_STEP_FLOATS = ("loss", "scale_before", "scale_after", "grad_norm", "lr",
 
 
 class LayerStat(Base):
-    """One layer's gradient statistics at one step (DESIGN.md §3), true units.
+    """The gradient statistics of every layer at one step (DESIGN.md §3), true units, packed.
 
-    amax, amin_nz and l2 are over finite elements, so they are finite or NULL (none finite).
+    `data` is `stat_packing` of the eight `LAYER_STAT_NAMES` columns (one value per layer, in
+    layer order; amax, amin_nz and l2 are over finite elements, so finite or None when none
+    is): one row per step rather than per layer per step, so a step's statistics cost what
+    their values carry (revision 0006). `run_id` lets a run's rows be found, partitioned and
+    deleted without going through `steps`. `layers` is the layer count, readable without
+    unpacking.
     """
 
     __tablename__ = "layer_stats"
+    __table_args__ = (Index("ix_layer_stats_run_id_step_id", "run_id", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    amax: Mapped[float | None] = mapped_column(Double)
-    amin_nz: Mapped[float | None] = mapped_column(Double)
-    zero_frac: Mapped[float] = mapped_column(Double)
-    subnormal_frac: Mapped[float] = mapped_column(Double)
-    underflow_frac: Mapped[float] = mapped_column(Double)
-    nan_count: Mapped[int] = mapped_column(BigInteger)
-    inf_count: Mapped[int] = mapped_column(BigInteger)
-    l2: Mapped[float | None] = mapped_column(Double)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 LAYER_STAT_NAMES = (
     "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
     "l2",
 )
+LAYER_STAT_KINDS = "dddddqqd"
+"""`stat_packing` kinds of LAYER_STAT_NAMES: the two counts are int64, the rest float64."""
 
 
 # --- wire v2 -----------------------------------------------------------------------------------
@@ -295,31 +301,34 @@ class SwallowedStat(Base):
 
 # --- rollups (revision 0003) -------------------------------------------------------------------
 
-class Rollup(Base):
-    """Min/max/last of a run's series and worst-direction per-layer statistics over one bucket
-    of 2^level steps, maintained at ingest (`rollups.py` has the layout of the packed columns).
-
-    A per-layer column is NULL when no step of the bucket carried layer statistics.
-    """
-
-    __tablename__ = "rollups"
+class _RunBucket:
+    """The key of a rollup row: a run's steps [bucket·2^level, (bucket+1)·2^level)."""
 
     run_id: Mapped[str] = mapped_column(
         ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
     )
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class Rollup(_RunBucket, Base):
+    """Min/max/last of a run's chart series over one bucket of 2^level steps, every level of
+    `rollups.LEVELS` (from 4 steps), maintained at ingest (`rollups.py` packs `series`)."""
+
+    __tablename__ = "rollups"
+
     series: Mapped[bytes] = mapped_column(LargeBinary)
-    amax: Mapped[bytes | None] = mapped_column(LargeBinary)
-    amin_nz: Mapped[bytes | None] = mapped_column(LargeBinary)
-    zero_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
-    subnormal_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
-    underflow_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
-    lost_frac: Mapped[bytes | None] = mapped_column(LargeBinary)
-    nan_count: Mapped[bytes | None] = mapped_column(LargeBinary)
-    inf_count: Mapped[bytes | None] = mapped_column(LargeBinary)
-    l2: Mapped[bytes | None] = mapped_column(LargeBinary)
-    amax_scaled: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class LayerRollup(_RunBucket, Base):
+    """Worst-direction per-layer statistics over one bucket of 2^level steps, at the levels of
+    `rollups.LAYER_LEVELS` only (from 64 steps: finer ones would cost about as much as the data
+    they summarise, revision 0006). `data` is `stat_packing` of the `rollups.ROLLUP_STATS`
+    columns. No row: no step of the bucket carried layer statistics."""
+
+    __tablename__ = "layer_rollups"
+
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- team mode (revision 0005) ------------------------------------------------------------------

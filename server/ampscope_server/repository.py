@@ -6,6 +6,7 @@ Inserts that must be idempotent use the dialect's INSERT … ON CONFLICT DO NOTH
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -13,6 +14,7 @@ from sqlalchemy import (
     ColumnElement,
     Float,
     Row,
+    Table,
     and_,
     case,
     func,
@@ -24,12 +26,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from ampscope_server import bulk_repository, codec, rollups, stat_packing
 from ampscope_server.models import (
+    LAYER_STAT_NAMES,
     ActivationStat,
     Attempt,
     Base,
     Histogram,
     Layer,
+    LayerRollup,
     LayerStat,
     MisuseEvent,
     Module,
@@ -43,6 +48,35 @@ from ampscope_server.models import (
 
 KEYS_PER_STATEMENT = 1000
 """The longest IN list one statement carries (SQLite's default limit is 32,766 variables)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStatRow:
+    """One layer's statistics at one step, as unpacked from the step's `layer_stats` row."""
+
+    step_id: int
+    layer_index: int
+    amax: float | None
+    amin_nz: float | None
+    zero_frac: float
+    subnormal_frac: float
+    underflow_frac: float
+    nan_count: int
+    inf_count: int
+    l2: float | None
+
+
+def _unpack_stats(data: bytes) -> list[list[Any]]:
+    """A step's packed layer statistics as columns in LAYER_STAT_NAMES order."""
+    return stat_packing.unpack(data)
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _table(model: type[Base]) -> Table:
+    return Base.metadata.tables[model.__tablename__]
 
 
 def _insert(session: Session, model: type[Any]) -> Any:
@@ -140,6 +174,12 @@ def get_layers(session: Session, run_id: str) -> Sequence[Layer]:
     return session.scalars(select(Layer).where(Layer.run_id == run_id).order_by(Layer.index)).all()
 
 
+def layer_numels(session: Session, run_id: str) -> list[int]:
+    """The numel of each of the run's layers, in index order (empty: no layer table)."""
+    return [int(numel) for numel in session.scalars(
+        select(Layer.numel).where(Layer.run_id == run_id).order_by(Layer.index))]
+
+
 def insert_layers(session: Session, rows: list[dict[str, Any]]) -> None:
     if rows:
         session.execute(_insert(session, Layer), rows)
@@ -170,6 +210,10 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
     """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
     if not rows:
         return {}
+    if _postgres(session):
+        return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
+            session, _table(Step), rows, conflict=("run_id", "attempt_id", "seq"),
+            returning=("seq", "id"))}
     statement = (
         _insert(session, Step)
         .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
@@ -189,9 +233,12 @@ def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]])
     """
     if not rows:
         return
-    table = Base.metadata.tables[model.__tablename__]
+    table = _table(model)
     dialect = session.get_bind().dialect
     names = list(rows[0])
+    if dialect.name == "postgresql" and bulk_repository.supported(table, names):
+        bulk_repository.copy(session, table, rows)
+        return
     if dialect.name == "sqlite" and len(names) > 1 and all(
         isinstance(table.c[name].type, Float)
         or table.c[name].type._cached_bind_processor(dialect) is None
@@ -249,14 +296,20 @@ def steps_after(
     ).all()
 
 
-def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerStat]:
+def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerStatRow]:
+    """Every layer's statistics at the given steps, by step id then layer index."""
     if not step_ids:
         return []
-    return session.scalars(
-        select(LayerStat)
+    rows = session.execute(
+        select(LayerStat.step_id, LayerStat.data)
         .where(LayerStat.step_id.in_(step_ids))
-        .order_by(LayerStat.step_id, LayerStat.layer_index)
-    ).all()
+        .order_by(LayerStat.step_id)
+    )
+    return [
+        LayerStatRow(int(step_id), index, *values)
+        for step_id, data in rows
+        for index, values in enumerate(zip(*_unpack_stats(data), strict=True))
+    ]
 
 
 def activation_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[ActivationStat]:
@@ -414,14 +467,26 @@ def heatmap_rows(
     `source` "param" reads `layer_stats` (index = layer), "activation" `activation_stats`
     (index = module).
     """
-    model: type[LayerStat] | type[ActivationStat] = (
-        ActivationStat if source == "activation" else LayerStat
-    )
-    index = ActivationStat.module_index if model is ActivationStat else LayerStat.layer_index
-    stats = [getattr(model, name) for name in stat_columns]
+    if source != "activation":
+        positions = [LAYER_STAT_NAMES.index(name) for name in stat_columns]
+        out: list[tuple[Any, ...]] = []
+        for step_id, step, scale, scale_cls, data in session.execute(
+            select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+                   LayerStat.data)
+            .join(LayerStat, LayerStat.step_id == Step.id)
+            .where(*_step_range(run_id, start, end))
+            .order_by(Step.step, Step.id)
+        ):
+            columns = _unpack_stats(data)
+            picked = [columns[position] for position in positions]
+            out.extend((step_id, step, scale, scale_cls, index, *values)
+                       for index, values in enumerate(zip(*picked, strict=True)))
+        return out
+    index = ActivationStat.module_index
+    stats = [getattr(ActivationStat, name) for name in stat_columns]
     rows = session.execute(
         select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, index, *stats)
-        .join(model, model.step_id == Step.id)
+        .join(ActivationStat, ActivationStat.step_id == Step.id)
         .where(*_step_range(run_id, start, end))
         .order_by(Step.step, Step.id, index)
     )
@@ -448,20 +513,34 @@ def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str,
 
 def named_layer_stats(
     session: Session, step_ids: Iterable[int]
-) -> Sequence[Row[str, float | None, int, int, str, float, float, float | None]]:
+) -> Sequence[tuple[str, float | None, int, int, str, float, float, float | None]]:
     """(run_id, scale_before, its class, layer index, layer name, zero_frac, underflow_frac, amax)
-    of every layer at the given steps, by run then model order."""
+    of every layer (of the run's layer table) at the given steps, by run then model order."""
     ids = list(step_ids)
     if not ids:
         return []
-    return session.execute(
-        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.layer_index,
-               Layer.name, LayerStat.zero_frac, LayerStat.underflow_frac, LayerStat.amax)
+    rows = session.execute(
+        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.data)
         .join(LayerStat, LayerStat.step_id == Step.id)
-        .join(Layer, (Layer.run_id == Step.run_id) & (Layer.index == LayerStat.layer_index))
         .where(Step.id.in_(ids))
-        .order_by(Step.run_id, LayerStat.layer_index)
+        .order_by(Step.run_id, Step.id)
     ).all()
+    names: dict[tuple[str, int], str] = {
+        (run_id, int(index)): name for run_id, index, name in session.execute(
+            select(Layer.run_id, Layer.index, Layer.name)
+            .where(Layer.run_id.in_({row[0] for row in rows})))
+    }
+    zero, under, amax = (LAYER_STAT_NAMES.index(name)
+                         for name in ("zero_frac", "underflow_frac", "amax"))
+    out: list[tuple[str, float | None, int, int, str, float, float, float | None]] = []
+    for run_id, scale, scale_cls, data in rows:
+        columns = _unpack_stats(data)
+        for index, values in enumerate(zip(columns[zero], columns[under], columns[amax],
+                                           strict=True)):
+            name = names.get((run_id, index))
+            if name is not None:
+                out.append((run_id, scale, scale_cls, index, name, *values))
+    return out
 
 
 # --- rollups -----------------------------------------------------------------------------------
@@ -469,7 +548,8 @@ def named_layer_stats(
 def get_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
-    """(level, bucket, *columns) of the run's stored rollups among `keys` (level, bucket)."""
+    """(level, bucket, *columns) of the run's stored series rollups among `keys` (level,
+    bucket)."""
     found: list[tuple[Any, ...]] = []
     # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
     # more than Postgres' planner takes (StatementTooComplex).
@@ -483,17 +563,43 @@ def get_rollups(
     return found
 
 
-def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Insert rollup rows or overwrite the stored ones (the caller merged them)."""
+def get_layer_rollups(
+    session: Session, run_id: str, keys: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    """{(level, bucket): packed per-layer rollup} of the run's stored ones among `keys`."""
+    found: dict[tuple[int, int], bytes] = {}
+    for start in range(0, len(keys), KEYS_PER_STATEMENT):
+        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+        rows = session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id,
+                   tuple_(LayerRollup.level, LayerRollup.bucket).in_(chunk))
+        )
+        found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
+    return found
+
+
+def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
+            rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    statement = _insert(session, Rollup)
     keys = ("run_id", "level", "bucket")
+    statement = _insert(session, model)
     statement = statement.on_conflict_do_update(
-        index_elements=[getattr(Rollup, key) for key in keys],
+        index_elements=[getattr(model, key) for key in keys],
         set_={name: getattr(statement.excluded, name) for name in rows[0] if name not in keys},
     )
     session.execute(statement, rows)
+
+
+def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert series rollup rows or overwrite the stored ones (the caller merged them)."""
+    _upsert(session, Rollup, rows)
+
+
+def upsert_layer_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert per-layer rollup rows or overwrite the stored ones (the caller merged them)."""
+    _upsert(session, LayerRollup, rows)
 
 
 def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
@@ -507,25 +613,89 @@ def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
 def rollup_rows(
     session: Session, run_id: str, level: int, first: int, last: int, columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
-    """(bucket, *columns) of the run's rollups of one level, buckets first…last, in order."""
+    """(bucket, *columns) of the run's rollups of one level, buckets first…last, in order.
+
+    A column is "series" or a per-layer statistic of `rollups.ROLLUP_STATS`, given as
+    `rollups.pack_stat` bytes (None for a bucket without layer statistics), at any level of
+    `rollups.LEVELS`: below `rollups.LAYER_LEVELS` folded from the raw steps.
+    """
     rows = session.execute(
-        select(Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+        select(Rollup.bucket, Rollup.series)
         .where(Rollup.run_id == run_id, Rollup.level == level,
                Rollup.bucket.between(first, last))
         .order_by(Rollup.bucket)
+    ).all()
+    stats = [name for name in columns if name != "series"]
+    layers = layer_rollup_arrays(session, run_id, [(level, first, last)]) if stats else {}
+    out: list[tuple[Any, ...]] = []
+    for bucket, series_blob in rows:
+        arrays = layers.get((level, int(bucket)))
+        out.append((bucket, *[
+            series_blob if name == "series"
+            else None if arrays is None else rollups.pack_stat(name, arrays[name])
+            for name in columns
+        ]))
+    return out
+
+
+def layer_rollup_arrays(
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]]
+) -> dict[tuple[int, int], rollups.LayerArrays]:
+    """{(level, bucket): per-layer worst arrays} of the buckets in `ranges` ((level, first,
+    last bucket)) that hold layer statistics: stored ones at `rollups.LAYER_LEVELS`, the finer
+    ones folded from the raw steps (at most 16 steps per bucket)."""
+    stored = [piece for piece in ranges if piece[0] in rollups.LAYER_LEVELS]
+    out: dict[tuple[int, int], rollups.LayerArrays] = {}
+    if stored:
+        for level, bucket, data in session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id)
+            .where(or_(*[
+                and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
+                for level, first, last in stored
+            ]))
+        ):
+            out[(int(level), int(bucket))] = rollups.unpack_layers(data)
+    for level, first, last in ranges:
+        if level in rollups.LAYER_LEVELS:
+            continue
+        raw = layer_steps_in(session, run_id, first << level, ((last + 1) << level) - 1)
+        out.update(((level, bucket), arrays)
+                   for bucket, arrays in rollups.layer_buckets(raw, level).items())
+    return out
+
+
+def layer_steps_in(
+    session: Session, run_id: str, start: int, end: int
+) -> list[tuple[int, dict[str, list[Any]], float | None]]:
+    """(step, {stat: per-layer values}, scale_before) of the run's steps in [start, end] that
+    carry layer statistics, by step then ingest order."""
+    rows = session.execute(
+        select(Step.step, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(*_step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
     )
-    return [tuple(row) for row in rows]
+    return [
+        (int(step), dict(zip(LAYER_STAT_NAMES, _unpack_stats(data), strict=True)),
+         codec.from_storage(scale, scale_cls))
+        for step, scale, scale_cls, data in rows
+    ]
 
 
 def rollup_pieces(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]], column: str
 ) -> list[tuple[int, int, bytes | None]]:
-    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket))."""
+    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket)); a
+    per-layer statistic as `rollups.pack_stat` bytes, of the buckets that hold layer
+    statistics (see `layer_rollup_arrays`)."""
     if not ranges:
         return []
-    value = getattr(Rollup, column)
+    if column != "series":
+        return [(level, bucket, rollups.pack_stat(column, arrays[column]))
+                for (level, bucket), arrays in layer_rollup_arrays(session, run_id, ranges).items()]
     rows = session.execute(
-        select(Rollup.level, Rollup.bucket, value)
+        select(Rollup.level, Rollup.bucket, Rollup.series)
         .where(Rollup.run_id == run_id)
         .where(or_(*[
             and_(Rollup.level == level, Rollup.bucket.between(first, last))
@@ -639,14 +809,15 @@ def layer_samples_at(session: Session, step_ids: Sequence[int]) -> list[tuple[An
     if not step_ids:
         return []
     rows = session.execute(
-        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
-               LayerStat.layer_index, LayerStat.amax, LayerStat.amin_nz, LayerStat.zero_frac,
-               LayerStat.subnormal_frac, LayerStat.underflow_frac, LayerStat.nan_count,
-               LayerStat.inf_count, LayerStat.l2)
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, LayerStat.data)
         .join(LayerStat, LayerStat.step_id == Step.id)
         .where(Step.id.in_(list(step_ids)))
-        .order_by(Step.step, Step.id, LayerStat.layer_index))
-    return [tuple(row) for row in rows]
+        .order_by(Step.step, Step.id))
+    return [
+        (step_id, step, scale, scale_cls, index, *values)
+        for step_id, step, scale, scale_cls, data in rows
+        for index, values in enumerate(zip(*_unpack_stats(data), strict=True))
+    ]
 
 
 def swallowed_last(

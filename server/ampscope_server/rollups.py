@@ -1,16 +1,19 @@
 """Pure rollup math: fixed power-of-two step buckets that keep every chart query bounded.
 
-No I/O. A rollup row covers the steps [bucket·2^level, (bucket+1)·2^level) of one run at one
-of `LEVELS` (bucket widths 4, 16, 64, … 65536 steps). It holds
+No I/O. A rollup covers the steps [bucket·2^level, (bucket+1)·2^level) of one run. It holds
 
-- `series`: per chart series (`SERIES`), the count of present values, the min and max over the
-  non-NaN values (±inf included; NaN when every value is NaN), the last value in (step, ingest)
-  order and its step: 40 bytes each, packed, so NaN and ±inf travel exactly on both dialects;
-- per heatmap statistic, one array of per-layer values reduced in the statistic's *worse*
-  direction (`DIRECTION`), packed (`array('d')`, counts as `array('q')`). A bucket never hides a
-  spike: for fractions, counts, amax and l2 the worst is the largest; for amin_nz (underflow
-  risk) the smallest; `headroom_bits` is derived from the largest amax·scale, which is the
-  smallest headroom. A layer with no value in the bucket holds the direction's `MISSING`.
+- `series`, at each of `LEVELS` (bucket widths 4, 16, 64, … 65536 steps): per chart series
+  (`SERIES`), the count of present values, the min and max over the non-NaN values (±inf
+  included; NaN when every value is NaN), the last value in (step, ingest) order and its step:
+  40 bytes each, packed, so NaN and ±inf travel exactly on both dialects;
+- at each of `LAYER_LEVELS` only (from 64 steps), per heatmap statistic, one array of per-layer
+  values reduced in the statistic's *worse* direction (`DIRECTION`), all packed in one blob
+  (`pack_layers`). A bucket never hides a spike: for fractions, counts, amax and l2 the worst is
+  the largest; for amin_nz (underflow risk) the smallest; `headroom_bits` is derived from the
+  largest amax·scale, which is the smallest headroom. A layer with no value in the bucket holds
+  the direction's `MISSING`. Finer per-layer buckets would cost about as much as the steps they
+  summarise (a 4-step bucket holds one layer-stat step at the default cadence of every 10th);
+  a reader that needs one (`layer_buckets`) folds the raw steps, at most 64 of them each.
 
 Rows are merged at ingest (`merge`): counts add, min/max combine, the newer `last` wins. Only
 newly stored steps are folded in, so a duplicate never counts twice. `plan` picks, for a step
@@ -25,10 +28,15 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import add
+from typing import cast
+
+from ampscope_server import stat_packing
 
 LEVELS = (2, 4, 6, 8, 10, 12, 14, 16)
 """log2 of the bucket widths. The finest (4 steps) bounds the raw rows a query reads."""
 FINEST_WIDTH = 1 << LEVELS[0]
+LAYER_LEVELS = LEVELS[2:]
+"""The levels whose per-layer rollups are stored (64 steps and wider)."""
 
 SERIES = ("scale_before", "loss", "grad_norm", "lr", "duration")
 """The step columns charted as series, in their order inside the packed `series` blob."""
@@ -153,11 +161,61 @@ def step_layers(layers: Mapping[str, Sequence[float | None]], scale: float | Non
     return out
 
 
+RawLayers = tuple[Mapping[str, Sequence[float | None]], float | None]
+"""One step's stored statistics per layer and the scale in effect (`StepInput`'s two parts)."""
+
+
+def reduce_steps(steps: Sequence[RawLayers]) -> LayerArrays:
+    """`reduce_layers` of every step's `step_layers`, without building each step's ten arrays.
+
+    Equal value for value: max and min do not depend on the order; `lost_frac` is still the max
+    of the per-step sums; and for the steps that share a positive finite scale s, the largest
+    amax · s is the largest amax times s (rounding is monotonic), so `amax_scaled` takes one
+    product per layer and scale rather than one per layer and step.
+    """
+    out: LayerArrays = {}
+    for name in _STORED:
+        columns = [_or(layers[name], MISSING[name]) for layers, _ in steps]
+        out[name] = _worst(name, columns)
+    out["lost_frac"] = _worst("lost_frac", [
+        list(map(add, _or(layers["zero_frac"], MISSING["zero_frac"]),
+                 _or(layers["underflow_frac"], MISSING["underflow_frac"])))
+        for layers, _ in steps])
+    by_scale: dict[float, list[int]] = {}
+    for position, (_, scale) in enumerate(steps):
+        effective = 1.0 if scale is None else scale
+        if math.isfinite(effective) and effective > 0:
+            by_scale.setdefault(effective, []).append(position)
+    width = len(out["amax"])
+    scaled = [[-math.inf] * width]
+    if len(by_scale) == 1 and len(steps) == len(next(iter(by_scale.values()))):
+        amax_columns = {-1: out["amax"]}  # every step at one scale: the amax already reduced
+    else:
+        amax_columns = {
+            key: _worst("amax", [_or(steps[i][0]["amax"], MISSING["amax"]) for i in positions])
+            for key, positions in enumerate(by_scale.values())
+        }
+    for key, effective in zip(amax_columns, by_scale, strict=False):
+        scaled.append([a * effective if a >= 0 else a for a in amax_columns[key]])
+    out["amax_scaled"] = _worst("amax_scaled", scaled)
+    return out
+
+
+_STORED = tuple(name for name in ROLLUP_STATS if name not in ("lost_frac", "amax_scaled"))
+
+
+def _worst(name: str, columns: Sequence[list[float]]) -> list[float]:
+    if len(columns) == 1:
+        return columns[0]
+    return list(map(max if DIRECTION[name] == "max" else min, *columns))
+
+
 def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
-    """Buckets of every level for steps given in (step, ingest) order: {(level, bucket): …}."""
-    finest = LEVELS[0]
+    """Buckets of every level for steps given in (step, ingest) order: {(level, bucket): …};
+    per-layer arrays only at `LAYER_LEVELS` (None at the finer levels)."""
+    finest, layer_finest = LEVELS[0], LAYER_LEVELS[0]
     out: dict[tuple[int, int], Bucket] = {}
-    layers: dict[int, list[LayerArrays]] = {}  # finest bucket → its steps' arrays
+    layers: dict[int, list[RawLayers]] = {}  # finest layer bucket → its steps' statistics
     for item in steps:
         index = item.step >> finest
         bucket = out.setdefault((finest, index), Bucket())
@@ -165,10 +223,8 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
             if value is not None:
                 acc.add(item.step, value)
         if item.layers is not None:
-            scale = item.series[0]
-            layers.setdefault(index, []).append(step_layers(item.layers, scale))
-    for index, arrays in layers.items():
-        out[(finest, index)].layers = reduce_layers(arrays)
+            layers.setdefault(item.step >> layer_finest, []).append(
+                (item.layers, item.series[0]))
     for coarser, finer in zip(LEVELS[1:], LEVELS, strict=False):
         shift = coarser - finer
         groups: dict[int, list[Bucket]] = {}
@@ -180,10 +236,25 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
             for bucket in group:
                 for mine, theirs in zip(target.series, bucket.series, strict=True):
                     mine.merge(theirs)
-            with_layers = [bucket.layers for bucket in group if bucket.layers is not None]
-            if with_layers:
-                target.layers = reduce_layers(with_layers)
+            if coarser == layer_finest:
+                target.layers = reduce_steps(layers[index]) if index in layers else None
+            elif coarser > layer_finest:
+                with_layers = [bucket.layers for bucket in group if bucket.layers is not None]
+                if with_layers:
+                    target.layers = reduce_layers(with_layers)
     return out
+
+
+def layer_buckets(
+    steps: Iterable[tuple[int, Mapping[str, Sequence[float | None]], float | None]], level: int
+) -> dict[int, LayerArrays]:
+    """{bucket: per-layer worst} at any level, folded from raw (step, layers, scale) triples:
+    the per-layer rollup of a level finer than `LAYER_LEVELS`, identical to what a stored one
+    would hold (max and min do not depend on the order)."""
+    grouped: dict[int, list[RawLayers]] = {}
+    for step, stats, scale in steps:
+        grouped.setdefault(step >> level, []).append((stats, scale))
+    return {index: reduce_steps(arrays) for index, arrays in grouped.items()}
 
 
 # --- packing -----------------------------------------------------------------------------------
@@ -216,26 +287,32 @@ def unpack_stat(name: str, blob: bytes) -> list[float]:
     return values.tolist()
 
 
+_LAYER_KINDS = "".join(stat_packing.INT if name in INT_STATS else stat_packing.FLOAT
+                       for name in ROLLUP_STATS)
+
+
+def pack_layers(layers: LayerArrays) -> bytes:
+    """A bucket's per-layer arrays (`ROLLUP_STATS`) as one `stat_packing` blob."""
+    return stat_packing.pack([layers[name] for name in ROLLUP_STATS], _LAYER_KINDS)
+
+
+def unpack_layers(blob: bytes) -> LayerArrays:
+    columns = stat_packing.unpack(blob)
+    # A rollup never holds None (a layer without data holds MISSING).
+    return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
+
+
 def to_row(run_id: str, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
+    """The `rollups` row (series) of a bucket."""
     level, index = key
-    row: dict[str, object] = {
-        "run_id": run_id, "level": level, "bucket": index,
-        "series": pack_series(bucket.series),
-    }
-    for name in ROLLUP_STATS:
-        row[name] = None if bucket.layers is None else pack_stat(name, bucket.layers[name])
-    return row
+    return {"run_id": run_id, "level": level, "bucket": index,
+            "series": pack_series(bucket.series)}
 
 
-def from_row(series: bytes, stats: Mapping[str, bytes | None]) -> Bucket:
-    blobs = [stats[name] for name in ROLLUP_STATS]
-    layers = None
-    if all(blob is not None for blob in blobs):
-        layers = {
-            name: unpack_stat(name, blob)
-            for name, blob in zip(ROLLUP_STATS, blobs, strict=True) if blob is not None
-        }
-    return Bucket(series=unpack_series(series), layers=layers)
+def to_layer_row(run_id: str, key: tuple[int, int], layers: LayerArrays) -> dict[str, object]:
+    """The `layer_rollups` row of a bucket's per-layer arrays."""
+    level, index = key
+    return {"run_id": run_id, "level": level, "bucket": index, "data": pack_layers(layers)}
 
 
 # --- query planning ----------------------------------------------------------------------------

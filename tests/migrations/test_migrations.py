@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -15,7 +17,8 @@ TABLES_0002 = TABLES_0001 | {
 TABLES_0003 = TABLES_0002 | {"rollups"}
 TABLES_0004 = TABLES_0003 | {"step_rechecks", "swallowed_stats"}
 TABLES_0005 = TABLES_0004 | {"projects", "api_tokens", "browser_sessions", "deleted_runs"}
-TABLES_0007 = TABLES_0005 | {"run_counters"}
+TABLES_0006 = TABLES_0005 | {"layer_rollups"}
+TABLES_0007 = TABLES_0006 | {"run_counters"}
 TABLES_0008 = TABLES_0007 | {"alert_rules", "alert_destinations", "alert_defaults",
                              "alert_episodes", "alerts", "alert_deliveries"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
@@ -43,10 +46,15 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    assert _columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
     db.downgrade(db_url, "0007")
     assert _tables(db_url) == TABLES_0007 | {"alembic_version"}
+    db.downgrade(db_url, "0006")
+    assert _tables(db_url) == TABLES_0006 | {"alembic_version"}
     db.downgrade(db_url, "0005")
     assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
+    assert "layer_index" in _columns(db_url, "layer_stats")
+    assert "amax_scaled" in _columns(db_url, "rollups")
     db.downgrade(db_url, "0004")
     assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
     db.downgrade(db_url, "0003")
@@ -210,9 +218,15 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_step_id_steps"]
-        assert inspector.get_pk_constraint("rollups")["name"] == "pk_rollups"
-        assert [fk["name"] for fk in inspector.get_foreign_keys("rollups")] == [
-            "fk_rollups_run_id_runs"]
+        for table in ("rollups", "layer_rollups"):
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
+                f"fk_{table}_run_id_runs"]
+        assert inspector.get_pk_constraint("layer_stats")["name"] == "pk_layer_stats"
+        assert {fk["name"] for fk in inspector.get_foreign_keys("layer_stats")} == {
+            "fk_layer_stats_step_id_steps", "fk_layer_stats_run_id_runs"}
+        assert [i["name"] for i in inspector.get_indexes("layer_stats")] == [
+            "ix_layer_stats_run_id_step_id"]
         assert inspector.get_pk_constraint("modules")["name"] == "pk_modules"
         assert [fk["name"] for fk in inspector.get_foreign_keys("modules")] == [
             "fk_modules_run_id_runs"]
@@ -231,3 +245,24 @@ def test_the_script_location_is_the_installed_package() -> None:
     assert (versions / "0003_rollups.py").is_file()
     assert (versions / "0004_wire_v3.py").is_file()
     assert (versions / "0005_team.py").is_file()
+    assert (versions / "0006_packed_layer_stats.py").is_file()
+
+
+def test_no_migration_imports_application_code() -> None:
+    """A revision is history: importing live code (`ampscope_server`) would let a later edit of
+    that code silently change what an old revision does to a database."""
+    from importlib.resources import files
+
+    versions = files("ampscope_server._migrations") / "versions"
+    found: dict[str, list[str]] = {}
+    scripts = sorted((entry for entry in versions.iterdir() if entry.name.endswith(".py")),
+                     key=lambda entry: entry.name)
+    for script in scripts:
+        for node in ast.walk(ast.parse(script.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name.split(".")[0] in ("ampscope_server", "ampscope"):
+                    found.setdefault(script.name, []).append(name)
+    assert len(scripts) >= 7  # __init__.py and 0001 ... 0006
+    assert found == {}

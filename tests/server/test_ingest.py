@@ -29,7 +29,8 @@ def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
         return (
             session.scalar(select(func.count()).select_from(Run)) or 0,
             session.scalar(select(func.count()).select_from(Step)) or 0,
-            session.scalar(select(func.count()).select_from(LayerStat)) or 0,
+            # per-layer statistics stored: a packed row per step holds `layers` of them
+            session.scalar(select(func.coalesce(func.sum(LayerStat.layers), 0))) or 0,
         )
 
 
@@ -129,6 +130,10 @@ class TestIngestHttp:
         stats["l2"] = [None, 3.0e-45]
         stats["nan_count"] = [12, 0]
         stats["inf_count"] = [0, 2**40]
+        # packed as float64 / int64 bits: the extremes come back as sent
+        records[3]["layers"]["amin_nz"] = [5e-324, 1.7976931348623157e308]
+        records[3]["layers"]["subnormal_frac"] = [1 / 3, 2.2250738585072014e-308]
+        records[3]["layers"]["nan_count"] = [2**63 - 1, 2**53 + 1]
         response = _post(api, batch(records, run_id=run_id))
         assert response.status_code == 200
         assert strict_json(response.text) == {

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import charts, codec, db, ingest, repository, rollups
-from ampscope_server.models import LAYER_STAT_NAMES, LayerStat, Rollup, Run, Step
+from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
 
@@ -42,13 +42,19 @@ def _random_record(rng: random.Random, seq: int, step: int) -> dict[str, Any]:
     return rec
 
 
-def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, ...]]:
+def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, bytes | None]]:
+    """{(level, bucket): (series blob, packed per-layer rollup or None)}."""
+    layers = {
+        (level, bucket): data for level, bucket, data in session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id))
+    }
     rows = session.execute(
-        select(Rollup.level, Rollup.bucket, Rollup.series,
-               *[getattr(Rollup, name) for name in rollups.ROLLUP_STATS])
-        .where(Rollup.run_id == run_id)
-    )
-    return {(level, bucket): tuple(rest) for level, bucket, *rest in rows}
+        select(Rollup.level, Rollup.bucket, Rollup.series).where(Rollup.run_id == run_id))
+    out = {(level, bucket): (series, layers.pop((level, bucket), None))
+           for level, bucket, series in rows}
+    assert layers == {}  # no per-layer rollup without its series rollup
+    return out
 
 
 def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
@@ -60,9 +66,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     for step in steps:
         values = [codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
                   for name in rollups.SERIES]
-        stats = session.execute(
-            select(LayerStat).where(LayerStat.step_id == step.id).order_by(LayerStat.layer_index)
-        ).scalars().all()
+        stats = repository.layer_stats_of(session, [step.id])
         for level in rollups.LEVELS:
             bucket = out.setdefault((level, step.step >> level), rollups.Bucket())
             for acc, value in zip(bucket.series, values, strict=True):
@@ -73,7 +77,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
                     acc.lo = value if math.isnan(acc.lo) else min(acc.lo, value)
                     acc.hi = value if math.isnan(acc.hi) else max(acc.hi, value)
                 acc.last, acc.last_step = value, step.step
-            if stats:
+            if stats and level in rollups.LAYER_LEVELS:
                 layers = {name: [getattr(s, name) for s in stats] for name in LAYER_STAT_NAMES}
                 bucket.layers = rollups.merge_layers(
                     bucket.layers, rollups.step_layers(layers, values[0]))
@@ -103,8 +107,10 @@ class TestMaintainedAtIngest:
             expected = _brute_force(session, run_id)
         assert set(stored) == set(expected)
         for key, bucket in expected.items():
-            got = rollups.from_row(stored[key][0], dict(
-                zip(rollups.ROLLUP_STATS, stored[key][1:], strict=True)))
+            series_blob, layers_blob = stored[key]
+            got = rollups.Bucket(
+                series=rollups.unpack_series(series_blob),
+                layers=None if layers_blob is None else rollups.unpack_layers(layers_blob))
             for mine, theirs in zip(got.series, bucket.series, strict=True):
                 assert (mine.n, mine.last_step) == (theirs.n, theirs.last_step), key
                 assert all(_same(x, y) for x, y in ((mine.lo, theirs.lo), (mine.hi, theirs.hi),
@@ -215,3 +221,30 @@ class TestBackfill:
         with sessions() as session:
             assert _stored(session, run_id) == expected
             assert repository.step_extent(session, run_id) == (0, 597)
+
+
+class TestReduceSteps:
+    def test_equal_to_reducing_each_step_in_rollup_form(self) -> None:
+        rng = random.Random(19)
+        for trial in range(200):
+            layers = rng.randint(1, 6)
+            steps: list[tuple[dict[str, list[float | None]], float | None]] = []
+            for _ in range(rng.randint(1, 9)):
+                stats: dict[str, list[float | None]] = {
+                    "amax": [rng.choice([rng.lognormvariate(0, 20), 0.0, None])
+                             for _ in range(layers)],
+                    "amin_nz": [rng.choice([rng.random() * 1e-6, None]) for _ in range(layers)],
+                    "zero_frac": [rng.choice([0.0, rng.random()]) for _ in range(layers)],
+                    "subnormal_frac": [rng.random() for _ in range(layers)],
+                    "underflow_frac": [rng.choice([0.0, rng.random() / 7]) for _ in range(layers)],
+                    "nan_count": [rng.randint(0, 3) for _ in range(layers)],
+                    "inf_count": [rng.randint(0, 2**62) for _ in range(layers)],
+                    "l2": [rng.choice([rng.random() * 9, None]) for _ in range(layers)],
+                }
+                # a few scales shared between steps, and the ones that give no headroom
+                scale = rng.choice([65536.0, 65536.0, 2.0**-3, 3.0, None, math.inf, math.nan,
+                                    0.0, -1.0, 1e308])
+                steps.append((stats, scale))
+            want = rollups.reduce_layers([rollups.step_layers(s, scale) for s, scale in steps])
+            got = rollups.reduce_steps(steps)
+            assert got == want, trial

@@ -1,0 +1,69 @@
+"""stat_packing: every value back bit for bit (NaN, ±inf, -0.0, None, int64 extremes)."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+
+import pytest
+
+from ampscope_server import stat_packing
+
+
+def _bits(value: object) -> object:
+    """A float's IEEE-754 bits (so -0.0 and 0.0 differ and NaN equals NaN), anything else as is."""
+    return struct.pack("<d", value) if isinstance(value, float) else value
+
+
+class TestRoundTrip:
+    def test_edges(self) -> None:
+        floats = [0.0, -0.0, 1.0, math.nan, math.inf, -math.inf, None, 5e-324,
+                  1.7976931348623157e308, -2.5e-310, 1 / 3]
+        ints = [0, 1, -1, 2**63 - 1, -(2**63), None, 2**53 + 1, 7, 0, 3, 5]
+        got = stat_packing.unpack(stat_packing.pack([floats, ints], "dq"))
+        assert [list(map(_bits, column)) for column in got] == [
+            list(map(_bits, floats)), list(map(_bits, ints))]
+        assert [type(v) for v in got[1]] == [int] * 5 + [type(None)] + [int] * 5
+
+    def test_random_columns_of_many_lengths(self) -> None:
+        rng = random.Random(5)
+        for n in (0, 1, 7, 200, 1001):
+            columns: list[list[float | int | None]] = [
+                [rng.choice([rng.lognormvariate(0, 30), rng.random(), 0.0, None, math.nan])
+                 for _ in range(n)],
+                [rng.randrange(-(2**63), 2**63) for _ in range(n)],
+                [rng.randrange(1000) / 1000 for _ in range(n)],
+            ]
+            got = stat_packing.unpack(stat_packing.pack(columns, "dqd"))
+            assert [list(map(_bits, c)) for c in got] == [list(map(_bits, c)) for c in columns]
+            assert stat_packing.length(stat_packing.pack(columns, "dqd")) == n
+
+    def test_ints_given_to_a_float_column_come_back_as_floats(self) -> None:
+        assert stat_packing.unpack(stat_packing.pack([[0, 1]], "d")) == [[0.0, 1.0]]
+        assert [type(v) for v in stat_packing.unpack(stat_packing.pack([[0, 1]], "d"))[0]] == [
+            float, float]
+
+    def test_zeros_and_small_counts_take_a_fraction_of_8_bytes(self) -> None:
+        blob = stat_packing.pack([[0.0] * 1000, [0] * 1000, [3] * 1000], "ddq")
+        assert len(blob) < 100  # 24,000 bytes of values
+
+
+class TestErrors:
+    def test_unequal_columns(self) -> None:
+        with pytest.raises(ValueError, match="columns differ in length: 1 and 2"):
+            stat_packing.pack([[1.0, 2.0], [1.0]], "dd")
+
+    def test_kinds_must_match_columns(self) -> None:
+        with pytest.raises(ValueError, match="2 columns but 1 kinds"):
+            stat_packing.pack([[1.0], [1.0]], "d")
+
+    def test_other_version(self) -> None:
+        blob = bytearray(stat_packing.pack([[1.0]], "d"))
+        blob[0] = 9
+        with pytest.raises(stat_packing.PackingError, match="packed array version 9, expected 1"):
+            stat_packing.unpack(bytes(blob))
+
+    def test_too_short(self) -> None:
+        with pytest.raises(stat_packing.PackingError, match="at least 6 bytes"):
+            stat_packing.unpack(b"\x01")
