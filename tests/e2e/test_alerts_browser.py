@@ -45,7 +45,8 @@ def test_settings_and_history(tmp_path: Path) -> None:
             pg.locator("#secret").wait_for(state="visible", timeout=WAIT_MS)
             secret = pg.locator("#secret").inner_text().rsplit(": ", 1)[1]
             assert len(secret) == 43
-            row = pg.locator("#destinations-body tr").first
+            row = pg.locator("#destinations-body tr[data-destination-id]")
+            row.wait_for(timeout=WAIT_MS)
             assert row.locator("td").nth(0).inner_text() == "ops <b>hook</b>"  # text, not HTML
             assert row.locator("td").nth(2).inner_text() == f"{hook.url}/…"
             assert "secret-path" not in pg.content()
@@ -85,6 +86,15 @@ def test_settings_and_history(tmp_path: Path) -> None:
             assert pg.locator("#alerts-body .alert-delivery").all_inner_texts() == [
                 "ops <b>hook</b>: delivered", "no destination", "no destination"]
             pg.locator("#alerts-panel").screenshot(path=str(ARTIFACTS / "run-alerts.png"))
+            # The alert's link opens the run zoomed to its steps, every step chart alike.
+            link = done.json()["alert"]["link"]
+            assert link == f"{server.url}/runs/{run_id}?start=389&end=409"
+            pg.goto(link)
+            pg.wait_for_function("() => ['scale-chart', 'loss-chart', 'heatmap'].every((id) => {"
+                                 " const l = document.getElementById(id).layout;"
+                                 " const r = l && l.xaxis && l.xaxis.range;"
+                                 " return r && r[0] === 389 && r[1] === 409; })",
+                                 timeout=WAIT_MS)
             watched.assert_clean()
     finally:
         api.close()

@@ -8,7 +8,7 @@ import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
 import { LiveState, LiveStream } from './live.js';
-import { COLORS } from './plot.js';
+import { COLORS, Plotly } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
@@ -121,6 +121,7 @@ class RunPage {
     this.initLayerPicking();
     this.initZoom();
     await this.align();
+    await this.zoomFromUrl();
     this.initStatSelect();
     this.renderCards();
     window.ampscope = this; // for the console and the browser tests
@@ -385,6 +386,17 @@ class RunPage {
   stepCharts() {
     return [this.scale.div, this.loss.div, this.gradNorm.div, this.skipRate.div, this.heatmap.div,
       this.layerLines.div];
+  }
+
+  /** `?start=A&end=B` (an alert's link) opens the page zoomed to those steps: every step chart
+   * follows (linkZoom) and fetches the range in detail. */
+  async zoomFromUrl() {
+    const params = new URLSearchParams(location.search);
+    const start = Number(params.get('start'));
+    const end = Number(params.get('end'));
+    if (!params.has('start') || !params.has('end') || !Number.isFinite(start)
+        || !Number.isFinite(end) || end <= start) return;
+    await Plotly.relayout(this.scale.div, { 'xaxis.range': [start, end] });
   }
 
   /** Line the step charts' plot areas up (after any of them re-drew its axes). */
