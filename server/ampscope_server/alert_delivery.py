@@ -24,7 +24,7 @@ from ampscope_server.alert_payloads import AlertMessage
 from ampscope_server.db import unit_of_work
 from ampscope_server.models import Alert, AlertDestination
 
-log = logging.getLogger("ampscope.alerts")
+log = logging.getLogger("ampscope_server.alerts")
 
 TIMEOUT_S = 5.0
 BACKOFF_BASE_S = 2.0

@@ -23,7 +23,7 @@ from ampscope_server.config import Settings
 from ampscope_server.db import is_sqlite
 from ampscope_server.live_pg import conninfo
 
-log = logging.getLogger("ampscope.alerts")
+log = logging.getLogger("ampscope_server.alerts")
 
 LEADER_LOCK = 0x616D7073  # "amps": the advisory lock key of the alerts leader
 
@@ -34,31 +34,36 @@ class Leadership:
     def __init__(self, db_url: str) -> None:
         self._conninfo = None if is_sqlite(db_url) else conninfo(db_url)
         self._connection: psycopg.Connection[tuple[object, ...]] | None = None
+        self._leading = False
 
     def held(self) -> bool:
+        """Whether this process leads; a follower keeps its connection and asks again."""
         if self._conninfo is None:
             return True
         try:
-            if self._connection is not None:
-                self._connection.execute("SELECT 1")
+            if self._connection is None:
+                self._connection = psycopg.connect(self._conninfo, autocommit=True)
+            if self._leading:
+                self._connection.execute("SELECT 1")  # the lock lives as long as this session
                 return True
-            connection = psycopg.connect(self._conninfo, autocommit=True)
-            row = connection.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
-            if row is not None and row[0]:
-                self._connection = connection
+            row = self._connection.execute("SELECT pg_try_advisory_lock(%s)",
+                                           (LEADER_LOCK,)).fetchone()
+            self._leading = bool(row is not None and row[0])
+            if self._leading:
                 log.info("this process delivers the alerts")
-                return True
-            connection.close()
+            return self._leading
         except psycopg.Error as exc:
-            log.warning("alerts leadership lost (%s)", type(exc).__name__)
+            if self._leading:
+                log.warning("alerts leadership lost (%s)", type(exc).__name__)
             self.release()
-        return False
+            return False
 
     def release(self) -> None:
         if self._connection is not None:
             with contextlib.suppress(psycopg.Error):
                 self._connection.close()
             self._connection = None
+        self._leading = False
 
 
 class AlertWorker:

@@ -25,7 +25,7 @@ from ampscope_server.findings.model import SEVERITY_RANK
 from ampscope_server.models import Alert, AlertDestination, AlertEpisode, AlertRule, Run
 from ampscope_server.runs import derive_status
 
-log = logging.getLogger("ampscope.alerts")
+log = logging.getLogger("ampscope_server.alerts")
 
 KEY_MAX = 300  # alert_episodes.key
 LOOK_BACK_S = 60.0

@@ -77,13 +77,16 @@ PROTOCOL = "ampscope_server.serving:GuardedHttpToolsProtocol"
 """By import path: uvicorn's worker processes import it themselves."""
 
 
-def log_config() -> dict[str, Any]:
-    """uvicorn's logging config with `StripQuery` on the access handler."""
+def log_config(level: str = "info") -> dict[str, Any]:
+    """uvicorn's logging config with `StripQuery` on the access handler, and the server's own
+    loggers (`ampscope_server.*`: alerts, live listener, errors) on its stderr handler."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["strip_query"] = {"()": StripQuery}
     config["handlers"]["access"]["filters"] = ["strip_query"]
+    config["loggers"]["ampscope_server"] = {"handlers": ["default"], "level": level.upper(),
+                                            "propagate": False}
     return config
 
 
@@ -97,7 +100,7 @@ def run(settings: Settings, log_level: str, workers: int = 1) -> None:
     GuardedHttpToolsProtocol.header_timeout_s = settings.header_timeout_s
     options: dict[str, Any] = {
         "host": settings.host, "port": settings.port, "log_level": log_level,
-        "access_log": log_level in ("info", "debug"), "log_config": log_config(),
+        "access_log": log_level in ("info", "debug"), "log_config": log_config(log_level),
         "http": PROTOCOL, "limit_concurrency": settings.limit_concurrency,
         "timeout_keep_alive": int(settings.timeout_keep_alive_s),
     }

@@ -361,3 +361,28 @@ def test_a_stalled_run_alerts_once_and_recovers(tmp_path: Path, hook: Receiver) 
             if training.stdout is not None:
                 training.stdout.close()
         server.stop()
+
+
+def test_another_instance_takes_over_when_the_leader_dies(tmp_path: Path,
+                                                          hook: Receiver) -> None:
+    """Two instances on one Postgres: one delivers; SIGKILLed, the other takes the lock."""
+    with postgres_database() as url:
+        first = ServerProcess(url, tmp_path, env=FAST).start()
+        second = ServerProcess(url, tmp_path, env=FAST).start()
+        try:
+            project = "takeover"
+            _destination(first, project, f"{hook.url}/takeover")
+            _ingest(second, troubled_batch(new_id()), project)
+            hook.wait_for(lambda got: len(got) >= 2)
+            leader = next(s for s in (first, second) if "this process delivers" in s.log())
+            follower = second if leader is first else first
+            leader.kill()
+            _ingest(follower, troubled_batch(new_id()), project)
+            hook.wait_for(lambda got: len(got) >= 4)
+            time.sleep(SETTLE_S)
+            ids = Counter(r.headers["X-Ampscope-Delivery"] for r in hook.received)
+            assert sorted(ids.values()) == [1, 1, 1, 1]
+            assert "this process delivers" in follower.log()
+        finally:
+            first.stop()
+            second.stop()
