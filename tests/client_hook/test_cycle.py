@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampscope.capture import Kind
 from ampscope.cycle import StepCycle
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
@@ -78,7 +79,8 @@ class TestCapture:
         loop = Loop(layer_every=2)
         first, second = loop.step(0), loop.step(1)
         assert first["layers"] is not None and second["layers"] is None
-        assert loop.last.sections.norms and not loop.last.sections.block
+        taken = loop.last.sections.taken
+        assert taken is not None and taken.kind is Kind.NORMS and not loop.last.sections.layers
         norm = math.sqrt(sum(p.grad.norm().item() ** 2 for p in loop.params
                              if p.grad is not None))
         assert second["grad_norm"] == pytest.approx(norm, rel=1e-6)
