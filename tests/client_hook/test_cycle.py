@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ampscope.capture import Kind
+from tests.client_hook.test_reductions import _CountOps
 from ampscope.cycle import StepCycle
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
@@ -64,6 +65,27 @@ class Loop:
 
 
 class TestCapture:
+    def test_a_plain_steps_capture_is_the_read_and_nothing_else(self) -> None:
+        """The training thread launches one op at a plain step's capture; the division by the
+        scale and the global norm are the sender thread's (``capture.finish``)."""
+        loop = Loop(layer_every=0)
+        loop.opt.zero_grad(set_to_none=True)
+        loop.scaler.scale(loop.loss()).backward()
+        with _CountOps() as mode:
+            loop.cycle.capture(loop.opt, [loop.opt], 1)
+        assert mode.ops == ["_foreach_norm"]
+
+    def test_a_per_layer_capture_finalizes_nothing(self) -> None:
+        """The eager read's own ops only: no reciprocal, division, sqrt or fraction (those of
+        ``partials.finalize``) on the training thread."""
+        loop = Loop(layer_every=1)
+        loop.step(0)  # builds the eager plan
+        loop.opt.zero_grad(set_to_none=True)
+        loop.scaler.scale(loop.loss()).backward()
+        with _CountOps() as mode:
+            loop.cycle.capture(loop.opt, [loop.opt], 1)
+        assert mode.ops and not {"reciprocal", "div", "sqrt", "where", "clamp"} & set(mode.ops)
+
     def test_a_stats_step_captures_scaled_grads_in_true_units(self) -> None:
         loop = Loop(layer_every=1)
         rec = loop.step(0)
