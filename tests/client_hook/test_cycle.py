@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from ampscope.capture import Kind
-from tests.client_hook.test_reductions import _CountOps
 from ampscope.cycle import StepCycle
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
 from ampscope.reductions import STAT_NAMES, GradStats
 from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
+from tests.client_hook.test_reductions import _CountOps
 
 
 class Loop:
