@@ -37,6 +37,7 @@ from hook_overhead import make_model  # type: ignore[import-not-found]
 from hook_sweep import SHAPES  # type: ignore[import-not-found]
 from hook_sweep import make_model as sweep_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampscope
 from ampscope.transport import MemorySender
@@ -250,9 +251,45 @@ def inloop(args: argparse.Namespace) -> None:
               f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}")
 
 
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.n = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def launches(args: argparse.Namespace) -> None:
+    x, y = setup(args)[2:]
+
+    def ops_per_step(layer_every: int | None) -> int:
+        model, opt, _, _ = setup(args)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        mon = None if layer_every is None else ampscope.watch(
+            model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
+            activation_every=0, histogram_every=0, fused=False)
+        counts: list[int] = []
+        for _ in range(12):  # the last: steady state (plans and caches built)
+            with _Count() as mode:
+                step(model, opt, scaler, x, y)
+            counts.append(mode.n)
+        if mon is not None:
+            mon.close()
+        last: int = counts[-1]
+        return last
+
+    base = ops_per_step(None)
+    for layer_every in (0, 1):
+        print(f"launches: layer_every={layer_every}, ATen ops added per step on the training "
+              f"thread: {ops_per_step(layer_every) - base} (a step without the hook: {base})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="parts,ops,cprofile,inloop")
+    parser.add_argument("--only", default="parts,ops,cprofile,inloop,launches")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--d", type=int, default=64)
@@ -267,7 +304,8 @@ def main() -> None:
         AUTOCAST = False
         args.batch, args.seq = 4, 32
     for name in args.only.split(","):
-        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop}[name](args)
+        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop,
+         "launches": launches}[name](args)
 
 
 if __name__ == "__main__":
