@@ -207,13 +207,17 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     read_s, read_min = timed_s(lambda: flat.sum(), device)
     scale = probe.scaler._scale
     assert probe.mon is not None and scale is not None and lives["every_eager"].mon is not None
-    fused_s, fused_min = timed_s(
-        lambda: probe.mon._stats.layer_stats(grads, scale, True), device)  # type: ignore[union-attr]
-    fused_path = probe.mon._stats.last_path
-    eager_stats = lives["every_eager"].mon._stats
-    eager_s, eager_min = timed_s(lambda: eager_stats.layer_stats(grads, scale, True), device)
-    norms_s, norms_min = timed_s(
-        lambda: probe.mon._stats.grad_norms(grads, scale, True), device)  # type: ignore[union-attr]
+    # What the training thread runs at a capture (``capture.take``): the raw partials, the
+    # partials with the sampled histogram, the every-step raw norms; the eager ones beside.
+    stats, eager_stats = probe.mon._stats, lives["every_eager"].mon._stats
+    fused_s, fused_min = timed_s(lambda: stats.partials(grads, scale, True), device)
+    fused_path = stats.last_path
+    hist_s, hist_min = timed_s(lambda: stats.partials(grads, scale, True, histogram=True), device)
+    hist_path = stats.last_path
+    eager_s, eager_min = timed_s(lambda: eager_stats.partials(grads, scale, True), device)
+    eager_hist_s, eager_hist_min = timed_s(
+        lambda: eager_stats.partials(grads, scale, True, histogram=True), device, reps=10)
+    norms_s, norms_min = timed_s(lambda: stats.raw_norms(grads), device)
     probe.opt.zero_grad(set_to_none=True)
 
     names = [c for c, _, _ in CONFIGS]
@@ -254,9 +258,11 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     print(f"   one read of the gradients (median / min): {read_s * 1e3:.3f} / "
           f"{read_min * 1e3:.3f} ms ({grad_bytes / read_min / 1e9:.1f} GB/s at the min)")
     for label, med, low in (("per-layer " + str(fused_path), fused_s, fused_min),
+                            ("+ histogram " + str(hist_path), hist_s, hist_min),
                             ("per-layer eager", eager_s, eager_min),
+                            ("+ histogram eager", eager_hist_s, eager_hist_min),
                             ("every-step norms", norms_s, norms_min)):
-        print(f"   {label + ' alone:':<24} {med * 1e3:8.3f} / {low * 1e3:8.3f} ms = "
+        print(f"   {label + ' alone:':<28} {med * 1e3:8.3f} / {low * 1e3:8.3f} ms = "
               f"{med / read_s:6.1f} / {low / read_min:6.1f} reads (median / min)")
     print(f"   median step, no hook: {base * 1e3:.2f} ms")
     print(f"   {'configuration':<14} {'median':>9} {'ratio (min-max)':>22} {'total':>7} "

@@ -16,7 +16,9 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
    though the first code after backward pays some warm-up the scaler would otherwise pay.
 
-Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,inloop]``.
+Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,inloop] [--size 4M]``; with
+``--size`` (a shape of ``hook_sweep.py``: 0.25M, 1M, 4M, 10M) the model and loop are the sweep's
+(FP32 forward, ``GradScaler`` on, batch 4 x 32 tokens) instead of the fp16-autocast reference.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from typing import Any
 
 import torch
 from hook_overhead import make_model  # type: ignore[import-not-found]
+from hook_sweep import SHAPES  # type: ignore[import-not-found]
+from hook_sweep import make_model as sweep_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampscope
 from ampscope.transport import MemorySender
@@ -49,9 +54,12 @@ def med_us(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times) / 1e3
 
 
+AUTOCAST = True  # False with --size: the sweep's FP32 forward
+
+
 def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
                                              torch.Tensor, torch.Tensor]:
-    model = make_model(args.d, args.blocks)
+    model = sweep_model(*SHAPES[args.size]) if args.size else make_model(args.d, args.blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1)
     return model, opt, torch.randn(args.batch, args.seq, 32), torch.randint(0, 10, (args.batch,))
@@ -60,7 +68,7 @@ def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
 def step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
          x: torch.Tensor, y: torch.Tensor, finish: bool = True) -> None:
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.float16):
+    with torch.autocast("cpu", dtype=torch.float16, enabled=AUTOCAST):
         out = model(x).float().mean(1)
     loss = nn.functional.cross_entropy(out, y)
     scaler.scale(loss).backward()
@@ -92,10 +100,11 @@ def parts(args: argparse.Namespace) -> None:
     stats, cycle, view = mon._stats, mon._cycle, mon._view
     r = args.reps
     rows: list[tuple[str, float]] = [
-        ("layer_stats (per-layer path, all 8 stats + norms)",
-         med_us(lambda: stats.layer_stats(grads, scale, flags), r)),
-        ("grad_norms (scalar path of non-layer steps)",
-         med_us(lambda: stats.grad_norms(grads, scale, flags), r)),
+        ("partials (per-layer capture: all 8 partials, raw)",
+         med_us(lambda: stats.partials(grads, scale, flags), r)),
+        ("partials + histogram (a sampled step's capture)",
+         med_us(lambda: stats.partials(grads, scale, flags, histogram=True), max(10, r // 10))),
+        ("raw_norms (every-step capture)", med_us(lambda: stats.raw_norms(grads), r)),
         ("scaled_flags (stage lookup)",
          med_us(lambda: view.scaled_flags(opt, mon._optimizers, params), r)),
         ("before_update (scale copy, found_inf)", med_us(view.before_update, r)),
@@ -158,8 +167,8 @@ def ops(args: argparse.Namespace) -> None:
     assert scale is not None
     flags = [True] * len(grads)
     calls: list[tuple[str, Callable[[], Any]]] = [
-        ("layer_stats", lambda: mon._stats.layer_stats(grads, scale, flags)),
-        ("grad_norms", lambda: mon._stats.grad_norms(grads, scale, flags)),
+        ("partials", lambda: mon._stats.partials(grads, scale, flags)),
+        ("raw_norms", lambda: mon._stats.raw_norms(grads)),
     ]
     for name, fn in calls:
         for _ in range(5):
@@ -242,18 +251,61 @@ def inloop(args: argparse.Namespace) -> None:
               f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}")
 
 
+class _Count(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.n = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def launches(args: argparse.Namespace) -> None:
+    x, y = setup(args)[2:]
+
+    def ops_per_step(layer_every: int | None) -> int:
+        model, opt, _, _ = setup(args)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        mon = None if layer_every is None else ampscope.watch(
+            model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
+            activation_every=0, histogram_every=0, fused=False)
+        counts: list[int] = []
+        for _ in range(12):  # the last: steady state (plans and caches built)
+            with _Count() as mode:
+                step(model, opt, scaler, x, y)
+            counts.append(mode.n)
+        if mon is not None:
+            mon.close()
+        last: int = counts[-1]
+        return last
+
+    base = ops_per_step(None)
+    for layer_every in (0, 1):
+        print(f"launches: layer_every={layer_every}, ATen ops added per step on the training "
+              f"thread: {ops_per_step(layer_every) - base} (a step without the hook: {base})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="parts,ops,cprofile,inloop")
+    parser.add_argument("--only", default="parts,ops,cprofile,inloop,launches")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--size", default=None, choices=list(SHAPES),
+                        help="the sweep's model and FP32 loop (batch 4 x 32 tokens)")
     args = parser.parse_args()
+    if args.size:
+        global AUTOCAST
+        AUTOCAST = False
+        args.batch, args.seq = 4, 32
     for name in args.only.split(","):
-        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop}[name](args)
+        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop,
+         "launches": launches}[name](args)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ from typing import Any
 import torch
 
 from ampscope.formats import TargetFormat
+from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
 
-__all__ = ["MAX_LAYOUTS", "FusedPartials", "LayoutState"]
+__all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "layout_key"]
 
 logger = logging.getLogger("ampscope")
 
@@ -55,7 +56,13 @@ MAX_LAYOUTS = 16
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
-Kernel = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
+HISTOGRAM_MAX_ELEMS = 2**31
+"""Layers from this size get no fused histogram: there inductor materialises the int64 bin index
+of the scatter (8 bytes per element; measured: 23 GiB resident for a 2^31-element layer) instead
+of keeping it in registers. The partials stay fused; the histogram takes the eager path's bounded
+groups (``histogram.GROUP_ELEMS``)."""
+
+Kernel = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]  # shape, stride, dtype
 
 
@@ -67,6 +74,7 @@ class LayoutKey:
     scaled: tuple[bool, ...]
     fmt: str
     specs: tuple[Spec, ...]
+    histogram: bool = False  # the kernel also counts the exponent histogram (same read)
 
 
 class LayoutState(enum.Enum):
@@ -89,23 +97,34 @@ _LOCK = threading.Lock()
 _LOGGED_FAILURE = False
 
 
-def _make_kernel(flags: tuple[bool, ...], under: int, normal: int) -> Kernel:
-    """The function ``torch.compile`` traces for one layout; ``flags`` and the scaled layers'
-    thresholds are constants of its closure."""
+def _make_kernel(flags: tuple[bool, ...], under: int, normal: int, histogram: bool) -> Kernel:
+    """The function ``torch.compile`` traces for one layout; ``flags``, the scaled layers'
+    thresholds and whether the exponent histogram rides along are constants of its closure."""
 
     def layer_partials(
-        grads: list[torch.Tensor], under_bits: torch.Tensor, normal_bits: torch.Tensor
+        grads: list[torch.Tensor], under_bits: torch.Tensor, normal_bits: torch.Tensor,
+        hist_bits: torch.Tensor,
     ) -> torch.Tensor:
-        rows = []
+        rows, counts = [], []
         for g, scaled in zip(grads, flags, strict=True):
             if g.numel() == 0:
                 rows.append(torch.tensor([0.0] * (NUM_COLUMNS - 1) + [math.inf],
                                          dtype=torch.float64, device=g.device))
-            elif scaled:  # judged as stored
+                if histogram:
+                    counts.append(torch.zeros(NUM_BINS, dtype=torch.int32, device=g.device))
+                continue
+            if scaled:  # judged as stored; true units are raw / scale
                 rows.append(tensor_partials(g, under, normal))
-            else:  # judged at the scale: the thresholds of m = scale
+                if histogram:
+                    counts.append(tensor_histogram(g, hist_bits[0], hist_bits[1]))
+            else:  # judged at the scale (the thresholds of m = scale); true units as stored
                 rows.append(tensor_partials(g, under_bits, normal_bits))
-        return torch.stack(rows)
+                if histogram:
+                    counts.append(tensor_histogram(g, 1, 0))
+        out = torch.stack(rows)
+        if not histogram:
+            return out
+        return torch.cat([out, torch.stack([c.to(torch.float64) for c in counts])], dim=1)
 
     # A code object of its own: dynamo's cache (and its limit of 8 entries) is per code object,
     # and one layout's entry must never evict another's or count against a user's functions.
@@ -130,11 +149,12 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         # load 7 on 2 cores: 12.4 ms with 2 threads, 1.4 ms with 1).
         options: dict[str, str | int | bool | Callable[..., Any]] = (
             {"cpp.threads": 1} if key.device.type == "cpu" else {})
-        kernel = torch.compile(_make_kernel(key.scaled, under, normal), dynamic=False,
-                               fullgraph=True, options=options)
+        kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram),
+                               dynamic=False, fullgraph=True, options=options)
         bits = torch.tensor([under, normal], dtype=torch.int32, device=key.device)
+        hist = torch.tensor([1, 0], dtype=torch.int32, device=key.device)
         with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
-            kernel(_placeholders(key), bits[0], bits[1])
+            kernel(_placeholders(key), bits[0], bits[1], hist)
         layout.kernel = kernel
         layout.compile_s = time.perf_counter() - start
         layout.state = LayoutState.READY
@@ -151,7 +171,8 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
 
 
 def layout_key(
-    grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat
+    grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat,
+    histogram: bool = False,
 ) -> LayoutKey | None:
     """The layout of these gradients, or None when the fused path cannot take them."""
     if not grads:
@@ -167,8 +188,10 @@ def layout_key(
         if (g is None or g.layout != torch.strided or g.device != device
                 or g.dtype not in _SUPPORTED):
             return None
+        if histogram and g.numel() >= HISTOGRAM_MAX_ELEMS:
+            return None
         specs.append((tuple(g.shape), g.stride(), g.dtype))
-    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs))
+    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram)
 
 
 class FusedPartials:
@@ -199,11 +222,12 @@ class FusedPartials:
         return entry
 
     def wait(
-        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], timeout: float
+        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], timeout: float,
+        histogram: bool = False,
     ) -> LayoutState | None:
         """Start (if needed) and wait for the compile of this layout; its state, or None when
         the layout is unsupported. For tests and benchmarks: training never waits."""
-        key = layout_key(grads, scaled, self.fmt)
+        key = layout_key(grads, scaled, self.fmt, histogram)
         if key is None:
             return None
         entry = self.layout(key)
@@ -220,10 +244,13 @@ class FusedPartials:
         return out
 
     def __call__(
-        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], scale: torch.Tensor
+        self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], scale: torch.Tensor,
+        histogram: bool = False,
     ) -> torch.Tensor | None:
-        """``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
-        key = layout_key(grads, scaled, self.fmt)
+        """``(L, 8)`` partials, or ``(L, 8 + NUM_BINS)`` with ``histogram``: the partials and
+        then the exponent histogram's counts (``histogram.exponent_histogram``'s rows, exact).
+        ``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
+        key = layout_key(grads, scaled, self.fmt, histogram)
         if key is None:
             return None
         last = self._last
@@ -242,10 +269,11 @@ class FusedPartials:
                              device=key.device))
         # Only the unscaled layers read these (the scaled ones' are constants of the kernel).
         bits = consts[1] if all(key.scaled) else threshold_bits(consts[0], scale)
+        hist = scale_bits(scale) if histogram else consts[1]  # unread without the histogram
         try:
             # no_grad: grad mode is one of the kernel's guards (compiled under no_grad too).
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                return entry.kernel(list(grads), bits[0], bits[1])  # type: ignore[arg-type]
+                return entry.kernel(list(grads), bits[0], bits[1], hist)  # type: ignore[arg-type]
         except Exception as exc:  # a guard miss, or anything else: eager from now on
             entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
             logger.warning("ampscope: the fused reduction failed (%s); eager from now on",

@@ -23,6 +23,13 @@ one ``index_add_`` over ``layer * NUM_BINS + bin``, whose per-element layer offs
 per layout and cached: a constant number of launches per group of at most ``GROUP_ELEMS``
 elements, never one per layer. No host sync (``bincount`` is avoided on purpose: on CUDA it reads
 the maximum back to size its output).
+
+The fused read (``fused.py``) computes the same bins from the bit pattern of |raw| instead
+(``tensor_histogram``): the float32 exponent field and mantissa bits are ``frexp``'s exponent and
+mantissa, a subnormal raw value is first made normal by an exact multiplication by 2^64, and
+``m < ms`` becomes an integer compare of mantissa bits against ``scale_bits``. Integer ops only,
+which inductor fuses with the partials into one loop over each gradient (``torch.frexp`` and
+``torch.bucketize`` are not lowered there on the CPU: they would be extern calls, extra passes).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["GROUP_ELEMS", "MAX_EXP", "MIN_EXP", "NUM_BINS", "exponent_histogram"]
+__all__ = ["GROUP_ELEMS", "MAX_EXP", "MIN_EXP", "NUM_BINS", "exponent_histogram", "scale_bits",
+           "tensor_histogram"]
 
 MIN_EXP = -40
 MAX_EXP = 20
@@ -74,6 +82,50 @@ def _frexp_scale(
         bound = torch.where(bound.to(torch.float64) < mant,
                             torch.nextafter(bound, torch.full_like(bound, 2.0)), bound)
     return bound, exp.to(torch.int32)
+
+
+_MANT_BITS = 23
+_HALF_BITS = 126 << _MANT_BITS  # float32 0.5: frexp's mantissas lie in [0.5, 1)
+_INF_BITS = 0x7F800000
+_SUBNORMAL_LIFT = 64  # 2^-149 · 2^64 is a normal float32: the multiplication is exact
+
+
+def scale_bits(scale: torch.Tensor) -> torch.Tensor:
+    """int32 ``(2,)`` device tensor ``[es, mb]`` of a scale (0-d float64 device tensor): its
+    ``frexp`` exponent, and the mantissa bound as mantissa bits, such that for a float32 mantissa
+    ``m = 0.5·(1 + k/2^23)``, ``m < ms ⇔ k < mb`` (``ms`` rounded up to float32 as
+    ``_frexp_scale`` does, so both paths decide alike). No host sync."""
+    bound, exp = _frexp_scale(scale, scale.device, torch.float32)
+    bits = bound.view(torch.int32) - _HALF_BITS
+    # bound > 1 (an infinite scale): every m is below it; < 0.5 (0, negative) or NaN: none is.
+    mb = torch.where(bound > 1.0, 1 << _MANT_BITS, torch.where(bound >= 0.5, bits, 0))
+    return torch.stack([exp, mb.to(torch.int32)])
+
+
+def tensor_histogram(
+    grad: torch.Tensor, es: torch.Tensor | int, mb: torch.Tensor | int,
+    min_exp: int = MIN_EXP, max_exp: int = MAX_EXP,
+) -> torch.Tensor:
+    """One non-empty float32/float16/bfloat16 tensor's row of ``exponent_histogram``: counts
+    ``(max_exp - min_exp + 5,)`` (int32, int64 from 2^31 elements) of |raw / s| by power of two,
+    ``es``/``mb`` being ``scale_bits`` of s (1 and 0 for s = 1: a gradient in true units).
+
+    Written to be fused (``fused.py``): integer arithmetic on the bit pattern, one scatter-add
+    into the bins; eagerly it is the same arithmetic, one kernel per line.
+    """
+    bins = max_exp - min_exp + 5
+    count = torch.int32 if grad.numel() < 2**31 else torch.int64
+    y = grad.to(torch.float32).abs()
+    b = y.view(torch.int32)
+    sub = b < (1 << _MANT_BITS)  # zero or subnormal: lift into the normal range, exactly
+    lifted = torch.where(sub, y * float(2**_SUBNORMAL_LIFT), y).view(torch.int32)
+    exp = (lifted >> _MANT_BITS) - torch.where(sub, 126 + _SUBNORMAL_LIFT, 126)
+    below = ((lifted & ((1 << _MANT_BITS) - 1)) < mb).to(torch.int32)
+    k = (exp - es - below - (min_exp - 3)).clamp(2, bins - 1)
+    k = torch.where(b == 0, 0, torch.where(b >= _INF_BITS, 1, k))  # NaN's pattern is above inf
+    idx = k.reshape(-1).to(torch.int64)
+    return torch.zeros(bins, dtype=count, device=grad.device).scatter_add_(
+        0, idx, torch.ones_like(idx, dtype=count))
 
 
 def exponent_histogram(

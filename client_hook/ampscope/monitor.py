@@ -4,23 +4,26 @@ Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
 
 1. ``scaler.scale(loss)``: the detached loss is remembered (no sync); with gradient accumulation
    the record carries the mean of the losses scaled since the previous ``update()``.
-2. The *first* ``scaler.unscale_(opt)`` or ``scaler.step(opt)`` of the cycle captures gradient
-   stats of every watched parameter that has a ``.grad``: before ``unscale_`` when the optimizer's
-   stage is READY (the grads are still scaled, and are divided by the scale), or as they are when
-   the loop already unscaled them (stage UNSCALED/STEPPED: true units). The global grad norm is
-   captured every step together with every layer's norm (its finiteness, for the overflow
-   event's layers in backward order, ``order.py``); per-layer stats on the steps ``layer_every``
-   makes due (``selection.py``), the exponent histogram every ``histogram_every`` steps
-   (``histogram.py``); the sampled activation stats of the cycle are collected here too
+2. The *first* ``scaler.unscale_(opt)`` or ``scaler.step(opt)`` of the cycle captures the
+   gradients of every watched parameter that has a ``.grad``: before ``unscale_`` when the
+   optimizer's stage is READY (the grads are still scaled), or as they are when the loop already
+   unscaled them (stage UNSCALED/STEPPED: true units). The capture is ONE read of the gradients
+   (``capture.take``): every layer's raw norm on plain steps (for the global grad norm and each
+   layer's finiteness, the overflow event's layers in backward order, ``order.py``), the raw
+   per-layer partials on the steps ``layer_every`` makes due (``selection.py``), with the
+   exponent histogram in the same read every ``histogram_every`` steps; nothing is finalized on
+   the training thread. The sampled activation stats of the cycle are collected here too
    (``activations.py``). Later calls in the cycle capture nothing, so ``unscale_`` → clip →
    ``step`` and k backward passes per step both give exactly one capture. The record's
    ``captured`` says "before_unscale" when every watched gradient was still scaled, else
    "after_unscale" (a disabled scaler included: the grads are true units as they are).
 3. ``scaler.update()``: the scale before (a device copy), ``found_inf`` (the sum of the scaler's
    per-optimizer ``found_inf_per_device`` tensors), the original ``update()``, then the scale after
-   and the growth tracker. All scalars and the stats are stacked into ONE float64 device tensor and
-   copied to the host once (on CUDA: ``non_blocking`` into pinned memory plus an event the sender
-   thread waits on); the training thread then only enqueues.
+   and the growth tracker. On a GPU all scalars and the capture's tensors are stacked into ONE
+   float64 device tensor and copied to the host once (``non_blocking`` into pinned memory plus an
+   event the sender thread waits on); on the CPU they are handed over unstacked. The training
+   thread then only enqueues; the sender thread divides by the scale, computes the norms and
+   fractions (``capture.finish``) and encodes.
 
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 

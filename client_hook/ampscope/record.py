@@ -15,11 +15,14 @@ from typing import Any
 import torch
 
 from ampscope import wire
-from ampscope.histogram import MAX_EXP, MIN_EXP, NUM_BINS
+from ampscope.capture import Finished, Taken, finish
+from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
 from ampscope.recheck import NAN_CODE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
+
+F64 = torch.float64
 
 # Scalars at the head of the per-step tensor, in this order; the sections of ``Sections`` follow.
 SCALARS = ("scale_before", "scale_after", "growth_tracker", "found_inf", "loss", "grad_norm", "lr")
@@ -32,19 +35,20 @@ Parts = list[list[torch.Tensor] | torch.Tensor]
 
 @dataclass(frozen=True)
 class Sections:
-    """Which blocks follow the scalars in a step's host tensor, in this order.
+    """Which blocks follow the scalars in a step's host values, in this order.
 
-    ``norms``: L per-layer L2 norms (true units; NaN/inf = the layer held NaN/inf), on captured
-    steps without a stats block. ``block``: the (8, L) stats of ``STAT_NAMES``. ``histogram``:
-    (L, NUM_BINS) counts. ``modules``: M > 0 when an (8, M) activation block follows.
-    ``swallowed``: L swallowed-update fractions (NaN = not measured; ``swallowed.py``).
-    ``recheck``: the FP32 re-check block, 2 + L values (``recheck.py``).
+    ``taken``: the capture's raw blocks (``capture.Taken``: L raw norms, or the (L, 8) partials
+    and the (L, NUM_BINS) histogram when sampled); None when nothing was captured. ``layers``:
+    the partials are sent as the wire's per-layer stats (a histogram step without a per-layer
+    step takes the partials for its one read but sends only the histogram). ``modules``: M > 0
+    when an (8, M) activation block follows. ``swallowed``: L swallowed-update fractions (NaN =
+    not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L values
+    (``recheck.py``).
     """
 
     num_layers: int
-    norms: bool = False
-    block: bool = False
-    histogram: bool = False
+    taken: Taken | None = None
+    layers: bool = False
     modules: int = 0
     swallowed: bool = False
     recheck: bool = False
@@ -68,12 +72,7 @@ class StepRecord:
     order: Sequence[int] | None = None  # layer indices in backward order
     clip: ClipHeuristic | None = None
     recheck_error: str | None = None  # the FP32 re-check ran and its closure raised this
-    # The norms were accumulated in float32 (GradStats.grad_norms' direct path), where +inf may
-    # be an overflow of the sum of squares rather than an inf element.
-    float32_norms: bool = False
-    # The norms section holds raw per-layer norms (GradStats.raw_layer_norms) and the grad_norm
-    # slot is empty: to_wire computes the global norm, dividing by scale_before when True.
-    raw_norms: bool | None = None
+    numels: torch.Tensor | None = None  # float64 (L,): the layers' sizes, for the fractions
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -86,26 +85,20 @@ class StepRecord:
             head["found_inf"] = float(head["scale_after"] < head["scale_before"])
         sec, pos = self.sections, len(SCALARS)
         n = sec.num_layers
-        norms = layers = activations = histogram = None
-        if sec.norms:
-            norms, pos = v[pos : pos + n], pos + n
-        if sec.block:
-            layers = {s: v[pos + k * n : pos + (k + 1) * n] for k, s in enumerate(STAT_NAMES)}
-            pos += len(STAT_NAMES) * n
-        if sec.histogram:
-            counts = [[round(c) for c in v[pos + i * NUM_BINS : pos + (i + 1) * NUM_BINS]]
-                      for i in range(n)]
-            histogram = {"min_exp": MIN_EXP, "max_exp": MAX_EXP, "counts": counts}
-            pos += n * NUM_BINS
+        done = activations = None
+        if sec.taken is not None:
+            size = sec.taken.size(n)
+            numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
+            done = finish(sec.taken, v[pos : pos + size], numels, head["scale_before"])
+            head["grad_norm"] = done.grad_norm
+            pos += size
         if sec.modules:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
             pos += len(STAT_NAMES) * m
-        if self.raw_norms is not None and norms is not None:
-            head["grad_norm"] = _global_norm(norms, head["scale_before"] if self.raw_norms
-                                             else 1.0)
         found_inf = bool(head["found_inf"])
-        if self.float32_norms and not found_inf and head["grad_norm"] == math.inf:
+        if (sec.taken is not None and sec.taken.float32_norms and not found_inf
+                and head["grad_norm"] == math.inf):
             # No element was inf (the scaler checked them all), so this +inf is the float32 sum
             # of squares overflowing (a raw norm ≥ 1.8e19): the norm is unknown, not infinite.
             head["grad_norm"] = None
@@ -122,6 +115,10 @@ class StepRecord:
             if hit is not None:
                 misuse.append(hit)
         growth = head["growth_tracker"]
+        layers = done.layers if done is not None and sec.layers else None
+        histogram = None
+        if done is not None and done.histogram is not None:
+            histogram = {"min_exp": MIN_EXP, "max_exp": MAX_EXP, "counts": done.histogram}
         return wire.step_record(
             seq=self.seq,
             step=self.step,
@@ -137,7 +134,7 @@ class StepRecord:
             duration=self.duration,
             layers=layers,
             captured=self.captured,
-            nonfinite=self._nonfinite(norms, layers) if found_inf else None,
+            nonfinite=self._nonfinite(done) if found_inf else None,
             misuse=misuse or None,
             activations=activations,
             histogram=histogram,
@@ -160,23 +157,21 @@ class StepRecord:
         return {"status": "persisted" if persisted else "vanished",
                 "loss": wire.encode_float(loss), "layers": layers, "detail": None}
 
-    def _nonfinite(
-        self, norms: list[float] | None, layers: dict[str, list[float]] | None
-    ) -> list[dict[str, Any]] | None:
+    def _nonfinite(self, done: Finished | None) -> list[dict[str, Any]] | None:
         """The non-finite layers in backward order; None when this step measured nothing."""
         kinds: dict[int, str] = {}
-        if layers is not None:
+        if done is None:
+            return None
+        if done.layers is not None:
             for i, (nans, infs) in enumerate(
-                    zip(layers["nan_count"], layers["inf_count"], strict=True)):
+                    zip(done.layers["nan_count"], done.layers["inf_count"], strict=True)):
                 if nans > 0 or infs > 0:
                     kinds[i] = "nan" if nans > 0 else "inf"
-        elif norms is not None:
-            for i, x in enumerate(norms):
+        else:
+            for i, x in enumerate(done.norms or ()):
                 if not math.isfinite(x):
                     kinds[i] = "nan" if math.isnan(x) else "inf"
-        else:
-            return None
-        order = self.order if self.order is not None else range(len(norms or layers["l2"]))  # type: ignore[index]
+        order = self.order if self.order is not None else range(self.sections.num_layers)
         return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]
 
 
@@ -193,18 +188,6 @@ def _host_values(values: torch.Tensor | Parts) -> list[float]:
         # stack of 0-d tensors (~0.15 against ~0.25 µs each) and any dtype, shape or device.
         out += [t.item() for t in part]
     return out
-
-
-def _global_norm(raw: Sequence[float], scale: float | None) -> float | None:
-    """sqrt(Σ raw²) / scale in float64, as the device path computes it: NaN if a layer's norm is
-    NaN, else +inf if one is inf (the squares are ≥ 0, so a sum cannot make NaN from infs);
-    None when the scale is unknown."""
-    if scale is None:
-        return None
-    norm = math.sqrt(sum(x * x for x in raw))
-    if scale == 0.0:  # a collapsed scale: IEEE division, as torch would do it
-        return math.nan if norm == 0.0 or math.isnan(norm) else math.inf
-    return norm / scale
 
 
 def layer_table(

@@ -43,7 +43,8 @@ import torch
 
 from ampscope.formats import TargetFormat
 from ampscope.fused import FusedPartials, LayoutState
-from ampscope.partials import NUM_SUMS, finalize, float32_bits, threshold_bits
+from ampscope.histogram import exponent_histogram
+from ampscope.partials import NUM_COLUMNS, NUM_SUMS, finalize, float32_bits, threshold_bits
 from ampscope.wire import LAYER_STAT_NAMES
 
 __all__ = ["CHUNK", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm", "layer_stats",
@@ -99,10 +100,6 @@ class _Plan:
     unscaled_rows: torch.Tensor | None  # bool (rows, 1) when only some layers are unscaled
     all_unscaled: bool
     present: list[int]
-    present_scaled: torch.Tensor  # bool (P,)
-    present_index: torch.Tensor  # int64 (P,)
-    norm_scaled: torch.Tensor  # bool (L,): scaled and present (grad_norms' factor 1/s)
-    all_scaled: bool  # every gradient present and scaled
     buf: torch.Tensor
     scratch: torch.Tensor
     meta: list[tuple[object, ...] | None]  # _meta() of every gradient: the layout's identity
@@ -111,8 +108,6 @@ class _Plan:
     # ``buf`` (the gradient's shape), filled by one _foreach_copy_; None → torch.cat per group.
     views: list[torch.Tensor] | None
     all_present: bool
-    fast: bool  # every gradient present, dense, on ``device``: grad_norms' direct path applies
-    one: torch.Tensor  # float64 0-d 1.0
     thresholds: torch.Tensor  # float64 (2,): the format's underflow and min-normal thresholds
 
 
@@ -187,22 +182,12 @@ def _build_plan(
         ),
         all_unscaled=all_unscaled,
         present=present,
-        present_scaled=torch.tensor([scaled[i] for i in present], dtype=torch.bool, device=device),
-        present_index=torch.tensor(present, dtype=torch.int64, device=device),
-        norm_scaled=torch.tensor(
-            [scaled[i] and grads[i] is not None for i in range(len(grads))],
-            dtype=torch.bool,
-            device=device,
-        ),
         buf=buf,
         scratch=torch.empty(max_elems, dtype=torch.float32, device=device),
         meta=meta,
         flags=list(scaled),
         views=views,
         all_present=len(present) == len(grads),
-        fast=len(present) == len(grads) and dense_here,
-        all_scaled=len(present) == len(grads) and all(scaled),
-        one=torch.ones((), dtype=torch.float64, device=device),
         thresholds=torch.tensor([fmt.underflow_threshold, fmt.min_normal], dtype=torch.float64,
                                 device=device),
     )
@@ -319,11 +304,8 @@ class GradStats:
         self._last: _Plan | None = None
         self._fused = FusedPartials(self.fmt) if fused is not False else None
         self._fuse_auto = fused is None
-        self._consts: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.last_path: str | None = None
-        """Which path the last ``layer_stats`` took: "fused" or "eager" (tests, benchmarks)."""
-        # grad_norms' direct path (no plan, no buffer copy); off after a layout that cannot take it
-        self._try_fast = True
+        """Which path the last ``partials`` took: "fused" or "eager" (tests, benchmarks)."""
 
     def _check(self, grads: Grads, scaled: list[bool]) -> None:
         if len(scaled) != len(grads):
@@ -359,29 +341,60 @@ class GradStats:
         +inf if any is ±inf, else sqrt(sum of l2²)); ``out[1:].view(8, L)`` holds the rows of
         ``STAT_NAMES``. ``amax``/``amin_nz`` are NaN when no element qualifies (sent as null);
         ``nan_count``/``inf_count`` are exact integer-valued floats. No host synchronisation.
+        ``partials`` and then ``partials.finalize``: the monitor finalizes on the sender thread.
+        """
+        flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
+        table, _ = self.partials(grads, scale, flags)
+        device = table.device
+        numel = torch.tensor([self._numel(i, g) for i, g in enumerate(grads)],
+                             dtype=torch.float64, device=device)
+        s = _scale_tensor(scale, device)
+        one = torch.ones((), dtype=torch.float64, device=device)
+        to_true = torch.where(torch.tensor(flags, dtype=torch.bool, device=device),
+                              s.reciprocal(), one)
+        return finalize(table, numel, to_true)
+
+    def partials(
+        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool,
+        histogram: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer's raw partials ``(L, 8)`` (``partials.COLUMNS``, float64) and, with
+        ``histogram``, the exponent histogram ``(L, NUM_BINS)`` (``histogram.py``, true units);
+        device tensors, no host sync. Fused: one read of each gradient for both; eager: the
+        padded-buffer pass, plus ``exponent_histogram``'s. While the histogram's kernel is still
+        compiling (or for a layer of 2^31 elements and more, ``fused.HISTOGRAM_MAX_ELEMS``) the
+        partials' own kernel answers and the histogram is eager. ``last_path`` says which
+        read made the partials.
         """
         with torch.no_grad():  # gradients of a create_graph=True backward require grad
-            return self._layer_stats(grads, scale, scaled)
+            flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
+            self._check(grads, flags)
+            table = None
+            if self._fused is not None and grads:
+                table = self._fused_partials(grads, flags, scale, histogram)
+                if table is not None:
+                    self.last_path = "fused"
+                    if not histogram:
+                        return table, None
+                    return table[:, :NUM_COLUMNS], table[:, NUM_COLUMNS:]
+                if histogram:  # its kernel still compiling, or a layer too large for it
+                    table = self._fused_partials(grads, flags, scale, False)
+            if table is not None:
+                self.last_path = "fused"
+            else:
+                self.last_path = "eager"
+                plan = self._plan(grads, flags, scale)
+                table = self._eager_partials(plan, grads, _scale_tensor(scale, plan.device))
+            counts = (exponent_histogram(grads, scale, flags, self.numels) if histogram
+                      else None)
+            return table, counts
 
-    def _layer_stats(
-        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
-    ) -> torch.Tensor:
-        flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
-        self._check(grads, flags)
-        partials = None
-        if self._fused is not None and grads:
-            partials = self._fused_partials(grads, flags, scale)
-        if partials is not None:
-            self.last_path = "fused"
-            return partials
-        self.last_path = "eager"
-        plan = self._plan(grads, flags, scale)
-        s = _scale_tensor(scale, plan.device)
-        return finalize(self._eager_partials(plan, grads, s), plan.numel,
-                        torch.where(plan.scaled, s.reciprocal(), plan.one))
+    def _numel(self, i: int, g: torch.Tensor | None) -> int:
+        return (self.numels[i] if self.numels is not None else 0) if g is None else g.numel()
 
     def wait_fused(
-        self, grads: Grads, scaled: Sequence[bool] | bool, timeout: float
+        self, grads: Grads, scaled: Sequence[bool] | bool, timeout: float,
+        histogram: bool = False,
     ) -> LayoutState | None:
         """Start the compile of this layout if needed and wait up to ``timeout`` s for it; its
         state, None when the fused path is off or cannot take the layout. For tests and
@@ -389,39 +402,28 @@ class GradStats:
         if self._fused is None:
             return None
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
-        return self._fused.wait(grads, flags, timeout)
+        return self._fused.wait(grads, flags, timeout, histogram)
 
     def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
         """``FusedPartials.compiles``: the fused layouts met so far (empty when it is off)."""
         return [] if self._fused is None else self._fused.compiles(timeout)
 
     def _fused_partials(
-        self, grads: Grads, flags: list[bool], scale: torch.Tensor | float
+        self, grads: Grads, flags: list[bool], scale: torch.Tensor | float, histogram: bool
     ) -> torch.Tensor | None:
-        """The fused path's stats, or None when it cannot answer now (``fused.py``)."""
+        """The fused kernel's table (``FusedPartials``), or None when it cannot answer now."""
         assert self._fused is not None
         first = grads[0]
-        if first is None or any(g is None for g in grads):
+        if first is None:
             return None
-        numels = tuple(cast(torch.Tensor, g).numel() for g in grads)
-        if self._fuse_auto and sum(numels) < FUSE_MIN_ELEMS:
-            return None
-        s = _scale_tensor(scale, first.device)
-        partials = self._fused(grads, flags, s)
-        if partials is None:
-            return None
-        key = (first.device, tuple(flags), numels)
-        consts = self._consts.get(key)
-        if consts is None:
-            if len(self._consts) >= 4:
-                self._consts.clear()
-            consts = self._consts[key] = (
-                torch.tensor(key[2], dtype=torch.float64, device=first.device),
-                torch.tensor(flags, dtype=torch.bool, device=first.device),
-            )
-        numel, is_scaled = consts
-        one = torch.ones((), dtype=torch.float64, device=first.device)
-        return finalize(partials, numel, torch.where(is_scaled, s.reciprocal(), one))
+        if self._fuse_auto:
+            try:
+                total: int = sum(cast(torch.Tensor, g).numel() for g in grads)
+            except AttributeError:  # a None gradient: not a fused layout
+                return None
+            if total < FUSE_MIN_ELEMS:
+                return None
+        return self._fused(grads, flags, _scale_tensor(scale, first.device), histogram)
 
     def _eager_partials(self, plan: _Plan, grads: Grads, s: torch.Tensor) -> torch.Tensor:
         """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring)."""
@@ -454,52 +456,66 @@ class GradStats:
         )
         return torch.cat([sums.add_(plan.adjust), amax.unsqueeze(1), amin.unsqueeze(1)], dim=1)
 
-    def raw_layer_norms(
-        self, grads: Grads, scaled: Sequence[bool] | bool
-    ) -> tuple[list[torch.Tensor], bool] | None:
-        """The direct path of ``grad_norms`` alone: every layer's L2 norm of the *raw* gradient
-        (as stored: times the scale when scaled), L 0-d tensors in the accumulation dtype
-        (float32, or float64 with ``exact_norms`` or float64 gradients), and whether they are
-        all scaled (divide by the scale for true units). None when the direct path does not
-        apply (an absent, sparse or off-device gradient, mixed scaled flags): use
-        ``grad_norms``.
+    def raw_norms(self, grads: Grads) -> list[torch.Tensor]:
+        """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):
+        L 0-d device tensors, 0 for an absent gradient; NaN when the layer holds a NaN, else +inf
+        when it holds ±inf, so they double as the layers' finiteness. No host sync.
 
-        The monitor takes this on every step without per-layer stats and leaves the global norm
-        and the division by the scale to the sender thread (``StepRecord.to_wire``), a handful of
-        kernels fewer on the training thread; see ``grad_norms`` for the float32 range. The
-        norms come unstacked: on the CPU the sender thread reads them one by one (a ``stack`` of
-        L 0-d tensors is L ``unsqueeze`` calls, ~50 µs in the reference loop); on a GPU the
-        caller stacks them into the step's one host copy.
+        This runs on every optimizer step, so it is the hook's floor: one
+        ``torch._foreach_norm`` over the gradients as they are (one read, no copy), accumulating
+        each layer in **float32** (float64 for float64 gradients, or with ``exact_norms``);
+        ``float32_norms`` says which. The division by the scale and the global norm are left to
+        the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
+        ``_foreach_norm`` over the present ones, made dense and moved to the first's device.
+
+        Why float32: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
+        reference loop the float64 conversion doubled the cost (≈210 → ≈110 µs). Its range, on
+        the raw values: a layer whose raw L2 norm reaches 1.8e19 reads +inf (squares overflow),
+        and elements below ~1e-19 add nothing (squares underflow), so a layer holding only such
+        values reads 0. NaN stays exact (a NaN norm ⇔ a NaN element); inside that range the
+        relative error is float32 rounding. An inf that is only an overflow is told apart from an
+        inf element by ``found_inf`` on the host (``StepRecord.to_wire`` sends such a norm as
+        unknown); with ``exact_norms`` (no ``found_inf`` to ask) it accumulates in float64.
         """
-        if isinstance(scaled, bool):
-            uniform: bool | None = scaled
-        else:
-            flags = list(scaled)
-            if len(flags) != len(grads):
-                raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
-            uniform = True if all(flags) else False if not any(flags) else None
-        if not (self._try_fast and uniform is not None and grads):
-            return None
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
-        dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
-                     else list(grads))
-        try:
-            # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a sparse
-            # one, RuntimeError from stack for gradients on several devices. (A None is checked
-            # by the op itself: no Python loop over the gradients.)
-            if self._acc64:
-                each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-            else:
-                try:
-                    each = torch._foreach_norm(dense, 2, dtype=torch.float32)
-                except RuntimeError:  # a float64 gradient does not narrow: float64 from now on
-                    self._acc64 = True
+        with torch.no_grad():
+            if not grads:
+                self.float32_norms = not self._acc64
+                return []
+            dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
+                         else list(grads))
+            try:
+                # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a
+                # sparse one, RuntimeError for gradients on several devices: the op itself
+                # checks, no Python loop over the gradients on the common path.
+                if not self._acc64:
+                    try:
+                        each = torch._foreach_norm(dense, 2, dtype=torch.float32)
+                        self.float32_norms = True
+                        return list(each)
+                    except RuntimeError:  # a float64 gradient does not narrow to float32
+                        each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+                        self._acc64 = True  # it did: float64 from now on
+                else:
                     each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-        except (TypeError, RuntimeError):
-            return None
-        self.float32_norms = not self._acc64
-        return list(each), uniform
+                self.float32_norms = False
+                return list(each)
+            except (TypeError, RuntimeError):
+                return self._raw_norms_fallback(grads)
+
+    def _raw_norms_fallback(self, grads: Grads) -> list[torch.Tensor]:
+        self.float32_norms = False
+        device = next(g.device for g in grads if g is not None) if any(
+            g is not None for g in grads) else torch.device("cpu")
+        present = [i for i, g in enumerate(grads) if g is not None]
+        flat = [_flat(cast(torch.Tensor, grads[i]), device) for i in present]
+        norms = torch._foreach_norm(flat, 2, dtype=torch.float64) if flat else []
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        out = [zero] * len(grads)
+        for i, norm in zip(present, norms, strict=True):
+            out[i] = norm
+        return out
 
     def grad_norm(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
@@ -510,75 +526,25 @@ class GradStats:
     def grad_norms(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
     ) -> torch.Tensor:
-        """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units.
-
-        For the steps without per-layer stats: this runs on every optimizer step, so it is the
-        hook's floor. When every gradient is present, dense and on one device and all are scaled
-        alike (the common case), the norms come straight from the gradients: one
-        ``torch._foreach_norm`` accumulating each layer in **float32** (float64 for float64
-        gradients; ``raw_layer_norms``), one ``stack`` promoted to float64, a ``dot`` for the
-        global norm, one ``cat`` and the division by the scale; about 8 launches plus one
-        per-tensor norm inside the multi-tensor call, no copy into the padded buffer.
-
-        Why float32 there: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
-        reference loop the float64 conversion doubled the cost (≈210 → ≈110 µs, half of the
-        hook's whole budget). Its range, on the *raw* values (scaled, when captured before
-        ``unscale_``): a layer whose raw L2 norm reaches 1.8e19 reads +inf (squares overflow),
-        and elements below ~1e-19 add nothing (squares underflow), so a layer holding only such
-        values reads 0. NaN stays exact (a NaN norm ⇔ a NaN element). Inside that range the
-        relative error is float32 rounding. An inf that is only an overflow is told apart from an
-        inf element by ``found_inf`` on the host (``StepRecord.to_wire`` sends such a norm as
-        unknown); with ``exact_norms`` (no ``found_inf`` to ask) the direct path accumulates in
-        float64, as do ``layer_stats`` and the fallback paths, which are exact at any magnitude.
-
-        Otherwise (absent, sparse or off-device gradients, mixed scaled flags) the per-layer norms
-        come from a float64 ``_foreach_norm`` over the present gradients, or from the padded
-        buffer's rows. A layer's norm is NaN when it holds a NaN, else +inf when it holds ±inf
-        (so it doubles as the layer's finiteness code), 0 for an absent gradient; the global norm
-        is NaN if any layer's is, else inf if any is. No host synchronisation.
+        """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units,
+        on the device: ``raw_norms`` divided by the scale where scaled (see there for the float32
+        range). The global norm is NaN if any layer's is, else inf if any is. The monitor does
+        this arithmetic on the host instead (``capture.finish``); this is its device twin, for
+        callers that want a tensor.
         """
-        direct = self.raw_layer_norms(grads, scaled)
-        if direct is not None:
-            each, divide = direct
-            try:  # RuntimeError: gradients on several devices, or the scale on another device
-                v = torch.stack(each).to(torch.float64)  # than them: the plan path below
-                # dot: a plain sum of squares, so NaN (not inf) when a NaN and an inf layer meet.
-                out = torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
-                return out.div_(scale) if divide else out
-            except RuntimeError:
-                pass
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
-        self.float32_norms = False
-        plan = self._plan(grads, flags, scale)
-        self._try_fast = plan.fast
-        f64 = torch.float64
-        if not plan.present:
-            return torch.zeros(1 + len(grads), dtype=f64, device=plan.device)
-        s = _scale_tensor(scale, plan.device)
-        if plan.views is not None:
-            rows = _fill(plan, plan.groups[0], grads)
-            sumsq = torch.linalg.vector_norm(rows, dim=1, dtype=f64).square()
-            layer = torch.zeros(len(grads), dtype=f64, device=plan.device).index_add_(
-                0, plan.chunk_layer, sumsq
-            )
-            if plan.all_scaled:  # one factor for every layer
-                inv = s.reciprocal()
-                norms = layer.sqrt_().mul_(inv)
-                # A plain sum of squares, not vector_norm: NaN, not inf, when both occur.
-                return torch.cat([sumsq.sum().sqrt_().mul_(inv).reshape(1), norms])
-            # Absent layers are exact zeros: their factor is 1, whatever the scale.
-            norms = layer.sqrt_().mul_(torch.where(plan.norm_scaled, s.reciprocal(), plan.one))
-            return torch.cat([(norms * norms).sum().sqrt().reshape(1), norms])
-        out = torch.zeros(1 + len(grads), dtype=f64, device=plan.device)
-        present = [_flat(g, plan.device) for g in grads if g is not None]
-        if hasattr(torch, "_foreach_norm"):
-            norms = torch.stack(torch._foreach_norm(present, 2, dtype=f64))
-        else:  # pragma: no cover - every supported torch has it; keep the public fallback
-            norms = torch.stack([torch.linalg.vector_norm(g, dtype=f64) for g in present])
-        norms = norms * torch.where(plan.present_scaled, s.reciprocal(), plan.one)
-        out[0] = (norms * norms).sum().sqrt()
-        out[1:].index_copy_(0, plan.present_index, norms)
-        return out
+        if len(flags) != len(grads):
+            raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
+        raw = self.raw_norms(grads)
+        if not raw:
+            device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
+            return torch.zeros(1, dtype=torch.float64, device=device)
+        v = torch.stack([r.reshape(()) for r in raw]).to(torch.float64)
+        s = _scale_tensor(scale, v.device)
+        v = v * torch.where(torch.tensor(flags, dtype=torch.bool, device=v.device),
+                            s.reciprocal(), torch.ones((), dtype=torch.float64, device=v.device))
+        # A plain sum of squares, not vector_norm: NaN, not inf, when a NaN and an inf layer meet.
+        return torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
 
 
 def layer_stats(

@@ -7,12 +7,14 @@ import pytest
 import torch
 from torch import nn
 
+from ampscope.capture import Kind
 from ampscope.cycle import StepCycle
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
 from ampscope.reductions import STAT_NAMES, GradStats
 from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
+from tests.client_hook.test_reductions import _CountOps
 
 
 class Loop:
@@ -63,6 +65,27 @@ class Loop:
 
 
 class TestCapture:
+    def test_a_plain_steps_capture_is_the_read_and_nothing_else(self) -> None:
+        """The training thread launches one op at a plain step's capture; the division by the
+        scale and the global norm are the sender thread's (``capture.finish``)."""
+        loop = Loop(layer_every=0)
+        loop.opt.zero_grad(set_to_none=True)
+        loop.scaler.scale(loop.loss()).backward()
+        with _CountOps() as mode:
+            loop.cycle.capture(loop.opt, [loop.opt], 1)
+        assert mode.ops == ["_foreach_norm"]
+
+    def test_a_per_layer_capture_finalizes_nothing(self) -> None:
+        """The eager read's own ops only: no reciprocal, division, sqrt or fraction (those of
+        ``partials.finalize``) on the training thread."""
+        loop = Loop(layer_every=1)
+        loop.step(0)  # builds the eager plan
+        loop.opt.zero_grad(set_to_none=True)
+        loop.scaler.scale(loop.loss()).backward()
+        with _CountOps() as mode:
+            loop.cycle.capture(loop.opt, [loop.opt], 1)
+        assert mode.ops and not {"reciprocal", "div", "sqrt", "where", "clamp"} & set(mode.ops)
+
     def test_a_stats_step_captures_scaled_grads_in_true_units(self) -> None:
         loop = Loop(layer_every=1)
         rec = loop.step(0)
@@ -78,7 +101,8 @@ class TestCapture:
         loop = Loop(layer_every=2)
         first, second = loop.step(0), loop.step(1)
         assert first["layers"] is not None and second["layers"] is None
-        assert loop.last.sections.norms and not loop.last.sections.block
+        taken = loop.last.sections.taken
+        assert taken is not None and taken.kind is Kind.NORMS and not loop.last.sections.layers
         norm = math.sqrt(sum(p.grad.norm().item() ** 2 for p in loop.params
                              if p.grad is not None))
         assert second["grad_norm"] == pytest.approx(norm, rel=1e-6)

@@ -16,11 +16,14 @@ import pytest
 import torch
 
 from ampscope import fused as fused_module
+from ampscope import reductions as reductions_module
 from ampscope.formats import FORMATS
-from ampscope.fused import FusedPartials, LayoutState
+from ampscope.fused import FusedPartials, LayoutState, layout_key
+from ampscope.histogram import exponent_histogram, tensor_histogram
 from ampscope.partials import COLUMNS, NUM_COLUMNS
 from ampscope.reductions import STAT_NAMES, GradStats, unpack
 from tests.client_hook.reference import FP16, edge_tensor, reference
+from tests.client_hook.test_histogram import exact_reference
 
 # Inductor imports a module that calls torch's own deprecated API; under ``filterwarnings=error``
 # that warning would fail the (background) compile. Users without that filter never see it fail;
@@ -143,6 +146,51 @@ class TestAgainstEagerAndNumpy:
         assert compiled.last_path == "fused"
 
 
+@pytest.fixture(scope="module")
+def compiled_histogram() -> GradStats:
+    stats = GradStats(FP16, fused=True)
+    for histogram in (True, False):
+        state = stats.wait_fused(make_grads(1.0), FLAGS, COMPILE_TIMEOUT, histogram=histogram)
+        assert state is LayoutState.READY
+    return stats
+
+
+class TestHistogramInTheFusedRead:
+    """The sampled exponent histogram counted by the same kernel, in the same read as the
+    partials: equal to the eager ``exponent_histogram`` and to exact rational arithmetic."""
+
+    @pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**10, 2.0**24, 0.5, 2.0**-100 * 1.7, 0.1])
+    def test_counts_equal_eager_and_exact(self, compiled_histogram: GradStats,
+                                          scale: float) -> None:
+        grads = make_grads(scale)
+        tiny = torch.finfo(torch.float32).tiny
+        grads[0][:6] = torch.tensor([tiny / 8, 2.0**-149, -tiny, 0.0, 2.0**-40 * scale,
+                                     math.nextafter(2.0**21 * scale, 0.0)])
+        table, counts = compiled_histogram.partials(grads, torch.tensor(scale), FLAGS,
+                                                    histogram=True)
+        assert compiled_histogram.last_path == "fused" and counts is not None
+        want = exponent_histogram(grads, scale, FLAGS)
+        assert counts.dtype == torch.float64 and counts.tolist() == want.tolist()
+        for g, row, scaled in zip(grads, counts.tolist(), FLAGS, strict=True):
+            assert row == exact_reference(g.float().reshape(-1).numpy(), scale if scaled else 1.0)
+        # The partials of the same read are those of the kernel without the histogram.
+        alone, none = compiled_histogram.partials(grads, torch.tensor(scale), FLAGS)
+        assert none is None and compiled_histogram.last_path == "fused"
+        assert_stats_equal(table.reshape(-1).tolist(), alone.reshape(-1).tolist(), 0.0)
+
+    def test_no_extra_pass_on_a_histogram_step(self, compiled_histogram: GradStats,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+        """The fused histogram step calls neither the eager histogram nor the eager partials."""
+        def extra_pass(*args: object, **kwargs: object) -> Any:
+            raise AssertionError("an extra pass over the gradients")
+
+        monkeypatch.setattr(reductions_module, "exponent_histogram", extra_pass)
+        monkeypatch.setattr(GradStats, "_eager_partials", extra_pass)
+        grads = make_grads(8.0)
+        _, counts = compiled_histogram.partials(grads, torch.tensor(8.0), FLAGS, histogram=True)
+        assert compiled_histogram.last_path == "fused" and counts is not None
+
+
 class TestLargeOffsets:
     def test_counts_past_2_31_elements(self) -> None:
         """2^31 + 8 elements without the memory: a stride-0 view of 8 values, repeated. Counts
@@ -165,6 +213,19 @@ class TestLargeOffsets:
             else:
                 assert row[name] == value, name
         assert got[1].tolist() == [0, 0, 0, 0, 0, 3.0, 1.0, 1.0]
+
+    def test_histogram_counts_past_2_31_elements_by_construction(self) -> None:
+        """The histogram's counts widen to int64 from 2^31 elements (a meta tensor: shapes and
+        dtypes only); the fused histogram is not compiled for such a layer (inductor would
+        materialise its int64 bin index, 16 GiB), which takes the fused partials and the eager
+        histogram's bounded groups instead."""
+        big = torch.empty(2**31 + 8, device="meta")
+        assert tensor_histogram(big, 1, 0).dtype == torch.int64
+        assert tensor_histogram(torch.ones(8), 1, 0).dtype == torch.int32
+        huge = torch.zeros(8).as_strided((2**28 + 1, 8), (0, 1))  # 2^31 + 8 elements, 32 bytes
+        assert huge.numel() == 2**31 + 8
+        assert layout_key([huge], [True], FP16, histogram=True) is None
+        assert layout_key([huge], [True], FP16, histogram=False) is not None
 
 
 class TestFallback:

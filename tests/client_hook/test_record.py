@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ampscope.capture import Kind, Taken
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import SCALARS, Parts, Sections, StepRecord, _host_values
 
@@ -33,10 +34,13 @@ def raw_norms() -> list[torch.Tensor]:
 def record(values: torch.Tensor | Parts) -> StepRecord:
     return StepRecord(
         seq=3, step=7, wall_time=1.5, duration=0.25, values=values, ready=None,
-        absent=frozenset(), sections=Sections(num_layers=4, norms=True),
+        absent=frozenset(), sections=Sections(num_layers=4, taken=NORMS),
         found_inf_from_scale=False, captured="before_unscale", misuse=None,
-        order=[3, 2, 1, 0], clip=ClipHeuristic(), float32_norms=True, raw_norms=True,
+        order=[3, 2, 1, 0], clip=ClipHeuristic(),
     )
+
+
+NORMS = Taken(Kind.NORMS, torch.device("cpu"), (True,) * 4, float32_norms=True)
 
 
 def stacked(parts: Parts) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""The one capture shape: what the training thread takes from the gradients, and how the sender
+thread turns it into numbers.
+
+At the capture (the first ``unscale_``/``step`` of a cycle, ``cycle.StepCycle.capture``) the
+training thread makes ONE call, ``take``, which launches one read of the gradients and returns
+raw device tensors, never finalized there:
+
+========== =================================================================== ==================
+kind       device tensors (raw: as stored, times the scale where scaled)       when
+========== =================================================================== ==================
+``NORMS``  L per-layer L2 norms (``GradStats.raw_norms``: one ``_foreach_norm``) every other step
+``STATS``  the ``(L, 8)`` partials (``partials.py``) and, on histogram steps,  per-layer steps
+           the ``(L, NUM_BINS)`` exponent histogram, from ONE fused read        and histogram
+           (``fused.py``; the exact eager fallback otherwise)                   steps
+========== =================================================================== ==================
+
+The step's record carries these tensors as they are (on a GPU: stacked with the scalars into the
+step's one host copy; on the CPU: handed over unstacked, ``record.Parts``), and ``finish`` does
+every piece of arithmetic that is not a read on the sender thread, on host floats: the division
+by the scale, the global norm, the fractions (``partials.finalize``, the same pure function the
+device path ``GradStats.layer_stats`` uses, so both give the same numbers). That is why the
+training thread's work per step is the read and nothing else: on the CPU each extra tensor op
+costs it microseconds, on a GPU a launch.
+
+``Taken`` says how to read the tensors back: the kind, whether a histogram follows, each layer's
+scaled flag (raw = g·s) and whether the norms were accumulated in float32.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ampscope.histogram import NUM_BINS
+from ampscope.partials import NUM_COLUMNS, finalize
+from ampscope.reductions import STAT_NAMES, GradStats
+
+__all__ = ["Finished", "Kind", "Parts", "Taken", "finish", "global_norm", "take"]
+
+
+class Kind(enum.Enum):
+    NORMS = "norms"
+    STATS = "stats"
+
+
+Parts = list["torch.Tensor | list[torch.Tensor]"]
+"""A capture's device tensors, in this order: the L norms as a list of 0-d tensors, or the
+``(L, 8)`` partials, then the ``(L, NUM_BINS)`` histogram if any."""
+
+
+@dataclass(frozen=True)
+class Taken:
+    """How to read back what one capture took (``finish``); the record keeps this, not the
+    device tensors (a queued GPU record holds host memory only)."""
+
+    kind: Kind
+    device: torch.device
+    scaled: tuple[bool, ...]
+    histogram: bool = False
+    float32_norms: bool = False
+    path: str = "norms"  # "norms", "fused" or "eager": which read made them (tests, benchmarks)
+
+    @property
+    def all_scaled(self) -> bool:
+        return all(self.scaled)
+
+    def size(self, num_layers: int) -> int:
+        """How many float values the capture's parts hold, flattened."""
+        n = num_layers if self.kind is Kind.NORMS else NUM_COLUMNS * num_layers
+        return n + (NUM_BINS * num_layers if self.histogram else 0)
+
+
+def take(
+    stats: GradStats,
+    grads: Sequence[torch.Tensor | None],
+    scale: torch.Tensor | float,
+    scaled: Sequence[bool] | bool,
+    *,
+    per_layer: bool,
+    histogram: bool,
+) -> tuple[Parts, Taken]:
+    """The capture's one read. ``per_layer`` or ``histogram``: the partials (and the histogram,
+    in the same fused read when the kernel is ready); otherwise the raw norms. No host sync."""
+    flags = tuple([scaled] * len(grads) if isinstance(scaled, bool) else scaled)
+    if per_layer or histogram:
+        table, counts = stats.partials(grads, scale, flags, histogram)
+        parts: Parts = [table] if counts is None else [table, counts]
+        return parts, Taken(Kind.STATS, table.device, flags, histogram=counts is not None,
+                            path=stats.last_path or "eager")
+    norms = stats.raw_norms(grads)
+    device = norms[0].device if norms else (
+        scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu"))
+    return [norms], Taken(Kind.NORMS, device, flags, float32_norms=stats.float32_norms)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A capture's numbers on the host: the global norm (true units), the raw per-layer norms
+    (NORMS kind: only their finiteness is sent) or the stats of ``STAT_NAMES`` (STATS kind, true
+    units), the histogram's rows."""
+
+    grad_norm: float | None
+    norms: list[float] | None = None
+    layers: dict[str, list[float]] | None = None
+    histogram: list[list[int]] | None = None
+
+
+def finish(
+    taken: Taken, values: Sequence[float], numels: torch.Tensor, scale: float | None
+) -> Finished:
+    """The sender thread's half of a capture: ``values`` are the host copy of ``taken.parts``
+    (flattened, in order), ``numels`` the layers' sizes (float64 CPU tensor), ``scale`` the
+    scale in effect at the capture (``scale_before``; None when unknown: the norm is then too).
+    """
+    n = len(taken.scaled)
+    if taken.kind is Kind.NORMS:
+        raw = list(values[:n])
+        return Finished(global_norm(raw, scale, taken.scaled), norms=raw)
+    table = torch.tensor(values[: NUM_COLUMNS * n], dtype=torch.float64).view(n, NUM_COLUMNS)
+    s = math.nan if scale is None else scale
+    inv = 1.0 / s if s != 0.0 else math.inf  # IEEE, as the device's reciprocal
+    to_true = torch.tensor([inv if f else 1.0 for f in taken.scaled], dtype=torch.float64)
+    out = finalize(table, numels, to_true).tolist()
+    stats = {name: out[1 + k * n : 1 + (k + 1) * n] for k, name in enumerate(STAT_NAMES)}
+    histogram = None
+    if taken.histogram:
+        pos = NUM_COLUMNS * n
+        histogram = [[round(c) for c in values[pos + i * NUM_BINS : pos + (i + 1) * NUM_BINS]]
+                     for i in range(n)]
+    return Finished(None if scale is None else out[0], layers=stats, histogram=histogram)
+
+
+def _div(x: float, s: float) -> float:
+    if s == 0.0:  # a collapsed scale: IEEE division, as torch would do it
+        return math.nan if x == 0.0 or math.isnan(x) else math.inf
+    return x / s
+
+
+def global_norm(raw: Sequence[float], scale: float | None, scaled: Sequence[bool]) -> float | None:
+    """sqrt(Σ (raw_i / s_i)²) in float64, s_i the scale where layer i is scaled, else 1: NaN if
+    a layer's norm is NaN, else +inf if one is inf (the squares are ≥ 0, so a sum cannot make NaN
+    from infs); None when a scaled layer needs the scale and it is unknown."""
+    if not any(scaled):
+        return math.sqrt(sum(x * x for x in raw))
+    if scale is None:
+        return None
+    if all(scaled):  # one factor: divide once, as the device path does
+        return _div(math.sqrt(sum(x * x for x in raw)), scale)
+    true = [_div(x, scale) if f else x for x, f in zip(raw, scaled, strict=True)]
+    return math.sqrt(sum(x * x for x in true))
