@@ -6,6 +6,7 @@ Functions take a Session and never commit (the caller's unit of work does).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import TypeVar
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -21,6 +22,9 @@ from ampscope_server.models import (
     Step,
 )
 from ampscope_server.repository import _insert
+
+Owned = TypeVar("Owned", AlertRule, AlertDestination)
+"""A project's rule or destination: both have project, enabled, created_at and id."""
 
 
 def _in_projects(column: object, projects: Collection[str] | None) -> object:
@@ -46,13 +50,17 @@ def add(session: Session, row: AlertRule | AlertDestination) -> None:
     session.flush()
 
 
+def _of_projects(session: Session, model: type[Owned], projects: Collection[str] | None,
+                 enabled_only: bool) -> Sequence[Owned]:
+    query = select(model).where(_in_projects(model.project, projects))  # type: ignore[arg-type]
+    if enabled_only:
+        query = query.where(model.enabled.is_(True))
+    return session.scalars(query.order_by(model.project, model.created_at, model.id)).all()
+
+
 def rules(session: Session, projects: Collection[str] | None,
           enabled_only: bool = False) -> Sequence[AlertRule]:
-    query = select(AlertRule).where(_in_projects(AlertRule.project, projects))  # type: ignore[arg-type]
-    if enabled_only:
-        query = query.where(AlertRule.enabled.is_(True))
-    return session.scalars(query.order_by(AlertRule.project, AlertRule.created_at,
-                                          AlertRule.id)).all()
+    return _of_projects(session, AlertRule, projects, enabled_only)
 
 
 def get_rule(session: Session, rule_id: str) -> AlertRule | None:
@@ -65,12 +73,7 @@ def delete_rule(session: Session, rule_id: str) -> None:
 
 def destinations(session: Session, projects: Collection[str] | None,
                  enabled_only: bool = False) -> Sequence[AlertDestination]:
-    query = select(AlertDestination).where(
-        _in_projects(AlertDestination.project, projects))  # type: ignore[arg-type]
-    if enabled_only:
-        query = query.where(AlertDestination.enabled.is_(True))
-    return session.scalars(query.order_by(AlertDestination.project, AlertDestination.created_at,
-                                          AlertDestination.id)).all()
+    return _of_projects(session, AlertDestination, projects, enabled_only)
 
 
 def get_destination(session: Session, destination_id: str) -> AlertDestination | None:
