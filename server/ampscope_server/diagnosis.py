@@ -311,7 +311,11 @@ def live_view(session: Session, run: Run, now: float | None = None) -> LiveView:
             assert view is not None
             return view
         data = load_run_data(session, run)
-        findings, memory = analyze_live(data, None if view is None else view.memory)
+        # Holding steady is for a run still moving. A finished or crashed run is analysed afresh,
+        # so its post-mortem is the same whether or not anyone (or the alert worker) watched it
+        # live: nothing held over from an analysis of its first steps.
+        memory_in = view.memory if view is not None and run.status == "active" else None
+        findings, memory = analyze_live(data, memory_in)
         view = LiveView(findings=findings, worst=gradients.worst_loss(data),
                         step=last_step(data), memory=memory, updated_at=run.updated_at,
                         analysed_at=clock)
