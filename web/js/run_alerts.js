@@ -1,5 +1,7 @@
 // The run page's alert history (the run id comes from the address, /runs/{id}): fetched on load
 // and every REFRESH_MS while the page is open, so an alert decided during a live run shows up.
+// While the page's live socket is not connected (the server restarting) it waits: a fetch to a
+// server that is away would only log a failed request.
 
 import { getJSON } from './api.js';
 import { drawAlerts } from './alerts_table.js';
@@ -24,7 +26,10 @@ async function main() {
   if (!body || !note) return;
   const runId = decodeURIComponent(window.location.pathname.split('/').pop() ?? '');
   if (!(await refresh(runId, body, note))) return;
-  setInterval(() => refresh(runId, body, note), REFRESH_MS);
+  const connected = () => document.getElementById('live')?.dataset.state === 'connected';
+  setInterval(() => {
+    if (connected()) refresh(runId, body, note);
+  }, REFRESH_MS);
 }
 
 main();
