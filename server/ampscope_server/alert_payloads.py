@@ -18,7 +18,6 @@ from typing import Any, Literal
 from urllib.parse import quote, urlencode
 
 DestinationKind = Literal["slack", "discord", "webhook"]
-DESTINATION_KINDS: tuple[DestinationKind, ...] = ("slack", "discord", "webhook")
 SIGNATURE_HEADER = "X-Ampscope-Signature-256"
 DELIVERY_HEADER = "X-Ampscope-Delivery"
 EVENT_HEADER = "X-Ampscope-Event"

@@ -33,9 +33,6 @@ from ampscope_server.findings import Finding, LayerLoss
 from ampscope_server.findings.model import SEVERITY_RANK, Severity
 
 RuleKind = Literal["finding", "series", "state"]
-RULE_KINDS: tuple[RuleKind, ...] = ("finding", "series", "state")
-SERIES_METRICS = ("skip_rate", "nonfinite_loss", "scale", "layer_lost")
-STATES = ("crashed", "stalled", "finished")
 DEFAULT_COOLDOWN_S = 600.0
 DEFAULT_WINDOW = 100
 STALL_FACTOR = 10.0
