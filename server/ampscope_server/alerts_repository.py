@@ -34,7 +34,10 @@ def _in_projects(column: object, projects: Collection[str] | None) -> object:
 # --- defaults ------------------------------------------------------------------------------------
 
 def claim_defaults(session: Session, project: str, now: float) -> bool:
-    """Mark `project` as given its default rules; False when it already was."""
+    """Mark `project` as given its default rules; False when it already was. Looked up first:
+    the alert worker asks every second, and a write each time would take SQLite's write lock."""
+    if session.get(AlertDefaults, project) is not None:
+        return False
     # RETURNING, not rowcount: psycopg's rowcount does not tell a skipped conflict apart.
     made = session.execute(
         _insert(session, AlertDefaults).values(project=project, seeded_at=now)

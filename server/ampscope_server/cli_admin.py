@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
@@ -86,6 +86,14 @@ def session_for(settings: Settings) -> Iterator[Session]:
         engine.dispose()
 
 
+def table(rows: Sequence[Sequence[str]]) -> None:
+    """Print rows (the first is the header) as aligned columns on stdout."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        sys.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                         .rstrip() + "\n")
+
+
 def when(seconds: float | None) -> str:
     return "-" if seconds is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(seconds))
 
@@ -110,10 +118,7 @@ def _token_list(_args: argparse.Namespace, session: Session) -> int:
     rows += [(t.id, t.name or "-", t.project or "*", t.scope, when(t.created_at),
               when(t.last_used_at), when(t.revoked_at))
              for t in access_repository.list_tokens(session)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        sys.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                         .rstrip() + "\n")
+    table(rows)
     return 0
 
 

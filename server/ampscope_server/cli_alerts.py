@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from ampscope_server.alert_schemas import FindingCondition, RuleRead, SeriesCondition
-from ampscope_server.cli_admin import EXIT_USAGE, session_for, when
+from ampscope_server.cli_admin import EXIT_USAGE, session_for, table, when
 from ampscope_server.config import Settings
 from ampscope_server.principal import Principal, Scope, Via
 
@@ -102,13 +102,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_USAGE
 
 
-def _table(rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        sys.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                         .rstrip() + "\n")
-
-
 def _condition(rule: RuleRead) -> str:
     condition = rule.condition
     if isinstance(condition, FindingCondition):
@@ -127,7 +120,7 @@ def _rules(args: argparse.Namespace, session: Session) -> int:
     rows += [(r.id, r.project, r.name, _condition(r), r.severity, f"{r.cooldown_s:g}s",
               "yes" if r.enabled else "no")
              for r in alert_settings.list_rules(session, OPERATOR, args.project)]
-    _table(rows)
+    table(rows)
     return 0
 
 
@@ -180,7 +173,7 @@ def _destinations(args: argparse.Namespace, session: Session) -> int:
     rows += [(d.id, d.project, d.name, d.kind, d.target, d.min_severity,
               "yes" if d.enabled else "no")
              for d in alert_settings.list_destinations(session, OPERATOR, args.project)]
-    _table(rows)
+    table(rows)
     return 0
 
 
@@ -234,5 +227,5 @@ def _history(args: argparse.Namespace, session: Session) -> int:
         sent = ", ".join(f"{d.destination}: {d.status}" for d in a.deliveries) or "-"
         rows.append((str(a.id), when(a.created_at), a.event, a.severity,
                      (a.run_id or "-")[:8], steps, a.title, sent))
-    _table(rows)
+    table(rows)
     return 0
