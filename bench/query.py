@@ -4,7 +4,7 @@ Builds a run of --steps x --layers through the real ingest path (`ingest.ingest_
 validated wire batches, one transaction per batch, rollups included): in-process rather than
 over HTTP so that the build measures the server's ingest work, not JSON encoding in this
 process, and stays a few minutes long. Then times each chart query two ways: the service
-function (`charts.series_read` / `heatmap_read`, a fresh session each time) and a full HTTP
+function (`chart_reads.series_read` / `heatmap_read`, a fresh session each time) and a full HTTP
 request through the ASGI app in process (routing, validation, JSON), printing median and p95 ms
 and the rows read (counted at the repository functions the charts call).
 
@@ -39,7 +39,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, Table, func, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import charts, comparison, db, ingest, repository, rollups
+from ampscope_server import (
+    chart_reads,
+    comparison_reads,
+    db,
+    ingest,
+    rollups,
+    rollups_repository,
+    steps_repository,
+)
 from ampscope_server.app import create_app
 from ampscope_server.config import Settings
 from ampscope_server.models import Attempt, Layer, LayerRollup, LayerStat, Rollup, Run, Step
@@ -57,9 +65,11 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-for _name in ("rollup_pieces", "series_rows", "heatmap_rows", "rollup_rows", "layer_rollup_arrays",
-              "layer_steps_in"):
-    setattr(repository, _name, _counting(getattr(repository, _name)))
+for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows")),
+                        (rollups_repository, ("rollup_pieces", "rollup_rows", "layer_rollup_arrays",
+                                              "layer_steps_in"))):
+    for _name in _names:
+        setattr(_module, _name, _counting(getattr(_module, _name)))
 
 
 def _batch(
@@ -177,17 +187,17 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
 
 
 def _compare(session: Session, run: Run, *, other: str) -> Any:
-    return comparison.compare_runs(session, [run.id, other], 0.05, 0.01, 300.0)
+    return comparison_reads.compare_runs(session, [run.id, other], 0.05, 0.01, 300.0)
 
 
 def _series(session: Session, run: Run, *, name: Any, start: int | None,
             end: int | None) -> Any:
-    return charts.series_read(session, run, name, 2000, start, end)
+    return chart_reads.series_read(session, run, name, 2000, start, end)
 
 
 def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
              end: int | None) -> Any:
-    return charts.heatmap_read(session, run, stat, start, end)
+    return chart_reads.heatmap_read(session, run, stat, start, end)
 
 
 def _points(result: Any) -> int:

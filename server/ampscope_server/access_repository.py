@@ -11,14 +11,14 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from ampscope_server.models import ApiToken, BrowserSession, DeletedRun, Project, Run
-from ampscope_server.repository import _insert
+from ampscope_server.sql_support import dialect_insert
 
 # --- projects ------------------------------------------------------------------------------------
 
 
 def ensure_project(session: Session, name: str, now: float) -> None:
     session.execute(
-        _insert(session, Project).values(name=name, created_at=now)
+        dialect_insert(session, Project).values(name=name, created_at=now)
         .on_conflict_do_nothing(index_elements=[Project.name])
     )
 
@@ -95,7 +95,7 @@ def tombstone(session: Session, run_id: str) -> DeletedRun | None:
 def delete_run(session: Session, run: Run, now: float) -> None:
     """Delete the run (its attempts, steps and every child cascade) and leave a tombstone."""
     session.execute(
-        _insert(session, DeletedRun).values(id=run.id, project=run.project, deleted_at=now)
+        dialect_insert(session, DeletedRun).values(id=run.id, project=run.project, deleted_at=now)
         .on_conflict_do_nothing(index_elements=[DeletedRun.id])
     )
     session.execute(delete(Run).where(Run.id == run.id))

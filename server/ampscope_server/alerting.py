@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import alert_rules, alert_settings, alerts_repository, codec, diagnosis
+from ampscope_server import alert_rules, alert_settings, alerts_repository, codec, finding_reads
 from ampscope_server.alert_rules import Condition, RuleSpec, RunFacts, StepSample
 from ampscope_server.db import unit_of_work
 from ampscope_server.findings import Finding
@@ -58,7 +58,7 @@ def facts_of(session: Session, run: Run, rules: Sequence[RuleSpec], now: float,
     findings: Sequence[Finding] = ()
     worst = None
     if any(alert_rules.needs_findings(r) for r in rules):
-        view = diagnosis.live_view(session, run)  # shared with the run page: the same findings
+        view = finding_reads.live_view(session, run)  # shared with the run page: the same findings
         findings, worst = view.findings, view.worst
     return RunFacts(
         run_id=run.id, status=derive_status(run.status, run.updated_at, now, crash_timeout_s),

@@ -21,7 +21,7 @@ from ampscope_server.models import (
     Run,
     Step,
 )
-from ampscope_server.repository import _insert
+from ampscope_server.sql_support import dialect_insert
 
 Owned = TypeVar("Owned", AlertRule, AlertDestination)
 """A project's rule or destination: both have project, enabled, created_at and id."""
@@ -40,7 +40,7 @@ def claim_defaults(session: Session, project: str, now: float) -> bool:
         return False
     # RETURNING, not rowcount: psycopg's rowcount does not tell a skipped conflict apart.
     made = session.execute(
-        _insert(session, AlertDefaults).values(project=project, seeded_at=now)
+        dialect_insert(session, AlertDefaults).values(project=project, seeded_at=now)
         .on_conflict_do_nothing(index_elements=[AlertDefaults.project])
         .returning(AlertDefaults.project)).first()
     return made is not None

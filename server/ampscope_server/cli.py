@@ -1,6 +1,6 @@
 """`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]`,
 `ampscope report RUN [--baseline RUN] [--db URL] [--html PATH]` (the Markdown post-mortem of
-`diagnosis`, optionally the HTML report with findings) and
+`finding_reads`, optionally the HTML report with findings) and
 `ampscope sync PATH [--server URL] [--token]` (uploads a client's disk spool; the logic is the
 client's, `ampscope.sync`, imported lazily and torch-free), and the team-mode commands
 `ampscope token …` and `ampscope runs …` (`cli_admin`), and `ampscope alerts …` (`cli_alerts`).
@@ -157,7 +157,7 @@ def _sync(path: str, server: str, token_file: str | None) -> int:
 def _report(settings: Settings, run_id: str, baseline: str | None, html_path: str | None) -> int:
     """Exit 0 with the Markdown on stdout; 2 (a message on stderr) for an unknown run or
     baseline, a database without the current schema, or an HTML path that cannot be written."""
-    from ampscope_server import db, diagnosis, report, runs
+    from ampscope_server import db, export_report, finding_reads, runs
     from ampscope_server.errors import AmpscopeError
 
     try:
@@ -172,9 +172,10 @@ def _report(settings: Settings, run_id: str, baseline: str | None, html_path: st
             run = runs.resolve_run(session, run_id)
             if baseline is not None:
                 baseline = runs.resolve_run(session, baseline).id
-            text, findings = diagnosis.report_markdown(session, run, baseline)
+            text, findings = finding_reads.report_markdown(session, run, baseline)
             page = (None if html_path is None else
-                    report.report_html_of(session, run, settings.crash_timeout_s, findings)[0])
+                    export_report.report_html_of(
+                        session, run, settings.crash_timeout_s, findings)[0])
     except AmpscopeError as exc:
         sys.stderr.write(f"ampscope report: {exc.message}\n")
         return 2

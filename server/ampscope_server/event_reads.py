@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, events, repository, runs, skip_rates
+from ampscope_server import (
+    codec,
+    events,
+    rollups_repository,
+    runs,
+    runs_repository,
+    skip_rates,
+    steps_repository,
+)
 from ampscope_server.models import Run
 from ampscope_server.schemas import EventsRead, SkipRatePoint, SkipRateRead
 
@@ -27,14 +35,14 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
     """The run's events of at most `limit` event steps (None: all) in [start, end], in step
     order. When the page is cut, it ends before the step of its last event step (so no step's
     events are split) and `next_start` is that step."""
-    rows = list(repository.event_rows(session, run.id, start, end,
+    rows = list(steps_repository.event_rows(session, run.id, start, end,
                                       None if limit is None else limit + 1))
     next_start = None
     if limit is not None and len(rows) > limit:
         next_start = int(rows[limit][1])
         rows = [row for row in rows if int(row[1]) < next_start]
         if not rows:  # one step holds more event rows than a page: give it whole
-            rows = list(repository.event_rows(session, run.id, next_start, next_start,
+            rows = list(steps_repository.event_rows(session, run.id, next_start, next_start,
                                                       MAX_EVENT_STEPS))
             next_start = next_start + 1
     last = end if next_start is None else next_start - 1
@@ -48,7 +56,7 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
         for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls in rows
     ]
     bad_layers: dict[int, list[tuple[int, str]]] = {}
-    for entry in repository.skipped_nonfinite(session, run.id, start, last):
+    for entry in steps_repository.skipped_nonfinite(session, run.id, start, last):
         bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
     misuse = [
         events.MisuseRow(
@@ -57,25 +65,25 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
             scale_after=codec.from_storage(after, after_cls), kind=kind, detail=detail,
         )
         for step_id, step, before, before_cls, after, after_cls, kind, detail
-        in repository.misuse_rows(session, run.id, start, last)
+        in steps_repository.misuse_rows(session, run.id, start, last)
     ]
-    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
     rechecks = {int(step_id): runs.recheck_read(recheck)
-                for step_id, recheck in repository.rechecks_in(session, run.id, start, last)}
+                for step_id, recheck in steps_repository.rechecks_in(session, run.id, start, last)}
     return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks),
                       next_start=next_start)
 
 
 def skip_rate_read(session: Session, run: Run, max_points: int, window: int,
                    start: int | None = None, end: int | None = None) -> SkipRateRead:
-    extent = repository.step_extent(session, run.id)
+    extent = rollups_repository.step_extent(session, run.id)
     if extent is None:
         return SkipRateRead(window=window, downsampled=False, points=[], tail=[])
     first = extent[0] if start is None else max(start, extent[0])
     last = extent[1] if end is None else min(end, extent[1])
     width = skip_rates.bucket_width(first, last, max_points)
     points, rolling = skip_rates.rolling_max(
-        repository.skip_flags(session, run.id, start, end), window, first, width)
+        steps_repository.skip_flags(session, run.id, start, end), window, first, width)
     return SkipRateRead(
         window=window, downsampled=width > 1,
         points=[SkipRatePoint(step=step, rate=rate) for step, rate in points],

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ampscope_server import series
+from ampscope_server import series_math
 from ampscope_server.schemas import (
     AnyEventRead,
     EventLayerRead,
@@ -64,7 +64,7 @@ def build_events(
     rechecks = rechecks or {}
     keyed: list[tuple[tuple[int, int, int], AnyEventRead]] = []
     for row in steps:
-        for event in series.scale_events(
+        for event in series_math.scale_events(
             [(row.step, row.skipped, row.scale_before, row.scale_after)]
         ):
             if event.kind == "skipped":

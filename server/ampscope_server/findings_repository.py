@@ -1,15 +1,29 @@
-"""SQL of the bounded reads the findings against a baseline add (`diagnosis.load_run_data`):
-the steps of a window and the first layer-stat step at or after a step number, each an index
-range or probe, never every step of the run."""
+"""Repository: the bounded reads of a run's findings snapshot (`finding_reads`) and of the
+exponent histograms for the "what if x k" view. Functions take a Session and never commit."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import (
+    func,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session
 
-from ampscope_server.models import LayerStat, Step
+from ampscope_server.models import (
+    Histogram,
+    LayerStat,
+    MisuseEvent,
+    Step,
+    StepRecheck,
+    SwallowedStat,
+)
+from ampscope_server.sql_support import (
+    unpack_stats,
+)
 
 _FINDINGS_COLUMNS = (
     Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
@@ -18,7 +32,7 @@ _FINDINGS_COLUMNS = (
 
 
 def steps_between(session: Session, run_id: str, first: int, last: int) -> list[tuple[Any, ...]]:
-    """The step rows of `repository.findings_steps` for the steps first…last (inclusive)."""
+    """The step rows of `findings_steps` for the steps first…last (inclusive)."""
     rows = session.execute(
         select(*_FINDINGS_COLUMNS)
         .where(Step.run_id == run_id, Step.step.between(first, last))
@@ -34,3 +48,122 @@ def layer_stat_step_at(session: Session, run_id: str, step: int) -> int | None:
         select(Step.id).where(Step.run_id == run_id, Step.step >= step, has_stats)
         .order_by(Step.step, Step.id).limit(1))
     return None if found is None else int(found)
+
+
+# --- findings (finding_reads): bounded reads of a run's snapshot -------------------------------
+
+def findings_steps(session: Session, run_id: str, every_step: bool) -> list[tuple[Any, ...]]:
+    """(id, step, scale_before, class, scale_after, class, found_inf, skipped, loss, class,
+    grad_norm, class, lr, class, growth_tracker) by step then ingest order.
+
+    With `every_step` False only the steps the detectors read: skipped or `found_inf`, scale
+    changed, loss or grad norm non-finite, the step after each skipped one (did the LR move?),
+    and the run's first and last step: O(events) rows, not O(steps).
+    """
+    columns = (Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
+               Step.scale_after_class, Step.found_inf, Step.skipped, Step.loss, Step.loss_class,
+               Step.grad_norm, Step.grad_norm_class, Step.lr, Step.lr_class, Step.growth_tracker)
+    statement = select(*columns).where(Step.run_id == run_id)
+    if not every_step:
+        after_skip = select(Step.step + 1).where(Step.run_id == run_id, Step.skipped.is_(True))
+        first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+        last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+        statement = statement.where(or_(
+            Step.skipped.is_(True), Step.found_inf.is_(True),
+            Step.scale_before != Step.scale_after,
+            Step.scale_before_class != Step.scale_after_class,
+            Step.loss_class != 0, Step.grad_norm_class != 0,
+            Step.step.in_(after_skip), Step.step == first, Step.step == last,
+        ))
+    return [tuple(row) for row in session.execute(statement.order_by(Step.step, Step.id))]
+
+
+def layer_stat_steps_last(
+    session: Session, run_id: str, limit: int, before_step: int | None = None
+) -> list[int]:
+    """Ids of the run's last `limit` steps that carry layer statistics (before `before_step`
+    when given), newest first. Walks the step index backwards and stops after `limit` hits."""
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    statement = select(Step.id).where(Step.run_id == run_id, has_stats)
+    if before_step is not None:
+        statement = statement.where(Step.step < before_step).order_by(Step.step.desc(),
+                                                                      Step.id.desc())
+    else:
+        statement = statement.order_by(Step.id.desc())
+    return [int(step_id) for step_id in session.scalars(statement.limit(limit))]
+
+
+def layer_stat_steps_all(session: Session, run_id: str) -> list[tuple[int, int]]:
+    """(id, step) of every step of the run that carries layer statistics, by step: one light
+    row per layer-stat step (a tenth of the steps at the default cadence)."""
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    rows = session.execute(
+        select(Step.id, Step.step).where(Step.run_id == run_id, has_stats)
+        .order_by(Step.step, Step.id))
+    return [(int(step_id), int(step)) for step_id, step in rows]
+
+
+def layer_samples_at(session: Session, step_ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """(step id, step, scale_before, class, layer index, amax, amin_nz, zero_frac,
+    subnormal_frac, underflow_frac, nan_count, inf_count, l2) at the given steps."""
+    if not step_ids:
+        return []
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(Step.id.in_(list(step_ids)))
+        .order_by(Step.step, Step.id))
+    return [
+        (step_id, step, scale, scale_cls, index, *values)
+        for step_id, step, scale, scale_cls, data in rows
+        for index, values in enumerate(zip(*unpack_stats(data), strict=True))
+    ]
+
+
+def swallowed_last(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, int, float | None]]:
+    """(step, layer index, fraction) at the run's last `limit` steps (ingest order) that carry
+    swallowed fractions."""
+    has_rows = select(SwallowedStat.step_id).where(SwallowedStat.step_id == Step.id).exists()
+    last = (select(Step.id).where(Step.run_id == run_id, has_rows)
+            .order_by(Step.id.desc()).limit(limit))
+    rows = session.execute(
+        select(Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        .join(SwallowedStat, SwallowedStat.step_id == Step.id)
+        .where(Step.id.in_(last))
+        .order_by(Step.step, Step.id, SwallowedStat.layer_index))
+    return [(int(step), int(index), frac) for step, index, frac in rows]
+
+
+def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[int, str]]:
+    """(step, status) of the run's first `limit` FP32 re-checks, in step order."""
+    rows = session.execute(
+        select(Step.step, StepRecheck.status)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(Step.run_id == run_id).order_by(Step.step, Step.id).limit(limit))
+    return [(int(step), str(status)) for step, status in rows]
+
+
+def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, str, str]]:
+    """(step, kind, detail) of the run's first `limit` misuse events, in step order."""
+    rows = session.execute(
+        select(Step.step, MisuseEvent.kind, MisuseEvent.detail)
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(Step.run_id == run_id)
+        .order_by(Step.step, Step.id, MisuseEvent.position).limit(limit))
+    return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]
+
+
+# --- exponent histograms for the "what if x k" view (finding_reads.histogram_read) ----------------
+def histogram_steps_last(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, int, float | None, int]]:
+    """(step id, step, scale_before, its class) of the run's last `limit` steps that carry an
+    exponent histogram, newest first."""
+    has_histogram = select(Histogram.step_id).where(Histogram.step_id == Step.id).exists()
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class)
+        .where(Step.run_id == run_id, has_histogram)
+        .order_by(Step.step.desc(), Step.id.desc()).limit(limit))
+    return [(int(i), int(step), scale, int(cls)) for i, step, scale, cls in rows]

@@ -22,9 +22,11 @@ from ampscope_server import (
     batch_checks,
     codec,
     live,
-    repository,
     rollups,
+    rollups_repository,
+    runs_repository,
     stat_packing,
+    steps_repository,
     summary_cache,
 )
 from ampscope_server.errors import (
@@ -71,35 +73,35 @@ def ingest_batch(
     # snapshot to upgrade); a refused batch rolls it back with everything else.
     access_repository.ensure_project(session, batch.run.project, now)
     authorize(session, writer, batch)
-    repository.touch_run(session, batch.run.model_dump(), now)
+    runs_repository.touch_run(session, batch.run.model_dump(), now)
     attempt = _attempt(session, batch)
     batch_checks.check_records(
         batch.records, run_id, _layer_table(session, batch), _module_table(session, batch)
     )
 
-    new_ids = repository.insert_steps(
+    new_ids = steps_repository.insert_steps(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
     blobs = {record.seq: blob for record, blob in zip(batch.records, packed, strict=True)}
-    repository.insert_rows(session, LayerStat, [
+    steps_repository.insert_rows(session, LayerStat, [
         {"step_id": step_id, "run_id": run_id, "layers": blob[1], "data": blob[0]}
         for step_id, record in new
         if (blob := blobs[record.seq] or _pack_layers(record)) is not None])
     for model, rows_of in _CHILDREN:
-        repository.insert_rows(
+        steps_repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
         )
     _update_rollups(session, run_id, new)
     summary_cache.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
-        repository.set_attempt_client(session, attempt.id, {
+        runs_repository.set_attempt_client(session, attempt.id, {
             f"client_{name}": getattr(batch.client, name) for name in CLIENT_FIELDS
         })
     if batch.final:
-        repository.set_run_status(session, run_id, RunStatus.FINISHED.value)
+        runs_repository.set_run_status(session, run_id, RunStatus.FINISHED.value)
     elif new_ids:
-        repository.set_run_status(session, run_id, RunStatus.ACTIVE.value)
+        runs_repository.set_run_status(session, run_id, RunStatus.ACTIVE.value)
     live.notify_after_commit(session, run_id)
     return IngestResult(
         run_id=run_id, attempt=attempt.ordinal, accepted=len(new_ids),
@@ -112,7 +114,7 @@ def authorize(session: Session, writer: Principal, batch: IngestBatch) -> None:
     another project, 404 for an existing one: existence is not leaked) and it was not deleted
     (410)."""
     project = batch.run.project
-    stored = repository.get_run(session, batch.run.id)
+    stored = runs_repository.get_run(session, batch.run.id)
     if stored is not None and not writer.sees(stored.project):
         raise RunNotFound(batch.run.id)
     if not writer.sees(project):
@@ -123,9 +125,9 @@ def authorize(session: Session, writer: Principal, batch: IngestBatch) -> None:
 
 
 def _attempt(session: Session, batch: IngestBatch) -> Attempt:
-    attempt = repository.get_attempt(session, batch.attempt.id)
+    attempt = runs_repository.get_attempt(session, batch.attempt.id)
     if attempt is None:
-        return repository.create_attempt(
+        return runs_repository.create_attempt(
             session, batch.attempt.id, batch.run.id, batch.attempt.pid, batch.attempt.started_at
         )
     if attempt.run_id != batch.run.id:
@@ -139,10 +141,10 @@ def _attempt(session: Session, batch: IngestBatch) -> Attempt:
 def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
     """Store the batch's layer table or check it against the stored one; the numels or None."""
     if batch.layers is None:  # most batches: only the numels are needed, not the table's rows
-        return repository.layer_numels(session, batch.run.id) or None
-    stored = repository.get_layers(session, batch.run.id)
+        return runs_repository.layer_numels(session, batch.run.id) or None
+    stored = runs_repository.get_layers(session, batch.run.id)
     if not stored:
-        repository.insert_layers(session, [
+        runs_repository.insert_layers(session, [
             {"run_id": batch.run.id, **layer.model_dump()} for layer in batch.layers
         ])
         return [layer.numel for layer in batch.layers]
@@ -154,11 +156,11 @@ def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
 
 def _module_table(session: Session, batch: IngestBatch) -> int | None:
     """Store the batch's module table or check it against the stored one; its length or None."""
-    stored = repository.get_modules(session, batch.run.id)
+    stored = runs_repository.get_modules(session, batch.run.id)
     if batch.modules is None:
         return len(stored) if stored else None
     if not stored:
-        repository.insert_modules(session, [
+        runs_repository.insert_modules(session, [
             {"run_id": batch.run.id, **module.model_dump()} for module in batch.modules
         ])
         return len(batch.modules)
@@ -188,7 +190,7 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         )
         for _, record in ordered
     )
-    for level, index, series_blob in repository.get_rollups(
+    for level, index, series_blob in rollups_repository.get_rollups(
         session, run_id, list(delta), ("series",)
     ):
         stored = rollups.unpack_series(series_blob)
@@ -198,7 +200,7 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
     with_layers = [key for key, bucket in delta.items()
                    if bucket.layers is not None and key[0] in rollups.LAYER_LEVELS]
     changed = set(with_layers)
-    for key, blob in repository.get_layer_rollups(session, run_id, with_layers).items():
+    for key, blob in rollups_repository.get_layer_rollups(session, run_id, with_layers).items():
         stored_layers = rollups.unpack_layers(blob)
         merged = rollups.merge_layers(stored_layers, delta[key].layers)
         delta[key].layers = merged
@@ -206,10 +208,10 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
             # Nothing worse arrived for any layer (usual in a wide bucket late in a run): not
             # rewriting a 16 KB row spares its packing and, on Postgres, a dead row version.
             changed.discard(key)
-    repository.upsert_rollups(
+    rollups_repository.upsert_rollups(
         session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
     )
-    repository.upsert_layer_rollups(session, [
+    rollups_repository.upsert_layer_rollups(session, [
         rollups.to_layer_row(run_id, key, delta[key].layers)  # type: ignore[arg-type]
         for key in sorted(changed)
     ])

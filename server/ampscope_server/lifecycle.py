@@ -10,14 +10,14 @@ import time
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import access_repository, live, repository
+from ampscope_server import access_repository, live, steps_repository
 from ampscope_server.models import Run
 from ampscope_server.schemas import DeletedRead
 
 
 def delete_run(session: Session, run: Run, now: float | None = None) -> DeletedRead:
     now = time.time() if now is None else now
-    steps = repository.step_aggregates(session, [run.id]).get(run.id, (0, None, 0, None))[0]
+    steps = steps_repository.step_aggregates(session, [run.id]).get(run.id, (0, None, 0, None))[0]
     access_repository.delete_run(session, run, now)
     live.notify_after_commit(session, run.id)  # its open pages learn it is gone
     return DeletedRead(id=run.id, project=run.project, deleted_at=now, steps=steps)

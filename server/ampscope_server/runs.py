@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import (
     codec,
-    repository,
     run_counters_repository,
     runs_list,
+    runs_repository,
+    steps_repository,
     summary_cache,
 )
 from ampscope_server.errors import AmbiguousRun, RunNotFound
@@ -76,7 +77,7 @@ def load_run(session: Session, run_id: str, viewer: Principal = ANONYMOUS) -> Ru
     a project `viewer` cannot see, so another project's run ids are not confirmed to exist."""
     if not plausible_id(run_id):
         raise RunNotFound(run_id[:RUN_ID_MAX].replace("\x00", "\\0"))
-    run = repository.get_run(session, run_id)
+    run = runs_repository.get_run(session, run_id)
     if run is None or not viewer.sees(run.project):
         raise RunNotFound(run_id)
     return run
@@ -92,7 +93,7 @@ def summaries(
     now = time.time() if now is None else now
     ids = [run.id for run in runs]
     counters = run_counters_repository.counters_of(session, ids)
-    layer_counts = repository.count_layers(session, ids)
+    layer_counts = runs_repository.count_layers(session, ids)
     analyses = summary_cache.current(session, runs, counters, factory)
     result = []
     for run in runs:
@@ -141,7 +142,7 @@ def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
     attempts = [
         AttemptRead(ordinal=a.ordinal, id=a.id, pid=a.pid, started_at=a.started_at,
                     client=_client(a))
-        for a in repository.list_attempts(session, run.id)
+        for a in runs_repository.list_attempts(session, run.id)
     ]
     return RunDetail(
         **summary.model_dump(), config=run.config, host=run.host, rank=run.rank,
@@ -158,7 +159,8 @@ def _client(attempt: Attempt) -> ClientAccounting | None:
 
 
 def layers(session: Session, run: Run) -> list[LayerInfo]:
-    return [LayerInfo.model_validate(layer) for layer in repository.get_layers(session, run.id)]
+    return [LayerInfo.model_validate(layer)
+            for layer in runs_repository.get_layers(session, run.id)]
 
 
 def _scalars(step: Step, ordinal: int) -> dict[str, object]:
@@ -173,7 +175,7 @@ def _scalars(step: Step, ordinal: int) -> dict[str, object]:
 
 
 def steps_page(session: Session, run: Run, after_id: int, limit: int) -> StepsPage:
-    rows = repository.steps_after(session, run.id, after_id, limit)
+    rows = steps_repository.steps_after(session, run.id, after_id, limit)
     steps = [StepScalars.model_validate(_scalars(step, ordinal)) for step, ordinal in rows]
     return StepsPage(steps=steps, last_id=steps[-1].id if steps else after_id)
 
@@ -181,7 +183,7 @@ def steps_page(session: Session, run: Run, after_id: int, limit: int) -> StepsPa
 def _with_layers(session: Session, rows: Sequence[Row[Step, int]]) -> list[dict[str, object]]:
     """The scalars of each (step, ordinal) row plus its per-layer statistics (or None)."""
     stats: dict[int, dict[str, list[object]]] = {}
-    for stat in repository.layer_stats_of(session, [step.id for step, _ in rows]):
+    for stat in steps_repository.layer_stats_of(session, [step.id for step, _ in rows]):
         arrays = stats.setdefault(stat.step_id, {name: [] for name in LAYER_STAT_NAMES})
         for name in LAYER_STAT_NAMES:
             arrays[name].append(getattr(stat, name))
@@ -198,7 +200,7 @@ def _with_layers(session: Session, rows: Sequence[Row[Step, int]]) -> list[dict[
 
 def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepFull]:
     """Steps with id > after_id and their per-layer statistics, in ingest order."""
-    rows = repository.steps_after(session, run_id, after_id, limit)
+    rows = steps_repository.steps_after(session, run_id, after_id, limit)
     return [StepFull.model_validate(values) for values in _with_layers(session, rows)]
 
 
@@ -217,17 +219,17 @@ def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, o
         }
         for step in steps
     }
-    for entry in repository.nonfinite_of(session, ids):
+    for entry in steps_repository.nonfinite_of(session, ids):
         nonfinite = fields[entry.step_id]["nonfinite"]
         assert isinstance(nonfinite, list)
         nonfinite.append(NonfiniteLayerRead.model_validate(
             {"layer": entry.layer_index, "kind": entry.kind}))
-    for event in repository.misuse_of(session, ids):
+    for event in steps_repository.misuse_of(session, ids):
         misuse = fields[event.step_id]["misuse"]
         assert isinstance(misuse, list)
         misuse.append(MisuseRead.model_validate({"kind": event.kind, "detail": event.detail}))
     activations: dict[int, dict[str, list[object]]] = {}
-    for stat in repository.activation_stats_of(session, ids):
+    for stat in steps_repository.activation_stats_of(session, ids):
         arrays = activations.setdefault(stat.step_id, {name: [] for name in LAYER_STAT_NAMES})
         for name in LAYER_STAT_NAMES:
             value = getattr(stat, name)
@@ -237,16 +239,16 @@ def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, o
     for step_id, arrays in activations.items():
         fields[step_id]["activations"] = ActivationStatsRead.model_validate(arrays)
     histograms: dict[int, HistogramRead] = {}
-    for row in repository.histograms_of(session, ids):
+    for row in steps_repository.histograms_of(session, ids):
         histogram = histograms.setdefault(row.step_id, HistogramRead(
             min_exp=row.min_exp, max_exp=row.max_exp, counts=[]))
         histogram.counts.append(list(row.counts))
     for step_id, histogram in histograms.items():
         fields[step_id]["histogram"] = histogram
-    for recheck in repository.rechecks_of(session, ids):
+    for recheck in steps_repository.rechecks_of(session, ids):
         fields[recheck.step_id]["recheck"] = recheck_read(recheck)
     swallowed: dict[int, list[float | None]] = {}
-    for fraction in repository.swallowed_of(session, ids):
+    for fraction in steps_repository.swallowed_of(session, ids):
         swallowed.setdefault(fraction.step_id, []).append(fraction.frac)
     for step_id, fractions in swallowed.items():
         fields[step_id]["swallowed"] = fractions
@@ -264,7 +266,7 @@ def recheck_read(row: StepRecheck) -> RecheckRead:
 
 def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepExport]:
     """Steps with id > after_id with everything stored for them, in ingest order."""
-    rows = repository.steps_after(session, run_id, after_id, limit)
+    rows = steps_repository.steps_after(session, run_id, after_id, limit)
     extra = _v2_fields(session, [step for step, _ in rows])
     return [
         StepExport.model_validate({**values, **extra[step.id]})
@@ -281,13 +283,13 @@ def resolve_run(session: Session, text: str) -> Run:
     SHORT_ID_MIN characters (as the dashboard shows it), or its unique name."""
     if not plausible_id(text):
         raise RunNotFound(text[:RUN_ID_MAX].replace("\x00", "\\0"))
-    run = repository.get_run(session, text)
+    run = runs_repository.get_run(session, text)
     if run is not None:
         return run
     by_prefix = len(text) >= SHORT_ID_MIN
     for by in ("id prefix", "name") if by_prefix else ("name",):
-        found = (repository.runs_matching(session, prefix=text) if by == "id prefix"
-                 else repository.runs_matching(session, name=text))
+        found = (runs_repository.runs_matching(session, prefix=text) if by == "id prefix"
+                 else runs_repository.runs_matching(session, name=text))
         if len(found) == 1:
             return found[0]
         if found:
@@ -306,7 +308,7 @@ def live_update(
     if not plausible_id(run_id):
         return None
     with factory() as session:
-        run = repository.get_run(session, run_id)
+        run = runs_repository.get_run(session, run_id)
         if run is None or not viewer.sees(run.project):
             return None
         status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
@@ -324,13 +326,13 @@ def live_summaries(
     are stored."""
     with factory() as session:
         if run_ids is not None:
-            found = repository.get_runs(session, run_ids, viewer.project)
+            found = runs_repository.get_runs(session, run_ids, viewer.project)
             return SummaryPage(runs=summaries(session, found, crash_timeout_s, factory=factory),
                                next_cursor=None, total=None)
         now = time.time()
         first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
         shown = {run.id for run in first.runs}
-        active = [run for run in repository.get_runs(
+        active = [run for run in runs_repository.get_runs(
             session, run_counters_repository.active_run_ids(session, viewer.project,
                                                             LIVE_ACTIVE_RUNS), viewer.project)
                   if run.id not in shown]

@@ -117,7 +117,7 @@ class RunSummary(BaseModel):
     skip_rate: float | None
     """skipped_steps / num_steps; null for a run without steps."""
     worst_underflow: WorstLayer | None
-    """The layer losing most to the format, as the findings judge it (`diagnosis.live_view`:
+    """The layer losing most to the format, as the findings judge it (`finding_reads.live_view`:
     structural zeros apart, the median over the recent layer-stat steps)."""
     worst_headroom: WorstLayer | None
     """The layer with the smallest `headroom_bits` at the run's last layer-stat step."""
@@ -369,7 +369,7 @@ class LiveRuns(BaseModel):
     """With `full`: the other runs stored as active, beyond the first page (to update)."""
 
 
-# --- comparison (GET /api/compare; compare.py has the definitions) -----------------------------
+# --- comparison (GET /api/compare; comparison_math has the definitions) --------------------
 
 class DivergenceRead(BaseModel):
     metric: Literal["loss", "grad_norm"]
@@ -401,7 +401,7 @@ class ComparisonRead(BaseModel):
     grad_norm_divergence: DivergenceRead | None
     layers: list[LayerDiffRead]
     divergence_exact: bool
-    """False when a long common range was searched through rollups (comparison.py)."""
+    """False when a long common range was searched through rollups (comparison_reads)."""
     layer_bucket_width: int
     """1: the per-layer medians are over steps; k > 1: over rollup buckets of k steps, each
     standing for its largest l2 and lost_frac (then `steps`, `ratio_steps` and `layer_steps`

@@ -5,7 +5,7 @@ Two halves (DESIGN.md §8: `GET /api/runs` with 2,000 runs ≤ 150 ms, whatever 
   non-finite steps, the last step, its scale and loss. Exact at every commit.
 - **The cached analysis** (top finding, the layer losing most to the format, the layer closest
   to overflow), stored beside the counters and keyed by their `version`. The analysis reads a
-  run's snapshot (`diagnosis.live_view`): far too much to repeat for every run of a page on
+  run's snapshot (`finding_reads.live_view`): far too much to repeat for every run of a page on
   every request. A read analyses at most SYNC_REFRESH stale runs itself; the other stale runs
   of what it read are handed to the `Refresher`, a thread of this process that analyses them
   off the request path, stores the result and tells the runs-list sockets when what they show
@@ -26,7 +26,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, diagnosis, live, repository, run_counters_repository, series
+from ampscope_server import (
+    codec,
+    finding_reads,
+    live,
+    run_counters_repository,
+    runs_repository,
+    series_math,
+    steps_repository,
+)
 from ampscope_server.findings import primary
 from ampscope_server.findings.schemas import FindingBrief
 from ampscope_server.formats import FORMATS, FloatFormat
@@ -142,10 +150,10 @@ def worst_layers(
     underflow: tuple[str, float] | None = None
     headroom: tuple[str, float] | None = None
     for name, zero_frac, underflow_frac, amax in layers:
-        lost = series.lost_frac(zero_frac, underflow_frac)
+        lost = series_math.lost_frac(zero_frac, underflow_frac)
         if underflow is None or lost > underflow[1]:
             underflow = (name, lost)
-        bits = series.headroom_bits(amax, scale, fmt)
+        bits = series_math.headroom_bits(amax, scale, fmt)
         if bits is not None and (headroom is None or bits < headroom[1]):
             headroom = (name, bits)
     return underflow, headroom
@@ -154,9 +162,9 @@ def worst_layers(
 def _headrooms(session: Session, runs: Sequence[Run]) -> dict[str, WorstLayer]:
     """Each run's layer closest to overflow at its last layer-stat step (two bounded queries
     for all runs)."""
-    step_ids = repository.last_layer_stat_steps(session, [run.id for run in runs])
+    step_ids = steps_repository.last_layer_stat_steps(session, [run.id for run in runs])
     by_run: dict[str, tuple[float | None, list[LayerAtStep]]] = {}
-    for run_id, scale, scale_cls, _, name, zero, under, amax in repository.named_layer_stats(
+    for run_id, scale, scale_cls, _, name, zero, under, amax in steps_repository.named_layer_stats(
         session, step_ids.values()
     ):
         entry = by_run.setdefault(run_id, (codec.from_storage(scale, scale_cls), []))
@@ -179,7 +187,7 @@ def analyse(
     headrooms = _headrooms(session, runs)
     result: dict[str, Analysis] = {}
     for run in runs:
-        view = diagnosis.live_view(session, run)
+        view = finding_reads.live_view(session, run)
         top = primary(view.findings)
         row = counters.get(run.id)
         version = None if row is None else (
@@ -228,7 +236,7 @@ def refresh(factory: sessionmaker[Session], run_ids: Collection[str]) -> int:
     """Analyse the stale runs among `run_ids` and store the results; the runs-list sockets are
     told of those whose shown summary changed. The number of runs analysed."""
     with factory() as session:
-        runs = repository.get_runs(session, run_ids)
+        runs = runs_repository.get_runs(session, run_ids)
         counters = run_counters_repository.counters_of(session, [run.id for run in runs])
         stale = [run for run in runs if is_stale(counters.get(run.id))]
         before = {run.id: stored(counters.get(run.id)) for run in stale}

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db, repository, rollups
+from ampscope_server import db, rollups, rollups_repository, steps_repository
 
 STEPS = 300
 LAYERS = 3
@@ -121,7 +121,7 @@ def test_0006_keeps_every_value_both_ways(db_url: str) -> None:
     engine = db.make_engine(db_url)
     try:
         with sessionmaker(engine)() as session:
-            got = repository.layer_stats_of(session, [row[0] for row in old_stats[::LAYERS]])
+            got = steps_repository.layer_stats_of(session, [row[0] for row in old_stats[::LAYERS]])
             assert len(got) == len(old_stats)
             for row, want in zip(got, sent, strict=True):
                 assert (row.step_id, row.layer_index) == (want["step_id"], want["layer_index"])
@@ -156,7 +156,7 @@ def _rollups_now(session: Session) -> list[tuple[Any, ...]]:
     """Every rollup of run 'r', as the application reads it, in the old rows' shape."""
     out: list[tuple[Any, ...]] = []
     for level in rollups.LEVELS:
-        for bucket, *columns in repository.rollup_rows(
+        for bucket, *columns in rollups_repository.rollup_rows(
             session, "r", level, 0, STEPS >> level, ["series", *rollups.ROLLUP_STATS]
         ):
             out.append((level, bucket, *columns))

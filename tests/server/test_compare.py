@@ -1,4 +1,4 @@
-"""Run comparison: the pure math (compare.py) and GET /api/compare on both dialects."""
+"""Run comparison: the pure math (comparison_math) and GET /api/compare on both dialects."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import comparison, divergence_search, ingest, repository
-from ampscope_server.compare import (
+from ampscope_server import comparison_reads, divergence_search, ingest, steps_repository
+from ampscope_server.comparison_math import (
     Divergence,
     LayerAt,
     LayerDiff,
@@ -332,13 +332,13 @@ def long_pair(sessions: sessionmaker[Session]) -> tuple[str, str]:
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, name: str, seen: list[int]) -> None:
-    original: Callable[..., Any] = getattr(repository, name)
+    original: Callable[..., Any] = getattr(steps_repository, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         rows = original(*args, **kwargs)
         seen.append(len(rows))
         return rows
-    monkeypatch.setattr(repository, name, counted)
+    monkeypatch.setattr(steps_repository, name, counted)
 
 
 class TestLongRuns:
@@ -348,20 +348,20 @@ class TestLongRuns:
     ) -> None:
         a, b = long_pair
         with sessions() as session:
-            exact = comparison.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
+            exact = comparison_reads.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
         assert exact.divergence_exact and exact.layer_bucket_width == 1
         assert exact.divergence is not None and exact.divergence.step == SPIKE
 
         # The same runs as if they were long: 64-step buckets, rows read counted.
         monkeypatch.setattr(divergence_search, "SCALAR_RAW_STEPS", 64)
         monkeypatch.setattr(divergence_search, "SCALAR_BUCKETS", 16)
-        monkeypatch.setattr(comparison, "LAYER_RAW_ROWS", 100)
-        monkeypatch.setattr(comparison, "LAYER_BUCKETS", 16)
+        monkeypatch.setattr(comparison_reads, "LAYER_RAW_ROWS", 100)
+        monkeypatch.setattr(comparison_reads, "LAYER_BUCKETS", 16)
         series_rows: list[int] = []
         _counting(monkeypatch, "series_rows", series_rows)
         _counting(monkeypatch, "heatmap_rows", [])
         with sessions() as session:
-            found = comparison.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
+            found = comparison_reads.compare_runs(session, [a, b], 0.05, 0.01, 300).comparisons[0]
         assert not found.divergence_exact and found.layer_bucket_width == 64
         assert found.divergence == exact.divergence == found.loss_divergence
         assert found.common_steps == exact.common_steps == LONG
@@ -377,6 +377,6 @@ class TestLongRuns:
         # Looser tolerances: the spike (3x) alone, then nothing; as step by step.
         for tolerance, step in ((1.5, SPIKE), (2.5, None)):
             with sessions() as session:
-                loose = comparison.compare_runs(session, [a, b], tolerance, 0.01, 300)
+                loose = comparison_reads.compare_runs(session, [a, b], tolerance, 0.01, 300)
             divergence = loose.comparisons[0].divergence
             assert (divergence and divergence.step) == step, tolerance

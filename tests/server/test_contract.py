@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope import wire
-from ampscope_server import exports, ingest
+from ampscope_server import export_streams, ingest
 from ampscope_server.models import LAYER_STAT_NAMES
 from ampscope_server.schemas import SCHEMA_VERSION, IngestBatch
 from tests.server.wire import LAYERS, strict_json
@@ -22,7 +22,7 @@ from tests.server.wire import LAYERS, strict_json
 
 def _export(sessions: sessionmaker[Session], run_id: str) -> Any:
     """The run's JSON export, as the server streams it."""
-    return strict_json("".join(exports.json_chunks(sessions, run_id, 300.0)))
+    return strict_json("".join(export_streams.json_chunks(sessions, run_id, 300.0)))
 
 
 def _hook_payload(final: bool = False) -> dict[str, Any]:

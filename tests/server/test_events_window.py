@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import charts, ingest, repository, runs
+from ampscope_server import chart_reads, ingest, runs, steps_repository
 from ampscope_server.models import StepNonfinite
 from ampscope_server.schemas import IngestBatch
 from tests.server.wire import batch, new_id
@@ -26,17 +26,17 @@ def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session])
             "duration": None, "duration_class": 0, "captured": None, "nonfinite_count": 1,
             "misuse_count": None,
         } for i in range(SKIPPED)]
-        ids = repository.insert_steps(session, rows)
-        repository.insert_rows(session, StepNonfinite, [
+        ids = steps_repository.insert_steps(session, rows)
+        steps_repository.insert_rows(session, StepNonfinite, [
             {"step_id": ids[seq], "position": 0, "layer_index": seq % 2, "kind": "inf"}
             for seq in (5, 20_000, 32_999)])
     with sessions() as session:
         run = runs.load_run(session, payload["run"]["id"])
-        every = charts.events_read(session, run).events
+        every = chart_reads.events_read(session, run).events
         assert len(every) == SKIPPED and {event.kind for event in every} == {"skipped"}
         named = {event.step: [layer.name for layer in event.layers]  # type: ignore[union-attr]
                  for event in every if event.layers}  # type: ignore[union-attr]
         assert named == {5: ["fc1.bias"], 20_000: ["fc1.weight"], 32_999: ["fc1.bias"]}
-        window = charts.events_read(session, run, 19_990, 20_009).events
+        window = chart_reads.events_read(session, run, 19_990, 20_009).events
         assert [event.step for event in window] == list(range(19_990, 20_010))
         assert [len(event.layers) for event in window].count(1) == 1  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import exports, ingest, report, report_html
+from ampscope_server import export_report, export_report_html, export_streams, ingest
 from ampscope_server.models import Run
 from ampscope_server.schemas import IngestBatch
 from tests.server.wire import (
@@ -139,8 +139,8 @@ class TestCsv:
         with sessions() as session, session.begin():
             ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
         run_id = payload["run"]["id"]
-        small = list(exports.csv_chunks(sessions, run_id, page_values=1))
-        whole = list(exports.csv_chunks(sessions, run_id))
+        small = list(export_streams.csv_chunks(sessions, run_id, page_values=1))
+        whole = list(export_streams.csv_chunks(sessions, run_id))
         assert len(small) == 1 + 3 and len(whole) == 1 + 1
         assert "".join(small) == "".join(whole)
         assert _parse("".join(whole))[1] == _expected(payload)
@@ -154,8 +154,8 @@ class TestJson:
         with sessions() as session, session.begin():
             ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
         run_id = payload["run"]["id"]
-        small = list(exports.json_chunks(sessions, run_id, 300.0, page_values=1))
-        whole = list(exports.json_chunks(sessions, run_id, 300.0))
+        small = list(export_streams.json_chunks(sessions, run_id, 300.0, page_values=1))
+        whole = list(export_streams.json_chunks(sessions, run_id, 300.0))
         assert len(small) == 1 + 3 + 1 and len(whole) == 1 + 1 + 1
         document = strict_json("".join(small))
         assert document == strict_json("".join(whole))
@@ -260,8 +260,8 @@ class TestHtmlReport:
 
 class TestPure:
     def test_cell(self) -> None:
-        assert [exports.cell(v) for v in (None, True, False, 3, 0.1, 1e-300, math.nan, math.inf,
-                                          -math.inf)] == [
+        values = (None, True, False, 3, 0.1, 1e-300, math.nan, math.inf, -math.inf)
+        assert [export_streams.cell(v) for v in values] == [
             "", "1", "0", "3", "0.1", "1e-300", "nan", "inf", "-inf"]
 
     @pytest.mark.parametrize(("name", "run_id", "expected"), [
@@ -273,31 +273,31 @@ class TestPure:
     ])
     def test_attachment_filename(self, name: str, run_id: str, expected: str) -> None:
         run = Run(id=run_id, name=name)
-        assert exports.attachment_filename(run, "csv") == expected
+        assert export_streams.attachment_filename(run, "csv") == expected
 
     def test_json_block_cannot_close_its_script(self) -> None:
-        block = report_html.json_block({"name": "</script><!-- & >", "x": "inf"})
+        block = export_report_html.json_block({"name": "</script><!-- & >", "x": "inf"})
         assert "<" not in block and ">" not in block and "&" not in block
         assert strict_json(block) == {"name": "</script><!-- & >", "x": "inf"}
         with pytest.raises(ValueError, match="Out of range float"):
-            report_html.json_block({"x": math.nan})
+            export_report_html.json_block({"x": math.nan})
 
     def test_inline_script_guard(self) -> None:
-        assert report_html.inline_script('a = "</SCRIPT>"; b = 1 < 2') == (
+        assert export_report_html.inline_script('a = "</SCRIPT>"; b = 1 < 2') == (
             'a = "<\\/SCRIPT>"; b = 1 < 2')
 
 
 class TestBucketMax:
     def test_small_matrices_come_back_unchanged(self) -> None:
-        assert report.bucket_max([1, 2, 3], [[0.1, None, 0.3]], 3) == ([1, 2, 3],
+        assert export_report.bucket_max([1, 2, 3], [[0.1, None, 0.3]], 3) == ([1, 2, 3],
                                                                        [[0.1, None, 0.3]])
-        assert report.bucket_max([], [[], []], 5) == ([], [[], []])
+        assert export_report.bucket_max([], [[], []], 5) == ([], [[], []])
 
     def test_an_isolated_spike_survives(self) -> None:
         steps = list(range(100_000))
         row = [0.0] * len(steps)
         row[54_321] = 1.0
-        out_steps, (out,) = report.bucket_max(steps, [row], 2000)
+        out_steps, (out,) = export_report.bucket_max(steps, [row], 2000)
         assert len(out_steps) == len(out) == 2000
         assert out.count(1.0) == 1 and set(out) == {0.0, 1.0}
         spike = out.index(1.0)
@@ -307,13 +307,13 @@ class TestBucketMax:
         steps = [0, 1, 2, 3, 100, 101]
         z = [[0.1, 0.4, 0.2, 0.3, 0.5, 0.0]]
         # span 102 in 3 buckets of 34 steps: [0, 34) and [68, 102); [34, 68) is empty.
-        assert report.bucket_max(steps, z, 3) == ([0, 100], [[0.4, 0.5]])
+        assert export_report.bucket_max(steps, z, 3) == ([0, 100], [[0.4, 0.5]])
 
     def test_none_nan_and_inf(self) -> None:
         steps = [0, 1, 2, 3, 4, 5]
         z = [[None, None, math.nan, math.nan, math.nan, math.inf],
              [None, 1.0, 2.0, None, -math.inf, None]]
-        out_steps, out = report.bucket_max(steps, z, 3)
+        out_steps, out = export_report.bucket_max(steps, z, 3)
         assert out_steps == [0, 2, 4]
         nan = out[0][1]
         assert out[0][0] is None and nan is not None and math.isnan(nan)
@@ -322,6 +322,6 @@ class TestBucketMax:
 
     def test_bad_arguments(self) -> None:
         with pytest.raises(ValueError, match="max_columns must be at least 1, got 0"):
-            report.bucket_max([1], [[1.0]], 0)
+            export_report.bucket_max([1], [[1.0]], 0)
         with pytest.raises(ValueError, match="row 1 has 1 values for 2 steps"):
-            report.bucket_max([1, 2], [[1.0, 2.0], [1.0]], 5)
+            export_report.bucket_max([1, 2], [[1.0, 2.0], [1.0]], 5)

@@ -11,7 +11,15 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import charts, codec, db, ingest, repository, rollups
+from ampscope_server import (
+    chart_reads,
+    codec,
+    db,
+    ingest,
+    rollups,
+    rollups_repository,
+    steps_repository,
+)
 from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
@@ -66,7 +74,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     for step in steps:
         values = [codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
                   for name in rollups.SERIES]
-        stats = repository.layer_stats_of(session, [step.id])
+        stats = steps_repository.layer_stats_of(session, [step.id])
         for level in rollups.LEVELS:
             bucket = out.setdefault((level, step.step >> level), rollups.Bucket())
             for acc, value in zip(bucket.series, values, strict=True):
@@ -178,7 +186,7 @@ class TestSpikeSurvivesEveryZoom:
         with sessions() as session:
             run = session.get(Run, long_run)
             assert run is not None
-            series = charts.series_read(session, run, "grad_norm", max_points, start, end)
+            series = chart_reads.series_read(session, run, "grad_norm", max_points, start, end)
             assert len(series.points) <= max_points
             spikes = [p for p in series.points if p.max == math.inf]
             assert len(spikes) == 1
@@ -186,13 +194,13 @@ class TestSpikeSurvivesEveryZoom:
             steps = [p.step for p in series.points]
             assert steps == sorted(steps) and steps[0] == (start or 0)
             assert spikes[0].step <= SPIKE
-            lost = charts.heatmap_read(session, run, "lost_frac", start, end,
+            lost = chart_reads.heatmap_read(session, run, "lost_frac", start, end,
                                        max_points=max_points)
             assert len(lost.steps) <= max_points
             assert max(v for v in lost.z[1] if v is not None) == 1.0
             assert lost.z[1].count(1.0) == 1
             assert max(v for v in lost.z[0] if v is not None) == 0.0
-            head = charts.heatmap_read(session, run, "headroom_bits", start, end,
+            head = chart_reads.heatmap_read(session, run, "headroom_bits", start, end,
                                        max_points=max_points)
             worst = min(v for v in head.z[1] if v is not None)
             assert worst == pytest.approx(math.log2(65504.0 / (60000.0 * 65536.0)))
@@ -220,7 +228,7 @@ class TestBackfill:
         db.upgrade(migrated_url)
         with sessions() as session:
             assert _stored(session, run_id) == expected
-            assert repository.step_extent(session, run_id) == (0, 597)
+            assert rollups_repository.step_extent(session, run_id) == (0, 597)
 
 
 class TestReduceSteps:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import comparison
+from ampscope_server import comparison_reads
 from ampscope_server.deps import PrincipalDep, SessionDep, SettingsDep, requires
 from ampscope_server.principal import Scope
 from ampscope_server.schemas import AUTH_RESPONSES, CompareRead, ErrorBody
@@ -28,6 +28,6 @@ def get_compare(
     tolerance: Annotated[float, Query(ge=0, le=1000)] = 0.05,
     underflow_threshold: Annotated[float, Query(ge=0, le=1)] = 0.01,
 ) -> CompareRead:
-    return comparison.compare_runs(session, comparison.parse_run_ids(runs), tolerance,
+    return comparison_reads.compare_runs(session, comparison_reads.parse_run_ids(runs), tolerance,
                                    underflow_threshold, settings.crash_timeout_s,
                                    principal)

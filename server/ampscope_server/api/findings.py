@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import diagnosis, runs
+from ampscope_server import finding_reads, runs
 from ampscope_server.deps import PrincipalDep, RunDep, SessionDep, requires
 from ampscope_server.findings.schemas import FindingsRead, HistogramView
 from ampscope_server.principal import Scope
@@ -30,7 +30,7 @@ def get_findings(
 ) -> FindingsRead:
     if baseline is not None and baseline != run.id:
         runs.load_run(session, baseline, principal)  # 404 unless the viewer may see it
-    return diagnosis.findings_read(session, run, baseline)
+    return finding_reads.findings_read(session, run, baseline)
 
 
 @router.get("/runs/{run_id}/histogram", responses={
@@ -40,4 +40,4 @@ def get_histogram(
     session: SessionDep,
     step: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
 ) -> HistogramView:
-    return diagnosis.histogram_read(session, run, step)
+    return finding_reads.histogram_read(session, run, step)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import exports, lifecycle, report, runs, runs_list
+from ampscope_server import export_report, export_streams, lifecycle, runs, runs_list
 from ampscope_server.deps import (
     PrincipalDep,
     RunDep,
@@ -116,18 +116,18 @@ def get_export(
     if format == "csv":
         # Streamed after this handler returns, so from a session of its own.
         return StreamingResponse(
-            exports.csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
-            headers={"Content-Disposition": exports.content_disposition(run, "csv")},
+            export_streams.csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": export_streams.content_disposition(run, "csv")},
         )
     if format == "html":
-        text, policy = report.report_html_of(session, run, settings.crash_timeout_s)
+        text, policy = export_report.report_html_of(session, run, settings.crash_timeout_s)
         return HTMLResponse(text, headers={
-            "Content-Disposition": exports.content_disposition(run, "html"),
+            "Content-Disposition": export_streams.content_disposition(run, "html"),
             "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
         })
     # Streamed page by page (bounded memory however long the run), from a session of its own.
     return StreamingResponse(
-        exports.json_chunks(factory, run.id, settings.crash_timeout_s),
+        export_streams.json_chunks(factory, run.id, settings.crash_timeout_s),
         media_type="application/json",
     )
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import charts, event_reads
+from ampscope_server import chart_reads, event_reads
 from ampscope_server.api.runs import NOT_FOUND
 from ampscope_server.deps import RunDep, SessionDep, requires
 from ampscope_server.principal import Scope
@@ -36,7 +36,7 @@ def get_series(
     start: StepBound = None,
     end: StepBound = None,
 ) -> SeriesRead:
-    return charts.series_read(session, run, name, max_points, start, end)
+    return chart_reads.series_read(session, run, name, max_points, start, end)
 
 
 @router.get("/events")
@@ -72,6 +72,6 @@ def get_layer_stats(
     start: StepBound = None,
     end: StepBound = None,
     source: HeatmapSource = "param",
-    max_points: Annotated[int, Query(ge=1, le=10_000)] = charts.DEFAULT_HEATMAP_POINTS,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = chart_reads.DEFAULT_HEATMAP_POINTS,
 ) -> HeatmapRead:
-    return charts.heatmap_read(session, run, stat, start, end, source, max_points)
+    return chart_reads.heatmap_read(session, run, stat, start, end, source, max_points)

@@ -1,7 +1,7 @@
 """The findings engine: why a mixed-precision run is unstable, and what to change.
 
 Pure functions over a plain snapshot of a run (`RunData`); no database, no torch. The service
-that loads a snapshot from the database is `ampscope_server.diagnosis`.
+that loads a snapshot from the database is `ampscope_server.finding_reads`.
 
     analyze(run: RunData, baseline: RunData | None = None) -> list[Finding]
     analyze_live(run: RunData, memory: Memory | None) -> tuple[list[Finding], Memory]

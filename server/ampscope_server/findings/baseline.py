@@ -1,19 +1,20 @@
-"""Divergence from a baseline (e.g. the same training in FP32), reusing `compare.py`'s rules:
-the first common step where loss or grad norm departs by more than BASELINE_TOLERANCE, and the
-layers whose gradient norm departs most at the first common layer-stat step at or after it."""
+"""Divergence from a baseline (e.g. the same training in FP32), reusing the rules of
+`comparison_math`: the first common step where loss or grad norm departs by more than
+BASELINE_TOLERANCE, and the layers whose gradient norm departs most at the first common
+layer-stat step at or after it."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ampscope_server import compare
+from ampscope_server import comparison_math
 from ampscope_server.findings.model import Finding, RunData
 from ampscope_server.findings.thresholds import BASELINE_MAX_LAYERS, BASELINE_TOLERANCE
 from ampscope_server.findings.timeline import ordered
 
 
-def _series(run: RunData, metric: compare.Metric) -> dict[int, float]:
-    return compare.by_step((p.step, getattr(p, metric)) for p in ordered(run.steps))
+def _series(run: RunData, metric: comparison_math.Metric) -> dict[int, float]:
+    return comparison_math.by_step((p.step, getattr(p, metric)) for p in ordered(run.steps))
 
 
 def _l2(run: RunData) -> dict[int, dict[str, float]]:
@@ -25,10 +26,10 @@ def _l2(run: RunData) -> dict[int, dict[str, float]]:
 
 
 def baseline_divergence(run: RunData, baseline: RunData) -> list[Finding]:
-    found = compare.earliest(
-        compare.first_divergence("loss", _series(baseline, "loss"), _series(run, "loss"),
+    found = comparison_math.earliest(
+        comparison_math.first_divergence("loss", _series(baseline, "loss"), _series(run, "loss"),
                                  BASELINE_TOLERANCE),
-        compare.first_divergence("grad_norm", _series(baseline, "grad_norm"),
+        comparison_math.first_divergence("grad_norm", _series(baseline, "grad_norm"),
                                  _series(run, "grad_norm"), BASELINE_TOLERANCE),
     )
     if found is None:
@@ -39,7 +40,7 @@ def baseline_divergence(run: RunData, baseline: RunData) -> list[Finding]:
     if at is not None:
         for name, value in mine[at].items():
             if name in theirs[at]:
-                relative = compare.relative_difference(theirs[at][name], value)
+                relative = comparison_math.relative_difference(theirs[at][name], value)
                 if relative > BASELINE_TOLERANCE:
                     departures.append((relative, name))
     departures.sort(key=lambda pair: -pair[0])

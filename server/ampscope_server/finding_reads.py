@@ -37,7 +37,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, divergence_search, findings_repository, repository
+from ampscope_server import (
+    codec,
+    divergence_search,
+    findings_repository,
+    rollups_repository,
+    runs_repository,
+    steps_repository,
+)
 from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
 from ampscope_server.findings import (
     Finding,
@@ -179,9 +186,9 @@ def _baseline_sample_ids(session: Session, run: Run, divergence: int | None) -> 
     or after the divergence step. A short run's are picked from its full list (light rows, at
     most BASELINE_SPAN_ALL steps' worth); a longer run's by one forward probe per target."""
     chosen: set[int] = set()
-    extent = repository.step_extent(session, run.id)
+    extent = rollups_repository.step_extent(session, run.id)
     if extent is not None and extent[1] - extent[0] < BASELINE_SPAN_ALL:
-        chosen.update(_spread_by_step(repository.layer_stat_steps_all(session, run.id),
+        chosen.update(_spread_by_step(findings_repository.layer_stat_steps_all(session, run.id),
                                       BASELINE_LAYER_STEPS))
     elif extent is not None:
         first, last = extent
@@ -207,9 +214,9 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
     layers = [
         LayerInfo(name=layer.name, dtype=layer.dtype, shape=tuple(layer.shape),
                   numel=int(layer.numel), module_type=layer.module_type)
-        for layer in repository.get_layers(session, run.id)
+        for layer in runs_repository.get_layers(session, run.id)
     ]
-    step_rows = repository.findings_steps(session, run.id, False)
+    step_rows = findings_repository.findings_steps(session, run.id, False)
     if for_baseline and divergence is not None:
         notable = {int(row[0]) for row in step_rows}
         step_rows += [row for row in findings_repository.steps_between(
@@ -217,13 +224,13 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             if int(row[0]) not in notable]
         step_rows.sort(key=lambda row: (int(row[1]), int(row[0])))
     points, found_inf = _steps(step_rows)
-    sample_ids = repository.layer_stat_steps_last(session, run.id, RECENT_LAYER_STEPS)
+    sample_ids = findings_repository.layer_stat_steps_last(session, run.id, RECENT_LAYER_STEPS)
     if for_baseline:
         sample_ids = sorted(set(sample_ids) | _baseline_sample_ids(session, run, divergence))
-    samples = _samples(repository.layer_samples_at(session, sample_ids))
+    samples = _samples(findings_repository.layer_samples_at(session, sample_ids))
 
     by_step: dict[int, list[tuple[int, NonfiniteKind]]] = {}
-    for entry in repository.nonfinite_of(session, _spread(list(found_inf), NONFINITE_STEPS)):
+    for entry in steps_repository.nonfinite_of(session, _spread(list(found_inf), NONFINITE_STEPS)):
         kind: NonfiniteKind = "nan" if entry.kind == "nan" else "inf"
         by_step.setdefault(found_inf[entry.step_id], []).append((entry.layer_index, kind))
     nonfinite = [NonfiniteStep(step, tuple(entries)) for step, entries in sorted(by_step.items())]
@@ -231,12 +238,12 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
     nan_context: dict[int, list[LayerSample]] = {}
     scalars_only = RunData(target_format=run.target_format, layers=layers, steps=points)
     for step in _nan_candidates(scalars_only, points, nonfinite)[:NAN_CONTEXT_STEPS]:
-        before = repository.layer_stat_steps_last(session, run.id, 1, before_step=step)
+        before = findings_repository.layer_stat_steps_last(session, run.id, 1, before_step=step)
         if before:
-            nan_context[step] = _samples(repository.layer_samples_at(session, before))
+            nan_context[step] = _samples(findings_repository.layer_samples_at(session, before))
 
     rechecks: dict[int, RecheckStatus] = {}
-    for step, status in repository.recheck_statuses(session, run.id, RECHECKS):
+    for step, status in findings_repository.recheck_statuses(session, run.id, RECHECKS):
         known = _recheck_status(status)
         if known is not None:
             rechecks[step] = known
@@ -244,11 +251,13 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
         target_format=run.target_format, layers=layers, steps=points, layer_samples=samples,
         nonfinite=nonfinite,
         misuse=[MisuseEvent(step, kind, detail)
-                for step, kind, detail in repository.misuse_first(session, run.id, MISUSE_EVENTS)],
+                for step, kind, detail in findings_repository.misuse_first(
+                    session, run.id, MISUSE_EVENTS)],
         nan_context=nan_context,
         swallowed=[
             SwallowedSample(step, index, frac)
-            for step, index, frac in repository.swallowed_last(session, run.id, RECENT_LAYER_STEPS)
+            for step, index, frac in findings_repository.swallowed_last(
+                session, run.id, RECENT_LAYER_STEPS)
             if frac is not None],
         rechecks=rechecks, name=run.name,
     )
@@ -336,7 +345,7 @@ def run_findings(session: Session, run: Run, now: float | None = None) -> list[F
 def _baseline(session: Session, run: Run, baseline_id: str) -> Run:
     if baseline_id == run.id:
         raise InvalidPayload("baseline: must be another run than the one analysed")
-    baseline = repository.get_run(session, baseline_id)
+    baseline = runs_repository.get_run(session, baseline_id)
     if baseline is None:
         raise RunNotFound(baseline_id)
     return baseline
@@ -406,7 +415,7 @@ def histogram_read(session: Session, run: Run, step: int | None) -> HistogramVie
     fmt = FORMATS[run.target_format]
     limits = FormatLimits(name=fmt.name, max=fmt.max, min_normal=fmt.min_normal,
                           min_subnormal=fmt.min_subnormal)
-    sampled = repository.histogram_steps_last(session, run.id, HISTOGRAM_STEPS)
+    sampled = findings_repository.histogram_steps_last(session, run.id, HISTOGRAM_STEPS)
     steps = [number for _, number, _, _ in sampled]
     if step is None and not sampled:
         return HistogramView(run=run.id, step=None, scale=None, steps=[], format=limits,
@@ -418,8 +427,8 @@ def histogram_read(session: Session, run: Run, step: int | None) -> HistogramVie
         raise NotFound(f"run '{run.id}' has no exponent histogram at step {step} "
                        f"({sampled_text})")
     step_id, number, scale, scale_cls = chosen
-    names = [layer.name for layer in repository.get_layers(session, run.id)]
-    rows = repository.histograms_of(session, [step_id])
+    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
+    rows = steps_repository.histograms_of(session, [step_id])
     return HistogramView(
         run=run.id, step=number, scale=codec.from_storage(scale, scale_cls), steps=steps,
         format=limits, min_exp=rows[0].min_exp if rows else None,

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, repository, runs
+from ampscope_server import codec, runs, runs_repository, steps_repository
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run, Step
 from ampscope_server.schemas import ModuleInfo
 
@@ -88,8 +88,8 @@ def _stat_rows(
 
 def _page_steps(session: Session, run_id: str, page_values: int) -> int:
     """Steps per page so that a page holds about `page_values` per-layer and per-module rows."""
-    width = len(repository.get_layers(session, run_id)) + len(repository.get_modules(session,
-                                                                                        run_id))
+    width = (len(runs_repository.get_layers(session, run_id))
+             + len(runs_repository.get_modules(session, run_id)))
     return max(1, page_values // max(1, width))
 
 
@@ -105,7 +105,7 @@ def json_chunks(
             "run": runs.detail(session, run, crash_timeout_s).model_dump(mode="json"),
             "layers": [layer.model_dump(mode="json") for layer in runs.layers(session, run)],
             "modules": [ModuleInfo.model_validate(module).model_dump(mode="json")
-                        for module in repository.get_modules(session, run_id)],
+                        for module in runs_repository.get_modules(session, run_id)],
         }
         yield json.dumps(head, allow_nan=False)[:-1] + ', "steps": ['
         limit = _page_steps(session, run_id, page_values)
@@ -136,21 +136,21 @@ def csv_chunks(
     writer.writerow(CSV_COLUMNS)
     yield buffer.getvalue()
     with factory() as session:
-        layers = [layer.name for layer in repository.get_layers(session, run_id)]
-        modules = [module.name for module in repository.get_modules(session, run_id)]
+        layers = [layer.name for layer in runs_repository.get_layers(session, run_id)]
+        modules = [module.name for module in runs_repository.get_modules(session, run_id)]
         limit = max(1, page_values // max(1, len(layers) + len(modules)))
         after_id = 0
         while True:
-            page = repository.steps_after(session, run_id, after_id, limit)
+            page = steps_repository.steps_after(session, run_id, after_id, limit)
             if not page:
                 return
             ids = [step.id for step, _ in page]
             params: dict[int, list[tuple[int, list[float | int | None]]]] = {}
-            for stat in repository.layer_stats_of(session, ids):
+            for stat in steps_repository.layer_stats_of(session, ids):
                 params.setdefault(stat.step_id, []).append((
                     stat.layer_index, [getattr(stat, name) for name in LAYER_STAT_NAMES]))
             activations: dict[int, list[tuple[int, list[float | int | None]]]] = {}
-            for act in repository.activation_stats_of(session, ids):
+            for act in steps_repository.activation_stats_of(session, ids):
                 activations.setdefault(act.step_id, []).append((act.module_index, [
                     codec.from_storage(getattr(act, name), getattr(act, f"{name}_class"))
                     if name in CLASSED_ACTIVATION_STATS else getattr(act, name)

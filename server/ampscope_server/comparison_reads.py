@@ -1,6 +1,6 @@
 """Comparison reads (GET /api/compare): fetch each run's rows, call the math, shape the response.
 
-The math is in `compare.py` (pure). The first run given is the reference; every other run is
+The math is in `comparison_math.py` (pure). The first run given is the reference; every other run is
 compared with it over the steps both runs have (`common range`).
 
 The reads stay bounded whatever the runs' length (DESIGN.md §8: 150 ms on 100k steps x 200
@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import compare, divergence_search, repository, rollups, runs, series
+from ampscope_server import (
+    comparison_math,
+    divergence_search,
+    rollups,
+    rollups_repository,
+    runs,
+    runs_repository,
+    series_math,
+    steps_repository,
+)
 from ampscope_server.divergence_search import (
     METRICS,
     divergences_bucketed,
@@ -44,7 +53,7 @@ LAYER_BUCKETS = 128
 """Most rollup buckets the per-layer medians are taken over on a longer range."""
 
 
-LayerMap = dict[str, dict[int, compare.LayerAt]]
+LayerMap = dict[str, dict[int, comparison_math.LayerAt]]
 
 
 def parse_run_ids(text: str) -> list[str]:
@@ -67,30 +76,30 @@ class _Side:
 
 def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap:
     layers: LayerMap = {name: {} for name in side.order}
-    for _, step, _, _, index, l2, zero, underflow in repository.heatmap_rows(
+    for _, step, _, _, index, l2, zero, underflow in steps_repository.heatmap_rows(
         session, side.run.id, "param", ["l2", "zero_frac", "underflow_frac"], start, end
     ):
         if index < len(side.order):
-            layers[side.order[index]][int(step)] = compare.LayerAt(
-                l2=l2, lost_frac=series.lost_frac(zero, underflow))
+            layers[side.order[index]][int(step)] = comparison_math.LayerAt(
+                l2=l2, lost_frac=series_math.lost_frac(zero, underflow))
     return layers
 
 
 def _layers_bucketed(
     session: Session, side: _Side, level: int, start: int, end: int
-) -> dict[int, compare.LayerColumns]:
+) -> dict[int, comparison_math.LayerColumns]:
     """{bucket's first step: (largest l2, largest lost_frac) per layer} from one rollup level;
     buckets without layer statistics are left out."""
     return {
         int(bucket) << level: (rollups.unpack_stat("l2", l2),
                                rollups.unpack_stat("lost_frac", lost))
-        for bucket, l2, lost in repository.rollup_rows(
+        for bucket, l2, lost in rollups_repository.rollup_rows(
             session, side.run.id, level, start >> level, end >> level, ["l2", "lost_frac"])
         if l2 is not None and lost is not None
     }
 
 
-def _divergence(found: compare.Divergence | None) -> DivergenceRead | None:
+def _divergence(found: comparison_math.Divergence | None) -> DivergenceRead | None:
     if found is None:
         return None
     return DivergenceRead(metric=found.metric, step=found.step, reference_value=found.reference,
@@ -100,11 +109,11 @@ def _divergence(found: compare.Divergence | None) -> DivergenceRead | None:
 def _comparison(
     session: Session, ref: _Side, other: _Side, tolerance: float, threshold: float
 ) -> ComparisonRead:
-    found: dict[str, compare.Divergence | None] = dict.fromkeys(METRICS)
+    found: dict[str, comparison_math.Divergence | None] = dict.fromkeys(METRICS)
     common_steps, exact, width = 0, True, 1
     ref_layers: LayerMap = {name: {} for name in ref.order}
     other_layers: LayerMap = {name: {} for name in other.order}
-    diffs: list[compare.LayerDiff] | None = None
+    diffs: list[comparison_math.LayerDiff] | None = None
     if ref.extent is not None and other.extent is not None:
         start, end = max(ref.extent[0], other.extent[0]), min(ref.extent[1], other.extent[1])
         if start <= end:
@@ -120,11 +129,11 @@ def _comparison(
                 width = 1 << level
                 ref_buckets = _layers_bucketed(session, ref, level, start, end)
                 other_buckets = _layers_bucketed(session, other, level, start, end)
-                diffs = compare.bucket_layer_diffs(ref_buckets, ref.order, other_buckets,
+                diffs = comparison_math.bucket_layer_diffs(ref_buckets, ref.order, other_buckets,
                                                    other.order, threshold)
                 layer_steps = len(ref_buckets.keys() & other_buckets.keys())
     if diffs is None:
-        diffs = compare.layer_diffs(ref_layers, other_layers, ref.order, threshold)
+        diffs = comparison_math.layer_diffs(ref_layers, other_layers, ref.order, threshold)
         layer_steps = len(set().union(*ref_layers.values()) & set().union(*other_layers.values()))
     side = {"reference": ref.run.id, "other": other.run.id}
     layers = [
@@ -139,7 +148,7 @@ def _comparison(
     return ComparisonRead(
         run=other.run.id, reference=ref.run.id, common_steps=common_steps,
         layer_steps=layer_steps,
-        divergence=_divergence(compare.earliest(loss, grad_norm)),
+        divergence=_divergence(comparison_math.earliest(loss, grad_norm)),
         loss_divergence=_divergence(loss), grad_norm_divergence=_divergence(grad_norm),
         layers=layers, divergence_exact=exact, layer_bucket_width=width,
     )
@@ -153,8 +162,8 @@ def compare_runs(
     project `viewer` cannot see)."""
     loaded = [runs.load_run(session, run_id, viewer) for run_id in run_ids]
     sides = [
-        _Side(run, [layer.name for layer in repository.get_layers(session, run.id)],
-              repository.step_extent(session, run.id))
+        _Side(run, [layer.name for layer in runs_repository.get_layers(session, run.id)],
+              rollups_repository.step_extent(session, run.id))
         for run in loaded
     ]
     return CompareRead(

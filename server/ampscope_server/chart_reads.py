@@ -1,6 +1,6 @@
 """Chart reads: downsampled series, scale events, layer-by-step heatmaps.
 
-The math is in `series.py` and `rollups.py` (pure); this module fetches rows and shapes the
+The math is in `series_math.py` and `rollups.py` (pure); this module fetches rows and shapes the
 responses. A query whose buckets are at least `rollups.FINEST_WIDTH` steps wide reads rollup rows
 (at most max_points of them) plus at most a few raw steps at each edge of the range; a
 narrower one reads at most FINEST_WIDTH · max_points raw steps. Either way the rows read do not
@@ -13,7 +13,15 @@ import math
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, event_reads, repository, rollups, series
+from ampscope_server import (
+    codec,
+    event_reads,
+    rollups,
+    rollups_repository,
+    runs_repository,
+    series_math,
+    steps_repository,
+)
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, Run
 from ampscope_server.schemas import (
@@ -40,7 +48,7 @@ def _bounds(
     session: Session, run: Run, start: int | None, end: int | None
 ) -> tuple[int, int] | None:
     """The requested range clipped to the run's stored steps; None when nothing is in it."""
-    extent = repository.step_extent(session, run.id)
+    extent = rollups_repository.step_extent(session, run.id)
     if extent is None:
         return None
     lo = extent[0] if start is None else max(start, extent[0])
@@ -62,11 +70,12 @@ def series_read(
     index = rollups.SERIES.index(column)
     pieces: list[tuple[int, rollups.SeriesAcc]] = [
         (bucket << level, rollups.unpack_series(blob, index)[0])
-        for level, bucket, blob in repository.rollup_pieces(session, run.id, plan.ranges, "series")
+        for level, bucket, blob in rollups_repository.rollup_pieces(
+            session, run.id, plan.ranges, "series")
         if blob is not None
     ]
     for first, last in plan.raw:
-        for step, value, cls in repository.series_rows(session, run.id, column, first, last):
+        for step, value, cls in steps_repository.series_rows(session, run.id, column, first, last):
             acc = rollups.SeriesAcc()
             acc.add(int(step), _as_float(codec.from_storage(value, cls)))
             pieces.append((int(step), acc))
@@ -88,10 +97,10 @@ def _raw_series(
     end: int,
 ) -> SeriesRead:
     """A range narrow enough to read raw: at most FINEST_WIDTH · max_points steps."""
-    rows = repository.series_rows(session, run.id, column, start, end)
+    rows = steps_repository.series_rows(session, run.id, column, start, end)
     pairs = [(int(step), codec.from_storage(value, cls)) for step, value, cls in rows]
     present = [(step, value) for step, value in pairs if value is not None]
-    points, downsampled = series.downsample(
+    points, downsampled = series_math.downsample(
         [step for step, _ in present], [value for _, value in present], max_points
     )
     return SeriesRead(
@@ -130,7 +139,7 @@ def heatmap_read(
     bounds = None if source == "activation" else _bounds(session, run, start, end)
     if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
         return _raw_heatmap(session, run, stat, start, end, source)
-    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
     # Between max_points and FINEST_WIDTH · max_points steps, reading raw would cost up to
     # FINEST_WIDTH · max_points · layers rows: the finest rollup level answers instead, with
     # between max_points / FINEST_WIDTH and max_points columns.
@@ -142,11 +151,11 @@ def heatmap_read(
     )
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
-    pieces = repository.layer_rollup_arrays(session, run.id, plan.ranges)
+    pieces = rollups_repository.layer_rollup_arrays(session, run.id, plan.ranges)
     for (level, bucket), layer_arrays in sorted(pieces.items()):
         arrays.setdefault(plan.column(bucket << level), []).append(layer_arrays[name])
     for first, last in plan.raw:
-        for step, stats, scale in repository.layer_steps_in(session, run.id, first, last):
+        for step, stats, scale in rollups_repository.layer_steps_in(session, run.id, first, last):
             arrays.setdefault(plan.column(step), []).append(
                 rollups.step_layers(stats, scale)[name])
     reduce = max if rollups.DIRECTION[name] == "max" else min
@@ -179,8 +188,8 @@ def _raw_heatmap(
     activation source."""
     fmt = FORMATS[run.target_format]
     table = (
-        repository.get_modules(session, run.id) if source == "activation"
-        else repository.get_layers(session, run.id)
+        runs_repository.get_modules(session, run.id) if source == "activation"
+        else runs_repository.get_layers(session, run.id)
     )
     names = [entry.name for entry in table]
     columns = _heatmap_columns(source, stat)
@@ -188,7 +197,7 @@ def _raw_heatmap(
     z: list[list[float | None]] = [[] for _ in names]
     steps: list[int] = []
     current = None
-    for step_id, step, scale, scale_cls, index, *values in repository.heatmap_rows(
+    for step_id, step, scale, scale_cls, index, *values in steps_repository.heatmap_rows(
         session, run.id, source, columns, start, end
     ):
         if step_id != current:
@@ -197,11 +206,11 @@ def _raw_heatmap(
             for row in z:
                 row.append(None)
         if stat == "lost_frac":
-            value: float | None = series.lost_frac(values[0], values[1])
+            value: float | None = series_math.lost_frac(values[0], values[1])
         else:
             value = codec.from_storage(values[0], values[1]) if classed else values[0]
             if stat == "headroom_bits":
-                value = series.headroom_bits(value, codec.from_storage(scale, scale_cls), fmt)
+                value = series_math.headroom_bits(value, codec.from_storage(scale, scale_cls), fmt)
         if index < len(z):
             z[index][-1] = value
     return HeatmapRead(stat=stat, source=source, layers=names, steps=steps, z=z)
@@ -217,11 +226,12 @@ def _swallowed_heatmap(
     Read from the raw rows: the fraction is only measured for FP16/BF16 parameters on the
     layer-stat steps, so it has no rollup.
     """
-    names = [layer.name for layer in repository.get_layers(session, run.id)]
+    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
     columns: list[tuple[int, list[float | None]]] = []
     if source == "param":
         current = None
-        for step_id, step, index, frac in repository.swallowed_rows(session, run.id, start, end):
+        rows = steps_repository.swallowed_rows(session, run.id, start, end)
+        for step_id, step, index, frac in rows:
             if step_id != current:
                 current = step_id
                 columns.append((int(step), [None] * len(names)))

@@ -1,9 +1,9 @@
 """The data of a run's offline HTML report, and the heatmap reduction it needs.
 
 The report must stay a file one can mail, whatever the run's length: series come downsampled
-(min/max/last per bucket, `series.downsample`), the lost-fraction heatmap is cut to at most
+(min/max/last per bucket, `series_math.downsample`), the lost-fraction heatmap is cut to at most
 `MAX_COLUMNS` columns by `bucket_max`, events are all kept (never downsampled). The findings
-(`diagnosis`) come first in the page, from the same bounded snapshot as the API's.
+(`finding_reads`) come first in the page, from the same bounded snapshot as the API's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server import charts, codec, diagnosis, report_html, runs, series
+from ampscope_server import chart_reads, codec, export_report_html, finding_reads, runs, series_math
 from ampscope_server.api.pages import plotly_js, web_root
 from ampscope_server.errors import NotFound
 from ampscope_server.findings import Finding
@@ -55,7 +55,7 @@ def bucket_max(
             raise ValueError(f"row {i} has {len(row)} values for {len(steps)} steps")
     if len(steps) <= max_columns:
         return list(steps), [list(row) for row in z]
-    bounds = series.bucket_bounds(steps, max_columns)
+    bounds = series_math.bucket_bounds(steps, max_columns)
     return (
         [steps[start] for start, _ in bounds],
         [[_max(row[start:stop]) for start, stop in bounds] for row in z],
@@ -67,14 +67,14 @@ def report_data(
 ) -> dict[str, Any]:
     """Everything the report draws, as JSON-ready data (non-finite floats tagged).
 
-    `findings` defaults to the run's own (`diagnosis.run_findings`); `ampscope report
+    `findings` defaults to the run's own (`finding_reads.run_findings`); `ampscope report
     --baseline` passes those computed against the baseline."""
     if findings is None:
-        findings = diagnosis.run_findings(session, run)
+        findings = finding_reads.run_findings(session, run)
     # The chart read already reduces a long run to about MAX_COLUMNS worst-per-bucket columns
     # (from the rollups, in bounded memory); bucket_max holds the report to its bound whatever
     # that read returns.
-    heatmap = charts.heatmap_read(session, run, "lost_frac", None, None, "param",
+    heatmap = chart_reads.heatmap_read(session, run, "lost_frac", None, None, "param",
                                   max_points=MAX_COLUMNS)
     steps, z = bucket_max(heatmap.steps, heatmap.z)
     return {
@@ -82,7 +82,7 @@ def report_data(
         "generated_at": time.time(),
         "run": runs.detail(session, run, crash_timeout_s).model_dump(mode="json"),
         "series": {
-            name: charts.series_read(session, run, name, MAX_POINTS, None, None)
+            name: chart_reads.series_read(session, run, name, MAX_POINTS, None, None)
             .model_dump(mode="json")
             for name in REPORT_SERIES
         },
@@ -91,7 +91,7 @@ def report_data(
             "z": [[codec.encode(v) for v in row] for row in z],
             "downsampled": heatmap.downsampled or len(steps) < len(heatmap.steps),
         },
-        "events": charts.events_read(session, run).model_dump(mode="json")["events"],
+        "events": chart_reads.events_read(session, run).model_dump(mode="json")["events"],
         "findings": [FindingRead.of(f).model_dump(mode="json") for f in findings],
     }
 
@@ -103,7 +103,7 @@ def report_html_of(
     bundle = plotly_js()
     if bundle is None or not bundle.is_file():
         raise NotFound("plotly.min.js is not installed (pip install plotly)")
-    return report_html.render(
+    return export_report_html.render(
         report_data(session, run, crash_timeout_s, findings),
         bundle.read_text(encoding="utf-8"),
         (web_root() / "css" / "plotly.css").read_text(encoding="utf-8"),

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from ampscope_server.formats import FORMATS
-from ampscope_server.series import (
+from ampscope_server.series_math import (
     ScaleEvent,
     SeriesPoint,
     bucket_bounds,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import diagnosis, ingest, repository
+from ampscope_server import finding_reads, findings_repository, ingest, runs_repository
 from ampscope_server.schemas import IngestBatch
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import records, troubled_batch
@@ -30,24 +30,24 @@ class TestLoader:
     def test_reads_only_the_notable_steps(self, database: Database) -> None:
         run_id = _ingest(database.sessions, _long_run(new_id()))
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
-            data = diagnosis.load_run_data(session, run)
+            data = finding_reads.load_run_data(session, run)
         # Calibration skips 0-5, the step after the last one, the last step.
         assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
         assert sorted({s.step for s in data.layer_samples}) == list(range(1920, 2000, 10))
-        assert len(data.layer_samples) == diagnosis.RECENT_LAYER_STEPS * 2
+        assert len(data.layer_samples) == finding_reads.RECENT_LAYER_STEPS * 2
 
     def test_baseline_reads_the_notable_steps_and_the_window_before_the_divergence(
         self, database: Database
     ) -> None:
         run_id = _ingest(database.sessions, _long_run(new_id()))
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
-            data = diagnosis.load_run_data(session, run, for_baseline=True, divergence=1000)
-            quiet = diagnosis.load_run_data(session, run, for_baseline=True)
-        window = list(range(1000 - diagnosis.BASELINE_WINDOW, 1001))
+            data = finding_reads.load_run_data(session, run, for_baseline=True, divergence=1000)
+            quiet = finding_reads.load_run_data(session, run, for_baseline=True)
+        window = list(range(1000 - finding_reads.BASELINE_WINDOW, 1001))
         assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, *window, 1999]
         assert [p.step for p in quiet.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
         assert len({s.step for s in data.layer_samples}) == 200  # all 200 (fewer than 256)
@@ -59,26 +59,26 @@ class TestLoader:
         search (a step-by-step search here: 2000 common steps), never every step."""
         ids = [_ingest(database.sessions, _long_run(new_id())) for _ in range(2)]
         asked: list[bool] = []
-        whole = repository.findings_steps
+        whole = findings_repository.findings_steps
 
         def spy(session: Session, run_id: str, every_step: bool) -> list[tuple[Any, ...]]:
             asked.append(every_step)
             return whole(session, run_id, every_step)
 
-        monkeypatch.setattr(repository, "findings_steps", spy)
+        monkeypatch.setattr(findings_repository, "findings_steps", spy)
         with database.sessions() as session:
-            run, baseline = (repository.get_run(session, run_id) for run_id in ids)
+            run, baseline = (runs_repository.get_run(session, run_id) for run_id in ids)
             assert run is not None and baseline is not None
-            findings = diagnosis.findings_of(session, run, baseline.id)
+            findings = finding_reads.findings_of(session, run, baseline.id)
         assert asked == [False, False]
         assert "baseline_divergence" not in {f.kind for f in findings}  # the same training
 
     def test_nonfinite_layers_and_nan_context(self, database: Database) -> None:
         run_id = _ingest(database.sessions, troubled_batch(new_id()))
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
-            data = diagnosis.load_run_data(session, run)
+            data = finding_reads.load_run_data(session, run)
         assert data.nonfinite[0].step == 0
         assert data.nonfinite[0].layers == ((1, "inf"), (0, "inf"))
         assert [(m.step, m.kind) for m in data.misuse] == [
@@ -87,13 +87,13 @@ class TestLoader:
 
 
 def test_spread_keeps_first_and_last() -> None:
-    assert diagnosis._spread(list(range(10)), 4) == [0, 3, 6, 9]
-    assert diagnosis._spread([1, 2], 4) == [1, 2]
+    assert finding_reads._spread(list(range(10)), 4) == [0, 3, 6, 9]
+    assert finding_reads._spread([1, 2], 4) == [1, 2]
 
 
 def test_spread_by_step_lines_up_runs() -> None:
     steps = [(100 + i, i * 10) for i in range(1000)]
-    chosen = diagnosis._spread_by_step(steps, 5)
+    chosen = finding_reads._spread_by_step(steps, 5)
     assert chosen == [100, 350, 600, 850, 1099]  # the first step at or after each target
 
 
@@ -106,21 +106,21 @@ class TestCache:
         run_id = _ingest(database.sessions, first_half)
         t0 = 1000.0
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
-            once = diagnosis.run_findings(session, run, now=t0)
-            assert diagnosis.run_findings(session, run, now=t0 + 3600) is once  # unchanged
-            assert diagnosis.live_view(session, run, now=t0).step == 149
+            once = finding_reads.run_findings(session, run, now=t0)
+            assert finding_reads.run_findings(session, run, now=t0 + 3600) is once  # unchanged
+            assert finding_reads.live_view(session, run, now=t0).step == 149
         _ingest(database.sessions, payload)
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
             # Changed, but analysed less than LIVE_REFRESH_S ago: the same analysis serves.
-            soon = t0 + diagnosis.LIVE_REFRESH_S / 2
-            assert diagnosis.run_findings(session, run, now=soon) is once
-            later = t0 + diagnosis.LIVE_REFRESH_S
-            assert diagnosis.run_findings(session, run, now=later) is not once
-            assert diagnosis.live_view(session, run, now=later).step == 299
+            soon = t0 + finding_reads.LIVE_REFRESH_S / 2
+            assert finding_reads.run_findings(session, run, now=soon) is once
+            later = t0 + finding_reads.LIVE_REFRESH_S
+            assert finding_reads.run_findings(session, run, now=later) is not once
+            assert finding_reads.live_view(session, run, now=later).step == 299
 
     def test_a_finished_run_is_analysed_again_at_once(self, database: Database) -> None:
         """The last batch of a run (final) is not served the analysis of the one before: a
@@ -129,13 +129,13 @@ class TestCache:
         run_id = _ingest(database.sessions, dict(payload, records=payload["records"][:150]))
         t0 = 1000.0
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None
-            once = diagnosis.run_findings(session, run, now=t0)
+            once = finding_reads.run_findings(session, run, now=t0)
         _ingest(database.sessions, dict(payload, final=True))
         with database.sessions() as session:
-            run = repository.get_run(session, run_id)
+            run = runs_repository.get_run(session, run_id)
             assert run is not None and run.status == "finished"
-            soon = t0 + diagnosis.LIVE_REFRESH_S / 2
-            assert diagnosis.run_findings(session, run, now=soon) is not once
-            assert diagnosis.live_view(session, run, now=soon).step == 299
+            soon = t0 + finding_reads.LIVE_REFRESH_S / 2
+            assert finding_reads.run_findings(session, run, now=soon) is not once
+            assert finding_reads.live_view(session, run, now=soon).step == 299

@@ -1,0 +1,193 @@
+"""Repository: the series and per-layer rollup rows (the math is `rollups`, pure) and the reads
+that combine them with the raw steps at a range's edges. Functions take a Session and never
+commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    func,
+    or_,
+    select,
+    tuple_,
+)
+from sqlalchemy.orm import Session
+
+from ampscope_server import codec, rollups
+from ampscope_server.models import (
+    LAYER_STAT_NAMES,
+    LayerRollup,
+    LayerStat,
+    Rollup,
+    Step,
+)
+from ampscope_server.sql_support import (
+    KEYS_PER_STATEMENT,
+    dialect_insert,
+    step_range,
+    unpack_stats,
+)
+
+# --- rollups -----------------------------------------------------------------------------------
+
+def get_rollups(
+    session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """(level, bucket, *columns) of the run's stored series rollups among `keys` (level,
+    bucket)."""
+    found: list[tuple[Any, ...]] = []
+    # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
+    # more than Postgres' planner takes (StatementTooComplex).
+    for start in range(0, len(keys), KEYS_PER_STATEMENT):
+        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+        rows = session.execute(
+            select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
+            .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+        )
+        found.extend(tuple(row) for row in rows)
+    return found
+
+
+def get_layer_rollups(
+    session: Session, run_id: str, keys: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    """{(level, bucket): packed per-layer rollup} of the run's stored ones among `keys`."""
+    found: dict[tuple[int, int], bytes] = {}
+    for start in range(0, len(keys), KEYS_PER_STATEMENT):
+        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+        rows = session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id,
+                   tuple_(LayerRollup.level, LayerRollup.bucket).in_(chunk))
+        )
+        found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
+    return found
+
+
+def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
+            rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = ("run_id", "level", "bucket")
+    statement = dialect_insert(session, model)
+    statement = statement.on_conflict_do_update(
+        index_elements=[getattr(model, key) for key in keys],
+        set_={name: getattr(statement.excluded, name) for name in rows[0] if name not in keys},
+    )
+    session.execute(statement, rows)
+
+
+def upsert_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert series rollup rows or overwrite the stored ones (the caller merged them)."""
+    _upsert(session, Rollup, rows)
+
+
+def upsert_layer_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert per-layer rollup rows or overwrite the stored ones (the caller merged them)."""
+    _upsert(session, LayerRollup, rows)
+
+
+def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
+    """(first step, last step) of the run, two index probes."""
+    first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+    last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+    lo, hi = session.execute(select(first, last)).one()
+    return None if lo is None else (int(lo), int(hi))
+
+
+def rollup_rows(
+    session: Session, run_id: str, level: int, first: int, last: int, columns: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """(bucket, *columns) of the run's rollups of one level, buckets first…last, in order.
+
+    A column is "series" or a per-layer statistic of `rollups.ROLLUP_STATS`, given as
+    `rollups.pack_stat` bytes (None for a bucket without layer statistics), at any level of
+    `rollups.LEVELS`: below `rollups.LAYER_LEVELS` folded from the raw steps.
+    """
+    rows = session.execute(
+        select(Rollup.bucket, Rollup.series)
+        .where(Rollup.run_id == run_id, Rollup.level == level,
+               Rollup.bucket.between(first, last))
+        .order_by(Rollup.bucket)
+    ).all()
+    stats = [name for name in columns if name != "series"]
+    layers = layer_rollup_arrays(session, run_id, [(level, first, last)]) if stats else {}
+    out: list[tuple[Any, ...]] = []
+    for bucket, series_blob in rows:
+        arrays = layers.get((level, int(bucket)))
+        out.append((bucket, *[
+            series_blob if name == "series"
+            else None if arrays is None else rollups.pack_stat(name, arrays[name])
+            for name in columns
+        ]))
+    return out
+
+
+def layer_rollup_arrays(
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]]
+) -> dict[tuple[int, int], rollups.LayerArrays]:
+    """{(level, bucket): per-layer worst arrays} of the buckets in `ranges` ((level, first,
+    last bucket)) that hold layer statistics: stored ones at `rollups.LAYER_LEVELS`, the finer
+    ones folded from the raw steps (at most 16 steps per bucket)."""
+    stored = [piece for piece in ranges if piece[0] in rollups.LAYER_LEVELS]
+    out: dict[tuple[int, int], rollups.LayerArrays] = {}
+    if stored:
+        for level, bucket, data in session.execute(
+            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
+            .where(LayerRollup.run_id == run_id)
+            .where(or_(*[
+                and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
+                for level, first, last in stored
+            ]))
+        ):
+            out[(int(level), int(bucket))] = rollups.unpack_layers(data)
+    for level, first, last in ranges:
+        if level in rollups.LAYER_LEVELS:
+            continue
+        raw = layer_steps_in(session, run_id, first << level, ((last + 1) << level) - 1)
+        out.update(((level, bucket), arrays)
+                   for bucket, arrays in rollups.layer_buckets(raw, level).items())
+    return out
+
+
+def layer_steps_in(
+    session: Session, run_id: str, start: int, end: int
+) -> list[tuple[int, dict[str, list[Any]], float | None]]:
+    """(step, {stat: per-layer values}, scale_before) of the run's steps in [start, end] that
+    carry layer statistics, by step then ingest order."""
+    rows = session.execute(
+        select(Step.step, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
+    )
+    return [
+        (int(step), dict(zip(LAYER_STAT_NAMES, unpack_stats(data), strict=True)),
+         codec.from_storage(scale, scale_cls))
+        for step, scale, scale_cls, data in rows
+    ]
+
+
+def rollup_pieces(
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]], column: str
+) -> list[tuple[int, int, bytes | None]]:
+    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket)); a
+    per-layer statistic as `rollups.pack_stat` bytes, of the buckets that hold layer
+    statistics (see `layer_rollup_arrays`)."""
+    if not ranges:
+        return []
+    if column != "series":
+        return [(level, bucket, rollups.pack_stat(column, arrays[column]))
+                for (level, bucket), arrays in layer_rollup_arrays(session, run_id, ranges).items()]
+    rows = session.execute(
+        select(Rollup.level, Rollup.bucket, Rollup.series)
+        .where(Rollup.run_id == run_id)
+        .where(or_(*[
+            and_(Rollup.level == level, Rollup.bucket.between(first, last))
+            for level, first, last in ranges
+        ]))
+    )
+    return [(int(level), int(bucket), blob) for level, bucket, blob in rows]

@@ -1,0 +1,419 @@
+"""Repository: a run's steps and what rides on them (packed layer statistics, activation
+stats, histograms, non-finite layers, misuse, re-checks, swallowed updates): the batch's inserts
+and the bounded reads of charts, events, heatmaps and comparisons. Functions take a Session and
+never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any
+
+from sqlalchemy import (
+    Float,
+    Row,
+    case,
+    func,
+    or_,
+    select,
+)
+from sqlalchemy.orm import Session
+
+from ampscope_server import bulk_repository
+from ampscope_server.models import (
+    LAYER_STAT_NAMES,
+    ActivationStat,
+    Attempt,
+    Base,
+    Histogram,
+    Layer,
+    LayerStat,
+    MisuseEvent,
+    Run,
+    Step,
+    StepNonfinite,
+    StepRecheck,
+    SwallowedStat,
+)
+from ampscope_server.sql_support import (
+    LayerStatRow,
+    dialect_insert,
+    is_postgres,
+    step_range,
+    table_of,
+    unpack_stats,
+)
+
+# --- steps -------------------------------------------------------------------------------------
+
+def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]:
+    """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
+    if not rows:
+        return {}
+    if is_postgres(session):
+        return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
+            session, table_of(Step), rows, conflict=("run_id", "attempt_id", "seq"),
+            returning=("seq", "id"))}
+    statement = (
+        dialect_insert(session, Step)
+        .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
+        .returning(Step.seq, Step.id)
+    )
+    return {int(seq): int(step_id) for seq, step_id in session.execute(statement, rows)}
+
+
+def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    """Bulk insert of a step's children: one executemany per table.
+
+    The Core table insert skips the ORM's per-row bookkeeping. On SQLite, where no column of
+    the rows needs a bind processor (plain numbers and strings: the layer statistics), the rows
+    go to the driver's executemany as tuples: SQLAlchemy's per-row parameter handling was most
+    of the ingest time of a 200-layer batch (bench/ingest_rate.py). A float column's processor
+    only turns ints into floats, which SQLite's REAL affinity does on storage anyway.
+    """
+    if not rows:
+        return
+    table = table_of(model)
+    dialect = session.get_bind().dialect
+    names = list(rows[0])
+    if dialect.name == "postgresql" and bulk_repository.supported(table, names):
+        bulk_repository.copy(session, table, rows)
+        return
+    if dialect.name == "sqlite" and len(names) > 1 and all(
+        isinstance(table.c[name].type, Float)
+        or table.c[name].type._cached_bind_processor(dialect) is None
+        for name in names
+    ):
+        quote = dialect.identifier_preparer.quote
+        sql = (f"INSERT INTO {quote(table.name)} ({', '.join(map(quote, names))}) "
+               f"VALUES ({', '.join('?' * len(names))})")
+        session.connection().exec_driver_sql(sql, list(map(itemgetter(*names), rows)))
+        return
+    session.execute(table.insert(), rows)
+
+
+def step_aggregates(
+    session: Session, run_ids: Iterable[str]
+) -> dict[str, tuple[int, int | None, int, int | None]]:
+    """{run_id: (num_steps, last_step, skipped_steps, last_id)}."""
+    rows = session.execute(
+        select(
+            Step.run_id,
+            func.count(),
+            func.max(Step.step),
+            func.coalesce(func.sum(case((Step.skipped, 1), else_=0)), 0),
+            func.max(Step.id),
+        )
+        .where(Step.run_id.in_(list(run_ids)))
+        .group_by(Step.run_id)
+    )
+    return {
+        run_id: (int(n), None if last is None else int(last), int(skipped),
+                 None if last_id is None else int(last_id))
+        for run_id, n, last, skipped, last_id in rows
+    }
+
+
+def last_scales(session: Session, step_ids: Iterable[int]) -> dict[str, tuple[float | None, int]]:
+    """{run_id: (scale_after, scale_after_class)} of the given (last) steps."""
+    rows = session.execute(
+        select(Step.run_id, Step.scale_after, Step.scale_after_class)
+        .where(Step.id.in_(list(step_ids)))
+    )
+    return {run_id: (value, cls) for run_id, value, cls in rows}
+
+
+def steps_after(
+    session: Session, run_id: str, after_id: int, limit: int
+) -> Sequence[Row[Step, int]]:
+    """(Step, attempt ordinal) with id > after_id, in ingest (id) order."""
+    return session.execute(
+        select(Step, Attempt.ordinal)
+        .join(Attempt, Attempt.id == Step.attempt_id)
+        .where(Step.run_id == run_id, Step.id > after_id)
+        .order_by(Step.id)
+        .limit(limit)
+    ).all()
+
+
+def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerStatRow]:
+    """Every layer's statistics at the given steps, by step id then layer index."""
+    if not step_ids:
+        return []
+    rows = session.execute(
+        select(LayerStat.step_id, LayerStat.data)
+        .where(LayerStat.step_id.in_(step_ids))
+        .order_by(LayerStat.step_id)
+    )
+    return [
+        LayerStatRow(int(step_id), index, *values)
+        for step_id, data in rows
+        for index, values in enumerate(zip(*unpack_stats(data), strict=True))
+    ]
+
+
+def activation_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[ActivationStat]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(ActivationStat)
+        .where(ActivationStat.step_id.in_(step_ids))
+        .order_by(ActivationStat.step_id, ActivationStat.module_index)
+    ).all()
+
+
+def nonfinite_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepNonfinite]:
+    """Non-finite layers of the given steps, each step's in backward order."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(StepNonfinite)
+        .where(StepNonfinite.step_id.in_(step_ids))
+        .order_by(StepNonfinite.step_id, StepNonfinite.position)
+    ).all()
+
+
+def misuse_of(session: Session, step_ids: Sequence[int]) -> Sequence[MisuseEvent]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(MisuseEvent)
+        .where(MisuseEvent.step_id.in_(step_ids))
+        .order_by(MisuseEvent.step_id, MisuseEvent.position)
+    ).all()
+
+
+def histograms_of(session: Session, step_ids: Sequence[int]) -> Sequence[Histogram]:
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(Histogram)
+        .where(Histogram.step_id.in_(step_ids))
+        .order_by(Histogram.step_id, Histogram.layer_index)
+    ).all()
+
+
+def series_rows(
+    session: Session, run_id: str, column: str, start: int | None, end: int | None,
+    applied_only: bool = False,
+) -> Sequence[Row[int, float | None, int]]:
+    """(step, value, value_class) of one classed step column, by step then ingest order; with
+    `applied_only`, of the steps the optimizer took (not skipped) only."""
+    value = getattr(Step, column)
+    value_class = getattr(Step, f"{column}_class")
+    statement = (
+        select(Step.step, value, value_class)
+        .where(*step_range(run_id, start, end))
+        .where(or_(value.is_not(None), value_class != 0))
+        .order_by(Step.step, Step.id)
+    )
+    if applied_only:
+        statement = statement.where(Step.skipped.is_(False))
+    return session.execute(statement).all()
+
+
+def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,
+                      end: int | None = None) -> Sequence[StepNonfinite]:
+    """Non-finite layers of the run's skipped steps (within [start, end]), each step's in
+    backward order: a join, not an IN list of step ids, which a long run's thousands of skipped
+    steps would take past the database's limit on bound parameters."""
+    return session.scalars(
+        select(StepNonfinite)
+        .join(Step, Step.id == StepNonfinite.step_id)
+        .where(*step_range(run_id, start, end), Step.skipped.is_(True))
+        .order_by(StepNonfinite.step_id, StepNonfinite.position)
+    ).all()
+
+
+def event_rows(
+    session: Session, run_id: str, start: int | None = None, end: int | None = None,
+    limit: int | None = None,
+) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
+    """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
+    the (first `limit`) steps (within [start, end]) that were skipped or whose scale changed (or
+    is non-finite), in step order."""
+    return session.execute(
+        select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
+               Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
+        .where(*step_range(run_id, start, end))
+        .where(or_(
+            Step.skipped.is_(True),
+            Step.scale_before != Step.scale_after,
+            Step.scale_before_class != Step.scale_after_class,
+        ))
+        .order_by(Step.step, Step.id)
+        .limit(limit)
+    ).all()
+
+
+def rechecks_in(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Sequence[Row[int, StepRecheck]]:
+    """(step id, re-check) of the re-checked steps within [start, end], in step order."""
+    return session.execute(
+        select(Step.id, StepRecheck)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+SKIP_FLAG_ROWS = 10_000
+"""Rows fetched per round trip when streaming a run's skip flags."""
+
+
+def skip_flags(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Iterator[tuple[int, bool]]:
+    """(step, skipped) of every step within [start, end], by step then ingest order, streamed
+    (the skip rate's input: the rollups do not count skips)."""
+    result = session.execute(
+        select(Step.step, Step.skipped).where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id)
+        .execution_options(yield_per=SKIP_FLAG_ROWS))
+    for step, skipped in result:
+        yield int(step), bool(skipped)
+
+
+def misuse_rows(
+    session: Session, run_id: str, start: int | None = None, end: int | None = None
+) -> Sequence[Row[int, int, float | None, int, float | None, int, str, str]]:
+    """(step id, step, scale_before, its class, scale_after, its class, kind, detail) of every
+    misuse event of the run (within [start, end]), in step order, then as reported."""
+    return session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+               Step.scale_after, Step.scale_after_class, MisuseEvent.kind, MisuseEvent.detail)
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id, MisuseEvent.position)
+    ).all()
+
+
+def heatmap_rows(
+    session: Session, run_id: str, source: str, stat_columns: Sequence[str], start: int | None,
+    end: int | None,
+) -> list[tuple[Any, ...]]:
+    """(step_id, step, scale_before, scale_before_class, index, *stats) by step order.
+
+    `source` "param" reads `layer_stats` (index = layer), "activation" `activation_stats`
+    (index = module).
+    """
+    if source != "activation":
+        positions = [LAYER_STAT_NAMES.index(name) for name in stat_columns]
+        out: list[tuple[Any, ...]] = []
+        for step_id, step, scale, scale_cls, data in session.execute(
+            select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+                   LayerStat.data)
+            .join(LayerStat, LayerStat.step_id == Step.id)
+            .where(*step_range(run_id, start, end))
+            .order_by(Step.step, Step.id)
+        ):
+            columns = unpack_stats(data)
+            picked = [columns[position] for position in positions]
+            out.extend((step_id, step, scale, scale_cls, index, *values)
+                       for index, values in enumerate(zip(*picked, strict=True)))
+        return out
+    index = ActivationStat.module_index
+    stats = [getattr(ActivationStat, name) for name in stat_columns]
+    rows = session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, index, *stats)
+        .join(ActivationStat, ActivationStat.step_id == Step.id)
+        .where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id, index)
+    )
+    return [tuple(row) for row in rows]
+
+
+# --- runs page and comparison (read-only; one block, kept at the end) ---------------------------
+
+def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str, int]:
+    """{run_id: id of the run's last ingested step that carries layer statistics}.
+
+    Bounded per run: a correlated `ORDER BY id DESC LIMIT 1` over `ix_steps_run_id_id` that stops
+    at the first step with a `layer_stats` row (a primary-key probe), so it reads the steps since
+    the last layer-stat step, never the whole run. Runs without layer statistics are left out.
+    """
+    has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
+    last = (
+        select(Step.id).where(Step.run_id == Run.id, has_stats)
+        .order_by(Step.id.desc()).limit(1).correlate(Run).scalar_subquery()
+    )
+    rows = session.execute(select(Run.id, last).where(Run.id.in_(list(run_ids))))
+    return {run_id: int(step_id) for run_id, step_id in rows if step_id is not None}
+
+
+def named_layer_stats(
+    session: Session, step_ids: Iterable[int]
+) -> Sequence[tuple[str, float | None, int, int, str, float, float, float | None]]:
+    """(run_id, scale_before, its class, layer index, layer name, zero_frac, underflow_frac, amax)
+    of every layer (of the run's layer table) at the given steps, by run then model order."""
+    ids = list(step_ids)
+    if not ids:
+        return []
+    rows = session.execute(
+        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        .join(LayerStat, LayerStat.step_id == Step.id)
+        .where(Step.id.in_(ids))
+        .order_by(Step.run_id, Step.id)
+    ).all()
+    names: dict[tuple[str, int], str] = {
+        (run_id, int(index)): name for run_id, index, name in session.execute(
+            select(Layer.run_id, Layer.index, Layer.name)
+            .where(Layer.run_id.in_({row[0] for row in rows})))
+    }
+    zero, under, amax = (LAYER_STAT_NAMES.index(name)
+                         for name in ("zero_frac", "underflow_frac", "amax"))
+    out: list[tuple[str, float | None, int, int, str, float, float, float | None]] = []
+    for run_id, scale, scale_cls, data in rows:
+        columns = unpack_stats(data)
+        for index, values in enumerate(zip(columns[zero], columns[under], columns[amax],
+                                           strict=True)):
+            name = names.get((run_id, index))
+            if name is not None:
+                out.append((run_id, scale, scale_cls, index, name, *values))
+    return out
+
+
+# --- wire v3: FP32 re-checks and swallowed updates ----------------------------------------------
+
+def rechecks_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepRecheck]:
+    """The FP32 re-checks of the given steps (steps that were not re-checked have none)."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(StepRecheck).where(StepRecheck.step_id.in_(step_ids)).order_by(StepRecheck.step_id)
+    ).all()
+
+
+def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRecheck]]:
+    """(step id, step, re-check) of every re-checked step of the run, in step order."""
+    return session.execute(
+        select(Step.id, Step.step, StepRecheck)
+        .join(StepRecheck, StepRecheck.step_id == Step.id)
+        .where(Step.run_id == run_id)
+        .order_by(Step.step, Step.id)
+    ).all()
+
+
+def swallowed_of(session: Session, step_ids: Sequence[int]) -> Sequence[SwallowedStat]:
+    """The swallowed fractions of the given steps, by step then layer."""
+    if not step_ids:
+        return []
+    return session.scalars(
+        select(SwallowedStat)
+        .where(SwallowedStat.step_id.in_(step_ids))
+        .order_by(SwallowedStat.step_id, SwallowedStat.layer_index)
+    ).all()
+
+
+def swallowed_rows(
+    session: Session, run_id: str, start: int | None, end: int | None
+) -> Sequence[Row[int, int, int, float | None]]:
+    """(step id, step, layer index, fraction) of the run's swallowed fractions in range, by
+    step, ingest order, layer."""
+    return session.execute(
+        select(Step.id, Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        .join(SwallowedStat, SwallowedStat.step_id == Step.id)
+        .where(*step_range(run_id, start, end))
+        .order_by(Step.step, Step.id, SwallowedStat.layer_index)
+    ).all()
