@@ -1,8 +1,9 @@
 """SQL of the run counters (`models.RunCounters`) and of the runs list's pages.
 
-The runs list is read by keyset pagination over (sort key, run id): each page is one indexed
-walk of `runs` joined to its counters row, never a count over steps and never an OFFSET (which
-reads and throws away every row before the page).
+The runs list is read by keyset pagination over (sort key, run id): each page is one walk of
+the narrow keys of `runs` (joined to the counters only when sorted by one of them), then one
+load of the page's own rows; never a count over steps and never an OFFSET (which reads and
+throws away every row before the page).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Float, case, cast, func, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from ampscope_server.codec import FloatClass
 from ampscope_server.models import Run, RunCounters
@@ -129,20 +130,41 @@ def _sort_expression(key: SortKey, crashed_before: float) -> ColumnElement[Any]:
 
 
 _TEXT_KEYS = frozenset({"name", "project"})
+_COUNTER_KEYS = frozenset({"steps", "skip_rate", "scale", "underflow", "headroom"})
+"""The sort keys read from `run_counters` (the others are the runs table's own)."""
 
 
-def runs_page(
+@dataclass(frozen=True, slots=True)
+class ListedKey:
+    """One run as the list's key walk reads it: what the order and the filter need, nothing
+    more (no config, no counters row): the walk may read every run when filtered."""
+
+    id: str
+    sort_value: Any
+    name: str
+    project: str
+    status: str
+    updated_at: float
+    tags: list[Any]
+
+
+def page_keys(
     session: Session, *, project: str | None, key: SortKey, descending: bool,
     after: tuple[Any, str] | None, limit: int, crashed_before: float,
-) -> list[tuple[Run, RunCounters | None, Any]]:
-    """(run, its counters or None, its sort value) of up to `limit` runs (of `project`, when
-    given) ordered by `key` (then id), after the (sort value, id) of the previous page's last
-    run. Numeric keys that are missing sort last in both directions (`_MISSING`)."""
+) -> list[ListedKey]:
+    """Up to `limit` runs (of `project`, when given) ordered by `key` (then id), after the
+    (sort value, id) of the previous page's last run. Numeric keys that are missing sort last
+    in both directions (`_MISSING`).
+
+    Narrow on purpose: the database sorts (id, value) and a few short columns, not whole runs
+    (whose config may be large); `page_rows` then loads the runs of the page alone."""
     value = _sort_expression(key, crashed_before)
     if key not in _TEXT_KEYS and key not in ("started", "updated", "status", "steps"):
         value = func.coalesce(value, literal(-_MISSING if descending else _MISSING))
-    statement = (select(Run, RunCounters, value.label("sort_value"))
-                 .outerjoin(RunCounters, RunCounters.run_id == Run.id))
+    statement = select(Run.id, value.label("sort_value"), Run.name, Run.project, Run.status,
+                       Run.updated_at, Run.tags)
+    if key in _COUNTER_KEYS:
+        statement = statement.outerjoin(RunCounters, RunCounters.run_id == Run.id)
     if project is not None:
         statement = statement.where(Run.project == project)
     if after is not None:
@@ -150,8 +172,19 @@ def runs_page(
         beyond = value < after_value if descending else value > after_value
         statement = statement.where(or_(beyond, (value == after_value) & (Run.id > after_id)))
     statement = statement.order_by(value.desc() if descending else value.asc(), Run.id)
-    return [(run, counters, sort_value)
-            for run, counters, sort_value in session.execute(statement.limit(limit))]
+    return [ListedKey(*row) for row in session.execute(statement.limit(limit))]
+
+
+def page_rows(session: Session, run_ids: Sequence[str]
+              ) -> dict[str, tuple[Run, RunCounters | None]]:
+    """{run id: (run, its counters or None)} of the runs of one page, their config unread (a
+    summary does not show it)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(Run, RunCounters).outerjoin(RunCounters, RunCounters.run_id == Run.id)
+        .where(Run.id.in_(run_ids)).options(defer(Run.config)))
+    return {run.id: (run, counters) for run, counters in rows}
 
 
 def count_runs(session: Session, project: str | None) -> int:

@@ -9,7 +9,7 @@ reads as `crashed`.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Row
@@ -31,6 +31,7 @@ from ampscope_server.models import (
     LAYER_STAT_NAMES,
     Attempt,
     Run,
+    RunCounters,
     Step,
     StepRecheck,
 )
@@ -86,13 +87,16 @@ def load_run(session: Session, run_id: str, viewer: Principal = ANONYMOUS) -> Ru
 def summaries(
     session: Session, runs: Sequence[Run], crash_timeout_s: float, now: float | None = None,
     factory: sessionmaker[Session] | None = None,
+    counters: Mapping[str, RunCounters] | None = None,
 ) -> list[RunSummary]:
-    """The runs' summaries from their counters and cached analyses (`summary_cache`): a
-    bounded number of rows per run, never its steps. With `factory`, stale analyses beyond
-    the few done here are refreshed in the background (and stored)."""
+    """The runs' summaries from their counters (read here unless given, as a runs-list page
+    has them) and cached analyses (`summary_cache`): a bounded number of rows per run, never
+    its steps. With `factory`, stale analyses beyond the few done here are refreshed in the
+    background (and stored)."""
     now = time.time() if now is None else now
     ids = [run.id for run in runs]
-    counters = run_counters_repository.counters_of(session, ids)
+    if counters is None:
+        counters = run_counters_repository.counters_of(session, ids)
     layer_counts = runs_repository.count_layers(session, ids)
     analyses = summary_cache.current(session, runs, counters, factory)
     result = []
@@ -133,7 +137,8 @@ def list_page(
     """One page of the runs list (`runs_list.page`), summarised."""
     now = time.time() if now is None else now
     found = runs_list.page(session, query, viewer.project, now - crash_timeout_s)
-    return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory),
+    return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory,
+                                      found.counters),
                        next_cursor=found.next_cursor, total=found.total)
 
 

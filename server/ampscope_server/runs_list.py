@@ -6,8 +6,8 @@ applied here, on the server, before the page is cut, so "the next page" means th
 match, and it matches what the page's own filter box does in the browser (`web/js/runs.js`):
 words (each must appear, case-insensitive, in the name, project, id, status or a tag) or one
 regular expression (searched, case-insensitive). Unfiltered, a page reads `limit + 1` rows;
-filtered, it reads runs in order, FILTER_CHUNK at a time, until the page is full (the runs
-table only: never a step).
+filtered, it reads the runs' short keys in order, FILTER_CHUNK at a time, until the page is
+full (the runs table only: never a step, never a config), then the page's rows alone.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
 from ampscope_server import run_counters_repository
 from ampscope_server.errors import InvalidPayload
 from ampscope_server.models import Run, RunCounters
-from ampscope_server.run_counters_repository import SORT_KEYS, SortKey
+from ampscope_server.run_counters_repository import SORT_KEYS, ListedKey, SortKey
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -48,6 +48,8 @@ class RunsQuery:
 @dataclass(frozen=True)
 class RunsPage:
     runs: list[Run]
+    counters: dict[str, RunCounters]
+    """The runs' counters rows (a run without steps has none), read with them."""
     next_cursor: str | None
     """Where the next page starts; None: this is the last."""
     total: int | None
@@ -82,14 +84,31 @@ def decode_cursor(cursor: str, sort: SortKey, descending: bool) -> tuple[Any, st
     return value, run_id
 
 
-def status_of(run: Run, crashed_before: float) -> str:
+class Listed(Protocol):
+    """What the filter reads of a run: a stored `Run` or the key walk's `ListedKey`."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def project(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def updated_at(self) -> float: ...
+    @property
+    def tags(self) -> list[Any]: ...
+
+
+def status_of(run: Listed, crashed_before: float) -> str:
     """The derived status (`runs.derive_status`) as the filter reads it."""
     if run.status == "active" and run.updated_at < crashed_before:
         return "crashed"
     return run.status
 
 
-def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Run], bool] | None:
+def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Listed], bool] | None:
     """The filter as a predicate over runs (None: no filter); 422 for an invalid one."""
     query = q.strip()
     if not query:
@@ -97,7 +116,7 @@ def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Run], bool]
     if len(query) > FILTER_MAX:
         raise InvalidPayload(f"q: at most {FILTER_MAX} characters")
 
-    def fields(run: Run) -> list[str]:
+    def fields(run: Listed) -> list[str]:
         return [run.name, run.project, run.id, status_of(run, crashed_before),
                 *(str(tag) for tag in run.tags)]
 
@@ -120,20 +139,23 @@ def page(session: Session, query: RunsQuery, project: str | None, crashed_before
              else decode_cursor(query.cursor, query.sort, query.descending))
     match = matcher(query.q, query.regex, crashed_before)
     chunk = query.limit + 1 if match is None else FILTER_CHUNK
-    kept: list[tuple[Run, Any]] = []
+    kept: list[ListedKey] = []
     while len(kept) <= query.limit:
-        rows: Sequence[tuple[Run, RunCounters | None, Any]] = run_counters_repository.runs_page(
+        keys = run_counters_repository.page_keys(
             session, project=project, key=query.sort, descending=query.descending,
             after=after, limit=chunk, crashed_before=crashed_before)
-        kept.extend((run, value) for run, _, value in rows if match is None or match(run))
-        if len(rows) < chunk:
+        kept.extend(key for key in keys if match is None or match(key))
+        if len(keys) < chunk:
             break
-        last_run, _, last_value = rows[-1]
-        after = (last_value, last_run.id)
+        after = (keys[-1].sort_value, keys[-1].id)
     shown = kept[:query.limit]
     next_cursor = None
     if len(kept) > query.limit and shown:
-        run, value = shown[-1]
-        next_cursor = encode_cursor(query.sort, query.descending, value, run.id)
+        next_cursor = encode_cursor(query.sort, query.descending, shown[-1].sort_value,
+                                    shown[-1].id)
+    rows = run_counters_repository.page_rows(session, [key.id for key in shown])
+    listed = [rows[key.id] for key in shown if key.id in rows]
     total = run_counters_repository.count_runs(session, project) if match is None else None
-    return RunsPage(runs=[run for run, _ in shown], next_cursor=next_cursor, total=total)
+    return RunsPage(runs=[run for run, _ in listed],
+                    counters={run.id: row for run, row in listed if row is not None},
+                    next_cursor=next_cursor, total=total)

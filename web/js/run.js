@@ -74,19 +74,26 @@ class RunPage {
     this.counted = this.lastStep ? this.lastStep.step : -1;
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
-    const [layers, scale, events, stats, loss, gradNorm, skipRate] = await Promise.all([
+    // Every request leaves at once; the scale chart (the first thing to read) is drawn as soon
+    // as its own two answers are in, not after the slowest of the seven (the heatmap's).
+    const scaleP = api.getSeries(this.runId, 'scale', maxPoints);
+    const eventsP = api.getEvents(this.runId);
+    const restP = Promise.all([
       api.getLayers(this.runId),
-      api.getSeries(this.runId, 'scale', maxPoints),
-      api.getEvents(this.runId),
       api.getLayerStats(this.runId, 'lost_frac'),
       api.getSeries(this.runId, 'loss', maxPoints),
       api.getSeries(this.runId, 'grad_norm', maxPoints),
       api.getSkipRate(this.runId, maxPoints),
     ]);
+    restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
+    const [scale, events] = await Promise.all([scaleP, eventsP]);
     this.eventsFrom = lastEventStep(events, null);
+    this.scale = new ScaleChart($('scale-chart'), this.runId);
+    const scaleDrawn = this.scale.init(scale, events);
+    scaleDrawn.catch(() => {}); // likewise: awaited with the other charts
+    const [layers, stats, loss, gradNorm, skipRate] = await restP;
     this.layerNames = layers.map((l) => l.name);
 
-    this.scale = new ScaleChart($('scale-chart'), this.runId);
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
     this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId, this.run.target_format);
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
@@ -109,7 +116,7 @@ class RunPage {
       { layerNames: this.layerNames, targetFormat: this.run.target_format });
     const smoothing = Number($('smoothing').value);
     await Promise.all([
-      this.scale.init(scale, events), this.heatmap.show(stats), this.loss.init(loss, smoothing),
+      scaleDrawn, this.heatmap.show(stats), this.loss.init(loss, smoothing),
       this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(skipRate), this.layerLines.init(),
     ]);
     $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
