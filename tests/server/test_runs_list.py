@@ -13,10 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.orm import Session, sessionmaker
 from websockets.sync.client import connect
 
-from ampscope_server import runs_list
+from ampscope_server import ingest, runs_list
 from ampscope_server.errors import InvalidPayload
+from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record, strict_json
 from tests.support.servers import ServerProcess
 
@@ -202,3 +205,28 @@ class TestSnapshot:
         # Apart: the active runs beyond the first page (the status of those may age).
         assert not {r["id"] for r in snapshot["active"]} & set(page_ids)
         assert all(r["status"] in ("active", "crashed") for r in snapshot["active"])
+
+
+class TestPageReads:
+    def test_a_page_loads_its_own_runs_without_their_config(
+        self, sessions: sessionmaker[Session]
+    ) -> None:
+        """The key walk reads short columns; only the page's runs are loaded, config unread
+        (a summary never shows it), with the counters rows they were read with."""
+        project = _project()
+        big = {"notes": "x" * 60_000}
+        ids = []
+        for i in range(5):
+            run_id = new_id()
+            payload = batch([record(0, with_layers=False)], run_id=run_id, project=project,
+                            name=f"r{i}", config=big)
+            with sessions.begin() as session:
+                ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+            ids.append(run_id)
+        with sessions() as session:
+            found = runs_list.page(session, runs_list.RunsQuery(limit=3, q=project), None,
+                                   crashed_before=0.0)
+            assert [run.id for run in found.runs] == ids[::-1][:3]
+            assert all("config" in sa_inspect(run).unloaded for run in found.runs)
+            assert sorted(found.counters) == sorted(ids[::-1][:3])
+            assert all(found.counters[run.id].num_steps == 1 for run in found.runs)
