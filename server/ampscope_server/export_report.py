@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 
 from ampscope_server import chart_reads, codec, export_report_html, finding_reads, runs, series_math
 from ampscope_server.api.pages import plotly_js, web_root
-from ampscope_server.errors import NotFound
 from ampscope_server.findings import Finding
 from ampscope_server.findings.schemas import FindingRead
 from ampscope_server.models import Run
@@ -100,11 +99,8 @@ def report_html_of(
     session: Session, run: Run, crash_timeout_s: float, findings: Sequence[Finding] | None = None
 ) -> tuple[str, str]:
     """(the run's self-contained HTML report, its Content-Security-Policy)."""
-    bundle = plotly_js()
-    if bundle is None or not bundle.is_file():
-        raise NotFound("plotly.min.js is not installed (pip install plotly)")
     return export_report_html.render(
         report_data(session, run, crash_timeout_s, findings),
-        bundle.read_text(encoding="utf-8"),
+        plotly_js().read_text(encoding="utf-8"),
         (web_root() / "css" / "plotly.css").read_text(encoding="utf-8"),
     )

@@ -277,6 +277,15 @@ SKIP_MARKERS = "() => document.getElementById('scale-chart').data[3].x.length"
 HEATMAP_ROWS = "() => document.getElementById('heatmap').data[0].y"
 HEATMAP_COLUMNS = "() => document.getElementById('heatmap').data[0].z.length"
 LOADED = "() => !!(window.ampscope && window.ampscope.live)"
+COUNT_FETCHES = """
+window.__fetching = 0;
+const fetched = window.fetch.bind(window);
+window.fetch = (...args) => {
+  window.__fetching += 1;
+  return fetched(...args).finally(() => { window.__fetching -= 1; });
+};
+"""
+"""An init script counting the page's requests in flight (`window.__fetching`)."""
 FINISHED = "() => document.querySelector('#run-status .badge').textContent === 'finished'"
 
 
@@ -597,10 +606,14 @@ class TestRunPage:
         self, live_server: ServerProcess, training: Training, watched: Watched
     ) -> None:
         assert training.finished.wait(STEPS / STEPS_PER_S + 30)
+        watched.page.add_init_script(COUNT_FETCHES)
         watched.page.goto(f"{live_server.url}/runs/{training.run_id}")
         watched.wait_for(LOADED)
         live = "() => document.getElementById('live').dataset.state"
         watched.wait_for(f"() => ({live})() === 'connected'")
+        # The page's own follow-up reads (findings, what-if, layer lines) done first: one still
+        # in flight when the server goes would rightly log a failed request.
+        watched.wait_for("() => window.__fetching === 0")
         live_server.stop()
         watched.wait_for(f"() => ({live})() === 'reconnecting'")
         live_server.start()

@@ -219,7 +219,7 @@ class TestHtmlReport:
             f'attachment; filename="img_src_x_onerror_alert_1_script-{run_id[:8]}.html"')
         text = response.text
         # plotly.js inlined; nothing loaded from anywhere.
-        assert "plotly.js v" in text
+        assert "plotly.js (cartesian - minified) v" in text
         assert not re.search(r"<script[^>]*\ssrc\s*=", text, re.IGNORECASE)
         assert not re.search(r"<link[^>]*\shref\s*=", text, re.IGNORECASE)
         assert "@import" not in text

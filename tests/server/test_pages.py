@@ -68,9 +68,10 @@ def test_only_the_two_swagger_files_are_served(api: httpx.Client) -> None:
     }
 
 
-def test_plotly_comes_from_the_installed_package(api: httpx.Client) -> None:
+def test_plotly_is_the_vendored_cartesian_bundle(api: httpx.Client) -> None:
     path = plotly_js()
-    assert path is not None and path.is_file()
+    assert path.read_text(encoding="utf-8")[:60].startswith(
+        "/**\n* plotly.js (cartesian - minified) v")
     response = api.get("/static/vendor/plotly.min.js")
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/javascript; charset=utf-8"

@@ -68,10 +68,12 @@ class RunPage {
     this.run = await api.getRun(this.runId);
     this.renderHeader();
 
-    // The last step id first, then the charts: a step ingested in between is then in both the
-    // charts and the socket's backfill (the charts drop repeats by step), never in neither.
-    const lastId = await this.lastStepId();
-    this.counted = this.lastStep ? this.lastStep.step : -1;
+    // The last step id (the run detail's) first, then the charts: a step ingested in between
+    // is then in both the charts and the socket's backfill (the charts drop repeats by step),
+    // never in neither. That step's scalars (for the cards) are read beside the charts.
+    const lastId = this.lastStepId();
+    const lastStepRead = this.readLastStep(lastId);
+    lastStepRead.catch(() => {}); // awaited below (as the two guards after the fetches)
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
     // Every request leaves at once; the scale chart (the first thing to read) is drawn as soon
@@ -92,6 +94,8 @@ class RunPage {
     const scaleDrawn = this.scale.init(scale, events);
     scaleDrawn.catch(() => {}); // likewise: awaited with the other charts
     const [layers, stats, loss, gradNorm, skipRate] = await restP;
+    await lastStepRead;
+    this.counted = this.lastStep ? this.lastStep.step : -1;
     this.layerNames = layers.map((l) => l.name);
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
@@ -154,17 +158,20 @@ class RunPage {
   }
 
   /**
-   * The newest step id and its scalars (for the cards), the step and skip counts from the run's
-   * counters (the run detail): one step is read, never the whole run.
+   * The newest step id, and the step and skip counts, from the run's counters (the run
+   * detail): nothing of the run's steps is read for them.
    */
-  async lastStepId() {
+  lastStepId() {
     this.numSteps = this.run.num_steps ?? 0;
     this.skipped = this.run.skipped_steps ?? 0;
-    const lastId = this.run.last_id;
-    if (typeof lastId !== 'number') return 0;
+    return typeof this.run.last_id === 'number' ? this.run.last_id : 0;
+  }
+
+  /** The newest step's scalars (for the cards): that one step is read. */
+  async readLastStep(lastId) {
+    if (!lastId) return;
     const page = await api.getSteps(this.runId, lastId - 1, 1);
     if (page.steps.length) this.lastStep = page.steps[page.steps.length - 1];
-    return lastId;
   }
 
   renderHeader() {
