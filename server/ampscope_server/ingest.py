@@ -79,6 +79,8 @@ def ingest_batch(
         batch.records, run_id, _layer_table(session, batch), _module_table(session, batch)
     )
 
+    # The run's last step before this batch: which buckets this batch closes (`_layer_rows`).
+    extent = rollups_repository.step_extent(session, run_id)
     new_ids = steps_repository.insert_steps(
         session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
     )
@@ -92,7 +94,7 @@ def ingest_batch(
         steps_repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
         )
-    _update_rollups(session, run_id, new)
+    _update_rollups(session, run_id, new, None if extent is None else extent[1])
     summary_cache.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
         runs_repository.set_attempt_client(session, attempt.id, {
@@ -171,8 +173,10 @@ def _module_table(session: Session, batch: IngestBatch) -> int | None:
     return len(stored)
 
 
-def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepRecord]]) -> None:
-    """Fold the newly stored steps (never duplicates) into the run's rollups.
+def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepRecord]],
+                    old_last: int | None) -> None:
+    """Fold the newly stored steps (never duplicates) into the run's rollups; `old_last` is the
+    run's last step before them.
 
     Read-modify-write is safe: `touch_run` already wrote the run's row, so batches of one run
     are serialised (row lock on Postgres, the write lock on SQLite) until this one commits.
@@ -190,31 +194,105 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
         )
         for _, record in ordered
     )
+    kept = sorted(key for key in delta if key[0] in rollups.SERIES_LEVELS)
     for level, index, series_blob in rollups_repository.get_rollups(
-        session, run_id, list(delta), ("series",)
+        session, run_id, kept, ("series",)
     ):
         stored = rollups.unpack_series(series_blob)
         for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
             mine.merge(theirs)
         delta[(level, index)].series = stored
-    with_layers = [key for key, bucket in delta.items()
-                   if bucket.layers is not None and key[0] in rollups.LAYER_LEVELS]
-    changed = set(with_layers)
-    for key, blob in rollups_repository.get_layer_rollups(session, run_id, with_layers).items():
-        stored_layers = rollups.unpack_layers(blob)
-        merged = rollups.merge_layers(stored_layers, delta[key].layers)
-        delta[key].layers = merged
-        if merged == stored_layers:
-            # Nothing worse arrived for any layer (usual in a wide bucket late in a run): not
-            # rewriting a 16 KB row spares its packing and, on Postgres, a dead row version.
-            changed.discard(key)
     rollups_repository.upsert_rollups(
-        session, [rollups.to_row(run_id, key, bucket) for key, bucket in sorted(delta.items())]
+        session, [rollups.to_row(run_id, key, delta[key]) for key in kept]
     )
+    new_last = max(ordered[-1][1].step, -1 if old_last is None else old_last)
     rollups_repository.upsert_layer_rollups(session, [
-        rollups.to_layer_row(run_id, key, delta[key].layers)  # type: ignore[arg-type]
-        for key in sorted(changed)
+        rollups.to_layer_row(run_id, key, arrays)
+        for key, arrays in _layer_rows(session, run_id, delta, min(step_id for step_id, _ in new),
+                                      old_last, new_last)
     ])
+
+
+def _layer_rows(
+    session: Session, run_id: str, delta: dict[tuple[int, int], rollups.Bucket],
+    first_new_id: int, old_last: int | None, new_last: int,
+) -> list[tuple[tuple[int, int], rollups.LayerArrays]]:
+    """The per-layer rollup rows this batch writes, finest level first.
+
+    Only closed buckets have rows (`rollups.is_closed`). A bucket this batch closes holds only
+    new steps, except the one that held `old_last` at each level: at `LAYER_FINEST` its older
+    raw steps are folded in (at most 63), above it its children's rows (at most 3) and the
+    child this batch closed. A closed bucket that gets steps again (a resumed attempt) merges
+    them into its row; a `LAYER_FINEST` one without a row (sparse) is folded again from its
+    raw steps.
+    """
+    finest = rollups.LAYER_FINEST
+    before = -1 if old_last is None else old_last
+    held = {level: None if old_last is None else before >> level
+            for level in rollups.LAYER_LEVELS}
+    settle: dict[int, set[int]] = {level: set() for level in rollups.LAYER_LEVELS}
+    for (level, index), bucket in delta.items():
+        if level in settle and bucket.layers is not None and rollups.is_closed(
+                level, index, new_last):
+            settle[level].add(index)
+    children: list[tuple[int, int]] = []
+    for level in rollups.LAYER_LEVELS:
+        tail = held[level]
+        if tail is not None and rollups.is_closed(level, tail, new_last):
+            settle[level].add(tail)
+            if level != finest:
+                closed, _ = rollups.open_children(level, tail, before)
+                children.extend((rollups.children(level, tail)[0], child) for child in closed)
+    keys = [(level, index) for level, indices in settle.items() for index in indices]
+    stored = rollups_repository.get_layer_rollups(session, run_id, keys + children)
+    refold = [index for index in settle[finest] if (finest, index) not in stored
+              and (index == held[finest] or rollups.is_closed(finest, index, old_last))]
+    refold += [child for level, child in children
+               if level == finest and (level, child) not in stored]
+    raw = rollups_repository.fold_finest(session, run_id, refold, before_id=first_new_id)
+    finals: dict[tuple[int, int], rollups.LayerArrays | None] = {}
+    out: list[tuple[tuple[int, int], rollups.LayerArrays]] = []
+    for level in rollups.LAYER_LEVELS:
+        for index in sorted(settle[level]):
+            key = (level, index)
+            got = delta.get(key)
+            mine = None if got is None else got.layers
+            if key in stored:
+                row = rollups.unpack_layers(stored[key])
+                merged = rollups.merge_layers(row, mine)
+                # Nothing worse arrived for any layer: not rewritten (no packing, no dead row).
+                keep = merged != row
+            elif level == finest:
+                old, count = raw.get(index, (None, 0))
+                merged = rollups.merge_layers(old, mine)
+                keep = rollups.keeps_row(level, merged,
+                                         count + (0 if got is None else got.layer_steps))
+            elif index == held[level]:
+                # Its children: closed before (rows, or raw when sparse), the one that held
+                # `old_last` and any later ones, all settled above.
+                finer, every = rollups.children(level, index)
+                parts = [part for child in every
+                         if (part := _final(finer, child, finals, stored, raw)) is not None]
+                merged = rollups.reduce_layers(parts) if parts else None
+                keep = merged is not None
+            else:
+                merged, keep = mine, mine is not None
+            finals[key] = merged
+            if keep and merged is not None:
+                out.append((key, merged))
+    return out
+
+
+def _final(level: int, index: int, finals: dict[tuple[int, int], rollups.LayerArrays | None],
+           stored: dict[tuple[int, int], bytes],
+           raw: dict[int, tuple[rollups.LayerArrays, int]]) -> rollups.LayerArrays | None:
+    """A closed child's per-layer arrays after this batch: settled by it, else its row, else
+    (at `LAYER_FINEST`) its raw steps."""
+    if (level, index) in finals:
+        return finals[(level, index)]
+    if (level, index) in stored:
+        return rollups.unpack_layers(stored[(level, index)])
+    return raw[index][0] if level == rollups.LAYER_FINEST and index in raw else None
 
 
 ClientKey = tuple[int, int, int, int]

@@ -312,8 +312,9 @@ class _RunBucket:
 
 
 class Rollup(_RunBucket, Base):
-    """Min/max/last of a run's chart series over one bucket of 2^level steps, every level of
-    `rollups.LEVELS` (from 4 steps), maintained at ingest (`rollups.py` packs `series`)."""
+    """Min/max/last of a run's chart series over one bucket of 2^level steps, the levels of
+    `rollups.SERIES_LEVELS` (from 16 steps; a 4-step bucket is folded from its raw steps,
+    revision 0009), maintained at ingest (`rollups.py` packs `series`)."""
 
     __tablename__ = "rollups"
 
@@ -324,7 +325,10 @@ class LayerRollup(_RunBucket, Base):
     """Worst-direction per-layer statistics over one bucket of 2^level steps, at the levels of
     `rollups.LAYER_LEVELS` only (from 64 steps: finer ones would cost about as much as the data
     they summarise, revision 0006). `data` is `stat_packing` of the `rollups.ROLLUP_STATS`
-    columns. No row: no step of the bucket carried layer statistics."""
+    columns. Written once the bucket is closed (a stored step lies past its end), and at 64
+    steps only with more than `rollups.DENSE_STEPS` layer steps (revision 0009). No row: no
+    step of the bucket carried layer statistics, or it is open, or a sparse 64-step one (a
+    read folds those, `rollups_repository.layer_rollup_arrays`)."""
 
     __tablename__ = "layer_rollups"
 

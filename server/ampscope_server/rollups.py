@@ -16,8 +16,14 @@ No I/O. A rollup covers the steps [bucket·2^level, (bucket+1)·2^level) of one 
   a reader that needs one (`layer_buckets`) folds the raw steps, at most 64 of them each.
 
 Rows are merged at ingest (`merge`): counts add, min/max combine, the newer `last` wins. Only
-newly stored steps are folded in, so a duplicate never counts twice. `plan` picks, for a step
-range and `max_points`, the rollup pieces and the raw edge steps that cover the range exactly.
+newly stored steps are folded in, so a duplicate never counts twice. A per-layer row is written
+only once its bucket is closed (`is_closed`: a stored step lies past its end), so the open
+buckets at the run's tail are not rewritten by every batch (on Postgres each rewrite of a 16 KB
+row left a dead version); a read folds an open bucket from its children (`open_children`),
+at most 4 rows per level and the raw steps of one `LAYER_FINEST` bucket. A resumed attempt
+that re-sends old steps merges them into the closed rows (read-modify-write, rare). `plan`
+picks, for a step range and `max_points`, the rollup pieces and the raw edge steps that cover
+the range exactly.
 """
 
 from __future__ import annotations
@@ -35,8 +41,19 @@ from ampscope_server import stat_packing
 LEVELS = (2, 4, 6, 8, 10, 12, 14, 16)
 """log2 of the bucket widths. The finest (4 steps) bounds the raw rows a query reads."""
 FINEST_WIDTH = 1 << LEVELS[0]
+SERIES_LEVELS = LEVELS[1:]
+"""The levels whose series rollups are stored (16 steps and wider). A 4-step bucket is folded
+from its raw steps when read (`series_buckets`, at most 4 per bucket, as many rows as a plan
+reads raw at its edges): its rows were three quarters of the series rollups, which cost more
+than the layer statistics' own rollups at the hook's default cadence."""
 LAYER_LEVELS = LEVELS[2:]
 """The levels whose per-layer rollups are stored (64 steps and wider)."""
+LAYER_FINEST = LAYER_LEVELS[0]
+DENSE_STEPS = 16
+"""A closed `LAYER_FINEST` bucket keeps its per-layer row only when more than this many of its
+steps carry layer statistics. A sparser one (the hook's default, every 10th step: 6 or 7 in 64)
+costs about as much stored as its raw steps, so a read folds those, no more of them than a
+16-step bucket's fold reads."""
 
 SERIES = ("scale_before", "loss", "grad_norm", "lr", "duration")
 """The step columns charted as series, in their order inside the packed `series` blob."""
@@ -102,6 +119,8 @@ LayerArrays = dict[str, list[float]]
 class Bucket:
     series: list[SeriesAcc] = field(default_factory=lambda: [SeriesAcc() for _ in SERIES])
     layers: LayerArrays | None = None
+    layer_steps: int = 0
+    """Steps with layer statistics folded in (kept at `LAYER_FINEST`, for `DENSE_STEPS`)."""
 
     def merge(self, newer: Bucket) -> None:
         for mine, theirs in zip(self.series, newer.series, strict=True):
@@ -238,10 +257,24 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
                     mine.merge(theirs)
             if coarser == layer_finest:
                 target.layers = reduce_steps(layers[index]) if index in layers else None
+                target.layer_steps = len(layers.get(index, ()))
             elif coarser > layer_finest:
                 with_layers = [bucket.layers for bucket in group if bucket.layers is not None]
                 if with_layers:
                     target.layers = reduce_layers(with_layers)
+    return out
+
+
+def series_buckets(steps: Iterable[tuple[int, Sequence[float | None]]], level: int
+                   ) -> dict[int, list[SeriesAcc]]:
+    """{bucket: series} at any level, folded from raw (step, values in `SERIES` order) pairs
+    given in (step, ingest) order: what `accumulate` and its merges store for the bucket."""
+    out: dict[int, list[SeriesAcc]] = {}
+    for step, values in steps:
+        accs = out.setdefault(step >> level, [SeriesAcc() for _ in SERIES])
+        for acc, value in zip(accs, values, strict=True):
+            if value is not None:
+                acc.add(step, value)
     return out
 
 
@@ -255,6 +288,32 @@ def layer_buckets(
     for step, stats, scale in steps:
         grouped.setdefault(step >> level, []).append((stats, scale))
     return {index: reduce_steps(arrays) for index, arrays in grouped.items()}
+
+
+def is_closed(level: int, bucket: int, last_step: int | None) -> bool:
+    """Whether a stored step (the run's last is `last_step`) lies past the bucket's end: only a
+    closed bucket has a per-layer row, and steps sent later into it are rare (a resume)."""
+    return last_step is not None and (bucket + 1) << level <= last_step
+
+
+def children(level: int, bucket: int) -> tuple[int, range]:
+    """(level, buckets) of a per-layer bucket's children, one level finer in `LAYER_LEVELS`."""
+    child = level - (LAYER_LEVELS[1] - LAYER_LEVELS[0])
+    fanout = 1 << (level - child)
+    return child, range(bucket * fanout, (bucket + 1) * fanout)
+
+
+def open_children(level: int, bucket: int, last_step: int) -> tuple[range, int]:
+    """The children (one level finer in `LAYER_LEVELS`) of the open bucket that holds
+    `last_step`: (the closed ones, the open one). Later children hold no step yet."""
+    child, every = children(level, bucket)
+    open_child = last_step >> child
+    return range(every.start, open_child), open_child
+
+
+def keeps_row(level: int, layers: LayerArrays | None, layer_steps: int) -> bool:
+    """Whether a closed bucket's per-layer arrays are stored (see `DENSE_STEPS`)."""
+    return layers is not None and (level != LAYER_FINEST or layer_steps > DENSE_STEPS)
 
 
 # --- packing -----------------------------------------------------------------------------------

@@ -105,14 +105,18 @@ def rollup_rows(
 
     A column is "series" or a per-layer statistic of `rollups.ROLLUP_STATS`, given as
     `rollups.pack_stat` bytes (None for a bucket without layer statistics), at any level of
-    `rollups.LEVELS`: below `rollups.LAYER_LEVELS` folded from the raw steps.
+    `rollups.LEVELS`: below `rollups.SERIES_LEVELS` / `rollups.LAYER_LEVELS` folded from the
+    raw steps.
     """
-    rows = session.execute(
-        select(Rollup.bucket, Rollup.series)
-        .where(Rollup.run_id == run_id, Rollup.level == level,
-               Rollup.bucket.between(first, last))
-        .order_by(Rollup.bucket)
-    ).all()
+    if level in rollups.SERIES_LEVELS:
+        rows: list[tuple[Any, ...]] = [tuple(row) for row in session.execute(
+            select(Rollup.bucket, Rollup.series)
+            .where(Rollup.run_id == run_id, Rollup.level == level,
+                   Rollup.bucket.between(first, last))
+            .order_by(Rollup.bucket)
+        )]
+    else:
+        rows = sorted(series_from_steps(session, run_id, level, first, last).items())
     stats = [name for name in columns if name != "series"]
     layers = layer_rollup_arrays(session, run_id, [(level, first, last)]) if stats else {}
     out: list[tuple[Any, ...]] = []
@@ -130,8 +134,10 @@ def layer_rollup_arrays(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]]
 ) -> dict[tuple[int, int], rollups.LayerArrays]:
     """{(level, bucket): per-layer worst arrays} of the buckets in `ranges` ((level, first,
-    last bucket)) that hold layer statistics: stored ones at `rollups.LAYER_LEVELS`, the finer
-    ones folded from the raw steps (at most 16 steps per bucket)."""
+    last bucket)) that hold layer statistics: stored rows at `rollups.LAYER_LEVELS`; folded
+    from the raw steps below them (at most 16 steps per bucket) and for a `LAYER_FINEST`
+    bucket without a row (open, or sparse: at most `DENSE_STEPS` layer steps); the open bucket
+    of a coarser level folded from its children (`rollups.open_children`)."""
     stored = [piece for piece in ranges if piece[0] in rollups.LAYER_LEVELS]
     out: dict[tuple[int, int], rollups.LayerArrays] = {}
     if stored:
@@ -144,6 +150,18 @@ def layer_rollup_arrays(
             ]))
         ):
             out[(int(level), int(bucket))] = rollups.unpack_layers(data)
+        extent = step_extent(session, run_id)
+        last_step = -1 if extent is None else extent[1]
+        for level, first, last in stored:
+            if level == rollups.LAYER_FINEST:
+                missing = [bucket for bucket in range(first, min(last, last_step >> level) + 1)
+                           if (level, bucket) not in out]
+                out.update(((level, bucket), arrays) for bucket, (arrays, _) in
+                           fold_finest(session, run_id, missing).items())
+            elif first <= last_step >> level <= last and (level, last_step >> level) not in out:
+                arrays = _open_bucket(session, run_id, level, last_step >> level, last_step)
+                if arrays is not None:
+                    out[(level, last_step >> level)] = arrays
     for level, first, last in ranges:
         if level in rollups.LAYER_LEVELS:
             continue
@@ -153,15 +171,61 @@ def layer_rollup_arrays(
     return out
 
 
+def _open_bucket(session: Session, run_id: str, level: int, bucket: int, last_step: int
+                 ) -> rollups.LayerArrays | None:
+    """The per-layer worst of an open bucket above `LAYER_FINEST` (no row is stored until it
+    closes): its closed children's rows and its open child, recursively."""
+    closed, open_child = rollups.open_children(level, bucket, last_step)
+    child = rollups.children(level, bucket)[0]
+    rows = get_layer_rollups(session, run_id, [(child, c) for c in closed])
+    parts = [rollups.unpack_layers(rows[(child, c)]) for c in closed if (child, c) in rows]
+    if child == rollups.LAYER_FINEST:
+        folded = fold_finest(session, run_id,
+                             [c for c in closed if (child, c) not in rows] + [open_child])
+        parts.extend(arrays for arrays, _ in folded.values())
+    else:
+        inner = _open_bucket(session, run_id, child, open_child, last_step)
+        if inner is not None:
+            parts.append(inner)
+    return rollups.reduce_layers(parts) if parts else None
+
+
+def fold_finest(session: Session, run_id: str, buckets: Sequence[int],
+                before_id: int | None = None) -> dict[int, tuple[rollups.LayerArrays, int]]:
+    """{bucket: (per-layer worst, layer steps)} of `LAYER_FINEST` buckets folded from their raw
+    steps (those with an id below `before_id`, when given), one query per run of adjacent
+    buckets; a bucket without layer statistics is left out."""
+    level = rollups.LAYER_FINEST
+    out: dict[int, tuple[rollups.LayerArrays, int]] = {}
+    spans: list[list[int]] = []
+    for bucket in sorted(set(buckets)):
+        if spans and spans[-1][1] == bucket - 1:
+            spans[-1][1] = bucket
+        else:
+            spans.append([bucket, bucket])
+    for first, last in spans:
+        grouped: dict[int, list[rollups.RawLayers]] = {}
+        for step, stats, scale in layer_steps_in(
+                session, run_id, first << level, ((last + 1) << level) - 1, before_id):
+            grouped.setdefault(step >> level, []).append((stats, scale))
+        out.update((bucket, (rollups.reduce_steps(steps), len(steps)))
+                   for bucket, steps in grouped.items())
+    return out
+
+
 def layer_steps_in(
-    session: Session, run_id: str, start: int, end: int
+    session: Session, run_id: str, start: int, end: int, before_id: int | None = None
 ) -> list[tuple[int, dict[str, list[Any]], float | None]]:
     """(step, {stat: per-layer values}, scale_before) of the run's steps in [start, end] that
-    carry layer statistics, by step then ingest order."""
+    carry layer statistics (with an id below `before_id`, when given: the steps stored before
+    an ingest's own), by step then ingest order."""
+    clauses = step_range(run_id, start, end)
+    if before_id is not None:
+        clauses.append(Step.id < before_id)
     rows = session.execute(
         select(Step.step, Step.scale_before, Step.scale_before_class, LayerStat.data)
         .join(LayerStat, LayerStat.step_id == Step.id)
-        .where(*step_range(run_id, start, end))
+        .where(*clauses)
         .order_by(Step.step, Step.id)
     )
     return [
@@ -174,7 +238,8 @@ def layer_steps_in(
 def rollup_pieces(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]], column: str
 ) -> list[tuple[int, int, bytes | None]]:
-    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket)); a
+    """(level, bucket, column) of the rollups in `ranges` ((level, first, last bucket)); the
+    series of the levels below `rollups.SERIES_LEVELS` folded from the raw steps; a
     per-layer statistic as `rollups.pack_stat` bytes, of the buckets that hold layer
     statistics (see `layer_rollup_arrays`)."""
     if not ranges:
@@ -182,12 +247,36 @@ def rollup_pieces(
     if column != "series":
         return [(level, bucket, rollups.pack_stat(column, arrays[column]))
                 for (level, bucket), arrays in layer_rollup_arrays(session, run_id, ranges).items()]
+    stored = [piece for piece in ranges if piece[0] in rollups.SERIES_LEVELS]
+    out: list[tuple[int, int, bytes | None]] = []
+    if stored:
+        out.extend((int(level), int(bucket), blob) for level, bucket, blob in session.execute(
+            select(Rollup.level, Rollup.bucket, Rollup.series)
+            .where(Rollup.run_id == run_id)
+            .where(or_(*[
+                and_(Rollup.level == level, Rollup.bucket.between(first, last))
+                for level, first, last in stored
+            ]))
+        ))
+    for level, first, last in ranges:
+        if level not in rollups.SERIES_LEVELS:
+            out.extend((level, bucket, blob) for bucket, blob in
+                       series_from_steps(session, run_id, level, first, last).items())
+    return out
+
+
+def series_from_steps(session: Session, run_id: str, level: int, first: int, last: int
+                      ) -> dict[int, bytes]:
+    """{bucket: packed series} of the buckets first…last of a level whose series rollups are
+    not stored, folded from the raw steps (`rollups.series_buckets`)."""
+    columns = [column for name in rollups.SERIES
+               for column in (getattr(Step, name), getattr(Step, f"{name}_class"))]
     rows = session.execute(
-        select(Rollup.level, Rollup.bucket, Rollup.series)
-        .where(Rollup.run_id == run_id)
-        .where(or_(*[
-            and_(Rollup.level == level, Rollup.bucket.between(first, last))
-            for level, first, last in ranges
-        ]))
+        select(Step.step, *columns)
+        .where(*step_range(run_id, first << level, ((last + 1) << level) - 1))
+        .order_by(Step.step, Step.id)
     )
-    return [(int(level), int(bucket), blob) for level, bucket, blob in rows]
+    steps = ((int(row[0]), [codec.from_storage(row[i], row[i + 1])
+                            for i in range(1, len(columns), 2)]) for row in rows)
+    return {bucket: rollups.pack_series(accs)
+            for bucket, accs in rollups.series_buckets(steps, level).items()}

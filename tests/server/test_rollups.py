@@ -65,6 +65,11 @@ def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, bytes | Non
     return out
 
 
+def _stored_layer_keys(session: Session, run_id: str) -> set[Key]:
+    return {(int(level), int(bucket)) for level, bucket in session.execute(
+        select(LayerRollup.level, LayerRollup.bucket).where(LayerRollup.run_id == run_id))}
+
+
 def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     """Every level's buckets straight from the raw rows, one step at a time."""
     steps = session.execute(
@@ -96,6 +101,44 @@ def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
+def _layer_steps(session: Session, run_id: str, level: int, bucket: int) -> int:
+    return len(rollups_repository.layer_steps_in(
+        session, run_id, bucket << level, ((bucket + 1) << level) - 1))
+
+
+def _check_against_brute_force(sessions: sessionmaker[Session], run_id: str) -> None:
+    """Series rollups stored for every bucket of `SERIES_LEVELS`; per-layer rows for exactly
+    the closed buckets that keep one (`rollups.keeps_row`); every read equal to the brute
+    force, at every level."""
+    with sessions() as session:
+        stored = _stored(session, run_id)
+        expected = _brute_force(session, run_id)
+        extent = rollups_repository.step_extent(session, run_id)
+        assert extent is not None
+        assert set(stored) == {key for key in expected if key[0] in rollups.SERIES_LEVELS}
+        for key, bucket in expected.items():
+            level, index = key
+            read_series = rollups_repository.rollup_rows(session, run_id, level, index, index,
+                                                         ["series"])
+            series_blob, layers_blob = stored.get(key, (read_series[0][1], None))
+            assert read_series == [(index, series_blob)], key
+            for mine, theirs in zip(rollups.unpack_series(series_blob), bucket.series,
+                                    strict=True):
+                assert (mine.n, mine.last_step) == (theirs.n, theirs.last_step), key
+                assert all(_same(x, y) for x, y in ((mine.lo, theirs.lo), (mine.hi, theirs.hi),
+                                                    (mine.last, theirs.last))), key
+            if level not in rollups.LAYER_LEVELS:
+                assert layers_blob is None, key
+                continue
+            keeps = rollups.is_closed(level, index, extent[1]) and rollups.keeps_row(
+                level, bucket.layers, _layer_steps(session, run_id, level, index))
+            assert (layers_blob is not None) == keeps, key
+            if layers_blob is not None:
+                assert rollups.unpack_layers(layers_blob) == bucket.layers, key
+            read = rollups_repository.layer_rollup_arrays(session, run_id, [(level, index, index)])
+            assert read.get(key) == bucket.layers, key
+
+
 class TestMaintainedAtIngest:
     def test_equal_to_brute_force_with_nonfinite_out_of_order_and_resumed_steps(
         self, sessions: sessionmaker[Session]
@@ -110,20 +153,53 @@ class TestMaintainedAtIngest:
         # a resumed attempt repeats steps 100..139 with new values
         resumed = [_random_record(rng, seq, 100 + seq) for seq in range(40)]
         _ingest(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
+        _check_against_brute_force(sessions, run_id)
+
+    def test_sparse_cadence_and_resumes_into_closed_buckets(
+        self, sessions: sessionmaker[Session]
+    ) -> None:
+        """Layer statistics every 10th step (the hook's default): no 64-step row (6 or 7 layer
+        steps each), every wider closed bucket a row; a resumed attempt re-sending old steps
+        into closed buckets, sparse or not, and one that makes a sparse bucket dense."""
+        rng = random.Random(11)
+        run_id = new_id()
+        records = [dict(_random_record(rng, step, step), **(
+            {} if step % 10 == 0 else {"layers": None})) for step in range(1400)]
+        for start in range(0, 1400, 100):
+            _ingest(sessions, batch(records[start:start + 100], run_id=run_id))
         with sessions() as session:
-            stored = _stored(session, run_id)
-            expected = _brute_force(session, run_id)
-        assert set(stored) == set(expected)
-        for key, bucket in expected.items():
-            series_blob, layers_blob = stored[key]
-            got = rollups.Bucket(
-                series=rollups.unpack_series(series_blob),
-                layers=None if layers_blob is None else rollups.unpack_layers(layers_blob))
-            for mine, theirs in zip(got.series, bucket.series, strict=True):
-                assert (mine.n, mine.last_step) == (theirs.n, theirs.last_step), key
-                assert all(_same(x, y) for x, y in ((mine.lo, theirs.lo), (mine.hi, theirs.hi),
-                                                    (mine.last, theirs.last))), key
-            assert got.layers == bucket.layers, key
+            levels = {level for level, _ in _stored_layer_keys(session, run_id)}
+        assert levels == {8, 10}  # closed: 256-step buckets 0..4, the 1024-step bucket 0
+        _check_against_brute_force(sessions, run_id)
+        resumed = [dict(rec, layers=rec["layers"] or layer_stats(seed=2.0))  # dense now
+                   for rec in (_random_record(rng, seq, 130 + seq) for seq in range(30))]
+        resumed += [dict(_random_record(rng, 30 + seq, 900 + seq * 10), layers=layer_stats(
+            seed=float(seq))) for seq in range(5)]
+        _ingest(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
+        with sessions() as session:
+            assert (6, 2) in _stored_layer_keys(session, run_id)  # 7 + 30 layer steps > 16
+        _check_against_brute_force(sessions, run_id)
+
+    def test_a_row_is_written_when_its_bucket_closes(
+        self, sessions: sessionmaker[Session]
+    ) -> None:
+        run_id = new_id()
+        _ingest(sessions, batch([record(i, layers=layer_stats(seed=float(i % 7)))
+                                 for i in range(100)], run_id=run_id))
+        with sessions() as session:
+            assert _stored_layer_keys(session, run_id) == {(6, 0)}
+        # A batch inside the open buckets writes no per-layer row (on Postgres: no dead one).
+        _ingest(sessions, batch([record(i) for i in range(100, 120)], run_id=run_id))
+        with sessions() as session:
+            assert _stored_layer_keys(session, run_id) == {(6, 0)}
+        # A gap: the bucket holding the old last step closes with no new step of its own.
+        _ingest(sessions, batch([record(i, step=i * 300) for i in range(120, 125)],
+                                run_id=run_id))
+        with sessions() as session:
+            keys = _stored_layer_keys(session, run_id)
+        assert {(6, 1), (8, 0), (10, 0), (12, 0), (14, 0)} <= keys
+        assert not {key for key in keys if key[0] == 16}
+        _check_against_brute_force(sessions, run_id)
 
     def test_duplicates_do_not_double_count(self, sessions: sessionmaker[Session]) -> None:
         run_id = new_id()
@@ -135,7 +211,7 @@ class TestMaintainedAtIngest:
         _ingest(sessions, batch([record(i) for i in range(40, 60)], run_id=run_id))
         with sessions() as session:
             after = _stored(session, run_id)
-            assert after[(2, 0)] == before[(2, 0)]
+            assert after[(4, 0)] == before[(4, 0)]
             counts = rollups.unpack_series(after[(16, 0)][0])
             assert [acc.n for acc in counts] == [60, 60, 60, 60, 59]  # duration null at seq 0
 
