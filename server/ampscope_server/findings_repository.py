@@ -13,6 +13,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from ampscope_server import stat_packing
 from ampscope_server.models import (
     Histogram,
     LayerStat,
@@ -20,9 +21,6 @@ from ampscope_server.models import (
     Step,
     StepRecheck,
     SwallowedStat,
-)
-from ampscope_server.sql_support import (
-    unpack_stats,
 )
 
 _FINDINGS_COLUMNS = (
@@ -116,7 +114,7 @@ def layer_samples_at(session: Session, step_ids: Sequence[int]) -> list[tuple[An
     return [
         (step_id, step, scale, scale_cls, index, *values)
         for step_id, step, scale, scale_cls, data in rows
-        for index, values in enumerate(zip(*unpack_stats(data), strict=True))
+        for index, values in enumerate(zip(*stat_packing.unpack(data), strict=True))
     ]
 
 

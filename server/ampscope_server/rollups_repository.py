@@ -16,7 +16,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ampscope_server import codec, rollups
+from ampscope_server import codec, rollups, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
     LayerRollup,
@@ -28,7 +28,6 @@ from ampscope_server.sql_support import (
     KEYS_PER_STATEMENT,
     dialect_insert,
     step_range,
-    unpack_stats,
 )
 
 # --- rollups -----------------------------------------------------------------------------------
@@ -229,7 +228,7 @@ def layer_steps_in(
         .order_by(Step.step, Step.id)
     )
     return [
-        (int(step), dict(zip(LAYER_STAT_NAMES, unpack_stats(data), strict=True)),
+        (int(step), dict(zip(LAYER_STAT_NAMES, stat_packing.unpack(data), strict=True)),
          codec.from_storage(scale, scale_cls))
         for step, scale, scale_cls, data in rows
     ]

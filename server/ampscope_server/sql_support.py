@@ -1,41 +1,18 @@
 """Repository support shared by every `*_repository` module: the dialect test, the dialect's
-INSERT (which knows ON CONFLICT), the IN-list bound, and the unpacked layer-statistic row."""
+INSERT (which knows ON CONFLICT), the IN-list bound and a run's step range."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ampscope_server import stat_packing
 from ampscope_server.models import Base, Step
 
 KEYS_PER_STATEMENT = 1000
 """The longest IN list one statement carries (SQLite's default limit is 32,766 variables)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LayerStatRow:
-    """One layer's statistics at one step, as unpacked from the step's `layer_stats` row."""
-
-    step_id: int
-    layer_index: int
-    amax: float | None
-    amin_nz: float | None
-    zero_frac: float
-    subnormal_frac: float
-    underflow_frac: float
-    nan_count: int
-    inf_count: int
-    l2: float | None
-
-
-def unpack_stats(data: bytes) -> list[list[Any]]:
-    """A step's packed layer statistics as columns in LAYER_STAT_NAMES order."""
-    return stat_packing.unpack(data)
 
 
 def is_postgres(session: Session) -> bool:

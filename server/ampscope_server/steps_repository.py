@@ -6,6 +6,7 @@ never commit."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ampscope_server import bulk_repository
+from ampscope_server import bulk_repository, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
     ActivationStat,
@@ -36,12 +37,10 @@ from ampscope_server.models import (
     SwallowedStat,
 )
 from ampscope_server.sql_support import (
-    LayerStatRow,
     dialect_insert,
     is_postgres,
     step_range,
     table_of,
-    unpack_stats,
 )
 
 # --- steps -------------------------------------------------------------------------------------
@@ -136,6 +135,22 @@ def steps_after(
     ).all()
 
 
+@dataclass(frozen=True, slots=True)
+class LayerStatRow:
+    """One layer's statistics at one step, as unpacked from the step's `layer_stats` row."""
+
+    step_id: int
+    layer_index: int
+    amax: float | None
+    amin_nz: float | None
+    zero_frac: float
+    subnormal_frac: float
+    underflow_frac: float
+    nan_count: int
+    inf_count: int
+    l2: float | None
+
+
 def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerStatRow]:
     """Every layer's statistics at the given steps, by step id then layer index."""
     if not step_ids:
@@ -148,7 +163,7 @@ def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerS
     return [
         LayerStatRow(int(step_id), index, *values)
         for step_id, data in rows
-        for index, values in enumerate(zip(*unpack_stats(data), strict=True))
+        for index, values in enumerate(zip(*stat_packing.unpack(data), strict=True))
     ]
 
 
@@ -308,7 +323,7 @@ def heatmap_rows(
             .where(*step_range(run_id, start, end))
             .order_by(Step.step, Step.id)
         ):
-            columns = unpack_stats(data)
+            columns = stat_packing.unpack(data)
             picked = [columns[position] for position in positions]
             out.extend((step_id, step, scale, scale_cls, index, *values)
                        for index, values in enumerate(zip(*picked, strict=True)))
@@ -365,7 +380,7 @@ def named_layer_stats(
                          for name in ("zero_frac", "underflow_frac", "amax"))
     out: list[tuple[str, float | None, int, int, str, float, float, float | None]] = []
     for run_id, scale, scale_cls, data in rows:
-        columns = unpack_stats(data)
+        columns: list[list[Any]] = stat_packing.unpack(data)  # floats and counts by column
         for index, values in enumerate(zip(columns[zero], columns[under], columns[amax],
                                            strict=True)):
             name = names.get((run_id, index))
