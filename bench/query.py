@@ -43,6 +43,7 @@ from ampscope_server import (
     chart_reads,
     comparison_reads,
     db,
+    event_reads,
     ingest,
     rollups,
     rollups_repository,
@@ -195,6 +196,10 @@ def _series(session: Session, run: Run, *, name: Any, start: int | None,
     return chart_reads.series_read(session, run, name, 2000, start, end)
 
 
+def _skip_rate(session: Session, run: Run, *, start: int | None, end: int | None) -> Any:
+    return event_reads.skip_rate_read(session, run, 2000, 100, start, end)
+
+
 def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
              end: int | None) -> Any:
     return chart_reads.heatmap_read(session, run, stat, start, end)
@@ -245,6 +250,12 @@ def main() -> None:
                 f"heatmap {stat:13} {zoom}",
                 functools.partial(_heatmap, stat=stat, start=start, end=end),
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
+        # The skip rate reads every step's flag of the range (the rollups count no skips):
+        # listed so its cost at this length is printed, not hidden (its rows are not counted).
+        queries.append((
+            f"skip-rate {'':13} {zoom}",
+            functools.partial(_skip_rate, start=start, end=end),
+            f"/api/runs/{run_id}/skip-rate?max_points=2000{qs}"))
     queries.append(("compare 2 runs", functools.partial(_compare, other=other),
                     f"/api/compare?runs={run_id},{other}"))
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
