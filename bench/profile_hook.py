@@ -10,15 +10,19 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    CPU time.
 3. ``cprofile``: cProfile of ``--steps`` training steps with the hook (``layer_every`` 1 and 10),
    ampscope functions and the torch calls they make, by total time per step.
-4. ``inloop``: the training thread's time in ampscope's own code inside the real loop, per
+4. ``sender``: the sender thread's CPU time (``time.thread_time``, which a loaded machine
+   inflates far less than wall time) per record: ``to_wire`` and the encode of one record, for a
+   plain step's record and a per-layer step's (eager capture, no histogram, no activations).
+5. ``inloop``: the training thread's time in ampscope's own code inside the real loop, per
    wrapped scaler method: the wrapper's time minus the original's it calls (``unscale_`` runs
    inside ``step``; its own time is counted under ``unscale_`` only). Right after ``backward()``
    the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
    though the first code after backward pays some warm-up the scaler would otherwise pay.
 
-Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,inloop] [--size 4M]``; with
-``--size`` (a shape of ``hook_sweep.py``: 0.25M, 1M, 4M, 10M) the model and loop are the sweep's
-(FP32 forward, ``GradScaler`` on, batch 4 x 32 tokens) instead of the fp16-autocast reference.
+Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,sender,inloop,launches]
+[--size 4M]``; with ``--size`` (a shape of ``hook_sweep.py``: 0.25M, 1M, 4M, 10M) the model and
+loop are the sweep's (FP32 forward, ``GradScaler`` on, batch 4 x 32 tokens) instead of the
+fp16-autocast reference.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import time
@@ -251,6 +256,40 @@ def inloop(args: argparse.Namespace) -> None:
               f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}")
 
 
+def cpu_us(fn: Callable[[], Any], reps: int) -> float:
+    """Median CPU time of this thread per call of ``fn``, in microseconds."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.thread_time_ns()
+        fn()
+        times.append(time.thread_time_ns() - start)
+    return statistics.median(times) / 1e3
+
+
+def sender(args: argparse.Namespace) -> None:
+    x, y = setup(args)[2:]
+    for layer_every in (0, 1):
+        model, opt, _, _ = setup(args)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
+                                  layer_every=layer_every, activation_every=0,
+                                  histogram_every=0, fused=False)
+        records: list[Any] = []
+        mon._transport.put = records.append
+        for _ in range(4):
+            step(model, opt, scaler, x, y)
+        record = records[-1]
+        wire = record.to_wire()
+        to_wire = cpu_us(record.to_wire, args.reps)
+        encode = cpu_us(lambda: mon._encode([wire], False, False), args.reps)  # noqa: B023
+        mon.close()
+        print(f"sender: layer_every={layer_every}, sender-thread CPU us per record (median of "
+              f"{args.reps}): to_wire {to_wire:.1f}, encode {encode:.1f}; "
+              f"load {os.getloadavg()[0]:.2f}")
+
+
 class _Count(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -289,7 +328,7 @@ def launches(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="parts,ops,cprofile,inloop,launches")
+    parser.add_argument("--only", default="parts,ops,cprofile,sender,inloop,launches")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--d", type=int, default=64)
@@ -304,7 +343,7 @@ def main() -> None:
         AUTOCAST = False
         args.batch, args.seq = 4, 32
     for name in args.only.split(","):
-        {"parts": parts, "ops": ops, "cprofile": cprofile, "inloop": inloop,
+        {"parts": parts, "ops": ops, "cprofile": cprofile, "sender": sender, "inloop": inloop,
          "launches": launches}[name](args)
 
 

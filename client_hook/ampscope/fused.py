@@ -1,12 +1,13 @@
 """The fused per-layer reduction: one compiled kernel that reads every gradient once.
 
-``torch.compile`` (inductor: single-threaded C++ on the CPU, Triton on CUDA) turns
-``partials.tensor_partials`` over a model's gradient list into one loop per gradient that computes
-all eight partials in a single read, straight from the ``.grad`` tensors (no packing copy), and
-stacks them into one ``(L, 8)`` float64 tensor. On the 4 M-parameter bench model that measured
-1.5 ms where the eager padded-buffer path took 11.7 ms (``bench/hook_sweep.py``, 2-core CPU at
-load ~5; ``docs/hook-cost.md``). Below ~0.5 M parameters the fixed cost per gradient (~10 µs:
-the kernel call, its output) makes it no faster than eager.
+``torch.compile`` (inductor: single-threaded C++ with a C++ wrapper on the CPU, Triton on CUDA;
+``compile_options``) turns ``partials.tensor_partials`` over a model's gradient list into one
+loop per gradient that computes all eight partials in a single read, straight from the ``.grad``
+tensors (no packing copy), and stacks them into one ``(L, 8)`` float64 tensor. On the
+4 M-parameter bench model that measured 1.5 ms where the eager padded-buffer path took 11.7 ms
+(``bench/hook_sweep.py``, 2-core CPU at load ~5; ``docs/hook-cost.md``). Below ~0.5 M
+parameters the fixed cost per gradient (~10 µs with the Python wrapper: the kernel call, its
+outputs) makes it no faster than eager.
 
 A *layout* is what a compiled kernel is specialised on: device, and per gradient its shape,
 strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` returns None, and
@@ -47,7 +48,8 @@ from ampscope.formats import TargetFormat
 from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
 
-__all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "layout_key"]
+__all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "compile_options",
+           "layout_key"]
 
 logger = logging.getLogger("ampscope")
 
@@ -64,6 +66,7 @@ groups (``histogram.GROUP_ELEMS``)."""
 
 Kernel = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]  # shape, stride, dtype
+Options = dict[str, str | int | bool | Callable[..., Any]]  # inductor's ``options``
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class _Layout:
     kernel: Kernel | None = None
     compile_s: float | None = None
     error: str | None = None
+    options: Options | None = None  # the inductor options it compiled with
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -137,25 +141,51 @@ def _placeholders(key: LayoutKey) -> list[torch.Tensor]:
             for shape, stride, dtype in key.specs]
 
 
+def compile_options(device: torch.device) -> list[Options]:
+    """The inductor options to try for a kernel on ``device``, in order; the first that compiles
+    is kept.
+
+    On the CPU: one thread, and the generated wrapper in C++. One thread because the kernel is
+    short and launched from the training thread between ATen's own parallel ops: an OpenMP team
+    per gradient means a barrier per gradient, and on a busy machine one descheduled thread stalls
+    it (4M bench model at load 7 on 2 cores: 12.4 ms with 2 threads, 1.4 ms with 1). The C++
+    wrapper because inductor's Python one allocates and aliases every reduction's output, nine
+    buffers per gradient, one Python call each, on the training thread and holding the GIL
+    (~575 calls per 34-tensor call); in C++ the call of the 4M bench model's kernel took
+    ~1.5 ms less of the training thread's CPU (5.0 → 3.5 ms at load 3.3; 0.25M: 1.7 → 1.0 ms at
+    load 6.3; ``docs/hook-cost.md``). Its compile is longer (a C++ wrapper to build, ~14 against
+    ~7 s from a warm cache), paid once per layout in the background; where it fails to build,
+    the Python wrapper is tried before giving up.
+    """
+    if device.type != "cpu":
+        return [{}]
+    return [{"cpp.threads": 1, "cpp_wrapper": True}, {"cpp.threads": 1}]
+
+
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
     """Background thread: compile the layout's kernel and run it once on placeholders."""
     global _LOGGED_FAILURE
     start = time.perf_counter()
     try:
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
-        # One thread on the CPU: the kernel is short and launched from the training thread
-        # between ATen's own parallel ops; an OpenMP team per gradient means a barrier per
-        # gradient, and on a busy machine one descheduled thread stalls it (4M bench model at
-        # load 7 on 2 cores: 12.4 ms with 2 threads, 1.4 ms with 1).
-        options: dict[str, str | int | bool | Callable[..., Any]] = (
-            {"cpp.threads": 1} if key.device.type == "cpu" else {})
-        kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram),
-                               dynamic=False, fullgraph=True, options=options)
         bits = torch.tensor([under, normal], dtype=torch.int32, device=key.device)
         hist = torch.tensor([1, 0], dtype=torch.int32, device=key.device)
-        with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
-            kernel(_placeholders(key), bits[0], bits[1], hist)
-        layout.kernel = kernel
+        attempts = compile_options(key.device)
+        for k, options in enumerate(attempts):
+            try:
+                # A fresh function (code object) per attempt: a failed one leaves no cache entry.
+                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram),
+                                       dynamic=False, fullgraph=True, options=options)
+                with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
+                    kernel(_placeholders(key), bits[0], bits[1], hist)
+            except Exception as exc:
+                if k == len(attempts) - 1:
+                    raise
+                logger.info("ampscope: the fused reduction did not compile with %s (%s: %s); "
+                            "trying %s", options, type(exc).__name__, exc, attempts[k + 1])
+                continue
+            layout.kernel, layout.options = kernel, options
+            break
         layout.compile_s = time.perf_counter() - start
         layout.state = LayoutState.READY
     except Exception as exc:  # no compiler, no inductor, anything: the eager path stays exact

@@ -249,6 +249,32 @@ class TestFallback:
             assert_stats_equal(out[name], want[name], 1e-12)
         assert_stats_equal([norm], [want_norm], 1e-12)
 
+    def test_the_python_wrapper_when_the_cpp_one_does_not_build(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On the CPU the C++ wrapper is tried first; where it fails, the Python wrapper
+        compiles the same kernel and the fused path answers with the same numbers."""
+        assert fused_module.compile_options(torch.device("cpu"))[0]["cpp_wrapper"] is True
+        real_compile = torch.compile
+        tried: list[dict[str, Any]] = []
+
+        def no_cpp_wrapper(fn: Callable[..., Any], **kwargs: Any) -> Any:
+            tried.append(dict(kwargs["options"]))
+            if kwargs["options"].get("cpp_wrapper"):
+                raise RuntimeError("the C++ wrapper did not build")
+            return real_compile(fn, **kwargs)
+
+        monkeypatch.setattr(torch, "compile", no_cpp_wrapper)
+        grads = [torch.randn(37, 3), torch.randn(11).half(), torch.zeros(5)]
+        grads[0][1, 2] = math.inf
+        stats = GradStats(FP16, fused=True)
+        assert stats.wait_fused(grads, [True, False, True], COMPILE_TIMEOUT) is LayoutState.READY
+        assert tried == [{"cpp.threads": 1, "cpp_wrapper": True}, {"cpp.threads": 1}]
+        got = stats.layer_stats(grads, 8.0, [True, False, True])
+        assert stats.last_path == "fused"
+        want = GradStats(FP16, fused=False).layer_stats(grads, 8.0, [True, False, True])
+        assert_stats_equal(got.tolist(), want.tolist(), 1e-12)
+
     @pytest.mark.parametrize("grads", [
         [torch.ones(3, dtype=torch.float64)],
         [torch.ones(3).to_sparse()],

@@ -15,6 +15,7 @@ from ampscope.partials import (
     SUMSQ,
     absent,
     finalize,
+    finalize_host,
     float32_bits,
     merge,
     tensor_partials,
@@ -162,3 +163,36 @@ class TestFinalize:
                        torch.ones(1, dtype=torch.float64))
         assert math.isnan(out[1].item()) and math.isnan(out[2].item())  # amax, amin_nz
         assert out[3:].tolist() == [0.0, 0.0, 0.0, 2.0, 0.0, 0.0]
+
+
+class TestFinalizeHost:
+    ROWS = (
+        (1, 0, 0, 2, 3, 16.0, 4.0, 0.5),  # 4 elements, scaled
+        (2, 0, 0, 2, 2, 0.0, 0.0, math.inf),  # all zero
+        (0, 1, 1, 0, 0, 9.0, 3.0, 3.0),  # NaN and inf among 3
+        (0, 0, 2, 0, 0, 0.0, 0.0, math.inf),  # only infs: no finite element
+        (0, 0, 0, 0, 0, 0.0, 0.0, math.inf),  # empty
+        (3, 0, 0, 5, 7, 2.0**-40 + 3.0, 1.5, 2.0**-30),
+    )
+    NUMEL = (4.0, 2.0, 3.0, 2.0, 0.0, 11.0)
+
+    @pytest.mark.parametrize("factor", [0.5, 1.0, 3.0, 1 / 3, 2.0**-24, math.inf, math.nan])
+    @pytest.mark.parametrize("layers", [[0, 1, 5], [0, 1, 2, 3, 4, 5], [1, 3], [4], []])
+    def test_it_is_finalize_bit_for_bit(self, factor: float, layers: list[int]) -> None:
+        """The sender thread's host twin gives ``finalize``'s numbers exactly (repr), the
+        global norm's NaN/inf precedence included."""
+        rows = [self.ROWS[i] for i in layers]
+        numel = [self.NUMEL[i] for i in layers]
+        to_true = [factor if k % 2 == 0 else 1.0 for k in range(len(layers))]
+        want = finalize(torch.tensor(rows, dtype=torch.float64).reshape(-1, NUM_COLUMNS),
+                        torch.tensor(numel, dtype=torch.float64),
+                        torch.tensor(to_true, dtype=torch.float64)).tolist()
+        norm, stats = finalize_host([float(x) for r in rows for x in r], numel, to_true)
+        assert repr(norm) == repr(want[0])
+        n = len(layers)
+        assert repr(stats) == repr([want[1 + k * n : 1 + (k + 1) * n]
+                                    for k in range(NUM_COLUMNS)])
+
+    def test_it_refuses_a_table_of_the_wrong_size(self) -> None:
+        with pytest.raises(ValueError, match="got 7 partials and 1 factors for 1 layers"):
+            finalize_host([0.0] * 7, [1.0], [1.0])
