@@ -260,7 +260,8 @@ def main() -> None:
                     f"/api/compare?runs={run_id},{other}"))
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
     print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
-    with TestClient(create_app(Settings(db_url=url))) as client:
+    # Loopback, as `ampscope serve`'s default: the gate answers only the hosts it is bound to.
+    with TestClient(create_app(Settings(db_url=url)), base_url="http://127.0.0.1") as client:
         for label, call, path in queries:
             service: list[float] = []
             for _ in range(args.repeat):
