@@ -92,7 +92,6 @@ class _Layout:
     kernel: Kernel | None = None
     compile_s: float | None = None
     error: str | None = None
-    options: Options | None = None  # the inductor options it compiled with
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -184,7 +183,7 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
                 logger.info("ampscope: the fused reduction did not compile with %s (%s: %s); "
                             "trying %s", options, type(exc).__name__, exc, attempts[k + 1])
                 continue
-            layout.kernel, layout.options = kernel, options
+            layout.kernel = kernel
             break
         layout.compile_s = time.perf_counter() - start
         layout.state = LayoutState.READY
