@@ -18,10 +18,18 @@ Method, as ``hook_overhead.py``: per size, ``--rounds`` rounds of ``base X1 base
 order rotated each round; a configuration's ratio in a round is its segment's median step over
 the median of the two baseline segments beside it; printed: the median of those ratios (min-max)
 and the total-time ratio (all its steps, sampled ones and the sender thread's batches included,
-over the neighbouring baseline segments' mean total), and the ratio of the 10th-percentile step
-times (``p10``: on a shared, loaded machine the least contended steps). The fused kernel
-compiles in the background during the untimed warm-up; the bench waits for it and prints its
-compile time.
+over the neighbouring baseline segments' mean total), the ratio of the 10th-percentile step
+times (``p10``: on a shared, loaded machine the least contended steps), and the **CPU-time
+ratio** (``cpu``): the process's CPU time (``time.process_time``: every thread, training's
+OpenMP team and ampscope's sender thread included) over a configuration's segments, against the
+neighbouring baseline segments' mean, as for the total-time ratio. On a shared machine it is the
+less noisy figure (a descheduled thread accrues no CPU time), though it also counts what the
+hook's threads do off the training thread's critical path.
+
+Excluded from every clock: the models' construction and an untimed warm-up (``--warmup``
+steps per model, then, once the fused kernel's background compile has finished, the same
+again, so no timed step pays the compile or competes with it); the bench waits for the compile
+and prints its duration. The kernels-alone figures are taken after it, before the timed rounds.
 
 Passes over gradient memory: ``read`` is one read of every gradient byte (``torch.sum`` over a
 flat float32 copy the size of the gradients), measured in the same run; the hook's added time per
@@ -127,9 +135,13 @@ def make_live(shape: tuple[int, int], device: torch.device, layer_every: int | N
     return Live(model, opt, scaler, mon)
 
 
-def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int) -> list[float]:
+def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int,
+                cpu: list[float] | None = None) -> list[float]:
+    """Per-step wall times of ``steps`` steps; the segment's process CPU time (all threads)
+    appended to ``cpu`` when given."""
     model, opt, scaler = live.model, live.opt, live.scaler
     times: list[float] = []
+    cpu_start = time.process_time()
     for _ in range(steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -139,6 +151,8 @@ def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int) -> lis
         scaler.update()
         sync(x.device)
         times.append(time.perf_counter() - start)
+    if cpu is not None:
+        cpu.append(time.process_time() - cpu_start)
     return times
 
 
@@ -226,19 +240,24 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     ratios: dict[str, list[float]] = {c: [] for c in names}
     total_cfg: dict[str, float] = dict.fromkeys(names, 0.0)
     total_base: dict[str, float] = dict.fromkeys(names, 0.0)
+    cpu_cfg: dict[str, float] = dict.fromkeys(names, 0.0)
+    cpu_base: dict[str, float] = dict.fromkeys(names, 0.0)
     started = time.perf_counter()
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
-        prev = run_segment(baseline, x, y, args.steps)
+        cpu: list[float] = []  # process CPU seconds of each segment, in run order
+        prev = run_segment(baseline, x, y, args.steps, cpu)
         base_times += prev
         for c in order:
-            times = run_segment(lives[c], x, y, args.steps)
-            nxt = run_segment(baseline, x, y, args.steps)
+            times = run_segment(lives[c], x, y, args.steps, cpu)
+            nxt = run_segment(baseline, x, y, args.steps, cpu)
             base_times += nxt
             seg[c] += times
             ratios[c].append(statistics.median(times) / statistics.median(prev + nxt))
             total_cfg[c] += sum(times)
             total_base[c] += (sum(prev) + sum(nxt)) / 2
+            cpu_cfg[c] += cpu[-2]
+            cpu_base[c] += (cpu[-3] + cpu[-1]) / 2
             prev = nxt
         print(f"  {name} round {r + 1}/{args.rounds}: " + ", ".join(
             f"{c} {ratios[c][-1]:.3f}" for c in names), file=sys.stderr, flush=True)
@@ -265,8 +284,10 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
         print(f"   {label + ' alone:':<28} {med * 1e3:8.3f} / {low * 1e3:8.3f} ms = "
               f"{med / read_s:6.1f} / {low / read_min:6.1f} reads (median / min)")
     print(f"   median step, no hook: {base * 1e3:.2f} ms")
+    print("   ratios to the no-hook baseline: median of per-round median-step ratios (min-max), "
+          "total wall time, 10th-percentile step, process CPU time (all threads)")
     print(f"   {'configuration':<14} {'median':>9} {'ratio (min-max)':>22} {'total':>7} "
-          f"{'p10':>7} {'added/step':>11} {'= reads':>8}")
+          f"{'p10':>7} {'cpu':>7} {'added/step':>11} {'= reads':>8}")
     for c in names:
         med = statistics.median(seg[c])
         rs = ratios[c]
@@ -274,7 +295,7 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
         added = total_cfg[c] / len(seg[c]) - total_base[c] / len(seg[c])
         print(f"   {c:<14} {med * 1e3:7.2f}ms {statistics.median(rs):8.3f}x "
               f"({min(rs):.3f}-{max(rs):.3f}) {total:6.3f}x {p10(seg[c]) / p10(base_times):6.3f}x"
-              f" {added * 1e3:8.3f}ms {added / read_s:8.1f}")
+              f" {cpu_cfg[c] / cpu_base[c]:6.3f}x {added * 1e3:8.3f}ms {added / read_s:8.1f}")
     for c, live in lives.items():
         if live.mon is not None:
             errors = live.mon.stats().internal_errors

@@ -8,7 +8,7 @@ raw device tensors, never finalized there:
 ========== =================================================================== ==================
 kind       device tensors (raw: as stored, times the scale where scaled)       when
 ========== =================================================================== ==================
-``NORMS``  L per-layer L2 norms (``GradStats.raw_norms``: one ``_foreach_norm``) every other step
+``NORMS``  L per-layer L2 norms (``GradStats.raw_norms``: one read)            every other step
 ``STATS``  the ``(L, 8)`` partials (``partials.py``) and, on histogram steps,  per-layer steps
            the ``(L, NUM_BINS)`` exponent histogram, from ONE fused read        and histogram
            (``fused.py``; the exact eager fallback otherwise)                   steps

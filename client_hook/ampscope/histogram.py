@@ -28,8 +28,9 @@ The fused read (``fused.py``) computes the same bins from the bit pattern of |ra
 (``tensor_histogram``): the float32 exponent field and mantissa bits are ``frexp``'s exponent and
 mantissa, a subnormal raw value is first made normal by an exact multiplication by 2^64, and
 ``m < ms`` becomes an integer compare of mantissa bits against ``scale_bits``. Integer ops only,
-which inductor fuses with the partials into one loop over each gradient (``torch.frexp`` and
-``torch.bucketize`` are not lowered there on the CPU: they would be extern calls, extra passes).
+which inductor compiles into the partials' kernel call (torch 2.13 emits them as a second loop
+over each gradient beside the partials' loop; ``docs/hook-cost.md``, session 4); ``torch.frexp``
+and ``torch.bucketize`` are not lowered there on the CPU: they would be extern calls, more passes.
 """
 
 from __future__ import annotations

@@ -272,6 +272,15 @@ def _chunk_stats(
     return torch.stack(cols, dim=1)
 
 
+def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
+    """Every gradient a dense, contiguous float32 CPU tensor (``raw_norms``' dot path)."""
+    for g in grads:
+        if (g is None or g.dtype != torch.float32 or g.device.type != "cpu"
+                or g.layout != torch.strided or not g.is_contiguous()):
+            return False
+    return True
+
+
 class GradStats:
     """Computes per-layer stats for a fixed target format, caching layouts and scratch buffers.
 
@@ -461,11 +470,17 @@ class GradStats:
         L 0-d device tensors, 0 for an absent gradient; NaN when the layer holds a NaN, else +inf
         when it holds ±inf, so they double as the layers' finiteness. No host sync.
 
-        This runs on every optimizer step, so it is the hook's floor: one
-        ``torch._foreach_norm`` over the gradients as they are (one read, no copy), accumulating
-        each layer in **float32** (float64 for float64 gradients, or with ``exact_norms``);
-        ``float32_norms`` says which. The division by the scale and the global norm are left to
-        the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
+        This runs on every optimizer step, so it is the hook's floor: one read of the gradients
+        as they are (no copy), accumulating each layer in **float32** (float64 for float64
+        gradients, or with ``exact_norms``); ``float32_norms`` says which. On a GPU, and for
+        float16/bfloat16 or non-contiguous gradients, that read is one ``torch._foreach_norm``.
+        On the CPU with dense contiguous float32 gradients it is one ``torch.dot(g, g)`` per
+        layer (the BLAS dot), then one stack and one square root: ATen's CPU norm kernel, which
+        ``_foreach_norm`` calls per tensor, took 2-3x the dot's time on the 4M bench model's
+        gradients, and its float32 sum was less accurate (max relative error against float64
+        2.4e-5, the dot's 3.0e-6; ``docs/hook-cost.md``, session 4). The range below is the
+        same: both square and add in float32. The division by the scale and the global norm
+        are left to the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
         ``_foreach_norm`` over the present ones, made dense and moved to the first's device.
 
         Why float32: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
@@ -490,6 +505,11 @@ class GradStats:
                 # sparse one, RuntimeError for gradients on several devices: the op itself
                 # checks, no Python loop over the gradients on the common path.
                 if not self._acc64:
+                    if _dense_float32_cpu(dense):
+                        # One BLAS dot per layer, then one sqrt (module docstring of raw_norms).
+                        squares = torch.stack([torch.dot(g.view(-1), g.view(-1)) for g in dense])
+                        self.float32_norms = True
+                        return list(squares.sqrt_())
                     try:
                         each = torch._foreach_norm(dense, 2, dtype=torch.float32)
                         self.float32_norms = True

@@ -44,6 +44,7 @@ import enum
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -65,6 +66,7 @@ __all__ = [
     "Sender",
     "Transport",
     "TransportStats",
+    "lower_thread_priority",
 ]
 
 logger = logging.getLogger("ampscope")
@@ -77,6 +79,33 @@ logger = logging.getLogger("ampscope")
 # on the CPU reference loop: its median ratio was 1.015 against 1.021 at 0.2 s (hook_overhead.py
 # method, 40 rounds). Fewer, larger requests also spare a shared server.
 DEFAULT_FLUSH_INTERVAL = 0.5
+
+SENDER_NICENESS = 10
+"""How much lower than the process the sender thread runs (Linux ``nice`` steps; capped at 19).
+On a machine with as many cores as training has threads, a sender batch that wakes at the same
+priority takes a core from one of training's OpenMP threads, and the whole parallel op waits at
+its barrier for that thread; lower, the scheduler prefers training's threads and runs the sender
+when a core is idle. Records carry their own timestamps, so a later send changes no value; it
+is bounded by ``close``'s deadline as before. The GIL is the limit of the idea: a sender
+descheduled while it holds it still delays training's next Python call."""
+
+
+def lower_thread_priority(niceness: int = SENDER_NICENESS) -> bool:
+    """Raise the calling thread's nice value by ``niceness`` (up to 19); True when done.
+
+    Linux only: there ``setpriority(PRIO_PROCESS, tid)`` applies to one thread. Elsewhere the
+    same call would reach a whole process (macOS) or nothing, so nothing is done. Lowering
+    one's own priority needs no privilege; an error leaves it as it was.
+    """
+    if not sys.platform.startswith("linux") or niceness <= 0:
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except OSError:
+        return False
+    return True
 
 
 class Mode(enum.Enum):
@@ -278,6 +307,7 @@ class Transport:
 
     # -- sender thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        lower_thread_priority()
         try:
             while not self._forked:
                 closing = self._closing.is_set()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -211,9 +211,58 @@ def check_cached(
     return got
 
 
+class TestRawNormsDotPath:
+    """raw_norms on dense contiguous float32 CPU gradients: one BLAS dot per layer."""
+
+    LAYERS: ClassVar[list[torch.Tensor]] = [
+        torch.randn(300_000),  # long enough for a vectorised, blocked dot
+        torch.zeros(5),
+        torch.empty(0),
+        torch.tensor([-3.0]),
+        torch.tensor([1e-30, 2e-30]),  # squares underflow float32: 0, as _foreach_norm's
+        torch.tensor([1.0, math.inf, -2.0]),
+        torch.tensor([math.nan, 1.0]),
+        torch.tensor([math.inf, math.nan]),
+        torch.tensor([-math.inf, 4.0]),
+        torch.full((4,), 2e19),  # squares overflow float32: inf, as _foreach_norm's
+        torch.randn(7, 9),  # a matrix, contiguous
+    ]
+
+    def test_each_layer_against_float64_and_the_foreach_path(self) -> None:
+        got = [float(x) for x in GradStats(FP16).raw_norms(self.LAYERS)]
+        foreach = [float(x) for x in torch._foreach_norm(self.LAYERS, 2, dtype=torch.float32)]
+        truth = [float(g.double().square().sum().sqrt()) for g in self.LAYERS]
+        assert len(got) == len(self.LAYERS)
+        for g, f, t in zip(got, foreach, truth, strict=True):
+            if math.isnan(f) or math.isinf(f):  # NaN, inf element or overflow: identical
+                assert repr(g) == repr(f)
+            elif t < 1e-18:
+                assert g == f == 0.0
+            else:
+                assert g == pytest.approx(t, rel=1e-6)
+        assert got[5] == got[8] == got[9] == math.inf and math.isnan(got[6])
+        assert math.isnan(got[7]) and got[1] == got[2] == got[4] == 0.0 and got[3] == 3.0
+
+    def test_marks_float32_accumulation(self) -> None:
+        stats = GradStats(FP16)
+        stats.raw_norms([torch.ones(3)])
+        assert stats.float32_norms
+        assert GradStats(FP16, exact_norms=True).raw_norms([torch.ones(3)])[0].dtype == (
+            torch.float64)
+
+    def test_other_gradients_keep_the_foreach_path(self) -> None:
+        for raws in ([torch.ones(4, 2)[:, 0]], [torch.ones(4, dtype=torch.float16)],
+                     [torch.ones(4, dtype=torch.bfloat16)], [torch.ones(4), torch.ones(2, 2).t()]):
+            with _CountOps() as mode:
+                norms = GradStats(FP16).raw_norms(raws)
+            assert mode.ops == ["_foreach_norm"]
+            assert [float(n) for n in norms] == [
+                float(torch.linalg.vector_norm(r.float())) for r in raws]
+
+
 class TestGradNormsDirectPath:
-    """grad_norms without the padded buffer: one _foreach_norm over the gradients (float32
-    accumulation, float64 with ``exact_norms`` or float64 gradients)."""
+    """grad_norms without the padded buffer: one read of the gradients (float32 accumulation,
+    float64 with ``exact_norms`` or float64 gradients)."""
 
     def test_nan_and_inf_in_different_layers(self) -> None:
         raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 2.0]), torch.ones(3)]
@@ -284,9 +333,12 @@ class TestGradNormsDirectPath:
         for g, w in zip(got[1:], want["l2"], strict=True):
             assert_same(g, w)
 
-    def ops_for(self, num_layers: int, raw: bool) -> list[str]:
+    def ops_for(self, num_layers: int, raw: bool, contiguous: bool = False) -> list[str]:
+        """The ops of one call on ``num_layers`` float32 CPU gradients; non-contiguous ones
+        take the one-op ``_foreach_norm`` path (the GPU's), contiguous ones the CPU's dots."""
         stats = GradStats(FP16)
-        raws = [torch.randn(37 + 50 * i) for i in range(num_layers)]
+        raws = [torch.randn(37 + 50 * i, 2)[:, 0] if not contiguous else torch.randn(37 + 50 * i)
+                for i in range(num_layers)]
         stats.grad_norms(raws, torch.tensor(2.0**10), True)
         with _CountOps() as mode:
             if raw:
@@ -304,6 +356,10 @@ class TestGradNormsDirectPath:
         # What the monitor's capture launches on a step without per-layer stats: the division
         # by the scale and the global norm are the sender thread's (capture.finish).
         assert self.ops_for(3, raw=True) == self.ops_for(60, raw=True) == ["_foreach_norm"]
+
+    def test_on_the_cpu_contiguous_float32_takes_one_dot_per_layer(self) -> None:
+        assert self.ops_for(3, raw=True, contiguous=True) == ["dot"] * 3 + ["stack", "sqrt_",
+                                                                          "unbind"]
 
     def test_no_host_reads(self, monkeypatch: pytest.MonkeyPatch) -> None:
         def boom(*args: object) -> Iterator[None]:

@@ -16,10 +16,6 @@ from ampscope.spool import (
     scan,
     spool_files,
 )
-from ampscope.sync import sync
-from ampscope.transport import MemorySender, Outcome, SendResult
-from ampscope_server.cli import main as cli_main
-from tests.client_hook.httpstub import Reply, StubServer
 
 
 def body(i: int) -> bytes:
@@ -115,48 +111,3 @@ class TestSpool:
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
         assert spool.head() == (None, 1)
-
-
-class TestSync:
-    def test_sends_every_unacknowledged_frame_and_reports_damage(self, tmp_path: Path) -> None:
-        spool = write(tmp_path, 4)
-        spool.ack()  # frame 0 was acknowledged by the transport before the process died
-        spool.close()
-        [path] = spool_files(tmp_path)
-        with open(path, "ab") as f:
-            f.write(b"\xa5SF1\x00\x00")  # a kill in the middle of a header
-        sender = MemorySender()
-        report = sync(tmp_path, sender=sender)
-        assert [p["records"][0]["seq"] for p in sender.payloads()] == [1, 2, 3]
-        assert (report.files, report.frames_sent, report.frames_skipped) == (1, 3, 1)
-        assert len(report.damaged) == 1 and report.ok and sender.closed
-
-    def test_rejections_are_reported_and_the_rest_still_sent(self, tmp_path: Path) -> None:
-        write(tmp_path, 3).close()
-        sender = MemorySender([SendResult(Outcome.ACKED, 200),
-                               SendResult(Outcome.REJECTED, 422, detail="bad")])
-        report = sync(tmp_path, sender=sender)
-        assert report.frames_sent == 2 and len(report.rejected) == 1 and not report.ok
-        assert "HTTP 422 bad" in report.rejected[0]
-
-    def test_a_server_that_stays_away_stops_sync_in_order(self, tmp_path: Path) -> None:
-        write(tmp_path, 2).close()
-        sender = MemorySender([SendResult(Outcome.RETRY, 503)] * 10)
-        report = sync(tmp_path, sender=sender, attempts=2)
-        assert report.frames_sent == 0 and len(report.undelivered) == 2 and not report.ok
-
-    def test_cli_prints_accepted_and_duplicate_totals(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        write(tmp_path, 2).close()
-        answer = b'{"run_id": "r", "attempt": 1, "accepted": 1, "duplicates": 0}'
-        with StubServer([Reply(200, body=answer), Reply(200, body=answer)]) as server:
-            assert cli_main(["sync", str(tmp_path), "--server", server.url]) == 0
-        out = capsys.readouterr().out
-        assert "2 frames sent (0 already acknowledged), 2 records accepted, 0 duplicates" in out
-
-    def test_cli_refuses_a_missing_path(
-        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-    ) -> None:
-        assert cli_main(["sync", str(tmp_path / "nope"), "--server", "http://127.0.0.1:1"]) == 2
-        assert "no spool file or directory" in capsys.readouterr().err

@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import pytest
 
 from ampscope.spool import Frame, scan, spool_files
 from ampscope.transport import (
+    SENDER_NICENESS,
     HttpSender,
     MemorySender,
     Mode,
@@ -21,6 +23,7 @@ from ampscope.transport import (
     SendResult,
     Transport,
     TransportStats,
+    lower_thread_priority,
 )
 from tests.client_hook.httpstub import Reply, StubServer, blackhole
 
@@ -390,3 +393,34 @@ class TestSpool:
         t.close(5.0)
         stats = t.stats()
         assert (stats.acknowledged, stats.dropped, stats.spooled, stats.pending) == (1, 1, 0, 0)
+
+
+class TestPriority:
+    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+    def test_the_sender_thread_runs_below_the_process(self) -> None:
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        t = fast(MemorySender())
+        try:
+            assert t._thread is not None
+            t.put(Item(0))
+            deadline = time.monotonic() + 5
+            while t.stats().acknowledged < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            native = t._thread.native_id
+            assert native is not None and native != threading.get_native_id()
+            assert os.getpriority(os.PRIO_PROCESS, native) == min(19, own + SENDER_NICENESS)
+            # the calling (training) thread is left as it was
+            assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+        finally:
+            t.close(2.0)
+
+    def test_lowering_nothing_does_nothing(self) -> None:
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert lower_thread_priority(0) is False
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+
+    def test_other_systems_are_left_alone(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(sys, "platform", "darwin")
+        calls: list[Any] = []
+        monkeypatch.setattr(os, "setpriority", lambda *a: calls.append(a))
+        assert lower_thread_priority() is False and calls == []
