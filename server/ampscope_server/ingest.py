@@ -73,7 +73,7 @@ def ingest_batch(
     # snapshot to upgrade); a refused batch rolls it back with everything else.
     access_repository.ensure_project(session, batch.run.project, now)
     authorize(session, writer, batch)
-    runs_repository.touch_run(session, batch.run.model_dump(), now)
+    key = runs_repository.touch_run(session, batch.run.model_dump(), now)
     attempt = _attempt(session, batch)
     batch_checks.check_records(
         batch.records, run_id, _layer_table(session, batch), _module_table(session, batch)
@@ -82,12 +82,12 @@ def ingest_batch(
     # The run's last step before this batch: which buckets this batch closes (`_layer_rows`).
     extent = rollups_repository.step_extent(session, run_id)
     new_ids = steps_repository.insert_steps(
-        session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
+        session, [_step_row(key, attempt.ordinal, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
     blobs = {record.seq: blob for record, blob in zip(batch.records, packed, strict=True)}
     steps_repository.insert_rows(session, LayerStat, [
-        {"step_id": step_id, "run_id": run_id, "layers": blob[1], "data": blob[0]}
+        {"step_id": step_id, "run_key": key, "layers": blob[1], "data": blob[0]}
         for step_id, record in new
         if (blob := blobs[record.seq] or _pack_layers(record)) is not None])
     for model, rows_of in _CHILDREN:
@@ -320,10 +320,12 @@ def is_newer(sent: ClientAccounting, stored: ClientKey | None) -> bool:
 
 # --- rows ----------------------------------------------------------------------------------------
 
-def _step_row(run_id: str, attempt_id: str, record: StepRecord) -> dict[str, Any]:
+def _step_row(run_key: int, attempt: int, record: StepRecord) -> dict[str, Any]:
+    """The `steps` row of a record: the run and the attempt by their integer keys (`runs.key`,
+    `attempts.ordinal`)."""
     row: dict[str, Any] = {
-        "run_id": run_id,
-        "attempt_id": attempt_id,
+        "run_key": run_key,
+        "attempt": attempt,
         "seq": record.seq,
         "step": record.step,
         "wall_time": record.wall_time,

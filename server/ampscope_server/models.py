@@ -26,6 +26,7 @@ from sqlalchemy import (
     Boolean,
     Double,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -53,9 +54,17 @@ class Base(DeclarativeBase):
 
 
 class Run(Base):
+    """A training run. `id` is the public run id (the wire's, the API's); `key` is the small
+    integer the large tables (`steps`, `layer_stats`) carry instead (revision 0010): a 36-char
+    id repeated in every step row and in three indexes cost more than the step's own values.
+    Postgres numbers it (identity); on SQLite, whose writers are serialised, `touch_run` gives
+    it the largest key + 1."""
+
     __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_key", "key", unique=True),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[int] = mapped_column(Integer, Identity())
     project: Mapped[str] = mapped_column(String(200))
     name: Mapped[str] = mapped_column(String(200))
     tags: Mapped[list[str]] = mapped_column(JSON)
@@ -103,39 +112,45 @@ class Layer(Base):
 
 
 class Step(Base):
+    """One logged optimizer step. The run is `run_key` (`runs.key`) and the attempt its ordinal
+    within the run (`attempts.ordinal`): integers, not the 36-character ids (revision 0010).
+    Columns go widest first (8-byte, then 4-byte, 2-byte, 1-byte, text) so that Postgres puts
+    no alignment padding between them."""
+
     __tablename__ = "steps"
     __table_args__ = (
-        UniqueConstraint("run_id", "attempt_id", "seq"),
-        Index("ix_steps_run_id_step", "run_id", "step"),
-        Index("ix_steps_run_id_id", "run_id", "id"),
+        UniqueConstraint("run_key", "attempt", "seq"),
+        Index("ix_steps_run_key_step", "run_key", "step"),
+        Index("ix_steps_run_key_id", "run_key", "id"),
         {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(BigInteger)
     step: Mapped[int] = mapped_column(BigInteger)
     wall_time: Mapped[float] = mapped_column(Double)
     loss: Mapped[float | None] = mapped_column(Double)
-    loss_class: Mapped[int] = mapped_column(SmallInteger)
     scale_before: Mapped[float | None] = mapped_column(Double)
-    scale_before_class: Mapped[int] = mapped_column(SmallInteger)
     scale_after: Mapped[float | None] = mapped_column(Double)
-    scale_after_class: Mapped[int] = mapped_column(SmallInteger)
     growth_tracker: Mapped[int | None] = mapped_column(BigInteger)
-    found_inf: Mapped[bool] = mapped_column(Boolean)
-    skipped: Mapped[bool] = mapped_column(Boolean)
     grad_norm: Mapped[float | None] = mapped_column(Double)
-    grad_norm_class: Mapped[int] = mapped_column(SmallInteger)
     lr: Mapped[float | None] = mapped_column(Double)
-    lr_class: Mapped[int] = mapped_column(SmallInteger)
     duration: Mapped[float | None] = mapped_column(Double)
-    duration_class: Mapped[int] = mapped_column(SmallInteger)
-    # v2: "before_unscale" | "after_unscale" | NULL; list lengths, NULL = not measured.
-    captured: Mapped[str | None] = mapped_column(String(16))
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    # v2: list lengths, NULL = not measured.
     nonfinite_count: Mapped[int | None] = mapped_column(Integer)
     misuse_count: Mapped[int | None] = mapped_column(Integer)
+    loss_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_before_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_after_class: Mapped[int] = mapped_column(SmallInteger)
+    grad_norm_class: Mapped[int] = mapped_column(SmallInteger)
+    lr_class: Mapped[int] = mapped_column(SmallInteger)
+    duration_class: Mapped[int] = mapped_column(SmallInteger)
+    found_inf: Mapped[bool] = mapped_column(Boolean)
+    skipped: Mapped[bool] = mapped_column(Boolean)
+    # v2: "before_unscale" | "after_unscale" | NULL.
+    captured: Mapped[str | None] = mapped_column(String(16))
 
 
 # The step floats that may be non-finite, each stored as (value, value_class).
@@ -148,19 +163,19 @@ class LayerStat(Base):
     `data` is `stat_packing` of the eight `LAYER_STAT_NAMES` columns (one value per layer, in
     layer order; amax, amin_nz and l2 are over finite elements, so finite or None when none
     is): one row per step rather than per layer per step, so a step's statistics cost what
-    their values carry (revision 0006). `run_id` lets a run's rows be found, partitioned and
-    deleted without going through `steps`. `layers` is the layer count, readable without
-    unpacking.
+    their values carry (revision 0006). `run_key` (`runs.key`, revision 0010) lets a run's rows
+    be found, partitioned and deleted without going through `steps`. `layers` is the layer
+    count, readable without unpacking.
     """
 
     __tablename__ = "layer_stats"
-    __table_args__ = (Index("ix_layer_stats_run_id_step_id", "run_id", "step_id"),)
+    __table_args__ = (Index("ix_layer_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
         StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
         autoincrement=False,
     )
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
     layers: Mapped[int] = mapped_column(Integer)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 

@@ -24,7 +24,6 @@ from ampscope_server import bulk_repository, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
     ActivationStat,
-    Attempt,
     Base,
     Histogram,
     Layer,
@@ -39,6 +38,7 @@ from ampscope_server.models import (
 from ampscope_server.sql_support import (
     dialect_insert,
     is_postgres,
+    run_key,
     step_range,
     table_of,
 )
@@ -46,16 +46,17 @@ from ampscope_server.sql_support import (
 # --- steps -------------------------------------------------------------------------------------
 
 def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]:
-    """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
+    """Insert step rows, skipping (run_key, attempt, seq) already stored; {seq: new id} of the
+    new."""
     if not rows:
         return {}
     if is_postgres(session):
         return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
-            session, table_of(Step), rows, conflict=("run_id", "attempt_id", "seq"),
+            session, table_of(Step), rows, conflict=("run_key", "attempt", "seq"),
             returning=("seq", "id"))}
     statement = (
         dialect_insert(session, Step)
-        .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
+        .on_conflict_do_nothing(index_elements=[Step.run_key, Step.attempt, Step.seq])
         .returning(Step.seq, Step.id)
     )
     return {int(seq): int(step_id) for seq, step_id in session.execute(statement, rows)}
@@ -97,14 +98,15 @@ def step_aggregates(
     """{run_id: (num_steps, last_step, skipped_steps, last_id)}."""
     rows = session.execute(
         select(
-            Step.run_id,
+            Run.id,
             func.count(),
             func.max(Step.step),
             func.coalesce(func.sum(case((Step.skipped, 1), else_=0)), 0),
             func.max(Step.id),
         )
-        .where(Step.run_id.in_(list(run_ids)))
-        .group_by(Step.run_id)
+        .join(Run, Run.key == Step.run_key)
+        .where(Run.id.in_(list(run_ids)))
+        .group_by(Run.id)
     )
     return {
         run_id: (int(n), None if last is None else int(last), int(skipped),
@@ -116,7 +118,8 @@ def step_aggregates(
 def last_scales(session: Session, step_ids: Iterable[int]) -> dict[str, tuple[float | None, int]]:
     """{run_id: (scale_after, scale_after_class)} of the given (last) steps."""
     rows = session.execute(
-        select(Step.run_id, Step.scale_after, Step.scale_after_class)
+        select(Run.id, Step.scale_after, Step.scale_after_class)
+        .join(Run, Run.key == Step.run_key)
         .where(Step.id.in_(list(step_ids)))
     )
     return {run_id: (value, cls) for run_id, value, cls in rows}
@@ -127,9 +130,8 @@ def steps_after(
 ) -> Sequence[Row[Step, int]]:
     """(Step, attempt ordinal) with id > after_id, in ingest (id) order."""
     return session.execute(
-        select(Step, Attempt.ordinal)
-        .join(Attempt, Attempt.id == Step.attempt_id)
-        .where(Step.run_id == run_id, Step.id > after_id)
+        select(Step, Step.attempt)
+        .where(Step.run_key == run_key(run_id), Step.id > after_id)
         .order_by(Step.id)
         .limit(limit)
     ).all()
@@ -350,7 +352,7 @@ def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str,
     """
     has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
     last = (
-        select(Step.id).where(Step.run_id == Run.id, has_stats)
+        select(Step.id).where(Step.run_key == Run.key, has_stats)
         .order_by(Step.id.desc()).limit(1).correlate(Run).scalar_subquery()
     )
     rows = session.execute(select(Run.id, last).where(Run.id.in_(list(run_ids))))
@@ -366,10 +368,11 @@ def named_layer_stats(
     if not ids:
         return []
     rows = session.execute(
-        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        select(Run.id, Step.scale_before, Step.scale_before_class, LayerStat.data)
         .join(LayerStat, LayerStat.step_id == Step.id)
+        .join(Run, Run.key == Step.run_key)
         .where(Step.id.in_(ids))
-        .order_by(Step.run_id, Step.id)
+        .order_by(Run.id, Step.id)
     ).all()
     names: dict[tuple[str, int], str] = {
         (run_id, int(index)): name for run_id, index, name in session.execute(
@@ -405,7 +408,7 @@ def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRe
     return session.execute(
         select(Step.id, Step.step, StepRecheck)
         .join(StepRecheck, StepRecheck.step_id == Step.id)
-        .where(Step.run_id == run_id)
+        .where(Step.run_key == run_key(run_id))
         .order_by(Step.step, Step.id)
     ).all()
 
