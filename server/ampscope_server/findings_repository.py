@@ -13,7 +13,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ampscope_server import stat_packing
+from ampscope_server import stat_packing, steps_repository
 from ampscope_server.models import (
     Histogram,
     LayerStat,
@@ -129,11 +129,12 @@ def swallowed_last(
     last = (select(Step.id).where(Step.run_key == run_key(run_id), has_rows)
             .order_by(Step.id.desc()).limit(limit))
     rows = session.execute(
-        select(Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        select(Step.step, SwallowedStat.data)
         .join(SwallowedStat, SwallowedStat.step_id == Step.id)
         .where(Step.id.in_(last))
-        .order_by(Step.step, Step.id, SwallowedStat.layer_index))
-    return [(int(step), int(index), frac) for step, index, frac in rows]
+        .order_by(Step.step, Step.id))
+    return [(int(step), index, frac) for step, data in rows
+            for index, frac in enumerate(steps_repository.swallowed_fractions(data))]
 
 
 def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[int, str]]:

@@ -14,6 +14,10 @@ length on the step (`nonfinite_count`, `misuse_count`: NULL = not measured).
 
 Revision 0006 packs the per-layer statistics of a step into one row (`LayerStat.data`) and keeps
 per-layer rollups apart from the series rollups, from coarser buckets (`LayerRollup`).
+
+Revision 0010 gives each run an integer `key` that the large tables carry instead of the run's
+36-character id; revision 0011 packs activation statistics, histograms and swallowed fractions
+one row per step with that key, as 0006 did the layer statistics.
 """
 
 from __future__ import annotations
@@ -230,52 +234,50 @@ class MisuseEvent(Base):
 
 
 class ActivationStat(Base):
-    """One module's `grad_output` statistics at one step, true units.
-
-    Unlike `LayerStat`, amax, amin_nz and l2 may be NaN or ±inf (wire.ActivationStatArrays), so
-    each has a `_class` column.
+    """The `grad_output` statistics of every module at one step, true units, packed like
+    `LayerStat` (revision 0011): `data` is `stat_packing` of the eight `LAYER_STAT_NAMES`
+    columns (kinds `LAYER_STAT_KINDS`), one value per module in module order; `modules` is the
+    module count. Unlike `LayerStat`, amax, amin_nz and l2 may be NaN or ±inf
+    (wire.ActivationStatArrays): their float64 bits keep them exactly, and the reads give them
+    back as (value, class) like the step floats (`steps_repository.ActivationStatRow`).
     """
 
     __tablename__ = "activation_stats"
+    __table_args__ = (Index("ix_activation_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    module_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    amax: Mapped[float | None] = mapped_column(Double)
-    amax_class: Mapped[int] = mapped_column(SmallInteger)
-    amin_nz: Mapped[float | None] = mapped_column(Double)
-    amin_nz_class: Mapped[int] = mapped_column(SmallInteger)
-    zero_frac: Mapped[float] = mapped_column(Double)
-    subnormal_frac: Mapped[float] = mapped_column(Double)
-    underflow_frac: Mapped[float] = mapped_column(Double)
-    nan_count: Mapped[int] = mapped_column(BigInteger)
-    inf_count: Mapped[int] = mapped_column(BigInteger)
-    l2: Mapped[float | None] = mapped_column(Double)
-    l2_class: Mapped[int] = mapped_column(SmallInteger)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    modules: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 CLASSED_ACTIVATION_STATS = ("amax", "amin_nz", "l2")
 
 
 class Histogram(Base):
-    """One layer's exponent histogram at one step.
+    """The exponent histograms of every layer at one step (revision 0011: one row per step).
 
-    `counts` is the wire's list of max_exp - min_exp + 5 ints, kept as one JSON array: it is
-    always read whole (export, "what if the scale were higher" in the browser), never queried
-    bin by bin, and JSON text keeps 64-bit counts exact on both dialects. A row per bin would
-    multiply the rows by ~65 for no query that needs them.
+    `data` is `stat_packing` of one int64 column: each layer's max_exp - min_exp + 5 counts
+    (the wire's list), layer after layer; `layers` is the layer count. Always read whole
+    (export, "what if the scale were higher" in the browser), never bin by bin; int64 keeps
+    every count exact (the wire bounds them by INT64_MAX).
     """
 
     __tablename__ = "histograms"
+    __table_args__ = (Index("ix_histograms_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
     min_exp: Mapped[int] = mapped_column(Integer)
     max_exp: Mapped[int] = mapped_column(Integer)
-    counts: Mapped[list[int]] = mapped_column(JSON)
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- wire v3 (revision 0004) -------------------------------------------------------------------
@@ -300,18 +302,23 @@ class StepRecheck(Base):
 
 
 class SwallowedStat(Base):
-    """One layer's swallowed-update fraction at one step (wire `swallowed`): among the elements
-    with a finite non-zero gradient, the share whose low-precision value did not change in the
-    optimizer step. NULL: not measured for this layer (not FP16/BF16, no non-zero gradient).
-    A step has a row per layer exactly when the record carried `swallowed`."""
+    """The swallowed-update fraction of every layer at one step (wire `swallowed`): among the
+    elements with a finite non-zero gradient, the share whose low-precision value did not
+    change in the optimizer step. `data` is `stat_packing` of one float64 column, a fraction
+    per layer, None where not measured (not FP16/BF16, no non-zero gradient); `layers` is the
+    layer count. A step has a row exactly when the record carried `swallowed` (revision 0011:
+    one row per step, not per layer)."""
 
     __tablename__ = "swallowed_stats"
+    __table_args__ = (Index("ix_swallowed_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    frac: Mapped[float | None] = mapped_column(Double)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- rollups (revision 0003) -------------------------------------------------------------------

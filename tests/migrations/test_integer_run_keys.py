@@ -1,9 +1,10 @@
 """Revision 0010 (integer run keys in `steps` and `layer_stats`) keeps every value and every
 step id, both ways, on both dialects.
 
-Two runs are ingested at the head, one of them resumed by a second attempt, with non-finite
-losses, scales and grad norms, null statistics, counts past 2^53, activation statistics with
-NaN and ±inf, histograms, non-finite layers, misuse, re-checks and swallowed fractions. Every
+Two runs are ingested at the head (then taken to 0010), one of them resumed by a second
+attempt, with non-finite losses, scales and grad norms, null statistics, counts past 2^53,
+activation statistics with NaN and ±inf, histograms, non-finite layers, misuse, re-checks and
+swallowed fractions. Every
 row is read by raw SQL in terms of the public ids (the layout-independent view), so the 0009
 rows must equal the head's, and the head's after downgrade and upgrade again. Step ids go on
 after the round trip (no id handed out twice), and a run deleted cascades to its steps.
@@ -92,12 +93,19 @@ def _snapshot(url: str, keyed: bool) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
-def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
-    db.upgrade(db_url)
+def ingest_runs(url: str) -> tuple[str, str]:
+    """Two runs at the head, the first resumed by a second attempt; (first, second)."""
+    db.upgrade(url)
     first, second = new_id(), new_id()
-    _ingest(db_url, first, range(0, 9))
-    _ingest(db_url, second, range(0, 6))
-    _ingest(db_url, first, range(0, 4), attempt_id=new_id())  # resumed: attempt 2
+    _ingest(url, first, range(0, 9))
+    _ingest(url, second, range(0, 6))
+    _ingest(url, first, range(0, 4), attempt_id=new_id())  # resumed: attempt 2
+    return first, second
+
+
+def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
+    first, second = ingest_runs(db_url)
+    db.downgrade(db_url, "0010")  # the step children one row per entry, as 0010 has them
     head = _snapshot(db_url, keyed=True)
     assert len(head["steps"]) == 19 and len(head["layer_stats"]) == 10
     assert {table: len(rows) for table, rows in head.items() if table in CHILDREN} == {
@@ -112,8 +120,9 @@ def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
     assert _query(db_url, "SELECT count(*) FROM steps s JOIN attempts a ON a.id = s.attempt_id "
                           "WHERE a.ordinal = 2") == [(4,)]
 
-    db.upgrade(db_url)
+    db.upgrade(db_url, "0010")
     assert _snapshot(db_url, keyed=True) == head
+    db.upgrade(db_url)
     last_id = max(row[0] for row in head["steps"])
     _ingest(db_url, first, range(9, 11))
     new_ids = [row[0] for row in _query(db_url, "SELECT id FROM steps WHERE step >= 27")]

@@ -48,6 +48,11 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
     assert _columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
     assert {"run_key", "attempt"} <= _columns(db_url, "steps")
+    assert _columns(db_url, "histograms") == {
+        "step_id", "run_key", "min_exp", "max_exp", "layers", "data"}
+    db.downgrade(db_url, "0010")
+    assert "layer_index" in _columns(db_url, "histograms")
+    assert "module_index" in _columns(db_url, "activation_stats")
     db.downgrade(db_url, "0009")
     assert {"run_id", "attempt_id"} <= _columns(db_url, "steps")
     assert "key" not in _columns(db_url, "runs")
@@ -201,7 +206,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0010"
+            assert context.get_current_revision() == db.head_revision() == "0011"
     finally:
         engine.dispose()
 
@@ -219,11 +224,16 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
             "ix_steps_run_key_step", "ix_steps_run_key_id"}
-        for table in ("step_nonfinite", "misuse_events", "activation_stats", "histograms",
-                      "step_rechecks", "swallowed_stats"):
+        for table in ("step_nonfinite", "misuse_events", "step_rechecks"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_step_id_steps"]
+        for table in ("activation_stats", "histograms", "swallowed_stats"):
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            assert {fk["name"] for fk in inspector.get_foreign_keys(table)} == {
+                f"fk_{table}_step_id_steps", f"fk_{table}_run_key_runs"}
+            assert [i["name"] for i in inspector.get_indexes(table)] == [
+                f"ix_{table}_run_key_step_id"]
         for table in ("rollups", "layer_rollups"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
@@ -253,6 +263,7 @@ def test_the_script_location_is_the_installed_package() -> None:
     assert (versions / "0005_team.py").is_file()
     assert (versions / "0006_packed_layer_stats.py").is_file()
     assert (versions / "0010_integer_run_keys.py").is_file()
+    assert (versions / "0011_packed_sampled_stats.py").is_file()
 
 
 def test_no_migration_imports_application_code() -> None:
