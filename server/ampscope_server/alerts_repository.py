@@ -21,7 +21,7 @@ from ampscope_server.models import (
     Run,
     Step,
 )
-from ampscope_server.sql_support import dialect_insert
+from ampscope_server.sql_support import dialect_insert, run_key
 
 Owned = TypeVar("Owned", AlertRule, AlertDestination)
 """A project's rule or destination: both have project, enabled, created_at and id."""
@@ -108,7 +108,8 @@ def recent_steps(session: Session, run_id: str, limit: int) -> Sequence[StepRow]
     return session.execute(
         select(Step.step, Step.wall_time, Step.skipped, Step.loss, Step.loss_class,
                Step.scale_after, Step.scale_after_class)
-        .where(Step.run_id == run_id).order_by(Step.step.desc(), Step.id.desc()).limit(limit)
+        .where(Step.run_key == run_key(run_id))
+        .order_by(Step.step.desc(), Step.id.desc()).limit(limit)
     ).tuples().all()
 
 

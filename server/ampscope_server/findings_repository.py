@@ -13,7 +13,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ampscope_server import stat_packing
+from ampscope_server import stat_packing, steps_repository
 from ampscope_server.models import (
     Histogram,
     LayerStat,
@@ -22,6 +22,7 @@ from ampscope_server.models import (
     StepRecheck,
     SwallowedStat,
 )
+from ampscope_server.sql_support import run_key
 
 _FINDINGS_COLUMNS = (
     Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
@@ -33,7 +34,7 @@ def steps_between(session: Session, run_id: str, first: int, last: int) -> list[
     """The step rows of `findings_steps` for the steps first…last (inclusive)."""
     rows = session.execute(
         select(*_FINDINGS_COLUMNS)
-        .where(Step.run_id == run_id, Step.step.between(first, last))
+        .where(Step.run_key == run_key(run_id), Step.step.between(first, last))
         .order_by(Step.step, Step.id))
     return [tuple(row) for row in rows]
 
@@ -43,7 +44,7 @@ def layer_stat_step_at(session: Session, run_id: str, step: int) -> int | None:
     step index forward from `step` and stops at the first hit (a cadence's worth of probes)."""
     has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
     found = session.scalar(
-        select(Step.id).where(Step.run_id == run_id, Step.step >= step, has_stats)
+        select(Step.id).where(Step.run_key == run_key(run_id), Step.step >= step, has_stats)
         .order_by(Step.step, Step.id).limit(1))
     return None if found is None else int(found)
 
@@ -61,11 +62,12 @@ def findings_steps(session: Session, run_id: str, every_step: bool) -> list[tupl
     columns = (Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
                Step.scale_after_class, Step.found_inf, Step.skipped, Step.loss, Step.loss_class,
                Step.grad_norm, Step.grad_norm_class, Step.lr, Step.lr_class, Step.growth_tracker)
-    statement = select(*columns).where(Step.run_id == run_id)
+    key = run_key(run_id)
+    statement = select(*columns).where(Step.run_key == key)
     if not every_step:
-        after_skip = select(Step.step + 1).where(Step.run_id == run_id, Step.skipped.is_(True))
-        first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
-        last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+        after_skip = select(Step.step + 1).where(Step.run_key == key, Step.skipped.is_(True))
+        first = select(func.min(Step.step)).where(Step.run_key == key).scalar_subquery()
+        last = select(func.max(Step.step)).where(Step.run_key == key).scalar_subquery()
         statement = statement.where(or_(
             Step.skipped.is_(True), Step.found_inf.is_(True),
             Step.scale_before != Step.scale_after,
@@ -82,7 +84,7 @@ def layer_stat_steps_last(
     """Ids of the run's last `limit` steps that carry layer statistics (before `before_step`
     when given), newest first. Walks the step index backwards and stops after `limit` hits."""
     has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
-    statement = select(Step.id).where(Step.run_id == run_id, has_stats)
+    statement = select(Step.id).where(Step.run_key == run_key(run_id), has_stats)
     if before_step is not None:
         statement = statement.where(Step.step < before_step).order_by(Step.step.desc(),
                                                                       Step.id.desc())
@@ -96,7 +98,7 @@ def layer_stat_steps_all(session: Session, run_id: str) -> list[tuple[int, int]]
     row per layer-stat step (a tenth of the steps at the default cadence)."""
     has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
     rows = session.execute(
-        select(Step.id, Step.step).where(Step.run_id == run_id, has_stats)
+        select(Step.id, Step.step).where(Step.run_key == run_key(run_id), has_stats)
         .order_by(Step.step, Step.id))
     return [(int(step_id), int(step)) for step_id, step in rows]
 
@@ -124,14 +126,15 @@ def swallowed_last(
     """(step, layer index, fraction) at the run's last `limit` steps (ingest order) that carry
     swallowed fractions."""
     has_rows = select(SwallowedStat.step_id).where(SwallowedStat.step_id == Step.id).exists()
-    last = (select(Step.id).where(Step.run_id == run_id, has_rows)
+    last = (select(Step.id).where(Step.run_key == run_key(run_id), has_rows)
             .order_by(Step.id.desc()).limit(limit))
     rows = session.execute(
-        select(Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+        select(Step.step, SwallowedStat.data)
         .join(SwallowedStat, SwallowedStat.step_id == Step.id)
         .where(Step.id.in_(last))
-        .order_by(Step.step, Step.id, SwallowedStat.layer_index))
-    return [(int(step), int(index), frac) for step, index, frac in rows]
+        .order_by(Step.step, Step.id))
+    return [(int(step), index, frac) for step, data in rows
+            for index, frac in enumerate(steps_repository.swallowed_fractions(data))]
 
 
 def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[int, str]]:
@@ -139,7 +142,7 @@ def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[in
     rows = session.execute(
         select(Step.step, StepRecheck.status)
         .join(StepRecheck, StepRecheck.step_id == Step.id)
-        .where(Step.run_id == run_id).order_by(Step.step, Step.id).limit(limit))
+        .where(Step.run_key == run_key(run_id)).order_by(Step.step, Step.id).limit(limit))
     return [(int(step), str(status)) for step, status in rows]
 
 
@@ -148,7 +151,7 @@ def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, s
     rows = session.execute(
         select(Step.step, MisuseEvent.kind, MisuseEvent.detail)
         .join(MisuseEvent, MisuseEvent.step_id == Step.id)
-        .where(Step.run_id == run_id)
+        .where(Step.run_key == run_key(run_id))
         .order_by(Step.step, Step.id, MisuseEvent.position).limit(limit))
     return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]
 
@@ -162,6 +165,6 @@ def histogram_steps_last(
     has_histogram = select(Histogram.step_id).where(Histogram.step_id == Step.id).exists()
     rows = session.execute(
         select(Step.id, Step.step, Step.scale_before, Step.scale_before_class)
-        .where(Step.run_id == run_id, has_histogram)
+        .where(Step.run_key == run_key(run_id), has_histogram)
         .order_by(Step.step.desc(), Step.id.desc()).limit(limit))
     return [(int(i), int(step), scale, int(cls)) for i, step, scale, cls in rows]

@@ -38,7 +38,6 @@ from ampscope_server.errors import (
     RunNotFound,
 )
 from ampscope_server.models import (
-    CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
     CLIENT_FIELDS,
     LAYER_STAT_KINDS,
@@ -73,7 +72,7 @@ def ingest_batch(
     # snapshot to upgrade); a refused batch rolls it back with everything else.
     access_repository.ensure_project(session, batch.run.project, now)
     authorize(session, writer, batch)
-    runs_repository.touch_run(session, batch.run.model_dump(), now)
+    key = runs_repository.touch_run(session, batch.run.model_dump(), now)
     attempt = _attempt(session, batch)
     batch_checks.check_records(
         batch.records, run_id, _layer_table(session, batch), _module_table(session, batch)
@@ -82,18 +81,22 @@ def ingest_batch(
     # The run's last step before this batch: which buckets this batch closes (`_layer_rows`).
     extent = rollups_repository.step_extent(session, run_id)
     new_ids = steps_repository.insert_steps(
-        session, [_step_row(run_id, batch.attempt.id, record) for record in batch.records]
+        session, [_step_row(key, attempt.ordinal, record) for record in batch.records]
     )
     new = [(new_ids[record.seq], record) for record in batch.records if record.seq in new_ids]
     blobs = {record.seq: blob for record, blob in zip(batch.records, packed, strict=True)}
     steps_repository.insert_rows(session, LayerStat, [
-        {"step_id": step_id, "run_id": run_id, "layers": blob[1], "data": blob[0]}
+        {"step_id": step_id, "run_key": key, "layers": blob[1], "data": blob[0]}
         for step_id, record in new
         if (blob := blobs[record.seq] or _pack_layers(record)) is not None])
     for model, rows_of in _CHILDREN:
         steps_repository.insert_rows(
             session, model, [row for step_id, record in new for row in rows_of(step_id, record)]
         )
+    for model, packed_of in _PACKED:
+        steps_repository.insert_rows(session, model, [
+            {"step_id": step_id, "run_key": key, **row}
+            for step_id, record in new if (row := packed_of(record)) is not None])
     _update_rollups(session, run_id, new, None if extent is None else extent[1])
     summary_cache.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
@@ -320,10 +323,12 @@ def is_newer(sent: ClientAccounting, stored: ClientKey | None) -> bool:
 
 # --- rows ----------------------------------------------------------------------------------------
 
-def _step_row(run_id: str, attempt_id: str, record: StepRecord) -> dict[str, Any]:
+def _step_row(run_key: int, attempt: int, record: StepRecord) -> dict[str, Any]:
+    """The `steps` row of a record: the run and the attempt by their integer keys (`runs.key`,
+    `attempts.ordinal`)."""
     row: dict[str, Any] = {
-        "run_id": run_id,
-        "attempt_id": attempt_id,
+        "run_key": run_key,
+        "attempt": attempt,
         "seq": record.seq,
         "step": record.step,
         "wall_time": record.wall_time,
@@ -337,15 +342,6 @@ def _step_row(run_id: str, attempt_id: str, record: StepRecord) -> dict[str, Any
     for name in CLASSED_STEP_FLOATS:
         row[name], row[f"{name}_class"] = codec.to_storage(getattr(record, name))
     return row
-
-
-def _by_index(arrays: object, index_column: str) -> Rows:
-    """{stat: [v per index]} → one row per index: {index_column: i, stat: v, …}."""
-    columns = [getattr(arrays, name) for name in LAYER_STAT_NAMES]
-    return [
-        {index_column: index, **dict(zip(LAYER_STAT_NAMES, values, strict=True))}
-        for index, values in enumerate(zip(*columns, strict=True))
-    ]
 
 
 def _pack_layers(record: StepRecord, early: bool = False) -> tuple[bytes, int] | None:
@@ -364,15 +360,14 @@ def _pack_layers(record: StepRecord, early: bool = False) -> tuple[bytes, int] |
         raise
 
 
-def _activation_rows(step_id: int, record: StepRecord) -> Rows:
+def _activation_row(record: StepRecord) -> dict[str, Any] | None:
+    """The record's activation statistics packed for `activation_stats` (NaN and ±inf as
+    their float64 bits), or None."""
     if record.activations is None:
-        return []
-    rows = []
-    for row in _by_index(record.activations, "module_index"):
-        for name in CLASSED_ACTIVATION_STATS:
-            row[name], row[f"{name}_class"] = codec.to_storage(row[name])
-        rows.append({"step_id": step_id, **row})
-    return rows
+        return None
+    columns = [getattr(record.activations, name) for name in LAYER_STAT_NAMES]
+    return {"modules": len(columns[0]),
+            "data": stat_packing.pack(columns, LAYER_STAT_KINDS)}
 
 
 def _nonfinite_rows(step_id: int, record: StepRecord) -> Rows:
@@ -390,15 +385,15 @@ def _misuse_rows(step_id: int, record: StepRecord) -> Rows:
     ]
 
 
-def _histogram_rows(step_id: int, record: StepRecord) -> Rows:
+def _histogram_row(record: StepRecord) -> dict[str, Any] | None:
+    """The record's exponent histograms packed for `histograms`: every layer's counts, layer
+    after layer, in one int64 column; or None."""
     histogram = record.histogram
     if histogram is None:
-        return []
-    return [
-        {"step_id": step_id, "layer_index": index, "min_exp": histogram.min_exp,
-         "max_exp": histogram.max_exp, "counts": counts}
-        for index, counts in enumerate(histogram.counts)
-    ]
+        return None
+    flat = [count for counts in histogram.counts for count in counts]
+    return {"min_exp": histogram.min_exp, "max_exp": histogram.max_exp,
+            "layers": len(histogram.counts), "data": stat_packing.pack([flat], stat_packing.INT)}
 
 
 def _recheck_rows(step_id: int, record: StepRecord) -> Rows:
@@ -412,20 +407,27 @@ def _recheck_rows(step_id: int, record: StepRecord) -> Rows:
     }]
 
 
-def _swallowed_rows(step_id: int, record: StepRecord) -> Rows:
-    return [
-        {"step_id": step_id, "layer_index": index, "frac": frac}
-        for index, frac in enumerate(record.swallowed or ())
-    ]
+def _swallowed_row(record: StepRecord) -> dict[str, Any] | None:
+    """The record's swallowed fractions packed for `swallowed_stats` (None kept), or None."""
+    if record.swallowed is None:
+        return None
+    return {"layers": len(record.swallowed),
+            "data": stat_packing.pack([record.swallowed], stat_packing.FLOAT)}
 
 
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
-    (ActivationStat, _activation_rows),
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
-    (Histogram, _histogram_rows),
     (StepRecheck, _recheck_rows),
-    (SwallowedStat, _swallowed_rows),
 )
-"""Each table a step's children go to (besides `layer_stats`, which also takes the run), with the
-function that builds a step's rows for it."""
+"""Each table a step's row-per-entry children go to, with the function that builds a step's
+rows for it."""
+
+_PACKED: Sequence[tuple[type[Base], Callable[[StepRecord], dict[str, Any] | None]]] = (
+    (ActivationStat, _activation_row),
+    (Histogram, _histogram_row),
+    (SwallowedStat, _swallowed_row),
+)
+"""The tables that take one packed row per step with the run's key (besides `layer_stats`,
+packed before the transaction), with the function that packs a record's row (None: the record
+carries none)."""

@@ -14,6 +14,10 @@ length on the step (`nonfinite_count`, `misuse_count`: NULL = not measured).
 
 Revision 0006 packs the per-layer statistics of a step into one row (`LayerStat.data`) and keeps
 per-layer rollups apart from the series rollups, from coarser buckets (`LayerRollup`).
+
+Revision 0010 gives each run an integer `key` that the large tables carry instead of the run's
+36-character id; revision 0011 packs activation statistics, histograms and swallowed fractions
+one row per step with that key, as 0006 did the layer statistics.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from sqlalchemy import (
     Boolean,
     Double,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -53,9 +58,17 @@ class Base(DeclarativeBase):
 
 
 class Run(Base):
+    """A training run. `id` is the public run id (the wire's, the API's); `key` is the small
+    integer the large tables (`steps`, `layer_stats`) carry instead (revision 0010): a 36-char
+    id repeated in every step row and in three indexes cost more than the step's own values.
+    Postgres numbers it (identity); on SQLite, whose writers are serialised, `touch_run` gives
+    it the largest key + 1."""
+
     __tablename__ = "runs"
+    __table_args__ = (Index("ix_runs_key", "key", unique=True),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[int] = mapped_column(Integer, Identity())
     project: Mapped[str] = mapped_column(String(200))
     name: Mapped[str] = mapped_column(String(200))
     tags: Mapped[list[str]] = mapped_column(JSON)
@@ -103,39 +116,45 @@ class Layer(Base):
 
 
 class Step(Base):
+    """One logged optimizer step. The run is `run_key` (`runs.key`) and the attempt its ordinal
+    within the run (`attempts.ordinal`): integers, not the 36-character ids (revision 0010).
+    Columns go widest first (8-byte, then 4-byte, 2-byte, 1-byte, text) so that Postgres puts
+    no alignment padding between them."""
+
     __tablename__ = "steps"
     __table_args__ = (
-        UniqueConstraint("run_id", "attempt_id", "seq"),
-        Index("ix_steps_run_id_step", "run_id", "step"),
-        Index("ix_steps_run_id_id", "run_id", "id"),
+        UniqueConstraint("run_key", "attempt", "seq"),
+        Index("ix_steps_run_key_step", "run_key", "step"),
+        Index("ix_steps_run_key_id", "run_key", "id"),
         {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(StepId, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(BigInteger)
     step: Mapped[int] = mapped_column(BigInteger)
     wall_time: Mapped[float] = mapped_column(Double)
     loss: Mapped[float | None] = mapped_column(Double)
-    loss_class: Mapped[int] = mapped_column(SmallInteger)
     scale_before: Mapped[float | None] = mapped_column(Double)
-    scale_before_class: Mapped[int] = mapped_column(SmallInteger)
     scale_after: Mapped[float | None] = mapped_column(Double)
-    scale_after_class: Mapped[int] = mapped_column(SmallInteger)
     growth_tracker: Mapped[int | None] = mapped_column(BigInteger)
-    found_inf: Mapped[bool] = mapped_column(Boolean)
-    skipped: Mapped[bool] = mapped_column(Boolean)
     grad_norm: Mapped[float | None] = mapped_column(Double)
-    grad_norm_class: Mapped[int] = mapped_column(SmallInteger)
     lr: Mapped[float | None] = mapped_column(Double)
-    lr_class: Mapped[int] = mapped_column(SmallInteger)
     duration: Mapped[float | None] = mapped_column(Double)
-    duration_class: Mapped[int] = mapped_column(SmallInteger)
-    # v2: "before_unscale" | "after_unscale" | NULL; list lengths, NULL = not measured.
-    captured: Mapped[str | None] = mapped_column(String(16))
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    # v2: list lengths, NULL = not measured.
     nonfinite_count: Mapped[int | None] = mapped_column(Integer)
     misuse_count: Mapped[int | None] = mapped_column(Integer)
+    loss_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_before_class: Mapped[int] = mapped_column(SmallInteger)
+    scale_after_class: Mapped[int] = mapped_column(SmallInteger)
+    grad_norm_class: Mapped[int] = mapped_column(SmallInteger)
+    lr_class: Mapped[int] = mapped_column(SmallInteger)
+    duration_class: Mapped[int] = mapped_column(SmallInteger)
+    found_inf: Mapped[bool] = mapped_column(Boolean)
+    skipped: Mapped[bool] = mapped_column(Boolean)
+    # v2: "before_unscale" | "after_unscale" | NULL.
+    captured: Mapped[str | None] = mapped_column(String(16))
 
 
 # The step floats that may be non-finite, each stored as (value, value_class).
@@ -148,19 +167,19 @@ class LayerStat(Base):
     `data` is `stat_packing` of the eight `LAYER_STAT_NAMES` columns (one value per layer, in
     layer order; amax, amin_nz and l2 are over finite elements, so finite or None when none
     is): one row per step rather than per layer per step, so a step's statistics cost what
-    their values carry (revision 0006). `run_id` lets a run's rows be found, partitioned and
-    deleted without going through `steps`. `layers` is the layer count, readable without
-    unpacking.
+    their values carry (revision 0006). `run_key` (`runs.key`, revision 0010) lets a run's rows
+    be found, partitioned and deleted without going through `steps`. `layers` is the layer
+    count, readable without unpacking.
     """
 
     __tablename__ = "layer_stats"
-    __table_args__ = (Index("ix_layer_stats_run_id_step_id", "run_id", "step_id"),)
+    __table_args__ = (Index("ix_layer_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
         StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
         autoincrement=False,
     )
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
     layers: Mapped[int] = mapped_column(Integer)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
@@ -215,52 +234,50 @@ class MisuseEvent(Base):
 
 
 class ActivationStat(Base):
-    """One module's `grad_output` statistics at one step, true units.
-
-    Unlike `LayerStat`, amax, amin_nz and l2 may be NaN or ±inf (wire.ActivationStatArrays), so
-    each has a `_class` column.
+    """The `grad_output` statistics of every module at one step, true units, packed like
+    `LayerStat` (revision 0011): `data` is `stat_packing` of the eight `LAYER_STAT_NAMES`
+    columns (kinds `LAYER_STAT_KINDS`), one value per module in module order; `modules` is the
+    module count. Unlike `LayerStat`, amax, amin_nz and l2 may be NaN or ±inf
+    (wire.ActivationStatArrays): their float64 bits keep them exactly, and the reads give them
+    back as (value, class) like the step floats (`steps_repository.ActivationStatRow`).
     """
 
     __tablename__ = "activation_stats"
+    __table_args__ = (Index("ix_activation_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    module_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    amax: Mapped[float | None] = mapped_column(Double)
-    amax_class: Mapped[int] = mapped_column(SmallInteger)
-    amin_nz: Mapped[float | None] = mapped_column(Double)
-    amin_nz_class: Mapped[int] = mapped_column(SmallInteger)
-    zero_frac: Mapped[float] = mapped_column(Double)
-    subnormal_frac: Mapped[float] = mapped_column(Double)
-    underflow_frac: Mapped[float] = mapped_column(Double)
-    nan_count: Mapped[int] = mapped_column(BigInteger)
-    inf_count: Mapped[int] = mapped_column(BigInteger)
-    l2: Mapped[float | None] = mapped_column(Double)
-    l2_class: Mapped[int] = mapped_column(SmallInteger)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    modules: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 CLASSED_ACTIVATION_STATS = ("amax", "amin_nz", "l2")
 
 
 class Histogram(Base):
-    """One layer's exponent histogram at one step.
+    """The exponent histograms of every layer at one step (revision 0011: one row per step).
 
-    `counts` is the wire's list of max_exp - min_exp + 5 ints, kept as one JSON array: it is
-    always read whole (export, "what if the scale were higher" in the browser), never queried
-    bin by bin, and JSON text keeps 64-bit counts exact on both dialects. A row per bin would
-    multiply the rows by ~65 for no query that needs them.
+    `data` is `stat_packing` of one int64 column: each layer's max_exp - min_exp + 5 counts
+    (the wire's list), layer after layer; `layers` is the layer count. Always read whole
+    (export, "what if the scale were higher" in the browser), never bin by bin; int64 keeps
+    every count exact (the wire bounds them by INT64_MAX).
     """
 
     __tablename__ = "histograms"
+    __table_args__ = (Index("ix_histograms_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
     min_exp: Mapped[int] = mapped_column(Integer)
     max_exp: Mapped[int] = mapped_column(Integer)
-    counts: Mapped[list[int]] = mapped_column(JSON)
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- wire v3 (revision 0004) -------------------------------------------------------------------
@@ -285,18 +302,23 @@ class StepRecheck(Base):
 
 
 class SwallowedStat(Base):
-    """One layer's swallowed-update fraction at one step (wire `swallowed`): among the elements
-    with a finite non-zero gradient, the share whose low-precision value did not change in the
-    optimizer step. NULL: not measured for this layer (not FP16/BF16, no non-zero gradient).
-    A step has a row per layer exactly when the record carried `swallowed`."""
+    """The swallowed-update fraction of every layer at one step (wire `swallowed`): among the
+    elements with a finite non-zero gradient, the share whose low-precision value did not
+    change in the optimizer step. `data` is `stat_packing` of one float64 column, a fraction
+    per layer, None where not measured (not FP16/BF16, no non-zero gradient); `layers` is the
+    layer count. A step has a row exactly when the record carried `swallowed` (revision 0011:
+    one row per step, not per layer)."""
 
     __tablename__ = "swallowed_stats"
+    __table_args__ = (Index("ix_swallowed_stats_run_key_step_id", "run_key", "step_id"),)
 
     step_id: Mapped[int] = mapped_column(
-        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
     )
-    layer_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    frac: Mapped[float | None] = mapped_column(Double)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- rollups (revision 0003) -------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ampscope_server.models import (
 from ampscope_server.sql_support import (
     KEYS_PER_STATEMENT,
     dialect_insert,
+    run_key,
     step_range,
 )
 
@@ -91,8 +92,9 @@ def upsert_layer_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
 
 def step_extent(session: Session, run_id: str) -> tuple[int, int] | None:
     """(first step, last step) of the run, two index probes."""
-    first = select(func.min(Step.step)).where(Step.run_id == run_id).scalar_subquery()
-    last = select(func.max(Step.step)).where(Step.run_id == run_id).scalar_subquery()
+    key = run_key(run_id)
+    first = select(func.min(Step.step)).where(Step.run_key == key).scalar_subquery()
+    last = select(func.max(Step.step)).where(Step.run_key == key).scalar_subquery()
     lo, hi = session.execute(select(first, last)).one()
     return None if lo is None else (int(lo), int(hi))
 

@@ -21,22 +21,34 @@ from ampscope_server.models import (
 )
 from ampscope_server.sql_support import (
     dialect_insert,
+    is_postgres,
 )
 
 # --- runs and attempts -------------------------------------------------------------------------
 
-def touch_run(session: Session, values: dict[str, Any], now: float) -> None:
-    """Create the run if new, then bump `updated_at`.
+def touch_run(session: Session, values: dict[str, Any], now: float) -> int:
+    """Create the run if new, then bump `updated_at`; the run's `key`.
 
     Both statements write, so on SQLite the transaction takes the write lock first (no read
     snapshot to upgrade) and on Postgres the run's row lock serialises batches of one run.
+    A new run's key: Postgres' identity; on SQLite the largest + 1, safe because the INSERT
+    runs under SQLite's one write lock.
     """
-    session.execute(
-        dialect_insert(session, Run)
-        .values(**values, status="active", created_at=now, updated_at=now)
-        .on_conflict_do_nothing(index_elements=[Run.id])
-    )
-    session.execute(update(Run).where(Run.id == values["id"]).values(updated_at=now))
+    insert = dialect_insert(session, Run).values(
+        **values, status="active", created_at=now, updated_at=now)
+    if not is_postgres(session):
+        insert = insert.values(
+            key=select(func.coalesce(func.max(Run.key), 0) + 1).scalar_subquery())
+    session.execute(insert.on_conflict_do_nothing(index_elements=[Run.id]))
+    return int(session.execute(
+        update(Run).where(Run.id == values["id"]).values(updated_at=now).returning(Run.key)
+    ).scalar_one())
+
+
+def run_key(session: Session, run_id: str) -> int | None:
+    """The run's integer key (`runs.key`), None for an unknown run."""
+    key = session.scalar(select(Run.key).where(Run.id == run_id))
+    return None if key is None else int(key)
 
 
 def set_run_status(session: Session, run_id: str, status: str) -> None:

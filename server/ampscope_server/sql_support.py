@@ -1,15 +1,15 @@
 """Repository support shared by every `*_repository` module: the dialect test, the dialect's
-INSERT (which knows ON CONFLICT), the IN-list bound and a run's step range."""
+INSERT (which knows ON CONFLICT), the IN-list bound, a run's integer key and its step range."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table
+from sqlalchemy import ColumnElement, ScalarSelect, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ampscope_server.models import Base, Step
+from ampscope_server.models import Base, Run, Step
 
 KEYS_PER_STATEMENT = 1000
 """The longest IN list one statement carries (SQLite's default limit is 32,766 variables)."""
@@ -30,10 +30,17 @@ def dialect_insert(session: Session, model: type[Any]) -> Any:
     return sqlite.insert(model)
 
 
+def run_key(run_id: str) -> ScalarSelect[int]:
+    """The run's `runs.key` as an uncorrelated scalar subquery: both dialects evaluate it once
+    per statement (an InitPlan on Postgres, a constant on SQLite) and then probe the integer
+    indexes of `steps` and `layer_stats` with it, so a read that is given the public id needs
+    no extra round trip."""
+    return select(Run.key).where(Run.id == run_id).scalar_subquery()
+
 
 def step_range(run_id: str, start: int | None, end: int | None) -> list[ColumnElement[bool]]:
     """The WHERE clauses of a run's steps in [start, end] (either bound optional)."""
-    clauses: list[ColumnElement[bool]] = [Step.run_id == run_id]
+    clauses: list[ColumnElement[bool]] = [Step.run_key == run_key(run_id)]
     if start is not None:
         clauses.append(Step.step >= start)
     if end is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     Float,
@@ -20,11 +20,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ampscope_server import bulk_repository, stat_packing
+from ampscope_server import bulk_repository, codec, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
     ActivationStat,
-    Attempt,
     Base,
     Histogram,
     Layer,
@@ -39,6 +38,7 @@ from ampscope_server.models import (
 from ampscope_server.sql_support import (
     dialect_insert,
     is_postgres,
+    run_key,
     step_range,
     table_of,
 )
@@ -46,16 +46,17 @@ from ampscope_server.sql_support import (
 # --- steps -------------------------------------------------------------------------------------
 
 def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]:
-    """Insert step rows, skipping (run, attempt, seq) already stored; {seq: new id} of the new."""
+    """Insert step rows, skipping (run_key, attempt, seq) already stored; {seq: new id} of the
+    new."""
     if not rows:
         return {}
     if is_postgres(session):
         return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
-            session, table_of(Step), rows, conflict=("run_id", "attempt_id", "seq"),
+            session, table_of(Step), rows, conflict=("run_key", "attempt", "seq"),
             returning=("seq", "id"))}
     statement = (
         dialect_insert(session, Step)
-        .on_conflict_do_nothing(index_elements=[Step.run_id, Step.attempt_id, Step.seq])
+        .on_conflict_do_nothing(index_elements=[Step.run_key, Step.attempt, Step.seq])
         .returning(Step.seq, Step.id)
     )
     return {int(seq): int(step_id) for seq, step_id in session.execute(statement, rows)}
@@ -97,14 +98,15 @@ def step_aggregates(
     """{run_id: (num_steps, last_step, skipped_steps, last_id)}."""
     rows = session.execute(
         select(
-            Step.run_id,
+            Run.id,
             func.count(),
             func.max(Step.step),
             func.coalesce(func.sum(case((Step.skipped, 1), else_=0)), 0),
             func.max(Step.id),
         )
-        .where(Step.run_id.in_(list(run_ids)))
-        .group_by(Step.run_id)
+        .join(Run, Run.key == Step.run_key)
+        .where(Run.id.in_(list(run_ids)))
+        .group_by(Run.id)
     )
     return {
         run_id: (int(n), None if last is None else int(last), int(skipped),
@@ -116,7 +118,8 @@ def step_aggregates(
 def last_scales(session: Session, step_ids: Iterable[int]) -> dict[str, tuple[float | None, int]]:
     """{run_id: (scale_after, scale_after_class)} of the given (last) steps."""
     rows = session.execute(
-        select(Step.run_id, Step.scale_after, Step.scale_after_class)
+        select(Run.id, Step.scale_after, Step.scale_after_class)
+        .join(Run, Run.key == Step.run_key)
         .where(Step.id.in_(list(step_ids)))
     )
     return {run_id: (value, cls) for run_id, value, cls in rows}
@@ -127,9 +130,8 @@ def steps_after(
 ) -> Sequence[Row[Step, int]]:
     """(Step, attempt ordinal) with id > after_id, in ingest (id) order."""
     return session.execute(
-        select(Step, Attempt.ordinal)
-        .join(Attempt, Attempt.id == Step.attempt_id)
-        .where(Step.run_id == run_id, Step.id > after_id)
+        select(Step, Step.attempt)
+        .where(Step.run_key == run_key(run_id), Step.id > after_id)
         .order_by(Step.id)
         .limit(limit)
     ).all()
@@ -167,14 +169,47 @@ def layer_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[LayerS
     ]
 
 
-def activation_stats_of(session: Session, step_ids: Sequence[int]) -> Sequence[ActivationStat]:
+@dataclass(frozen=True, slots=True)
+class ActivationStatRow:
+    """One module's `grad_output` statistics at one step, as unpacked from the step's
+    `activation_stats` row; amax, amin_nz and l2 as (value, class) like the step floats
+    (`codec.to_storage`: None with class 1, 2, 3 for NaN, +inf, -inf)."""
+
+    step_id: int
+    module_index: int
+    amax: float | None
+    amax_class: int
+    amin_nz: float | None
+    amin_nz_class: int
+    zero_frac: float
+    subnormal_frac: float
+    underflow_frac: float
+    nan_count: int
+    inf_count: int
+    l2: float | None
+    l2_class: int
+
+
+def _activation_rows(step_id: int, data: bytes) -> list[ActivationStatRow]:
+    return [
+        ActivationStatRow(step_id, index, *codec.to_storage(amax), *codec.to_storage(amin),
+                          zero, sub, under, nan, inf, *codec.to_storage(l2))
+        for index, (amax, amin, zero, sub, under, nan, inf, l2) in enumerate(
+            zip(*stat_packing.unpack(data), strict=True))
+    ]
+
+
+def activation_stats_of(session: Session, step_ids: Sequence[int]
+                        ) -> Sequence[ActivationStatRow]:
+    """Every module's activation statistics at the given steps, by step id then module."""
     if not step_ids:
         return []
-    return session.scalars(
-        select(ActivationStat)
+    rows = session.execute(
+        select(ActivationStat.step_id, ActivationStat.data)
         .where(ActivationStat.step_id.in_(step_ids))
-        .order_by(ActivationStat.step_id, ActivationStat.module_index)
-    ).all()
+        .order_by(ActivationStat.step_id)
+    )
+    return [row for step_id, data in rows for row in _activation_rows(int(step_id), data)]
 
 
 def nonfinite_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepNonfinite]:
@@ -198,14 +233,36 @@ def misuse_of(session: Session, step_ids: Sequence[int]) -> Sequence[MisuseEvent
     ).all()
 
 
-def histograms_of(session: Session, step_ids: Sequence[int]) -> Sequence[Histogram]:
+@dataclass(frozen=True, slots=True)
+class HistogramRow:
+    """One layer's exponent histogram at one step, as unpacked from the step's `histograms`
+    row: max_exp - min_exp + 5 counts."""
+
+    step_id: int
+    layer_index: int
+    min_exp: int
+    max_exp: int
+    counts: list[int]
+
+
+def histograms_of(session: Session, step_ids: Sequence[int]) -> Sequence[HistogramRow]:
+    """Every layer's histogram at the given steps, by step id then layer."""
     if not step_ids:
         return []
-    return session.scalars(
-        select(Histogram)
+    out: list[HistogramRow] = []
+    for step_id, min_exp, max_exp, layers, data in session.execute(
+        select(Histogram.step_id, Histogram.min_exp, Histogram.max_exp, Histogram.layers,
+               Histogram.data)
         .where(Histogram.step_id.in_(step_ids))
-        .order_by(Histogram.step_id, Histogram.layer_index)
-    ).all()
+        .order_by(Histogram.step_id)
+    ):
+        # One int64 column without nulls: ingest packs the wire's counts, all ints.
+        flat = cast(list[int], stat_packing.unpack(data)[0])
+        bins = len(flat) // layers if layers else 0
+        out.extend(HistogramRow(int(step_id), index, int(min_exp), int(max_exp),
+                                flat[index * bins:(index + 1) * bins])
+                   for index in range(layers))
+    return out
 
 
 def series_rows(
@@ -328,15 +385,18 @@ def heatmap_rows(
             out.extend((step_id, step, scale, scale_cls, index, *values)
                        for index, values in enumerate(zip(*picked, strict=True)))
         return out
-    index = ActivationStat.module_index
-    stats = [getattr(ActivationStat, name) for name in stat_columns]
-    rows = session.execute(
-        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class, index, *stats)
+    out = []
+    for step_id, step, scale, scale_cls, data in session.execute(
+        select(Step.id, Step.step, Step.scale_before, Step.scale_before_class,
+               ActivationStat.data)
         .join(ActivationStat, ActivationStat.step_id == Step.id)
         .where(*step_range(run_id, start, end))
-        .order_by(Step.step, Step.id, index)
-    )
-    return [tuple(row) for row in rows]
+        .order_by(Step.step, Step.id)
+    ):
+        out.extend((step_id, step, scale, scale_cls, row.module_index,
+                    *[getattr(row, name) for name in stat_columns])
+                   for row in _activation_rows(int(step_id), data))
+    return out
 
 
 # --- runs page and comparison (read-only; one block, kept at the end) ---------------------------
@@ -350,7 +410,7 @@ def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str,
     """
     has_stats = select(LayerStat.step_id).where(LayerStat.step_id == Step.id).exists()
     last = (
-        select(Step.id).where(Step.run_id == Run.id, has_stats)
+        select(Step.id).where(Step.run_key == Run.key, has_stats)
         .order_by(Step.id.desc()).limit(1).correlate(Run).scalar_subquery()
     )
     rows = session.execute(select(Run.id, last).where(Run.id.in_(list(run_ids))))
@@ -366,10 +426,11 @@ def named_layer_stats(
     if not ids:
         return []
     rows = session.execute(
-        select(Step.run_id, Step.scale_before, Step.scale_before_class, LayerStat.data)
+        select(Run.id, Step.scale_before, Step.scale_before_class, LayerStat.data)
         .join(LayerStat, LayerStat.step_id == Step.id)
+        .join(Run, Run.key == Step.run_key)
         .where(Step.id.in_(ids))
-        .order_by(Step.run_id, Step.id)
+        .order_by(Run.id, Step.id)
     ).all()
     names: dict[tuple[str, int], str] = {
         (run_id, int(index)): name for run_id, index, name in session.execute(
@@ -405,30 +466,49 @@ def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRe
     return session.execute(
         select(Step.id, Step.step, StepRecheck)
         .join(StepRecheck, StepRecheck.step_id == Step.id)
-        .where(Step.run_id == run_id)
+        .where(Step.run_key == run_key(run_id))
         .order_by(Step.step, Step.id)
     ).all()
 
 
-def swallowed_of(session: Session, step_ids: Sequence[int]) -> Sequence[SwallowedStat]:
+@dataclass(frozen=True, slots=True)
+class SwallowedRow:
+    """One layer's swallowed fraction at one step (None: not measured), as unpacked from the
+    step's `swallowed_stats` row."""
+
+    step_id: int
+    layer_index: int
+    frac: float | None
+
+
+def swallowed_fractions(data: bytes) -> list[float | None]:
+    """The per-layer fractions of a `swallowed_stats.data` blob, in layer order."""
+    return [None if frac is None else float(frac) for frac in stat_packing.unpack(data)[0]]
+
+
+def swallowed_of(session: Session, step_ids: Sequence[int]) -> Sequence[SwallowedRow]:
     """The swallowed fractions of the given steps, by step then layer."""
     if not step_ids:
         return []
-    return session.scalars(
-        select(SwallowedStat)
+    rows = session.execute(
+        select(SwallowedStat.step_id, SwallowedStat.data)
         .where(SwallowedStat.step_id.in_(step_ids))
-        .order_by(SwallowedStat.step_id, SwallowedStat.layer_index)
-    ).all()
+        .order_by(SwallowedStat.step_id)
+    )
+    return [SwallowedRow(int(step_id), index, frac) for step_id, data in rows
+            for index, frac in enumerate(swallowed_fractions(data))]
 
 
 def swallowed_rows(
     session: Session, run_id: str, start: int | None, end: int | None
-) -> Sequence[Row[int, int, int, float | None]]:
+) -> list[tuple[int, int, int, float | None]]:
     """(step id, step, layer index, fraction) of the run's swallowed fractions in range, by
     step, ingest order, layer."""
-    return session.execute(
-        select(Step.id, Step.step, SwallowedStat.layer_index, SwallowedStat.frac)
+    rows = session.execute(
+        select(Step.id, Step.step, SwallowedStat.data)
         .join(SwallowedStat, SwallowedStat.step_id == Step.id)
         .where(*step_range(run_id, start, end))
-        .order_by(Step.step, Step.id, SwallowedStat.layer_index)
-    ).all()
+        .order_by(Step.step, Step.id)
+    )
+    return [(int(step_id), int(step), index, frac) for step_id, step, data in rows
+            for index, frac in enumerate(swallowed_fractions(data))]

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import codec, db, ingest, rollups, rollups_repository
 from ampscope_server.models import LayerRollup, Rollup, Step
+from ampscope_server.sql_support import run_key
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, layer_stats, new_id, record
 
@@ -73,7 +74,7 @@ def _series_reads(url: str, run_id: str) -> dict[int, list[tuple[Any, ...]]]:
 def _brute_force(session: Session, run_id: str) -> dict[tuple[int, int], rollups.LayerArrays]:
     """Every bucket at `LAYER_LEVELS` with layer statistics, folded one step at a time."""
     out: dict[tuple[int, int], rollups.LayerArrays] = {}
-    for step in session.execute(select(Step).where(Step.run_id == run_id)).scalars():
+    for step in session.execute(select(Step).where(Step.run_key == run_key(run_id))).scalars():
         found = rollups_repository.layer_steps_in(session, run_id, step.step, step.step)
         if not found:
             continue
@@ -108,6 +109,13 @@ def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
     assert {key[1] for key in head_rows if key[0] == sparse} == set()  # no closed wide bucket
     assert (dense, 6, 3) in head_rows and (dense, 6, 2) not in head_rows  # dense, sparse
     assert (dense, 6, 10) not in head_rows and (dense, 8, 2) not in head_rows  # open
+    # Folded at the head (its reads are the head's): the raw statistics do not change below.
+    engine = db.make_engine(db_url)
+    try:
+        with sessionmaker(engine)() as session:
+            expected = {run: _brute_force(session, run) for run in (sparse, dense)}
+    finally:
+        engine.dispose()
 
     db.downgrade(db_url, "0008")
     old_rows, old_series = _rows(db_url), _rows(db_url, Rollup)
@@ -117,18 +125,12 @@ def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
         (run, 2, int(bucket)): series for run in (sparse, dense)
         for bucket, series in series_reads[run][2]}
     assert len(series_reads[dense][2]) == 175
-    engine = db.make_engine(db_url)
-    try:
-        with sessionmaker(engine)() as session:
-            for run in (sparse, dense):
-                expected = _brute_force(session, run)
-                got = {(level, bucket): rollups.unpack_layers(data)
-                       for (owner, level, bucket), data in old_rows.items() if owner == run}
-                assert got == expected
-                assert {key: arrays for key, arrays in reads[run].items()
-                        if key[0] in rollups.LAYER_LEVELS} == expected
-    finally:
-        engine.dispose()
+    for run in (sparse, dense):
+        got = {(level, bucket): rollups.unpack_layers(data)
+               for (owner, level, bucket), data in old_rows.items() if owner == run}
+        assert got == expected[run]
+        assert {key: arrays for key, arrays in reads[run].items()
+                if key[0] in rollups.LAYER_LEVELS} == expected[run]
 
     db.upgrade(db_url)
     assert _rows(db_url) == head_rows and _rows(db_url, Rollup) == head_series

@@ -47,6 +47,16 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
     assert _columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
+    assert {"run_key", "attempt"} <= _columns(db_url, "steps")
+    assert _columns(db_url, "histograms") == {
+        "step_id", "run_key", "min_exp", "max_exp", "layers", "data"}
+    db.downgrade(db_url, "0010")
+    assert "layer_index" in _columns(db_url, "histograms")
+    assert "module_index" in _columns(db_url, "activation_stats")
+    db.downgrade(db_url, "0009")
+    assert {"run_id", "attempt_id"} <= _columns(db_url, "steps")
+    assert "key" not in _columns(db_url, "runs")
+    assert "run_id" in _columns(db_url, "layer_stats")
     db.downgrade(db_url, "0007")
     assert _tables(db_url) == TABLES_0007 | {"alembic_version"}
     db.downgrade(db_url, "0006")
@@ -180,8 +190,9 @@ def test_0007_backfills_run_counters_from_stored_steps(db_url: str) -> None:
         ("r1", 1, 3, 1, 1, 9, None, 2, None, 1, None, None),
         ("r2", 1, 1, 0, 1, 0, 8.0, 0, 1.5, 0, None, None),
     ]
-    last_ids = _rows(db_url, "SELECT c.last_id = max(s.id) FROM run_counters c "
-                             "JOIN steps s ON s.run_id = c.run_id GROUP BY c.run_id, c.last_id")
+    last_ids = _rows(db_url, 'SELECT c.last_id = max(s.id) FROM run_counters c JOIN runs r '
+                             'ON r.id = c.run_id JOIN steps s ON s.run_key = r."key" '
+                             "GROUP BY c.run_id, c.last_id")
     assert last_ids == [(True,), (True,)] or last_ids == [(1,), (1,)]
     db.downgrade(db_url, "0005")
     assert "run_counters" not in _tables(db_url)
@@ -195,7 +206,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0009"
+            assert context.get_current_revision() == db.head_revision() == "0011"
     finally:
         engine.dispose()
 
@@ -207,26 +218,31 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         inspector = inspect(engine)
         assert inspector.get_pk_constraint("steps")["name"] == "pk_steps"
         assert {fk["name"] for fk in inspector.get_foreign_keys("steps")} == {
-            "fk_steps_run_id_runs", "fk_steps_attempt_id_attempts"}
+            "fk_steps_run_key_runs"}
         assert [u["name"] for u in inspector.get_unique_constraints("steps")] == [
-            "uq_steps_run_id_attempt_id_seq"]
+            "uq_steps_run_key_attempt_seq"]
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
-            "ix_steps_run_id_step", "ix_steps_run_id_id"}
-        for table in ("step_nonfinite", "misuse_events", "activation_stats", "histograms",
-                      "step_rechecks", "swallowed_stats"):
+            "ix_steps_run_key_step", "ix_steps_run_key_id"}
+        for table in ("step_nonfinite", "misuse_events", "step_rechecks"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_step_id_steps"]
+        for table in ("activation_stats", "histograms", "swallowed_stats"):
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            assert {fk["name"] for fk in inspector.get_foreign_keys(table)} == {
+                f"fk_{table}_step_id_steps", f"fk_{table}_run_key_runs"}
+            assert [i["name"] for i in inspector.get_indexes(table)] == [
+                f"ix_{table}_run_key_step_id"]
         for table in ("rollups", "layer_rollups"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
                 f"fk_{table}_run_id_runs"]
         assert inspector.get_pk_constraint("layer_stats")["name"] == "pk_layer_stats"
         assert {fk["name"] for fk in inspector.get_foreign_keys("layer_stats")} == {
-            "fk_layer_stats_step_id_steps", "fk_layer_stats_run_id_runs"}
+            "fk_layer_stats_step_id_steps", "fk_layer_stats_run_key_runs"}
         assert [i["name"] for i in inspector.get_indexes("layer_stats")] == [
-            "ix_layer_stats_run_id_step_id"]
+            "ix_layer_stats_run_key_step_id"]
         assert inspector.get_pk_constraint("modules")["name"] == "pk_modules"
         assert [fk["name"] for fk in inspector.get_foreign_keys("modules")] == [
             "fk_modules_run_id_runs"]
@@ -246,6 +262,8 @@ def test_the_script_location_is_the_installed_package() -> None:
     assert (versions / "0004_wire_v3.py").is_file()
     assert (versions / "0005_team.py").is_file()
     assert (versions / "0006_packed_layer_stats.py").is_file()
+    assert (versions / "0010_integer_run_keys.py").is_file()
+    assert (versions / "0011_packed_sampled_stats.py").is_file()
 
 
 def test_no_migration_imports_application_code() -> None:

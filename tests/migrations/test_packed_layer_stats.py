@@ -130,7 +130,8 @@ def test_0006_keeps_every_value_both_ways(db_url: str) -> None:
             assert _rollups_now(session) == old_rollups
             assert session.execute(text("SELECT count(*) FROM layer_stats")).scalar() == STEPS // 3
             assert session.execute(text(
-                "SELECT count(*) FROM layer_stats WHERE run_id = 'r'")).scalar() == STEPS // 3
+                'SELECT count(*) FROM layer_stats l JOIN runs r ON r."key" = l.run_key '
+                "WHERE r.id = 'r'")).scalar() == STEPS // 3
     finally:
         engine.dispose()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import chart_reads, ingest, runs, steps_repository
+from ampscope_server import chart_reads, ingest, runs, runs_repository, steps_repository
 from ampscope_server.models import StepNonfinite
 from ampscope_server.schemas import IngestBatch
 from tests.server.wire import batch, new_id
@@ -17,8 +17,9 @@ def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session])
     payload = batch([], run_id=new_id())
     with sessions() as session, session.begin():
         ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+        key = runs_repository.run_key(session, payload["run"]["id"])
         rows = [{
-            "run_id": payload["run"]["id"], "attempt_id": payload["attempt"]["id"], "seq": i,
+            "run_key": key, "attempt": 1, "seq": i,
             "step": i, "wall_time": 1.0 + i, "loss": None, "loss_class": 1,
             "scale_before": 1.0, "scale_before_class": 0, "scale_after": 1.0,
             "scale_after_class": 0, "growth_tracker": 0, "found_inf": True, "skipped": True,

@@ -21,6 +21,7 @@ from ampscope_server import (
     steps_repository,
 )
 from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
+from ampscope_server.sql_support import run_key
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
 
@@ -73,7 +74,7 @@ def _stored_layer_keys(session: Session, run_id: str) -> set[Key]:
 def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     """Every level's buckets straight from the raw rows, one step at a time."""
     steps = session.execute(
-        select(Step).where(Step.run_id == run_id).order_by(Step.step, Step.id)
+        select(Step).where(Step.run_key == run_key(run_id)).order_by(Step.step, Step.id)
     ).scalars().all()
     out: dict[Key, rollups.Bucket] = {}
     for step in steps:
