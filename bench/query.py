@@ -137,28 +137,36 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
         offset = conn.execute(select(func.max(steps.c.id))).scalar_one()
 
         def copy(table: Any, where: Any, values: dict[str, Any]) -> None:
-            names = [c.name for c in table.columns]
-            conn.execute(insert(table).from_select(names, select(*[
+            """Copy `table`'s rows matching `where`, `values` replacing columns (None: left out,
+            for the database to fill)."""
+            columns = [c for c in table.columns if values.get(c.name, c) is not None]
+            conn.execute(insert(table).from_select([c.name for c in columns], select(*[
                 values[c.name].label(c.name) if c.name in values else c
-                for c in table.columns]).where(where)))
+                for c in columns]).where(where)))
 
         runs = cast(Table, Run.__table__)
+        # The copy's integer key (revision 0010): Postgres' identity fills it, SQLite takes the
+        # largest + 1 as the server does.
+        key = (None if engine.dialect.name == "postgresql"
+               else select(func.max(runs.c.key) + 1).scalar_subquery())
         copy(runs, runs.c.id == run_id,
-             {"id": literal(new_id), "name": literal("long-copy"), "status": literal("finished")})
+             {"id": literal(new_id), "name": literal("long-copy"), "status": literal("finished"),
+              "key": key})
+        old_key = select(runs.c.key).where(runs.c.id == run_id).scalar_subquery()
+        new_key = select(runs.c.key).where(runs.c.id == new_id).scalar_subquery()
         attempts = cast(Table, Attempt.__table__)
         copy(attempts, attempts.c.run_id == run_id,
              {"id": literal(attempt_id), "run_id": literal(new_id)})
         layers = cast(Table, Layer.__table__)
         copy(layers, layers.c.run_id == run_id, {"run_id": literal(new_id)})
         drifted = (steps.c.step >= drift_step)
-        copy(steps, steps.c.run_id == run_id, {
-            "id": steps.c.id + offset, "run_id": literal(new_id), "attempt_id": literal(attempt_id),
-        })
-        conn.execute(update(steps).where(steps.c.run_id == new_id, drifted)
+        # Steps keep their attempt ordinal; the copy's one attempt has the original's ordinal.
+        copy(steps, steps.c.run_key == old_key, {"id": steps.c.id + offset, "run_key": new_key})
+        conn.execute(update(steps).where(steps.c.run_key == new_key, drifted)
                      .values(loss=steps.c.loss * DRIFT))
-        source_ids = select(steps.c.id).where(steps.c.run_id == run_id)
+        source_ids = select(steps.c.id).where(steps.c.run_key == old_key)
         copy(stats, stats.c.step_id.in_(source_ids),
-             {"step_id": stats.c.step_id + offset, "run_id": literal(new_id)})
+             {"step_id": stats.c.step_id + offset, "run_key": new_key})
         layer_rollups = cast(Table, LayerRollup.__table__)
         copy(layer_rollups, layer_rollups.c.run_id == run_id, {"run_id": literal(new_id)})
         table = cast(Table, Rollup.__table__)
