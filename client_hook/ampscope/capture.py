@@ -48,9 +48,9 @@ class Kind(enum.Enum):
     STATS = "stats"
 
 
-Parts = list["torch.Tensor | list[torch.Tensor]"]
-"""A capture's device tensors, in this order: the L norms as a list of 0-d tensors, or the
-``(L, 8)`` partials, then the ``(L, NUM_BINS)`` histogram if any."""
+Parts = list[torch.Tensor]
+"""A capture's device tensors, in this order: the ``(L,)`` norms, or the ``(L, 8)`` partials,
+then the ``(L, NUM_BINS)`` histogram if any."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def take(
         return parts, Taken(Kind.STATS, table.device, flags, histogram=counts is not None,
                             path=stats.last_path or "eager")
     norms = stats.raw_norms(grads)
-    device = norms[0].device if norms else (
+    device = norms.device if len(norms) else (
         scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu"))
     return [norms], Taken(Kind.NORMS, device, flags, float32_norms=stats.float32_norms)
 

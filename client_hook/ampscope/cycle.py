@@ -65,7 +65,8 @@ class StepCycle:
 
     def reset(self) -> None:
         self.captured = False
-        self._parts: Parts | None = None  # the capture's raw device tensors (``capture.take``)
+        # The capture's raw device tensors (``capture.take``).
+        self._parts: list[torch.Tensor] | None = None
         self._taken: Taken | None = None
         self._has_block = False
         self._acts: torch.Tensor | None = None

@@ -47,8 +47,8 @@ from ampscope.histogram import exponent_histogram
 from ampscope.partials import NUM_COLUMNS, NUM_SUMS, finalize, float32_bits, threshold_bits
 from ampscope.wire import LAYER_STAT_NAMES
 
-__all__ = ["CHUNK", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm", "layer_stats",
-           "unpack"]
+__all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm",
+           "layer_stats", "unpack"]
 
 STAT_NAMES: tuple[str, ...] = LAYER_STAT_NAMES
 """Rows of the stats block, in wire order; see DESIGN.md §3 for the definitions."""
@@ -60,6 +60,13 @@ chunk-to-layer fold longer. 512 was fastest on the CPU reference loop."""
 MAX_GROUP_ELEMS = 1 << 26
 """Scratch buffers hold at most this many elements; bigger models are reduced in groups of layers,
 so launches grow with model size / 64M, never with the layer count."""
+
+DOT_MIN_ELEMS = 1 << 20
+"""``raw_norms`` on the CPU takes one BLAS dot per layer from this many float32 gradient elements
+(all layers together); below it one ``torch._foreach_norm``. The dot reads memory about twice as
+fast as ATen's norm kernel, but each is a Python-level op: on the sweep's 34-tensor models the
+dots cost 103 against 62 µs at 0.25 M parameters, about the same at 1 M, 270 against 332 µs at
+4 M (``docs/hook-cost.md``, session 5)."""
 
 FUSE_MIN_ELEMS = 1 << 19
 """With ``fused=None`` (auto), layouts of at least this many gradient elements get the compiled
@@ -306,6 +313,7 @@ class GradStats:
         """
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
+        self._total = 0 if numels is None else sum(self.numels or ())
         self._acc64 = exact_norms  # grad_norms' direct path accumulates in float64
         self.float32_norms = False
         """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
@@ -465,22 +473,23 @@ class GradStats:
         )
         return torch.cat([sums.add_(plan.adjust), amax.unsqueeze(1), amin.unsqueeze(1)], dim=1)
 
-    def raw_norms(self, grads: Grads) -> list[torch.Tensor]:
+    def raw_norms(self, grads: Grads) -> torch.Tensor:
         """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):
-        L 0-d device tensors, 0 for an absent gradient; NaN when the layer holds a NaN, else +inf
-        when it holds ±inf, so they double as the layers' finiteness. No host sync.
+        one ``(L,)`` device tensor, 0 for an absent gradient; NaN when the layer holds a NaN,
+        else +inf when it holds ±inf, so they double as the layers' finiteness. No host sync.
 
         This runs on every optimizer step, so it is the hook's floor: one read of the gradients
         as they are (no copy), accumulating each layer in **float32** (float64 for float64
-        gradients, or with ``exact_norms``); ``float32_norms`` says which. On a GPU, and for
-        float16/bfloat16 or non-contiguous gradients, that read is one ``torch._foreach_norm``.
-        On the CPU with dense contiguous float32 gradients it is one ``torch.dot(g, g)`` per
-        layer (the BLAS dot), then one stack and one square root: ATen's CPU norm kernel, which
+        gradients, or with ``exact_norms``); ``float32_norms`` says which. The read is one
+        ``torch._foreach_norm`` and one stack, except on the CPU with dense contiguous float32
+        gradients of at least ``DOT_MIN_ELEMS`` elements in all: there one ``torch.dot(g, g)``
+        per layer (the BLAS dot), one stack and one square root. ATen's CPU norm kernel, which
         ``_foreach_norm`` calls per tensor, took 2-3x the dot's time on the 4M bench model's
         gradients, and its float32 sum was less accurate (max relative error against float64
-        2.4e-5, the dot's 3.0e-6; ``docs/hook-cost.md``, session 4). The range below is the
-        same: both square and add in float32. The division by the scale and the global norm
-        are left to the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
+        2.4e-5, the dot's 3.0e-6; ``docs/hook-cost.md``, session 4); on smaller models the
+        dots' per-op cost outweighs that (``DOT_MIN_ELEMS``). The range below is the same: both
+        square and add in float32. The division by the scale and the global norm are left to
+        the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
         ``_foreach_norm`` over the present ones, made dense and moved to the first's device.
 
         Why float32: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
@@ -497,7 +506,7 @@ class GradStats:
         with torch.no_grad():
             if not grads:
                 self.float32_norms = not self._acc64
-                return []
+                return torch.zeros(0, dtype=torch.float64 if self._acc64 else torch.float32)
             dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
                          else list(grads))
             try:
@@ -505,36 +514,43 @@ class GradStats:
                 # sparse one, RuntimeError for gradients on several devices: the op itself
                 # checks, no Python loop over the gradients on the common path.
                 if not self._acc64:
-                    if _dense_float32_cpu(dense):
-                        # One BLAS dot per layer, then one sqrt (module docstring of raw_norms).
-                        squares = torch.stack([torch.dot(g.view(-1), g.view(-1)) for g in dense])
+                    if self._dots(dense):
+                        squares = []
+                        for g in dense:
+                            flat = g.view(-1)
+                            squares.append(torch.dot(flat, flat))
                         self.float32_norms = True
-                        return list(squares.sqrt_())
+                        return torch.stack(squares).sqrt_()
                     try:
                         each = torch._foreach_norm(dense, 2, dtype=torch.float32)
                         self.float32_norms = True
-                        return list(each)
+                        return torch.stack(each)
                     except RuntimeError:  # a float64 gradient does not narrow to float32
                         each = torch._foreach_norm(dense, 2, dtype=torch.float64)
                         self._acc64 = True  # it did: float64 from now on
                 else:
                     each = torch._foreach_norm(dense, 2, dtype=torch.float64)
                 self.float32_norms = False
-                return list(each)
+                return torch.stack(each)
             except (TypeError, RuntimeError):
                 return self._raw_norms_fallback(grads)
 
-    def _raw_norms_fallback(self, grads: Grads) -> list[torch.Tensor]:
+    def _dots(self, grads: list[torch.Tensor]) -> bool:
+        """Whether ``raw_norms`` takes the dot path (see there): big enough, and every gradient
+        a dense, contiguous float32 CPU tensor."""
+        total = self._total if self.numels is not None else sum(
+            g.numel() for g in grads if g is not None)
+        return total >= DOT_MIN_ELEMS and _dense_float32_cpu(grads)
+
+    def _raw_norms_fallback(self, grads: Grads) -> torch.Tensor:
         self.float32_norms = False
         device = next(g.device for g in grads if g is not None) if any(
             g is not None for g in grads) else torch.device("cpu")
         present = [i for i, g in enumerate(grads) if g is not None]
         flat = [_flat(cast(torch.Tensor, grads[i]), device) for i in present]
-        norms = torch._foreach_norm(flat, 2, dtype=torch.float64) if flat else []
-        zero = torch.zeros((), dtype=torch.float64, device=device)
-        out = [zero] * len(grads)
-        for i, norm in zip(present, norms, strict=True):
-            out[i] = norm
+        out = torch.zeros(len(grads), dtype=torch.float64, device=device)
+        if flat:
+            out[present] = torch.stack(torch._foreach_norm(flat, 2, dtype=torch.float64))
         return out
 
     def grad_norm(
@@ -556,10 +572,10 @@ class GradStats:
         if len(flags) != len(grads):
             raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
         raw = self.raw_norms(grads)
-        if not raw:
+        if not len(raw):
             device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
             return torch.zeros(1, dtype=torch.float64, device=device)
-        v = torch.stack([r.reshape(()) for r in raw]).to(torch.float64)
+        v = raw.to(torch.float64)
         s = _scale_tensor(scale, v.device)
         v = v * torch.where(torch.tensor(flags, dtype=torch.bool, device=v.device),
                             s.reciprocal(), torch.ones((), dtype=torch.float64, device=v.device))

@@ -27,8 +27,8 @@ def scalars(loss: torch.Tensor | None = None) -> list[torch.Tensor]:
     ]
 
 
-def raw_norms() -> list[torch.Tensor]:
-    return [torch.tensor(v, dtype=F32) for v in (3.0, math.nan, math.inf, 4.0)]
+def raw_norms() -> torch.Tensor:
+    return torch.tensor([3.0, math.nan, math.inf, 4.0], dtype=F32)
 
 
 def record(values: torch.Tensor | Parts) -> StepRecord:

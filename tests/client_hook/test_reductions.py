@@ -212,7 +212,12 @@ def check_cached(
 
 
 class TestRawNormsDotPath:
-    """raw_norms on dense contiguous float32 CPU gradients: one BLAS dot per layer."""
+    """raw_norms on dense contiguous float32 CPU gradients: one BLAS dot per layer (from
+    ``DOT_MIN_ELEMS`` elements; lowered here so that these small layers take it)."""
+
+    @pytest.fixture(autouse=True)
+    def _dots_for_any_size(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(reductions, "DOT_MIN_ELEMS", 0)
 
     LAYERS: ClassVar[list[torch.Tensor]] = [
         torch.randn(300_000),  # long enough for a vectorised, blocked dot
@@ -255,7 +260,7 @@ class TestRawNormsDotPath:
                      [torch.ones(4, dtype=torch.bfloat16)], [torch.ones(4), torch.ones(2, 2).t()]):
             with _CountOps() as mode:
                 norms = GradStats(FP16).raw_norms(raws)
-            assert mode.ops == ["_foreach_norm"]
+            assert mode.ops == ["_foreach_norm", "stack"]
             assert [float(n) for n in norms] == [
                 float(torch.linalg.vector_norm(r.float())) for r in raws]
 
@@ -333,12 +338,14 @@ class TestGradNormsDirectPath:
         for g, w in zip(got[1:], want["l2"], strict=True):
             assert_same(g, w)
 
-    def ops_for(self, num_layers: int, raw: bool, contiguous: bool = False) -> list[str]:
+    def ops_for(self, num_layers: int, raw: bool, contiguous: bool = False,
+                size: int = 37) -> list[str]:
         """The ops of one call on ``num_layers`` float32 CPU gradients; non-contiguous ones
-        take the one-op ``_foreach_norm`` path (the GPU's), contiguous ones the CPU's dots."""
+        take the one-op ``_foreach_norm`` path (the GPU's), contiguous ones the CPU's dots
+        once they hold ``DOT_MIN_ELEMS`` elements in all."""
         stats = GradStats(FP16)
-        raws = [torch.randn(37 + 50 * i, 2)[:, 0] if not contiguous else torch.randn(37 + 50 * i)
-                for i in range(num_layers)]
+        raws = [torch.randn(size + 50 * i, 2)[:, 0] if not contiguous
+                else torch.randn(size + 50 * i) for i in range(num_layers)]
         stats.grad_norms(raws, torch.tensor(2.0**10), True)
         with _CountOps() as mode:
             if raw:
@@ -355,11 +362,20 @@ class TestGradNormsDirectPath:
     def test_the_every_step_read_is_one_op(self) -> None:
         # What the monitor's capture launches on a step without per-layer stats: the division
         # by the scale and the global norm are the sender thread's (capture.finish).
-        assert self.ops_for(3, raw=True) == self.ops_for(60, raw=True) == ["_foreach_norm"]
+        assert self.ops_for(3, raw=True) == self.ops_for(60, raw=True) == [
+            "_foreach_norm", "stack"]
 
-    def test_on_the_cpu_contiguous_float32_takes_one_dot_per_layer(self) -> None:
-        assert self.ops_for(3, raw=True, contiguous=True) == ["dot"] * 3 + ["stack", "sqrt_",
-                                                                          "unbind"]
+    def test_small_contiguous_float32_layers_take_the_one_op_path(self) -> None:
+        assert self.ops_for(3, raw=True, contiguous=True) == ["_foreach_norm", "stack"]
+
+    def test_on_the_cpu_contiguous_float32_takes_one_dot_per_layer_from_the_threshold(
+        self,
+    ) -> None:
+        big = reductions.DOT_MIN_ELEMS // 3 + 1  # three layers reach it together
+        assert self.ops_for(3, raw=True, contiguous=True, size=big) == ["dot"] * 3 + [
+            "stack", "sqrt_"]
+        assert self.ops_for(3, raw=True, contiguous=True, size=big - 60) == [
+            "_foreach_norm", "stack"]
 
     def test_no_host_reads(self, monkeypatch: pytest.MonkeyPatch) -> None:
         def boom(*args: object) -> Iterator[None]:
