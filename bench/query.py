@@ -168,14 +168,14 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
         copy(stats, stats.c.step_id.in_(source_ids),
              {"step_id": stats.c.step_id + offset, "run_key": new_key})
         layer_rollups = cast(Table, LayerRollup.__table__)
-        copy(layer_rollups, layer_rollups.c.run_id == run_id, {"run_id": literal(new_id)})
+        copy(layer_rollups, layer_rollups.c.run_key == old_key, {"run_key": new_key})
         table = cast(Table, Rollup.__table__)
-        copy(table, table.c.run_id == run_id, {"run_id": literal(new_id)})
+        copy(table, table.c.run_key == old_key, {"run_key": new_key})
         # The copy's rollups follow its loss: buckets past the drift scaled, those across it
         # widened to both (min/max over all of the bucket's values, as ingest keeps them).
         index = rollups.SERIES.index("loss")
         rows = conn.execute(select(table.c.level, table.c.bucket, table.c.series)
-                            .where(table.c.run_id == new_id)).all()
+                            .where(table.c.run_key == new_key)).all()
         for level, bucket, blob in rows:
             first, last = bucket << level, ((bucket + 1) << level) - 1
             if last < drift_step:
@@ -188,7 +188,7 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
                 acc.lo, acc.hi = min(acc.lo, acc.lo * DRIFT), max(acc.hi, acc.hi * DRIFT)
             acc.last *= DRIFT
             conn.execute(update(table).where(
-                table.c.run_id == new_id, table.c.level == level, table.c.bucket == bucket,
+                table.c.run_key == new_key, table.c.level == level, table.c.bucket == bucket,
             ).values(series=rollups.pack_series(accs)))
     print(f"copied it as run {new_id[:8]} (loss x{DRIFT} from step {drift_step}) in "
           f"{time.perf_counter() - began:.1f} s")

@@ -361,17 +361,18 @@ def unpack_layers(blob: bytes) -> LayerArrays:
     return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
 
 
-def to_row(run_id: str, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
-    """The `rollups` row (series) of a bucket."""
+def to_row(run_key: int, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
+    """The `rollups` row (series) of a bucket of the run whose `runs.key` is `run_key`."""
     level, index = key
-    return {"run_id": run_id, "level": level, "bucket": index,
+    return {"run_key": run_key, "level": level, "bucket": index,
             "series": pack_series(bucket.series)}
 
 
-def to_layer_row(run_id: str, key: tuple[int, int], layers: LayerArrays) -> dict[str, object]:
-    """The `layer_rollups` row of a bucket's per-layer arrays."""
+def to_layer_row(run_key: int, key: tuple[int, int], layers: LayerArrays
+                 ) -> dict[str, object]:
+    """The `layer_rollups` row of a bucket's per-layer arrays (the run by its `runs.key`)."""
     level, index = key
-    return {"run_id": run_id, "level": level, "bucket": index, "data": pack_layers(layers)}
+    return {"run_key": run_key, "level": level, "bucket": index, "data": pack_layers(layers)}
 
 
 # --- query planning ----------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def get_rollups(
         chunk = list(keys[start:start + KEYS_PER_STATEMENT])
         rows = session.execute(
             select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-            .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+            .where(Rollup.run_key == run_key(run_id),
+                   tuple_(Rollup.level, Rollup.bucket).in_(chunk))
         )
         found.extend(tuple(row) for row in rows)
     return found
@@ -60,7 +61,7 @@ def get_layer_rollups(
         chunk = list(keys[start:start + KEYS_PER_STATEMENT])
         rows = session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_id == run_id,
+            .where(LayerRollup.run_key == run_key(run_id),
                    tuple_(LayerRollup.level, LayerRollup.bucket).in_(chunk))
         )
         found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
@@ -71,7 +72,7 @@ def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
             rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    keys = ("run_id", "level", "bucket")
+    keys = ("run_key", "level", "bucket")
     statement = dialect_insert(session, model)
     statement = statement.on_conflict_do_update(
         index_elements=[getattr(model, key) for key in keys],
@@ -112,7 +113,7 @@ def rollup_rows(
     if level in rollups.SERIES_LEVELS:
         rows: list[tuple[Any, ...]] = [tuple(row) for row in session.execute(
             select(Rollup.bucket, Rollup.series)
-            .where(Rollup.run_id == run_id, Rollup.level == level,
+            .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
                    Rollup.bucket.between(first, last))
             .order_by(Rollup.bucket)
         )]
@@ -144,7 +145,7 @@ def layer_rollup_arrays(
     if stored:
         for level, bucket, data in session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_id == run_id)
+            .where(LayerRollup.run_key == run_key(run_id))
             .where(or_(*[
                 and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
                 for level, first, last in stored
@@ -253,7 +254,7 @@ def rollup_pieces(
     if stored:
         out.extend((int(level), int(bucket), blob) for level, bucket, blob in session.execute(
             select(Rollup.level, Rollup.bucket, Rollup.series)
-            .where(Rollup.run_id == run_id)
+            .where(Rollup.run_key == run_key(run_id))
             .where(or_(*[
                 and_(Rollup.level == level, Rollup.bucket.between(first, last))
                 for level, first, last in stored
@@ -281,3 +282,4 @@ def series_from_steps(session: Session, run_id: str, level: int, first: int, las
                             for i in range(1, len(columns), 2)]) for row in rows)
     return {bucket: rollups.pack_series(accs)
             for bucket, accs in rollups.series_buckets(steps, level).items()}
+
