@@ -187,6 +187,13 @@ def _update_rollups(session: Session, run_id: str, key: int,
     if not new:
         return
     ordered = sorted(new, key=lambda item: (item[1].step, item[0]))
+    # Which new steps are the first stored of their step number (the skip counts take each
+    # step number once): not stored before this batch, nor earlier in it.
+    seen = _seen_steps(session, run_id, new, old_last)
+    firsts: list[bool] = []
+    for _, record in ordered:
+        firsts.append(record.step not in seen)
+        seen.add(record.step)
     delta = rollups.accumulate(
         rollups.StepInput(
             step=record.step,
@@ -194,17 +201,22 @@ def _update_rollups(session: Session, run_id: str, key: int,
             layers=None if record.layers is None else {
                 name: getattr(record.layers, name) for name in LAYER_STAT_NAMES
             },
+            skipped=record.skipped,
+            first=first,
         )
-        for _, record in ordered
+        for (_, record), first in zip(ordered, firsts, strict=True)
     )
     kept = sorted(bucket for bucket in delta if bucket[0] in rollups.SERIES_LEVELS)
-    for level, index, series_blob in rollups_repository.get_rollups(
-        session, run_id, kept, ("series",)
+    for level, index, series_blob, step_count, skip_count in rollups_repository.get_rollups(
+        session, run_id, kept, ("series", "step_count", "skip_count")
     ):
+        got = delta[(level, index)]
         stored = rollups.unpack_series(series_blob)
-        for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
+        for mine, theirs in zip(stored, got.series, strict=True):
             mine.merge(theirs)
-        delta[(level, index)].series = stored
+        got.series = stored
+        got.steps += int(step_count)
+        got.skips += int(skip_count)
     rollups_repository.upsert_rollups(
         session, [rollups.to_row(key, bucket, delta[bucket]) for bucket in kept]
     )
@@ -214,6 +226,20 @@ def _update_rollups(session: Session, run_id: str, key: int,
         for bucket, arrays in _layer_rows(session, run_id, delta,
                                           min(step_id for step_id, _ in new), old_last, new_last)
     ])
+
+
+def _seen_steps(session: Session, run_id: str, new: list[tuple[int, StepRecord]],
+                old_last: int | None) -> set[int]:
+    """The step numbers of `new` that the run stored before this batch (a resumed attempt
+    re-sending steps): their skip flags are counted already. Asked only when a new step lies
+    at or before the run's last one, so a run that only moves on pays no query."""
+    if old_last is None:
+        return set()
+    earlier = [record.step for _, record in new if record.step <= old_last]
+    if not earlier:
+        return set()
+    return rollups_repository.stored_steps(session, run_id, earlier,
+                                           min(step_id for step_id, _ in new))
 
 
 def _layer_rows(

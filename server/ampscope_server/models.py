@@ -340,11 +340,18 @@ class _RunBucket:
 class Rollup(_RunBucket, Base):
     """Min/max/last of a run's chart series over one bucket of 2^level steps, the levels of
     `rollups.SERIES_LEVELS` (from 16 steps; a 4-step bucket is folded from its raw steps,
-    revision 0009), maintained at ingest (`rollups.py` packs `series`)."""
+    revision 0009), and its step and skip counts, maintained at ingest (`rollups.py` packs
+    `series`)."""
 
     __tablename__ = "rollups"
 
     series: Mapped[bytes] = mapped_column(LargeBinary)
+    step_count: Mapped[int] = mapped_column(Integer)
+    """The bucket's stored step numbers, each once (a step a resumed attempt sent again is not
+    counted again; revision 0013)."""
+    skip_count: Mapped[int] = mapped_column(Integer)
+    """Of those, the skipped ones (by the step's first stored row, as the rolling skip rate
+    reads them): the long-range skip rate comes from these two (`skip_rates.blocks`)."""
 
 
 class LayerRollup(_RunBucket, Base):

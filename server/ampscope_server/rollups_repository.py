@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    Double,
     and_,
+    cast,
     func,
     or_,
     select,
@@ -283,3 +285,63 @@ def series_from_steps(session: Session, run_id: str, level: int, first: int, las
     return {bucket: rollups.pack_series(accs)
             for bucket, accs in rollups.series_buckets(steps, level).items()}
 
+
+# --- skip counts (revision 0013) ---------------------------------------------------------------
+
+def stored_steps(session: Session, run_id: str, steps: Sequence[int], before_id: int
+                 ) -> set[int]:
+    """The step numbers among `steps` that the run already stored (in a step with an id below
+    `before_id`: before an ingest's own steps)."""
+    found: set[int] = set()
+    ordered = sorted(set(steps))
+    for start in range(0, len(ordered), KEYS_PER_STATEMENT):
+        found.update(int(step) for step in session.execute(
+            select(Step.step).distinct()
+            .where(Step.run_key == run_key(run_id), Step.id < before_id,
+                   Step.step.in_(ordered[start:start + KEYS_PER_STATEMENT]))).scalars())
+    return found
+
+
+def skip_block_maxima(session: Session, run_id: str, level: int, units: int, first: int,
+                      last: int, width: int) -> list[tuple[int, float]]:
+    """(column, highest block rate) of the run's series rollups of `level` that overlap
+    [first, last], in column order.
+
+    A block is `units` consecutive buckets ending at one stored bucket (fewer at the range's
+    start, and a gap holds no step: `RANGE`, not `ROWS`); its rate is the skip count over the
+    step count of its buckets; its column is (the last step of its last bucket - first) //
+    `width`. The database does the sliding sums and the maximum per column, so only the
+    columns travel, however many buckets the range spans.
+    """
+    unit = 1 << level
+    frame = (-(units - 1), 0)
+    skipped = func.sum(Rollup.skip_count).over(order_by=Rollup.bucket, range_=frame)
+    counted = func.sum(Rollup.step_count).over(order_by=Rollup.bucket, range_=frame)
+    blocks = (
+        select(((Rollup.bucket * unit + (unit - 1 - first)) // width).label("col"),
+               (cast(skipped, Double) / func.nullif(counted, 0)).label("rate"))
+        .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+               Rollup.bucket.between(first >> level, last >> level))
+        .subquery()
+    )
+    rows = session.execute(select(blocks.c.col, func.max(blocks.c.rate))
+                           .group_by(blocks.c.col).order_by(blocks.c.col))
+    return [(int(col), float(rate)) for col, rate in rows if rate is not None]
+
+
+def skipped_buckets(session: Session, run_id: str, level: int, first: int, last: int
+                    ) -> list[int]:
+    """The run's buckets of `level` that overlap [first, last] and hold a skipped step, in
+    order."""
+    return [int(bucket) for bucket in session.execute(
+        select(Rollup.bucket)
+        .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+               Rollup.bucket.between(first >> level, last >> level), Rollup.skip_count > 0)
+        .order_by(Rollup.bucket)).scalars()]
+
+
+def last_step_in(session: Session, run_id: str, first: int, last: int) -> int | None:
+    """The run's highest stored step within [first, last] (one index probe)."""
+    found = session.execute(
+        select(func.max(Step.step)).where(*step_range(run_id, first, last))).scalar_one()
+    return None if found is None else int(found)

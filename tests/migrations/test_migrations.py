@@ -46,6 +46,9 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series", "step_count",
+                                           "skip_count"}
+    db.downgrade(db_url, "0012")
     assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series"}
     assert _columns(db_url, "layer_rollups") == {"run_key", "level", "bucket", "data"}
     db.downgrade(db_url, "0011")
@@ -210,7 +213,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0012"
+            assert context.get_current_revision() == db.head_revision() == "0013"
     finally:
         engine.dispose()
 
