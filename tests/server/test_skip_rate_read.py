@@ -145,6 +145,22 @@ ZOOMS = [(None, None), (20_000, 43_000), (31_500, 42_900), (2000, 12_500)]
 @pytest.mark.parametrize("max_points", [2000, 50, 100_000])
 def test_long_ranges_match_a_brute_force(long_run: tuple[sessionmaker[Session], str],
                                          window: int, max_points: int) -> None:
+    _check_reads(long_run, window, max_points)
+
+
+@pytest.mark.parametrize("window", [100, 1000])
+def test_a_coarser_unit_past_the_row_bound(long_run: tuple[sessionmaker[Session], str],
+                                           window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With at most 512 rows of a unit, 43,000 steps take 64-step units (k = 1 at a window of
+    100): the guarantees hold with the coarser blocks."""
+    monkeypatch.setattr(skip_rates, "MAX_BLOCK_ROWS", 1 << 9)
+    assert skip_rates.blocks(window, STEPS, rollups.SERIES_LEVELS) == skip_rates.Blocks(
+        6 if window == 100 else 8, window >> (6 if window == 100 else 8))
+    _check_reads(long_run, window, 2000)
+
+
+def _check_reads(long_run: tuple[sessionmaker[Session], str], window: int, max_points: int
+                 ) -> None:
     factory, run_id = long_run
     with factory() as session:
         run = session.get(Run, run_id)

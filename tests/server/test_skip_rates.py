@@ -45,7 +45,7 @@ LEVELS = (4, 6, 8, 10, 12, 14, 16)
 
 class TestBlocks:
     def test_the_widest_unit_with_four_in_the_window(self) -> None:
-        assert skip_rates.blocks(100, 1_000_000, LEVELS) == skip_rates.Blocks(4, 6)
+        assert skip_rates.blocks(100, 200_000, LEVELS) == skip_rates.Blocks(4, 6)
         assert skip_rates.blocks(1000, 1_000_000, LEVELS) == skip_rates.Blocks(6, 15)
         assert skip_rates.blocks(256, 20_000, LEVELS) == skip_rates.Blocks(6, 4)
 
@@ -57,7 +57,8 @@ class TestBlocks:
         assert skip_rates.blocks(15, 20_000, LEVELS) is None
 
     def test_coarser_when_the_range_holds_too_many_units(self) -> None:
-        # 2^22 steps hold 2^18 units of 16 steps, more than MAX_BLOCK_ROWS: 64-step units.
+        # 1M steps hold 62,500 units of 16 steps, more than MAX_BLOCK_ROWS: 64-step units.
+        assert skip_rates.blocks(100, 1_000_000, LEVELS) == skip_rates.Blocks(6, 1)
         assert skip_rates.blocks(100, 1 << 22, LEVELS) == skip_rates.Blocks(6, 1)
         # ... but never wider than the window.
         assert skip_rates.blocks(40, 1 << 30, LEVELS) == skip_rates.Blocks(4, 2)
