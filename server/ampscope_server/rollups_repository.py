@@ -14,7 +14,6 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    tuple_,
 )
 from sqlalchemy.orm import Session
 
@@ -35,20 +34,33 @@ from ampscope_server.sql_support import (
 
 # --- rollups -----------------------------------------------------------------------------------
 
+def _by_level(keys: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """(level, a slice of its buckets) pieces of `keys`, each at most `KEYS_PER_STATEMENT`.
+
+    One statement per level with `bucket IN (...)`: SQLite's planner probes the primary key
+    (run_key, level, bucket) with that, but with a row-value `(level, bucket) IN (...)` (or an
+    OR of levels) it scanned every rollup row of the run, so each ingest batch read all of a
+    long run's rollups. In slices: a batch of 10k records touches ~10k buckets, and one IN
+    list that long is more than Postgres' planner takes (StatementTooComplex)."""
+    grouped: dict[int, list[int]] = {}
+    for level, bucket in keys:
+        grouped.setdefault(level, []).append(bucket)
+    return [(level, buckets[start:start + KEYS_PER_STATEMENT])
+            for level, buckets in sorted(grouped.items())
+            for start in range(0, len(buckets), KEYS_PER_STATEMENT)]
+
+
 def get_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
     """(level, bucket, *columns) of the run's stored series rollups among `keys` (level,
     bucket)."""
     found: list[tuple[Any, ...]] = []
-    # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
-    # more than Postgres' planner takes (StatementTooComplex).
-    for start in range(0, len(keys), KEYS_PER_STATEMENT):
-        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+    for level, buckets in _by_level(keys):
         rows = session.execute(
             select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-            .where(Rollup.run_key == run_key(run_id),
-                   tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+            .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+                   Rollup.bucket.in_(buckets))
         )
         found.extend(tuple(row) for row in rows)
     return found
@@ -59,12 +71,11 @@ def get_layer_rollups(
 ) -> dict[tuple[int, int], bytes]:
     """{(level, bucket): packed per-layer rollup} of the run's stored ones among `keys`."""
     found: dict[tuple[int, int], bytes] = {}
-    for start in range(0, len(keys), KEYS_PER_STATEMENT):
-        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+    for level, buckets in _by_level(keys):
         rows = session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_key == run_key(run_id),
-                   tuple_(LayerRollup.level, LayerRollup.bucket).in_(chunk))
+            .where(LayerRollup.run_key == run_key(run_id), LayerRollup.level == level,
+                   LayerRollup.bucket.in_(buckets))
         )
         found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
     return found
