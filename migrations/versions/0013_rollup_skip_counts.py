@@ -13,8 +13,9 @@ re-sends steps stores them again, and the rolling rate ignores a step number it 
 
 `rollups` is a leaf, so it is rebuilt (rename, create, INSERT … SELECT with the counts
 computed by the database from `steps`, drop), the columns widest first (bucket, run_key, the
-two counts, level), as revision 0012 did; every `series` blob is copied as stored. The
-downgrade rebuilds the 0012 layout the same way. Nothing here imports application code.
+two counts, level), as revision 0012 did; every `series` blob is copied as stored. On SQLite
+the new table is WITHOUT ROWID (clustered by its primary key). The downgrade rebuilds the 0012
+layout the same way. Nothing here imports application code.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def _create(counted: bool) -> None:
         sa.ForeignKeyConstraint(["run_key"], ["runs.key"], name="fk_rollups_run_key_runs",
                                 ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_key", "level", "bucket", name="pk_rollups"),
+        # SQLite: rows clustered by the primary key, so a read of a level's buckets (the skip
+        # rate's sliding sums) scans them in order rather than probing the table per row, and
+        # the key is stored once rather than in the table and again in its index.
+        sqlite_with_rowid=not counted,
     )
 
 

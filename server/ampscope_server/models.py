@@ -344,6 +344,9 @@ class Rollup(_RunBucket, Base):
     `series`)."""
 
     __tablename__ = "rollups"
+    # SQLite: clustered by (run_key, level, bucket), so a level's buckets are read in order
+    # without a table probe per row (revision 0013).
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     series: Mapped[bytes] = mapped_column(LargeBinary)
     step_count: Mapped[int] = mapped_column(Integer)

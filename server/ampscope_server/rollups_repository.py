@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Double,
     and_,
     cast,
@@ -325,9 +326,14 @@ def skip_block_maxima(session: Session, run_id: str, level: int, units: int, fir
     columns travel, however many buckets the range spans.
     """
     unit = 1 << level
-    frame = (-(units - 1), 0)
-    skipped = func.sum(Rollup.skip_count).over(order_by=Rollup.bucket, range_=frame)
-    counted = func.sum(Rollup.step_count).over(order_by=Rollup.bucket, range_=frame)
+    skipped: ColumnElement[int]
+    counted: ColumnElement[int]
+    if units == 1:  # a block is one bucket: no window function (a third of the time on SQLite)
+        skipped, counted = Rollup.skip_count.expression, Rollup.step_count.expression
+    else:
+        frame = (-(units - 1), 0)
+        skipped = func.sum(Rollup.skip_count).over(order_by=Rollup.bucket, range_=frame)
+        counted = func.sum(Rollup.step_count).over(order_by=Rollup.bucket, range_=frame)
     blocks = (
         select(((Rollup.bucket * unit + (unit - 1 - first)) // width).label("col"),
                (cast(skipped, Double) / func.nullif(counted, 0)).label("rate"))
