@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import tempfile
@@ -168,14 +169,14 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
         copy(stats, stats.c.step_id.in_(source_ids),
              {"step_id": stats.c.step_id + offset, "run_key": new_key})
         layer_rollups = cast(Table, LayerRollup.__table__)
-        copy(layer_rollups, layer_rollups.c.run_id == run_id, {"run_id": literal(new_id)})
+        copy(layer_rollups, layer_rollups.c.run_key == old_key, {"run_key": new_key})
         table = cast(Table, Rollup.__table__)
-        copy(table, table.c.run_id == run_id, {"run_id": literal(new_id)})
+        copy(table, table.c.run_key == old_key, {"run_key": new_key})
         # The copy's rollups follow its loss: buckets past the drift scaled, those across it
         # widened to both (min/max over all of the bucket's values, as ingest keeps them).
         index = rollups.SERIES.index("loss")
         rows = conn.execute(select(table.c.level, table.c.bucket, table.c.series)
-                            .where(table.c.run_id == new_id)).all()
+                            .where(table.c.run_key == new_key)).all()
         for level, bucket, blob in rows:
             first, last = bucket << level, ((bucket + 1) << level) - 1
             if last < drift_step:
@@ -188,7 +189,7 @@ def copy_run(engine: Engine, run_id: str, drift_step: int) -> str:
                 acc.lo, acc.hi = min(acc.lo, acc.lo * DRIFT), max(acc.hi, acc.hi * DRIFT)
             acc.last *= DRIFT
             conn.execute(update(table).where(
-                table.c.run_id == new_id, table.c.level == level, table.c.bucket == bucket,
+                table.c.run_key == new_key, table.c.level == level, table.c.bucket == bucket,
             ).values(series=rollups.pack_series(accs)))
     print(f"copied it as run {new_id[:8]} (loss x{DRIFT} from step {drift_step}) in "
           f"{time.perf_counter() - began:.1f} s")
@@ -227,6 +228,10 @@ def _stats(times: list[float]) -> str:
     return f"{statistics.median(times) * 1e3:7.1f} {p95 * 1e3:7.1f}"
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="SQLAlchemy URL (default: a fresh SQLite file)")
@@ -234,7 +239,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--batch", type=int, default=100, help="steps per ingest batch")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--only", help="time only the queries whose label holds this text "
+                                       "(e.g. skip-rate; the build is the same)")
     args = parser.parse_args()
+    print(f"load average at start: {_load()}")
     tmp = tempfile.TemporaryDirectory()
     url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     db.upgrade(url)
@@ -258,14 +266,17 @@ def main() -> None:
                 f"heatmap {stat:13} {zoom}",
                 functools.partial(_heatmap, stat=stat, start=start, end=end),
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
-        # The skip rate reads every step's flag of the range (the rollups count no skips):
-        # listed so its cost at this length is printed, not hidden (its rows are not counted).
+        # The skip rate: every step's flag up to 10,000 steps, the rollups' skip counts past
+        # that (revision 0013); its rows are not counted.
         queries.append((
             f"skip-rate {'':13} {zoom}",
             functools.partial(_skip_rate, start=start, end=end),
             f"/api/runs/{run_id}/skip-rate?max_points=2000{qs}"))
     queries.append(("compare 2 runs", functools.partial(_compare, other=other),
                     f"/api/compare?runs={run_id},{other}"))
+    if args.only:
+        queries = [query for query in queries if args.only in query[0]]
+    print(f"load average after the build: {_load()}")
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
     print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
     # Loopback, as `ampscope serve`'s default: the gate answers only the hosts it is bound to.
@@ -289,6 +300,7 @@ def main() -> None:
                 http.append(time.perf_counter() - began)
                 assert response.status_code == 200, response.text
             print(f"{label:36} {_stats(service)} {_stats(http)} {rows:7} {points:7}")
+    print(f"load average at the end: {_load()}")
     engine.dispose()
     tmp.cleanup()
 

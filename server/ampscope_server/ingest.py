@@ -97,7 +97,7 @@ def ingest_batch(
         steps_repository.insert_rows(session, model, [
             {"step_id": step_id, "run_key": key, **row}
             for step_id, record in new if (row := packed_of(record)) is not None])
-    _update_rollups(session, run_id, new, None if extent is None else extent[1])
+    _update_rollups(session, run_id, key, new, None if extent is None else extent[1])
     summary_cache.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
         runs_repository.set_attempt_client(session, attempt.id, {
@@ -176,10 +176,10 @@ def _module_table(session: Session, batch: IngestBatch) -> int | None:
     return len(stored)
 
 
-def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepRecord]],
-                    old_last: int | None) -> None:
-    """Fold the newly stored steps (never duplicates) into the run's rollups; `old_last` is the
-    run's last step before them.
+def _update_rollups(session: Session, run_id: str, key: int,
+                    new: list[tuple[int, StepRecord]], old_last: int | None) -> None:
+    """Fold the newly stored steps (never duplicates) into the run's rollups (`key`: its
+    `runs.key`); `old_last` is the run's last step before them.
 
     Read-modify-write is safe: `touch_run` already wrote the run's row, so batches of one run
     are serialised (row lock on Postgres, the write lock on SQLite) until this one commits.
@@ -187,6 +187,13 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
     if not new:
         return
     ordered = sorted(new, key=lambda item: (item[1].step, item[0]))
+    # Which new steps are the first stored of their step number (the skip counts take each
+    # step number once): not stored before this batch, nor earlier in it.
+    seen = _seen_steps(session, run_id, new, old_last)
+    firsts: list[bool] = []
+    for _, record in ordered:
+        firsts.append(record.step not in seen)
+        seen.add(record.step)
     delta = rollups.accumulate(
         rollups.StepInput(
             step=record.step,
@@ -194,26 +201,45 @@ def _update_rollups(session: Session, run_id: str, new: list[tuple[int, StepReco
             layers=None if record.layers is None else {
                 name: getattr(record.layers, name) for name in LAYER_STAT_NAMES
             },
+            skipped=record.skipped,
+            first=first,
         )
-        for _, record in ordered
+        for (_, record), first in zip(ordered, firsts, strict=True)
     )
-    kept = sorted(key for key in delta if key[0] in rollups.SERIES_LEVELS)
-    for level, index, series_blob in rollups_repository.get_rollups(
-        session, run_id, kept, ("series",)
+    kept = sorted(bucket for bucket in delta if bucket[0] in rollups.SERIES_LEVELS)
+    for level, index, series_blob, step_count, skip_count in rollups_repository.get_rollups(
+        session, run_id, kept, ("series", "step_count", "skip_count")
     ):
+        got = delta[(level, index)]
         stored = rollups.unpack_series(series_blob)
-        for mine, theirs in zip(stored, delta[(level, index)].series, strict=True):
+        for mine, theirs in zip(stored, got.series, strict=True):
             mine.merge(theirs)
-        delta[(level, index)].series = stored
+        got.series = stored
+        got.steps += int(step_count)
+        got.skips += int(skip_count)
     rollups_repository.upsert_rollups(
-        session, [rollups.to_row(run_id, key, delta[key]) for key in kept]
+        session, [rollups.to_row(key, bucket, delta[bucket]) for bucket in kept]
     )
     new_last = max(ordered[-1][1].step, -1 if old_last is None else old_last)
     rollups_repository.upsert_layer_rollups(session, [
-        rollups.to_layer_row(run_id, key, arrays)
-        for key, arrays in _layer_rows(session, run_id, delta, min(step_id for step_id, _ in new),
-                                      old_last, new_last)
+        rollups.to_layer_row(key, bucket, arrays)
+        for bucket, arrays in _layer_rows(session, run_id, delta,
+                                          min(step_id for step_id, _ in new), old_last, new_last)
     ])
+
+
+def _seen_steps(session: Session, run_id: str, new: list[tuple[int, StepRecord]],
+                old_last: int | None) -> set[int]:
+    """The step numbers of `new` that the run stored before this batch (a resumed attempt
+    re-sending steps): their skip flags are counted already. Asked only when a new step lies
+    at or before the run's last one, so a run that only moves on pays no query."""
+    if old_last is None:
+        return set()
+    earlier = [record.step for _, record in new if record.step <= old_last]
+    if not earlier:
+        return set()
+    return rollups_repository.stored_steps(session, run_id, earlier,
+                                           min(step_id for step_id, _ in new))
 
 
 def _layer_rows(

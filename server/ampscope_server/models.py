@@ -17,7 +17,8 @@ per-layer rollups apart from the series rollups, from coarser buckets (`LayerRol
 
 Revision 0010 gives each run an integer `key` that the large tables carry instead of the run's
 36-character id; revision 0011 packs activation statistics, histograms and swallowed fractions
-one row per step with that key, as 0006 did the layer statistics.
+one row per step with that key, as 0006 did the layer statistics. Revision 0012 keys the
+rollup tables by it too.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class Base(DeclarativeBase):
 
 class Run(Base):
     """A training run. `id` is the public run id (the wire's, the API's); `key` is the small
-    integer the large tables (`steps`, `layer_stats`) carry instead (revision 0010): a 36-char
-    id repeated in every step row and in three indexes cost more than the step's own values.
+    integer the large tables (`steps`, `layer_stats`, the rollups) carry instead (revisions 0010,
+    0012): a 36-char id repeated in every step row and in three indexes cost more than the
+    step's own values.
     Postgres numbers it (identity); on SQLite, whose writers are serialised, `touch_run` gives
     it the largest key + 1."""
 
@@ -324,10 +326,12 @@ class SwallowedStat(Base):
 # --- rollups (revision 0003) -------------------------------------------------------------------
 
 class _RunBucket:
-    """The key of a rollup row: a run's steps [bucket·2^level, (bucket+1)·2^level)."""
+    """The key of a rollup row: a run's steps [bucket·2^level, (bucket+1)·2^level). The run is
+    `run_key` (`runs.key`, revision 0012), not the 36-character id, in the row and in the
+    primary key (run_key, level, bucket)."""
 
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    run_key: Mapped[int] = mapped_column(
+        ForeignKey("runs.key", ondelete="CASCADE"), primary_key=True
     )
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -336,11 +340,21 @@ class _RunBucket:
 class Rollup(_RunBucket, Base):
     """Min/max/last of a run's chart series over one bucket of 2^level steps, the levels of
     `rollups.SERIES_LEVELS` (from 16 steps; a 4-step bucket is folded from its raw steps,
-    revision 0009), maintained at ingest (`rollups.py` packs `series`)."""
+    revision 0009), and its step and skip counts, maintained at ingest (`rollups.py` packs
+    `series`)."""
 
     __tablename__ = "rollups"
+    # SQLite: clustered by (run_key, level, bucket), so a level's buckets are read in order
+    # without a table probe per row (revision 0013).
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     series: Mapped[bytes] = mapped_column(LargeBinary)
+    step_count: Mapped[int] = mapped_column(Integer)
+    """The bucket's stored step numbers, each once (a step a resumed attempt sent again is not
+    counted again; revision 0013)."""
+    skip_count: Mapped[int] = mapped_column(Integer)
+    """Of those, the skipped ones (by the step's first stored row, as the rolling skip rate
+    reads them): the long-range skip rate comes from these two (`skip_rates.blocks`)."""
 
 
 class LayerRollup(_RunBucket, Base):

@@ -5,7 +5,10 @@ No I/O. A rollup covers the steps [bucket·2^level, (bucket+1)·2^level) of one 
 - `series`, at each of `LEVELS` (bucket widths 4, 16, 64, … 65536 steps): per chart series
   (`SERIES`), the count of present values, the min and max over the non-NaN values (±inf
   included; NaN when every value is NaN), the last value in (step, ingest) order and its step:
-  40 bytes each, packed, so NaN and ±inf travel exactly on both dialects;
+  40 bytes each, packed, so NaN and ±inf travel exactly on both dialects; and beside them
+  (revision 0013) the bucket's step numbers and skipped steps, each step number counted once
+  (a resumed attempt's re-sent step is not counted again), which the skip rate of a long
+  range is read from (`skip_rates.blocks`);
 - at each of `LAYER_LEVELS` only (from 64 steps), per heatmap statistic, one array of per-layer
   values reduced in the statistic's *worse* direction (`DIRECTION`), all packed in one blob
   (`pack_layers`). A bucket never hides a spike: for fractions, counts, amax and l2 the worst is
@@ -121,11 +124,17 @@ class Bucket:
     layers: LayerArrays | None = None
     layer_steps: int = 0
     """Steps with layer statistics folded in (kept at `LAYER_FINEST`, for `DENSE_STEPS`)."""
+    steps: int = 0
+    """Step numbers in the bucket, each counted once (`StepInput.first`)."""
+    skips: int = 0
+    """Of those, the skipped ones (as first stored)."""
 
     def merge(self, newer: Bucket) -> None:
         for mine, theirs in zip(self.series, newer.series, strict=True):
             mine.merge(theirs)
         self.layers = merge_layers(self.layers, newer.layers)
+        self.steps += newer.steps
+        self.skips += newer.skips
 
 
 def merge_layers(a: LayerArrays | None, b: LayerArrays | None) -> LayerArrays | None:
@@ -150,11 +159,16 @@ def reduce_layers(arrays: Sequence[LayerArrays]) -> LayerArrays:
 @dataclass(frozen=True)
 class StepInput:
     """What a rollup needs of one stored step: `series` in `SERIES` order (None = not sent),
-    `layers` the eight stored statistics per layer (None = no layer statistics)."""
+    `layers` the eight stored statistics per layer (None = no layer statistics), `skipped`
+    its flag, `first` whether it is the first stored step of its step number (a resumed
+    attempt re-sends steps: the skip counts take each step number once, its first stored
+    flag, as the rolling skip rate does)."""
 
     step: int
     series: Sequence[float | None]
     layers: Mapping[str, Sequence[float | None]] | None
+    skipped: bool = False
+    first: bool = True
 
 
 def _or(values: Sequence[float | None], missing: float) -> list[float]:
@@ -241,6 +255,9 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
         for acc, value in zip(bucket.series, item.series, strict=True):
             if value is not None:
                 acc.add(item.step, value)
+        if item.first:
+            bucket.steps += 1
+            bucket.skips += item.skipped
         if item.layers is not None:
             layers.setdefault(item.step >> layer_finest, []).append(
                 (item.layers, item.series[0]))
@@ -255,6 +272,8 @@ def accumulate(steps: Iterable[StepInput]) -> dict[tuple[int, int], Bucket]:
             for bucket in group:
                 for mine, theirs in zip(target.series, bucket.series, strict=True):
                     mine.merge(theirs)
+                target.steps += bucket.steps
+                target.skips += bucket.skips
             if coarser == layer_finest:
                 target.layers = reduce_steps(layers[index]) if index in layers else None
                 target.layer_steps = len(layers.get(index, ()))
@@ -361,17 +380,20 @@ def unpack_layers(blob: bytes) -> LayerArrays:
     return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
 
 
-def to_row(run_id: str, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
-    """The `rollups` row (series) of a bucket."""
+def to_row(run_key: int, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:
+    """The `rollups` row (series, skip counts) of a bucket of the run whose `runs.key` is
+    `run_key`."""
     level, index = key
-    return {"run_id": run_id, "level": level, "bucket": index,
-            "series": pack_series(bucket.series)}
+    return {"run_key": run_key, "level": level, "bucket": index,
+            "series": pack_series(bucket.series), "step_count": bucket.steps,
+            "skip_count": bucket.skips}
 
 
-def to_layer_row(run_id: str, key: tuple[int, int], layers: LayerArrays) -> dict[str, object]:
-    """The `layer_rollups` row of a bucket's per-layer arrays."""
+def to_layer_row(run_key: int, key: tuple[int, int], layers: LayerArrays
+                 ) -> dict[str, object]:
+    """The `layer_rollups` row of a bucket's per-layer arrays (the run by its `runs.key`)."""
     level, index = key
-    return {"run_id": run_id, "level": level, "bucket": index, "data": pack_layers(layers)}
+    return {"run_key": run_key, "level": level, "bucket": index, "data": pack_layers(layers)}
 
 
 # --- query planning ----------------------------------------------------------------------------

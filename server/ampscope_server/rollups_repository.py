@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
+    Double,
     and_,
+    cast,
     func,
     or_,
     select,
-    tuple_,
 )
 from sqlalchemy.orm import Session
 
@@ -33,19 +35,33 @@ from ampscope_server.sql_support import (
 
 # --- rollups -----------------------------------------------------------------------------------
 
+def _by_level(keys: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """(level, a slice of its buckets) pieces of `keys`, each at most `KEYS_PER_STATEMENT`.
+
+    One statement per level with `bucket IN (...)`: SQLite's planner probes the primary key
+    (run_key, level, bucket) with that, but with a row-value `(level, bucket) IN (...)` (or an
+    OR of levels) it scanned every rollup row of the run, so each ingest batch read all of a
+    long run's rollups. In slices: a batch of 10k records touches ~10k buckets, and one IN
+    list that long is more than Postgres' planner takes (StatementTooComplex)."""
+    grouped: dict[int, list[int]] = {}
+    for level, bucket in keys:
+        grouped.setdefault(level, []).append(bucket)
+    return [(level, buckets[start:start + KEYS_PER_STATEMENT])
+            for level, buckets in sorted(grouped.items())
+            for start in range(0, len(buckets), KEYS_PER_STATEMENT)]
+
+
 def get_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]], columns: Sequence[str]
 ) -> list[tuple[Any, ...]]:
     """(level, bucket, *columns) of the run's stored series rollups among `keys` (level,
     bucket)."""
     found: list[tuple[Any, ...]] = []
-    # In slices: a batch of 10k records touches ~10k buckets, and one IN list that long is
-    # more than Postgres' planner takes (StatementTooComplex).
-    for start in range(0, len(keys), KEYS_PER_STATEMENT):
-        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+    for level, buckets in _by_level(keys):
         rows = session.execute(
             select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-            .where(Rollup.run_id == run_id, tuple_(Rollup.level, Rollup.bucket).in_(chunk))
+            .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+                   Rollup.bucket.in_(buckets))
         )
         found.extend(tuple(row) for row in rows)
     return found
@@ -56,12 +72,11 @@ def get_layer_rollups(
 ) -> dict[tuple[int, int], bytes]:
     """{(level, bucket): packed per-layer rollup} of the run's stored ones among `keys`."""
     found: dict[tuple[int, int], bytes] = {}
-    for start in range(0, len(keys), KEYS_PER_STATEMENT):
-        chunk = list(keys[start:start + KEYS_PER_STATEMENT])
+    for level, buckets in _by_level(keys):
         rows = session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_id == run_id,
-                   tuple_(LayerRollup.level, LayerRollup.bucket).in_(chunk))
+            .where(LayerRollup.run_key == run_key(run_id), LayerRollup.level == level,
+                   LayerRollup.bucket.in_(buckets))
         )
         found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
     return found
@@ -71,7 +86,7 @@ def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
             rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
-    keys = ("run_id", "level", "bucket")
+    keys = ("run_key", "level", "bucket")
     statement = dialect_insert(session, model)
     statement = statement.on_conflict_do_update(
         index_elements=[getattr(model, key) for key in keys],
@@ -112,7 +127,7 @@ def rollup_rows(
     if level in rollups.SERIES_LEVELS:
         rows: list[tuple[Any, ...]] = [tuple(row) for row in session.execute(
             select(Rollup.bucket, Rollup.series)
-            .where(Rollup.run_id == run_id, Rollup.level == level,
+            .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
                    Rollup.bucket.between(first, last))
             .order_by(Rollup.bucket)
         )]
@@ -144,7 +159,7 @@ def layer_rollup_arrays(
     if stored:
         for level, bucket, data in session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_id == run_id)
+            .where(LayerRollup.run_key == run_key(run_id))
             .where(or_(*[
                 and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
                 for level, first, last in stored
@@ -253,7 +268,7 @@ def rollup_pieces(
     if stored:
         out.extend((int(level), int(bucket), blob) for level, bucket, blob in session.execute(
             select(Rollup.level, Rollup.bucket, Rollup.series)
-            .where(Rollup.run_id == run_id)
+            .where(Rollup.run_key == run_key(run_id))
             .where(or_(*[
                 and_(Rollup.level == level, Rollup.bucket.between(first, last))
                 for level, first, last in stored
@@ -281,3 +296,69 @@ def series_from_steps(session: Session, run_id: str, level: int, first: int, las
                             for i in range(1, len(columns), 2)]) for row in rows)
     return {bucket: rollups.pack_series(accs)
             for bucket, accs in rollups.series_buckets(steps, level).items()}
+
+
+# --- skip counts (revision 0013) ---------------------------------------------------------------
+
+def stored_steps(session: Session, run_id: str, steps: Sequence[int], before_id: int
+                 ) -> set[int]:
+    """The step numbers among `steps` that the run already stored (in a step with an id below
+    `before_id`: before an ingest's own steps)."""
+    found: set[int] = set()
+    ordered = sorted(set(steps))
+    for start in range(0, len(ordered), KEYS_PER_STATEMENT):
+        found.update(int(step) for step in session.execute(
+            select(Step.step).distinct()
+            .where(Step.run_key == run_key(run_id), Step.id < before_id,
+                   Step.step.in_(ordered[start:start + KEYS_PER_STATEMENT]))).scalars())
+    return found
+
+
+def skip_block_maxima(session: Session, run_id: str, level: int, units: int, first: int,
+                      last: int, width: int) -> list[tuple[int, float]]:
+    """(column, highest block rate) of the run's series rollups of `level` that overlap
+    [first, last], in column order.
+
+    A block is `units` consecutive buckets ending at one stored bucket (fewer at the range's
+    start, and a gap holds no step: `RANGE`, not `ROWS`); its rate is the skip count over the
+    step count of its buckets; its column is (the last step of its last bucket - first) //
+    `width`. The database does the sliding sums and the maximum per column, so only the
+    columns travel, however many buckets the range spans.
+    """
+    unit = 1 << level
+    skipped: ColumnElement[int]
+    counted: ColumnElement[int]
+    if units == 1:  # a block is one bucket: no window function (a third of the time on SQLite)
+        skipped, counted = Rollup.skip_count.expression, Rollup.step_count.expression
+    else:
+        frame = (-(units - 1), 0)
+        skipped = func.sum(Rollup.skip_count).over(order_by=Rollup.bucket, range_=frame)
+        counted = func.sum(Rollup.step_count).over(order_by=Rollup.bucket, range_=frame)
+    blocks = (
+        select(((Rollup.bucket * unit + (unit - 1 - first)) // width).label("col"),
+               (cast(skipped, Double) / func.nullif(counted, 0)).label("rate"))
+        .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+               Rollup.bucket.between(first >> level, last >> level))
+        .subquery()
+    )
+    rows = session.execute(select(blocks.c.col, func.max(blocks.c.rate))
+                           .group_by(blocks.c.col).order_by(blocks.c.col))
+    return [(int(col), float(rate)) for col, rate in rows if rate is not None]
+
+
+def skipped_buckets(session: Session, run_id: str, level: int, first: int, last: int
+                    ) -> list[int]:
+    """The run's buckets of `level` that overlap [first, last] and hold a skipped step, in
+    order."""
+    return [int(bucket) for bucket in session.execute(
+        select(Rollup.bucket)
+        .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
+               Rollup.bucket.between(first >> level, last >> level), Rollup.skip_count > 0)
+        .order_by(Rollup.bucket)).scalars()]
+
+
+def last_step_in(session: Session, run_id: str, first: int, last: int) -> int | None:
+    """The run's highest stored step within [first, last] (one index probe)."""
+    found = session.execute(
+        select(func.max(Step.step)).where(*step_range(run_id, first, last))).scalar_one()
+    return None if found is None else int(found)

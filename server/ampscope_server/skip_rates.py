@@ -9,7 +9,7 @@ It is the same computation the run page continues live (`web/js/skip_rate.js`), 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -64,3 +64,72 @@ def rolling_max(
         elif rate > points[-1][1]:
             points[-1] = (points[-1][0], rate)
     return points, rolling
+
+
+# --- long ranges: from the stored skip counts of the series rollups ----------------------------
+
+EXACT_STEPS = 10_000
+"""Ranges of at most this many steps get the exact rolling rate from the raw flags."""
+MAX_BLOCK_ROWS = 1 << 14
+"""Above this many rollup rows of the finest block unit, the unit goes one level coarser (while
+it still fits in the window): the rows a long-range read scans stay bounded. The database's
+sliding sums cost ~1.5 µs a row on SQLite (a 2-core machine), so 16k rows stay near 30 ms
+(1M steps at a window of 100: 64-step units rather than 62,500 rows of 16)."""
+BLOCK_FANOUT = 4
+"""A block is preferably at least this many units, so that it is at least 4/5 of the window."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """How a long range is read from the series rollups' skip counts: blocks of `units`
+    consecutive stored buckets of 2^`level` steps (`units` · 2^`level` ≤ the window)."""
+
+    level: int
+    units: int
+
+    @property
+    def unit(self) -> int:
+        return 1 << self.level
+
+
+def blocks(window: int, span: int, levels: Sequence[int]) -> Blocks | None:
+    """The block shape for a window over a range of `span` steps, from the stored series levels
+    `levels` (ascending); None for a window narrower than the finest of them (then no stored
+    bucket fits in a window, see `event_reads.skip_rate_read`).
+
+    The unit is the widest level with at least `BLOCK_FANOUT` units in the window (else the
+    widest that fits at all), coarser again while the range holds more than `MAX_BLOCK_ROWS`
+    units and a coarser unit still fits in the window."""
+    fitting = [level for level in levels if 1 << level <= window]
+    if not fitting:
+        return None
+    preferred = [level for level in fitting if BLOCK_FANOUT << level <= window]
+    at = fitting.index(preferred[-1] if preferred else fitting[-1])
+    while at + 1 < len(fitting) and span >> fitting[at] > MAX_BLOCK_ROWS:
+        at += 1
+    level = fitting[at]
+    return Blocks(level, window >> level)
+
+
+def column_points(columns: Iterable[tuple[int, float]], first: int, last: int, width: int
+                  ) -> list[tuple[int, float]]:
+    """Points (the first step of each bucket of `width` steps from `first`, its rate) of
+    (bucket, rate) pairs in bucket order, the highest rate of a bucket kept; a bucket past the
+    one that holds `last` (a block may end past the range) counts as that one."""
+    final = (last - first) // width
+    points: dict[int, float] = {}
+    for column, rate in columns:
+        at = min(column, final)
+        points[at] = max(rate, points.get(at, rate))
+    return [(first + at * width, rate) for at, rate in sorted(points.items())]
+
+
+def rates_from(flags: Iterable[tuple[int, bool]], window: int, since: int
+               ) -> Iterator[tuple[int, float]]:
+    """(step, rolling rate) of the steps from `since` on; `flags` may start up to a window
+    earlier, to fill the first window as the exact read (from the range's start) does."""
+    rolling = RollingSkips(window)
+    for step, skipped in flags:
+        rate = rolling.push(step, skipped)
+        if rate is not None and step >= since:
+            yield step, rate

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import codec, db, ingest, rollups, rollups_repository
-from ampscope_server.models import LayerRollup, Rollup, Step
+from ampscope_server.models import Step
 from ampscope_server.sql_support import run_key
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, layer_stats, new_id, record
@@ -47,15 +47,19 @@ def _ingest(url: str, run_id: str, steps: list[int]) -> None:
         engine.dispose()
 
 
-def _rows(url: str, model: type[LayerRollup] | type[Rollup] = LayerRollup
+def _rows(url: str, table: str = "layer_rollups", keyed: bool = True
           ) -> dict[tuple[str, int, int], bytes]:
+    """{(run id, level, bucket): blob} of a rollup table, keyed by `runs.key` (revision 0012
+    on) or by the run's id (before)."""
+    column = "data" if table == "layer_rollups" else "series"
+    join = 'r."key" = t.run_key' if keyed else "r.id = t.run_id"
     engine = db.make_engine(url)
-    column = LayerRollup.data if model is LayerRollup else Rollup.series
     try:
-        with sessionmaker(engine)() as session:
+        with engine.connect() as connection:
             return {(run, int(level), int(bucket)): bytes(data)
-                    for run, level, bucket, data in session.execute(select(
-                        model.run_id, model.level, model.bucket, column))}
+                    for run, level, bucket, data in connection.execute(text(
+                        f"SELECT r.id, t.level, t.bucket, t.{column} FROM {table} t "
+                        f"JOIN runs r ON {join}"))}
     finally:
         engine.dispose()
 
@@ -102,7 +106,7 @@ def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
     sparse, dense = new_id(), new_id()
     _ingest(db_url, sparse, list(range(0, 190)))  # every 10th step only: no 64-step row
     _ingest(db_url, dense, list(range(0, 700)))
-    head_rows, head_series = _rows(db_url), _rows(db_url, Rollup)
+    head_rows, head_series = _rows(db_url), _rows(db_url, "rollups")
     reads = {run: _reads(db_url, run) for run in (sparse, dense)}
     series_reads = {run: _series_reads(db_url, run) for run in (sparse, dense)}
     assert {key[1] for key in head_series} == set(rollups.SERIES_LEVELS)
@@ -118,7 +122,7 @@ def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
         engine.dispose()
 
     db.downgrade(db_url, "0008")
-    old_rows, old_series = _rows(db_url), _rows(db_url, Rollup)
+    old_rows, old_series = _rows(db_url, keyed=False), _rows(db_url, "rollups", keyed=False)
     # The 4-step rows are back, equal to what the reads folded; the others untouched.
     assert {key: row for key, row in old_series.items() if key[1] != 2} == head_series
     assert {key: row for key, row in old_series.items() if key[1] == 2} == {
@@ -133,6 +137,6 @@ def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
                 if key[0] in rollups.LAYER_LEVELS} == expected[run]
 
     db.upgrade(db_url)
-    assert _rows(db_url) == head_rows and _rows(db_url, Rollup) == head_series
+    assert _rows(db_url) == head_rows and _rows(db_url, "rollups") == head_series
     assert {run: _series_reads(db_url, run) for run in (sparse, dense)} == series_reads
     assert {run: _reads(db_url, run) for run in (sparse, dense)} == reads

@@ -46,7 +46,14 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
+    assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series", "step_count",
+                                           "skip_count"}
+    db.downgrade(db_url, "0012")
+    assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series"}
+    assert _columns(db_url, "layer_rollups") == {"run_key", "level", "bucket", "data"}
+    db.downgrade(db_url, "0011")
     assert _columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
+    assert _columns(db_url, "layer_rollups") == {"run_id", "level", "bucket", "data"}
     assert {"run_key", "attempt"} <= _columns(db_url, "steps")
     assert _columns(db_url, "histograms") == {
         "step_id", "run_key", "min_exp", "max_exp", "layers", "data"}
@@ -206,7 +213,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0011"
+            assert context.get_current_revision() == db.head_revision() == "0013"
     finally:
         engine.dispose()
 
@@ -237,7 +244,9 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         for table in ("rollups", "layer_rollups"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
-                f"fk_{table}_run_id_runs"]
+                f"fk_{table}_run_key_runs"]
+            assert inspector.get_pk_constraint(table)["constrained_columns"] == [
+                "run_key", "level", "bucket"]
         assert inspector.get_pk_constraint("layer_stats")["name"] == "pk_layer_stats"
         assert {fk["name"] for fk in inspector.get_foreign_keys("layer_stats")} == {
             "fk_layer_stats_step_id_steps", "fk_layer_stats_run_key_runs"}

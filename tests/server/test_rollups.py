@@ -56,10 +56,11 @@ def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, bytes | Non
     layers = {
         (level, bucket): data for level, bucket, data in session.execute(
             select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_id == run_id))
+            .where(LayerRollup.run_key == run_key(run_id)))
     }
     rows = session.execute(
-        select(Rollup.level, Rollup.bucket, Rollup.series).where(Rollup.run_id == run_id))
+        select(Rollup.level, Rollup.bucket, Rollup.series)
+        .where(Rollup.run_key == run_key(run_id)))
     out = {(level, bucket): (series, layers.pop((level, bucket), None))
            for level, bucket, series in rows}
     assert layers == {}  # no per-layer rollup without its series rollup
@@ -68,7 +69,8 @@ def _stored(session: Session, run_id: str) -> dict[Key, tuple[bytes, bytes | Non
 
 def _stored_layer_keys(session: Session, run_id: str) -> set[Key]:
     return {(int(level), int(bucket)) for level, bucket in session.execute(
-        select(LayerRollup.level, LayerRollup.bucket).where(LayerRollup.run_id == run_id))}
+        select(LayerRollup.level, LayerRollup.bucket)
+        .where(LayerRollup.run_key == run_key(run_id)))}
 
 
 def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:

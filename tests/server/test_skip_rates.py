@@ -38,3 +38,46 @@ class TestBuckets:
     def test_empty(self) -> None:
         points, rolling = skip_rates.rolling_max([], window=4, first=0, width=1)
         assert points == [] and rolling.tail == []
+
+
+LEVELS = (4, 6, 8, 10, 12, 14, 16)
+
+
+class TestBlocks:
+    def test_the_widest_unit_with_four_in_the_window(self) -> None:
+        assert skip_rates.blocks(100, 200_000, LEVELS) == skip_rates.Blocks(4, 6)
+        assert skip_rates.blocks(1000, 1_000_000, LEVELS) == skip_rates.Blocks(6, 15)
+        assert skip_rates.blocks(256, 20_000, LEVELS) == skip_rates.Blocks(6, 4)
+
+    def test_else_the_widest_that_fits(self) -> None:
+        assert skip_rates.blocks(16, 20_000, LEVELS) == skip_rates.Blocks(4, 1)
+        assert skip_rates.blocks(63, 20_000, LEVELS) == skip_rates.Blocks(4, 3)
+
+    def test_none_under_the_finest(self) -> None:
+        assert skip_rates.blocks(15, 20_000, LEVELS) is None
+
+    def test_coarser_when_the_range_holds_too_many_units(self) -> None:
+        # 1M steps hold 62,500 units of 16 steps, more than MAX_BLOCK_ROWS: 64-step units.
+        assert skip_rates.blocks(100, 1_000_000, LEVELS) == skip_rates.Blocks(6, 1)
+        assert skip_rates.blocks(100, 1 << 22, LEVELS) == skip_rates.Blocks(6, 1)
+        # ... but never wider than the window.
+        assert skip_rates.blocks(40, 1 << 30, LEVELS) == skip_rates.Blocks(4, 2)
+        assert skip_rates.blocks(100, 1 << 22, LEVELS).unit == 64  # type: ignore[union-attr]
+
+
+class TestColumnPoints:
+    def test_highest_per_column_and_the_last_column_clamped(self) -> None:
+        columns = [(0, 0.25), (2, 0.5), (2, 0.125), (3, 1.0), (4, 0.75)]
+        # first 100, last 139, width 10: columns 0..3; a block ending past 139 counts in 3.
+        assert skip_rates.column_points(columns, 100, 139, 10) == [
+            (100, 0.25), (120, 0.5), (130, 1.0)]
+
+    def test_empty(self) -> None:
+        assert skip_rates.column_points([], 0, 99, 10) == []
+
+
+class TestRatesFrom:
+    def test_the_window_filled_from_earlier_flags(self) -> None:
+        flags = [(step, step in (3, 4)) for step in range(2, 9)]
+        assert list(skip_rates.rates_from(flags, 4, since=5)) == [
+            (5, 0.5), (6, 0.5), (7, 0.25), (8, 0.0)]

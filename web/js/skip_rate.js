@@ -1,7 +1,9 @@
 // Rolling skip rate: the share of skipped steps among the last WINDOW steps. On load from the
 // server (/skip-rate: bucket maxima, so a burst of skips is never averaged away, and the last
-// window's steps), then computed here from live steps' `skipped` flags, continuing the server's
-// window exactly, and appended with Plotly.extendTraces.
+// window's steps; past 10,000 steps the maxima come from the rollups' skip counts, in blocks of
+// at most WINDOW steps, and the tail is still the exact last window), then computed here from
+// live steps' `skipped` flags, continuing the server's window exactly, and appended with
+// Plotly.extendTraces.
 
 import { COLORS, CONFIG, Plotly, themedLayout } from './plot.js';
 
