@@ -66,7 +66,7 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows")),
+for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows", "event_rows")),
                         (rollups_repository, ("rollup_pieces", "rollup_rows", "layer_rollup_arrays",
                                               "layer_steps_in"))):
     for _name in _names:
@@ -74,11 +74,13 @@ for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows")),
 
 
 def _batch(
-    run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int
+    run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int,
+    skip_every: int = 0,
 ) -> dict[str, Any]:
     records = []
     for step in range(first, first + count):
-        spike = step == spike_step  # one isolated overflow in the run
+        # One isolated overflow in the run, and with skip_every one every skip_every steps.
+        spike = step == spike_step or (skip_every > 0 and step % skip_every == skip_every - 1)
         records.append({
             "seq": step, "step": step, "wall_time": 1.7e9 + step, "loss": 2.0 - step * 1e-6,
             "scale_before": 65536.0, "scale_after": 32768.0 if spike else 65536.0,
@@ -95,8 +97,12 @@ def _batch(
                 "l2": [1.0] * layers,
             },
         })
+        if skip_every > 0:  # wire v2: the layers that went non-finite, which /events reads
+            records[-1]["nonfinite"] = (
+                [{"layer": 3 % layers, "kind": "inf"}, {"layer": 7 % layers, "kind": "nan"}]
+                if spike and layers > 7 else [])
     return {
-        "schema_version": 1,
+        "schema_version": 2 if skip_every > 0 else 1,
         "run": {"id": run_id, "project": "bench", "name": "long", "tags": [], "config": {},
                 "host": "bench", "rank": 0, "target_format": "fp16"},
         "attempt": {"id": attempt_id, "pid": 1, "started_at": 1.7e9},
@@ -107,13 +113,14 @@ def _batch(
     }
 
 
-def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: int) -> str:
+def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: int,
+          skip_every: int = 0) -> str:
     run_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
     ingest_s = 0.0
     for first in range(0, steps, per_batch):
         payload = IngestBatch.model_validate(
             _batch(run_id, attempt_id, first, min(per_batch, steps - first), layers,
-                   int(steps * 0.618)))
+                   int(steps * 0.618), skip_every))
         began = time.perf_counter()
         with factory() as session, session.begin():
             ingest.ingest_batch(session, payload)
@@ -213,7 +220,13 @@ def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
     return chart_reads.heatmap_read(session, run, stat, start, end)
 
 
+def _events(session: Session, run: Run, *, start: int | None, end: int | None) -> Any:
+    return event_reads.events_page(session, run, start, end)
+
+
 def _points(result: Any) -> int:
+    if hasattr(result, "events"):
+        return len(result.events)
     if hasattr(result, "points"):
         return len(result.points)
     if hasattr(result, "steps"):
@@ -234,13 +247,16 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--batch", type=int, default=100, help="steps per ingest batch")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--skip-every", type=int, default=0,
+                        help="also skip every Nth step, with two non-finite layers (wire v2), "
+                             "so /events has pages to read (default: one skipped step)")
     args = parser.parse_args()
     tmp = tempfile.TemporaryDirectory()
     url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     db.upgrade(url)
     engine = db.make_engine(url)
     factory = db.make_session_factory(engine)
-    run_id = build(factory, args.steps, args.layers, args.batch)
+    run_id = build(factory, args.steps, args.layers, args.batch, args.skip_every)
     n = args.steps
     other = copy_run(engine, run_id, int(n * 0.8))
     zooms = {"full": (None, None), "zoom 1/10": (n // 3, n // 3 + n // 10),
@@ -260,6 +276,12 @@ def main() -> None:
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
         # The skip rate reads every step's flag of the range (the rollups count no skips):
         # listed so its cost at this length is printed, not hidden (its rows are not counted).
+        # The first page of events (at most event_reads.DEFAULT_EVENT_STEPS event steps) of
+        # the range, as the run page asks at load (full) and for a zoomed range.
+        queries.append((
+            f"events {'':16} {zoom}",
+            functools.partial(_events, start=start, end=end),
+            f"/api/runs/{run_id}/events{qs.replace('&', '?', 1)}"))
         queries.append((
             f"skip-rate {'':13} {zoom}",
             functools.partial(_skip_rate, start=start, end=end),
