@@ -148,7 +148,9 @@ def _zoom_layers(step: int) -> dict[str, list[Any]]:
     }
 
 
-ZOOM_STEPS = 3000
+ZOOM_STEPS = 3072
+"""48 whole 64-step buckets: the last (and the 1024-step bucket 2) ends at the run's last step,
+so it is open (no stored row) and folded when read."""
 DENSE_UNTIL = 2000
 """Steps below carry layer statistics two steps in three (64-step buckets with a stored row),
 those from here on every 10th (sparse buckets, folded from their raw steps when read)."""
@@ -221,10 +223,10 @@ class TestHeatmapByZoom:
         return run_id
 
     @pytest.mark.parametrize(("start", "end", "max_points", "width"), [
-        (0, ZOOM_STEPS - 1, 250, 64),      # 47 stored 64-step buckets, the sparse ones folded
+        (0, ZOOM_STEPS - 1, 250, 64),      # 48 64-step buckets: rows, sparse and open folded
         (1234, 2233, 250, 64),             # 1/3 zoom: 64-step rows, partial edges folded raw
         (300, 2700, 20, 256),              # 256-step rows
-        (0, ZOOM_STEPS - 1, 2, 4096),      # the open 4096-step bucket folded from its children
+        (0, ZOOM_STEPS - 1, 2, 4096),      # one column: 1024-step rows, the open one folded
         (1000, 1255, 100, 4),              # 256 steps: 4-step buckets folded raw
         (1500, 1699, 250, None),           # fewer steps than columns: one column per step
         (1990, 2260, 250, 64),             # 271 steps across the dense/sparse boundary
