@@ -26,7 +26,8 @@ export class EventLog {
    * @param {HTMLElement} countNode
    * @param {() => Promise<object[]>} [refetch]  /events again (for the layers of live skips)
    * @param {{button: HTMLButtonElement, fetchPage: (start: number) => Promise<{events: object[],
-   *   next_start: number | null}>}} [more]  the next page of older events, on demand
+   *   next_start: number | null}>, onPage: (page: object) => void, onError: (err: Error) => void}}
+   *   [more]  the next page of older events, on demand
    */
   constructor(tbody, countNode, refetch, more = null) {
     this.tbody = tbody;
@@ -34,7 +35,7 @@ export class EventLog {
     this.refetch = refetch;
     this.more = more;
     this.nextStart = null; // the first step of the pages not loaded yet (null: none left)
-    if (more) more.button.addEventListener('click', () => this.loadMore());
+    if (more) more.button.addEventListener('click', () => this.loadMore().catch((err) => more.onError(err)));
     this.events = [];
     this.byKey = new Map();
     this.open = new Set(); // keys of the events the user opened: kept open across re-renders
@@ -77,7 +78,7 @@ export class EventLog {
     try {
       const page = await this.more.fetchPage(this.nextStart);
       this.addPage(page);
-      if (this.more.onPage) this.more.onPage(page);
+      this.more.onPage(page);
     } finally {
       this.more.button.disabled = false;
     }

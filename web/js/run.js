@@ -130,6 +130,7 @@ class RunPage {
         this.scale.addEvents(page.events);
         this.renderMisuse(this.events.events);
       },
+      onError: (err) => api.showError(err.message),
     });
     this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
     this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
