@@ -77,7 +77,7 @@ def _batch(
     run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int,
     skip_every: int = 0,
 ) -> dict[str, Any]:
-    records = []
+    records: list[dict[str, Any]] = []
     for step in range(first, first + count):
         # One isolated overflow in the run, and with skip_every one every skip_every steps.
         spike = step == spike_step or (skip_every > 0 and step % skip_every == skip_every - 1)

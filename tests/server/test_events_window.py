@@ -15,7 +15,7 @@ from ampscope_server import (
     steps_repository,
 )
 from ampscope_server.models import StepNonfinite
-from ampscope_server.schemas import IngestBatch
+from ampscope_server.schemas import AnyEventRead, IngestBatch, SkippedEventRead
 from tests.server.wire import batch, new_id
 
 SKIPPED = 33_000
@@ -81,7 +81,7 @@ def test_pages_of_40k_skipped_steps_each_with_its_layers(
              "kind": _kind(2 * seq)} for seq in range(0, 2 * PAGED_SKIPS, 2)])
     with sessions() as session:
         run = runs.load_run(session, payload["run"]["id"])
-        pages = []
+        pages: list[list[AnyEventRead]] = []
         start = None
         while True:
             page = event_reads.events_page(session, run, start, None, limit=7_000)
@@ -90,14 +90,13 @@ def test_pages_of_40k_skipped_steps_each_with_its_layers(
                 break
             assert page.next_start > page.events[-1].step  # disjoint: the next page starts after
             start = page.next_start
-    assert [len(page) for page in pages] == [7_000] * 5 + [5_500]
-    steps = [event.step for page in pages for event in page]
+    assert [len(events) for events in pages] == [7_000] * 5 + [5_500]
+    steps = [event.step for events in pages for event in events]
     assert steps == list(range(0, 4 * PAGED_SKIPS, 4))  # complete and in order
     names = ["fc1.weight", "fc1.bias"]
-    for page in pages:
-        for event in page:
-            assert event.kind == "skipped"
-            layers = [(layer.index, layer.name, layer.kind)
-                      for layer in event.layers]  # type: ignore[union-attr]
+    for events in pages:
+        for event in events:
+            assert isinstance(event, SkippedEventRead) and event.kind == "skipped"
+            layers = [(layer.index, layer.name, layer.kind) for layer in event.layers]
             index = event.step // 4 % 2
             assert layers == [(index, names[index], _kind(event.step))], event.step
