@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.server.wire import batch, layer_stats, new_id, record, strict_json
+from tests.support.servers import ServerProcess
 
 
 def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
@@ -211,16 +212,18 @@ def _worst(stat: str, cells: list[tuple[dict[str, list[Any]], float, int]], raw:
     return min(values) if stat == "amin_nz" else max(values)
 
 
+@pytest.fixture(scope="module")
+def zoom_run(module_server: ServerProcess) -> str:
+    """A run of `_zoom_records`, sent once per server (dialect)."""
+    run_id = new_id()
+    with httpx.Client(base_url=module_server.url, timeout=60.0) as api:
+        _post(api, run_id, _zoom_records())
+    return run_id
+
+
 class TestHeatmapByZoom:
     """The heatmap's columns follow the zoom (raw steps up to RAW_FOLD_STEPS, stored per-layer
     rollups past it) and always equal a fold of the raw steps in the same buckets."""
-
-    @pytest.fixture(scope="class")
-    def zoom_run(self, module_server: Any) -> str:
-        run_id = new_id()
-        with httpx.Client(base_url=module_server.url, timeout=60.0) as api:
-            _post(api, run_id, _zoom_records())
-        return run_id
 
     @pytest.mark.parametrize(("start", "end", "max_points", "width"), [
         (0, ZOOM_STEPS - 1, 250, 64),      # 48 64-step buckets: rows, sparse and open folded
