@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import tempfile
@@ -240,6 +241,11 @@ def _stats(times: list[float]) -> str:
     return f"{statistics.median(times) * 1e3:7.1f} {p95 * 1e3:7.1f}"
 
 
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f} on {os.cpu_count()} cores"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", help="SQLAlchemy URL (default: a fresh SQLite file)")
@@ -256,6 +262,7 @@ def main() -> None:
     db.upgrade(url)
     engine = db.make_engine(url)
     factory = db.make_session_factory(engine)
+    print(f"before the build: {_load()}")
     run_id = build(factory, args.steps, args.layers, args.batch, args.skip_every)
     n = args.steps
     other = copy_run(engine, run_id, int(n * 0.8))
@@ -288,6 +295,7 @@ def main() -> None:
             f"/api/runs/{run_id}/skip-rate?max_points=2000{qs}"))
     queries.append(("compare 2 runs", functools.partial(_compare, other=other),
                     f"/api/compare?runs={run_id},{other}"))
+    print(f"before the queries: {_load()}")
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
     print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
     # Loopback, as `ampscope serve`'s default: the gate answers only the hosts it is bound to.
@@ -311,6 +319,7 @@ def main() -> None:
                 http.append(time.perf_counter() - began)
                 assert response.status_code == 200, response.text
             print(f"{label:36} {_stats(service)} {_stats(http)} {rows:7} {points:7}")
+    print(f"after the queries: {_load()}")
     engine.dispose()
     tmp.cleanup()
 
