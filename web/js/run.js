@@ -18,6 +18,7 @@ import { WhatIf } from './whatif.js';
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
 const PREFILL_LAYERS = 3; // the per-layer range starts with this many of the cited layers
+const EVENT_PAGE_STEPS = 1000; // event steps a page of /events holds (the table shows 300 rows)
 const LAYER_TABLE_STEPS = 32; // the layer table looks for its step among the last this many first
 const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
@@ -82,7 +83,7 @@ class RunPage {
     // as its series is in, not after the slowest of the seven (the heatmap's); its event
     // markers follow with the first page of /events (a long run's later pages on request).
     const scaleP = api.getSeries(this.runId, 'scale', maxPoints);
-    const eventsP = api.getEvents(this.runId);
+    const eventsP = api.getEvents(this.runId, { limit: EVENT_PAGE_STEPS });
     eventsP.catch(() => {}); // awaited below
     const restP = Promise.all([
       api.getLayers(this.runId),
@@ -119,13 +120,13 @@ class RunPage {
     // are merged by the log), never the whole list again; a page that was cut goes on from its
     // next_start at the next refetch.
     this.events = new EventLog($('events-body'), $('event-counts'), async () => {
-      const page = await api.getEvents(this.runId, { start: this.eventsFrom });
+      const page = await api.getEvents(this.runId, { start: this.eventsFrom, limit: EVENT_PAGE_STEPS });
       this.eventsFrom = page.next_start ?? lastEventStep(page.events, this.eventsFrom);
       setTimeout(() => this.renderMisuse(this.events.events), 0); // once the log holds them
       return page.events;
     }, {
       button: $('events-more'),
-      fetchPage: (start) => api.getEvents(this.runId, { start }),
+      fetchPage: (start) => api.getEvents(this.runId, { start, limit: EVENT_PAGE_STEPS }),
       onPage: (page) => {
         this.scale.addEvents(page.events);
         this.renderMisuse(this.events.events);
@@ -462,7 +463,7 @@ class RunPage {
     }
     // The zoomed range's events (its first page), for the markers and the table.
     this.zoom.events = followZoom(this.scale.div,
-      (range) => api.getEvents(this.runId, { start: range.start, end: range.end }),
+      (range) => api.getEvents(this.runId, { start: range.start, end: range.end, limit: EVENT_PAGE_STEPS }),
       (range, page) => {
         this.events.add(page.events);
         this.scale.addEvents(page.events);
