@@ -221,8 +221,12 @@ def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
     return chart_reads.heatmap_read(session, run, stat, start, end)
 
 
+EVENT_PAGE_STEPS = 1000
+"""Event steps per page, as the run page asks (web/js/run.js)."""
+
+
 def _events(session: Session, run: Run, *, start: int | None, end: int | None) -> Any:
-    return event_reads.events_page(session, run, start, end)
+    return event_reads.events_page(session, run, start, end, EVENT_PAGE_STEPS)
 
 
 def _points(result: Any) -> int:
@@ -283,12 +287,12 @@ def main() -> None:
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
         # The skip rate reads every step's flag of the range (the rollups count no skips):
         # listed so its cost at this length is printed, not hidden (its rows are not counted).
-        # The first page of events (at most event_reads.DEFAULT_EVENT_STEPS event steps) of
-        # the range, as the run page asks at load (full) and for a zoomed range.
+        # The first page of events (EVENT_PAGE_STEPS event steps) of the range, as the run
+        # page asks at load (full) and for a zoomed range.
         queries.append((
             f"events {'':16} {zoom}",
             functools.partial(_events, start=start, end=end),
-            f"/api/runs/{run_id}/events{qs.replace('&', '?', 1)}"))
+            f"/api/runs/{run_id}/events?limit={EVENT_PAGE_STEPS}{qs}"))
         queries.append((
             f"skip-rate {'':13} {zoom}",
             functools.partial(_skip_rate, start=start, end=end),
