@@ -67,7 +67,7 @@ def _counting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows")),
+for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows", "event_rows")),
                         (rollups_repository, ("rollup_pieces", "rollup_rows", "layer_rollup_arrays",
                                               "layer_steps_in"))):
     for _name in _names:
@@ -75,11 +75,13 @@ for _module, _names in ((steps_repository, ("series_rows", "heatmap_rows")),
 
 
 def _batch(
-    run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int
+    run_id: str, attempt_id: str, first: int, count: int, layers: int, spike_step: int,
+    skip_every: int = 0,
 ) -> dict[str, Any]:
-    records = []
+    records: list[dict[str, Any]] = []
     for step in range(first, first + count):
-        spike = step == spike_step  # one isolated overflow in the run
+        # One isolated overflow in the run, and with skip_every one every skip_every steps.
+        spike = step == spike_step or (skip_every > 0 and step % skip_every == skip_every - 1)
         records.append({
             "seq": step, "step": step, "wall_time": 1.7e9 + step, "loss": 2.0 - step * 1e-6,
             "scale_before": 65536.0, "scale_after": 32768.0 if spike else 65536.0,
@@ -96,8 +98,12 @@ def _batch(
                 "l2": [1.0] * layers,
             },
         })
+        if skip_every > 0:  # wire v2: the layers that went non-finite, which /events reads
+            records[-1]["nonfinite"] = (
+                [{"layer": 3 % layers, "kind": "inf"}, {"layer": 7 % layers, "kind": "nan"}]
+                if spike and layers > 7 else [])
     return {
-        "schema_version": 1,
+        "schema_version": 2 if skip_every > 0 else 1,
         "run": {"id": run_id, "project": "bench", "name": "long", "tags": [], "config": {},
                 "host": "bench", "rank": 0, "target_format": "fp16"},
         "attempt": {"id": attempt_id, "pid": 1, "started_at": 1.7e9},
@@ -108,13 +114,14 @@ def _batch(
     }
 
 
-def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: int) -> str:
+def build(factory: sessionmaker[Session], steps: int, layers: int, per_batch: int,
+          skip_every: int = 0) -> str:
     run_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
     ingest_s = 0.0
     for first in range(0, steps, per_batch):
         payload = IngestBatch.model_validate(
             _batch(run_id, attempt_id, first, min(per_batch, steps - first), layers,
-                   int(steps * 0.618)))
+                   int(steps * 0.618), skip_every))
         began = time.perf_counter()
         with factory() as session, session.begin():
             ingest.ingest_batch(session, payload)
@@ -214,7 +221,17 @@ def _heatmap(session: Session, run: Run, *, stat: Any, start: int | None,
     return chart_reads.heatmap_read(session, run, stat, start, end)
 
 
+EVENT_PAGE_STEPS = 1000
+"""Event steps per page, as the run page asks (web/js/run.js)."""
+
+
+def _events(session: Session, run: Run, *, start: int | None, end: int | None) -> Any:
+    return event_reads.events_page(session, run, start, end, EVENT_PAGE_STEPS)
+
+
 def _points(result: Any) -> int:
+    if hasattr(result, "events"):
+        return len(result.events)
     if hasattr(result, "points"):
         return len(result.points)
     if hasattr(result, "steps"):
@@ -229,7 +246,8 @@ def _stats(times: list[float]) -> str:
 
 
 def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f} on {os.cpu_count()} cores"
 
 
 def main() -> None:
@@ -241,14 +259,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--only", help="time only the queries whose label holds this text "
                                        "(e.g. skip-rate; the build is the same)")
+    parser.add_argument("--skip-every", type=int, default=0,
+                        help="also skip every Nth step, with two non-finite layers (wire v2), "
+                             "so /events has pages to read (default: one skipped step)")
     args = parser.parse_args()
-    print(f"load average at start: {_load()}")
     tmp = tempfile.TemporaryDirectory()
     url = args.db or f"sqlite:///{Path(tmp.name) / 'bench.db'}"
     db.upgrade(url)
     engine = db.make_engine(url)
     factory = db.make_session_factory(engine)
-    run_id = build(factory, args.steps, args.layers, args.batch)
+    print(f"before the build: {_load()}")
+    run_id = build(factory, args.steps, args.layers, args.batch, args.skip_every)
     n = args.steps
     other = copy_run(engine, run_id, int(n * 0.8))
     zooms = {"full": (None, None), "zoom 1/10": (n // 3, n // 3 + n // 10),
@@ -266,6 +287,12 @@ def main() -> None:
                 f"heatmap {stat:13} {zoom}",
                 functools.partial(_heatmap, stat=stat, start=start, end=end),
                 f"/api/runs/{run_id}/layer-stats?stat={stat}{qs}"))
+        # The first page of events (EVENT_PAGE_STEPS event steps) of the range, as the run
+        # page asks at load (full) and for a zoomed range.
+        queries.append((
+            f"events {'':16} {zoom}",
+            functools.partial(_events, start=start, end=end),
+            f"/api/runs/{run_id}/events?limit={EVENT_PAGE_STEPS}{qs}"))
         # The skip rate: every step's flag up to 10,000 steps, the rollups' skip counts past
         # that (revision 0013); its rows are not counted.
         queries.append((
@@ -276,7 +303,7 @@ def main() -> None:
                     f"/api/compare?runs={run_id},{other}"))
     if args.only:
         queries = [query for query in queries if args.only in query[0]]
-    print(f"load average after the build: {_load()}")
+    print(f"before the queries: {_load()}")
     print(f"{'query':36} {'service ms':>15} {'HTTP ms':>15} {'rows':>7} {'points':>7}")
     print(f"{'':36} {'median    p95':>15} {'median    p95':>15}")
     # Loopback, as `ampscope serve`'s default: the gate answers only the hosts it is bound to.
@@ -300,7 +327,7 @@ def main() -> None:
                 http.append(time.perf_counter() - began)
                 assert response.status_code == 200, response.text
             print(f"{label:36} {_stats(service)} {_stats(http)} {rows:7} {points:7}")
-    print(f"load average at the end: {_load()}")
+    print(f"after the queries: {_load()}")
     engine.dispose()
     tmp.cleanup()
 

@@ -268,10 +268,15 @@ def run_page(client: httpx.Client, run_id: str, repeat: int) -> None:
         ("series scale", f"{base}/series/scale?max_points=2400"),
         ("series loss", f"{base}/series/loss?max_points=2400"),
         ("series grad_norm", f"{base}/series/grad_norm?max_points=2400"),
-        ("events (first page)", f"{base}/events"),
-        ("events from the last step (the live refetch)", f"{base}/events?start="
+        ("events (first page, 1000 event steps)", f"{base}/events?limit=1000"),
+        ("events from the last step (the live refetch)", f"{base}/events?limit=1000&start="
                                                         f"{detail['last_step']}"),
         ("layer-stats lost_frac", f"{base}/layer-stats?stat=lost_frac"),
+        ("layer-stats amax, a layer line (max_points 2400)",
+         f"{base}/layer-stats?stat=amax&max_points=2400"),
+        ("layer-stats amax, the layer table (last 32 steps)",
+         f"{base}/layer-stats?stat=amax&start={max(0, detail['last_step'] - 31)}"
+         f"&end={detail['last_step']}&max_points=10000"),
         ("skip-rate", f"{base}/skip-rate?max_points=2400"),
         ("findings", f"{base}/findings"),
     ]:

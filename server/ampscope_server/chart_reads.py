@@ -4,7 +4,9 @@ The math is in `series_math.py` and `rollups.py` (pure); this module fetches row
 responses. A query whose buckets are at least `rollups.FINEST_WIDTH` steps wide reads rollup rows
 (at most max_points of them) plus at most a few raw steps at each edge of the range; a
 narrower one reads at most FINEST_WIDTH · max_points raw steps. Either way the rows read do not
-grow with the run.
+grow with the run. A heatmap's row carries a value per layer, so it reads raw steps only for a
+range of at most `RAW_FOLD_STEPS` steps (and a range's partial edge buckets): wider, its level
+follows the zoom among the stored per-layer levels (`_heatmap_plan`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ SERIES_COLUMNS: dict[str, str] = {
 DEFAULT_HEATMAP_POINTS = 250
 """Columns of a downsampled heatmap: each cell carries one value per layer, so a few pixels
 wide (a series point carries three and comes at twice the chart width)."""
+RAW_FOLD_STEPS = 256
+"""The widest range a downsampled heatmap folds from its raw layer steps. The 4- and 16-step
+per-layer buckets are not stored, so a column that narrow costs one unpacked blob per step
+and layer (1000 steps x 200 layers: ~1 s); past this many steps the columns come from the stored
+`layer_rollups` (64 steps and wider) and only a range's partial edge buckets (under 64 steps
+each) and sparse 64-step buckets are folded raw."""
 
 
 def _bounds(
@@ -140,15 +148,7 @@ def heatmap_read(
     if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
         return _raw_heatmap(session, run, stat, start, end, source)
     names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
-    # Between max_points and FINEST_WIDTH · max_points steps, reading raw would cost up to
-    # FINEST_WIDTH · max_points · layers rows: the finest rollup level answers instead, with
-    # between max_points / FINEST_WIDTH and max_points columns.
-    span = bounds[1] - bounds[0] + 1
-    plan = (
-        rollups.plan(*bounds, max_points)
-        or rollups.plan(*bounds, -(-span // rollups.FINEST_WIDTH))
-        or rollups.Plan(bounds[0], bounds[1], bounds[0], -(-span // max_points), [], [bounds])
-    )
+    plan = _heatmap_plan(*bounds, max_points)
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
     pieces = rollups_repository.layer_rollup_arrays(session, run.id, plan.ranges)
@@ -169,6 +169,30 @@ def heatmap_read(
             row.append(_display(stat, value, fmt.max))
     return HeatmapRead(stat=stat, source=source, layers=names,
                        steps=[plan.first_step(col) for col in columns], z=z, downsampled=True)
+
+
+def _heatmap_plan(start: int, end: int, max_points: int) -> rollups.Plan:
+    """The rollup plan of a downsampled heatmap over [start, end] (more than max_points steps),
+    its level chosen from the zoom: up to `RAW_FOLD_STEPS` steps, the finest plan (4- or 16-step
+    buckets folded raw, between max_points / 4 and max_points columns); wider, the finest level
+    of `rollups.LAYER_LEVELS` with at most max_points buckets in the range (fewer columns at a
+    middle zoom, but rows read that do not grow with the range)."""
+    span = end - start + 1
+    if span > RAW_FOLD_STEPS:
+        level = next((lvl for lvl in rollups.LAYER_LEVELS
+                      if (end >> lvl) - (start >> lvl) + 1 <= max_points), None)
+        # `rollups.plan` takes the finest level with at most the given count of buckets: asked
+        # for `level`'s own count, that is `level` (any finer one has more buckets in a range
+        # this wide). Past the coarsest level it joins k coarsest buckets per column.
+        count = max_points if level is None else (end >> level) - (start >> level) + 1
+        stored = rollups.plan(start, end, count)
+        if stored is not None:
+            return stored
+    return (
+        rollups.plan(start, end, max_points)
+        or rollups.plan(start, end, -(-span // rollups.FINEST_WIDTH))
+        or rollups.Plan(start, end, start, -(-span // max_points), [], [(start, end)])
+    )
 
 
 def _display(stat: HeatmapStat, value: float, fmt_max: float) -> float | None:

@@ -1,9 +1,10 @@
 """Service: the run page's event list and skip rate, bounded by what the page asks for.
 
 - Events come by page: at most `limit` event steps (skipped or scale change) from `start`, with
-  their misuse events, non-finite layers and FP32 re-checks in the same step window, and
-  `next_start` when more follow. A live page asks only for the steps after those it has
-  (`start`), never the whole list again.
+  the misuse events in the same step window, the non-finite layers and FP32 re-checks of the
+  page's own skipped steps (read by their ids, so a page never reads the run's other skipped
+  steps), and `next_start` when more follow. A live page asks only for the steps after those it
+  has (`start`), never the whole list again.
 - The skip rate comes as at most `max_points` bucket maxima of the rolling rate, plus the last
   window's (step, skipped) so the page continues it exactly from live steps: the page never
   downloads every step. A long range is read from the skip counts of the series rollups
@@ -56,8 +57,11 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
         )
         for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls in rows
     ]
+    # The details of this page's skipped steps only, by their ids (a page is bounded; the run's
+    # other skipped steps are never read).
+    skipped = [row.step_id for row in steps if row.skipped]
     bad_layers: dict[int, list[tuple[int, str]]] = {}
-    for entry in steps_repository.skipped_nonfinite(session, run.id, start, last):
+    for entry in steps_repository.nonfinite_of(session, skipped):
         bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
     misuse = [
         events.MisuseRow(
@@ -69,8 +73,8 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
         in steps_repository.misuse_rows(session, run.id, start, last)
     ]
     names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
-    rechecks = {int(step_id): runs.recheck_read(recheck)
-                for step_id, recheck in steps_repository.rechecks_in(session, run.id, start, last)}
+    rechecks = {recheck.step_id: runs.recheck_read(recheck)
+                for recheck in steps_repository.rechecks_of(session, skipped)}
     return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks),
                       next_start=next_start)
 

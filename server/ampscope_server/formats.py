@@ -7,6 +7,7 @@ e4m3fn max 448; e5m2 max 57344); tests/server/test_formats.py pins them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,11 @@ class FloatFormat:
     def bias(self) -> int:
         return (1 << (self.exponent_bits - 1)) - 1
 
-    @property
+    @cached_property
     def max(self) -> float:
+        # Cached: a heatmap's headroom takes it once per cell (30 % of one profile), and the
+        # arithmetic below never changes for a format. (cached_property writes the instance's
+        # __dict__ directly, which a frozen dataclass allows.)
         top_exponent = (1 << self.exponent_bits) - (2 if self.ieee_special else 1) - self.bias
         ulp = 2.0**-self.mantissa_bits
         # e4m3fn: the all-ones mantissa at the top exponent is NaN, so the largest is one ulp less.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
     Float,
@@ -36,6 +36,7 @@ from ampscope_server.models import (
     SwallowedStat,
 )
 from ampscope_server.sql_support import (
+    KEYS_PER_STATEMENT,
     dialect_insert,
     is_postgres,
     run_key,
@@ -212,15 +213,30 @@ def activation_stats_of(session: Session, step_ids: Sequence[int]
     return [row for step_id, data in rows for row in _activation_rows(int(step_id), data)]
 
 
-def nonfinite_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepNonfinite]:
-    """Non-finite layers of the given steps, each step's in backward order."""
-    if not step_ids:
-        return []
-    return session.scalars(
-        select(StepNonfinite)
-        .where(StepNonfinite.step_id.in_(step_ids))
-        .order_by(StepNonfinite.step_id, StepNonfinite.position)
-    ).all()
+class NonfiniteRow(NamedTuple):
+    """One layer that went non-finite at one step (a `step_nonfinite` row, without its order)."""
+
+    step_id: int
+    layer_index: int
+    kind: str
+
+
+def nonfinite_of(session: Session, step_ids: Sequence[int]) -> list[NonfiniteRow]:
+    """Non-finite layers of the given steps, by step id, each step's in backward order.
+
+    Primary-key probes for these steps only, KEYS_PER_STATEMENT ids a statement: an events
+    page reads its own skipped steps' layers, whatever the run holds besides, and a whole list
+    (the report) may hold more skipped steps than a statement takes bound parameters. Plain
+    tuples, not ORM objects: building those was half of an events page's time."""
+    ids = sorted(set(step_ids))
+    out: list[NonfiniteRow] = []
+    for first in range(0, len(ids), KEYS_PER_STATEMENT):
+        out.extend(NonfiniteRow(*row) for row in session.execute(
+            select(StepNonfinite.step_id, StepNonfinite.layer_index, StepNonfinite.kind)
+            .where(StepNonfinite.step_id.in_(ids[first:first + KEYS_PER_STATEMENT]))
+            .order_by(StepNonfinite.step_id, StepNonfinite.position)
+        ))
+    return out
 
 
 def misuse_of(session: Session, step_ids: Sequence[int]) -> Sequence[MisuseEvent]:
@@ -284,19 +300,6 @@ def series_rows(
     return session.execute(statement).all()
 
 
-def skipped_nonfinite(session: Session, run_id: str, start: int | None = None,
-                      end: int | None = None) -> Sequence[StepNonfinite]:
-    """Non-finite layers of the run's skipped steps (within [start, end]), each step's in
-    backward order: a join, not an IN list of step ids, which a long run's thousands of skipped
-    steps would take past the database's limit on bound parameters."""
-    return session.scalars(
-        select(StepNonfinite)
-        .join(Step, Step.id == StepNonfinite.step_id)
-        .where(*step_range(run_id, start, end), Step.skipped.is_(True))
-        .order_by(StepNonfinite.step_id, StepNonfinite.position)
-    ).all()
-
-
 def event_rows(
     session: Session, run_id: str, start: int | None = None, end: int | None = None,
     limit: int | None = None,
@@ -315,18 +318,6 @@ def event_rows(
         ))
         .order_by(Step.step, Step.id)
         .limit(limit)
-    ).all()
-
-
-def rechecks_in(
-    session: Session, run_id: str, start: int | None, end: int | None
-) -> Sequence[Row[int, StepRecheck]]:
-    """(step id, re-check) of the re-checked steps within [start, end], in step order."""
-    return session.execute(
-        select(Step.id, StepRecheck)
-        .join(StepRecheck, StepRecheck.step_id == Step.id)
-        .where(*step_range(run_id, start, end))
-        .order_by(Step.step, Step.id)
     ).all()
 
 
@@ -452,13 +443,18 @@ def named_layer_stats(
 
 # --- wire v3: FP32 re-checks and swallowed updates ----------------------------------------------
 
-def rechecks_of(session: Session, step_ids: Sequence[int]) -> Sequence[StepRecheck]:
-    """The FP32 re-checks of the given steps (steps that were not re-checked have none)."""
-    if not step_ids:
-        return []
-    return session.scalars(
-        select(StepRecheck).where(StepRecheck.step_id.in_(step_ids)).order_by(StepRecheck.step_id)
-    ).all()
+def rechecks_of(session: Session, step_ids: Sequence[int]) -> list[StepRecheck]:
+    """The FP32 re-checks of the given steps (steps that were not re-checked have none), by
+    step id; KEYS_PER_STATEMENT ids a statement (see `nonfinite_of`)."""
+    ids = sorted(set(step_ids))
+    out: list[StepRecheck] = []
+    for first in range(0, len(ids), KEYS_PER_STATEMENT):
+        out.extend(session.scalars(
+            select(StepRecheck)
+            .where(StepRecheck.step_id.in_(ids[first:first + KEYS_PER_STATEMENT]))
+            .order_by(StepRecheck.step_id)
+        ))
+    return out
 
 
 def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRecheck]]:

@@ -286,6 +286,11 @@ window.fetch = (...args) => {
 };
 """
 """An init script counting the page's requests in flight (`window.__fetching`)."""
+SETTLED = """() => window.ampscope.statusMessages >= 1 && window.__fetching === 0
+    && window.ampscope.findings.timer === null && !window.ampscope.findings.inFlight
+    && window.ampscope.events.refetchTimer === null"""
+"""The run page has had the socket's status message and nothing it schedules is pending (needs
+COUNT_FETCHES)."""
 FINISHED = "() => document.querySelector('#run-status .badge').textContent === 'finished'"
 
 
@@ -612,8 +617,11 @@ class TestRunPage:
         live = "() => document.getElementById('live').dataset.state"
         watched.wait_for(f"() => ({live})() === 'connected'")
         # The page's own follow-up reads (findings, what-if, layer lines) done first: one still
-        # in flight when the server goes would rightly log a failed request.
-        watched.wait_for("() => window.__fetching === 0")
+        # in flight when the server goes would rightly log a failed request. That includes the
+        # ones only scheduled: the socket's status message (sent after its backfill) has the
+        # findings fetched again up to findings.js REFETCH_MS (3 s) later, and live skipped
+        # steps have /events read again; wait until that message came and those ran.
+        watched.wait_for(SETTLED)
         live_server.stop()
         watched.wait_for(f"() => ({live})() === 'reconnecting'")
         live_server.start()

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.server.wire import batch, layer_stats, new_id, record, strict_json
+from tests.support.servers import ServerProcess
 
 
 def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
@@ -130,3 +131,118 @@ class TestHeatmap:
         assert heat["z"][1][0] == pytest.approx(expected_0[1])
         assert heat["z"][0][1] == "inf"  # amax 0: nothing can overflow
         assert heat["z"][1][1] is None  # no finite element
+
+
+def _zoom_layers(step: int) -> dict[str, list[Any]]:
+    """Per-layer statistics that change from step to step (deterministic), a null amax now and
+    then, so every fold has something to pick."""
+    a, b = (step * 7919 % 1000) / 1000.0, (step * 104729 % 997) / 997.0
+    return {
+        "amax": [0.5 + a, None if step % 11 == 0 else b],
+        "amin_nz": [1e-9 * (1 + b), 1e-7 * (1 + a)],
+        "zero_frac": [a / 4, b / 8],
+        "subnormal_frac": [0.0, 0.01],
+        "underflow_frac": [b / 16, a / 32],
+        "nan_count": [step % 5, 0],
+        "inf_count": [0, step % 3],
+        "l2": [1.0 + a, 0.5],
+    }
+
+
+ZOOM_STEPS = 3072
+"""48 whole 64-step buckets: the last (and the 1024-step bucket 2) ends at the run's last step,
+so it is open (no stored row) and folded when read."""
+DENSE_UNTIL = 2000
+"""Steps below carry layer statistics two steps in three (64-step buckets with a stored row),
+those from here on every 10th (sparse buckets, folded from their raw steps when read)."""
+
+
+def _zoom_records() -> list[dict[str, Any]]:
+    records = []
+    for step in range(ZOOM_STEPS):
+        layered = step % 3 != 1 if step < DENSE_UNTIL else step % 10 == 0
+        rec = record(step, with_layers=False, scale_before=2.0 ** (10 + step % 7))
+        rec["layers"] = _zoom_layers(step) if layered else None
+        records.append(rec)
+    return records
+
+
+def _brute_force(records: list[dict[str, Any]], stat: str, start: int, end: int,
+                 width: int | None) -> tuple[list[int], list[list[Any]]]:
+    """(steps, z) of a heatmap over [start, end] folded straight from the raw records: one
+    column per step (width None) or per `width`-step bucket aligned to multiples of `width`,
+    each layer's worst value in it, as the JSON shows it ("inf", null)."""
+    columns: dict[int, list[tuple[dict[str, list[Any]], float]]] = {}
+    for rec in records:
+        if rec["layers"] is not None and start <= rec["step"] <= end:
+            key = rec["step"] if width is None else rec["step"] // width
+            columns.setdefault(key, []).append((rec["layers"], rec["scale_before"]))
+    steps: list[int] = []
+    z: list[list[Any]] = [[], []]
+    for key in sorted(columns):
+        steps.append(key if width is None else max(start, key * width))
+        for layer, row in enumerate(z):
+            row.append(_worst(stat, [(layers, scale, layer) for layers, scale in columns[key]],
+                              raw=width is None))
+    return steps, z
+
+
+def _worst(stat: str, cells: list[tuple[dict[str, list[Any]], float, int]], raw: bool) -> Any:
+    """One layer's value over a column's steps ((stats, scale, layer) each), as the JSON shows it.
+
+    headroom_bits: one step's from its amax and scale (series_math.headroom_bits); a bucket's
+    from its largest amax · scale (chart_reads._display)."""
+    if stat == "headroom_bits":
+        present = [(layers["amax"][i], scale) for layers, scale, i in cells
+                   if layers["amax"][i] is not None]
+        if not present:
+            return None
+        if raw:  # one step
+            amax, scale = present[0]
+            return ("inf" if amax == 0
+                    else math.log2(65504.0) - math.log2(amax) - math.log2(scale))
+        product = max(amax * scale for amax, scale in present)
+        return "inf" if product == 0 else math.log2(65504.0) - math.log2(product)
+    if stat == "lost_frac":
+        values = [layers["zero_frac"][i] + layers["underflow_frac"][i] for layers, _, i in cells]
+    else:
+        values = [layers[stat][i] for layers, _, i in cells if layers[stat][i] is not None]
+    if not values:
+        return None
+    return min(values) if stat == "amin_nz" else max(values)
+
+
+@pytest.fixture(scope="module")
+def zoom_run(module_server: ServerProcess) -> str:
+    """A run of `_zoom_records`, sent once per server (dialect)."""
+    run_id = new_id()
+    with httpx.Client(base_url=module_server.url, timeout=60.0) as api:
+        _post(api, run_id, _zoom_records())
+    return run_id
+
+
+class TestHeatmapByZoom:
+    """The heatmap's columns follow the zoom (raw steps up to RAW_FOLD_STEPS, stored per-layer
+    rollups past it) and always equal a fold of the raw steps in the same buckets."""
+
+    @pytest.mark.parametrize(("start", "end", "max_points", "width"), [
+        (0, ZOOM_STEPS - 1, 250, 64),      # 48 64-step buckets: rows, sparse and open folded
+        (1234, 2233, 250, 64),             # 1/3 zoom: 64-step rows, partial edges folded raw
+        (300, 2700, 20, 256),              # 256-step rows
+        (0, ZOOM_STEPS - 1, 2, 4096),      # one column: 1024-step rows, the open one folded
+        (1000, 1255, 100, 4),              # 256 steps: 4-step buckets folded raw
+        (1500, 1699, 250, None),           # fewer steps than columns: one column per step
+        (1990, 2260, 250, 64),             # 271 steps across the dense/sparse boundary
+    ])
+    @pytest.mark.parametrize("stat", ["amax", "amin_nz", "lost_frac", "nan_count",
+                                      "headroom_bits"])
+    def test_equals_a_fold_of_the_raw_steps(
+        self, api: httpx.Client, zoom_run: str, stat: str, start: int, end: int,
+        max_points: int, width: int | None,
+    ) -> None:
+        heat = _get(api, f"/api/runs/{zoom_run}/layer-stats?stat={stat}&start={start}"
+                         f"&end={end}&max_points={max_points}")
+        steps, z = _brute_force(_zoom_records(), stat, start, end, width)
+        assert heat["downsampled"] is (width is not None)
+        assert heat["steps"] == steps
+        assert heat["z"] == z

@@ -1,13 +1,21 @@
 """Events of a long run: more skipped steps than a database takes bound parameters in one
-statement (SQLite's default limit is 32,766), read whole and by window, on both dialects."""
+statement (SQLite's default limit is 32,766), read whole, by window and page by page (each page
+with its own skipped steps' layers), on both dialects."""
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import chart_reads, ingest, runs, runs_repository, steps_repository
+from ampscope_server import (
+    chart_reads,
+    event_reads,
+    ingest,
+    runs,
+    runs_repository,
+    steps_repository,
+)
 from ampscope_server.models import StepNonfinite
-from ampscope_server.schemas import IngestBatch
+from ampscope_server.schemas import AnyEventRead, IngestBatch, SkippedEventRead
 from tests.server.wire import batch, new_id
 
 SKIPPED = 33_000
@@ -41,3 +49,54 @@ def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session])
         window = chart_reads.events_read(session, run, 19_990, 20_009).events
         assert [event.step for event in window] == list(range(19_990, 20_010))
         assert [len(event.layers) for event in window].count(1) == 1  # type: ignore[union-attr]
+
+
+PAGED_SKIPS = 40_500
+"""Past the 32,766 bound parameters SQLite takes in one statement."""
+
+
+def _kind(step: int) -> str:
+    return "nan" if step % 3 == 0 else "inf"
+
+
+def test_pages_of_40k_skipped_steps_each_with_its_layers(
+    sessions: sessionmaker[Session],
+) -> None:
+    payload = batch([], run_id=new_id())
+    with sessions() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+        key = runs_repository.run_key(session, payload["run"]["id"])
+        rows = [{
+            "run_key": key, "attempt": 1, "seq": i,
+            "step": 2 * i, "wall_time": 1.0 + i, "loss": 1.0, "loss_class": 0,
+            "scale_before": 1.0, "scale_before_class": 0, "scale_after": 1.0,
+            "scale_after_class": 0, "growth_tracker": 0, "found_inf": i % 2 == 0,
+            "skipped": i % 2 == 0, "grad_norm": None, "grad_norm_class": 2, "lr": None,
+            "lr_class": 0, "duration": None, "duration_class": 0, "captured": None,
+            "nonfinite_count": 1 if i % 2 == 0 else None, "misuse_count": None,
+        } for i in range(2 * PAGED_SKIPS)]  # every other step skipped, steps 0, 2, 4, ...
+        ids = steps_repository.insert_steps(session, rows)
+        steps_repository.insert_rows(session, StepNonfinite, [
+            {"step_id": ids[seq], "position": 0, "layer_index": seq // 2 % 2,
+             "kind": _kind(2 * seq)} for seq in range(0, 2 * PAGED_SKIPS, 2)])
+    with sessions() as session:
+        run = runs.load_run(session, payload["run"]["id"])
+        pages: list[list[AnyEventRead]] = []
+        start = None
+        while True:
+            page = event_reads.events_page(session, run, start, None, limit=7_000)
+            pages.append(page.events)
+            if page.next_start is None:
+                break
+            assert page.next_start > page.events[-1].step  # disjoint: the next page starts after
+            start = page.next_start
+    assert [len(events) for events in pages] == [7_000] * 5 + [5_500]
+    steps = [event.step for events in pages for event in events]
+    assert steps == list(range(0, 4 * PAGED_SKIPS, 4))  # complete and in order
+    names = ["fc1.weight", "fc1.bias"]
+    for events in pages:
+        for event in events:
+            assert isinstance(event, SkippedEventRead) and event.kind == "skipped"
+            layers = [(layer.index, layer.name, layer.kind) for layer in event.layers]
+            index = event.step // 4 % 2
+            assert layers == [(index, names[index], _kind(event.step))], event.step

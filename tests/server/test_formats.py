@@ -15,3 +15,11 @@ from ampscope_server.formats import FORMATS
 def test_format_limits(name: str, max_: float, min_normal: float, min_subnormal: float) -> None:
     fmt = FORMATS[name]
     assert (fmt.max, fmt.min_normal, fmt.min_subnormal) == (max_, min_normal, min_subnormal)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_max_is_computed_once(name: str) -> None:
+    # A heatmap's headroom asks for it per cell: the second call returns the cached object
+    # (recomputed, the float would be a new object each time).
+    fmt = FORMATS[name]
+    assert fmt.max is fmt.max

@@ -82,19 +82,19 @@ export async function getSeries(id, name, maxPoints, range = null) {
 }
 
 /**
- * /events from `start` on (every page, following next_start): the whole list, or with `start`
- * only what a live page does not have yet.
+ * One page of /events: at most `limit` event steps from `start` (within `end`), as
+ * {events, next_start}; next_start (a step) when more follow, for the next page. The page asks
+ * for what the screen shows (the first page, the zoomed range, the steps after those it holds),
+ * never the whole list.
  */
-export async function getEvents(id, start = null) {
-  const events = [];
-  let from = start;
-  for (;;) {
-    const query = from === null ? '' : `?start=${from}`;
-    const body = await getJSON(`${runPath(id)}/events${query}`);
-    events.push(...decodeEvents(body));
-    if (body.next_start === null || body.next_start === undefined) return events;
-    from = body.next_start;
-  }
+export async function getEvents(id, { start = null, end = null, limit = null } = {}) {
+  const query = new URLSearchParams();
+  if (start !== null) query.set('start', String(Math.max(0, Math.floor(start))));
+  if (end !== null) query.set('end', String(Math.max(0, Math.ceil(end))));
+  if (limit !== null) query.set('limit', String(limit));
+  const text = query.toString();
+  const body = await getJSON(`${runPath(id)}/events${text ? `?${text}` : ''}`);
+  return { events: decodeEvents(body), next_start: body.next_start ?? null };
 }
 
 /** /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live. */

@@ -2,6 +2,8 @@
 // first. A skipped step opens (a <details> row, no script needed) to show the layers whose
 // gradient went non-finite, first bad layer first (backward order), NaN vs inf, and whether the
 // loss itself was finite (forward vs backward overflow). A misuse event shows its detail.
+// The list holds what was asked for (the first page of /events, the zoomed range's, the steps
+// after those it holds), never the whole run at once: "more events" asks for the next page.
 
 import { el, scaleNode } from './format.js';
 
@@ -23,11 +25,17 @@ export class EventLog {
    * @param {HTMLElement} tbody
    * @param {HTMLElement} countNode
    * @param {() => Promise<object[]>} [refetch]  /events again (for the layers of live skips)
+   * @param {{button: HTMLButtonElement, fetchPage: (start: number) => Promise<{events: object[],
+   *   next_start: number | null}>, onPage: (page: object) => void, onError: (err: Error) => void}}
+   *   [more]  the next page of older events, on demand
    */
-  constructor(tbody, countNode, refetch) {
+  constructor(tbody, countNode, refetch, more = null) {
     this.tbody = tbody;
     this.countNode = countNode;
     this.refetch = refetch;
+    this.more = more;
+    this.nextStart = null; // the first step of the pages not loaded yet (null: none left)
+    if (more) more.button.addEventListener('click', () => this.loadMore().catch((err) => more.onError(err)));
     this.events = [];
     this.byKey = new Map();
     this.open = new Set(); // keys of the events the user opened: kept open across re-renders
@@ -54,6 +62,26 @@ export class EventLog {
     }
     if (changed) this.events.sort((a, b) => a.step - b.step);
     if (changed || !this.events.length) this.render();
+  }
+
+  /** A page of /events arrived: show its events; `next_start` says where the unread ones begin. */
+  addPage(page) {
+    this.nextStart = page.next_start;
+    this.add(page.events);
+    this.render();
+  }
+
+  /** The next page of older events (the "more events" button). */
+  async loadMore() {
+    if (!this.more || this.nextStart === null) return;
+    this.more.button.disabled = true;
+    try {
+      const page = await this.more.fetchPage(this.nextStart);
+      this.addPage(page);
+      this.more.onPage(page);
+    } finally {
+      this.more.button.disabled = false;
+    }
   }
 
   /** Events implied by live steps (the socket carries steps, not events). */
@@ -143,7 +171,10 @@ export class EventLog {
     this.tbody.replaceChildren(...rows);
     const counts = { skipped: 0, backoff: 0, growth: 0, misuse: 0 };
     for (const e of this.events) counts[e.kind] = (counts[e.kind] ?? 0) + 1;
+    const partial = this.nextStart !== null;
     this.countNode.textContent = `${counts.skipped} skipped · ${counts.backoff} backoff · ${counts.growth} growth`
-      + (counts.misuse ? ` · ${counts.misuse} misuse` : '');
+      + (counts.misuse ? ` · ${counts.misuse} misuse` : '')
+      + (partial ? ` · not all loaded from step ${this.nextStart} on` : '');
+    if (this.more) this.more.button.hidden = !partial;
   }
 }

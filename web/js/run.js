@@ -18,6 +18,8 @@ import { WhatIf } from './whatif.js';
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
 const PREFILL_LAYERS = 3; // the per-layer range starts with this many of the cited layers
+const EVENT_PAGE_STEPS = 1000; // event steps a page of /events holds (the table shows 300 rows)
+const LAYER_TABLE_STEPS = 32; // the layer table looks for its step among the last this many first
 const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
 // What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
@@ -58,6 +60,7 @@ class RunPage {
     this.liveState = LiveState.CONNECTING;
     this.liveDetail = undefined;
     this.eventsFrom = null; // the newest step /events gave: a live refetch starts there
+    this.statusMessages = 0; // the socket's status messages so far
     this.zoom = {};
     this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
     this.layerLinesPrefilled = false;
@@ -77,9 +80,11 @@ class RunPage {
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
     // Every request leaves at once; the scale chart (the first thing to read) is drawn as soon
-    // as its own two answers are in, not after the slowest of the seven (the heatmap's).
+    // as its series is in, not after the slowest of the seven (the heatmap's); its event
+    // markers follow with the first page of /events (a long run's later pages on request).
     const scaleP = api.getSeries(this.runId, 'scale', maxPoints);
-    const eventsP = api.getEvents(this.runId);
+    const eventsP = api.getEvents(this.runId, { limit: EVENT_PAGE_STEPS });
+    eventsP.catch(() => {}); // awaited below
     const restP = Promise.all([
       api.getLayers(this.runId),
       api.getLayerStats(this.runId, 'lost_frac'),
@@ -88,14 +93,22 @@ class RunPage {
       api.getSkipRate(this.runId, maxPoints),
     ]);
     restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
-    const [scale, events] = await Promise.all([scaleP, eventsP]);
-    this.eventsFrom = lastEventStep(events, null);
     this.scale = new ScaleChart($('scale-chart'), this.runId);
-    const scaleDrawn = this.scale.init(scale, events);
+    const scaleDrawn = this.scale.init(await scaleP);
     scaleDrawn.catch(() => {}); // likewise: awaited with the other charts
+    const firstPage = await eventsP;
+    const events = firstPage.events;
+    scaleDrawn.then(() => this.scale.addEvents(events)).catch(() => {});
     const [layers, stats, loss, gradNorm, skipRate] = await restP;
     await lastStepRead;
     this.counted = this.lastStep ? this.lastStep.step : -1;
+    // A live refetch reads from here on (one page at a time): the newest step at load, or the
+    // newest event the first page gave when later (the older pages are read on request, never
+    // by the refetch, and a run without events is not read from its start every few seconds).
+    const atLoad = this.counted >= 0 ? this.counted : null;
+    this.eventsFrom = firstPage.next_start === null
+      ? lastEventStep(events, atLoad)
+      : Math.max(firstPage.next_start, this.counted);
     this.layerNames = layers.map((l) => l.name);
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
@@ -103,13 +116,22 @@ class RunPage {
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
     this.gradNorm = new LineChart($('gradnorm-chart'),
       { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
-    // Live: only the events from the newest step /events gave (that step again: repeats are
-    // merged by the log), never the whole list again.
+    // Live: one page of events from the newest step /events gave (that step again: repeats
+    // are merged by the log), never the whole list again; a page that was cut goes on from its
+    // next_start at the next refetch.
     this.events = new EventLog($('events-body'), $('event-counts'), async () => {
-      const fresh = await api.getEvents(this.runId, this.eventsFrom);
-      this.eventsFrom = lastEventStep(fresh, this.eventsFrom);
+      const page = await api.getEvents(this.runId, { start: this.eventsFrom, limit: EVENT_PAGE_STEPS });
+      this.eventsFrom = page.next_start ?? lastEventStep(page.events, this.eventsFrom);
       setTimeout(() => this.renderMisuse(this.events.events), 0); // once the log holds them
-      return fresh;
+      return page.events;
+    }, {
+      button: $('events-more'),
+      fetchPage: (start) => api.getEvents(this.runId, { start, limit: EVENT_PAGE_STEPS }),
+      onPage: (page) => {
+        this.scale.addEvents(page.events);
+        this.renderMisuse(this.events.events);
+      },
+      onError: (err) => api.showError(err.message),
     });
     this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
     this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
@@ -125,7 +147,7 @@ class RunPage {
     ]);
     $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
     $('heatmap-empty').hidden = stats.steps.length > 0;
-    this.events.add(events);
+    this.events.addPage(firstPage);
     this.renderMisuse(events);
     await this.loadLayerTable(stats);
     this.initSmoothing();
@@ -311,6 +333,7 @@ class RunPage {
   }
 
   onStatus(status) {
+    this.statusMessages += 1; // the browser tests wait for the findings refetch this schedules
     this.renderStatus(status);
     this.renderLive();
     if (this.findings) this.findings.stepsArrived(this.lastStep ? this.lastStep.step : -1);
@@ -339,8 +362,13 @@ class RunPage {
     }
     const start = stats.steps[stats.steps.length - 1];
     const end = Math.max(start, this.lastStep ? this.lastStep.step : start);
-    const bodies = await Promise.all(COLUMNS.map(([stat]) => api.getLayerStats(this.runId, stat,
-      { start, end, max_points: 10000 })));
+    const read = (from) => Promise.all(COLUMNS.map(([stat]) => api.getLayerStats(this.runId, stat,
+      { start: from, end, max_points: 10000 })));
+    // The last LAYER_TABLE_STEPS steps first: the heatmap's last column starts a whole bucket
+    // back (4096 steps on a 1M-step run), and reading each of its raw steps for one step's
+    // values would grow with the run. The whole column only when they hold no layer statistics.
+    let bodies = await read(Math.max(start, end - LAYER_TABLE_STEPS + 1));
+    if (!bodies[0].steps.length && end - LAYER_TABLE_STEPS + 1 > start) bodies = await read(start);
     const named = {};
     COLUMNS.forEach(([stat], i) => { named[stat] = bodies[i]; });
     const body = bodies[0];
@@ -433,6 +461,14 @@ class RunPage {
         (range, maxPoints) => api.getSeries(this.runId, key, maxPoints, range),
         (range, series) => chart.replaceRange(range.start, range.end, series), onError);
     }
+    // The zoomed range's events (its first page), for the markers and the table.
+    this.zoom.events = followZoom(this.scale.div,
+      (range) => api.getEvents(this.runId, { start: range.start, end: range.end, limit: EVENT_PAGE_STEPS }),
+      (range, page) => {
+        this.events.add(page.events);
+        this.scale.addEvents(page.events);
+        this.renderMisuse(this.events.events);
+      }, onError);
   }
 
   initStatSelect() {

@@ -19,16 +19,31 @@ export class ScaleChart {
     this.lastStep = -Infinity;
     this.ticks = new LogTicks('yaxis', 2);
     this.banded = false;
+    this.marked = { skipped: new Set(), growth: new Set() }; // steps that have their marker
   }
 
-  /** series: /series/scale (min/max/last per bucket); events: /events. */
-  async init(series, events) {
+  /** The events not marked yet, by kind, now marked. */
+  unmarked(events) {
+    const out = { skipped: [], growth: [] };
+    for (const e of events) {
+      const seen = this.marked[e.kind];
+      if (!seen || seen.has(e.step)) continue;
+      seen.add(e.step);
+      out[e.kind].push(e);
+    }
+    return out;
+  }
+
+  /**
+   * series: /series/scale (min/max/last per bucket); events: /events (may come later, through
+   * addEvents: the chart is drawn as soon as its series is in).
+   */
+  async init(series, events = []) {
     const pts = series.points;
     this.banded = series.downsampled;
     const x = pts.map((p) => p.step);
     for (const p of pts) this.ticks.widen([p.min, p.max]);
-    const skipped = events.filter((e) => e.kind === 'skipped');
-    const growth = events.filter((e) => e.kind === 'growth');
+    const { skipped, growth } = this.unmarked(events);
     const hover = 'step %{x}<br>scale %{customdata}<extra></extra>';
     const band = (key) => ({ x: this.banded ? x : [], y: this.banded ? pts.map((p) => finiteOrNull(p[key])) : [],
       customdata: this.banded ? pts.map((p) => scaleText(p[key])) : [] });
@@ -61,6 +76,20 @@ export class ScaleChart {
     await Plotly.newPlot(this.div, traces, layout, CONFIG);
   }
 
+  /** Markers for events that arrived after the chart was drawn (a page of /events). */
+  addEvents(events) {
+    const { skipped, growth } = this.unmarked(events);
+    if (!skipped.length && !growth.length) return;
+    for (const e of [...skipped, ...growth]) this.ticks.widen([e.scale_before, e.scale_after]);
+    Plotly.extendTraces(this.div, {
+      x: [skipped.map((e) => e.step), growth.map((e) => e.step)],
+      y: [skipped.map((e) => finiteOrNull(e.scale_before)), growth.map((e) => finiteOrNull(e.scale_after))],
+      customdata: [skipped.map((e) => scaleText(e.scale_before)), growth.map((e) => scaleText(e.scale_after))],
+    }, [SKIPPED, GROWTH], MAX_POINTS);
+    const relayout = this.ticks.update();
+    if (relayout) Plotly.relayout(this.div, relayout);
+  }
+
   /** Append live steps (already decoded, in order); steps at or before the last drawn are ignored. */
   append(steps) {
     const fresh = steps.filter((s) => s.step > this.lastStep);
@@ -69,8 +98,11 @@ export class ScaleChart {
     const x = fresh.map((s) => s.step);
     const y = fresh.map((s) => finiteOrNull(s.scale_before));
     const text = fresh.map((s) => scaleText(s.scale_before));
-    const skipped = fresh.filter((s) => s.skipped);
-    const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before);
+    const skipped = fresh.filter((s) => s.skipped && !this.marked.skipped.has(s.step));
+    const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before
+      && !this.marked.growth.has(s.step));
+    for (const s of skipped) this.marked.skipped.add(s.step);
+    for (const s of growth) this.marked.growth.add(s.step);
     for (const s of fresh) this.ticks.widen([s.scale_before, s.scale_after]);
 
     const update = { x: [x, skipped.map((s) => s.step), growth.map((s) => s.step)],
