@@ -12,6 +12,7 @@ follows the zoom among the stored per-layer levels (`_heatmap_plan`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
@@ -148,7 +149,7 @@ def heatmap_read(
     if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
         return _raw_heatmap(session, run, stat, start, end, source)
     names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
-    plan = _heatmap_plan(*bounds, max_points)
+    plan = _heatmap_plan(*bounds, max_points, _layer_levels(session, run, *bounds, max_points))
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
     pieces = rollups_repository.layer_rollup_arrays(session, run.id, plan.ranges)
@@ -171,15 +172,32 @@ def heatmap_read(
                        steps=[plan.first_step(col) for col in columns], z=z, downsampled=True)
 
 
-def _heatmap_plan(start: int, end: int, max_points: int) -> rollups.Plan:
+def _layer_levels(session: Session, run: Run, start: int, end: int, max_points: int
+                  ) -> tuple[int, ...]:
+    """The stored per-layer levels a heatmap over [start, end] may read: all of
+    `rollups.LAYER_LEVELS`, or all but the finest when that level would be chosen (at most
+    max_points buckets in range) and fewer than half of its buckets there kept a row. A sparse
+    cadence (the hook's default, every 10th step) stores no 64-step row (`rollups.DENSE_STEPS`):
+    each of its buckets is folded from its raw steps, as many blobs as a raw read, ~0.9 s at a
+    1/100 zoom of a 1M-step x 500-layer run; its 256-step rows read in tens of ms."""
+    finest = rollups.LAYER_FINEST
+    buckets = (end >> finest) - (start >> finest) + 1
+    if buckets > max_points or rollups_repository.count_layer_rollups(
+            session, run.id, finest, start >> finest, end >> finest) * 2 >= buckets:
+        return rollups.LAYER_LEVELS
+    return rollups.LAYER_LEVELS[1:]
+
+
+def _heatmap_plan(start: int, end: int, max_points: int,
+                  levels: Sequence[int] = rollups.LAYER_LEVELS) -> rollups.Plan:
     """The rollup plan of a downsampled heatmap over [start, end] (more than max_points steps),
     its level chosen from the zoom: up to `RAW_FOLD_STEPS` steps, the finest plan (4- or 16-step
-    buckets folded raw, between max_points / 4 and max_points columns); wider, the finest level
-    of `rollups.LAYER_LEVELS` with at most max_points buckets in the range (fewer columns at a
-    middle zoom, but rows read that do not grow with the range)."""
+    buckets folded raw, between max_points / 4 and max_points columns); wider, the finest of the
+    stored per-layer `levels` (`_layer_levels`) with at most max_points buckets in the range
+    (fewer columns at a middle zoom, but rows read that do not grow with the range)."""
     span = end - start + 1
     if span > RAW_FOLD_STEPS:
-        level = next((lvl for lvl in rollups.LAYER_LEVELS
+        level = next((lvl for lvl in levels
                       if (end >> lvl) - (start >> lvl) + 1 <= max_points), None)
         # `rollups.plan` takes the finest level with at most the given count of buckets: asked
         # for `level`'s own count, that is `level` (any finer one has more buckets in a range

@@ -146,6 +146,15 @@ def rollup_rows(
     return out
 
 
+def count_layer_rollups(session: Session, run_id: str, level: int, first: int, last: int
+                        ) -> int:
+    """How many per-layer rollup rows the run stores at `level` for buckets first..last."""
+    return int(session.scalar(
+        select(func.count()).select_from(LayerRollup)
+        .where(LayerRollup.run_key == run_key(run_id), LayerRollup.level == level,
+               LayerRollup.bucket.between(first, last))) or 0)
+
+
 def layer_rollup_arrays(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]]
 ) -> dict[tuple[int, int], rollups.LayerArrays]:

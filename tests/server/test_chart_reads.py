@@ -232,7 +232,10 @@ class TestHeatmapByZoom:
         (0, ZOOM_STEPS - 1, 2, 4096),      # one column: 1024-step rows, the open one folded
         (1000, 1255, 100, 4),              # 256 steps: 4-step buckets folded raw
         (1500, 1699, 250, None),           # fewer steps than columns: one column per step
-        (1990, 2260, 250, 64),             # 271 steps across the dense/sparse boundary
+        # 271 steps across the dense/sparse boundary: none of the five 64-step buckets kept a
+        # row, so the 256-step level (chart_reads._layer_levels), not five raw folds.
+        (1990, 2260, 250, 256),
+        (2100, 3071, 250, 256),            # sparse only: 256-step rows, the open one folded
     ])
     @pytest.mark.parametrize("stat", ["amax", "amin_nz", "lost_frac", "nan_count",
                                       "headroom_bits"])
