@@ -152,7 +152,7 @@ def heatmap_read(
     plan = _heatmap_plan(*bounds, max_points, _layer_levels(session, run, *bounds, max_points))
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
-    pieces = rollups_repository.layer_rollup_arrays(session, run.id, plan.ranges)
+    pieces = rollups_repository.layer_rollup_arrays(session, run.id, plan.ranges, [name])
     for (level, bucket), layer_arrays in sorted(pieces.items()):
         arrays.setdefault(plan.column(bucket << level), []).append(layer_arrays[name])
     for first, last in plan.raw:

@@ -374,10 +374,14 @@ def pack_layers(layers: LayerArrays) -> bytes:
     return stat_packing.pack([layers[name] for name in ROLLUP_STATS], _LAYER_KINDS)
 
 
-def unpack_layers(blob: bytes) -> LayerArrays:
-    columns = stat_packing.unpack(blob)
-    # A rollup never holds None (a layer without data holds MISSING).
-    return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
+def unpack_layers(blob: bytes, names: Sequence[str] | None = None) -> LayerArrays:
+    """A bucket's per-layer arrays: every statistic of `ROLLUP_STATS`, or only `names`."""
+    if names is None:
+        columns = stat_packing.unpack(blob)
+        # A rollup never holds None (a layer without data holds MISSING).
+        return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
+    wanted = stat_packing.unpack_columns(blob, [ROLLUP_STATS.index(name) for name in names])
+    return {ROLLUP_STATS[index]: cast(list[float], column) for index, column in wanted.items()}
 
 
 def to_row(run_key: int, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:

@@ -156,13 +156,16 @@ def count_layer_rollups(session: Session, run_id: str, level: int, first: int, l
 
 
 def layer_rollup_arrays(
-    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]]
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]],
+    names: Sequence[str] | None = None,
 ) -> dict[tuple[int, int], rollups.LayerArrays]:
     """{(level, bucket): per-layer worst arrays} of the buckets in `ranges` ((level, first,
     last bucket)) that hold layer statistics: stored rows at `rollups.LAYER_LEVELS`; folded
     from the raw steps below them (at most 16 steps per bucket) and for a `LAYER_FINEST`
     bucket without a row (open, or sparse: at most `DENSE_STEPS` layer steps); the open bucket
-    of a coarser level folded from its children (`rollups.open_children`)."""
+    of a coarser level folded from its children (`rollups.open_children`). With `names`, the
+    stored rows' arrays hold those statistics only (a heatmap shows one: the others' decoding
+    was most of a wide read); folded buckets hold all."""
     stored = [piece for piece in ranges if piece[0] in rollups.LAYER_LEVELS]
     out: dict[tuple[int, int], rollups.LayerArrays] = {}
     if stored:
@@ -174,7 +177,7 @@ def layer_rollup_arrays(
                 for level, first, last in stored
             ]))
         ):
-            out[(int(level), int(bucket))] = rollups.unpack_layers(data)
+            out[(int(level), int(bucket))] = rollups.unpack_layers(data, names)
         extent = step_extent(session, run_id)
         last_step = -1 if extent is None else extent[1]
         for level, first, last in stored:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 VERSION = 1
 FLOAT = "d"
@@ -78,6 +78,15 @@ def _compress(data: bytes) -> bytes:
 
 def unpack(blob: bytes) -> list[list[float | int | None]]:
     """The columns of a packed blob, each value as packed (floats as float, ints as int)."""
+    columns = unpack_columns(blob)
+    return [columns[index] for index in range(len(columns))]
+
+
+def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
+                   ) -> dict[int, list[float | int | None]]:
+    """{index: column} of the columns at `indices` (all when None): each is put back together
+    from its own slice of every byte plane, so a read that needs one column of many pays the
+    decompression but not the others' conversion to Python values."""
     try:
         version, n, k = _HEAD.unpack_from(blob)
     except struct.error:
@@ -88,24 +97,29 @@ def unpack(blob: bytes) -> list[list[float | int | None]]:
     kinds = bytes(blob[start:start + k]).decode("ascii")
     flags = blob[start + k:start + 2 * k]
     body = zlib.decompress(blob[start + 2 * k:])
-    size = k * n * _WIDTH
-    values = bytearray(size)
     plane = k * n
-    for i in range(_WIDTH):
-        values[i::_WIDTH] = body[i * plane:(i + 1) * plane]
-    columns: list[list[float | int | None]] = []
-    mask_at = size
-    for index, kind in enumerate(kinds):
-        typed = array(kind)
-        typed.frombytes(values[index * n * _WIDTH:(index + 1) * n * _WIDTH])
+    masks: dict[int, int] = {}  # column index -> offset of its mask in the body
+    at = plane * _WIDTH
+    for index in range(k):
+        if flags[index]:
+            masks[index] = at
+            at += n
+    columns: dict[int, list[float | int | None]] = {}
+    for index in range(k) if indices is None else indices:
+        if not 0 <= index < k:
+            raise IndexError(f"column {index} of a packed array of {k}")
+        values = bytearray(n * _WIDTH)
+        for i in range(_WIDTH):
+            values[i::_WIDTH] = body[i * plane + index * n:i * plane + (index + 1) * n]
+        typed = array(kinds[index])
+        typed.frombytes(values)
         column: list[float | int | None] = []
         column.extend(typed.tolist())
-        if flags[index]:
-            mask = body[mask_at:mask_at + n]
-            mask_at += n
+        if index in masks:
+            mask = body[masks[index]:masks[index] + n]
             column = [None if missing else value for value, missing in zip(column, mask,
                                                                            strict=True)]
-        columns.append(column)
+        columns[index] = column
     return columns
 
 

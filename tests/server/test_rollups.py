@@ -140,6 +140,16 @@ def _check_against_brute_force(sessions: sessionmaker[Session], run_id: str) -> 
                 assert rollups.unpack_layers(layers_blob) == bucket.layers, key
             read = rollups_repository.layer_rollup_arrays(session, run_id, [(level, index, index)])
             assert read.get(key) == bucket.layers, key
+            # One heatmap's statistics only: a stored row decodes just those, a fold holds all.
+            names = [rollups.ROLLUP_STATS[0], rollups.ROLLUP_STATS[-1]]
+            part = rollups_repository.layer_rollup_arrays(
+                session, run_id, [(level, index, index)], names)
+            if bucket.layers is None:
+                assert key not in part, key
+                continue
+            assert {n: part[key][n] for n in names} == {n: bucket.layers[n] for n in names}, key
+            assert set(part[key]) == (set(names) if layers_blob is not None
+                                      else set(rollups.ROLLUP_STATS)), key
 
 
 class TestMaintainedAtIngest:

@@ -39,6 +39,24 @@ class TestRoundTrip:
             assert [list(map(_bits, c)) for c in got] == [list(map(_bits, c)) for c in columns]
             assert stat_packing.length(stat_packing.pack(columns, "dqd")) == n
 
+    def test_chosen_columns_equal_the_whole_unpack(self) -> None:
+        rng = random.Random(9)
+        n = 300
+        columns: list[list[float | int | None]] = [
+            [rng.choice([rng.lognormvariate(0, 30), None, math.inf]) for _ in range(n)],
+            [rng.randrange(-(2**63), 2**63) for _ in range(n)],
+            [rng.choice([None, 0.5, -0.0, math.nan]) for _ in range(n)],
+            [rng.randrange(1000) for _ in range(n)],
+        ]
+        blob = stat_packing.pack(columns, "dqdq")
+        for indices in ([2], [3, 0], [1], [0, 1, 2, 3]):
+            got = stat_packing.unpack_columns(blob, indices)
+            assert list(got) == indices
+            assert {i: list(map(_bits, c)) for i, c in got.items()} == {
+                i: list(map(_bits, columns[i])) for i in indices}
+        with pytest.raises(IndexError, match="column 4 of a packed array of 4"):
+            stat_packing.unpack_columns(blob, [4])
+
     def test_ints_given_to_a_float_column_come_back_as_floats(self) -> None:
         assert stat_packing.unpack(stat_packing.pack([[0, 1]], "d")) == [[0.0, 1.0]]
         assert [type(v) for v in stat_packing.unpack(stat_packing.pack([[0, 1]], "d"))[0]] == [
