@@ -19,6 +19,7 @@ from sqlalchemy import text
 
 from ampscope_server import db, ingest
 from ampscope_server.wire import IngestBatch
+from tests.migrations.support import query
 from tests.server.wire import activations, batch_v2, histogram, layer_stats, new_id, record_v2
 
 NONFINITE = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
@@ -63,16 +64,6 @@ def _ingest(url: str, run_id: str, seqs: range, attempt_id: str | None = None) -
         engine.dispose()
 
 
-def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = db.make_engine(url)
-    try:
-        with engine.connect() as connection:
-            return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
-                    for row in connection.execute(text(sql))]
-    finally:
-        engine.dispose()
-
-
 def _snapshot(url: str, keyed: bool) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of `steps`, `layer_stats` and the step children, by the public ids."""
     if keyed:
@@ -83,13 +74,13 @@ def _snapshot(url: str, keyed: bool) -> dict[str, list[tuple[Any, ...]]]:
         steps = "JOIN runs r ON r.id = s.run_id JOIN attempts a ON a.id = s.attempt_id"
         stats = "JOIN runs r ON r.id = l.run_id"
     out = {
-        "steps": _query(url, f"SELECT s.id, r.id, a.id, {', '.join(f's.{c}' for c in SHARED)} "
-                             f"FROM steps s {steps} ORDER BY s.id"),
-        "layer_stats": _query(url, f"SELECT l.step_id, r.id, l.layers, l.data FROM "
-                                   f"layer_stats l {stats} ORDER BY l.step_id"),
+        "steps": query(url, f"SELECT s.id, r.id, a.id, {', '.join(f's.{c}' for c in SHARED)} "
+                            f"FROM steps s {steps} ORDER BY s.id"),
+        "layer_stats": query(url, f"SELECT l.step_id, r.id, l.layers, l.data FROM "
+                                  f"layer_stats l {stats} ORDER BY l.step_id"),
     }
     for table, order in CHILDREN.items():
-        out[table] = _query(url, f"SELECT * FROM {table} ORDER BY {order}")
+        out[table] = query(url, f"SELECT * FROM {table} ORDER BY {order}")
     return out
 
 
@@ -117,26 +108,26 @@ def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
 
     db.downgrade(db_url, "0009")
     assert _snapshot(db_url, keyed=False) == head
-    assert _query(db_url, "SELECT count(*) FROM steps s JOIN attempts a ON a.id = s.attempt_id "
-                          "WHERE a.ordinal = 2") == [(4,)]
+    assert query(db_url, "SELECT count(*) FROM steps s JOIN attempts a ON a.id = s.attempt_id "
+                         "WHERE a.ordinal = 2") == [(4,)]
 
     db.upgrade(db_url, "0010")
     assert _snapshot(db_url, keyed=True) == head
     db.upgrade(db_url)
     last_id = max(row[0] for row in head["steps"])
     _ingest(db_url, first, range(9, 11))
-    new_ids = [row[0] for row in _query(db_url, "SELECT id FROM steps WHERE step >= 27")]
+    new_ids = [row[0] for row in query(db_url, "SELECT id FROM steps WHERE step >= 27")]
     assert len(new_ids) == 2 and min(new_ids) > last_id
 
     # The run key cascades: deleting a run deletes its steps and their children, only its.
-    keys = _query(db_url, f"SELECT \"key\" FROM runs WHERE id = '{second}'")
+    keys = query(db_url, f"SELECT \"key\" FROM runs WHERE id = '{second}'")
     engine = db.make_engine(db_url)
     try:
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM runs WHERE id = :id"), {"id": second})
     finally:
         engine.dispose()
-    assert _query(db_url, f"SELECT count(*) FROM steps WHERE run_key = {keys[0][0]}") == [(0,)]
-    assert _query(db_url, "SELECT count(*) FROM steps") == [(15,)]
-    assert _query(db_url, "SELECT count(*) FROM layer_stats l LEFT JOIN steps s "
-                          "ON s.id = l.step_id WHERE s.id IS NULL") == [(0,)]
+    assert query(db_url, f"SELECT count(*) FROM steps WHERE run_key = {keys[0][0]}") == [(0,)]
+    assert query(db_url, "SELECT count(*) FROM steps") == [(15,)]
+    assert query(db_url, "SELECT count(*) FROM layer_stats l LEFT JOIN steps s "
+                         "ON s.id = l.step_id WHERE s.id IS NULL") == [(0,)]

@@ -18,6 +18,7 @@ from sqlalchemy import text
 
 from ampscope_server import db, ingest
 from ampscope_server.wire import IngestBatch
+from tests.migrations.support import query
 from tests.server.wire import batch, layer_stats, new_id, record
 
 SCALES: dict[int, Any] = {70: "inf", 140: "nan", 210: "-inf", 230: None, 260: 2.0**-3}
@@ -61,16 +62,6 @@ def ingest_runs(url: str) -> tuple[str, str]:
     ingest_steps(url, second, list(range(0, 330)))
     ingest_steps(url, first, list(range(600, 760)), attempt_id=new_id())
     return first, second
-
-
-def query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = db.make_engine(url)
-    try:
-        with engine.connect() as connection:
-            return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
-                    for row in connection.execute(text(sql))]
-    finally:
-        engine.dispose()
 
 
 def snapshot(url: str, keyed: bool, extra: str = "") -> dict[str, list[tuple[Any, ...]]]:

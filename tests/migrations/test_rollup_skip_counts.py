@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ampscope_server import db, rollups
-from tests.migrations.test_rollup_run_keys import ingest_runs, query, snapshot
+from tests.migrations.support import query
+from tests.migrations.test_rollup_run_keys import ingest_runs, snapshot
 
 
 def _brute_force(url: str) -> dict[tuple[Any, int, int], tuple[int, int]]:

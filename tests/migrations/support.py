@@ -1,0 +1,20 @@
+"""What the migration tests share: reading a database's rows with plain SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+
+from ampscope_server import db
+
+
+def query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Every row of `sql` on the database at `url`, blobs as bytes (Postgres hands memoryviews)."""
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
+                    for row in connection.execute(text(sql))]
+    finally:
+        engine.dispose()
