@@ -13,16 +13,19 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import (
     Float,
     Row,
+    Select,
     case,
     func,
     or_,
     select,
+    text,
 )
 from sqlalchemy.orm import Session
 
 from ampscope_server import bulk_repository, codec, stat_packing
 from ampscope_server.models import (
     LAYER_STAT_NAMES,
+    STEP_IS_EVENT,
     ActivationStat,
     Base,
     Histogram,
@@ -307,18 +310,23 @@ def event_rows(
     """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
     the (first `limit`) steps (within [start, end]) that were skipped or whose scale changed (or
     is non-finite), in step order."""
-    return session.execute(
+    return session.execute(event_rows_statement(run_id, start, end, limit)).all()
+
+
+def event_rows_statement(run_id: str, start: int | None = None, end: int | None = None,
+                         limit: int | None = None
+                         ) -> Select[int, int, bool, float | None, int, float | None, int,
+                                     float | None, int]:
+    """`event_rows`' query: its condition is the partial index's (`models.STEP_IS_EVENT`), as
+    written, so both dialects read the event steps from that index (revision 0014)."""
+    return (
         select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
                Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
         .where(*step_range(run_id, start, end))
-        .where(or_(
-            Step.skipped.is_(True),
-            Step.scale_before != Step.scale_after,
-            Step.scale_before_class != Step.scale_after_class,
-        ))
+        .where(text(f"({STEP_IS_EVENT})"))
         .order_by(Step.step, Step.id)
         .limit(limit)
-    ).all()
+    )
 
 
 SKIP_FLAG_ROWS = 10_000
