@@ -104,13 +104,21 @@ def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
         if flags[index]:
             masks[index] = at
             at += n
+    whole = bytearray()
+    if indices is None:  # every column (ingest's read-modify-write): one pass per byte plane
+        whole = bytearray(plane * _WIDTH)
+        for i in range(_WIDTH):
+            whole[i::_WIDTH] = body[i * plane:(i + 1) * plane]
     columns: dict[int, list[float | int | None]] = {}
     for index in range(k) if indices is None else indices:
         if not 0 <= index < k:
             raise IndexError(f"column {index} of a packed array of {k}")
-        values = bytearray(n * _WIDTH)
-        for i in range(_WIDTH):
-            values[i::_WIDTH] = body[i * plane + index * n:i * plane + (index + 1) * n]
+        if indices is None:
+            values = whole[index * n * _WIDTH:(index + 1) * n * _WIDTH]
+        else:
+            values = bytearray(n * _WIDTH)
+            for i in range(_WIDTH):
+                values[i::_WIDTH] = body[i * plane + index * n:i * plane + (index + 1) * n]
         typed = array(kinds[index])
         typed.frombytes(values)
         column: list[float | int | None] = []

@@ -18,3 +18,13 @@ def query(url: str, sql: str) -> list[tuple[Any, ...]]:
                     for row in connection.execute(text(sql))]
     finally:
         engine.dispose()
+
+
+def delete_run(url: str, run_id: str) -> None:
+    """Delete one run by its public id, as a user would (its rows go by the key's cascade)."""
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM runs WHERE id = :id"), {"id": run_id})
+    finally:
+        engine.dispose()

@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import text
-
 from ampscope_server import db, ingest
 from ampscope_server.wire import IngestBatch
-from tests.migrations.support import query
+from tests.migrations.support import delete_run, query
 from tests.server.wire import activations, batch_v2, histogram, layer_stats, new_id, record_v2
 
 NONFINITE = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
@@ -121,12 +119,7 @@ def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
 
     # The run key cascades: deleting a run deletes its steps and their children, only its.
     keys = query(db_url, f"SELECT \"key\" FROM runs WHERE id = '{second}'")
-    engine = db.make_engine(db_url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(text("DELETE FROM runs WHERE id = :id"), {"id": second})
-    finally:
-        engine.dispose()
+    delete_run(db_url, second)
     assert query(db_url, f"SELECT count(*) FROM steps WHERE run_key = {keys[0][0]}") == [(0,)]
     assert query(db_url, "SELECT count(*) FROM steps") == [(15,)]
     assert query(db_url, "SELECT count(*) FROM layer_stats l LEFT JOIN steps s "

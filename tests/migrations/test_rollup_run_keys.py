@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import text
-
 from ampscope_server import db, ingest
 from ampscope_server.wire import IngestBatch
-from tests.migrations.support import query
+from tests.migrations.support import delete_run, query
 from tests.server.wire import batch, layer_stats, new_id, record
 
 SCALES: dict[int, Any] = {70: "inf", 140: "nan", 210: "-inf", 230: None, 260: 2.0**-3}
@@ -96,12 +94,7 @@ def test_0012_keeps_every_rollup_row_both_ways(db_url: str) -> None:
     # The key cascades: deleting a run deletes its rollups, only its.
     db.upgrade(db_url)
     keys = query(db_url, f"SELECT \"key\" FROM runs WHERE id = '{second}'")
-    engine = db.make_engine(db_url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(text("DELETE FROM runs WHERE id = :id"), {"id": second})
-    finally:
-        engine.dispose()
+    delete_run(db_url, second)
     for table in ("rollups", "layer_rollups"):
         assert query(db_url, f"SELECT count(*) FROM {table} WHERE run_key = {keys[0][0]}") == [
             (0,)]

@@ -4,6 +4,8 @@ with its own skipped steps' layers), on both dialects."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import (
@@ -21,20 +23,25 @@ from tests.server.wire import batch, new_id, record
 SKIPPED = 33_000
 
 
+def _step_row(key: int | None, seq: int, step: int, **fields: Any) -> dict[str, Any]:
+    """A `steps` row of the run `key` for `steps_repository.insert_steps`: a skipped overflow
+    step with one non-finite layer, unless `fields` say otherwise."""
+    return {
+        "run_key": key, "attempt": 1, "seq": seq, "step": step, "wall_time": 1.0 + seq,
+        "loss": 1.0, "loss_class": 0, "scale_before": 1.0, "scale_before_class": 0,
+        "scale_after": 1.0, "scale_after_class": 0, "growth_tracker": 0, "found_inf": True,
+        "skipped": True, "grad_norm": None, "grad_norm_class": 2, "lr": None, "lr_class": 0,
+        "duration": None, "duration_class": 0, "captured": None, "nonfinite_count": 1,
+        "misuse_count": None, **fields,
+    }
+
+
 def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session]) -> None:
     payload = batch([], run_id=new_id())
     with sessions() as session, session.begin():
         ingest.ingest_batch(session, IngestBatch.model_validate(payload))
         key = runs_repository.run_key(session, payload["run"]["id"])
-        rows = [{
-            "run_key": key, "attempt": 1, "seq": i,
-            "step": i, "wall_time": 1.0 + i, "loss": None, "loss_class": 1,
-            "scale_before": 1.0, "scale_before_class": 0, "scale_after": 1.0,
-            "scale_after_class": 0, "growth_tracker": 0, "found_inf": True, "skipped": True,
-            "grad_norm": None, "grad_norm_class": 2, "lr": None, "lr_class": 0,
-            "duration": None, "duration_class": 0, "captured": None, "nonfinite_count": 1,
-            "misuse_count": None,
-        } for i in range(SKIPPED)]
+        rows = [_step_row(key, i, i, loss=None, loss_class=1) for i in range(SKIPPED)]
         ids = steps_repository.insert_steps(session, rows)
         steps_repository.insert_rows(session, StepNonfinite, [
             {"step_id": ids[seq], "position": 0, "layer_index": seq % 2, "kind": "inf"}
@@ -66,15 +73,9 @@ def test_pages_of_40k_skipped_steps_each_with_its_layers(
     with sessions() as session, session.begin():
         ingest.ingest_batch(session, IngestBatch.model_validate(payload))
         key = runs_repository.run_key(session, payload["run"]["id"])
-        rows = [{
-            "run_key": key, "attempt": 1, "seq": i,
-            "step": 2 * i, "wall_time": 1.0 + i, "loss": 1.0, "loss_class": 0,
-            "scale_before": 1.0, "scale_before_class": 0, "scale_after": 1.0,
-            "scale_after_class": 0, "growth_tracker": 0, "found_inf": i % 2 == 0,
-            "skipped": i % 2 == 0, "grad_norm": None, "grad_norm_class": 2, "lr": None,
-            "lr_class": 0, "duration": None, "duration_class": 0, "captured": None,
-            "nonfinite_count": 1 if i % 2 == 0 else None, "misuse_count": None,
-        } for i in range(2 * PAGED_SKIPS)]  # every other step skipped, steps 0, 2, 4, ...
+        rows = [_step_row(key, i, 2 * i, found_inf=i % 2 == 0, skipped=i % 2 == 0,
+                          nonfinite_count=1 if i % 2 == 0 else None)
+                for i in range(2 * PAGED_SKIPS)]  # every other step skipped, steps 0, 2, 4, ...
         ids = steps_repository.insert_steps(session, rows)
         steps_repository.insert_rows(session, StepNonfinite, [
             {"step_id": ids[seq], "position": 0, "layer_index": seq // 2 % 2,
