@@ -272,7 +272,9 @@ def run_page(client: httpx.Client, run_id: str, repeat: int) -> None:
         ("events from the last step (the live refetch)", f"{base}/events?limit=1000&start="
                                                         f"{detail['last_step']}"),
         ("layer-stats lost_frac", f"{base}/layer-stats?stat=lost_frac"),
-        ("layer-stats amax, a layer line (max_points 2400)",
+        ("layer-stats amax, a layer line (one row, max_points 2400)",
+         f"{base}/layer-stats?stat=amax&max_points=2400&layers=0"),
+        ("layer-stats amax, every row at max_points 2400 (before)",
          f"{base}/layer-stats?stat=amax&max_points=2400"),
         ("layer-stats amax, the layer table (last 32 steps)",
          f"{base}/layer-stats?stat=amax&start={max(0, detail['last_step'] - 31)}"

@@ -25,6 +25,7 @@ from ampscope_server import (
     series_math,
     steps_repository,
 )
+from ampscope_server.errors import InvalidPayload
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import CLASSED_ACTIVATION_STATS, Run
 from ampscope_server.schemas import (
@@ -138,17 +139,65 @@ def _heatmap_columns(source: HeatmapSource, stat: HeatmapStat) -> list[str]:
 def heatmap_read(
     session: Session, run: Run, stat: HeatmapStat, start: int | None, end: int | None,
     source: HeatmapSource = "param", max_points: int = DEFAULT_HEATMAP_POINTS,
+    rows: Sequence[int] | None = None,
 ) -> HeatmapRead:
     """z[row][column]: a row per layer (param) or module (activation), a column per step that
     has statistics of that source, in step order; with more steps in range than `max_points`
     (param source), a column per bucket of steps holding each layer's worst value in it
-    (`rollups.DIRECTION`), and `steps` the first step of each bucket."""
+    (`rollups.DIRECTION`), and `steps` the first step of each bucket.
+
+    `rows` (indices into the table, each once: `parse_rows`): only those rows, in that order,
+    as `rows` and `layers` of the answer say; an index past the table is an `InvalidPayload`.
+    A layer's lines need one row of a heatmap, not the 500 of a large model (most of the work
+    and the bytes of a fine heatmap are its cells)."""
     if stat == "swallowed_frac":
-        return _swallowed_heatmap(session, run, start, end, source, max_points)
-    bounds = None if source == "activation" else _bounds(session, run, start, end)
-    if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
-        return _raw_heatmap(session, run, stat, start, end, source)
-    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
+        read = _swallowed_heatmap(session, run, start, end, source, max_points)
+    else:
+        bounds = None if source == "activation" else _bounds(session, run, start, end)
+        if bounds is None or bounds[1] - bounds[0] + 1 <= max_points:
+            read = _raw_heatmap(session, run, stat, start, end, source)
+        else:
+            return _rolled_heatmap(session, run, stat, bounds, max_points, rows)
+    return read if rows is None else _only(read, rows)
+
+
+MAX_ROWS = 64
+"""The most rows one heatmap read may pick (`layers=`): a chart's worth of lines."""
+
+
+def parse_rows(text: str) -> list[int]:
+    """`3,17` → [3, 17]: 1 to MAX_ROWS distinct table indices, in the order given."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        raise InvalidPayload(f"layers: give table indices separated by commas, got {text!r}")
+    rows = [int(part) for part in parts]
+    if len(rows) != len(set(rows)):
+        raise InvalidPayload(f"layers: each index may appear once, got {text!r}")
+    if len(rows) > MAX_ROWS:
+        raise InvalidPayload(f"layers: at most {MAX_ROWS} indices, got {len(rows)}")
+    return rows
+
+
+def _checked(rows: Sequence[int], count: int) -> Sequence[int]:
+    if rows and max(rows) >= count:
+        raise InvalidPayload(f"layers: {max(rows)} is past the table of {count} "
+                             f"{'entry' if count == 1 else 'entries'}")
+    return rows
+
+
+def _only(read: HeatmapRead, rows: Sequence[int]) -> HeatmapRead:
+    _checked(rows, len(read.layers))
+    return read.model_copy(update={"layers": [read.layers[row] for row in rows],
+                                   "z": [read.z[row] for row in rows], "rows": list(rows)})
+
+
+def _rolled_heatmap(session: Session, run: Run, stat: HeatmapStat, bounds: tuple[int, int],
+                    max_points: int, rows: Sequence[int] | None) -> HeatmapRead:
+    """The downsampled param heatmap: a column per rollup bucket (`_heatmap_plan`), only the
+    asked rows' cells computed."""
+    names = runs_repository.layer_names(session, run.id)
+    if rows is not None:
+        names = [names[row] for row in _checked(rows, len(names))]
     plan = _heatmap_plan(*bounds, max_points, _layer_levels(session, run, *bounds, max_points))
     name = rollups.HEATMAP_SOURCE[stat]
     arrays: dict[int, list[list[float]]] = {}
@@ -165,11 +214,15 @@ def heatmap_read(
     fmt = FORMATS[run.target_format]
     for col in columns:
         parts = arrays[col]
+        if rows is not None:
+            parts = [[part[row] if row < len(part) else rollups.MISSING[name] for row in rows]
+                     for part in parts]
         worst = parts[0] if len(parts) == 1 else list(map(reduce, *parts))
-        for row, value in zip(z, worst, strict=False):
-            row.append(_display(stat, value, fmt.max))
-    return HeatmapRead(stat=stat, source=source, layers=names,
-                       steps=[plan.first_step(col) for col in columns], z=z, downsampled=True)
+        for cells, value in zip(z, worst, strict=False):
+            cells.append(_display(stat, value, fmt.max))
+    return HeatmapRead(stat=stat, source="param", layers=names,
+                       steps=[plan.first_step(col) for col in columns], z=z, downsampled=True,
+                       rows=None if rows is None else list(rows))
 
 
 def _layer_levels(session: Session, run: Run, start: int, end: int, max_points: int
@@ -268,7 +321,7 @@ def _swallowed_heatmap(
     Read from the raw rows: the fraction is only measured for FP16/BF16 parameters on the
     layer-stat steps, so it has no rollup.
     """
-    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
+    names = runs_repository.layer_names(session, run.id)
     columns: list[tuple[int, list[float | None]]] = []
     if source == "param":
         current = None

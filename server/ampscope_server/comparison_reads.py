@@ -162,7 +162,7 @@ def compare_runs(
     project `viewer` cannot see)."""
     loaded = [runs.load_run(session, run_id, viewer) for run_id in run_ids]
     sides = [
-        _Side(run, [layer.name for layer in runs_repository.get_layers(session, run.id)],
+        _Side(run, runs_repository.layer_names(session, run.id),
               rollups_repository.step_extent(session, run.id))
         for run in loaded
     ]

@@ -22,6 +22,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from ampscope_server.errors import DatabaseMissing, SchemaNotCurrent
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+POSTGRES_POOL_SIZE = 16
+"""Connections a process keeps open to Postgres (and as many again at a burst). SQLAlchemy's
+default, 5, is fewer than the concurrent ingests of a team's jobs: every request past the fifth
+opened a connection and closed it after, each time a new backend process with cold catalog
+caches (with 8 clients in bench/ingest_http.py, 24 backends came and went in one run)."""
 
 
 def is_sqlite(url: str) -> bool:
@@ -52,7 +57,8 @@ def make_engine(url: str) -> Engine:
         # query (bench/query.py). Every query here reads a bounded number of rows: JIT never pays.
         given = parsed.query.get("options")  # the URL's own server options are kept
         options = " ".join([*([given] if isinstance(given, str) else given or ()), "-c jit=off"])
-        return create_engine(url, pool_pre_ping=True, connect_args={"options": options})
+        return create_engine(url, pool_pre_ping=True, pool_size=POSTGRES_POOL_SIZE,
+                             max_overflow=POSTGRES_POOL_SIZE, connect_args={"options": options})
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False})

@@ -72,7 +72,7 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
         for step_id, step, before, before_cls, after, after_cls, kind, detail
         in steps_repository.misuse_rows(session, run.id, start, last)
     ]
-    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
+    names = runs_repository.layer_names(session, run.id)
     rechecks = {recheck.step_id: runs.recheck_read(recheck)
                 for recheck in steps_repository.rechecks_of(session, skipped)}
     return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks),

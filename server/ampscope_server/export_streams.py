@@ -136,7 +136,7 @@ def csv_chunks(
     writer.writerow(CSV_COLUMNS)
     yield buffer.getvalue()
     with factory() as session:
-        layers = [layer.name for layer in runs_repository.get_layers(session, run_id)]
+        layers = runs_repository.layer_names(session, run_id)
         modules = [module.name for module in runs_repository.get_modules(session, run_id)]
         limit = max(1, page_values // max(1, len(layers) + len(modules)))
         after_id = 0

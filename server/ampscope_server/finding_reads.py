@@ -427,7 +427,7 @@ def histogram_read(session: Session, run: Run, step: int | None) -> HistogramVie
         raise NotFound(f"run '{run.id}' has no exponent histogram at step {step} "
                        f"({sampled_text})")
     step_id, number, scale, scale_cls = chosen
-    names = [layer.name for layer in runs_repository.get_layers(session, run.id)]
+    names = runs_repository.layer_names(session, run.id)
     rows = steps_repository.histograms_of(session, [step_id])
     return HistogramView(
         run=run.id, step=number, scale=codec.from_storage(scale, scale_cls), steps=steps,

@@ -22,6 +22,7 @@ from ampscope_server import (
     batch_checks,
     codec,
     live,
+    open_buckets,
     rollups,
     rollups_repository,
     runs_repository,
@@ -221,11 +222,47 @@ def _update_rollups(session: Session, run_id: str, key: int,
         session, [rollups.to_row(key, bucket, delta[bucket]) for bucket in kept]
     )
     new_last = max(ordered[-1][1].step, -1 if old_last is None else old_last)
+    first_new_id = min(step_id for step_id, _ in new)
+    rows, earlier = _layer_rows(session, (run_id, key), delta, first_new_id, old_last,
+                                new_last)
     rollups_repository.upsert_layer_rollups(session, [
-        rollups.to_layer_row(key, bucket, arrays)
-        for bucket, arrays in _layer_rows(session, run_id, delta,
-                                          min(step_id for step_id, _ in new), old_last, new_last)
+        rollups.to_layer_row(key, bucket, arrays) for bucket, arrays in rows
     ])
+    open_buckets.remember(session, (run_id, key), _open_bucket(
+        session, (run_id, key), new, delta, first_new_id, old_last, new_last, earlier))
+
+
+def _open_bucket(
+    session: Session, run: open_buckets.RunKey, new: list[tuple[int, StepRecord]],
+    delta: dict[tuple[int, int], rollups.Bucket], first_new_id: int, old_last: int | None,
+    new_last: int, earlier: open_buckets.OpenBucket | None,
+) -> open_buckets.OpenBucket | None:
+    """The fold of the `LAYER_FINEST` bucket this batch leaves open (holding `new_last`), for
+    the next batch (`open_buckets`); None when it is not known without reading raw steps.
+
+    Its earlier steps: none when the bucket is new to the run; else the fold of the bucket
+    that held `old_last`, as `_layer_rows` found it (`earlier`), or remembered from the batch
+    before."""
+    finest = rollups.LAYER_FINEST
+    index = new_last >> finest
+    if old_last is None or old_last >> finest != index:
+        old = None
+    else:
+        old = earlier if earlier is not None else open_buckets.recall(session, run, index,
+                                                                      first_new_id)
+        if old is None:
+            return None
+    ids = [step_id for step_id, record in new
+           if record.layers is not None and record.step >> finest == index]
+    got = delta.get((finest, index))
+    if not ids or got is None or got.layers is None:
+        return old
+    if old is None:
+        return open_buckets.OpenBucket(index, got.layers, got.layer_steps, min(ids), max(ids))
+    layers = rollups.merge_layers(old.layers, got.layers)
+    assert layers is not None  # both sides hold layers
+    return open_buckets.OpenBucket(index, layers, old.layer_steps + got.layer_steps,
+                                   min(old.first_id, *ids), max(old.last_id, *ids))
 
 
 def _seen_steps(session: Session, run_id: str, new: list[tuple[int, StepRecord]],
@@ -243,10 +280,12 @@ def _seen_steps(session: Session, run_id: str, new: list[tuple[int, StepRecord]]
 
 
 def _layer_rows(
-    session: Session, run_id: str, delta: dict[tuple[int, int], rollups.Bucket],
+    session: Session, run: open_buckets.RunKey, delta: dict[tuple[int, int], rollups.Bucket],
     first_new_id: int, old_last: int | None, new_last: int,
-) -> list[tuple[tuple[int, int], rollups.LayerArrays]]:
-    """The per-layer rollup rows this batch writes, finest level first.
+) -> tuple[list[tuple[tuple[int, int], rollups.LayerArrays]], open_buckets.OpenBucket | None]:
+    """The per-layer rollup rows this batch writes, finest level first, and the fold of the
+    `LAYER_FINEST` bucket that held `old_last` over its earlier steps when this batch needed it
+    (None otherwise).
 
     Only closed buckets have rows (`rollups.is_closed`). A bucket this batch closes holds only
     new steps, except the one that held `old_last` at each level: at `LAYER_FINEST` its older
@@ -272,13 +311,21 @@ def _layer_rows(
             if level != finest:
                 closed, _ = rollups.open_children(level, tail, before)
                 children.extend((rollups.children(level, tail)[0], child) for child in closed)
+    run_id = run[0]
     keys = [(level, index) for level, indices in settle.items() for index in indices]
     stored = rollups_repository.get_layer_rollups(session, run_id, keys + children)
     refold = [index for index in settle[finest] if (finest, index) not in stored
               and (index == held[finest] or rollups.is_closed(finest, index, old_last))]
     refold += [child for level, child in children
                if level == finest and (level, child) not in stored]
+    # The bucket that held `old_last` was folded by the batch before, as its open bucket.
+    earlier, tail = None, held[finest]
+    if tail is not None and tail in refold:
+        refold.remove(tail)
+        earlier = _earlier_fold(session, run, tail, first_new_id)
     raw = rollups_repository.fold_finest(session, run_id, refold, before_id=first_new_id)
+    if earlier is not None:
+        raw[earlier.bucket] = (earlier.layers, earlier.layer_steps)
     finals: dict[tuple[int, int], rollups.LayerArrays | None] = {}
     out: list[tuple[tuple[int, int], rollups.LayerArrays]] = []
     for level in rollups.LAYER_LEVELS:
@@ -309,7 +356,25 @@ def _layer_rows(
             finals[key] = merged
             if keep and merged is not None:
                 out.append((key, merged))
-    return out
+    return out, earlier
+
+
+def _earlier_fold(session: Session, run: open_buckets.RunKey, index: int, first_new_id: int
+               ) -> open_buckets.OpenBucket | None:
+    """The fold of a `LAYER_FINEST` bucket over its steps stored before this batch: remembered
+    (`open_buckets`), else read from its raw steps; None when none of them has layers."""
+    remembered = open_buckets.recall(session, run, index, first_new_id)
+    if remembered is not None:
+        return remembered
+    folded = rollups_repository.fold_finest(session, run[0], [index], before_id=first_new_id)
+    if index not in folded:
+        return None
+    width = 1 << rollups.LAYER_FINEST
+    _, first, last = rollups_repository.layer_step_marks(
+        session, run[0], index * width, (index + 1) * width - 1, first_new_id)
+    assert first is not None and last is not None  # the fold found steps
+    layers, count = folded[index]
+    return open_buckets.OpenBucket(index, layers, count, first, last)
 
 
 def _final(level: int, index: int, finals: dict[tuple[int, int], rollups.LayerArrays | None],

@@ -9,12 +9,15 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Double,
+    Select,
     and_,
     cast,
     func,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.orm import Session
 
@@ -35,20 +38,44 @@ from ampscope_server.sql_support import (
 
 # --- rollups -----------------------------------------------------------------------------------
 
-def _by_level(keys: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
-    """(level, a slice of its buckets) pieces of `keys`, each at most `KEYS_PER_STATEMENT`.
+def _keyed(model: type[Rollup] | type[LayerRollup], run_id: str,
+           keys: Sequence[tuple[int, int]], columns: Sequence[str]
+           ) -> list[Select[Any] | CompoundSelect[Any]]:
+    """Statements reading (level, bucket, *columns) of the run's rows among `keys` (level,
+    bucket): per level a `bucket IN (...)` select, the levels' selects joined by UNION ALL,
+    each statement at most `KEYS_PER_STATEMENT` keys.
 
-    One statement per level with `bucket IN (...)`: SQLite's planner probes the primary key
-    (run_key, level, bucket) with that, but with a row-value `(level, bucket) IN (...)` (or an
-    OR of levels) it scanned every rollup row of the run, so each ingest batch read all of a
-    long run's rollups. In slices: a batch of 10k records touches ~10k buckets, and one IN
-    list that long is more than Postgres' planner takes (StatementTooComplex)."""
+    SQLite's planner probes the primary key (run_key, level, bucket) with one level's IN list,
+    but with a row-value `(level, bucket) IN (...)` (or an OR of levels) it scanned every rollup
+    row of the run, so each ingest batch read all of a long run's rollups. One statement for
+    all levels rather than one per level: each statement is a round trip and ~1 ms of
+    SQLAlchemy and driver work, which ingest pays on every batch. In slices: a batch of 10k
+    records touches ~10k buckets, more than Postgres' planner takes in one IN list
+    (StatementTooComplex)."""
     grouped: dict[int, list[int]] = {}
     for level, bucket in keys:
         grouped.setdefault(level, []).append(bucket)
-    return [(level, buckets[start:start + KEYS_PER_STATEMENT])
-            for level, buckets in sorted(grouped.items())
-            for start in range(0, len(buckets), KEYS_PER_STATEMENT)]
+    selected = [model.level, model.bucket, *[getattr(model, name) for name in columns]]
+    statements: list[Select[Any] | CompoundSelect[Any]] = []
+    parts: list[Select[Any]] = []
+    size = 0
+    for level, buckets in sorted(grouped.items()):
+        for first in range(0, len(buckets), KEYS_PER_STATEMENT):
+            piece = buckets[first:first + KEYS_PER_STATEMENT]
+            if parts and size + len(piece) > KEYS_PER_STATEMENT:
+                statements.append(_union(parts))
+                parts, size = [], 0
+            parts.append(select(*selected).where(
+                model.run_key == run_key(run_id), model.level == level,
+                model.bucket.in_(piece)))
+            size += len(piece)
+    if parts:
+        statements.append(_union(parts))
+    return statements
+
+
+def _union(parts: list[Select[Any]]) -> Select[Any] | CompoundSelect[Any]:
+    return parts[0] if len(parts) == 1 else union_all(*parts)
 
 
 def get_rollups(
@@ -56,30 +83,17 @@ def get_rollups(
 ) -> list[tuple[Any, ...]]:
     """(level, bucket, *columns) of the run's stored series rollups among `keys` (level,
     bucket)."""
-    found: list[tuple[Any, ...]] = []
-    for level, buckets in _by_level(keys):
-        rows = session.execute(
-            select(Rollup.level, Rollup.bucket, *[getattr(Rollup, name) for name in columns])
-            .where(Rollup.run_key == run_key(run_id), Rollup.level == level,
-                   Rollup.bucket.in_(buckets))
-        )
-        found.extend(tuple(row) for row in rows)
-    return found
+    return [tuple(row) for statement in _keyed(Rollup, run_id, keys, columns)
+            for row in session.execute(statement)]
 
 
 def get_layer_rollups(
     session: Session, run_id: str, keys: Sequence[tuple[int, int]]
 ) -> dict[tuple[int, int], bytes]:
     """{(level, bucket): packed per-layer rollup} of the run's stored ones among `keys`."""
-    found: dict[tuple[int, int], bytes] = {}
-    for level, buckets in _by_level(keys):
-        rows = session.execute(
-            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_key == run_key(run_id), LayerRollup.level == level,
-                   LayerRollup.bucket.in_(buckets))
-        )
-        found.update(((int(level), int(bucket)), data) for level, bucket, data in rows)
-    return found
+    return {(int(level), int(bucket)): data
+            for statement in _keyed(LayerRollup, run_id, keys, ["data"])
+            for level, bucket, data in session.execute(statement)}
 
 
 def _upsert(session: Session, model: type[Rollup] | type[LayerRollup],
@@ -239,6 +253,19 @@ def fold_finest(session: Session, run_id: str, buckets: Sequence[int],
         out.update((bucket, (rollups.reduce_steps(steps), len(steps)))
                    for bucket, steps in grouped.items())
     return out
+
+
+def layer_step_marks(session: Session, run_id: str, start: int, end: int, before_id: int
+                     ) -> tuple[int, int | None, int | None]:
+    """(how many, the smallest id, the largest id) of the run's steps in [start, end] that
+    carry layer statistics and have an id below `before_id`: what `fold_finest` would fold,
+    told apart without reading a blob (`open_buckets` checks a remembered fold against it)."""
+    count, first, last = session.execute(
+        select(func.count(), func.min(Step.id), func.max(Step.id))
+        .select_from(Step).join(LayerStat, LayerStat.step_id == Step.id)
+        .where(*step_range(run_id, start, end), Step.id < before_id)
+    ).one()
+    return int(count), first, last
 
 
 def layer_steps_in(

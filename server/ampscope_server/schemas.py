@@ -332,6 +332,9 @@ class HeatmapRead(BaseModel):
     steps: list[int]
     z: list[list[Tagged | None]]
     downsampled: bool = False
+    rows: list[int] | None = None
+    """The table indices of `layers` and of z's rows when the read picked some (`layers=`);
+    null when every row is there, in table order."""
 
 
 class ExportRead(BaseModel):

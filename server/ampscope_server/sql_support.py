@@ -1,13 +1,15 @@
 """Repository support shared by every `*_repository` module: the dialect test, the dialect's
-INSERT (which knows ON CONFLICT), the IN-list bound, a run's integer key and its step range."""
+INSERT (which knows ON CONFLICT), the IN-list bound and an IN over ids, a run's integer key and
+its step range."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, ScalarSelect, Table, select
+from sqlalchemy import BigInteger, ColumnElement, ScalarSelect, Table, any_, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from ampscope_server.models import Base, Run, Step
 
@@ -17,6 +19,16 @@ KEYS_PER_STATEMENT = 1000
 
 def is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
+
+
+def in_ids(session: Session, column: ColumnElement[int] | InstrumentedAttribute[int],
+           ids: Sequence[int]) -> ColumnElement[bool]:
+    """`column IN (ids)`, at most KEYS_PER_STATEMENT of them. On Postgres one array parameter
+    (`= ANY(%s)`): an IN list is one placeholder per id, whose statement text psycopg parses in
+    Python, ~40 ms for the 1,000 skipped steps of an events page; an array is adapted in C."""
+    if is_postgres(session):
+        return column == any_(bindparam(None, list(ids), type_=postgresql.ARRAY(BigInteger)))
+    return column.in_(list(ids))
 
 
 def table_of(model: type[Base]) -> Table:

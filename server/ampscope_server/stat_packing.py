@@ -28,6 +28,7 @@ import struct
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 VERSION = 1
 FLOAT = "d"
@@ -58,14 +59,16 @@ def pack(columns: Sequence[Column], kinds: str) -> bytes:
     for column, kind in zip(columns, kinds, strict=True):
         if len(column) != n:
             raise ValueError(f"columns differ in length: {len(column)} and {n}")
-        if None in column:
-            masks.append(bytes(value is None for value in column))
-            filled: Sequence[float | int] = [0 if value is None else value for value in column]
-            flags.append(1)
-        else:
-            filled = column  # type: ignore[assignment]  # no None in it, as just checked
+        try:  # most columns hold no None: one conversion in C, no scan for None first
+            typed = array(kind, cast(Sequence[float], column))  # a None raises TypeError
             flags.append(0)
-        values += array(kind, filled).tobytes()
+        except TypeError:
+            if None not in column:
+                raise
+            masks.append(bytes(value is None for value in column))
+            typed = array(kind, [0 if value is None else value for value in column])
+            flags.append(1)
+        values += typed.tobytes()
     planes = b"".join(bytes(values[i::_WIDTH]) for i in range(_WIDTH))
     return (_HEAD.pack(VERSION, n, len(kinds)) + kinds.encode("ascii") + bytes(flags)
             + _compress(planes + b"".join(masks)))

@@ -41,6 +41,7 @@ from ampscope_server.models import (
 from ampscope_server.sql_support import (
     KEYS_PER_STATEMENT,
     dialect_insert,
+    in_ids,
     is_postgres,
     run_key,
     step_range,
@@ -236,7 +237,8 @@ def nonfinite_of(session: Session, step_ids: Sequence[int]) -> list[NonfiniteRow
     for first in range(0, len(ids), KEYS_PER_STATEMENT):
         out.extend(NonfiniteRow(*row) for row in session.execute(
             select(StepNonfinite.step_id, StepNonfinite.layer_index, StepNonfinite.kind)
-            .where(StepNonfinite.step_id.in_(ids[first:first + KEYS_PER_STATEMENT]))
+            .where(in_ids(session, StepNonfinite.step_id,
+                          ids[first:first + KEYS_PER_STATEMENT]))
             .order_by(StepNonfinite.step_id, StepNonfinite.position)
         ))
     return out
@@ -459,7 +461,7 @@ def rechecks_of(session: Session, step_ids: Sequence[int]) -> list[StepRecheck]:
     for first in range(0, len(ids), KEYS_PER_STATEMENT):
         out.extend(session.scalars(
             select(StepRecheck)
-            .where(StepRecheck.step_id.in_(ids[first:first + KEYS_PER_STATEMENT]))
+            .where(in_ids(session, StepRecheck.step_id, ids[first:first + KEYS_PER_STATEMENT]))
             .order_by(StepRecheck.step_id)
         ))
     return out

@@ -114,7 +114,7 @@ class TestHeatmap:
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=nan_count")
         assert heat == {"stat": "nan_count", "source": "param",
                         "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 2],
-                        "z": [[0, 0], [3, 3]], "downsampled": False}
+                        "z": [[0, 0], [3, 3]], "downsampled": False, "rows": None}
 
     def test_lost_frac(self, api: httpx.Client) -> None:
         run_id = self._seed(api)
@@ -249,3 +249,37 @@ class TestHeatmapByZoom:
         assert heat["downsampled"] is (width is not None)
         assert heat["steps"] == steps
         assert heat["z"] == z
+
+    @pytest.mark.parametrize(("start", "end", "max_points"), [
+        (0, ZOOM_STEPS - 1, 250),   # 64-step rows, sparse and open buckets folded
+        (300, 2700, 20),            # 256-step rows
+        (1000, 1255, 100),          # 4-step buckets folded raw
+        (1500, 1699, 250),          # a column per step
+    ])
+    @pytest.mark.parametrize("layers", ["1", "1,0", "0"])
+    @pytest.mark.parametrize("stat", ["amin_nz", "headroom_bits"])
+    def test_picked_rows_are_those_rows_of_the_whole_heatmap(
+        self, api: httpx.Client, zoom_run: str, stat: str, layers: str, start: int, end: int,
+        max_points: int,
+    ) -> None:
+        query = f"stat={stat}&start={start}&end={end}&max_points={max_points}"
+        whole = _get(api, f"/api/runs/{zoom_run}/layer-stats?{query}")
+        picked = _get(api, f"/api/runs/{zoom_run}/layer-stats?{query}&layers={layers}")
+        rows = [int(row) for row in layers.split(",")]
+        assert picked == {**whole, "rows": rows, "layers": [whole["layers"][i] for i in rows],
+                          "z": [whole["z"][i] for i in rows]}
+
+    @pytest.mark.parametrize(("layers", "message"), [
+        ("2", "layers: 2 is past the table of 2 entries"),
+        ("0,2", "layers: 2 is past the table of 2 entries"),
+        ("1,1", "layers: each index may appear once, got '1,1'"),
+        ("-1", "layers: give table indices separated by commas, got '-1'"),
+        ("0,,1", "layers: give table indices separated by commas, got '0,,1'"),
+        (",".join(map(str, range(65))), "layers: at most 64 indices, got 65"),
+    ])
+    @pytest.mark.parametrize("max_points", [250, 10])
+    def test_bad_rows_are_refused(self, api: httpx.Client, zoom_run: str, layers: str,
+                                  message: str, max_points: int) -> None:
+        body = _get(api, f"/api/runs/{zoom_run}/layer-stats?stat=amax&layers={layers}"
+                         f"&max_points={max_points}", 422)
+        assert body["detail"] == message

@@ -341,7 +341,7 @@ class TestActivationHeatmap:
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=amax")
         assert heat == {"stat": "amax", "source": "activation", "layers": ["fc1", "act", "fc2"],
                         "steps": [0, 2], "z": [[0.5, 0.5], ["inf", "inf"], [None, None]],
-                        "downsampled": False}
+                        "downsampled": False, "rows": None}
         lost = _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=lost_frac"
                          "&start=1")
         assert lost["z"] == [[0.125], [0.5], [1.0]]
@@ -358,7 +358,7 @@ class TestActivationHeatmap:
         _post(api, batch([record(0)], run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=l2") == {
             "stat": "l2", "source": "activation", "layers": [], "steps": [], "z": [],
-            "downsampled": False}
+            "downsampled": False, "rows": None}
 
     def test_unknown_source_is_422(self, api: httpx.Client) -> None:
         run_id = new_id()

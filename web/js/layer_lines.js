@@ -1,7 +1,9 @@
 // Per-layer lines: the layers the user picked (by clicking a heatmap row) as `amax` (solid) and
 // `amin_nz` (dotted) on a log axis: how close a layer's gradient comes to overflow and to
-// underflow. Data from /layer-stats rows (fetched once, on the first pick), then live steps'
-// per-layer arrays appended with Plotly.extendTraces. Clicking the same row again removes it.
+// underflow. Data from /layer-stats, only the picked layer's row (`layers=`, fetched once per
+// layer: a heatmap of every layer at the chart's width is hundreds of thousands of cells on a
+// large model), then live steps' per-layer arrays appended with Plotly.extendTraces. Clicking
+// the same row again removes it.
 
 import { PALETTE } from './colors.js';
 import { CONFIG, LogTicks, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
@@ -13,7 +15,8 @@ export class LayerLines {
   /**
    * @param {HTMLElement} div
    * @param {HTMLElement} note  the "click a row" hint, hidden once a layer is shown
-   * @param {{runId: string, layerNames: string[], fetchStat: (stat: string) => Promise<object>}} opts
+   * @param {{runId: string, layerNames: string[],
+   *   fetchStat: (stat: string, layer: number) => Promise<object>}} opts  one layer's row
    */
   constructor(div, note, { runId, layerNames, fetchStat }) {
     this.div = div;
@@ -22,9 +25,8 @@ export class LayerLines {
     this.layerNames = layerNames;
     this.fetchStat = fetchStat;
     this.shown = []; // layer indices, in trace order (two traces each)
-    this.cache = null; // {amax: body, amin_nz: body}
-    this.live = []; // live steps with layers seen since the cache was fetched
-    this.pending = null;
+    this.rows = new Map(); // layer index -> promise of {amax: body, amin_nz: body}, its row only
+    this.live = []; // live steps with layers; a layer's lines take those after its row's last
     this.ticks = new LogTicks('yaxis', 10);
     this.colorOf = new Map();
     this.nextColor = 0;
@@ -39,16 +41,15 @@ export class LayerLines {
     await Plotly.newPlot(this.div, [], layout, CONFIG);
   }
 
-  async data() {
-    if (!this.cache) {
-      this.pending ??= Promise.all(STATS.map((s) => this.fetchStat(s))).then(([amax, amin]) => {
-        this.cache = { amax, amin_nz: amin };
-        const last = amax.steps.length ? amax.steps[amax.steps.length - 1] : -Infinity;
-        this.live = this.live.filter((s) => s.step > last);
-      });
-      await this.pending;
+  /** The layer's two rows (amax, amin_nz), fetched on its first pick; a failed fetch is forgotten. */
+  data(index) {
+    if (!this.rows.has(index)) {
+      const rows = Promise.all(STATS.map((s) => this.fetchStat(s, index)))
+        .then(([amax, amin]) => ({ amax, amin_nz: amin }));
+      rows.catch(() => this.rows.delete(index));
+      this.rows.set(index, rows);
     }
-    return this.cache;
+    return this.rows.get(index);
   }
 
   /** Add the layer's two lines, or remove them when shown. */
@@ -61,16 +62,24 @@ export class LayerLines {
       return;
     }
     this.shown.push(index); // before the await: a second click while fetching removes it again
-    const cache = await this.data();
+    let rows;
+    try {
+      rows = await this.data(index);
+    } catch (err) {
+      this.shown = this.shown.filter((i) => i !== index);
+      throw err;
+    }
     if (!this.shown.includes(index)) return;
     if (!this.colorOf.has(index)) this.colorOf.set(index, PALETTE[this.nextColor++ % PALETTE.length]);
     const color = this.colorOf.get(index);
     const name = plotText(this.layerNames[index] ?? `layer ${index}`);
     const traces = STATS.map((stat) => {
-      const body = cache[stat];
+      const body = rows[stat];
       const x = body.steps.slice();
-      const y = body.z[index].slice();
+      const y = body.z[0].slice();
+      const last = x.length ? x[x.length - 1] : -Infinity;
       for (const s of this.live) {
+        if (s.step <= last) continue;
         x.push(s.step);
         y.push(s.layers[stat] ? s.layers[stat][index] : null);
       }
@@ -92,7 +101,6 @@ export class LayerLines {
   /** Live steps that carry per-layer stats. */
   append(steps) {
     this.live.push(...steps); // a layer picked later gets these steps too
-    if (!this.cache) return;
     if (!this.shown.length || !this.div.data || this.div.data.length !== 2 * this.shown.length) return;
     const x = [];
     const y = [];

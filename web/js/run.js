@@ -136,7 +136,8 @@ class RunPage {
     this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
     this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
       runId: this.runId, layerNames: this.layerNames,
-      fetchStat: (stat) => api.getLayerStats(this.runId, stat, { max_points: maxPoints }),
+      fetchStat: (stat, layer) => api.getLayerStats(this.runId, stat,
+        { max_points: maxPoints, layers: layer }),
     });
     this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
       { layerNames: this.layerNames, targetFormat: this.run.target_format });

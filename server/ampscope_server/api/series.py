@@ -73,5 +73,9 @@ def get_layer_stats(
     end: StepBound = None,
     source: HeatmapSource = "param",
     max_points: Annotated[int, Query(ge=1, le=10_000)] = chart_reads.DEFAULT_HEATMAP_POINTS,
+    layers: Annotated[str | None, Query(
+        description="Only these rows: table indices separated by commas (at most "
+                    f"{chart_reads.MAX_ROWS}), in the order given", max_length=1000)] = None,
 ) -> HeatmapRead:
-    return chart_reads.heatmap_read(session, run, stat, start, end, source, max_points)
+    rows = None if layers is None else chart_reads.parse_rows(layers)
+    return chart_reads.heatmap_read(session, run, stat, start, end, source, max_points, rows)
