@@ -370,8 +370,9 @@ _LAYER_KINDS = "".join(stat_packing.INT if name in INT_STATS else stat_packing.F
 
 
 def pack_layers(layers: LayerArrays) -> bytes:
-    """A bucket's per-layer arrays (`ROLLUP_STATS`) as one `stat_packing` blob."""
-    return stat_packing.pack([layers[name] for name in ROLLUP_STATS], _LAYER_KINDS)
+    """A bucket's per-layer arrays (`ROLLUP_STATS`) as one `stat_packing` blob, each statistic
+    compressed apart: a heatmap or a layer's line reads one of them."""
+    return stat_packing.pack([layers[name] for name in ROLLUP_STATS], _LAYER_KINDS, apart=True)
 
 
 def unpack_layers(blob: bytes, names: Sequence[str] | None = None) -> LayerArrays:

@@ -15,6 +15,13 @@ Layout (version 1), all little-endian:
     u8 version | u32 length n | u8 column count k | k bytes: kind (b"d" float64, b"q" int64)
     | k bytes: has-mask flag | zlib( shuffle(k·n values of 8 bytes) ++ masks of flagged columns )
 
+Version 2 (`pack(..., apart=True)`) compresses each column on its own, so a read of one column
+inflates that column only (a heatmap or a layer's line reads one statistic of each per-layer
+rollup, a tenth of the blob):
+
+    u8 version | u32 n | u8 k | k bytes: kind | k bytes: has-mask flag | k x u32: segment size
+    | k segments: zlib( shuffle(n values of 8 bytes) ++ the column's mask when flagged )
+
 `shuffle` regroups the 8-byte values byte plane by byte plane (all first bytes, then all second
 bytes, …): sign/exponent bytes and the zero bytes of small ints and of exact zeros then sit next to
 each other, which is what lets zlib shrink them; mantissa noise stays as it is. A mask is n bytes,
@@ -31,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from typing import cast
 
 VERSION = 1
+APART = 2
+"""The version whose columns are compressed apart."""
 FLOAT = "d"
 INT = "q"
 _HEAD = struct.Struct("<BIB")
@@ -48,30 +57,40 @@ class PackingError(ValueError):
     """A blob that is not a packed array of this version."""
 
 
-def pack(columns: Sequence[Column], kinds: str) -> bytes:
-    """Pack equally long columns; `kinds[i]` is FLOAT or INT for column i."""
+def pack(columns: Sequence[Column], kinds: str, *, apart: bool = False) -> bytes:
+    """Pack equally long columns; `kinds[i]` is FLOAT or INT for column i. `apart`: each column
+    compressed on its own (version 2), for blobs read a column at a time."""
     if len(columns) != len(kinds):
         raise ValueError(f"{len(columns)} columns but {len(kinds)} kinds")
     n = len(columns[0]) if columns else 0
-    values = bytearray()
-    masks: list[bytes] = []
-    flags = bytearray()
+    typed: list[tuple[bytes, bytes]] = []  # per column: its values' bytes, its mask or b""
     for column, kind in zip(columns, kinds, strict=True):
         if len(column) != n:
             raise ValueError(f"columns differ in length: {len(column)} and {n}")
-        try:  # most columns hold no None: one conversion in C, no scan for None first
-            typed = array(kind, cast(Sequence[float], column))  # a None raises TypeError
-            flags.append(0)
-        except TypeError:
-            if None not in column:
-                raise
-            masks.append(bytes(value is None for value in column))
-            typed = array(kind, [0 if value is None else value for value in column])
-            flags.append(1)
-        values += typed.tobytes()
-    planes = b"".join(bytes(values[i::_WIDTH]) for i in range(_WIDTH))
-    return (_HEAD.pack(VERSION, n, len(kinds)) + kinds.encode("ascii") + bytes(flags)
-            + _compress(planes + b"".join(masks)))
+        typed.append(_typed(column, kind))
+    flags = bytes(1 if mask else 0 for _, mask in typed)
+    head = _HEAD.pack(APART if apart else VERSION, n, len(kinds)) + kinds.encode("ascii") + flags
+    if apart:
+        segments = [_compress(_shuffle(values) + mask) for values, mask in typed]
+        return (head + struct.pack(f"<{len(segments)}I", *map(len, segments))
+                + b"".join(segments))
+    return head + _compress(_shuffle(b"".join(values for values, _ in typed))
+                            + b"".join(mask for _, mask in typed))
+
+
+def _typed(column: Column, kind: str) -> tuple[bytes, bytes]:
+    """(the column's values as 8-byte machine values, its None mask or b"" without None)."""
+    try:  # most columns hold no None: one conversion in C, no scan for None first
+        return array(kind, cast(Sequence[float], column)).tobytes(), b""  # None: TypeError
+    except TypeError:
+        if None not in column:
+            raise
+        filled = [0 if value is None else value for value in column]
+        return array(kind, filled).tobytes(), bytes(value is None for value in column)
+
+
+def _shuffle(values: bytes) -> bytes:
+    return b"".join(values[i::_WIDTH] for i in range(_WIDTH))
 
 
 def _compress(data: bytes) -> bytes:
@@ -94,8 +113,10 @@ def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
         version, n, k = _HEAD.unpack_from(blob)
     except struct.error:
         raise PackingError("a packed array is at least 6 bytes long") from None
+    if version == APART:
+        return _unpack_apart(blob, n, k, indices)
     if version != VERSION:
-        raise PackingError(f"packed array version {version}, expected {VERSION}")
+        raise PackingError(f"packed array version {version}, expected {VERSION} or {APART}")
     start = _HEAD.size
     kinds = bytes(blob[start:start + k]).decode("ascii")
     flags = blob[start + k:start + 2 * k]
@@ -130,6 +151,36 @@ def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
             mask = body[masks[index]:masks[index] + n]
             column = [None if missing else value for value, missing in zip(column, mask,
                                                                            strict=True)]
+        columns[index] = column
+    return columns
+
+
+def _unpack_apart(blob: bytes, n: int, k: int, indices: Iterable[int] | None
+                  ) -> dict[int, list[float | int | None]]:
+    """`unpack_columns` of a version 2 blob: only the asked columns' segments inflated."""
+    start = _HEAD.size
+    kinds = bytes(blob[start:start + k]).decode("ascii")
+    flags = blob[start + k:start + 2 * k]
+    sizes = struct.unpack_from(f"<{k}I", blob, start + 2 * k)
+    offsets = [start + 6 * k]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    columns: dict[int, list[float | int | None]] = {}
+    for index in range(k) if indices is None else indices:
+        if not 0 <= index < k:
+            raise IndexError(f"column {index} of a packed array of {k}")
+        body = zlib.decompress(blob[offsets[index]:offsets[index + 1]])
+        values = bytearray(n * _WIDTH)
+        for i in range(_WIDTH):
+            values[i::_WIDTH] = body[i * n:(i + 1) * n]
+        typed = array(kinds[index])
+        typed.frombytes(values)
+        column: list[float | int | None] = []
+        column.extend(typed.tolist())
+        if flags[index]:
+            mask = body[n * _WIDTH:n * _WIDTH + n]
+            column = [None if missing else value
+                      for value, missing in zip(column, mask, strict=True)]
         columns[index] = column
     return columns
 

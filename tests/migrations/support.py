@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from sqlalchemy import text
 
-from ampscope_server import db
+from ampscope_server import db, stat_packing
 
 
 def query(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -28,3 +29,10 @@ def delete_run(url: str, run_id: str) -> None:
             connection.execute(text("DELETE FROM runs WHERE id = :id"), {"id": run_id})
     finally:
         engine.dispose()
+
+
+def decoded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Rows whose last column is a packed array, that column as its values (floats by their
+    bits, so NaN equals NaN): equal whatever the layout version of the blobs."""
+    return [(*row[:-1], [[struct.pack("<d", v) if isinstance(v, float) else v for v in column]
+                         for column in stat_packing.unpack(row[-1])]) for row in rows]

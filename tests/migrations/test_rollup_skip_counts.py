@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ampscope_server import db, rollups
-from tests.migrations.support import query
+from tests.migrations.support import decoded, query
 from tests.migrations.test_rollup_run_keys import ingest_runs, snapshot
 
 
@@ -46,8 +46,9 @@ def test_0013_backfills_the_counts_ingest_writes(db_url: str) -> None:
          if step % 7 == 3 or 500 <= step < 540 or (step >= 700 and step % 3 == 0)])
 
     db.downgrade(db_url, "0012")
-    assert snapshot(db_url, keyed=True) == {
-        "rollups": [row[:4] for row in head["rollups"]],
-        "layer_rollups": head["layer_rollups"]}
+    down = snapshot(db_url, keyed=True)
+    assert down["rollups"] == [row[:4] for row in head["rollups"]]
+    # Revision 0015 lays the blobs out anew, value for value.
+    assert decoded(down["layer_rollups"]) == decoded(head["layer_rollups"])
     db.upgrade(db_url)
     assert snapshot(db_url, keyed=True, extra=", t.step_count, t.skip_count") == head

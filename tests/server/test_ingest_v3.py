@@ -91,7 +91,8 @@ class TestRoundTrip:
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=swallowed_frac")
         assert heat == {"stat": "swallowed_frac", "source": "param",
                         "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 5, 6],
-                        "z": [[0.5, 1.0, None], [None, 0.0, None]], "downsampled": False, "rows": None}
+                        "z": [[0.5, 1.0, None], [None, 0.0, None]], "downsampled": False,
+                        "rows": None}
         narrow = _get(api, f"/api/runs/{run_id}/layer-stats?stat=swallowed_frac&start=1&end=5")
         assert (narrow["steps"], narrow["z"]) == ([5], [[1.0], [0.0]])
         down = _get(api, f"/api/runs/{run_id}/layer-stats?stat=swallowed_frac&max_points=2")

@@ -16,17 +16,23 @@ def _bits(value: object) -> object:
     return struct.pack("<d", value) if isinstance(value, float) else value
 
 
+@pytest.fixture(params=[False, True], ids=["together", "apart"])
+def apart(request: pytest.FixtureRequest) -> bool:
+    """Both layouts: every column in one zlib stream (version 1) or each apart (version 2)."""
+    return bool(request.param)
+
+
 class TestRoundTrip:
-    def test_edges(self) -> None:
+    def test_edges(self, apart: bool) -> None:
         floats = [0.0, -0.0, 1.0, math.nan, math.inf, -math.inf, None, 5e-324,
                   1.7976931348623157e308, -2.5e-310, 1 / 3]
         ints = [0, 1, -1, 2**63 - 1, -(2**63), None, 2**53 + 1, 7, 0, 3, 5]
-        got = stat_packing.unpack(stat_packing.pack([floats, ints], "dq"))
+        got = stat_packing.unpack(stat_packing.pack([floats, ints], "dq", apart=apart))
         assert [list(map(_bits, column)) for column in got] == [
             list(map(_bits, floats)), list(map(_bits, ints))]
         assert [type(v) for v in got[1]] == [int] * 5 + [type(None)] + [int] * 5
 
-    def test_random_columns_of_many_lengths(self) -> None:
+    def test_random_columns_of_many_lengths(self, apart: bool) -> None:
         rng = random.Random(5)
         for n in (0, 1, 7, 200, 1001):
             columns: list[list[float | int | None]] = [
@@ -35,11 +41,11 @@ class TestRoundTrip:
                 [rng.randrange(-(2**63), 2**63) for _ in range(n)],
                 [rng.randrange(1000) / 1000 for _ in range(n)],
             ]
-            got = stat_packing.unpack(stat_packing.pack(columns, "dqd"))
+            got = stat_packing.unpack(stat_packing.pack(columns, "dqd", apart=apart))
             assert [list(map(_bits, c)) for c in got] == [list(map(_bits, c)) for c in columns]
-            assert stat_packing.length(stat_packing.pack(columns, "dqd")) == n
+            assert stat_packing.length(stat_packing.pack(columns, "dqd", apart=apart)) == n
 
-    def test_chosen_columns_equal_the_whole_unpack(self) -> None:
+    def test_chosen_columns_equal_the_whole_unpack(self, apart: bool) -> None:
         rng = random.Random(9)
         n = 300
         columns: list[list[float | int | None]] = [
@@ -48,7 +54,7 @@ class TestRoundTrip:
             [rng.choice([None, 0.5, -0.0, math.nan]) for _ in range(n)],
             [rng.randrange(1000) for _ in range(n)],
         ]
-        blob = stat_packing.pack(columns, "dqdq")
+        blob = stat_packing.pack(columns, "dqdq", apart=apart)
         for indices in ([2], [3, 0], [1], [0, 1, 2, 3]):
             got = stat_packing.unpack_columns(blob, indices)
             assert list(got) == indices
@@ -57,14 +63,23 @@ class TestRoundTrip:
         with pytest.raises(IndexError, match="column 4 of a packed array of 4"):
             stat_packing.unpack_columns(blob, [4])
 
-    def test_ints_given_to_a_float_column_come_back_as_floats(self) -> None:
-        assert stat_packing.unpack(stat_packing.pack([[0, 1]], "d")) == [[0.0, 1.0]]
-        assert [type(v) for v in stat_packing.unpack(stat_packing.pack([[0, 1]], "d"))[0]] == [
-            float, float]
+    def test_ints_given_to_a_float_column_come_back_as_floats(self, apart: bool) -> None:
+        got = stat_packing.unpack(stat_packing.pack([[0, 1]], "d", apart=apart))
+        assert got == [[0.0, 1.0]]
+        assert [type(v) for v in got[0]] == [float, float]
 
-    def test_zeros_and_small_counts_take_a_fraction_of_8_bytes(self) -> None:
-        blob = stat_packing.pack([[0.0] * 1000, [0] * 1000, [3] * 1000], "ddq")
-        assert len(blob) < 100  # 24,000 bytes of values
+    def test_zeros_and_small_counts_take_a_fraction_of_8_bytes(self, apart: bool) -> None:
+        blob = stat_packing.pack([[0.0] * 1000, [0] * 1000, [3] * 1000], "ddq", apart=apart)
+        assert len(blob) < (150 if apart else 100)  # 24,000 bytes of values
+
+    def test_both_layouts_hold_the_same_values(self) -> None:
+        columns: list[list[float | int | None]] = [[1.5, None, math.nan], [1, 2, 3],
+                                                   [-0.0, math.inf, 2.0]]
+        together = stat_packing.pack(columns, "dqd")
+        apart = stat_packing.pack(columns, "dqd", apart=True)
+        assert (together[0], apart[0]) == (stat_packing.VERSION, stat_packing.APART)
+        assert [list(map(_bits, c)) for c in stat_packing.unpack(together)] == [
+            list(map(_bits, c)) for c in stat_packing.unpack(apart)]
 
 
 class TestErrors:
@@ -79,7 +94,8 @@ class TestErrors:
     def test_other_version(self) -> None:
         blob = bytearray(stat_packing.pack([[1.0]], "d"))
         blob[0] = 9
-        with pytest.raises(stat_packing.PackingError, match="packed array version 9, expected 1"):
+        with pytest.raises(stat_packing.PackingError,
+                           match="packed array version 9, expected 1 or 2"):
             stat_packing.unpack(bytes(blob))
 
     def test_too_short(self) -> None:
