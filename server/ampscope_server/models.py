@@ -124,6 +124,11 @@ text for the partial index below and the query that uses it (`steps_repository.e
 SQLite takes a partial index only for a query holding the index's condition as written."""
 
 
+STEP_HAS_MISUSE = "misuse_count > 0"
+"""A step that reported scaler misuse (wire v2): one SQL text for the partial index below and
+the query that uses it (`steps_repository.misuse_rows`), as `STEP_IS_EVENT`."""
+
+
 class Step(Base):
     """One logged optimizer step. The run is `run_key` (`runs.key`) and the attempt its ordinal
     within the run (`attempts.ordinal`): integers, not the 36-character ids (revision 0010).
@@ -139,6 +144,10 @@ class Step(Base):
         # of /events no longer scans a run's steps from its start (revision 0014).
         Index("ix_steps_run_key_event_step", "run_key", "step",
               sqlite_where=text(STEP_IS_EVENT), postgresql_where=text(STEP_IS_EVENT)),
+        # The steps with misuse events (rare: a training loop's bug): an events page reads
+        # them without joining every step of its range to `misuse_events` (revision 0016).
+        Index("ix_steps_run_key_misuse_step", "run_key", "step",
+              sqlite_where=text(STEP_HAS_MISUSE), postgresql_where=text(STEP_HAS_MISUSE)),
         {"sqlite_autoincrement": True},
     )
 

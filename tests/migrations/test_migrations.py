@@ -213,7 +213,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0015"
+            assert context.get_current_revision() == db.head_revision() == "0016"
     finally:
         engine.dispose()
 

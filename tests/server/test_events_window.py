@@ -18,7 +18,7 @@ from ampscope_server import (
 )
 from ampscope_server.models import StepNonfinite
 from ampscope_server.schemas import AnyEventRead, IngestBatch, SkippedEventRead
-from tests.server.wire import batch, new_id, record
+from tests.server.wire import batch, batch_v2, new_id, record, record_v2
 
 SKIPPED = 33_000
 
@@ -126,3 +126,28 @@ def test_event_steps_are_read_from_their_partial_index(sessions: sessionmaker[Se
         else:
             plan = [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
     assert any("ix_steps_run_key_event_step" in line for line in plan), plan
+
+
+def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[Session]) -> None:
+    """An events page's misuse rows come from the index of the steps that reported misuse
+    (revision 0016), not from every step of its range: the query holds the index's condition
+    as written."""
+    run_id = new_id()
+    records = [record_v2(i, with_layers=False) for i in range(40)]
+    for rec in records[7::10]:
+        rec["misuse"] = [{"kind": "unscale_twice", "detail": f"step {rec['step']}"}]
+    with sessions() as session, session.begin():
+        ingest.ingest_batch(session, IngestBatch.model_validate(
+            batch_v2(records, run_id=run_id, modules=None)))
+    with sessions() as session, session.begin():
+        assert [(row.step, row.detail) for row in steps_repository.misuse_rows(
+            session, run_id, 10, 30)] == [(17, "step 17"), (27, "step 27")]
+        connection = session.connection()
+        statement = steps_repository.misuse_rows_statement(run_id, 10, 30)
+        sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
+        else:
+            plan = [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
+    assert any("ix_steps_run_key_misuse_step" in line for line in plan), plan
