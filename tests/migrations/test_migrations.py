@@ -230,7 +230,8 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
             "uq_steps_run_key_attempt_seq"]
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
-            "ix_steps_run_key_step", "ix_steps_run_key_id", "ix_steps_run_key_event_step"}
+            "ix_steps_run_key_step", "ix_steps_run_key_id", "ix_steps_run_key_event_step",
+            "ix_steps_run_key_misuse_step"}
         for table in ("step_nonfinite", "misuse_events", "step_rechecks"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
