@@ -586,7 +586,7 @@ def watch(
     ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2); ``fused``: the per-layer stats'
     compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
     per-layer step while the exact eager path answers; None (default) takes it for models of at
-    least ``reductions.FUSE_MIN_ELEMS`` (2^19) gradient elements, True always, False never
+    least ``reductions.FUSE_MIN_ELEMS`` (2^17) gradient elements, True always, False never
     (nothing is compiled).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =

@@ -68,11 +68,15 @@ fast as ATen's norm kernel, but each is a Python-level op: on the sweep's 34-ten
 dots cost 103 against 62 µs at 0.25 M parameters, about the same at 1 M, 270 against 332 µs at
 4 M (``docs/hook-cost.md``, session 5)."""
 
-FUSE_MIN_ELEMS = 1 << 19
+FUSE_MIN_ELEMS = 1 << 17
 """With ``fused=None`` (auto), layouts of at least this many gradient elements get the compiled
-kernel. Below it the fused kernel's fixed cost per gradient (~10 µs) leaves it no faster than the
-eager path (bench/hook_sweep.py, 34 tensors: 0.55 against 0.49 ms at 0.25 M parameters, 0.73
-against 1.50 ms at 1 M), and a compile takes the GIL and a core from training for seconds."""
+kernel. It was 2^19 while inductor's Python wrapper cost ~10 µs per gradient (0.55 against
+0.49 ms eager at 0.25 M parameters); with the C++ wrapper (session 3) the fused read is the
+faster one on the 34-tensor bench layouts measured in session 6 (thread CPU, median of 30 round
+minima, one process, load 5-7): 1.07 against 1.61 ms eager at 252,874 elements (the 0.25 M
+model), 0.38 against 0.46 ms at 65,002. Below 2^17 a whole per-layer read costs well under a
+millisecond while a compile takes the GIL and a core from training for seconds to minutes (a
+cold 65k layout: 243 s at load 6): those stay eager."""
 
 # Partial columns (``partials.COLUMNS``): counts and sums first (folded with index_add_), then
 # amax, amin.

@@ -105,12 +105,22 @@ def jsonable(value: object) -> JSON:
 def encode_stats(stats: Mapping[str, Sequence[float]]) -> dict[str, list[JSON]]:
     """``{stat: values}`` as computed (NaN for "none") → wire arrays: counts as ints,
     amax/amin_nz/l2 null when not finite, fractions as numbers. Used by ``layers`` and
-    ``activations``."""
+    ``activations``.
+
+    The sender thread runs this for every per-layer record, holding the GIL that training's
+    thread wants back after each of its ops: a row whose float sum is finite holds no NaN or
+    ±inf, so it is converted by ``map(float, …)`` in C instead of one Python call per value
+    (the same floats; a row with a non-finite value, or whose sum overflows, takes the
+    per-value path)."""
     encoded: dict[str, list[JSON]] = {}
     for name in LAYER_STAT_NAMES:
         values = stats[name]
         if name in _COUNT_STATS:
-            encoded[name] = [round(v) for v in values]
+            encoded[name] = list(map(round, values))
+            continue
+        total = sum(values)
+        if total - total == 0.0:  # NaN for a NaN or ±inf anywhere (or an overflowed sum)
+            encoded[name] = list(map(float, values))
         elif name in _FINITE_OR_NULL_STATS:
             encoded[name] = [finite_or_none(float(v)) for v in values]
         else:

@@ -56,6 +56,28 @@ class TestRecord:
         assert layers["zero_frac"] == [0.25, 1.0]
         assert (rec["loss"], rec["grad_norm"], rec["duration"]) == ("inf", "nan", None)
 
+    @pytest.mark.parametrize("row", [
+        [0.5, 1e-300, 0.0, -0.0, 3.0],  # all finite: the one-call conversion
+        [1e308, 1e308, -1e308],  # finite, but the sum overflows: value by value
+        [0.5, math.nan, 2.0],
+        [math.inf, 1.0],
+        [-math.inf, math.inf],
+        [],
+    ])
+    def test_each_row_as_value_by_value(self, row: list[float]) -> None:
+        """The fast path for finite rows gives what one call per value gives, to the bit."""
+        stats = {name: list(row) for name in LAYER_KEYS}
+        stats.update(nan_count=[float(i) for i in range(len(row))], inf_count=[0.0] * len(row))
+        encoded = wire.encode_stats(stats)
+        for name in ("amax", "amin_nz", "l2"):
+            assert encoded[name] == [wire.finite_or_none(float(v)) for v in row]
+        for name in ("zero_frac", "subnormal_frac", "underflow_frac"):
+            want = [wire.encode_float(v) for v in row]
+            assert [repr(v) for v in encoded[name]] == [repr(v) for v in want]
+        assert encoded["nan_count"] == list(range(len(row)))
+        assert all(type(v) is int for v in encoded["nan_count"])
+        assert json.dumps(encoded, allow_nan=False)  # nothing bare slipped through
+
     def test_scalar_only_record(self) -> None:
         rec = wire.step_record(seq=0, step=0, wall_time=0.0, loss=None, scale_before=1.0,
                                scale_after=1.0, growth_tracker=None, found_inf=False,
