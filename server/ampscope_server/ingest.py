@@ -360,7 +360,7 @@ def _layer_rows(
 
 
 def _earlier_fold(session: Session, run: open_buckets.RunKey, index: int, first_new_id: int
-               ) -> open_buckets.OpenBucket | None:
+                  ) -> open_buckets.OpenBucket | None:
     """The fold of a `LAYER_FINEST` bucket over its steps stored before this batch: remembered
     (`open_buckets`), else read from its raw steps; None when none of them has layers."""
     remembered = open_buckets.recall(session, run, index, first_new_id)

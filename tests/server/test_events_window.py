@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import ClauseElement
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import (
@@ -115,17 +116,20 @@ def test_event_steps_are_read_from_their_partial_index(sessions: sessionmaker[Se
     with sessions() as session, session.begin():
         assert [row.step for row in steps_repository.event_rows(session, run_id)] == [
             5, 15, 25, 35]
-        connection = session.connection()
-        statement = steps_repository.event_rows_statement(run_id, limit=1000)
-        sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
-        if connection.dialect.name == "postgresql":
-            # A 40-step table is a sequential scan at any cost model: take that off the table to
-            # see whether the planner can prove the index's condition from the query's.
-            connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
-            plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
-        else:
-            plan = [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
+        plan = _plan(session, steps_repository.event_rows_statement(run_id, limit=1000))
     assert any("ix_steps_run_key_event_step" in line for line in plan), plan
+
+
+def _plan(session: Session, statement: ClauseElement) -> list[str]:
+    """The dialect's query plan of `statement`, a line per step."""
+    connection = session.connection()
+    sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
+    if connection.dialect.name == "postgresql":
+        # A 40-step table is a sequential scan at any cost model: take that off the table to
+        # see whether the planner can prove the index's condition from the query's.
+        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        return [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
+    return [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
 
 
 def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[Session]) -> None:
@@ -142,12 +146,5 @@ def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[S
     with sessions() as session, session.begin():
         assert [(row.step, row.detail) for row in steps_repository.misuse_rows(
             session, run_id, 10, 30)] == [(17, "step 17"), (27, "step 27")]
-        connection = session.connection()
-        statement = steps_repository.misuse_rows_statement(run_id, 10, 30)
-        sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
-        if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
-            plan = [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
-        else:
-            plan = [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
+        plan = _plan(session, steps_repository.misuse_rows_statement(run_id, 10, 30))
     assert any("ix_steps_run_key_misuse_step" in line for line in plan), plan
