@@ -4,17 +4,20 @@ exponent histograms for the "what if x k" view. Functions take a Session and nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import (
+    Select,
     func,
-    or_,
     select,
+    text,
+    union,
 )
 from sqlalchemy.orm import Session
 
 from ampscope_server import stat_packing, steps_repository
 from ampscope_server.models import (
+    STEP_IS_NOTABLE,
     Histogram,
     LayerStat,
     MisuseEvent,
@@ -55,27 +58,32 @@ def findings_steps(session: Session, run_id: str, every_step: bool) -> list[tupl
     """(id, step, scale_before, class, scale_after, class, found_inf, skipped, loss, class,
     grad_norm, class, lr, class, growth_tracker) by step then ingest order.
 
-    With `every_step` False only the steps the detectors read: skipped or `found_inf`, scale
-    changed, loss or grad norm non-finite, the step after each skipped one (did the LR move?),
-    and the run's first and last step: O(events) rows, not O(steps).
+    With `every_step` False only the steps the detectors read (`findings_steps_statement`):
+    O(events) rows, read from indexes, not O(steps).
     """
-    columns = (Step.id, Step.step, Step.scale_before, Step.scale_before_class, Step.scale_after,
-               Step.scale_after_class, Step.found_inf, Step.skipped, Step.loss, Step.loss_class,
-               Step.grad_norm, Step.grad_norm_class, Step.lr, Step.lr_class, Step.growth_tracker)
+    return [tuple(row) for row in session.execute(findings_steps_statement(run_id, every_step))]
+
+
+def findings_steps_statement(run_id: str, every_step: bool) -> Select[Unpack[tuple[Any, ...]]]:
+    """`findings_steps`' query. The notable steps (skipped or `found_inf`, scale changed, loss
+    or grad norm non-finite) come from their partial index (revision 0017: the condition
+    `models.STEP_IS_NOTABLE` as written), the step after each skipped one (did the LR move?)
+    and the run's first and last step by the (run_key, step) index: one OR over all of them
+    made both dialects filter every step of the run, ~1M rows for each live analysis."""
     key = run_key(run_id)
-    statement = select(*columns).where(Step.run_key == key)
-    if not every_step:
-        after_skip = select(Step.step + 1).where(Step.run_key == key, Step.skipped.is_(True))
-        first = select(func.min(Step.step)).where(Step.run_key == key).scalar_subquery()
-        last = select(func.max(Step.step)).where(Step.run_key == key).scalar_subquery()
-        statement = statement.where(or_(
-            Step.skipped.is_(True), Step.found_inf.is_(True),
-            Step.scale_before != Step.scale_after,
-            Step.scale_before_class != Step.scale_after_class,
-            Step.loss_class != 0, Step.grad_norm_class != 0,
-            Step.step.in_(after_skip), Step.step == first, Step.step == last,
-        ))
-    return [tuple(row) for row in session.execute(statement.order_by(Step.step, Step.id))]
+    if every_step:
+        return select(*_FINDINGS_COLUMNS).where(Step.run_key == key).order_by(Step.step, Step.id)
+    notable = text(f"({STEP_IS_NOTABLE})")
+    after_skip = select(Step.step + 1).where(Step.run_key == key, notable,
+                                             Step.skipped.is_(True))
+    first = select(func.min(Step.step)).where(Step.run_key == key).scalar_subquery()
+    last = select(func.max(Step.step)).where(Step.run_key == key).scalar_subquery()
+    rows = union(  # UNION, not ALL: a step in two parts (a skip after a skip) comes once
+        select(*_FINDINGS_COLUMNS).where(Step.run_key == key, notable),
+        select(*_FINDINGS_COLUMNS).where(Step.run_key == key, Step.step.in_(after_skip)),
+        select(*_FINDINGS_COLUMNS).where(Step.run_key == key, Step.step.in_([first, last])),
+    ).subquery()
+    return select(rows).order_by(rows.c.step, rows.c.id)
 
 
 def layer_stat_steps_last(

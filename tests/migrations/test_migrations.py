@@ -213,7 +213,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0016"
+            assert context.get_current_revision() == db.head_revision() == "0017"
     finally:
         engine.dispose()
 
@@ -231,7 +231,7 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
         indexes = inspector.get_indexes("steps")
         assert {i["name"] for i in indexes if not i.get("duplicates_constraint")} == {
             "ix_steps_run_key_step", "ix_steps_run_key_id", "ix_steps_run_key_event_step",
-            "ix_steps_run_key_misuse_step"}
+            "ix_steps_run_key_misuse_step", "ix_steps_run_key_notable_step"}
         for table in ("step_nonfinite", "misuse_events", "step_rechecks"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [
