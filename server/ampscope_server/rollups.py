@@ -375,14 +375,41 @@ def pack_layers(layers: LayerArrays) -> bytes:
     return stat_packing.pack([layers[name] for name in ROLLUP_STATS], _LAYER_KINDS, apart=True)
 
 
-def unpack_layers(blob: bytes, names: Sequence[str] | None = None) -> LayerArrays:
-    """A bucket's per-layer arrays: every statistic of `ROLLUP_STATS`, or only `names`."""
-    if names is None:
+def unpack_layers(blob: bytes, names: Sequence[str] | None = None,
+                  rows: Sequence[int] | None = None) -> LayerArrays:
+    """A bucket's per-layer arrays: every statistic of `ROLLUP_STATS`, or only `names`; with
+    `rows`, only those layers' values, in that order (`pick`)."""
+    if names is None and rows is None:
         columns = stat_packing.unpack(blob)
         # A rollup never holds None (a layer without data holds MISSING).
         return dict(zip(ROLLUP_STATS, cast(list[list[float]], columns), strict=True))
-    wanted = stat_packing.unpack_columns(blob, [ROLLUP_STATS.index(name) for name in names])
-    return {ROLLUP_STATS[index]: cast(list[float], column) for index, column in wanted.items()}
+    wanted = stat_packing.unpack_columns(
+        blob, [ROLLUP_STATS.index(name) for name in names or ROLLUP_STATS], rows)
+    return {ROLLUP_STATS[index]: _present(ROLLUP_STATS[index], column)
+            for index, column in wanted.items()}
+
+
+def unpack_layer_segment(head: bytes, name: str, segment: bytes,
+                         rows: Sequence[int] | None = None) -> list[float]:
+    """One statistic of a stored per-layer rollup from the blob's head and that statistic's
+    segment alone (`stat_packing.unpack_segment`): what a database that cuts segments sends.
+    `rows` as in `unpack_layers`."""
+    return _present(name, stat_packing.unpack_segment(head, ROLLUP_STATS.index(name), segment,
+                                                      rows))
+
+
+def _present(name: str, column: Sequence[float | int | None]) -> list[float]:
+    """A decoded rollup column: None only where a picked row is past the stored layers."""
+    if None not in column:
+        return cast(list[float], column)
+    return [MISSING[name] if value is None else value for value in column]
+
+
+def pick(arrays: LayerArrays, rows: Sequence[int]) -> LayerArrays:
+    """The values of the layers at `rows`, in that order; a row past an array's end (the layer
+    table grew after that bucket) holds MISSING."""
+    return {name: [values[row] if row < len(values) else MISSING[name] for row in rows]
+            for name, values in arrays.items()}
 
 
 def to_row(run_key: int, key: tuple[int, int], bucket: Bucket) -> dict[str, object]:

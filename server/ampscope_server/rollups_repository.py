@@ -4,15 +4,20 @@ commit."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     CompoundSelect,
     Double,
+    Integer,
     Select,
     and_,
+    case,
     cast,
     func,
     or_,
@@ -32,6 +37,7 @@ from ampscope_server.models import (
 from ampscope_server.sql_support import (
     KEYS_PER_STATEMENT,
     dialect_insert,
+    is_postgres,
     run_key,
     step_range,
 )
@@ -171,7 +177,7 @@ def count_layer_rollups(session: Session, run_id: str, level: int, first: int, l
 
 def layer_rollup_arrays(
     session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]],
-    names: Sequence[str] | None = None,
+    names: Sequence[str] | None = None, rows: Sequence[int] | None = None,
 ) -> dict[tuple[int, int], rollups.LayerArrays]:
     """{(level, bucket): per-layer worst arrays} of the buckets in `ranges` ((level, first,
     last bucket)) that hold layer statistics: stored rows at `rollups.LAYER_LEVELS`; folded
@@ -179,37 +185,92 @@ def layer_rollup_arrays(
     bucket without a row (open, or sparse: at most `DENSE_STEPS` layer steps); the open bucket
     of a coarser level folded from its children (`rollups.open_children`). With `names`, the
     stored rows' arrays hold those statistics only (a heatmap shows one: the others' decoding
-    was most of a wide read); folded buckets hold all."""
+    was most of a wide read); folded buckets hold all. With `rows`, every array holds those
+    layers only, in that order (`rollups.pick`): a layer's line reads one of 500."""
     stored = [piece for piece in ranges if piece[0] in rollups.LAYER_LEVELS]
     out: dict[tuple[int, int], rollups.LayerArrays] = {}
+    folded: dict[tuple[int, int], rollups.LayerArrays] = {}
     if stored:
-        for level, bucket, data in session.execute(
-            select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data)
-            .where(LayerRollup.run_key == run_key(run_id))
-            .where(or_(*[
-                and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
-                for level, first, last in stored
-            ]))
-        ):
-            out[(int(level), int(bucket))] = rollups.unpack_layers(data, names)
+        out.update(_stored_layer_arrays(session, run_id, stored, names, rows))
         extent = step_extent(session, run_id)
         last_step = -1 if extent is None else extent[1]
         for level, first, last in stored:
             if level == rollups.LAYER_FINEST:
                 missing = [bucket for bucket in range(first, min(last, last_step >> level) + 1)
                            if (level, bucket) not in out]
-                out.update(((level, bucket), arrays) for bucket, (arrays, _) in
-                           fold_finest(session, run_id, missing).items())
+                folded.update(((level, bucket), arrays) for bucket, (arrays, _) in
+                              fold_finest(session, run_id, missing).items())
             elif first <= last_step >> level <= last and (level, last_step >> level) not in out:
                 arrays = _open_bucket(session, run_id, level, last_step >> level, last_step)
                 if arrays is not None:
-                    out[(level, last_step >> level)] = arrays
+                    folded[(level, last_step >> level)] = arrays
     for level, first, last in ranges:
         if level in rollups.LAYER_LEVELS:
             continue
         raw = layer_steps_in(session, run_id, first << level, ((last + 1) << level) - 1)
-        out.update(((level, bucket), arrays)
-                   for bucket, arrays in rollups.layer_buckets(raw, level).items())
+        folded.update(((level, bucket), arrays)
+                      for bucket, arrays in rollups.layer_buckets(raw, level).items())
+    out.update(folded if rows is None else
+               {key: rollups.pick(arrays, rows) for key, arrays in folded.items()})
+    return out
+
+
+def _stored_layer_arrays(
+    session: Session, run_id: str, ranges: Sequence[tuple[int, int, int]],
+    names: Sequence[str] | None, rows: Sequence[int] | None,
+) -> dict[tuple[int, int], rollups.LayerArrays]:
+    """The stored `layer_rollups` rows of `ranges`, decoded (all statistics, or `names`; all
+    layers, or `rows`)."""
+    where = [LayerRollup.run_key == run_key(run_id), or_(*[
+        and_(LayerRollup.level == level, LayerRollup.bucket.between(first, last))
+        for level, first, last in ranges])]
+    if names is not None and is_postgres(session):
+        return _layer_segments(session, run_id, where, names, rows)
+    return {(int(level), int(bucket)): rollups.unpack_layers(data, names, rows)
+            for level, bucket, data in session.execute(
+                select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data).where(*where))}
+
+
+def _layer_segments(session: Session, run_id: str, where: Sequence[ColumnElement[bool]],
+                    names: Sequence[str], rows: Sequence[int] | None
+                    ) -> dict[tuple[int, int], rollups.LayerArrays]:
+    """`_stored_layer_arrays` of some statistics on Postgres: the database cuts each one's
+    segment out of the blob (`stat_packing` version 2), reading the head and the segments'
+    TOAST chunks only. A whole ~19 KB blob of 500 layers per row (sent as hex text) was most of
+    a heatmap's or a layer line's time for one statistic of ~1.9 KB. A row that is not version
+    2 (none is written since revision 0015) is read whole."""
+    k = len(rollups.ROLLUP_STATS)
+    head_size = stat_packing.apart_head_size(k)
+    # OFFSET 0 keeps the subquery from being flattened: otherwise every get_byte below would cut
+    # its own head out of the stored blob instead of reading the one head of the row.
+    blobs = select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data,
+                  func.substr(LayerRollup.data, 1, head_size).label("head")
+                  ).where(*where).offset(0).subquery()
+
+    def size(index: int) -> ColumnElement[int]:  # the u32 at apart_size_at, as substr's int
+        at = stat_packing.apart_size_at(k, index)
+        return cast(functools.reduce(operator.add, [
+            cast(func.get_byte(blobs.c.head, at + byte), BigInteger) * (1 << 8 * byte)
+            for byte in range(4)]), Integer)
+
+    indices = [rollups.ROLLUP_STATS.index(name) for name in names]
+    segments = [
+        case((func.get_byte(blobs.c.head, 0) == stat_packing.APART, func.substr(
+            blobs.c.data, functools.reduce(operator.add, [size(j) for j in range(index)],
+                                          head_size + 1), size(index))))
+        for index in indices]
+    out: dict[tuple[int, int], rollups.LayerArrays] = {}
+    whole: list[tuple[int, int]] = []
+    for level, bucket, head, *cut in session.execute(
+            select(blobs.c.level, blobs.c.bucket, blobs.c.head, *segments)):
+        key = (int(level), int(bucket))
+        if head[0] != stat_packing.APART:
+            whole.append(key)
+            continue
+        out[key] = {name: rollups.unpack_layer_segment(head, name, piece, rows)
+                    for name, piece in zip(names, cut, strict=True)}
+    out.update((key, rollups.unpack_layers(data, names, rows))
+               for key, data in get_layer_rollups(session, run_id, whole).items())
     return out
 
 

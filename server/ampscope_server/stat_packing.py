@@ -104,17 +104,22 @@ def unpack(blob: bytes) -> list[list[float | int | None]]:
     return [columns[index] for index in range(len(columns))]
 
 
-def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
+def unpack_columns(blob: bytes, indices: Iterable[int] | None = None,
+                   positions: Sequence[int] | None = None
                    ) -> dict[int, list[float | int | None]]:
     """{index: column} of the columns at `indices` (all when None): each is put back together
     from its own slice of every byte plane, so a read that needs one column of many pays the
-    decompression but not the others' conversion to Python values."""
+    decompression but not the others' conversion to Python values. `positions`: only the
+    values at those positions of each column, in that order (None past the column's end)."""
     try:
         version, n, k = _HEAD.unpack_from(blob)
     except struct.error:
         raise PackingError("a packed array is at least 6 bytes long") from None
     if version == APART:
-        return _unpack_apart(blob, n, k, indices)
+        return _unpack_apart(blob, n, k, indices, positions)
+    if positions is not None:
+        return {index: [column[p] if p < n else None for p in positions]
+                for index, column in unpack_columns(blob, indices).items()}
     if version != VERSION:
         raise PackingError(f"packed array version {version}, expected {VERSION} or {APART}")
     start = _HEAD.size
@@ -155,34 +160,85 @@ def unpack_columns(blob: bytes, indices: Iterable[int] | None = None
     return columns
 
 
-def _unpack_apart(blob: bytes, n: int, k: int, indices: Iterable[int] | None
-                  ) -> dict[int, list[float | int | None]]:
+def _unpack_apart(blob: bytes, n: int, k: int, indices: Iterable[int] | None,
+                  positions: Sequence[int] | None) -> dict[int, list[float | int | None]]:
     """`unpack_columns` of a version 2 blob: only the asked columns' segments inflated."""
     start = _HEAD.size
     kinds = bytes(blob[start:start + k]).decode("ascii")
     flags = blob[start + k:start + 2 * k]
     sizes = struct.unpack_from(f"<{k}I", blob, start + 2 * k)
-    offsets = [start + 6 * k]
+    offsets = [apart_head_size(k)]
     for size in sizes:
         offsets.append(offsets[-1] + size)
     columns: dict[int, list[float | int | None]] = {}
     for index in range(k) if indices is None else indices:
         if not 0 <= index < k:
             raise IndexError(f"column {index} of a packed array of {k}")
-        body = zlib.decompress(blob[offsets[index]:offsets[index + 1]])
+        columns[index] = _segment_column(kinds[index], flags[index], n,
+                                         blob[offsets[index]:offsets[index + 1]], positions)
+    return columns
+
+
+def apart_head_size(k: int) -> int:
+    """Bytes before the first segment of a version 2 blob of k columns: the header, the kinds,
+    the mask flags and the k segment sizes (each a u32 at `apart_size_at(k, index)`)."""
+    return _HEAD.size + 6 * k
+
+
+def apart_size_at(k: int, index: int) -> int:
+    """Byte offset, in a version 2 blob of k columns, of column `index`'s segment size (u32 LE):
+    what a database reads to cut one segment out of a stored blob (`rollups_repository`)."""
+    return _HEAD.size + 2 * k + 4 * index
+
+
+def unpack_segment(head: bytes, index: int, segment: bytes,
+                   positions: Sequence[int] | None = None) -> list[float | int | None]:
+    """Column `index` of a version 2 blob given only its head (`apart_head_size` bytes) and that
+    column's segment: a database that cuts the segment out sends a tenth of the blob.
+    `positions` as in `unpack_columns`."""
+    try:
+        version, n, k = _HEAD.unpack_from(head)
+    except struct.error:
+        raise PackingError("a packed array is at least 6 bytes long") from None
+    if version != APART:
+        raise PackingError(f"packed array version {version}: only version {APART} has segments")
+    if not 0 <= index < k:
+        raise IndexError(f"column {index} of a packed array of {k}")
+    if len(head) < apart_head_size(k):
+        raise PackingError(f"a head of {len(head)} bytes, {apart_head_size(k)} expected")
+    (size,) = struct.unpack_from("<I", head, apart_size_at(k, index))
+    if len(segment) != size:
+        raise PackingError(f"column {index}'s segment is {len(segment)} bytes, the head says "
+                           f"{size}")
+    start = _HEAD.size
+    return _segment_column(chr(head[start + index]), head[start + k + index], n, segment,
+                           positions)
+
+
+def _segment_column(kind: str, flagged: int, n: int, segment: bytes,
+                    positions: Sequence[int] | None = None) -> list[float | int | None]:
+    """One column from its compressed segment (shuffled values, then its mask when flagged);
+    with `positions`, only those values are put back together from the byte planes (a layer's
+    line needs one value of each 500-layer rollup)."""
+    body = zlib.decompress(segment)
+    at = range(n) if positions is None else [p for p in positions if p < n]
+    if positions is None:
         values = bytearray(n * _WIDTH)
         for i in range(_WIDTH):
             values[i::_WIDTH] = body[i * n:(i + 1) * n]
-        typed = array(kinds[index])
-        typed.frombytes(values)
-        column: list[float | int | None] = []
-        column.extend(typed.tolist())
-        if flags[index]:
-            mask = body[n * _WIDTH:n * _WIDTH + n]
-            column = [None if missing else value
-                      for value, missing in zip(column, mask, strict=True)]
-        columns[index] = column
-    return columns
+    else:  # a value's 8 bytes are one in each plane, n apart: one strided slice per value
+        values = bytearray(b"".join(body[p::n][:_WIDTH] for p in at))
+    typed = array(kind)
+    typed.frombytes(values)
+    column: list[float | int | None] = []
+    column.extend(typed.tolist())
+    if flagged:
+        mask = body[n * _WIDTH:n * _WIDTH + n]
+        column = [None if mask[p] else value for value, p in zip(column, at, strict=True)]
+    if positions is not None and len(at) < len(positions):  # past the end: None, in order
+        found = iter(column)
+        column = [next(found) if p < n else None for p in positions]
+    return column
 
 
 def length(blob: bytes) -> int:

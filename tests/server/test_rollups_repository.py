@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, rollups, rollups_repository
+from ampscope_server import ingest, rollups, rollups_repository, stat_packing
 from ampscope_server.models import LayerRollup, Rollup
 from ampscope_server.sql_support import run_key
 from ampscope_server.wire import IngestBatch
@@ -65,3 +65,56 @@ def test_get_layer_rollups_reads_exactly_the_stored_keys(
     # Closed buckets only: 9 of 64 steps, 2 of 256 (every step has layer statistics).
     assert sorted(stored) == [(6, bucket) for bucket in range(9)] + [(8, 0), (8, 1)]
     assert got == stored
+
+
+STORED_RANGES = [(6, 0, 8), (8, 0, 1)]  # the closed buckets of the fixture's run: stored rows
+
+
+@pytest.mark.parametrize("rows", [None, [1, 0], [1, 40]], ids=["all", "picked", "past"])
+@pytest.mark.parametrize("names", [["amax"], ["inf_count", "l2", "amin_nz"],
+                                   list(rollups.ROLLUP_STATS)])
+def test_some_statistics_of_stored_rows_equal_the_whole_rows(
+    sessions: sessionmaker[Session], run_id: str, names: list[str], rows: list[int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On Postgres the database cuts the asked statistics' segments out of each blob; what is
+    decoded from them is what the whole blob gives, and no whole blob is decoded. Picked rows
+    are those layers' values in the asked order; a layer past the table holds MISSING."""
+    with sessions() as session:
+        whole = rollups_repository.layer_rollup_arrays(session, run_id, STORED_RANGES)
+        postgres = session.get_bind().dialect.name == "postgresql"
+        if postgres:
+            monkeypatch.setattr(rollups, "unpack_layers", _never)
+        some = rollups_repository.layer_rollup_arrays(session, run_id, STORED_RANGES, names,
+                                                      rows)
+    assert sorted(whole) == [(6, bucket) for bucket in range(9)] + [(8, 0), (8, 1)]
+    assert some == {key: {name: arrays[name] if rows is None else [
+        arrays[name][row] if row < len(arrays[name]) else rollups.MISSING[name] for row in rows]
+        for name in names} for key, arrays in whole.items()}
+
+
+def _never(*args: object) -> None:
+    raise AssertionError("a whole blob was decoded")
+
+
+def test_a_row_of_the_first_version_is_read_whole(
+    sessions: sessionmaker[Session], run_id: str,
+) -> None:
+    """A blob written before revision 0015 (version 1, no segments) still reads right."""
+    with sessions() as session, session.begin():
+        blob = session.scalar(select(LayerRollup.data).where(
+            LayerRollup.run_key == run_key(run_id), LayerRollup.level == 8,
+            LayerRollup.bucket == 1))
+        arrays = rollups.unpack_layers(blob)
+        first = stat_packing.pack([arrays[name] for name in rollups.ROLLUP_STATS],
+                                  "".join("q" if name in rollups.INT_STATS else "d"
+                                          for name in rollups.ROLLUP_STATS))
+        assert first[0] == stat_packing.VERSION
+        session.execute(update(LayerRollup).where(
+            LayerRollup.run_key == run_key(run_id), LayerRollup.level == 8,
+            LayerRollup.bucket == 1).values(data=first))
+    with sessions() as session:
+        got = rollups_repository.layer_rollup_arrays(session, run_id, STORED_RANGES,
+                                                     ["l2", "nan_count"])
+    assert got[(8, 1)] == {"l2": arrays["l2"], "nan_count": arrays["nan_count"]}
+    assert len(got) == 11

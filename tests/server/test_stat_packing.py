@@ -63,6 +63,20 @@ class TestRoundTrip:
         with pytest.raises(IndexError, match="column 4 of a packed array of 4"):
             stat_packing.unpack_columns(blob, [4])
 
+    def test_chosen_positions_equal_those_of_the_whole_columns(self, apart: bool) -> None:
+        rng = random.Random(11)
+        n = 500
+        columns: list[list[float | int | None]] = [
+            [rng.choice([rng.lognormvariate(0, 30), None, -math.inf, -0.0]) for _ in range(n)],
+            [rng.randrange(-(2**63), 2**63) for _ in range(n)],
+        ]
+        blob = stat_packing.pack(columns, "dq", apart=apart)
+        for positions in ([0], [499, 3, 17], [n, 2, n + 5], list(range(n))):
+            got = stat_packing.unpack_columns(blob, [1, 0], positions)
+            assert {i: list(map(_bits, c)) for i, c in got.items()} == {
+                i: [_bits(columns[i][p]) if p < n else None for p in positions] for i in (1, 0)}
+
+
     def test_ints_given_to_a_float_column_come_back_as_floats(self, apart: bool) -> None:
         got = stat_packing.unpack(stat_packing.pack([[0, 1]], "d", apart=apart))
         assert got == [[0.0, 1.0]]
@@ -101,3 +115,38 @@ class TestErrors:
     def test_too_short(self) -> None:
         with pytest.raises(stat_packing.PackingError, match="at least 6 bytes"):
             stat_packing.unpack(b"\x01")
+
+
+COLUMNS: list[list[float | int | None]] = [
+    [1.5, None, math.nan, -0.0], [1, 2, 3, -(2**63)], [math.inf, 2.0, None, 5e-324]]
+
+
+class TestSegments:
+    """A version 2 column from the blob's head and its segment alone, as a database cuts them."""
+
+    def _cut(self, blob: bytes, index: int) -> tuple[bytes, bytes]:
+        k = len(COLUMNS)
+        head = blob[:stat_packing.apart_head_size(k)]
+        sizes = [struct.unpack_from("<I", blob, stat_packing.apart_size_at(k, i))[0]
+                 for i in range(k)]
+        start = len(head) + sum(sizes[:index])
+        return head, blob[start:start + sizes[index]]
+
+    def test_every_column_and_positions_from_its_segment(self) -> None:
+        blob = stat_packing.pack(COLUMNS, "dqd", apart=True)
+        for index, column in enumerate(COLUMNS):
+            head, segment = self._cut(blob, index)
+            got = stat_packing.unpack_segment(head, index, segment)
+            assert list(map(_bits, got)) == list(map(_bits, column))
+            picked = stat_packing.unpack_segment(head, index, segment, [3, 1, 9])
+            assert list(map(_bits, picked)) == [_bits(column[3]), _bits(column[1]), None]
+
+    def test_a_segment_that_does_not_fit_its_head_is_refused(self) -> None:
+        blob = stat_packing.pack(COLUMNS, "dqd", apart=True)
+        head, segment = self._cut(blob, 1)
+        with pytest.raises(stat_packing.PackingError, match="segment is 3 bytes, the head says"):
+            stat_packing.unpack_segment(head, 1, segment[:3])
+        with pytest.raises(stat_packing.PackingError, match="only version 2 has segments"):
+            stat_packing.unpack_segment(stat_packing.pack(COLUMNS, "dqd"), 1, segment)
+        with pytest.raises(IndexError, match="column 3 of a packed array of 3"):
+            stat_packing.unpack_segment(head, 3, segment)
