@@ -203,6 +203,38 @@ def test_run_page_reads_top_down_with_one_step_axis(
     _assert_clean(pg, errors)
 
 
+MARGIN_RELAYOUTS = """
+  window.__marginRelayouts = [];
+  window.addEventListener('DOMContentLoaded', () => {
+    const relayout = window.Plotly.relayout;
+    window.Plotly.relayout = (div, update, ...rest) => {
+      if (typeof update === 'object' && Object.keys(update).some((k) => k.startsWith('margin')))
+        window.__marginRelayouts.push(div.id);
+      return relayout(div, update, ...rest);
+    };
+  });
+"""
+
+
+def test_run_page_draws_its_step_charts_once_with_shared_margins(
+    served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]
+) -> None:
+    """The step charts are drawn with the margins of the widest labels (the heatmap's layer
+    names) from the start: lining them up after drawing relaid out (redrew) every chart."""
+    server, ids = served
+    pg, errors = page
+    pg.add_init_script(MARGIN_RELAYOUTS)
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
+    pg.wait_for_function("() => window.ampscope.layerLines.shown.length > 0", timeout=WAIT_MS)
+    margins = pg.evaluate("(ids) => ids.map((id) => { const s = document.getElementById(id)"
+                          "._fullLayout._size; return [s.l, s.r]; })", STEP_CHARTS)
+    assert len(set(map(tuple, margins))) == 1, margins
+    assert margins[0][0] > 56  # wider than a line chart's own: the layer names decided it
+    assert pg.evaluate("window.__marginRelayouts") == []
+    _assert_clean(pg, errors)
+
+
 def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[str]],
                                             page: tuple[Page, list[str]]) -> None:
     server, ids = served

@@ -3,7 +3,19 @@
 
 import { powerText } from './format.js';
 
-export const Plotly = window.Plotly;
+/** plotly.js's global, read at each use: the run page runs its modules before plotly.js (see
+ * run.html), so their first requests leave while plotly.js is run (~0.5-0.8 s of main thread
+ * on the 2-core reference machine). Draw only after `plotlyLoaded()`. */
+export const Plotly = new Proxy({}, { get: (_, key) => window.Plotly[key] });
+
+/** Settles once plotly.js has run: at once on a page that loads it before its modules, else
+ * when the document's deferred scripts have run (DOMContentLoaded). */
+export function plotlyLoaded() {
+  if (window.Plotly || document.readyState === 'complete') return Promise.resolve();
+  return new Promise((resolve) => {
+    window.addEventListener('DOMContentLoaded', () => resolve(), { once: true });
+  });
+}
 
 export const COLORS = Object.freeze({
   scale: '#2563eb',
@@ -30,6 +42,33 @@ export const CONFIG = Object.freeze({
   modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d'],
 });
 
+/**
+ * The left and right margins of a page's step charts (every chart with steps on its x axis),
+ * which `alignMargins` lines up. Relaying a drawn chart out redraws it (a 500-layer heatmap
+ * took ~0.7 s of main thread on the 2-core reference machine, the run page's six charts ~1.5 s),
+ * so a page that knows its widest y labels (the heatmap's layer names) fits the margins to them
+ * before the first chart is drawn (`fitStepMargins`). Plotly's automargin still widens a chart
+ * whose labels need more; `alignMargins` then lines the others up as before.
+ */
+const stepMargin = { l: 56, r: 16 };
+const LABEL_PAD = 16; // px beside the widest label: plotly's tick offset (it needed 11) and slack
+const STEP_RIGHT = 24; // px: the last x tick label ("1M") overhangs the plot area by half
+
+/** Size the step charts' margins to `labels` (y tick labels, e.g. layer names) in FONT. */
+export function fitStepMargins(labels) {
+  const context = document.createElement('canvas').getContext('2d');
+  context.font = `${FONT.size}px ${FONT.family}`;
+  let widest = 0;
+  for (const label of labels) widest = Math.max(widest, context.measureText(label).width);
+  stepMargin.l = Math.max(stepMargin.l, Math.ceil(widest) + LABEL_PAD);
+  stepMargin.r = Math.max(stepMargin.r, STEP_RIGHT);
+}
+
+/** A step chart's margin (`fitStepMargins`), with the given top and bottom. */
+export function stepChartMargin(t = 8, b = 40) {
+  return { l: stepMargin.l, r: stepMargin.r, t, b };
+}
+
 /** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
 export function themedLayout(uirevision, overrides = {}) {
   // exponentformat 'e': plotly's own labels for powers ("10<sup>-5</sup>") are drawn as tspans
@@ -41,7 +80,7 @@ export function themedLayout(uirevision, overrides = {}) {
     font: FONT,
     paper_bgcolor: 'rgba(0,0,0,0)',
     plot_bgcolor: '#ffffff',
-    margin: { l: 56, r: 16, t: 8, b: 40 },
+    margin: stepChartMargin(),
     hoverlabel: { font: { family: FONT.family, size: 12 } },
     showlegend: true,
     legend: { orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: { size: 11 } },

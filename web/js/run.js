@@ -8,7 +8,7 @@ import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
 import { LiveState, LiveStream } from './live.js';
-import { COLORS, Plotly } from './plot.js';
+import { COLORS, Plotly, fitStepMargins, plotlyLoaded } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
@@ -36,6 +36,11 @@ function lastEventStep(events, since) {
   let last = since;
   for (const e of events) if (last === null || e.step > last) last = e.step;
   return last;
+}
+
+/** Resolves in a task of its own: the browser paints and handles input before it. */
+function nextTask() {
+  return new Promise((resolve) => { setTimeout(resolve, 0); });
 }
 
 function runIdFromUrl() {
@@ -68,6 +73,10 @@ class RunPage {
   }
 
   async load() {
+    // The layer table beside the run detail: its names size every step chart's left margin
+    // (fitStepMargins) before the first chart is drawn, so none is laid out twice.
+    const layersP = api.getLayers(this.runId);
+    layersP.catch(() => {}); // awaited below
     this.run = await api.getRun(this.runId);
     this.renderHeader();
 
@@ -79,14 +88,16 @@ class RunPage {
     lastStepRead.catch(() => {}); // awaited below (as the two guards after the fetches)
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
-    // Every request leaves at once; the scale chart (the first thing to read) is drawn as soon
-    // as its series is in, not after the slowest of the seven (the heatmap's); its event
-    // markers follow with the first page of /events (a long run's later pages on request).
-    const scaleP = api.getSeries(this.runId, 'scale', maxPoints);
+    // The scale chart (the first thing to read) is drawn as soon as its series is in. That
+    // series is asked for alone: the server answers the page's requests side by side, and the
+    // six others (the heatmap's, the events page) would slow it down. They leave once it is in,
+    // and the server works on them while the scale chart is drawn; its event markers follow
+    // with the first page of /events (a long run's later pages on request).
+    const scaleSeries = await api.getSeries(this.runId, 'scale', maxPoints);
     const eventsP = api.getEvents(this.runId, { limit: EVENT_PAGE_STEPS });
     eventsP.catch(() => {}); // awaited below
     const restP = Promise.all([
-      api.getLayers(this.runId),
+      layersP,
       api.getLayerStats(this.runId, 'lost_frac'),
       api.getSeries(this.runId, 'loss', maxPoints),
       api.getSeries(this.runId, 'grad_norm', maxPoints),
@@ -94,7 +105,9 @@ class RunPage {
     ]);
     restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
     this.scale = new ScaleChart($('scale-chart'), this.runId);
-    const scaleDrawn = this.scale.init(await scaleP);
+    fitStepMargins((await layersP).map((l) => l.name));
+    await plotlyLoaded();
+    const scaleDrawn = this.scale.init(scaleSeries);
     scaleDrawn.catch(() => {}); // likewise: awaited with the other charts
     const firstPage = await eventsP;
     const events = firstPage.events;
@@ -142,10 +155,17 @@ class RunPage {
     this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
       { layerNames: this.layerNames, targetFormat: this.run.target_format });
     const smoothing = Number($('smoothing').value);
-    await Promise.all([
-      scaleDrawn, this.heatmap.show(stats), this.loss.init(loss, smoothing),
-      this.gradNorm.init(gradNorm, smoothing), this.skipRate.init(skipRate), this.layerLines.init(),
-    ]);
+    // One chart per task, top of the page first: each is shown (and the page answers input)
+    // as soon as it is drawn, rather than all at the end of one long task (~1 s here for a
+    // 500-layer heatmap and four line charts).
+    const drawn = [scaleDrawn];
+    for (const draw of [() => this.loss.init(loss, smoothing),
+      () => this.gradNorm.init(gradNorm, smoothing), () => this.skipRate.init(skipRate),
+      () => this.heatmap.show(stats), () => this.layerLines.init()]) {
+      await nextTask();
+      drawn.push(draw());
+    }
+    await Promise.all(drawn);
     $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
     $('heatmap-empty').hidden = stats.steps.length > 0;
     this.events.addPage(firstPage);
