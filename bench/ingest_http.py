@@ -150,7 +150,16 @@ def run_clients(port: int, bodies: list[list[bytes]], values_per_batch: int,
     return [answer for per_client in answers for answer in per_client]
 
 
-def report(label: str, answers: list[Answer], load_before: float) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(label: str, answers: list[Answer], load_before: float, server_cpu: float) -> float:
     ok = [a for a in answers if a.status == 200]
     bad = sorted({a.status for a in answers if a.status != 200})
     wall = max(a.done for a in answers) - min(a.sent for a in answers)
@@ -160,6 +169,7 @@ def report(label: str, answers: list[Answer], load_before: float) -> float:
     print(f"  {label:<5} {rate:>12,.0f} values/s  {len(ok) / wall:6.1f} req/s  latency ms "
           f"p50 {cut[49]:7.1f} p95 {cut[94]:7.1f} p99 {cut[98]:7.1f} max {latencies[-1]:7.1f}  "
           f"{len(ok)}/{len(answers)} ok{' (other: ' + str(bad) + ')' if bad else ''}  "
+          f"server CPU {server_cpu / len(answers) * 1000:.0f} ms/request  "
           f"load {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
     return rate
 
@@ -168,23 +178,25 @@ def measure(kind: str, args: argparse.Namespace) -> None:
     values_per_batch = args.records * args.layers * VALUES_PER_LAYER
     per_client = max(2, round(args.seconds * args.target / values_per_batch / args.clients))
     with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url, \
-            serve(url, Path(tmp)) as (port, _):
+            serve(url, Path(tmp)) as (port, pid):
         full = [client_bodies(i, per_client, args.records, args.layers)
                 for i in range(args.clients)]
         size = statistics.mean(len(b) for bodies in full for b in bodies)
         print(f"{kind}: {args.clients} clients x {per_client} batches of {args.records} records x "
               f"{args.layers} layers ({values_per_batch:,} values, {size / 2**20:.2f} MiB "
               "of JSON per batch)")
-        load = os.getloadavg()[0]
-        report("full", run_clients(port, full, values_per_batch, None), load)
+        load, cpu = os.getloadavg()[0], cpu_seconds(pid)
+        answers = run_clients(port, full, values_per_batch, None)
+        report("full", answers, load, cpu_seconds(pid) - cpu)
         del full
         interval = args.clients * values_per_batch / args.half_rate
         count = max(2, round(args.seconds / interval))
         half = [client_bodies(i, count, args.records, args.layers,
                               first_seq=per_client * args.records)
                 for i in range(args.clients)]
-        load = os.getloadavg()[0]
-        report("half", run_clients(port, half, values_per_batch, interval), load)
+        load, cpu = os.getloadavg()[0], cpu_seconds(pid)
+        answers = run_clients(port, half, values_per_batch, interval)
+        report("half", answers, load, cpu_seconds(pid) - cpu)
 
 
 def main() -> None:
