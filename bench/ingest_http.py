@@ -24,7 +24,9 @@ first request sent to the last answer. Two phases per database:
     .venv/bin/python bench/ingest_http.py --clients 8 --records 50 --layers 200 --seconds 15
 
 The machine's load average is printed before and after each phase: on a shared machine the
-figures move with it.
+figures move with it. So is the server process's CPU time (user + system, from /proc) per
+request: one process serves, its threads share one GIL, so a server at ~100 % of a core is
+the limit whatever the cores left; that figure moves less with the machine's other work.
 """
 
 from __future__ import annotations
