@@ -8,6 +8,8 @@ non-finite goes through `encode` on the way out (HTTP and WebSocket alike) and t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import cast
 
 NAN = "nan"
 POS_INF = "inf"
@@ -28,6 +30,18 @@ def encode(value: float | None) -> Encoded:
     if math.isnan(value):
         return NAN
     return POS_INF if value > 0 else NEG_INF
+
+
+def encode_rows(rows: Sequence[Sequence[float | None]]) -> list[Sequence[Encoded]]:
+    """`encode` of every value of a matrix (a heatmap's z: 122,500 cells at 1M steps x 500
+    layers), a row at a time: a row whose sum is finite holds no NaN or inf and goes out as it
+    is, in C; only the others are encoded a value at a time."""
+    out: list[Sequence[Encoded]] = []
+    for row in rows:
+        present = row if None not in row else [value for value in row if value is not None]
+        finite = math.isfinite(sum(cast(Sequence[float], present)))
+        out.append(row if finite else [encode(value) for value in row])
+    return out
 
 
 def decode_wire(value: object) -> float | None:

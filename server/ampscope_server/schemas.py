@@ -24,6 +24,10 @@ from ampscope_server.wire import ModuleInfo as ModuleInfo
 from ampscope_server.wire import StepRecord as StepRecord
 
 Tagged = Annotated[float, PlainSerializer(codec.encode, return_type=float | str | None)]
+TaggedRows = Annotated[list[list[float | None]], PlainSerializer(
+    codec.encode_rows, return_type=list[list[float | str | None]])]
+"""A matrix of `Tagged | None`, encoded a row at a time (`codec.encode_rows`) rather than a
+Python call per value."""
 """An output float: finite → number, non-finite → "nan" / "inf" / "-inf"."""
 
 
@@ -330,7 +334,7 @@ class HeatmapRead(BaseModel):
     """`layers` names the layer table (param) or the module table (activation)."""
     layers: list[str]
     steps: list[int]
-    z: list[list[Tagged | None]]
+    z: TaggedRows
     downsampled: bool = False
     rows: list[int] | None = None
     """The table indices of `layers` and of z's rows when the read picked some (`layers=`);

@@ -23,6 +23,22 @@ class TestEncode:
         assert math.copysign(1.0, encoded) == -1.0
 
 
+class TestEncodeRows:
+    def test_every_row_as_encode_gives_it(self) -> None:
+        big = 1.7976931348623157e308
+        rows: list[list[float | None]] = [
+            [1.5, 0.0, -0.0], [None, 2.0, None], [math.nan, 1.0], [None, math.inf, -math.inf],
+            [big, big],  # finite values whose sum overflows: encoded one by one, unchanged
+            [], [None],
+        ]
+        assert codec.encode_rows(rows) == [[codec.encode(v) for v in row] for row in rows]
+        assert codec.encode_rows(rows)[2:4] == [["nan", 1.0], [None, "inf", "-inf"]]
+
+    def test_a_finite_row_goes_out_as_it_is(self) -> None:
+        row: list[float | None] = [0.5, None, 1e-300]
+        assert codec.encode_rows([row])[0] is row
+
+
 class TestDecodeWire:
     @pytest.mark.parametrize(("value", "expected"), [
         (1.5, 1.5), (3, 3.0), (None, None), ("inf", math.inf), ("-inf", -math.inf),
