@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -91,3 +92,30 @@ def test_static_files(api: httpx.Client) -> None:
 
 def test_api_responses_carry_the_headers_too(api: httpx.Client) -> None:
     _assert_secure(api.get("/api/health"))
+
+
+_IMPORT = re.compile(r"""^\s*import\s[^'"]*?from\s+['"]\./([\w.]+)['"]""", re.MULTILINE)
+
+
+def _imports(module: str, found: set[str]) -> set[str]:
+    """Every module `module` imports, directly or not (web/js's relative static imports)."""
+    for name in _IMPORT.findall((web_root() / "js" / module).read_text(encoding="utf-8")):
+        if name not in found:
+            found.add(name)
+            _imports(name, found)
+    return found
+
+
+def test_the_run_page_preloads_exactly_the_modules_its_scripts_import() -> None:
+    """run.html asks for its module graph at once (`modulepreload`) instead of one level of
+    imports per round trip: the list must follow the imports, none missing, none stale."""
+    html = (web_root() / "run.html").read_text(encoding="utf-8")
+    scripts = re.findall(r'<script type="module" src="/static/js/([\w.]+)"', html)
+    preloaded = re.findall(r'<link rel="modulepreload" href="/static/js/([\w.]+)"', html)
+    imported: set[str] = set()
+    for script in scripts:
+        _imports(script, imported)
+    assert scripts == ["run.js", "session.js", "run_admin.js", "run_alerts.js"]
+    assert len(preloaded) == len(set(preloaded))
+    assert set(preloaded) == imported - set(scripts)
+    assert "plot.js" in preloaded and "codec.js" in preloaded  # a direct and a deeper import
