@@ -244,8 +244,8 @@ def _layer_segments(session: Session, run_id: str, where: Sequence[ColumnElement
     # OFFSET 0 keeps the subquery from being flattened: otherwise every get_byte below would cut
     # its own head out of the stored blob instead of reading the one head of the row.
     blobs = select(LayerRollup.level, LayerRollup.bucket, LayerRollup.data,
-                  func.substr(LayerRollup.data, 1, head_size).label("head")
-                  ).where(*where).offset(0).subquery()
+                   func.substr(LayerRollup.data, 1, head_size).label("head")
+                   ).where(*where).offset(0).subquery()
 
     def size(index: int) -> ColumnElement[int]:  # the u32 at apart_size_at, as substr's int
         at = stat_packing.apart_size_at(k, index)

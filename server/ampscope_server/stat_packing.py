@@ -22,6 +22,10 @@ rollup, a tenth of the blob):
     u8 version | u32 n | u8 k | k bytes: kind | k bytes: has-mask flag | k x u32: segment size
     | k segments: zlib( shuffle(n values of 8 bytes) ++ the column's mask when flagged )
 
+The head (everything before the first segment, `apart_head_size`) says where each segment
+lies (its size at `apart_size_at`), so a database can cut one segment out of a stored blob and
+send that alone (`unpack_segment` decodes it with the head).
+
 `shuffle` regroups the 8-byte values byte plane by byte plane (all first bytes, then all second
 bytes, …): sign/exponent bytes and the zero bytes of small ints and of exact zeros then sit next to
 each other, which is what lets zlib shrink them; mantissa noise stays as it is. A mask is n bytes,
