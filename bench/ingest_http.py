@@ -22,6 +22,7 @@ first request sent to the last answer. Two phases per database:
     .venv/bin/python bench/ingest_http.py                          # both dialects
     .venv/bin/python bench/ingest_http.py --db sqlite
     .venv/bin/python bench/ingest_http.py --clients 8 --records 50 --layers 200 --seconds 15
+    .venv/bin/python bench/ingest_http.py --db postgres --workers 2   # a team's deployment
 
 The machine's load average is printed before and after each phase: on a shared machine the
 figures move with it. So is the server process's CPU time (user + system, from /proc) per
@@ -58,12 +59,13 @@ VALUES_PER_LAYER = len(wire.LAYER_STAT_NAMES)
 
 
 @contextmanager
-def serve(url: str, folder: Path) -> Iterator[tuple[int, int]]:
-    """(port, pid) of a real `ampscope serve` over `url`."""
+def serve(url: str, folder: Path, workers: int = 1) -> Iterator[tuple[int, int]]:
+    """(port, pid) of a real `ampscope serve` over `url` (`--workers` processes: Postgres)."""
     subprocess.run([*CLI, "db", "upgrade", "--db", url], check=True, capture_output=True)
     port = free_port()
     with open(folder / "server.log", "ab") as log:
         proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--db", url,
+                                 *(["--workers", str(workers)] if workers > 1 else []),
                                  "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_healthy(f"http://127.0.0.1:{port}")
@@ -153,12 +155,23 @@ def run_clients(port: int, bodies: list[list[bytes]], values_per_batch: int,
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
+    """User + system CPU time so far of a process and its descendants (uvicorn's workers):
+    Linux /proc; NaN elsewhere."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stats[int(entry.parent.name)] = entry.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+    if pid not in stats:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, grew = {pid}, True
+    while grew:
+        more = {child for child, fields in stats.items() if int(fields[1]) in tree} - tree
+        tree |= more
+        grew = bool(more)
+    ticks = sum(int(stats[p][11]) + int(stats[p][12]) for p in tree)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def report(label: str, answers: list[Answer], load_before: float, server_cpu: float) -> float:
@@ -180,7 +193,7 @@ def measure(kind: str, args: argparse.Namespace) -> None:
     values_per_batch = args.records * args.layers * VALUES_PER_LAYER
     per_client = max(2, round(args.seconds * args.target / values_per_batch / args.clients))
     with tempfile.TemporaryDirectory() as tmp, database(kind, Path(tmp)) as url, \
-            serve(url, Path(tmp)) as (port, pid):
+            serve(url, Path(tmp), args.workers) as (port, pid):
         full = [client_bodies(i, per_client, args.records, args.layers)
                 for i in range(args.clients)]
         size = statistics.mean(len(b) for bodies in full for b in bodies)
@@ -212,6 +225,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=1_000_000,
                         help="values/s the full phase's batch count is sized for")
     parser.add_argument("--half-rate", type=float, default=500_000)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="server processes (`ampscope serve --workers`; Postgres only)")
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs, shared)")
