@@ -292,7 +292,9 @@ PAINT_MARK = """
     observer.disconnect();
     // The frame after the chart's SVG went in: a task queued from requestAnimationFrame runs
     // once that frame is painted.
-    requestAnimationFrame(() => setTimeout(() => { window.__firstChartPainted = performance.now(); }));
+    requestAnimationFrame(() => setTimeout(() => {
+      window.__firstChartPainted = performance.now();
+    }));
   }).observe(document, { childList: true, subtree: true });
 """
 """Marks, in the page, when the first chart was painted (ms from the navigation's start)."""

@@ -102,9 +102,9 @@ def test_a_row_of_the_first_version_is_read_whole(
 ) -> None:
     """A blob written before revision 0015 (version 1, no segments) still reads right."""
     with sessions() as session, session.begin():
-        blob = session.scalar(select(LayerRollup.data).where(
+        blob = session.scalars(select(LayerRollup.data).where(
             LayerRollup.run_key == run_key(run_id), LayerRollup.level == 8,
-            LayerRollup.bucket == 1))
+            LayerRollup.bucket == 1)).one()
         arrays = rollups.unpack_layers(blob)
         first = stat_packing.pack([arrays[name] for name in rollups.ROLLUP_STATS],
                                   "".join("q" if name in rollups.INT_STATS else "d"
