@@ -161,17 +161,21 @@ def test_truncated_spool_tail_after_a_kill_then_sync_twice(
     t.close(5.0)
     [path] = spool_files(spool)
     frames = [f for f in scan(path) if isinstance(f, Frame)]
-    assert len(frames) == 5  # 4 full frames + the empty final one
-    last_records = frames[-2]
-    os.truncate(path, last_records.end - 7)  # killed in the middle of writing frame 4
+    counts = [len(json.loads(f.body)["records"]) for f in frames]
+    # Frames of at most 25 records (four full ones, or more when a loaded machine let the flush
+    # interval pass mid-batch: CI saw six frames once), then the empty final one.
+    assert sum(counts) == 100 and max(counts) <= 25 and counts[-1] == 0 and len(counts) >= 5
+    kept = 100 - counts[-2]  # the records before the frame the kill cuts
+    os.truncate(path, frames[-2].end - 7)  # killed in the middle of writing the last records
     sqlite_server.start()
     cmd = [sys.executable, "-m", "ampscope_server.cli", "sync", str(spool),
            "--server", sqlite_server.url]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
-    assert "75 records accepted, 0 duplicates" in first.stdout and "truncated" in first.stdout
-    assert stored_seqs(sqlite_server.url, run_id) == list(range(75))
+    assert f"{kept} records accepted, 0 duplicates" in first.stdout
+    assert "truncated" in first.stdout
+    assert stored_seqs(sqlite_server.url, run_id) == list(range(kept))
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert "0 records accepted, 75 duplicates" in second.stdout
-    assert stored_seqs(sqlite_server.url, run_id) == list(range(75))
+    assert f"0 records accepted, {kept} duplicates" in second.stdout
+    assert stored_seqs(sqlite_server.url, run_id) == list(range(kept))
 
