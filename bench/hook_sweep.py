@@ -4,8 +4,8 @@ model than one read of its gradients.
 Models: one family, ``Linear(32, d)``, a 2-layer ``nn.TransformerEncoder`` (d, 4 heads, ff 4d)
 and a token-wise 4-layer MLP ``width`` wide, 34 parameter tensors; AdamW, ``GradScaler`` on,
 **FP32 forward** (this CPU has no fast fp16/bf16 GEMM, so an autocast step would be made of the
-slow fallback and hide the hook), batch 4 x 32 tokens. ``4M`` is the shape #12 measured
-(d=256, 4 x 1024 MLP: 3.96 M parameters).
+slow fallback and hide the hook), batch 4 x 32 tokens by default (``--batch``, ``--tokens``).
+``4M`` is the shape #12 measured (d=256, 4 x 1024 MLP: 3.96 M parameters).
 
 Configurations, each its own model copy, monitor and scaler, kept across its segments:
 
@@ -40,10 +40,15 @@ same interleaved run are comparable.
 CUDA (``--device cuda``): the same sweep with the hook's own training-thread code (capture,
 record build, scaler reads) run under ``torch.cuda.set_sync_debug_mode("error")``: a sync there
 raises inside the hook, which counts it as an internal error; the bench prints that count (must be
-0). The whole step cannot run under "error": ``GradScaler.step`` itself reads ``found_inf``.
+0; after 3 the hook disables itself, and its timings are then of no hook). The whole step cannot
+run under "error": ``GradScaler.step`` itself reads ``found_inf``. The mode is process-wide, so a
+fused configuration is checked only once its kernel has compiled: the background compile
+(inductor's first run benchmarks its kernels: syncs, off the training thread) would fail under it.
+``every_eager`` is checked from its first step, which builds the eager plan's constants.
 
 Usage: ``python bench/hook_sweep.py [--sizes 0.25M,1M,4M,10M] [--rounds 5] [--steps 20]
-[--device cpu|cuda]``, or ``python bench/hook_overhead.py --sweep`` with the same options.
+[--device cpu|cuda] [--batch 4] [--tokens 32]``, or ``python bench/hook_overhead.py --sweep``
+with the same options.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ SHAPES: dict[str, tuple[int, int]] = {
     "4M": (256, 1024),
     "10M": (384, 1700),
 }
-D_IN, CLASSES, BATCH, TOKENS = 32, 10, 4, 32
+D_IN, CLASSES = 32, 10
 COMPILE_TIMEOUT_S = 900.0
 
 
@@ -128,11 +133,17 @@ def make_live(shape: tuple[int, int], device: torch.device, layer_every: int | N
     if layer_every is not None:
         mon = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
                              fused=fused)
-        if device.type == "cuda":
-            for name in ("_capture", "_after_update", "_on_scale"):
-                setattr(mon, name, strict_sync(getattr(mon, name)))
-            mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
     return Live(model, opt, scaler, mon)
+
+
+def check_syncs(live: Live) -> None:
+    """From now on, the hook's training-thread code of ``live`` runs under "error" (CUDA)."""
+    mon = live.mon
+    if mon is None or next(live.model.parameters()).device.type != "cuda":
+        return
+    for name in ("_capture", "_after_update", "_on_scale"):
+        setattr(mon, name, strict_sync(getattr(mon, name)))
+    mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
 
 
 def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int,
@@ -193,23 +204,28 @@ CONFIGS: list[tuple[str, int | None, bool | None]] = [
 def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> None:
     shape = SHAPES[name]
     torch.manual_seed(1)
-    x = torch.randn(BATCH, TOKENS, D_IN, device=device)
-    y = torch.randint(0, CLASSES, (BATCH,), device=device)
+    x = torch.randn(args.batch, args.tokens, D_IN, device=device)
+    y = torch.randint(0, CLASSES, (args.batch,), device=device)
     load_before = load()
     baseline = make_live(shape, device, None, None)
     lives = {c: make_live(shape, device, every, fused) for c, every, fused in CONFIGS}
+    check_syncs(lives["every_eager"])  # no compile thread: checked from its first step
     params = [p for p in baseline.model.parameters() if p.requires_grad]
     numel = sum(p.numel() for p in params)
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
 
     # Untimed warm-up; the monitors' first per-layer step starts the fused compile.
     start = time.perf_counter()
-    for live in [baseline, *lives.values()]:
+    # every_eager first: its first steps (checked for syncs) run before any compile thread exists.
+    for live in [lives["every_eager"], baseline, lives["control"], lives["default"],
+                 lives["every"]]:
         run_segment(live, x, y, args.warmup)
     compiles: dict[str, list[tuple[Any, float | None, str | None]]] = {}
     for c, live in lives.items():
         if live.mon is not None:
             compiles[c] = live.mon._stats.compiles(COMPILE_TIMEOUT_S)
+    check_syncs(lives["default"])  # compiled (or failed): checked from here on
+    check_syncs(lives["every"])
     for live in [baseline, *lives.values()]:  # steady state again after the compile's load
         run_segment(live, x, y, args.warmup)
     warm_s = time.perf_counter() - start
@@ -265,8 +281,9 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     base = statistics.median(base_times)
 
     print(f"\n== {name}: d={shape[0]}, MLP width {shape[1]}; {len(params)} tensors, {numel:,} "
-          f"parameters, {grad_bytes / 2**20:.1f} MiB of gradients; {device.type}, fp32 forward, "
-          f"GradScaler on; torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"parameters, {grad_bytes / 2**20:.1f} MiB of gradients; batch {args.batch} x "
+          f"{args.tokens} tokens; {device.type}, fp32 forward, GradScaler on; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"   {load_before} before, {load()} after; {args.rounds} rounds x {args.steps} steps "
           f"per segment, {elapsed:.0f} s timed, {warm_s:.0f} s warm-up")
     for c, states in compiles.items():
@@ -313,6 +330,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per segment")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--tokens", type=int, default=32,
+                        help="tokens per sequence (on a GPU, 4 x 32 is launch-bound: the step is "
+                        "the host's kernel launches, so a larger batch shows a GPU-bound step)")
 
 
 def run(args: argparse.Namespace) -> None:

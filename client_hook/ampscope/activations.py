@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.reductions import STAT_NAMES, GradStats
 
@@ -197,8 +198,7 @@ class ActivationProbe:
         if not results:
             return None
         f64 = torch.float64
-        zero_grad = torch.tensor([0.0, math.nan, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=f64,
-                                 device=device)
+        zero_grad = device_tensor([0.0, math.nan, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], f64, device)
         cols = [results[i].to(device) if i in results else zero_grad
                 for i in range(len(self._modules))]
         block = torch.stack(cols, dim=1)  # (8, M)

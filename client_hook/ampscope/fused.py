@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
@@ -167,8 +168,8 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
     start = time.perf_counter()
     try:
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
-        bits = torch.tensor([under, normal], dtype=torch.int32, device=key.device)
-        hist = torch.tensor([1, 0], dtype=torch.int32, device=key.device)
+        bits = device_tensor([under, normal], torch.int32, key.device)
+        hist = device_tensor([1, 0], torch.int32, key.device)
         attempts = compile_options(key.device)
         for k, options in enumerate(attempts):
             try:
@@ -291,11 +292,10 @@ class FusedPartials:
         if consts is None:
             fmt = self.fmt
             consts = self._thresholds[key.device] = (
-                torch.tensor([fmt.underflow_threshold, fmt.min_normal], dtype=torch.float64,
-                             device=key.device),
-                torch.tensor([float32_bits(fmt.underflow_threshold),
-                              float32_bits(fmt.min_normal)], dtype=torch.int32,
-                             device=key.device))
+                device_tensor([fmt.underflow_threshold, fmt.min_normal], torch.float64,
+                              key.device),
+                device_tensor([float32_bits(fmt.underflow_threshold),
+                               float32_bits(fmt.min_normal)], torch.int32, key.device))
         # Only the unscaled layers read these (the scaled ones' are constants of the kernel).
         bits = consts[1] if all(key.scaled) else threshold_bits(consts[0], scale)
         hist = scale_bits(scale) if histogram else consts[1]  # unread without the histogram

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ampscope.devices import device_tensor
+
 __all__ = ["GROUP_ELEMS", "MAX_EXP", "MIN_EXP", "NUM_BINS", "exponent_histogram", "scale_bits",
            "tensor_histogram"]
 
@@ -64,8 +66,8 @@ def _offsets(device: torch.device, group: list[int], sizes: list[int], bins: int
     if base is None:
         if len(_LAYOUTS) >= _MAX_LAYOUTS:
             _LAYOUTS.clear()
-        layer = torch.tensor(group, dtype=torch.int64, device=device).mul_(bins)
-        counts = torch.tensor(sizes, dtype=torch.int64, device=device)
+        layer = device_tensor(group, torch.int64, device).mul_(bins)
+        counts = device_tensor(sizes, torch.int64, device)
         base = _LAYOUTS[key] = torch.repeat_interleave(layer, counts, output_size=sum(sizes))
     return base
 
@@ -179,8 +181,8 @@ def exponent_histogram(
         elif not any(flags[i] for i in group):
             m_s, e_s = one_m, one_e
         else:
-            counts_t = torch.tensor(sizes, dtype=torch.int64, device=device)
-            sel = torch.tensor([flags[i] for i in group], dtype=torch.bool, device=device)
+            counts_t = device_tensor(sizes, torch.int64, device)
+            sel = device_tensor([flags[i] for i in group], torch.bool, device)
             sel = torch.repeat_interleave(sel, counts_t, output_size=n)
             m_s, e_s = torch.where(sel, ms, one_m), torch.where(sel, es, one_e)
         mant, exp = torch.frexp(a)

@@ -62,6 +62,7 @@ import torch
 from ampscope import wire
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import StepCycle
+from ampscope.devices import to_device
 from ampscope.formats import TargetFormat
 from ampscope.misuse import ClipHeuristic, MisuseTracker
 from ampscope.order import BackwardOrder
@@ -528,7 +529,9 @@ class Monitor:
         lr = groups[0]["lr"]
         if isinstance(lr, torch.Tensor):
             # A copy: a scheduler writes a tensor lr in place, and a CPU record reads it later.
-            return lr.detach().to(device=device, dtype=torch.float64, copy=True).reshape(())
+            # A CPU lr reaches a CUDA record through pinned memory (no host sync).
+            lr64 = lr.detach().to(dtype=torch.float64, copy=True).reshape(())
+            return lr64 if lr64.device == device else to_device(lr64, device)
         key = (float(lr), device)
         if self._lr_cache is None or self._lr_cache[0] != key:  # a schedule changes it rarely
             self._lr_cache = (key, torch.full((), key[0], dtype=torch.float64, device=device))

@@ -43,6 +43,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ampscope.devices import device_tensor
+
 __all__ = [
     "AMAX",
     "AMIN",
@@ -139,8 +141,7 @@ def tensor_partials(
 
 def absent(numel: int, device: torch.device) -> torch.Tensor:
     """The partials of a layer whose gradient is ``None`` (PyTorch: all zeros) or empty."""
-    return torch.tensor([numel, 0, 0, numel, numel, 0, 0, math.inf], dtype=torch.float64,
-                        device=device)
+    return device_tensor([numel, 0, 0, numel, numel, 0, 0, math.inf], torch.float64, device)
 
 
 def merge(parts: torch.Tensor) -> torch.Tensor:

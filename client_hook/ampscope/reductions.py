@@ -41,6 +41,7 @@ from typing import cast
 
 import torch
 
+from ampscope.devices import device_tensor, to_device
 from ampscope.formats import TargetFormat
 from ampscope.fused import FusedPartials, LayoutState
 from ampscope.histogram import exponent_histogram
@@ -168,7 +169,6 @@ def _build_plan(
     max_elems = max((g.rows for g in groups), default=0) * CHUNK
     some_unscaled = any(unscaled_rows)
     all_unscaled = some_unscaled and all(unscaled_rows)
-    f64 = {"dtype": torch.float64, "device": device}
     buf = torch.zeros(max_elems, dtype=torch.float32, device=device)
     views: list[torch.Tensor] | None = None
     dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
@@ -182,12 +182,12 @@ def _build_plan(
     return _Plan(
         device=device,
         groups=groups,
-        chunk_layer=torch.tensor(chunk_layer, dtype=torch.int64, device=device),
-        numel=torch.tensor(numel, **f64),  # type: ignore[arg-type]
+        chunk_layer=device_tensor(chunk_layer, torch.int64, device),
+        numel=device_tensor(numel, torch.float64, device),
         adjust=_count_adjust(zero_adjust, device),
-        scaled=torch.tensor(list(scaled), dtype=torch.bool, device=device),
+        scaled=device_tensor(list(scaled), torch.bool, device),
         unscaled_rows=(
-            torch.tensor(unscaled_rows, dtype=torch.bool, device=device).unsqueeze(1)
+            device_tensor(unscaled_rows, torch.bool, device).unsqueeze(1)
             if some_unscaled and not all_unscaled
             else None
         ),
@@ -199,8 +199,8 @@ def _build_plan(
         flags=list(scaled),
         views=views,
         all_present=len(present) == len(grads),
-        thresholds=torch.tensor([fmt.underflow_threshold, fmt.min_normal], dtype=torch.float64,
-                                device=device),
+        thresholds=device_tensor([fmt.underflow_threshold, fmt.min_normal], torch.float64,
+                                 device),
     )
 
 
@@ -209,7 +209,7 @@ def _count_adjust(zero_adjust: list[float], device: torch.device) -> torch.Tenso
     column = torch.tensor(zero_adjust, dtype=torch.float64)
     for k in (_ZERO, _LT_UNDER, _LT_NORMAL):
         adjust[:, k] = column
-    return adjust.to(device)
+    return to_device(adjust, device)
 
 
 def _flat(g: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -367,11 +367,11 @@ class GradStats:
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         table, _ = self.partials(grads, scale, flags)
         device = table.device
-        numel = torch.tensor([self._numel(i, g) for i, g in enumerate(grads)],
-                             dtype=torch.float64, device=device)
+        numel = device_tensor([self._numel(i, g) for i, g in enumerate(grads)], torch.float64,
+                              device)
         s = _scale_tensor(scale, device)
         one = torch.ones((), dtype=torch.float64, device=device)
-        to_true = torch.where(torch.tensor(flags, dtype=torch.bool, device=device),
+        to_true = torch.where(device_tensor(flags, torch.bool, device),
                               s.reciprocal(), one)
         return finalize(table, numel, to_true)
 
@@ -581,7 +581,7 @@ class GradStats:
             return torch.zeros(1, dtype=torch.float64, device=device)
         v = raw.to(torch.float64)
         s = _scale_tensor(scale, v.device)
-        v = v * torch.where(torch.tensor(flags, dtype=torch.bool, device=v.device),
+        v = v * torch.where(device_tensor(flags, torch.bool, v.device),
                             s.reciprocal(), torch.ones((), dtype=torch.float64, device=v.device))
         # A plain sum of squares, not vector_norm: NaN, not inf, when a NaN and an inf layer meet.
         return torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,6 +14,11 @@ from ampscope.formats import FORMATS, TargetFormat
 from ampscope.reductions import STAT_NAMES
 
 FP16 = FORMATS["fp16"]
+
+DEVICE = torch.device(os.environ.get("AMPSCOPE_TEST_DEVICE", "cpu"))
+"""Where the fused-kernel tests put their gradients: the CPU here and in CI (inductor's C++);
+``AMPSCOPE_TEST_DEVICE=cuda`` on a GPU machine runs the same tests on the Triton kernel
+(``docs/hook-cost.md`` has the command)."""
 
 
 def reference(
@@ -27,7 +33,7 @@ def reference(
     any_nan = any_inf = False
     total = 0.0
     for raw, numel, is_scaled in zip(raws, numels, scaled, strict=True):
-        r = np.zeros(numel) if raw is None else raw.detach().double().numpy().ravel()
+        r = np.zeros(numel) if raw is None else raw.detach().cpu().double().numpy().ravel()
         g = r / scale if is_scaled else r  # true units
         gs = r if is_scaled else r * scale  # as the target format would hold it
         a, finite = np.abs(g), np.isfinite(g)
@@ -73,7 +79,7 @@ def edge_tensor(scale: float, dtype: torch.dtype, scaled: bool, n: int = 3000) -
 
 def partials_reference(raw: torch.Tensor, mult: float, fmt: TargetFormat) -> list[float]:
     """``partials.COLUMNS`` of one tensor in float64 NumPy, the classes judged on |raw·mult|."""
-    r = raw.detach().double().numpy().ravel()
+    r = raw.detach().cpu().double().numpy().ravel()
     a = np.abs(r)
     finite = np.isfinite(r)
     fin = a[finite]

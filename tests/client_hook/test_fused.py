@@ -22,7 +22,7 @@ from ampscope.fused import FusedPartials, LayoutState, layout_key
 from ampscope.histogram import exponent_histogram, tensor_histogram
 from ampscope.partials import COLUMNS, NUM_COLUMNS
 from ampscope.reductions import STAT_NAMES, GradStats, unpack
-from tests.client_hook.reference import FP16, edge_tensor, reference
+from tests.client_hook.reference import DEVICE, FP16, edge_tensor, reference
 from tests.client_hook.test_histogram import exact_reference
 
 # Inductor imports a module that calls torch's own deprecated API; under ``filterwarnings=error``
@@ -59,7 +59,7 @@ def make_grads(scale: float, seed: int = 0) -> list[torch.Tensor]:
             g = edge_tensor(scale, dtype, scaled, n + seed)[:n].view(shape)
         if i in (1, 4) and n > 3:
             g.view(-1)[:3] = torch.tensor([math.nan, math.inf, -math.inf], dtype=dtype)
-        grads.append(g)
+        grads.append(g.to(DEVICE))
     return grads
 
 
@@ -102,7 +102,7 @@ class TestAgainstEagerAndNumpy:
     @pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**10, 2.0**16, 2.0**24, 0.5])
     def test_edge_values(self, compiled: GradStats, scale: float) -> None:
         grads = make_grads(scale)
-        got = compiled.layer_stats(grads, torch.tensor(scale), FLAGS)
+        got = compiled.layer_stats(grads, torch.tensor(scale, device=DEVICE), FLAGS)
         assert compiled.last_path == "fused"
         compare(got, GradStats(FP16, fused=False).layer_stats(grads, scale, FLAGS), grads, scale)
         _, stats = unpack(got.tolist(), len(grads))
@@ -117,7 +117,7 @@ class TestAgainstEagerAndNumpy:
         grads[3].fill_(65504.0)
         grads[6].fill_(3e38)  # squares overflow float32; float64 holds them
         grads[7].fill_(-2.0**-149)  # float32's smallest subnormal
-        got = compiled.layer_stats(grads, torch.tensor(2.0**16), FLAGS)
+        got = compiled.layer_stats(grads, torch.tensor(2.0**16, device=DEVICE), FLAGS)
         assert compiled.last_path == "fused"
         want = GradStats(FP16, fused=False).layer_stats(grads, 2.0**16, FLAGS)
         compare(got, want, grads, 2.0**16)
@@ -133,7 +133,7 @@ class TestAgainstEagerAndNumpy:
 
     def test_no_host_sync(self, compiled: GradStats, monkeypatch: pytest.MonkeyPatch) -> None:
         grads = make_grads(8.0)
-        scale = torch.tensor(8.0)
+        scale = torch.tensor(8.0, device=DEVICE)
         compiled.layer_stats(grads, scale, FLAGS)
 
         def boom(*args: object) -> Iterator[None]:
@@ -166,15 +166,16 @@ class TestHistogramInTheFusedRead:
         tiny = torch.finfo(torch.float32).tiny
         grads[0][:6] = torch.tensor([tiny / 8, 2.0**-149, -tiny, 0.0, 2.0**-40 * scale,
                                      math.nextafter(2.0**21 * scale, 0.0)])
-        table, counts = compiled_histogram.partials(grads, torch.tensor(scale), FLAGS,
-                                                    histogram=True)
+        at = torch.tensor(scale, device=DEVICE)
+        table, counts = compiled_histogram.partials(grads, at, FLAGS, histogram=True)
         assert compiled_histogram.last_path == "fused" and counts is not None
         want = exponent_histogram(grads, scale, FLAGS)
         assert counts.dtype == torch.float64 and counts.tolist() == want.tolist()
         for g, row, scaled in zip(grads, counts.tolist(), FLAGS, strict=True):
-            assert row == exact_reference(g.float().reshape(-1).numpy(), scale if scaled else 1.0)
+            values = g.float().reshape(-1).cpu().numpy()
+            assert row == exact_reference(values, scale if scaled else 1.0)
         # The partials of the same read are those of the kernel without the histogram.
-        alone, none = compiled_histogram.partials(grads, torch.tensor(scale), FLAGS)
+        alone, none = compiled_histogram.partials(grads, at, FLAGS)
         assert none is None and compiled_histogram.last_path == "fused"
         assert_stats_equal(table.reshape(-1).tolist(), alone.reshape(-1).tolist(), 0.0)
 
@@ -187,7 +188,8 @@ class TestHistogramInTheFusedRead:
         monkeypatch.setattr(reductions_module, "exponent_histogram", extra_pass)
         monkeypatch.setattr(GradStats, "_eager_partials", extra_pass)
         grads = make_grads(8.0)
-        _, counts = compiled_histogram.partials(grads, torch.tensor(8.0), FLAGS, histogram=True)
+        at = torch.tensor(8.0, device=DEVICE)
+        _, counts = compiled_histogram.partials(grads, at, FLAGS, histogram=True)
         assert compiled_histogram.last_path == "fused" and counts is not None
 
 
@@ -195,14 +197,15 @@ class TestLargeOffsets:
     def test_counts_past_2_31_elements(self) -> None:
         """2^31 + 8 elements without the memory: a stride-0 view of 8 values, repeated. Counts
         run in int64 there, and every partial is known by construction."""
-        base = torch.tensor([0.0, 1.0, -2.0**-20, 2.0**-26, math.nan, math.inf, -3.0, 2.0**-140])
+        base = torch.tensor([0.0, 1.0, -2.0**-20, 2.0**-26, math.nan, math.inf, -3.0, 2.0**-140],
+                            device=DEVICE)
         reps = 2**28 + 1
         big = base.as_strided((reps, 8), (0, 1))
         assert big.numel() == 2**31 + 8
         fused = FusedPartials(FP16)
-        grads = [big, torch.ones(3)]
+        grads = [big, torch.ones(3, device=DEVICE)]
         assert fused.wait(grads, [True, True], COMPILE_TIMEOUT) is LayoutState.READY
-        got = fused(grads, [True, True], torch.tensor(1.0, dtype=torch.float64))
+        got = fused(grads, [True, True], torch.tensor(1.0, dtype=torch.float64, device=DEVICE))
         assert got is not None
         want = [reps, reps, reps, 3 * reps, 4 * reps, reps * (1 + 2.0**-40 + 2.0**-52 + 9),
                 3.0, 2.0**-140]
