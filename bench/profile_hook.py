@@ -19,10 +19,13 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
    though the first code after backward pays some warm-up the scaler would otherwise pay.
 
-Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,sender,inloop,launches]
-[--size 4M]``; with ``--size`` (a shape of ``hook_sweep.py``: 0.25M, 1M, 4M, 10M) the model and
-loop are the sweep's (FP32 forward, ``GradScaler`` on, batch 4 x 32 tokens) instead of the
-fp16-autocast reference.
+6. ``kernels`` (CUDA): the kernels and copies the hook adds to a step, and their GPU time
+   (``torch.profiler``).
+
+Usage: ``python bench/profile_hook.py [--only parts,ops,cprofile,sender,inloop,launches,kernels]
+[--size 4M] [--device cpu|cuda]``; with ``--size`` (a shape of ``hook_sweep.py``: 0.25M, 1M, 4M,
+10M) the model and loop are the sweep's (FP32 forward, ``GradScaler`` on, batch 4 x 32 tokens)
+instead of the fp16-autocast reference.
 """
 
 from __future__ import annotations
@@ -60,20 +63,23 @@ def med_us(fn: Callable[[], Any], reps: int) -> float:
 
 
 AUTOCAST = True  # False with --size: the sweep's FP32 forward
+DEVICE = torch.device("cpu")  # --device
 
 
 def setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
                                              torch.Tensor, torch.Tensor]:
     model = sweep_model(*SHAPES[args.size]) if args.size else make_model(args.d, args.blocks)
+    model = model.to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch.manual_seed(1)
-    return model, opt, torch.randn(args.batch, args.seq, 32), torch.randint(0, 10, (args.batch,))
+    return (model, opt, torch.randn(args.batch, args.seq, 32, device=DEVICE),
+            torch.randint(0, 10, (args.batch,), device=DEVICE))
 
 
 def step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
          x: torch.Tensor, y: torch.Tensor, finish: bool = True) -> None:
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.float16, enabled=AUTOCAST):
+    with torch.autocast(DEVICE.type, dtype=torch.float16, enabled=AUTOCAST):
         out = model(x).float().mean(1)
     loss = nn.functional.cross_entropy(out, y)
     scaler.scale(loss).backward()
@@ -90,7 +96,7 @@ def step_update(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> Non
 def parts(args: argparse.Namespace) -> None:
     """Each piece timed alone. Reaches into the Monitor's private parts: keep in step with it."""
     model, opt, x, y = setup(args)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
     mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1,
                               activation_every=0, histogram_every=0)
     for _ in range(3):
@@ -150,7 +156,7 @@ def parts(args: argparse.Namespace) -> None:
     rows.append(("sender thread: encode 1 norms-only record",
                  med_us(lambda: mon._encode([ws], False, False), r)))
     mon.close()
-    scaler2 = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler2 = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
     for _ in range(3):
         step(model, opt, scaler2, x, y)
     step(model, opt, scaler2, x, y, finish=False)
@@ -164,7 +170,7 @@ def parts(args: argparse.Namespace) -> None:
 
 def ops(args: argparse.Namespace) -> None:
     model, opt, x, y = setup(args)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
     mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=1)
     step(model, opt, scaler, x, y, finish=False)
     grads = [p.grad for p in mon._params]
@@ -193,9 +199,9 @@ def ops(args: argparse.Namespace) -> None:
 
 
 def cprofile(args: argparse.Namespace) -> None:
-    for layer_every in (1, 10):
+    for layer_every in (0, 1, 10):
         model, opt, x, y = setup(args)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
         mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
                                   layer_every=layer_every)
         for _ in range(5):
@@ -210,19 +216,27 @@ def cprofile(args: argparse.Namespace) -> None:
         st = pstats.Stats(prof, stream=buf)
         print(f"cprofile: layer_every={layer_every}, {args.steps} steps, ms per step "
               f"(training thread only; cumulative)")
-        entries = []
-        for (filename, _, func), (_, _, _, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+        entries, calls = [], []
+        for (filename, _, func), (_, _, _, ct, callers) in st.stats.items():  # type: ignore[attr-defined]
             if "ampscope" in filename:
                 entries.append((ct, f"{filename.rsplit('/', 1)[-1]}:{func}"))
+                continue
+            # What the hook's own code calls outside it (torch, the stdlib): time from those calls.
+            from_hook = sum(v[3] for k, v in callers.items() if "ampscope" in k[0])
+            if from_hook:
+                calls.append((from_hook, f"{filename.rsplit('/', 1)[-1]}:{func}"))
         for ct, name in sorted(entries, reverse=True)[:16]:
             print(f"  {name:<48} {ct / args.steps * 1e3:7.3f} ms")
+        print("  called from the hook's code:")
+        for ct, name in sorted(calls, reverse=True)[:12]:
+            print(f"    {name[-60:]:<60} {ct / args.steps * 1e3:7.3f} ms")
 
 
 def inloop(args: argparse.Namespace) -> None:
     x, y = setup(args)[2:]
     for layer_every in (0, 10, 1):
         model, opt, _, _ = setup(args)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
         mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
                                   layer_every=layer_every, activation_every=0, histogram_every=0)
         outer: dict[str, int] = dict.fromkeys(("scale", "unscale_", "step", "update"), 0)
@@ -272,7 +286,7 @@ def sender(args: argparse.Namespace) -> None:
     x, y = setup(args)[2:]
     for layer_every in (0, 1):
         model, opt, _, _ = setup(args)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
         mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(),
                                   layer_every=layer_every, activation_every=0,
                                   histogram_every=0, fused=False)
@@ -306,7 +320,7 @@ def launches(args: argparse.Namespace) -> None:
 
     def ops_per_step(layer_every: int | None) -> int:
         model, opt, _, _ = setup(args)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
         mon = None if layer_every is None else ampscope.watch(
             model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
             activation_every=0, histogram_every=0, fused=False)
@@ -326,6 +340,44 @@ def launches(args: argparse.Namespace) -> None:
               f"thread: {ops_per_step(layer_every) - base} (a step without the hook: {base})")
 
 
+def kernels(args: argparse.Namespace) -> None:
+    """CUDA: the kernels (and copies) a step runs and their GPU time, without and with the hook
+    at each cadence (``torch.profiler``, 20 steady-state steps each)."""
+    from torch._C._autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if DEVICE.type != "cuda":
+        print("kernels: CUDA only (--device cuda)")
+        return
+    x, y = setup(args)[2:]
+    base: tuple[float, float] | None = None
+    for layer_every in (None, 0, 10, 1):
+        model, opt, _, _ = setup(args)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**10)
+        mon = None if layer_every is None else ampscope.watch(
+            model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
+            activation_every=0, histogram_every=0)
+        for _ in range(5):
+            step(model, opt, scaler, x, y)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                step(model, opt, scaler, x, y)
+            torch.cuda.synchronize()
+        device_events = [e for e in prof.events()
+                         if e.device_type == DeviceType.CUDA]
+        n = len(device_events) / 20
+        gpu_us = sum(e.time_range.elapsed_us() for e in device_events) / 20
+        if mon is not None:
+            mon.close()
+        if base is None:
+            base = (n, gpu_us)
+            print(f"kernels: no hook, per step: {n:.1f} kernels and copies, {gpu_us:.1f} us GPU")
+            continue
+        print(f"kernels: layer_every={layer_every}, added per step: {n - base[0]:.1f} kernels "
+              f"and copies, {gpu_us - base[1]:.1f} us GPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="parts,ops,cprofile,sender,inloop,launches")
@@ -335,16 +387,19 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--size", default=None, choices=list(SHAPES),
                         help="the sweep's model and FP32 loop (batch 4 x 32 tokens)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.size:
         global AUTOCAST
         AUTOCAST = False
         args.batch, args.seq = 4, 32
     for name in args.only.split(","):
         {"parts": parts, "ops": ops, "cprofile": cprofile, "sender": sender, "inloop": inloop,
-         "launches": launches}[name](args)
+         "launches": launches, "kernels": kernels}[name](args)
 
 
 if __name__ == "__main__":

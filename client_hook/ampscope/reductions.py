@@ -77,7 +77,12 @@ faster one on the 34-tensor bench layouts measured in session 6 (thread CPU, med
 minima, one process, load 5-7): 1.07 against 1.61 ms eager at 252,874 elements (the 0.25 M
 model), 0.38 against 0.46 ms at 65,002. Below 2^17 a whole per-layer read costs well under a
 millisecond while a compile takes the GIL and a core from training for seconds to minutes (a
-cold 65k layout: 243 s at load 6): those stay eager."""
+cold 65k layout: 243 s at load 6): those stay eager.
+
+On CUDA the auto mode never takes the kernel: there inductor's Triton code is one launch per
+reduction per gradient from a Python wrapper, and on an H200 (torch 2.11, the sweep's 34-tensor
+models, ``bench/gpu_check.sh``) it took 1.8-2.4 ms against the eager path's 0.41-0.65 ms from
+0.25 M to 10 M parameters. ``fused=True`` still asks for it."""
 
 # Partial columns (``partials.COLUMNS``): counts and sums first (folded with index_add_), then
 # amax, amin.
@@ -309,7 +314,7 @@ class GradStats:
         """``numels[i]`` is layer i's parameter size, used when its gradient is ``None``.
 
         ``fused``: take the compiled kernel when it is ready (``fused.py``); None (auto) does for
-        layouts of at least ``FUSE_MIN_ELEMS`` elements, False never compiles anything.
+        CPU layouts of at least ``FUSE_MIN_ELEMS`` elements, False never compiles anything.
 
         ``exact_norms``: ``grad_norms`` accumulates in float64 on every path (about twice the cost
         of the float32 direct path; see there). The monitor asks for it when no ``found_inf``
@@ -438,6 +443,8 @@ class GradStats:
         if first is None:
             return None
         if self._fuse_auto:
+            if first.device.type != "cpu":  # see FUSE_MIN_ELEMS: slower than eager on CUDA
+                return None
             try:
                 total: int = sum(cast(torch.Tensor, g).numel() for g in grads)
             except AttributeError:  # a None gradient: not a fused layout

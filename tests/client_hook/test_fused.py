@@ -323,6 +323,22 @@ class TestFallback:
         stats.layer_stats([torch.ones(1 << 16), torch.ones(1 << 16)], 2.0, True)
         assert asked == [1 << 17] and stats.last_path == "eager"
 
+    def test_auto_stays_eager_off_the_cpu(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """fused=None never asks the kernel for gradients off the CPU (on CUDA it measured
+        slower than eager: ``FUSE_MIN_ELEMS``); fused=True does. Meta tensors stand in for a GPU's
+        here: only the device type is read before the kernel is asked."""
+        asked: list[str] = []
+
+        def recording(grads: list[torch.Tensor], *args: object) -> None:
+            asked.append(grads[0].device.type)
+
+        grads = [torch.empty(1 << 18, device="meta"), torch.empty(5, device="meta")]
+        auto, forced = GradStats(FP16), GradStats(FP16, fused=True)
+        for stats in (auto, forced):
+            monkeypatch.setattr(stats, "_fused", recording)
+            stats._fused_partials(grads, [True, True], 2.0, False)
+        assert asked == ["meta"]  # the forced one only
+
     def test_eager_while_compiling_then_fused_then_eager_after_a_guard_miss(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
