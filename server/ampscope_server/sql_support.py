@@ -35,7 +35,7 @@ def table_of(model: type[Base]) -> Table:
     return Base.metadata.tables[model.__tablename__]
 
 
-def dialect_insert(session: Session, model: type[Any]) -> Any:
+def dialect_insert(session: Session, model: type[Any] | Table) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT."""
     if session.get_bind().dialect.name == "postgresql":
         return postgresql.insert(model)
