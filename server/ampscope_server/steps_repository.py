@@ -56,16 +56,16 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
     new."""
     if not rows:
         return {}
+    table = table_of(Step)
     if is_postgres(session):
         return {int(seq): int(step_id) for seq, step_id in bulk_repository.insert(
-            session, table_of(Step), rows, conflict=("run_key", "attempt", "seq"),
+            session, table, rows, conflict=("run_key", "attempt", "seq"),
             returning=("seq", "id"))}
     # The Core table, not the ORM entity: an ORM bulk insert leaves a row's None values out of
     # its parameters, so rows that differ in which fields are None (a loss here, a grad norm
     # there) split into one statement each, and splicing their RETURNING rows together grew
     # quadratically (16,000 alternating rows: 8.3 s, against 0.3 s uniform). A Core insert
     # binds None as NULL: one multi-row statement per driver batch.
-    table = table_of(Step)
     statement = (
         dialect_insert(session, table)
         .on_conflict_do_nothing(index_elements=[table.c.run_key, table.c.attempt, table.c.seq])
