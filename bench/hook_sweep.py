@@ -15,16 +15,24 @@ Configurations, each its own model copy, monitor and scaler, kept across its seg
 - ``every_eager``: per-layer stats every step, ``fused=False`` (the exact eager fallback).
 
 Method, as ``hook_overhead.py``: per size, ``--rounds`` rounds of ``base X1 base X2 … base``, the
-order rotated each round; a configuration's ratio in a round is its segment's median step over
-the median of the two baseline segments beside it; printed: the median of those ratios (min-max)
-and the total-time ratio (all its steps, sampled ones and the sender thread's batches included,
-over the neighbouring baseline segments' mean total), the ratio of the 10th-percentile step
-times (``p10``: on a shared, loaded machine the least contended steps), and the **CPU-time
-ratio** (``cpu``): the process's CPU time (``time.process_time``: every thread, training's
-OpenMP team and ampscope's sender thread included) over a configuration's segments, against the
-neighbouring baseline segments' mean, as for the total-time ratio. On a shared machine it is the
-less noisy figure (a descheduled thread accrues no CPU time), though it also counts what the
-hook's threads do off the training thread's critical path.
+order rotated each round; a configuration's ratio in a round is its segment's median step over the
+median of the two baseline segments beside it; printed: the median of those ratios (min-max) and
+the total-time ratio (all its steps, sampled ones and the sender thread's batches included, plus
+the segment's ``flush``, over the neighbouring baseline segments' mean total), the ratio of the
+10th-percentile step times (``p10``: on a shared, loaded machine the least contended steps), and
+the **CPU-time ratio** (``cpu``): the process's CPU time (``time.process_time``: every thread,
+training's OpenMP team and ampscope's sender thread included) over a configuration's segments,
+against the neighbouring baseline segments' mean, as for the total-time ratio. On a shared machine
+it is the less noisy figure (a descheduled thread accrues no CPU time), though it also counts what
+the hook's threads do off the training thread's critical path.
+
+Each hooked segment ends with ``Monitor.flush`` (the sender thread's work on the records it has
+not sent yet, to ``MemorySender``: ``to_wire`` and the JSON encode): on the configuration's
+total-time and CPU clocks, not in any step's time. Until session 8 it was left queued and ran in
+the next segment, a baseline's or another configuration's (a 0.5 s flush interval against
+~0.4-1.2 s segments), which raised the baseline and the control (total 1.04-1.06 at 0.25M-1M).
+The flush runs the sender with training paused, so the total-time ratio counts the sender's
+work serially; concurrently, on cores training leaves idle, it would cost less.
 
 Excluded from every clock: the models' construction and an untimed warm-up (``--warmup``
 steps per model, then, once the fused kernel's background compile has finished, the same
@@ -76,6 +84,7 @@ SHAPES: dict[str, tuple[int, int]] = {
 }
 D_IN, CLASSES = 32, 10
 COMPILE_TIMEOUT_S = 900.0
+FLUSH_TIMEOUT_S = 60.0
 
 
 def make_model(d: int, width: int) -> nn.Module:
@@ -147,9 +156,13 @@ def check_syncs(live: Live) -> None:
 
 
 def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int,
-                cpu: list[float] | None = None) -> list[float]:
-    """Per-step wall times of ``steps`` steps; the segment's process CPU time (all threads)
-    appended to ``cpu`` when given."""
+                cpu: list[float] | None = None,
+                flushes: list[float] | None = None) -> list[float]:
+    """Per-step wall times of ``steps`` steps. Then, with a hook, its flush (``Monitor.flush``:
+    the sender thread's work on this segment's records that had not run yet), timed into
+    ``flushes`` when given: left queued, it would run during the next segment, another
+    configuration's or the baseline's. The segment's process CPU time (all threads, the flush
+    included) is appended to ``cpu`` when given."""
     model, opt, scaler = live.model, live.opt, live.scaler
     times: list[float] = []
     cpu_start = time.process_time()
@@ -162,6 +175,11 @@ def run_segment(live: Live, x: torch.Tensor, y: torch.Tensor, steps: int,
         scaler.update()
         sync(x.device)
         times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    if live.mon is not None and not live.mon.flush(FLUSH_TIMEOUT_S):
+        raise RuntimeError(f"the hook's records were not sent within {FLUSH_TIMEOUT_S} s")
+    if flushes is not None:
+        flushes.append(time.perf_counter() - start)
     if cpu is not None:
         cpu.append(time.process_time() - cpu_start)
     return times
@@ -258,6 +276,7 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     total_base: dict[str, float] = dict.fromkeys(names, 0.0)
     cpu_cfg: dict[str, float] = dict.fromkeys(names, 0.0)
     cpu_base: dict[str, float] = dict.fromkeys(names, 0.0)
+    flush_cfg: dict[str, float] = dict.fromkeys(names, 0.0)
     started = time.perf_counter()
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
@@ -265,12 +284,14 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
         prev = run_segment(baseline, x, y, args.steps, cpu)
         base_times += prev
         for c in order:
-            times = run_segment(lives[c], x, y, args.steps, cpu)
+            flushed: list[float] = []
+            times = run_segment(lives[c], x, y, args.steps, cpu, flushed)
             nxt = run_segment(baseline, x, y, args.steps, cpu)
             base_times += nxt
             seg[c] += times
             ratios[c].append(statistics.median(times) / statistics.median(prev + nxt))
-            total_cfg[c] += sum(times)
+            total_cfg[c] += sum(times) + sum(flushed)
+            flush_cfg[c] += sum(flushed)
             total_base[c] += (sum(prev) + sum(nxt)) / 2
             cpu_cfg[c] += cpu[-2]
             cpu_base[c] += (cpu[-3] + cpu[-1]) / 2
@@ -304,7 +325,7 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
     print("   ratios to the no-hook baseline: median of per-round median-step ratios (min-max), "
           "total wall time, 10th-percentile step, process CPU time (all threads)")
     print(f"   {'configuration':<14} {'median':>9} {'ratio (min-max)':>22} {'total':>7} "
-          f"{'p10':>7} {'cpu':>7} {'added/step':>11} {'= reads':>8}")
+          f"{'p10':>7} {'cpu':>7} {'added/step':>11} {'= reads':>8} {'flush/step':>11}")
     for c in names:
         med = statistics.median(seg[c])
         rs = ratios[c]
@@ -312,7 +333,8 @@ def sweep_size(name: str, args: argparse.Namespace, device: torch.device) -> Non
         added = total_cfg[c] / len(seg[c]) - total_base[c] / len(seg[c])
         print(f"   {c:<14} {med * 1e3:7.2f}ms {statistics.median(rs):8.3f}x "
               f"({min(rs):.3f}-{max(rs):.3f}) {total:6.3f}x {p10(seg[c]) / p10(base_times):6.3f}x"
-              f" {cpu_cfg[c] / cpu_base[c]:6.3f}x {added * 1e3:8.3f}ms {added / read_s:8.1f}")
+              f" {cpu_cfg[c] / cpu_base[c]:6.3f}x {added * 1e3:8.3f}ms {added / read_s:8.1f}"
+              f" {flush_cfg[c] / len(seg[c]) * 1e3:8.3f}ms")
     for c, live in lives.items():
         if live.mon is not None:
             errors = live.mon.stats().internal_errors

@@ -119,6 +119,9 @@ class Outgoing(Protocol):
     def to_wire(self) -> dict[str, Any]: ...
 
 
+FLUSH_POLL_S = 0.001
+"""How often ``Transport.flush`` looks at the count of pending records."""
+
 EncodeBatch = Callable[[list[dict[str, Any]], bool, bool], bytes]
 """(records, include_layer_table, final) -> request body."""
 
@@ -278,6 +281,21 @@ class Transport:
             spooled=spooled,
             replayed=replayed,
         )
+
+    def flush(self, timeout: float) -> bool:
+        """Wake the sender thread and wait until every record put so far has left memory
+        (acknowledged, spooled or dropped, ``stats().pending == 0``); False when ``timeout``
+        seconds pass first, or when no sender thread runs to empty the queue. Blocks the caller:
+        for the end of a phase (an epoch, a benchmark's segment), never inside a step."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self.stats().pending:
+            thread = self._thread
+            if (thread is None or not thread.is_alive() or self._closed or self._forked
+                    or time.monotonic() >= deadline):
+                return False
+            self._wake.set()  # each wake sends one batch: wake it again until the queue is empty
+            time.sleep(FLUSH_POLL_S)
+        return True
 
     def close(self, timeout: float) -> None:
         """Flush everything queued, ending with a ``final`` batch; return within ``timeout`` s.

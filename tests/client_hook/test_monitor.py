@@ -350,6 +350,24 @@ class TestModes:
         run.mon.close()
         assert [r["step"] for r in run.records()] == [0, 1, 2]
 
+    def test_flush_sends_every_step_so_far_and_training_goes_on(self) -> None:
+        run = Run(layer_every=2, flush_interval=60.0)
+        for _ in range(3):
+            run.step()
+        assert run.mon.flush(timeout=10.0)  # well before the 60 s flush interval
+        assert [r["step"] for r in run.records()] == [0, 1, 2]
+        assert run.mon.stats() == ampscope.MonitorStats(3, 3, 0, 0, 0, 0)
+        run.step()
+        run.mon.close()
+        assert [r["step"] for r in run.records()] == [0, 1, 2, 3]
+
+    def test_flush_of_a_closed_or_inert_monitor_is_false(self) -> None:
+        closed = Run()
+        closed.step()
+        closed.mon.close()
+        assert closed.mon.flush() is False
+        assert Run(enabled=False).mon.flush() is False
+
     def test_close_unwraps_sends_final_and_balances(self) -> None:
         run = Run()
         run.step()

@@ -236,6 +236,51 @@ class TestQueue:
         assert times[int(len(times) * 0.99)] < 100_000  # p99 ≤ 100 µs (DESIGN.md §8)
 
 
+class TestFlush:
+    def test_flush_wakes_the_sender_until_the_queue_is_empty(self) -> None:
+        sender = MemorySender()
+        t = fast(sender, batch_size=4, flush_interval=60.0)  # 3 batches, no timer wake
+        for i in range(10):
+            t.put(Item(i))
+        assert t.flush(10.0)
+        assert seqs(sender.payloads()) == list(range(10))
+        assert t.stats() == TransportStats(10, 10, 0, 0, 0)
+        t.put(Item(10))  # a flush is not a close: records keep flowing
+        t.close(5.0)
+        assert seqs(sender.payloads()) == list(range(11))
+
+    def test_a_send_that_does_not_return_makes_flush_false_after_its_timeout(self) -> None:
+        gate = _Gate()
+        t = fast(gate, flush_interval=60.0)
+        t.put(Item(0))
+        assert t.flush(0.2) is False
+        assert t.stats().pending == 1
+        gate.release.set()
+        assert t.flush(10.0)
+        assert t.stats() == TransportStats(1, 1, 0, 0, 0)
+        t.close(5.0)
+
+    def test_with_the_server_away_flush_spools(self, spool_dir: Path) -> None:
+        sender = _Switch()
+        sender.down.set()
+        t = fast(sender, flush_interval=60.0, retry_window=0.0)
+        for i in range(3):
+            t.put(Item(i))
+        assert t.flush(10.0)
+        assert t.stats().spooled == 3 and t.stats().pending == 0
+        t.close(0.1)
+
+    def test_nothing_to_send_or_a_closed_transport(self) -> None:
+        assert fast(MemorySender()).flush(1.0)  # empty: nothing pending
+        dropped = fast(None, spool_max_bytes=0)  # no thread: a put is counted dropped
+        dropped.put(Item(0))
+        assert dropped.flush(1.0) and dropped.stats().dropped == 1
+        closed = fast(MemorySender())
+        closed.put(Item(0))
+        closed.close(5.0)
+        assert closed.flush(1.0) and closed.stats().acknowledged == 1
+
+
 def test_forked_child_neither_sends_nor_waits() -> None:
     sender = MemorySender()
     t = fast(sender)
