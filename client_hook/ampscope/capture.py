@@ -115,7 +115,8 @@ def finish(
 ) -> Finished:
     """The sender thread's half of a capture: ``values`` are the host copy of ``taken.parts``
     (flattened, in order), ``numels`` the layers' sizes (float64 CPU tensor), ``scale`` the
-    scale in effect at the capture (``scale_before``; None when unknown: the norm is then too).
+    scale in effect at the capture (``scale_before``; None when unknown or when there is no
+    scaler: the norm is then unknown too where a layer was still scaled).
     """
     n = len(taken.scaled)
     if taken.kind is Kind.NORMS:
@@ -131,7 +132,8 @@ def finish(
         pos = NUM_COLUMNS * n
         histogram = [[round(c) for c in values[pos + i * NUM_BINS : pos + (i + 1) * NUM_BINS]]
                      for i in range(n)]
-    return Finished(None if scale is None else norm, layers=stats, histogram=histogram)
+    unknown = scale is None and any(taken.scaled)
+    return Finished(None if unknown else norm, layers=stats, histogram=histogram)
 
 
 def _div(x: float, s: float) -> float:

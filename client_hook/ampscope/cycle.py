@@ -71,7 +71,6 @@ class StepCycle:
         self._has_block = False
         self._acts: torch.Tensor | None = None
         self._loss_sum: torch.Tensor | None = None
-        self._loss_n = 0
         # Host-side knowledge of the skip (``Monitor.recheck``): set after each ``scaler.step``.
         self.skipped = False
         self.skip_unknown = False
@@ -96,7 +95,6 @@ class StepCycle:
             # Any shape of one element; ``build`` makes it 0-d where it stacks on the device.
             loss = outputs.detach().to(torch.float64, copy=True)
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-            self._loss_n += 1
 
     def capture(
         self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
@@ -143,7 +141,7 @@ class StepCycle:
         if self._loss_sum is None:
             absent.add("loss")
         else:
-            loss = self._loss_sum if self._loss_n == 1 else self._loss_sum / self._loss_n
+            loss = self._loss_sum
         if self._taken is None:
             absent.add("grad_norm")
         rate = lr(device)
@@ -185,6 +183,7 @@ class StepCycle:
             clip=clip,
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             numels=self._numel_t,
+            found_inf_from_grads=not self._view.present,
         )
 
     def _captured_kind(self) -> str | None:

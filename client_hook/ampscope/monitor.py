@@ -3,7 +3,9 @@
 Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
 
 1. ``scaler.scale(loss)``: the detached loss is remembered (no sync); with gradient accumulation
-   the record carries the mean of the losses scaled since the previous ``update()``.
+   the record carries the sum of the losses scaled since the previous ``update()``: the mean loss
+   of the step when the loop divides each micro-batch's loss by their number, as the PyTorch
+   docs and the frameworks do (a loop that does not gets k times its mean).
 2. The *first* ``scaler.unscale_(opt)`` or ``scaler.step(opt)`` of the cycle captures the
    gradients of every watched parameter that has a ``.grad``: before ``unscale_`` when the
    optimizer's stage is READY (the grads are still scaled), or as they are when the loop already
@@ -24,6 +26,15 @@ Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
    event the sender thread waits on); on the CPU they are handed over unstacked. The training
    thread then only enqueues; the sender thread divides by the scale, computes the norms and
    fractions (``capture.finish``) and encodes.
+
+Without a scaler (``watch(model, None, optimizer)``: BF16 or FP32 training) the cycle comes from
+the optimizers' own step hooks (``register_step_pre_hook``/``register_step_post_hook``): the
+capture before the first watched optimizer steps, the record once every watched optimizer has
+stepped. The loss is what the loop hands to ``Monitor.record_loss``; the record has no scale
+(null), ``found_inf`` says whether a gradient held NaN or ±inf (read from the capture on the
+sender thread) with those layers in backward order, and nothing is ever ``skipped``: the
+optimizer applied the step. The statistics are judged against ``target_format`` (default bf16
+here, fp16 with a scaler) at scale 1.
 
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 
@@ -163,7 +174,7 @@ class Monitor:
     def __init__(
         self,
         model: torch.nn.Module,
-        scaler: torch.amp.GradScaler,
+        scaler: torch.amp.GradScaler | None,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         *,
         run: str | None = None,
@@ -172,7 +183,7 @@ class Monitor:
         tags: Iterable[str] = (),
         config: Mapping[str, Any] | None = None,
         run_id: str | None = None,
-        target_format: str | TargetFormat = "fp16",
+        target_format: str | TargetFormat | None = None,
         layer_every: LayerEvery = 10,
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
@@ -188,7 +199,8 @@ class Monitor:
         token: str | None = None,
         fused: bool | None = None,
     ) -> None:
-        self.fmt = TargetFormat.get(target_format)
+        # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
+        self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
         self.attempt_id = str(uuid.uuid4())
         self.layer_every = layer_every
@@ -204,6 +216,9 @@ class Monitor:
             self._optimizers = [optimizer]
         else:
             self._optimizers = list(optimizer)
+        if scaler is None and not self._optimizers:
+            raise ValueError("without a GradScaler ampscope takes each step from the optimizer: "
+                             "pass it, ampscope.watch(model, None, optimizer)")
         self._layers, self._params = layer_table(model, include, exclude)
         self._cadence = Cadence(layer_every, [layer["name"] for layer in self._layers])
         # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
@@ -238,6 +253,12 @@ class Monitor:
             "id": self.attempt_id, "pid": os.getpid(), "started_at": time.time()}
         self._originals: dict[str, Callable[..., Any]] = {}
         self._previous: dict[str, Any] = {}
+        # Without a scaler: the optimizers' step hooks, those that stepped in this cycle, and the
+        # swallowed-update snapshot taken before the step.
+        self._step_handles: list[Any] = []
+        self._stepped: set[int] = set()
+        self._snapshot: list[Any] | None = None
+        self._warned_record_loss = False
         self._state = HookState.ACTIVE if enabled else HookState.DISABLED
         self._transport: Transport | None = None
         if not enabled:
@@ -254,8 +275,9 @@ class Monitor:
                                           lambda exc: self._internal_error("activation", exc))
             self._probe.arm()  # step 0 is a sample
         self._cycle.probe, self._cycle.order = self._probe, self._order
-        for opt in self._optimizers:
-            self._misuse.watch(opt, self._view.enabled)
+        if self._view.present:  # without a scaler there is nothing to bypass
+            for opt in self._optimizers:
+                self._misuse.watch(opt, self._view.enabled)
         self._wrap()
         atexit.register(self.close)
         _MONITORS.add(self)
@@ -303,6 +325,29 @@ class Monitor:
         (``status: "failed"``), never raised.
         """
         self._recheck_fn = fn
+
+    def record_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Take ``loss`` as this step's (detached, no sync) and return it unchanged:
+        ``mon.record_loss(loss).backward()``. For loops without a ``GradScaler``, where the hook
+        has no ``scaler.scale(loss)`` to read it from; called more than once in a step (gradient
+        accumulation), the step's loss is the sum, as for ``scale``. With a scaler the losses
+        come from ``scaler.scale`` and this is ignored (a warning, once): both would count
+        every loss twice."""
+        if self._state is not HookState.ACTIVE:
+            return loss
+        if self._view.present:
+            if not self._warned_record_loss:
+                self._warned_record_loss = True
+                logger.warning("ampscope: record_loss() is ignored with a GradScaler: the losses "
+                               "are read from scaler.scale()")
+            return loss
+        if self._stepped:  # an optimizer stepped since the last record: this loss is the next
+            self._end_cycle({})  # step's, so the cycle the others never ended is over
+        try:
+            self._cycle.on_scale(loss)
+        except Exception as exc:
+            self._internal_error("record_loss", exc)
+        return loss
 
     def stats(self) -> MonitorStats:
         t = self._transport.stats() if self._transport is not None else None
@@ -356,6 +401,14 @@ class Monitor:
     # -- wrapping --------------------------------------------------------------------------------
     def _wrap(self) -> None:
         scaler = self._scaler
+        if scaler is None:
+            # The step cycle from the optimizers' own step hooks. They live in the optimizer's
+            # hook dicts, which its ``__getstate__`` leaves out: a pickled, deep-copied or saved
+            # optimizer carries none of them.
+            for opt in self._optimizers:
+                self._step_handles.append(opt.register_step_pre_hook(self._before_opt_step))
+                self._step_handles.append(opt.register_step_post_hook(self._after_opt_step))
+            return
         hooks: dict[str, Callable[..., Any]] = {
             "scale": self._wrapped_scale,
             "unscale_": self._wrapped_unscale,
@@ -369,6 +422,11 @@ class Monitor:
             setattr(scaler, name, _Wrapper(self, scaler, name, hooks[name]))
 
     def _unwrap(self) -> None:
+        for handle in self._step_handles:
+            handle.remove()
+        self._step_handles = []
+        if self._scaler is None:
+            return
         attrs = vars(self._scaler)
         for name in self._originals:
             mine = attrs.get(name)
@@ -454,6 +512,12 @@ class Monitor:
             except Exception as exc:
                 self._internal_error("update", exc)
         result = self._originals["update"](new_scale)
+        self._end_cycle(before)
+        return result
+
+    def _end_cycle(self, before: Mapping[str, Any] | None) -> None:
+        """The cycle's record (``before``: what ``ScalerView.before_update`` read, None when that
+        failed: no record), then the next cycle."""
         if before is not None and self._state is HookState.ACTIVE:
             try:
                 self._after_update(before)
@@ -462,6 +526,7 @@ class Monitor:
         if self._state is not HookState.CLOSED:
             self._updates += 1
             self._cycle.reset()
+            self._stepped.clear()
             if self._swallow is not None:
                 self._swallow.reset()
             if self._state is HookState.ACTIVE:
@@ -469,7 +534,36 @@ class Monitor:
                     self._cycle.start(self._updates, self.activation_every)
                 except Exception as exc:
                     self._internal_error("update", exc)
-        return result
+
+    # Without a scaler a cycle is one step of every watched optimizer: captured before the first
+    # one steps (the gradients are final then), recorded once the last has stepped. Where some
+    # optimizer steps less often, the next step's loss (``record_loss``) or a second step of
+    # one optimizer ends the cycle first.
+    def _before_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._state is not HookState.ACTIVE:
+            return
+        if id(optimizer) in self._stepped:
+            self._end_cycle({})
+        if not self._cycle.captured:
+            self._capture_guarded(optimizer)
+        if self._swallow is not None and self._cycle.has_block and self._state is HookState.ACTIVE:
+            try:
+                self._snapshot = self._swallow.before_step(optimizer)
+            except Exception as exc:
+                self._internal_error("step", exc)
+
+    def _after_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._state is not HookState.ACTIVE:
+            return
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot and self._swallow is not None:
+            try:
+                self._swallow.after_step(snapshot)
+            except Exception as exc:
+                self._internal_error("step", exc)
+        self._stepped.add(id(optimizer))
+        if len(self._stepped) >= len(self._optimizers):
+            self._end_cycle({})
 
     def _internal_error(self, where: str, exc: Exception) -> None:
         self._errors += 1
@@ -497,7 +591,8 @@ class Monitor:
         try:
             if optimizer not in self._optimizers:
                 self._optimizers.append(optimizer)
-            self._misuse.watch(optimizer, self._view.enabled)
+            if self._view.present:
+                self._misuse.watch(optimizer, self._view.enabled)
             self._capture(optimizer)
         except Exception as exc:
             self._internal_error("capture", exc)
@@ -581,7 +676,7 @@ class Monitor:
 
 def watch(
     model: torch.nn.Module,
-    scaler: torch.amp.GradScaler,
+    scaler: torch.amp.GradScaler | None,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
     **options: Any,
 ) -> Monitor:

@@ -73,6 +73,9 @@ class StepRecord:
     clip: ClipHeuristic | None = None
     recheck_error: str | None = None  # the FP32 re-check ran and its closure raised this
     numels: torch.Tensor | None = None  # float64 (L,): the layers' sizes, for the fractions
+    # No scaler (BF16, FP32): found_inf says whether a captured gradient held NaN or ±inf, read
+    # from the capture here; nothing skips such a step (the optimizer applies it).
+    found_inf_from_grads: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -96,7 +99,12 @@ class StepRecord:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
             pos += len(STAT_NAMES) * m
-        found_inf = bool(head["found_inf"])
+        if self.found_inf_from_grads:
+            nonfinite = self._nonfinite(done) or None
+            found_inf, skipped = nonfinite is not None, False
+        else:
+            found_inf = skipped = bool(head["found_inf"])
+            nonfinite = self._nonfinite(done) if found_inf else None
         if (sec.taken is not None and sec.taken.float32_norms and not found_inf
                 and head["grad_norm"] == math.inf):
             # No element was inf (the scaler checked them all), so this +inf is the float32 sum
@@ -105,7 +113,7 @@ class StepRecord:
         swallowed = None
         if sec.swallowed:
             fractions, pos = v[pos : pos + n], pos + n
-            if not found_inf:  # a skipped step changes no parameter: nothing was swallowed
+            if not skipped:  # a skipped step changes no parameter: nothing was swallowed
                 swallowed = [x if math.isfinite(x) else None for x in fractions]
         recheck = self._recheck(v[pos : pos + 2 + n] if sec.recheck else None)
         misuse = list(self.misuse or [])
@@ -128,13 +136,13 @@ class StepRecord:
             scale_after=head["scale_after"],
             growth_tracker=None if growth is None else round(growth),
             found_inf=found_inf,
-            skipped=found_inf,
+            skipped=skipped,
             grad_norm=head["grad_norm"],
             lr=head["lr"],
             duration=self.duration,
             layers=layers,
             captured=self.captured,
-            nonfinite=self._nonfinite(done) if found_inf else None,
+            nonfinite=nonfinite,
             misuse=misuse or None,
             activations=activations,
             histogram=histogram,

@@ -4,6 +4,9 @@ Private attributes (``_scale``, ``_growth_tracker``, ``_per_optimizer_states`` w
 ``stage`` and ``found_inf_per_device``) are read behind feature checks: when they exist, every
 value stays a device tensor; without them the public fallback calls ``get_scale()`` (a sync) and
 infers ``found_inf`` from a scale decrease. ``enabled=False`` scalers read as scale 1, no overflow.
+No scaler at all (``None``: BF16 or FP32 training) reads as no scale: the scale and growth
+tracker are absent, and ``found_inf`` is read from the captured gradients on the sender thread
+(``record.StepRecord.to_wire``).
 """
 
 from __future__ import annotations
@@ -17,22 +20,28 @@ __all__ = ["ScalerView"]
 
 
 class ScalerView:
-    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+    def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
         self.scaler = scaler
         self._owner: dict[int, torch.optim.Optimizer] = {}
         self._owner_of: tuple[int, ...] = ()
 
+    @property
+    def present(self) -> bool:
+        """Whether there is a scaler at all (an ``enabled=False`` one is present)."""
+        return self.scaler is not None
+
     def enabled(self) -> bool:
-        return bool(self.scaler.is_enabled())
+        return self.scaler is not None and bool(self.scaler.is_enabled())
 
     def scale_in_effect(self) -> torch.Tensor | float:
         """The scale as a device tensor when the scaler exposes it, else a float (a sync)."""
-        if not self.enabled():
+        scaler = self.scaler
+        if scaler is None or not self.enabled():
             return 1.0
-        scale = getattr(self.scaler, "_scale", None)
+        scale = getattr(scaler, "_scale", None)
         if isinstance(scale, torch.Tensor):
             return scale
-        return float(self.scaler.get_scale())
+        return float(scaler.get_scale())
 
     def stage(self, optimizer: torch.optim.Optimizer) -> str | None:
         """The scaler's stage name for ``optimizer``, READY if untouched, None if unknowable."""
@@ -89,14 +98,15 @@ class ScalerView:
     def before_update(self) -> dict[str, Any]:
         """What must be read before ``update()``: the scale (a device copy) and ``found_inf``."""
         before: dict[str, Any] = {}
-        if not self.enabled():
+        scaler = self.scaler
+        if scaler is None or not self.enabled():
             return before
-        scale = getattr(self.scaler, "_scale", None)
+        scale = getattr(scaler, "_scale", None)
         if isinstance(scale, torch.Tensor):
             before["scale"] = scale.clone()  # update() writes the scaler's own in place
         else:
-            before["scale_host"] = float(self.scaler.get_scale())
-        states = getattr(self.scaler, "_per_optimizer_states", None)
+            before["scale_host"] = float(scaler.get_scale())
+        states = getattr(scaler, "_per_optimizer_states", None)
         found: list[torch.Tensor] = []
         if isinstance(states, Mapping):
             for state in states.values():
@@ -134,6 +144,9 @@ class ScalerView:
             return torch.full((), x, dtype=f64, device=device)
 
         absent: set[str] = set()
+        if self.scaler is None:  # no scale to report; found_inf comes from the gradients
+            nan = const(float("nan"))
+            return [nan, nan, nan, nan], {"scale_before", "scale_after", "growth_tracker"}, False
         if not self.enabled():
             absent.add("growth_tracker")
             return [const(1.0), const(1.0), const(0.0), const(0.0)], absent, False

@@ -66,7 +66,7 @@ class Run:
 
     def update(self, losses: list[float]) -> None:
         s = self.scaler
-        truth: dict[str, Any] = {"loss": sum(losses) / len(losses)}
+        truth: dict[str, Any] = {"loss": sum(losses)}
         if s.is_enabled():
             found = [t.item() for st in s._per_optimizer_states.values()
                      for t in st["found_inf_per_device"].values()]
@@ -687,3 +687,143 @@ def test_fused_records_equal_the_eager_ones() -> None:
                 else:
                     assert x == pytest.approx(y, rel=1e-12 if name == "l2" else 0.0), name
         assert a["nonfinite"] == b["nonfinite"]
+
+
+class Bf16Run:
+    """A real BF16 CPU loop without a GradScaler (``watch(model, None, opt)``), keeping the
+    truth of each step: the loss handed to ``record_loss`` and the gradients ``opt.step`` got."""
+
+    def __init__(self, optimizers: int = 1, **watch: Any) -> None:
+        self.model = make_model()
+        params = list(self.model.parameters())
+        groups = [params] if optimizers == 1 else [params[:2], params[2:]]
+        self.opts = [torch.optim.SGD(g, lr=0.05) for g in groups]
+        self.sender = MemorySender()
+        watch.setdefault("sender", self.sender)
+        watch.setdefault("activation_every", 0)
+        self.mon = ampscope.watch(self.model, None, self.opts if optimizers > 1 else self.opts[0],
+                                  run="bf16", **watch)
+        gen = torch.Generator().manual_seed(1)
+        self.x, self.y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+        self.losses: list[float] = []
+        self.grads: list[list[torch.Tensor]] = []
+
+    def step(self, poison: dict[int, float] | None = None, stepping: tuple[int, ...] = ()) -> None:
+        for opt in self.opts:
+            opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.model(self.x)
+        loss = ((out.float() - self.y) ** 2).mean()
+        self.mon.record_loss(loss).backward()
+        self.losses.append(loss.item())
+        params = list(self.model.parameters())
+        for index, value in (poison or {}).items():
+            grad = params[index].grad
+            assert grad is not None
+            grad.view(-1)[0] = value
+        self.grads.append([p.grad.detach().clone() for p in params if p.grad is not None])
+        for k in stepping or range(len(self.opts)):
+            self.opts[k].step()
+
+    def records(self) -> list[dict[str, Any]]:
+        return [r for p in self.sender.payloads() for r in p["records"]]
+
+
+class TestWithoutAScaler:
+    def test_bf16_steps_are_recorded_without_a_scale(self) -> None:
+        run = Bf16Run(layer_every=2)
+        for _ in range(4):
+            run.step()
+        run.mon.close()
+        records = run.records()
+        assert [r["step"] for r in records] == [0, 1, 2, 3]
+        assert [(r["scale_before"], r["scale_after"], r["growth_tracker"], r["found_inf"],
+                 r["skipped"], r["nonfinite"], r["captured"]) for r in records] == [
+            (None, None, None, False, False, None, "after_unscale")] * 4
+        assert [r["loss"] for r in records] == pytest.approx(run.losses, rel=1e-12)
+        want_norms = [math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+                      for grads in run.grads]
+        assert [r["grad_norm"] for r in records] == pytest.approx(want_norms, rel=1e-12)
+        assert [r["layers"] is not None for r in records] == [True, False, True, False]
+        l2 = [float(g.double().norm()) for g in run.grads[2]]
+        assert records[2]["layers"]["l2"] == pytest.approx(l2, rel=1e-12)
+        assert run.sender.payloads()[0]["run"]["target_format"] == "bf16"
+        assert run.mon.stats() == ampscope.MonitorStats(4, 4, 0, 0, 0, 0)
+
+    @pytest.mark.parametrize("layer_every", [0, 1])  # the every-step norms, the partials
+    def test_a_nonfinite_gradient_is_found_and_the_step_not_skipped(
+            self, layer_every: int) -> None:
+        run = Bf16Run(layer_every=layer_every)
+        run.step()
+        run.step(poison={0: math.nan, 2: math.inf})
+        run.step()
+        run.mon.close()
+        records = run.records()
+        assert [(r["found_inf"], r["skipped"]) for r in records] == [
+            (False, False), (True, False), (True, False)]  # the NaN reached the weights
+        # backward order: the second Linear's weight (index 2) before the first's (index 0)
+        assert records[1]["nonfinite"] == [{"layer": 2, "kind": "inf"},
+                                           {"layer": 0, "kind": "nan"}]
+        assert records[1]["grad_norm"] == "nan"
+
+    def test_one_record_per_cycle_of_two_optimizers(self) -> None:
+        run = Bf16Run(optimizers=2, layer_every=0)
+        run.step()  # both step: one record
+        run.step(stepping=(0,))  # only the first: its cycle stays open...
+        run.step()  # ...until the first steps again, which ends it; then both step
+        run.mon.close()
+        records = run.records()
+        assert [r["step"] for r in records] == [0, 1, 2]
+        assert [r["loss"] for r in records] == pytest.approx(
+            [run.losses[0], run.losses[1], run.losses[2]], rel=1e-12)
+
+    def test_gradient_accumulation_sums_the_recorded_losses(self) -> None:
+        run = Bf16Run(layer_every=0)
+        opt = run.opts[0]
+        opt.zero_grad()
+        losses = []
+        for _ in range(2):
+            loss = ((run.model(run.x) - run.y) ** 2).mean() / 2  # divided by k, as the docs do
+            run.mon.record_loss(loss).backward()
+            losses.append(loss.item())
+        opt.step()
+        run.mon.close()
+        assert [r["loss"] for r in run.records()] == [pytest.approx(sum(losses), rel=1e-12)]
+
+    def test_an_optimizer_is_required(self) -> None:
+        with pytest.raises(ValueError, match=r"pass it, ampscope\.watch"):
+            ampscope.watch(make_model(), None, sender=MemorySender())
+
+    def test_close_removes_the_step_hooks(self) -> None:
+        run = Bf16Run()
+        opt = run.opts[0]
+        assert len(opt._optimizer_step_pre_hooks) == len(opt._optimizer_step_post_hooks) == 1
+        run.step()
+        run.mon.close()
+        assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+        run.step()  # training goes on, unobserved
+        assert run.mon.stats().produced == 1
+
+    def test_the_optimizer_copies_without_the_hooks(self) -> None:
+        run = Bf16Run(activation_every=2, layer_every=1)
+        run.step()
+        run.step()  # the probe is armed for step 2
+        for obj in (run.model, run.opts[0]):
+            pickle.loads(pickle.dumps(obj))
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=False)
+        twin = copy.deepcopy(run.opts[0])
+        assert not twin._optimizer_step_pre_hooks and not twin._optimizer_step_post_hooks
+        run.mon.close()
+
+    def test_record_loss_is_ignored_with_a_scaler(self, caplog: pytest.LogCaptureFixture) -> None:
+        run = Run(layer_every=0)
+        for _ in range(2):
+            run.mon.record_loss(torch.tensor(123.0))
+            run.step()
+        run.mon.close()
+        assert [r["loss"] for r in run.records()] == pytest.approx(
+            [t["loss"] for t in run.truth], rel=1e-6)
+        assert sum("record_loss() is ignored" in r.message for r in caplog.records) == 1

@@ -177,3 +177,46 @@ class TestFullPath:
         live = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/steps"))["steps"]
         assert live[poison_step]["grad_norm"] == "nan"
         assert tag(truth.scales_after[poison_step]) == live[poison_step]["scale_after"]
+
+
+def test_a_bf16_run_without_a_scaler(server: ServerProcess) -> None:
+    """``watch(model, None, optimizer)``: every step stored with a null scale, a NaN gradient as
+    a found_inf step that was not skipped, the layers against bf16, and read back as sent."""
+    torch.manual_seed(0)
+    last = torch.nn.Linear(16, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = ampscope.watch(model, None, opt, run="bf16", server=server.url, layer_every=1)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
+    losses = []
+    for step in range(6):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        loss = ((out.float() - y) ** 2).mean()
+        mon.record_loss(loss).backward()
+        losses.append(loss.item())
+        if step == 4:
+            grad = last.weight.grad
+            assert grad is not None
+            grad.view(-1)[0] = float("nan")
+        opt.step()
+    mon.close()
+    assert mon.stats().acknowledged == 6
+
+    run = strict_json(httpx.get(f"{server.url}/api/runs/{mon.run_id}"))
+    assert run["target_format"] == "bf16" and run["skipped_steps"] == 0
+    steps = strict_json(httpx.get(f"{server.url}/api/runs/{mon.run_id}/export",
+                                  params={"format": "json"}))["steps"]
+    assert [(s["scale_before"], s["scale_after"], s["skipped"]) for s in steps] == [
+        (None, None, False)] * 6
+    assert [s["found_inf"] for s in steps] == [False] * 4 + [True, True]  # the NaN stepped in
+    assert [s["loss"] for s in steps[:5]] == pytest.approx(losses[:5], rel=1e-12)
+    assert steps[4]["grad_norm"] == "nan" and steps[4]["layers"]["nan_count"] == [0, 0, 1, 0]
+    assert steps[4]["nonfinite"] == [{"layer": 2, "kind": "nan"}]
+    # The NaN stepped into the weights: step 5's forward is NaN, and the findings say so.
+    findings = strict_json(httpx.get(f"{server.url}/api/runs/{mon.run_id}/findings"))
+    assert [(f["kind"], f["step_start"]) for f in findings["findings"]] == [
+        ("forward_overflow", 5)]
+    assert httpx.get(f"{server.url}/runs/{mon.run_id}").status_code == 200
