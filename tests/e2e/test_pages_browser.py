@@ -355,3 +355,26 @@ def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, lis
     assert smoothed == [[0.75]]
     pg.screenshot(path=str(ARTIFACTS / "heatmap-lone-event.png"), full_page=True)
     _assert_clean(pg, errors)
+
+
+def test_a_run_without_a_scaler_says_why_it_has_no_scale_chart(
+        served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]) -> None:
+    """A BF16 run (``watch(model, None, optimizer)``) sends null scales: the scale panel says
+    why it is empty; a run with a scaler shows its chart and no such note."""
+    server, ids = served
+    pg, errors = page
+    run_id = new_id()
+    records = [record_v2(step, scale_before=None, scale_after=None, growth_tracker=None)
+               for step in range(20)]
+    payload = batch_v2(records, run_id=run_id, name="bf16-no-scaler", final=True)
+    response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=30)
+    assert response.status_code == 200, response.text
+    pg.goto(f"{server.url}/runs/{run_id}")
+    pg.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)
+    pg.locator("#scale-empty").wait_for(state="visible", timeout=WAIT_MS)
+    assert "no GradScaler" in pg.locator("#scale-empty").inner_text()
+    pg.goto(f"{server.url}/runs/{ids[1]}")
+    pg.locator("#scale-chart .nsewdrag").wait_for(timeout=WAIT_MS)
+    pg.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)
+    assert pg.locator("#scale-empty").is_hidden()
+    _assert_clean(pg, errors)

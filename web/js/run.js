@@ -167,6 +167,7 @@ class RunPage {
     }
     await Promise.all(drawn);
     $('loss-empty').hidden = loss.points.length > 0 || !this.numSteps;
+    $('scale-empty').hidden = scaleSeries.points.length > 0 || !this.numSteps;
     $('heatmap-empty').hidden = stats.steps.length > 0;
     this.events.addPage(firstPage);
     this.renderMisuse(events);
@@ -339,6 +340,7 @@ class RunPage {
       this.events.scheduleRefetch(); // misuse events (not derivable from the steps) arrive too
     }
     if (steps.some((s) => typeof s.loss === 'number')) $('loss-empty').hidden = true;
+    if (steps.some((s) => s.scale_before != null)) $('scale-empty').hidden = true;
     const withLayers = steps.filter((s) => s.layers);
     if (withLayers.length) {
       $('heatmap-empty').hidden = true;
