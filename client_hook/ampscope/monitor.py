@@ -539,11 +539,34 @@ class Monitor:
     # one steps (the gradients are final then), recorded once the last has stepped. Where some
     # optimizer steps less often, the next step's loss (``record_loss``) or a second step of
     # one optimizer ends the cycle first.
-    def _before_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_opt_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._state is not HookState.ACTIVE:
-            return
+            return None
         if id(optimizer) in self._stepped:
             self._end_cycle({})
+        # torch passes the hook step()'s own arguments, the optimizer first: a closure given
+        # by position is args[1].
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            self._ready_to_step(optimizer)
+            return None
+
+        # ``step(closure)`` (LBFGS, Lightning without a scaler): the closure runs the backward
+        # inside ``step``, after this hook, so the capture follows the closure's first call.
+        def closure_then_capture() -> Any:
+            result = closure()
+            if self._state is HookState.ACTIVE and not self._cycle.captured:
+                self._ready_to_step(optimizer)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_capture}
+        return (args[0], closure_then_capture, *args[2:]), kwargs
+
+    def _ready_to_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The gradients are final: the capture (once per cycle) and the swallowed snapshot."""
         if not self._cycle.captured:
             self._capture_guarded(optimizer)
         if self._swallow is not None and self._cycle.has_block and self._state is HookState.ACTIVE:

@@ -777,6 +777,32 @@ class TestWithoutAScaler:
         assert [r["loss"] for r in records] == pytest.approx(
             [run.losses[0], run.losses[1], run.losses[2]], rel=1e-12)
 
+    @pytest.mark.parametrize("keyword", [False, True])
+    def test_a_closure_step_is_captured_after_its_backward(self, keyword: bool) -> None:
+        run = Bf16Run(layer_every=1)
+        opt = run.opts[0]
+
+        def closure() -> torch.Tensor:  # the backward runs inside step(), as LBFGS's does
+            opt.zero_grad()
+            loss: torch.Tensor = ((run.model(run.x) - run.y) ** 2).mean()
+            run.mon.record_loss(loss).backward()
+            run.losses.append(loss.item())
+            run.grads.append([p.grad.detach().clone() for p in run.model.parameters()
+                              if p.grad is not None])
+            return loss
+
+        for _ in range(3):
+            opt.step(closure=closure) if keyword else opt.step(closure)
+        run.mon.close()
+        records = run.records()
+        want = [math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+                for grads in run.grads]
+        assert [r["grad_norm"] for r in records] == pytest.approx(want, rel=1e-12)
+        assert [r["loss"] for r in records] == pytest.approx(run.losses, rel=1e-12)
+        assert [r["layers"]["l2"] for r in records] == [
+            pytest.approx([float(g.double().norm()) for g in grads], rel=1e-12)
+            for grads in run.grads]
+
     def test_gradient_accumulation_sums_the_recorded_losses(self) -> None:
         run = Bf16Run(layer_every=0)
         opt = run.opts[0]
