@@ -20,7 +20,7 @@ from ampscope_server.errors import (
 from ampscope_server.models import LAYER_STAT_NAMES
 from ampscope_server.wire import StepRecord
 
-LAYER_FIELDS = ("index", "name", "shape", "dtype", "numel", "module_type")
+LAYER_FIELDS = ("index", "name", "shape", "dtype", "numel", "module_type", "raw_name")
 MODULE_FIELDS = ("index", "name", "module_type")
 
 

@@ -8,6 +8,9 @@ layers), as the chart queries do:
 
 - Divergence: `divergence_search` (step by step up to its SCALAR_RAW_STEPS common steps, a
   rollup search beyond: `divergence_exact: false`).
+- Layers are matched by canonical name (`layer_names`: wrappers' `module.`, `_orig_mod.`, …
+  removed), computed here from the stored names: runs stored before the hook sent canonical
+  names carry raw ones, and a wrapped run must still match a plain run of the same model.
 - Per-layer differences: at most `LAYER_RAW_ROWS` layer rows per run are read raw (medians
   over steps). Past that the medians are over the rollup buckets of the finest level with at
   most `LAYER_BUCKETS` buckets, each bucket standing for its worst (largest) l2 and lost_frac
@@ -23,6 +26,7 @@ from sqlalchemy.orm import Session
 from ampscope_server import (
     comparison_math,
     divergence_search,
+    layer_names,
     rollups,
     rollups_repository,
     runs,
@@ -71,6 +75,7 @@ def parse_run_ids(text: str) -> list[str]:
 class _Side:
     run: Run
     order: list[str]
+    """The run's canonical layer names (`layer_names.canonical_names`), in index order."""
     extent: tuple[int, int] | None
 
 
@@ -162,7 +167,7 @@ def compare_runs(
     project `viewer` cannot see)."""
     loaded = [runs.load_run(session, run_id, viewer) for run_id in run_ids]
     sides = [
-        _Side(run, runs_repository.layer_names(session, run.id),
+        _Side(run, layer_names.canonical_names(runs_repository.layer_names(session, run.id)),
               rollups_repository.step_extent(session, run.id))
         for run in loaded
     ]

@@ -116,6 +116,9 @@ class Layer(Base):
     dtype: Mapped[str] = mapped_column(String(32))
     numel: Mapped[int] = mapped_column(BigInteger)
     module_type: Mapped[str] = mapped_column(String(200))
+    # Nullable only so that revision 0018 could add it in place; it backfilled every row and
+    # ingest always writes it (`wire.LayerInfo` fills it with `name` when a client sent none).
+    raw_name: Mapped[str | None] = mapped_column(String(500))
 
 
 STEP_IS_EVENT = "skipped OR scale_before <> scale_after OR scale_before_class <> scale_after_class"

@@ -206,6 +206,16 @@ class LayerInfo(WireModel):
     dtype: Text32
     numel: Int64
     module_type: Text200
+    raw_name: Text500 | None = None
+    """The parameter's name as the model gave it, wrappers' components included (`name` is the
+    canonical one, `layer_names`). Optional: clients before it sent the raw name as `name`, so
+    absent means equal to `name`, and it is filled in so (stored, compared, returned)."""
+
+    @model_validator(mode="after")
+    def _raw_name_defaults_to_name(self) -> LayerInfo:
+        if self.raw_name is None:
+            self.raw_name = self.name
+        return self
 
 
 class LayerStatArrays(WireModel):

@@ -45,6 +45,9 @@ def _columns(url: str, table: str) -> set[str]:
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
+    assert "raw_name" in _columns(db_url, "layers")
+    db.downgrade(db_url, "0017")
+    assert "raw_name" not in _columns(db_url, "layers")
     assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
     assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series", "step_count",
                                            "skip_count"}
@@ -213,7 +216,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0017"
+            assert context.get_current_revision() == db.head_revision() == "0018"
     finally:
         engine.dispose()
 

@@ -224,6 +224,33 @@ class TestCompareEndpoint:
         assert [d["layer"] for d in third["layers"]] == ["fc1.weight"]
         assert (third["common_steps"], third["layer_steps"], third["divergence"]) == (1, 1, None)
 
+    def test_wrapped_and_plain_runs_match_layer_for_layer(self, api: httpx.Client) -> None:
+        """Layers match by canonical name: a run stored before issue #13 by a DDP model
+        (`module.x.weight` as its names) and one of a newer hook (canonical names, the raw ones
+        beside) both meet the plain run's layers, as two plain runs would."""
+        a, b = _seed_pair(api)
+        plain = _get(api, f"/api/compare?runs={a},{b}")["comparisons"][0]
+        old_ddp, new_compiled = new_id(), new_id()
+        records = [record(i, layers=_run_b_stats(i)) for i in range(4)]
+        for i in (2, 3):
+            records[i]["loss"] = (2.31 - 0.01 * i) * 1.1
+        records[1]["grad_norm"] = 0.75 * 1.04
+        old_layers = [{**layer, "name": f"module.{layer['name']}"} for layer in LAYERS]
+        _post(api, batch(records, run_id=old_ddp, layers=old_layers))
+        new_layers = [{**layer, "raw_name": f"_orig_mod.{layer['name']}"} for layer in LAYERS]
+        _post(api, batch(records, run_id=new_compiled, layers=new_layers))
+        expected_layers = plain["layers"]
+        assert [d["layer"] for d in expected_layers] == ["fc1.weight", "fc1.bias"]
+
+        body = _get(api, f"/api/compare?runs={a},{old_ddp},{new_compiled}")
+        for comparison in body["comparisons"]:
+            assert comparison["layers"] == expected_layers
+            assert comparison["layer_steps"] == 4
+        # The wrapped run as the reference: its layers under their canonical names.
+        [reverse] = _get(api, f"/api/compare?runs={old_ddp},{a}")["comparisons"]
+        assert [(d["layer"], d["l2_ratio"]) for d in reverse["layers"]] == [
+            ("fc1.weight", 0.5), ("fc1.bias", 1.0)]
+
     @pytest.mark.parametrize(("query", "detail"), [
         ("runs=only-one", "runs: give 2 to 8 run ids separated by commas, got 1"),
         ("runs=x,,x", "runs: each run may appear once, got 'x,,x'"),

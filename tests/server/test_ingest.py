@@ -16,7 +16,15 @@ from ampscope_server.errors import InvalidPayload, LayerTableConflict, LayerTabl
 from ampscope_server.live import Hub
 from ampscope_server.models import LayerStat, Run, Step
 from ampscope_server.schemas import IngestBatch
-from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
+from tests.server.wire import (
+    LAYERS,
+    batch,
+    layer_stats,
+    layers_read,
+    new_id,
+    record,
+    strict_json,
+)
 
 
 def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
@@ -148,7 +156,7 @@ class TestIngestHttp:
             assert got["attempt"] == 1
 
         export = strict_json(api.get(f"/api/runs/{run_id}/export?format=json").text)
-        assert export["layers"] == LAYERS
+        assert export["layers"] == layers_read()
         assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
         assert export["run"]["id"] == run_id
 
@@ -221,6 +229,59 @@ class TestIngestHttp:
         assert response.status_code == 409
         assert response.json() == {
             "detail": f"attempt '{attempt}' belongs to run '{first}', not to run '{second}'"}
+
+
+WRAPPED_LAYERS = [
+    {**layer, "raw_name": f"_orig_mod.module.{layer['name']}"} for layer in LAYERS]
+"""The layer table of a compiled DDP model: canonical names, the raw ones beside (issue #13)."""
+
+
+class TestRawNames:
+    def test_round_trip(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
+                     ).status_code == 200
+        assert strict_json(api.get(f"/api/runs/{run_id}/layers").text) == WRAPPED_LAYERS
+        export = strict_json(api.get(f"/api/runs/{run_id}/export?format=json").text)
+        assert export["layers"] == WRAPPED_LAYERS
+        assert [layer["raw_name"] for layer in export["layers"]] == [
+            "_orig_mod.module.fc1.weight", "_orig_mod.module.fc1.bias"]
+
+    def test_absent_means_the_name(self, api: httpx.Client) -> None:
+        """Clients before issue #13 sent no raw name: their `name` was the raw one."""
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
+        assert strict_json(api.get(f"/api/runs/{run_id}/layers").text) == [
+            {**layer, "raw_name": layer["name"]} for layer in LAYERS]
+        # The same table with the raw names spelled out is the same table, and back.
+        spelled = [{**layer, "raw_name": layer["name"]} for layer in LAYERS]
+        for layers in (spelled, LAYERS):
+            response = _post(api, batch([record(1)], run_id=run_id, attempt_id=new_id(),
+                                        layers=layers))
+            assert response.status_code == 200, response.text
+
+    def test_another_raw_name_is_409(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
+                     ).status_code == 200
+        response = _post(api, batch([record(1)], run_id=run_id, attempt_id=new_id()))
+        assert response.status_code == 409
+        assert response.json() == {"detail": (
+            f"the layer table sent for run '{run_id}' differs from the stored one at layer 0: "
+            "raw_name is 'fc1.weight', stored '_orig_mod.module.fc1.weight'")}
+        assert len(_steps(api, run_id)) == 1
+
+    @pytest.mark.parametrize(("raw_name", "detail"), [
+        ("x" * 501, "String should have at most 500 characters"),
+        ("a\x00b", "must not contain NUL characters"),
+        (7, "Input should be a valid string"),
+    ])
+    def test_bad_raw_names_are_422(self, api: httpx.Client, raw_name: object,
+                                   detail: str) -> None:
+        layers = [{**LAYERS[0], "raw_name": raw_name}, LAYERS[1]]
+        response = _post(api, batch([record(0)], run_id=new_id(), layers=layers))
+        assert response.status_code == 422
+        assert response.json() == {"detail": f"layers[0].raw_name: {detail}"}
 
 
 def _invalid(mutate: Any) -> dict[str, Any]:

@@ -26,12 +26,12 @@ from ampscope_server.models import (
 from ampscope_server.schemas import IngestBatch
 from tests.server.wire import (
     CLIENT,
-    LAYERS,
     MODULES,
     activations,
     batch,
     batch_v2,
     histogram,
+    layers_read,
     new_id,
     record,
     record_v2,
@@ -89,7 +89,7 @@ class TestRoundTrip:
         _post(api, batch_v2(records, run_id=run_id, client=CLIENT))
         export = _get(api, f"/api/runs/{run_id}/export")
         assert export["modules"] == MODULES
-        assert export["layers"] == LAYERS
+        assert export["layers"] == layers_read()
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
                 for got in export["steps"]] == [
             {**sent, "recheck": None, "swallowed": None} for sent in records]  # v3: not sent

@@ -12,7 +12,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from ampscope_server import ingest, runs, summary_cache
 from ampscope_server.formats import FORMATS
 from ampscope_server.schemas import IngestBatch, RunStatus
-from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
+from tests.server.wire import (
+    batch,
+    layer_stats,
+    layers_read,
+    new_id,
+    record,
+    strict_json,
+)
 
 
 def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
@@ -72,7 +79,7 @@ class TestRunDetail:
     def test_layers(self, api: httpx.Client) -> None:
         run_id = new_id()
         _seed(api, run_id)
-        assert _get(api, f"/api/runs/{run_id}/layers") == LAYERS
+        assert _get(api, f"/api/runs/{run_id}/layers") == layers_read()
 
     @pytest.mark.parametrize("suffix", [
         "", "/layers", "/steps", "/export", "/series/loss", "/events",
@@ -124,7 +131,7 @@ class TestExport:
         assert set(export) == {"run", "layers", "modules", "steps"}
         assert export["modules"] == []
         assert export["run"]["num_steps"] == 3
-        assert export["layers"] == LAYERS
+        assert export["layers"] == layers_read()
         assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
         assert [s["seq"] for s in export["steps"]] == [0, 1, 2]
 

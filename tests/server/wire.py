@@ -17,6 +17,12 @@ LAYERS: list[dict[str, Any]] = [
 ]
 
 
+def layers_read(layers: list[dict[str, Any]] = LAYERS) -> list[dict[str, Any]]:
+    """The layer table as the API gives it back: `raw_name` (optional on the wire since issue
+    #13) is `name` where a client sent none."""
+    return [{**layer, "raw_name": layer.get("raw_name", layer["name"])} for layer in layers]
+
+
 def layer_stats(seed: float = 1.0, n: int = 2) -> dict[str, list[Any]]:
     return {
         "amax": [0.5 * seed, 0.25][:n] + [0.125] * max(0, n - 2),

@@ -1,13 +1,15 @@
 """Divergence from a baseline (e.g. the same training in FP32), reusing the rules of
 `comparison_math`: the first common step where loss or grad norm departs by more than
 BASELINE_TOLERANCE, and the layers whose gradient norm departs most at the first common
-layer-stat step at or after it."""
+layer-stat step at or after it. Layers are matched by canonical name (`layer_names`), so a
+wrapped run (`module.`, `_orig_mod.`, …) has a plain baseline's layers, and the finding names
+each layer as the analysed run does (the run page finds the layers it cites by that name)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ampscope_server import comparison_math
+from ampscope_server import comparison_math, layer_names
 from ampscope_server.findings.model import Finding, RunData
 from ampscope_server.findings.thresholds import BASELINE_MAX_LAYERS, BASELINE_TOLERANCE
 from ampscope_server.findings.timeline import ordered
@@ -17,11 +19,18 @@ def _series(run: RunData, metric: comparison_math.Metric) -> dict[int, float]:
     return comparison_math.by_step((p.step, getattr(p, metric)) for p in ordered(run.steps))
 
 
+def _canonical(run: RunData) -> list[str]:
+    return layer_names.canonical_names([layer.name for layer in run.layers])
+
+
 def _l2(run: RunData) -> dict[int, dict[str, float]]:
+    """{step: {canonical layer name: l2}}."""
+    names = _canonical(run)
     out: dict[int, dict[str, float]] = defaultdict(dict)
     for s in run.layer_samples:
         if s.l2 is not None:
-            out[s.step][run.layer_name(s.layer)] = s.l2
+            name = names[s.layer] if 0 <= s.layer < len(names) else run.layer_name(s.layer)
+            out[s.step][name] = s.l2
     return out
 
 
@@ -44,7 +53,8 @@ def baseline_divergence(run: RunData, baseline: RunData) -> list[Finding]:
                 if relative > BASELINE_TOLERANCE:
                     departures.append((relative, name))
     departures.sort(key=lambda pair: -pair[0])
-    layers = [name for _, name in departures[:BASELINE_MAX_LAYERS]]
+    own = dict(zip(_canonical(run), (layer.name for layer in run.layers), strict=True))
+    layers = [own.get(name, name) for _, name in departures[:BASELINE_MAX_LAYERS]]
     evidence: dict[str, float] = {
         "step": found.step, "baseline_value": found.reference, "value": found.value,
         "relative": found.relative, "tolerance": BASELINE_TOLERANCE,

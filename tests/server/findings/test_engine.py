@@ -348,6 +348,22 @@ class TestBaselineDivergence:
         assert (found.severity, found.step_start, found.layers) == ("warning", 500, ["fc1.weight"])
         assert math.isclose(found.evidence["relative"], 0.1)
 
+    def test_a_wrapped_run_matches_a_plain_baseline_by_canonical_name(self) -> None:
+        """The run was compiled and wrapped in DDP (`_orig_mod.module.` before every name): its
+        layers still meet the plain baseline's, and the finding names them as the run does."""
+        base = scaler_steps(1000, fits_below(2**10), loss=lambda s: 2.0 - s / 1000)
+        run = scaler_steps(1000, fits_below(2**10),
+                           loss=lambda s: (2.0 - s / 1000) * (1.1 if s >= 500 else 1.0))
+        base_samples = healthy_samples(range(0, 1000, 10))
+        samples = [dataclasses.replace(s, l2=(s.l2 or 0) * 2)
+                   if s.layer == 1 and s.step >= 500 else s for s in base_samples]
+        wrapped = [dataclasses.replace(layer, name=f"_orig_mod.module.{layer.name}")
+                   for layer in LAYERS]
+        found = only(analyze(run_data(run, layers=wrapped, layer_samples=samples),
+                             run_data(base, layer_samples=base_samples, name="fp32")),
+                     "baseline_divergence")
+        assert found.layers == ["_orig_mod.module.fc1.weight"]
+
     def test_identical_runs_do_not_diverge(self) -> None:
         data = run_data(HEALTHY)
         assert "baseline_divergence" not in [f.kind for f in analyze(data, data)]
