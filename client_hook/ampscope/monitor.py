@@ -155,6 +155,16 @@ def _disable_after_fork() -> None:
 os.register_at_fork(after_in_child=_disable_after_fork)
 
 
+def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrapper (accelerate's ``AcceleratedOptimizer``
+    holds it as ``.optimizer``): the one ``scaler.step`` steps, so the hook's view of a step and
+    of a bypassed scaler is the same as for a plain loop."""
+    seen = 0
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        optimizer, seen = optimizer.optimizer, seen + 1  # type: ignore[attr-defined]
+    return optimizer
+
+
 def _rank() -> int:
     if "RANK" in os.environ:
         try:
@@ -213,9 +223,9 @@ class Monitor:
         if optimizer is None:
             self._optimizers: list[torch.optim.Optimizer] = []
         elif isinstance(optimizer, torch.optim.Optimizer):
-            self._optimizers = [optimizer]
+            self._optimizers = [unwrap_optimizer(optimizer)]
         else:
-            self._optimizers = list(optimizer)
+            self._optimizers = [unwrap_optimizer(o) for o in optimizer]
         if scaler is None and not self._optimizers:
             raise ValueError("without a GradScaler ampscope takes each step from the optimizer: "
                              "pass it, ampscope.watch(model, None, optimizer)")
@@ -292,6 +302,11 @@ class Monitor:
     def modules(self) -> list[dict[str, Any]] | None:
         """The activation source's module table as sent on the wire (None when it is off)."""
         return None if self._probe is None else [dict(m) for m in self._probe.table]
+
+    @property
+    def has_scaler(self) -> bool:
+        """Whether a ``GradScaler`` was given (the loss then comes from ``scaler.scale``)."""
+        return self._view.present
 
     @property
     def state(self) -> HookState:
@@ -612,6 +627,7 @@ class Monitor:
     def _capture_guarded(self, optimizer: torch.optim.Optimizer) -> None:
         self._cycle.captured = True  # even on failure: one attempt per cycle
         try:
+            optimizer = unwrap_optimizer(optimizer)
             if optimizer not in self._optimizers:
                 self._optimizers.append(optimizer)
             if self._view.present:

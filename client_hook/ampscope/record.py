@@ -18,6 +18,7 @@ from ampscope import wire
 from ampscope.capture import Finished, Taken, finish
 from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
+from ampscope.names import canonical_names
 from ampscope.recheck import NAN_CODE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
@@ -203,19 +204,27 @@ def layer_table(
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
-    """The watched parameters (``selection.selected``) and their wire table, in model order."""
+    """The watched parameters (``selection.selected``) and their wire table, in model order.
+
+    Each layer's ``name`` is canonical (``names.canonical_names``: no ``module.``, ``_orig_mod.``
+    or FSDP/checkpoint wrapper components, so a wrapped and a plain run of one model compare
+    layer for layer), ``raw_name`` the parameter's name as the model gives it. ``include`` and
+    ``exclude`` match the canonical name, the one the dashboard shows."""
     owner: dict[int, str] = {}
     for _, module in model.named_modules():
         for _, p in module.named_parameters(recurse=False):
             owner.setdefault(id(p), type(module).__name__)
+    named = list(model.named_parameters())
+    canonical = canonical_names([raw for raw, _ in named])
     table: list[dict[str, Any]] = []
     params: list[torch.nn.Parameter] = []
-    for name, p in model.named_parameters():
+    for (raw, p), name in zip(named, canonical, strict=True):
         if not p.requires_grad or not selected(name, include, exclude):
             continue
         table.append({
             "index": len(table),
             "name": name,
+            "raw_name": raw,
             "shape": list(p.shape),
             "dtype": str(p.dtype).removeprefix("torch."),
             "numel": p.numel(),

@@ -8,7 +8,7 @@ import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -425,14 +425,24 @@ class TestLayerTable:
                              target_format=FORMATS["bf16"])
         mon.close()
         assert mon.layers == [
-            {"index": 0, "name": "0.weight", "shape": [10, 4], "dtype": "float32", "numel": 40,
-             "module_type": "Embedding"},
-            {"index": 1, "name": "1.bias", "shape": [10], "dtype": "float32", "numel": 10,
-             "module_type": "Linear"},
-            {"index": 2, "name": "2.weight", "shape": [10], "dtype": "float32", "numel": 10,
-             "module_type": "LayerNorm"},
+            {"index": 0, "name": "0.weight", "raw_name": "0.weight", "shape": [10, 4],
+             "dtype": "float32", "numel": 40, "module_type": "Embedding"},
+            {"index": 1, "name": "1.bias", "raw_name": "1.bias", "shape": [10],
+             "dtype": "float32", "numel": 10, "module_type": "Linear"},
+            {"index": 2, "name": "2.weight", "raw_name": "2.weight", "shape": [10],
+             "dtype": "float32", "numel": 10, "module_type": "LayerNorm"},
         ]
         assert mon._run_info["target_format"] == "bf16"
+
+    def test_a_compiled_model_gets_canonical_names_and_keeps_the_raw_ones(self) -> None:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        compiled = cast(nn.Module, torch.compile(model, backend="eager"))
+        wrapped = nn.DataParallel(compiled)
+        mon = ampscope.watch(wrapped, torch.amp.GradScaler("cpu"), server=None,
+                             exclude=["2.*"])  # patterns match the canonical names
+        mon.close()
+        assert [(layer["name"], layer["raw_name"]) for layer in mon.layers] == [
+            ("0.weight", "module._orig_mod.0.weight"), ("0.bias", "module._orig_mod.0.bias")]
 
 
 class TestOverflowEvents:

@@ -52,7 +52,6 @@ class AmpscopeCallback(pl.Callback):
     def __init__(self, **watch_options: Any) -> None:
         self.options = watch_options
         self.monitor: Monitor | None = None
-        self._scaled = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or (
@@ -74,13 +73,12 @@ class AmpscopeCallback(pl.Callback):
         fmt = _target_format(precision)
         if fmt is not None:
             options.setdefault("target_format", fmt)
-        self._scaled = scaler is not None
         self.monitor = ampscope.watch(pl_module, scaler, list(trainer.optimizers), **options)
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self.monitor is not None and not self._scaled:  # with a scaler: from scaler.scale
+        if self.monitor is not None and not self.monitor.has_scaler:  # else: scaler.scale
             self.monitor.record_loss(loss)  # a closed monitor ignores it
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

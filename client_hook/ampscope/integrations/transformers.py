@@ -1,0 +1,113 @@
+"""``AmpscopeCallback``: ampscope inside a Hugging Face ``Trainer``.
+
+    callback = attach(trainer, layer_every=10)   # or Trainer(callbacks=[AmpscopeCallback()])
+    trainer.train()
+
+At ``on_train_begin``, on the world's process zero only, it watches the model with the scaler
+of the optimizer the trainer prepared (accelerate's ``AcceleratedOptimizer`` carries it as
+``.scaler``; None under ``bf16=True`` or FP32, and under ``fp16=True`` on a CPU, which trains
+in FP32: one warning says so) and the torch optimizer inside it. Run name: ``args.run_name``;
+config: ``args.to_dict()``; target format from ``args.bf16``/``args.fp16``. It closes at
+``on_train_end``, and when ``train()`` raises through ``attach``'s wrapper.
+
+The loss. With a scaler the hook reads each ``scaler.scale(loss)`` (accelerate's ``backward``),
+i.e. the loss already divided by the gradient accumulation steps: a step's record is their sum,
+the mean loss the trainer logs. Without a scaler a callback sees no loss; ``attach`` wraps the
+trainer's ``training_step`` (on that instance, removed at the end) to hand each returned loss to
+``Monitor.record_loss``; a callback passed to ``Trainer(callbacks=...)`` alone records no loss
+there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+import transformers
+
+import ampscope
+from ampscope.monitor import HookState, Monitor
+
+__all__ = ["AmpscopeCallback", "attach"]
+
+logger = logging.getLogger("ampscope")
+
+
+class AmpscopeCallback(transformers.TrainerCallback):
+    """See the module docstring; ``watch_options`` are ``ampscope.watch``'s keywords."""
+
+    def __init__(self, **watch_options: Any) -> None:
+        self.options = watch_options
+        self.monitor: Monitor | None = None
+
+    def on_train_begin(self, args: transformers.TrainingArguments,
+                       state: transformers.TrainerState, control: transformers.TrainerControl,
+                       model: torch.nn.Module | None = None,
+                       optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or model is None or optimizer is None or (
+                self.monitor is not None and self.monitor.state is not HookState.CLOSED):
+            return
+        scaler = getattr(optimizer, "scaler", None)
+        if not isinstance(scaler, torch.amp.GradScaler):
+            scaler = None
+        if scaler is None and args.fp16:
+            logger.warning(
+                "ampscope: TrainingArguments(fp16=True) but the trainer made no GradScaler (on "
+                "a CPU it trains in FP32): nothing is in FP16 here; use bf16=True on a CPU, or "
+                "a CUDA device for FP16")
+        options = dict(self.options)
+        options.setdefault("run", args.run_name)
+        options.setdefault("config", args.to_dict())  # type: ignore[no-untyped-call]
+        if args.bf16:
+            options.setdefault("target_format", "bf16")
+        elif args.fp16:
+            options.setdefault("target_format", "fp16")
+        self.monitor = ampscope.watch(model, scaler, optimizer, **options)
+
+    def on_train_end(self, args: transformers.TrainingArguments,
+                     state: transformers.TrainerState, control: transformers.TrainerControl,
+                     **kwargs: Any) -> None:
+        self.close()
+
+    def record_loss(self, loss: Any) -> None:
+        """The loss of one ``training_step`` (``attach``): kept only without a scaler."""
+        mon = self.monitor
+        if mon is not None and not mon.has_scaler and isinstance(loss, torch.Tensor):
+            mon.record_loss(loss)
+
+    def close(self) -> None:
+        if self.monitor is not None:  # kept, closed: its run_id and stats stay readable
+            self.monitor.close()
+
+
+def attach(trainer: transformers.Trainer, **watch_options: Any) -> AmpscopeCallback:
+    """Add an ``AmpscopeCallback`` to ``trainer`` and hand it each step's loss (see the module
+    docstring); returns the callback (``callback.monitor`` once training began)."""
+    callback = AmpscopeCallback(**watch_options)
+    trainer.add_callback(callback)
+    step = trainer.training_step
+    train = trainer.train
+
+    @functools.wraps(step)
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        loss = step(*args, **kwargs)
+        try:
+            callback.record_loss(loss)
+        except Exception as exc:  # never into training
+            logger.warning("ampscope could not record the loss: %r", exc)
+        return loss
+
+    @functools.wraps(train)
+    def train_then_detach(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        finally:
+            callback.close()
+            for name in ("training_step", "train"):  # the trainer's own methods again
+                vars(trainer).pop(name, None)
+
+    trainer.training_step = training_step  # type: ignore[method-assign]
+    trainer.train = train_then_detach  # type: ignore[method-assign]
+    return callback
