@@ -53,15 +53,17 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
             step_id=int(step_id), step=int(step), skipped=bool(skipped),
             scale_before=codec.from_storage(before, before_cls),
             scale_after=codec.from_storage(after, after_cls),
-            loss=codec.from_storage(loss, loss_cls),
+            loss=codec.from_storage(loss, loss_cls), found_inf=bool(found_inf),
         )
-        for step_id, step, skipped, before, before_cls, after, after_cls, loss, loss_cls in rows
+        for (step_id, step, skipped, found_inf, before, before_cls, after, after_cls, loss,
+             loss_cls) in rows
     ]
-    # The details of this page's skipped steps only, by their ids (a page is bounded; the run's
-    # other skipped steps are never read).
+    # The details of this page's skipped and non-finite steps only, by their ids (a page is
+    # bounded; the run's other such steps are never read).
     skipped = [row.step_id for row in steps if row.skipped]
     bad_layers: dict[int, list[tuple[int, str]]] = {}
-    for entry in steps_repository.nonfinite_of(session, skipped):
+    nonfinite = [row.step_id for row in steps if row.skipped or row.found_inf]
+    for entry in steps_repository.nonfinite_of(session, nonfinite):
         bad_layers.setdefault(entry.step_id, []).append((entry.layer_index, entry.kind))
     misuse = [
         events.MisuseRow(

@@ -1,4 +1,5 @@
-"""A run's event list from stored rows: scale changes, skipped steps, AMP misuse. Pure: no I/O.
+"""A run's event list from stored rows: scale changes, skipped steps, non-finite gradients that
+were applied (no scaler), AMP misuse. Pure: no I/O.
 
 Events are never downsampled. Order: by step, then ingest order; within one step row, the
 `scale_events` order (skipped, then backoff or growth), then its misuse events as reported.
@@ -16,6 +17,7 @@ from ampscope_server.schemas import (
     EventLayerRead,
     EventRead,
     MisuseEventRead,
+    NonfiniteEventRead,
     RecheckRead,
     SkippedEventRead,
 )
@@ -23,7 +25,7 @@ from ampscope_server.schemas import (
 
 @dataclass(frozen=True)
 class StepRow:
-    """A step that was skipped or changed the scale."""
+    """A step that was skipped, held a non-finite gradient or changed the scale."""
 
     step_id: int
     step: int
@@ -31,6 +33,7 @@ class StepRow:
     scale_before: float | None
     scale_after: float | None
     loss: float | None
+    found_inf: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,27 +61,28 @@ def build_events(
     """Merge step events and misuse events, both given in (step, step id) order.
 
     `bad_layers` maps a step id to its (layer index, "nan" | "inf") in backward order; a skipped
-    step without an entry lists no layers (not measured, or none). `rechecks` maps a step id to
+    step without an entry lists no layers (not measured, or none). A `found_inf` step that was
+    not skipped (no scaler: the optimizer applied it) is a `nonfinite` event with the same
+    details. `rechecks` maps a step id to
     its FP32 re-check (wire v3), carried by the step's `skipped` event.
     """
     rechecks = rechecks or {}
     keyed: list[tuple[tuple[int, int, int], AnyEventRead]] = []
     for row in steps:
+        if row.found_inf and not row.skipped:
+            keyed.append(((row.step, row.step_id, 0), NonfiniteEventRead(
+                step=row.step, kind="nonfinite", scale_before=row.scale_before,
+                scale_after=row.scale_after, loss_finite=loss_finite(row.loss),
+                layers=_layers(bad_layers.get(row.step_id, ()), layer_names))))
         for event in series_math.scale_events(
             [(row.step, row.skipped, row.scale_before, row.scale_after)]
         ):
             if event.kind == "skipped":
-                layers = [
-                    EventLayerRead.model_validate({
-                        "index": index, "kind": kind,
-                        "name": layer_names[index] if index < len(layer_names) else "",
-                    })
-                    for index, kind in bad_layers.get(row.step_id, ())
-                ]
                 keyed.append(((row.step, row.step_id, 0), SkippedEventRead(
                     step=row.step, kind="skipped", scale_before=row.scale_before,
                     scale_after=row.scale_after, loss_finite=loss_finite(row.loss),
-                    layers=layers, recheck=rechecks.get(row.step_id),
+                    layers=_layers(bad_layers.get(row.step_id, ()), layer_names),
+                    recheck=rechecks.get(row.step_id),
                 )))
             else:
                 keyed.append(((row.step, row.step_id, 0), EventRead.model_validate({
@@ -92,3 +96,10 @@ def build_events(
         })))
     keyed.sort(key=lambda pair: pair[0])  # stable: each group keeps its order
     return [event for _, event in keyed]
+
+
+def _layers(bad: Sequence[tuple[int, str]], layer_names: Sequence[str]) -> list[EventLayerRead]:
+    return [EventLayerRead.model_validate({
+        "index": index, "kind": kind,
+        "name": layer_names[index] if index < len(layer_names) else "",
+    }) for index, kind in bad]

@@ -121,10 +121,13 @@ class Layer(Base):
     raw_name: Mapped[str | None] = mapped_column(String(500))
 
 
-STEP_IS_EVENT = "skipped OR scale_before <> scale_after OR scale_before_class <> scale_after_class"
-"""A step the events list shows: skipped, or its scale changed (or became non-finite). One SQL
-text for the partial index below and the query that uses it (`steps_repository.event_rows`):
-SQLite takes a partial index only for a query holding the index's condition as written."""
+STEP_IS_EVENT = ("skipped OR found_inf OR scale_before <> scale_after "
+                 "OR scale_before_class <> scale_after_class")
+"""A step the events list shows: skipped, a gradient non-finite (`found_inf`: with a scaler the
+skipped steps again; without one, BF16 or FP32, steps the optimizer applied all the same), or its
+scale changed (or became non-finite). One SQL text for the partial index below and the query
+that uses it (`steps_repository.event_rows`): SQLite takes a partial index only for a query
+holding the index's condition as written (revision 0019)."""
 
 
 STEP_HAS_MISUSE = "misuse_count > 0"

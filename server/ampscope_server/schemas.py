@@ -292,7 +292,21 @@ class MisuseEventRead(BaseModel):
     detail: str
 
 
-AnyEventRead = SkippedEventRead | EventRead | MisuseEventRead
+class NonfiniteEventRead(BaseModel):
+    """A step whose gradients held NaN or ±inf and that was NOT skipped: a run without a
+    GradScaler (BF16, FP32), where the optimizer applies such a step."""
+
+    step: int
+    kind: Literal["nonfinite"]
+    scale_before: Tagged | None
+    scale_after: Tagged | None
+    loss_finite: bool | None
+    """False: the loss itself was NaN/inf (forward); True: only gradients were; null: no loss."""
+    layers: list[EventLayerRead]
+    """In backward order (first bad layer first); [] when not measured."""
+
+
+AnyEventRead = SkippedEventRead | NonfiniteEventRead | EventRead | MisuseEventRead
 
 
 class EventsRead(BaseModel):

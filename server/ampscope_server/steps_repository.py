@@ -315,22 +315,24 @@ def series_rows(
 def event_rows(
     session: Session, run_id: str, start: int | None = None, end: int | None = None,
     limit: int | None = None,
-) -> Sequence[Row[int, int, bool, float | None, int, float | None, int, float | None, int]]:
-    """(id, step, skipped, scale_before, its class, scale_after, its class, loss, its class) of
-    the (first `limit`) steps (within [start, end]) that were skipped or whose scale changed (or
-    is non-finite), in step order."""
+) -> Sequence[Row[int, int, bool, bool, float | None, int, float | None, int, float | None,
+                 int]]:
+    """(id, step, skipped, found_inf, scale_before, its class, scale_after, its class, loss, its
+    class) of the (first `limit`) steps (within [start, end]) that were skipped, held a
+    non-finite gradient or whose scale changed (or is non-finite), in step order."""
     return session.execute(event_rows_statement(run_id, start, end, limit)).all()
 
 
 def event_rows_statement(run_id: str, start: int | None = None, end: int | None = None,
                          limit: int | None = None
-                         ) -> Select[int, int, bool, float | None, int, float | None, int,
+                         ) -> Select[int, int, bool, bool, float | None, int, float | None, int,
                                      float | None, int]:
     """`event_rows`' query: its condition is the partial index's (`models.STEP_IS_EVENT`), as
     written, so both dialects read the event steps from that index (revision 0014)."""
     return (
-        select(Step.id, Step.step, Step.skipped, Step.scale_before, Step.scale_before_class,
-               Step.scale_after, Step.scale_after_class, Step.loss, Step.loss_class)
+        select(Step.id, Step.step, Step.skipped, Step.found_inf, Step.scale_before,
+               Step.scale_before_class, Step.scale_after, Step.scale_after_class, Step.loss,
+               Step.loss_class)
         .where(*step_range(run_id, start, end))
         .where(text(f"({STEP_IS_EVENT})"))
         .order_by(Step.step, Step.id)

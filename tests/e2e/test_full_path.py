@@ -215,6 +215,10 @@ def test_a_bf16_run_without_a_scaler(server: ServerProcess) -> None:
     assert [s["loss"] for s in steps[:5]] == pytest.approx(losses[:5], rel=1e-12)
     assert steps[4]["grad_norm"] == "nan" and steps[4]["layers"]["nan_count"] == [0, 0, 1, 0]
     assert steps[4]["nonfinite"] == [{"layer": 2, "kind": "nan"}]
+    events = strict_json(httpx.get(f"{server.url}/api/runs/{mon.run_id}/events"))["events"]
+    assert [(e["step"], e["kind"], e["loss_finite"]) for e in events] == [
+        (4, "nonfinite", True), (5, "nonfinite", False)]
+    assert events[0]["layers"] == [{"index": 2, "kind": "nan", "name": "2.weight"}]
     # The NaN stepped into the weights: step 5's forward is NaN, and the findings say so.
     findings = strict_json(httpx.get(f"{server.url}/api/runs/{mon.run_id}/findings"))
     assert [(f["kind"], f["step_start"]) for f in findings["findings"]] == [

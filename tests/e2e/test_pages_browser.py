@@ -360,11 +360,14 @@ def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, lis
 def test_a_run_without_a_scaler_says_why_it_has_no_scale_chart(
         served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]) -> None:
     """A BF16 run (``watch(model, None, optimizer)``) sends null scales: the scale panel says
-    why it is empty; a run with a scaler shows its chart and no such note."""
+    why it is empty, and a NaN gradient the optimizer applied is a `non-finite` event; a run
+    with a scaler shows its chart and no such note."""
     server, ids = served
     pg, errors = page
     run_id = new_id()
-    records = [record_v2(step, scale_before=None, scale_after=None, growth_tracker=None)
+    records = [record_v2(step, scale_before=None, scale_after=None, growth_tracker=None,
+                         skipped=False, found_inf=step == 7,
+                         nonfinite=[{"layer": 1, "kind": "nan"}] if step == 7 else None)
                for step in range(20)]
     payload = batch_v2(records, run_id=run_id, name="bf16-no-scaler", final=True)
     response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=30)
@@ -373,6 +376,11 @@ def test_a_run_without_a_scaler_says_why_it_has_no_scale_chart(
     pg.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)
     pg.locator("#scale-empty").wait_for(state="visible", timeout=WAIT_MS)
     assert "no GradScaler" in pg.locator("#scale-empty").inner_text()
+    row = pg.locator('#events-body tr[data-kind="nonfinite"]')  # applied, not skipped
+    row.wait_for(timeout=WAIT_MS)
+    assert row.get_attribute("data-step") == "7" and "non-finite" in row.inner_text()
+    row.locator("summary").click()
+    assert "fc1.bias" in row.locator(".bad-layers").inner_text()
     pg.goto(f"{server.url}/runs/{ids[1]}")
     pg.locator("#scale-chart .nsewdrag").wait_for(timeout=WAIT_MS)
     pg.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tests.server.wire import batch, new_id, record, strict_json
+from tests.server.wire import batch, batch_v2, new_id, record, record_v2, strict_json
 
 
 def _get(api: httpx.Client, path: str) -> Any:
@@ -49,6 +49,32 @@ class TestEventPages:
         since = _get(api, f"/api/runs/{run_id}/events?start=3")
         assert [(e["step"], e["kind"]) for e in since["events"]] == [
             (12, "skipped"), (12, "backoff")]
+
+
+class TestWithoutAScaler:
+    def test_a_nonfinite_step_that_was_applied_is_an_event_with_its_layers(
+            self, api: httpx.Client) -> None:
+        """A BF16 run (no scaler): null scales, found_inf steps not skipped. Each is a
+        `nonfinite` event with its layers in backward order; the run has no skipped step."""
+        run_id = new_id()
+        bad = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
+        records = [record_v2(i, with_layers=False, scale_before=None, scale_after=None,
+                             growth_tracker=None, skipped=False, found_inf=i in (2, 5),
+                             loss="nan" if i == 5 else 1.0,
+                             nonfinite=bad if i in (2, 5) else None) for i in range(8)]
+        response = api.post("/api/ingest", json=batch_v2(records, run_id=run_id))
+        assert response.status_code == 200, response.text
+        layers = [{"index": 1, "kind": "inf", "name": "fc1.bias"},
+                  {"index": 0, "kind": "nan", "name": "fc1.weight"}]
+        common = {"kind": "nonfinite", "scale_before": None, "scale_after": None,
+                  "layers": layers}
+        body = _get(api, f"/api/runs/{run_id}/events")
+        assert body == {"events": [{"step": 2, "loss_finite": True, **common},
+                                   {"step": 5, "loss_finite": False, **common}],
+                        "next_start": None}
+        page = _get(api, f"/api/runs/{run_id}/events?limit=1")  # paged by event step
+        assert [e["step"] for e in page["events"]] == [2] and page["next_start"] == 5
+        assert _get(api, f"/api/runs/{run_id}")["skipped_steps"] == 0
 
 
 class TestSkipRate:

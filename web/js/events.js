@@ -1,5 +1,6 @@
-// The events table: skipped steps, backoffs, growths and AMP misuse (never downsampled), newest
-// first. A skipped step opens (a <details> row, no script needed) to show the layers whose
+// The events table: skipped steps, backoffs, growths, AMP misuse and, in a run without a scaler,
+// non-finite steps the optimizer applied (never downsampled), newest first. A skipped or
+// non-finite step opens (a <details> row, no script needed) to show the layers whose
 // gradient went non-finite, first bad layer first (backward order), NaN vs inf, and whether the
 // loss itself was finite (forward vs backward overflow). A misuse event shows its detail.
 // The list holds what was asked for (the first page of /events, the zoomed range's, the steps
@@ -8,7 +9,8 @@
 import { el, scaleNode } from './format.js';
 
 const MAX_ROWS = 300;
-const LABEL = { skipped: 'skipped', backoff: 'backoff', growth: 'growth', misuse: 'misuse' };
+const LABEL = { skipped: 'skipped', nonfinite: 'non-finite', backoff: 'backoff', growth: 'growth', misuse: 'misuse' };
+const WITH_LAYERS = new Set(['skipped', 'nonfinite']); // events whose layers /events gives
 const REFETCH_MS = 1000; // live skipped steps carry no layers: ask /events for them, at most this often
 
 const keyOf = (e) => (e.kind === 'misuse' ? `${e.step}:misuse:${e.misuse_kind}:${e.detail}` : `${e.step}:${e.kind}`);
@@ -89,13 +91,15 @@ export class EventLog {
     const derived = [];
     for (const s of steps) {
       const base = { step: s.step, scale_before: s.scale_before, scale_after: s.scale_after, derived: true };
-      if (s.skipped) derived.push({ ...base, kind: 'skipped', loss_finite: Number.isFinite(s.loss) ? true : (s.loss === null ? null : false), layers: null });
+      const lossFinite = Number.isFinite(s.loss) ? true : (s.loss === null ? null : false);
+      if (s.skipped) derived.push({ ...base, kind: 'skipped', loss_finite: lossFinite, layers: null });
+      else if (s.found_inf) derived.push({ ...base, kind: 'nonfinite', loss_finite: lossFinite, layers: null });
       if (s.scale_after < s.scale_before) derived.push({ ...base, kind: 'backoff' });
       if (s.scale_after > s.scale_before) derived.push({ ...base, kind: 'growth' });
     }
     if (!derived.length) return;
     this.add(derived);
-    if (this.refetch && derived.some((e) => e.kind === 'skipped')) this.scheduleRefetch();
+    if (this.refetch && derived.some((e) => WITH_LAYERS.has(e.kind))) this.scheduleRefetch();
   }
 
   scheduleRefetch() {
@@ -131,6 +135,9 @@ export class EventLog {
         e.loss_finite === false ? 'forward overflow' : (e.loss_finite === true ? 'backward overflow' : 'overflow')),
       el('span', 'muted', n === null ? ' · layers loading…' : ` · ${n} non-finite layer${n === 1 ? '' : 's'}`));
       details.append(summary, el('p', 'overflow-loss', overflowText(e.loss_finite)));
+      if (e.kind === 'nonfinite') {
+        details.append(el('p', 'muted', 'applied: without a GradScaler nothing skips this step, so the NaN/inf reached the optimizer'));
+      }
       if (layers && layers.length) {
         const list = el('ol', 'bad-layers');
         for (const layer of layers) {
@@ -164,15 +171,16 @@ export class EventLog {
       const kind = el('td');
       kind.append(el('span', `kind kind-${LABEL[e.kind] ? e.kind : 'other'}`, LABEL[e.kind] ?? e.kind));
       tr.append(el('td', 'num', String(e.step)), kind, change,
-        e.kind === 'skipped' || e.kind === 'misuse' ? this.detailCell(e, key) : el('td'));
+        WITH_LAYERS.has(e.kind) || e.kind === 'misuse' ? this.detailCell(e, key) : el('td'));
       rows.push(tr);
       shown += 1;
     }
     this.tbody.replaceChildren(...rows);
-    const counts = { skipped: 0, backoff: 0, growth: 0, misuse: 0 };
+    const counts = { skipped: 0, nonfinite: 0, backoff: 0, growth: 0, misuse: 0 };
     for (const e of this.events) counts[e.kind] = (counts[e.kind] ?? 0) + 1;
     const partial = this.nextStart !== null;
     this.countNode.textContent = `${counts.skipped} skipped · ${counts.backoff} backoff · ${counts.growth} growth`
+      + (counts.nonfinite ? ` · ${counts.nonfinite} non-finite` : '')
       + (counts.misuse ? ` · ${counts.misuse} misuse` : '')
       + (partial ? ` · not all loaded from step ${this.nextStart} on` : '');
     if (this.more) this.more.button.hidden = !partial;
