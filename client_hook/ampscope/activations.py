@@ -14,6 +14,15 @@ the watched leaf modules, not a hook stored on each module: a model pickled, dee
 the probe, whose closures could not be pickled. While armed it costs every module call in the
 process one dict lookup, on the sampled steps only.
 
+``torch.compile``: the hook stays out of compiled regions (it returns at once while dynamo
+traces, so it adds no graph break; modules run inside a compiled graph are not sampled). A
+compiled graph guards on the global hooks, so each arm would recompile it: after a sampled step
+in which no watched module reached the hook, the probe arms no more (one recompile in all). torch
+warns at every call of a ``torch.compile(module)`` wrapper while a global module hook exists,
+because the hook also fires for the wrapper; ours ignores it (not a leaf of the watched model), so
+that one message is filtered out (``_quiet_compile_warning``) rather than raised into a loop run
+under ``-W error``.
+
 Units: ``amax``/``amin_nz``/``l2`` in true units (divided by the scale in effect); fractions are
 judged on the flowing values, i.e. at the scale, against the target format. A module that received
 no gradient in the sampled backward (not called, or its output does not reach the loss) reports a
@@ -35,7 +44,9 @@ never written after its hook ran.
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +57,8 @@ from ampscope.formats import TargetFormat
 from ampscope.reductions import STAT_NAMES, GradStats
 
 __all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
+
+logger = logging.getLogger("ampscope")
 
 _AMAX, _AMIN, _L2 = 0, 1, 7
 
@@ -78,6 +91,14 @@ def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
     return torch.stack([amax, amin, zero / n, lt_normal / n, lt_under / n, nans, infs, l2])
 
 
+def _quiet_compile_warning() -> None:
+    """Filter out torch's warning about global module hooks and ``torch.compile(module)``
+    (module docstring); added at each arm, so a ``catch_warnings`` block that reset the filters
+    since (pytest's, per test) gets it again. That message only."""
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"Using `torch\.compile\(module\)` when there are global hooks")
+
+
 def _leaf_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     leaves = [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]
     return leaves
@@ -99,6 +120,7 @@ class ActivationProbe:
         self._modules = [m for _, m in leaves]
         self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules
         self._handles: list[Any] = []
+        self.off = False  # the model runs compiled: never armed again (``collect``)
         self._generation = 0
         self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
         self._taken: set[int] = set()  # modules whose gradient was kept this sample
@@ -120,7 +142,7 @@ class ActivationProbe:
         return len(self._handles)
 
     def arm(self) -> None:
-        if self._handles:
+        if self._handles or self.off:
             return
         self._generation += 1
         self._hooked.clear()
@@ -129,8 +151,9 @@ class ActivationProbe:
         self._pending = []
         self._pending_elems = 0
         if self._modules:
-            hook = self._forward_hook(self._generation)
-            self._handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+            _quiet_compile_warning()
+            self._handles.append(
+                torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
 
     def disarm(self) -> None:
         for handle in self._handles:
@@ -140,25 +163,26 @@ class ActivationProbe:
         self._pending_elems = 0
         self._generation += 1  # tensor hooks still attached to a live graph go quiet
 
-    def _forward_hook(self, gen: int) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-            try:
-                index = self._index.get(id(module))
-                if index is None or gen != self._generation or index in self._hooked:
-                    return
-                out = output
-                if isinstance(out, (tuple, list)):
-                    out = next((t for t in out
-                                if isinstance(t, torch.Tensor) and t.requires_grad), None)
-                if not isinstance(out, torch.Tensor) or not out.requires_grad:
-                    return
-                if not out.is_floating_point() or out.numel() == 0:
-                    return
-                self._hooked.add(index)
-                out.register_hook(self._grad_hook(index, gen))
-            except Exception as exc:
-                self._on_error(exc)
-        return hook
+    def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        """The process-wide forward hook of a sampled step (module docstring)."""
+        if torch.compiler.is_compiling():  # traced: constant, no side effect, no graph break
+            return
+        try:
+            index = self._index.get(id(module))
+            if index is None or index in self._hooked:
+                return
+            out = output
+            if isinstance(out, (tuple, list)):
+                out = next((t for t in out
+                            if isinstance(t, torch.Tensor) and t.requires_grad), None)
+            if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                return
+            if not out.is_floating_point() or out.numel() == 0:
+                return
+            self._hooked.add(index)
+            out.register_hook(self._grad_hook(index, self._generation))
+        except Exception as exc:
+            self._on_error(exc)
 
     def _grad_hook(self, index: int, gen: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -194,6 +218,12 @@ class ActivationProbe:
         self._flush()
         results = self._results
         self._results = {}
+        if not self._hooked and self._modules:
+            # No watched module's forward reached the hook during a whole sampled step: they
+            # run inside a compiled graph, where the hook returns at once. Arming again would
+            # only recompile that graph (it guards on the global hooks' keys), so stop here.
+            self.off = True
+            logger.info("ampscope: the model runs compiled; activation statistics are off")
         self.disarm()
         if not results:
             return None

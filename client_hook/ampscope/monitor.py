@@ -337,7 +337,8 @@ class Monitor:
 
         Cost when registered: nothing on steps that do not overflow; on an overflow step one
         FP32 forward and backward on the training thread. Exceptions from ``fn`` are recorded
-        (``status: "failed"``), never raised.
+        (``status: "failed"``), never raised. Without a scaler no step is skipped, so nothing
+        is re-checked.
         """
         self._recheck_fn = fn
 

@@ -154,3 +154,41 @@ class TestFusedReduction:
                 assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12)
         if poison is not None:
             assert any(row[5] > 0 or row[6] > 0 for row in block)
+
+
+class TestCompile:
+    def test_a_compiled_model_trains_without_a_graph_break_or_a_warning(self) -> None:
+        """The armed probe stays out of the compiled graph (one graph, no break) and torch's
+        warning about global hooks and torch.compile(module) is not raised into the loop."""
+        import warnings
+
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        compiled = torch.compile(model, backend="eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        sender = MemorySender()
+        x, y = torch.randn(4, 8), torch.randn(4, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # as a process started with -W error
+            mon = ampscope.watch(model, scaler, opt, sender=sender, activation_every=1,
+                                 layer_every=1)
+            for _ in range(6):
+                opt.zero_grad()
+                loss = ((compiled(x) - y) ** 2).mean()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        mon.close()
+        assert dict(counters["graph_break"]) == {}
+        # one graph traced with the armed hook (step 0), one without: the probe arms no more
+        assert counters["stats"]["unique_graphs"] == 2
+        assert mon._probe is not None and mon._probe.off and not mon._probe.armed
+        records = [r for p in sender.payloads() for r in p["records"]]
+        assert [r["step"] for r in records] == list(range(6))
+        assert all(r["layers"] is not None for r in records)
+        assert [r["activations"] for r in records] == [None] * 6  # all inside the graph
