@@ -83,12 +83,20 @@ def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
     else:
         cause = ("Both NaN and infinite losses: forward activations overflow the format and/or "
                  "the data or computation produces NaN.")
+    if all(p.scale_before is None for p in bad):
+        # No GradScaler (BF16 or FP32): nothing skips these steps, and no scale is involved.
+        consequence = ("This run has no loss scale (no GradScaler): nothing skipped these "
+                       "steps, so the optimizer applied them and the NaN/inf reached the "
+                       "weights.")
+        if run.target_format == "bf16":  # "or train in BF16" would be no advice here
+            recommendation = recommendation.replace("; or train in BF16.", ".")
+    else:
+        consequence = ("The loss scale only multiplies the backward pass, so no scale can fix "
+                       "this: the scaler will skip these steps and back off for nothing.")
     return [Finding(
         kind="forward_overflow", severity="error",
         title=title,
-        explanation=(
-            f"{cause} The loss scale only multiplies the backward pass, so no scale can fix "
-            "this: the scaler will skip these steps and back off for nothing."),
+        explanation=f"{cause} {consequence}",
         recommendation=recommendation,
         step_start=start, step_end=end,
         evidence=evidence,

@@ -149,6 +149,19 @@ class TestForwardOverflow:
                                   "inf_loss_steps": 2}
         assert "no scale can fix this" in found.explanation
 
+    def test_without_a_scaler_the_steps_were_applied(self) -> None:
+        """A BF16 run without a GradScaler: no scale, nothing skipped; the finding says the
+        NaN reached the weights and does not advise BF16."""
+        steps = [StepPoint(step=s, scale_before=None, scale_after=None, found_inf=s >= 40,
+                           skipped=False, loss=math.nan if s >= 41 else 1.0) for s in range(50)]
+        found = only(analyze(run_data(steps, target_format="bf16")), "forward_overflow")
+        assert (found.step_start, found.step_end) == (41, 49)
+        assert found.explanation.endswith(
+            "This run has no loss scale (no GradScaler): nothing skipped these steps, so the "
+            "optimizer applied them and the NaN/inf reached the weights.")
+        assert "scaler will skip" not in found.explanation
+        assert found.recommendation.endswith("or by computing the loss in FP32.")
+
     def test_backward_overflow_is_not_forward(self) -> None:
         assert "forward_overflow" not in [f.kind for f in analyze(run_data(HEALTHY))]
 
