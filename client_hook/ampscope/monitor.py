@@ -166,15 +166,25 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def _rank() -> int:
-    if "RANK" in os.environ:
+    return _distributed("RANK", "get_rank", 0)
+
+
+def _world_size() -> int:
+    return _distributed("WORLD_SIZE", "get_world_size", 1)
+
+
+def _distributed(variable: str, getter: str, default: int) -> int:
+    """The launcher's environment variable (torchrun, Lightning, accelerate set it before the
+    process group exists), else the initialized process group's answer, else ``default``."""
+    if variable in os.environ:
         try:
-            return int(os.environ["RANK"])
+            return int(os.environ[variable])
         except ValueError:
             pass
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
+        return int(getattr(dist, getter)())
+    return default
 
 
 class Monitor:
@@ -208,7 +218,15 @@ class Monitor:
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         token: str | None = None,
         fused: bool | None = None,
+        all_ranks: bool = False,
     ) -> None:
+        rank = _rank()
+        if enabled and not all_ranks and rank != 0 and _world_size() > 1:
+            # One run per distributed job: rank 0's (DDP's gradients and scaler state are the
+            # same on every rank). Other ranks get an inert monitor, as enabled=False.
+            logger.info("ampscope: global rank %d of %d does not record (rank 0 does; "
+                        "all_ranks=True records every rank)", rank, _world_size())
+            enabled = False
         # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
         self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
@@ -256,7 +274,7 @@ class Monitor:
             "tags": [str(t) for t in tags],
             "config": wire.jsonable(dict(config or {})),
             "host": socket.gethostname(),
-            "rank": _rank(),
+            "rank": rank,
             "target_format": self.fmt.name,
         }
         self._attempt_info: dict[str, Any] = {
@@ -736,7 +754,9 @@ def watch(
     compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
     per-layer step while the exact eager path answers; None (default) takes it for models of at
     least ``reductions.FUSE_MIN_ELEMS`` (2^17) gradient elements, True always, False never
-    (nothing is compiled).
+    (nothing is compiled). Under ``torch.distributed`` (``WORLD_SIZE`` > 1) only global rank 0
+    records unless ``all_ranks=True`` (each rank then records a run of its own): one run per
+    job, DDP's gradients and scale being the same on every rank.
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the

@@ -4,7 +4,10 @@ import copy
 import io
 import json
 import math
+import os
 import pickle
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -863,3 +866,34 @@ class TestWithoutAScaler:
         assert [r["loss"] for r in run.records()] == pytest.approx(
             [t["loss"] for t in run.truth], rel=1e-6)
         assert sum("record_loss() is ignored" in r.message for r in caplog.records) == 1
+
+
+class TestDistributed:
+    """Two real DDP ranks (gloo, 2 processes on the CPU)."""
+
+    @staticmethod
+    def ranks(tmp_path: Path, mode: str) -> list[dict[str, Any]]:
+        store = tmp_path / "store"
+        procs = []
+        for rank in (0, 1):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
+                   "PYTHONWARNINGS": "ignore"}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.client_hook.ddp_worker", str(store),
+                 str(tmp_path / f"rank{rank}.json"), mode],
+                env=env, cwd=Path(__file__).resolve().parents[2],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, out[-3000:]
+        return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    def test_rank_zero_records_the_job(self, tmp_path: Path) -> None:
+        zero, one = self.ranks(tmp_path, "zero")
+        assert (zero["state"], zero["produced"], zero["steps"]) == ("closed", 4, [0, 1, 2, 3])
+        assert zero["layers"] == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module."
+        assert (one["state"], one["produced"], one["steps"]) == ("closed", 0, [])
+
+    def test_all_ranks_record(self, tmp_path: Path) -> None:
+        zero, one = self.ranks(tmp_path, "all")
+        assert [(r["produced"], r["run_rank"]) for r in (zero, one)] == [(4, 0), (4, 1)]
