@@ -400,9 +400,9 @@ class Monitor:
         """Block until every record of the steps so far has been sent (acknowledged by the
         server), spooled or counted dropped; False if ``timeout`` seconds (default
         ``close_timeout_s``) pass first, or the monitor is closed or was made with
-        ``enabled=False``. For the
-        end of a phase (an epoch, an evaluation, a benchmark's segment): it waits for the sender
-        thread, so not inside a training step. Records keep flowing afterwards."""
+        ``enabled=False``. For the end of a phase (an epoch, an evaluation, a benchmark's
+        segment): it waits for the sender thread, so not inside a training step. Records keep
+        flowing afterwards."""
         if self._transport is None or self._state is HookState.CLOSED:
             return False
         return self._transport.flush(self.close_timeout_s if timeout is None else timeout)
