@@ -347,14 +347,22 @@ class TestScalerTuning:
         assert "scaler_tuning" not in [f.kind for f in analyze(run_data(steps))]
 
 
+def _diverging() -> tuple[list[StepPoint], list[StepPoint], list[LayerSample],
+                         list[LayerSample]]:
+    """(run, baseline, run samples, baseline samples): the run's loss 10 % above the
+    baseline's from step 500, its layer 1's l2 doubled from there."""
+    base = scaler_steps(1000, fits_below(2**10), loss=lambda s: 2.0 - s / 1000)
+    run = scaler_steps(1000, fits_below(2**10),
+                       loss=lambda s: (2.0 - s / 1000) * (1.1 if s >= 500 else 1.0))
+    base_samples = healthy_samples(range(0, 1000, 10))
+    samples = [dataclasses.replace(s, l2=(s.l2 or 0) * 2)
+               if s.layer == 1 and s.step >= 500 else s for s in base_samples]
+    return run, base, samples, base_samples
+
+
 class TestBaselineDivergence:
     def test_first_step_and_layers(self) -> None:
-        base = scaler_steps(1000, fits_below(2**10), loss=lambda s: 2.0 - s / 1000)
-        run = scaler_steps(1000, fits_below(2**10),
-                           loss=lambda s: (2.0 - s / 1000) * (1.1 if s >= 500 else 1.0))
-        base_samples = healthy_samples(range(0, 1000, 10))
-        samples = [dataclasses.replace(s, l2=(s.l2 or 0) * 2)
-                   if s.layer == 1 and s.step >= 500 else s for s in base_samples]
+        run, base, samples, base_samples = _diverging()
         found = only(analyze(run_data(run, layer_samples=samples),
                              run_data(base, layer_samples=base_samples, name="fp32")),
                      "baseline_divergence")
@@ -364,12 +372,7 @@ class TestBaselineDivergence:
     def test_a_wrapped_run_matches_a_plain_baseline_by_canonical_name(self) -> None:
         """The run was compiled and wrapped in DDP (`_orig_mod.module.` before every name): its
         layers still meet the plain baseline's, and the finding names them as the run does."""
-        base = scaler_steps(1000, fits_below(2**10), loss=lambda s: 2.0 - s / 1000)
-        run = scaler_steps(1000, fits_below(2**10),
-                           loss=lambda s: (2.0 - s / 1000) * (1.1 if s >= 500 else 1.0))
-        base_samples = healthy_samples(range(0, 1000, 10))
-        samples = [dataclasses.replace(s, l2=(s.l2 or 0) * 2)
-                   if s.layer == 1 and s.step >= 500 else s for s in base_samples]
+        run, base, samples, base_samples = _diverging()
         wrapped = [dataclasses.replace(layer, name=f"_orig_mod.module.{layer.name}")
                    for layer in LAYERS]
         found = only(analyze(run_data(run, layers=wrapped, layer_samples=samples),
