@@ -13,7 +13,8 @@ It runs on the training thread inside ``scaler.update()``, after the skipped ``s
 parameters are exactly those the overflowing forward used) and leaves the training state as it
 was: gradients come from ``torch.autograd.grad`` (``.grad`` is not touched), the RNG state is
 forked (dropout draws do not shift training's), and the model's buffers (BatchNorm statistics)
-are restored. Autocast is disabled, so a model whose parameters are FP32 runs in FP32; a model
+are restored. Autocast is disabled (also the one accelerate's ``prepare`` builds into the model's
+``forward``), so a model whose parameters are FP32 runs in FP32; a model
 held in FP16 (``model.half()``) keeps its FP16 parameters and the re-check says only whether the
 values persist without autocast and loss scaling.
 
@@ -25,7 +26,7 @@ copy of the buffers. The result stays on the device, stacked into the step's one
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ def run_recheck(
                 if device_type in ("cpu", "cuda"):
                     stack.enter_context(torch.autocast(device_type, enabled=False))
             stack.enter_context(torch.enable_grad())
+            stack.enter_context(_forward_without_built_in_autocast(model))
             return _block(fn(), params)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:DETAIL_MAX]
@@ -61,6 +63,25 @@ def run_recheck(
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
+
+
+@contextlib.contextmanager
+def _forward_without_built_in_autocast(model: torch.nn.Module) -> Iterator[None]:
+    """accelerate's ``prepare`` builds autocast into the model's ``forward`` (an instance
+    attribute over the saved ``_original_forward``), and an outer ``autocast(enabled=False)``
+    cannot turn an inner one off: the re-check runs the saved forward instead (of the model,
+    or of the module a DDP wrapper holds), and puts the prepared one back."""
+    swapped = []
+    for module in (model, getattr(model, "module", None)):
+        own = vars(module) if isinstance(module, torch.nn.Module) else {}
+        if "_original_forward" in own and "forward" in own:
+            swapped.append((module, own["forward"]))
+            module.forward = own["_original_forward"]  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        for module, forward in swapped:
+            module.forward = forward  # type: ignore[union-attr]
 
 
 def _block(loss: Any, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:

@@ -266,3 +266,31 @@ class TestTwoOptimizers:
         assert [r["recheck"] and r["recheck"]["status"] for r in records] == [
             None, None, "persisted", None]
         assert len(calls) == 1
+
+
+class TestAccelerate:
+    def test_the_autocast_accelerate_builds_into_forward_is_off_too(self) -> None:
+        """``Accelerator(mixed_precision="bf16").prepare`` wraps ``model.forward`` in autocast:
+        the re-check still runs the model in FP32, and the prepared forward is back after."""
+        from accelerate import Accelerator  # type: ignore[import-untyped]
+
+        from ampscope.recheck import run_recheck
+
+        accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+        model = accelerator.prepare(nn.Sequential(nn.Linear(8, 4)))
+        prepared = model.forward
+        x = torch.randn(2, 8)
+        assert model(x).dtype == torch.float32  # converted back to FP32 at the output...
+        seen: list[torch.dtype] = []
+        model[0].register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        model(x)
+        assert seen == [torch.bfloat16]  # ...but computed in BF16 inside
+
+        def loss() -> torch.Tensor:
+            out: torch.Tensor = model(x)
+            return out.square().mean()
+
+        block = run_recheck(loss, model, list(model.parameters()))
+        assert isinstance(block, torch.Tensor) and block[0].item() == 1.0
+        assert seen == [torch.bfloat16, torch.float32]
+        assert model.forward == prepared
