@@ -73,7 +73,10 @@ class AmpscopeCallback(pl.Callback):
         fmt = _target_format(precision)
         if fmt is not None:
             options.setdefault("target_format", fmt)
-        self.monitor = ampscope.watch(pl_module, scaler, list(trainer.optimizers), **options)
+        try:
+            self.monitor = ampscope.watch(pl_module, scaler, list(trainer.optimizers), **options)
+        except Exception as exc:  # a bad option or no optimizer: fit goes on, unwatched
+            logger.warning("ampscope: not watching this fit: %s", exc)
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor

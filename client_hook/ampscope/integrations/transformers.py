@@ -64,7 +64,10 @@ class AmpscopeCallback(transformers.TrainerCallback):
             options.setdefault("target_format", "bf16")
         elif args.fp16:
             options.setdefault("target_format", "fp16")
-        self.monitor = ampscope.watch(model, scaler, optimizer, **options)
+        try:
+            self.monitor = ampscope.watch(model, scaler, optimizer, **options)
+        except Exception as exc:  # a bad option: training goes on, unwatched
+            logger.warning("ampscope: not watching this training: %s", exc)
 
     def on_train_end(self, args: transformers.TrainingArguments,
                      state: transformers.TrainerState, control: transformers.TrainerControl,

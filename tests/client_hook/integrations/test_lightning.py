@@ -154,3 +154,21 @@ def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
     frames = [f for path in spool_files(spool) for f in scan(path) if isinstance(f, Frame)]
     steps = [r["step"] for f in frames for r in json.loads(f.body)["records"]]
     assert steps == list(range(20))
+
+
+def test_a_watch_that_fails_leaves_the_fit_unwatched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 8), torch.randn(16, 4))
+    callback = AmpscopeCallback(sender=MemorySender(), target_format="fp7")  # no such format
+    model = Regressor()
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="ampscope"):
+        warnings.simplefilter("ignore")
+        trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False,
+                             precision="bf16-mixed", enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[callback])
+        trainer.fit(model, DataLoader(data, batch_size=4))
+    assert callback.monitor is None and len(model.losses) == 3  # trained all the same
+    assert any("not watching this fit" in r.message and "fp7" in r.message
+               for r in caplog.records)

@@ -136,3 +136,14 @@ def test_a_callback_alone_records_the_steps(tmp_path: Path) -> None:
     recs = records(sender)
     assert [r["step"] for r in recs] == list(range(STEPS))
     assert {r["loss"] for r in recs} == {None}  # no scaler, no attach: no loss to read
+
+
+def test_a_watch_that_fails_leaves_the_training_unwatched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    trainer, log = make_trainer(tmp_path, bf16=True)
+    callback = attach(trainer, sender=MemorySender(), target_format="fp7")  # no such format
+    with caplog.at_level(logging.WARNING, logger="ampscope"):
+        trainer.train()
+    assert callback.monitor is None and len(log.losses) == STEPS  # trained all the same
+    assert any("not watching this training" in r.message and "fp7" in r.message
+               for r in caplog.records)
