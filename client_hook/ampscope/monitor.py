@@ -646,9 +646,10 @@ class Monitor:
     def _capture_guarded(self, optimizer: torch.optim.Optimizer) -> None:
         self._cycle.captured = True  # even on failure: one attempt per cycle
         try:
-            optimizer = unwrap_optimizer(optimizer)
-            if optimizer not in self._optimizers:
-                self._optimizers.append(optimizer)
+            if optimizer not in self._optimizers:  # the watched ones are unwrapped already
+                optimizer = unwrap_optimizer(optimizer)
+                if optimizer not in self._optimizers:
+                    self._optimizers.append(optimizer)
             if self._view.present:
                 self._misuse.watch(optimizer, self._view.enabled)
             self._capture(optimizer)
