@@ -1,12 +1,13 @@
-"""Ingest one wire batch (v1, v2 or v3): all-or-nothing, idempotent, in the caller's transaction.
+"""Ingest one wire batch (v1 … v4): all-or-nothing, idempotent, in the caller's transaction.
 
 Rules (docs/contracts.md): per-layer and per-module data must fit the run's tables (422,
 `batch_checks`); data for a table the run does not have, or a table that differs from the
 stored one, is 409; a (run, attempt, seq) already stored is counted as a duplicate and none of
 its children (layer and activation stats, non-finite layers, misuse, histograms, FP32
-re-checks, swallowed fractions) is written again. The client's accounting is kept per attempt
-when it is newer (largest `produced`). `final` marks the run finished. Live subscribers are
-told after the transaction commits.
+re-checks, swallowed fractions, per-rank and per-optimizer values) is written again. The run's
+fields (name, host, rank, world size, …) are those of its first batch. The client's accounting
+is kept per attempt when it is newer (largest `produced`). `final` marks the run finished.
+Live subscribers are told after the transaction commits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ampscope_server import (
     codec,
     live,
     open_buckets,
+    rank_packing,
     rollups,
     rollups_repository,
     runs_repository,
@@ -50,6 +52,8 @@ from ampscope_server.models import (
     LayerStat,
     MisuseEvent,
     StepNonfinite,
+    StepOptimizers,
+    StepRanks,
     StepRecheck,
     SwallowedStat,
 )
@@ -518,6 +522,8 @@ _PACKED: Sequence[tuple[type[Base], Callable[[StepRecord], dict[str, Any] | None
     (ActivationStat, _activation_row),
     (Histogram, _histogram_row),
     (SwallowedStat, _swallowed_row),
+    (StepRanks, rank_packing.ranks_row),
+    (StepOptimizers, rank_packing.optimizers_row),
 )
 """The tables that take one packed row per step with the run's key (besides `layer_stats`,
 packed before the transaction), with the function that packs a record's row (None: the record

@@ -15,6 +15,10 @@ length on the step (`nonfinite_count`, `misuse_count`: NULL = not measured).
 Revision 0006 packs the per-layer statistics of a step into one row (`LayerStat.data`) and keeps
 per-layer rollups apart from the series rollups, from coarser buckets (`LayerRollup`).
 
+Wire v4 (revision 0020) adds the run's `world_size` and two step children, one row per step
+each however many ranks or optimizers: the per-rank loss and non-finite counts
+(`step_ranks`) and the per-optimizer skip flags and learning rates (`step_optimizers`).
+
 Revision 0010 gives each run an integer `key` that the large tables carry instead of the run's
 36-character id; revision 0011 packs activation statistics, histograms and swallowed fractions
 one row per step with that key, as 0006 did the layer statistics. Revision 0012 keys the
@@ -82,6 +86,8 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
+    world_size: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    """The processes of the distributed job the run records (wire v4; 1 before it)."""
 
 
 class Attempt(Base):
@@ -358,6 +364,64 @@ class SwallowedStat(Base):
     run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
     layers: Mapped[int] = mapped_column(Integer)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# --- wire v4 (revision 0020) -------------------------------------------------------------------
+
+RANKS_NONFINITE = "nonfinite_ranks > 0"
+"""A step where some rank's loss was NaN/±inf or some rank's gradient held one: one SQL text
+for the partial index below and the query that uses it (`rank_reads`), as `STEP_IS_EVENT`."""
+
+
+class StepRanks(Base):
+    """The per-rank values of one step of a distributed run (wire v4 `ranks`): one row per step
+    whatever the world size. `data` is `stat_packing` of two columns of `ranks` values, rank r
+    at index r (`RANK_KINDS`): each rank's loss (float64 bits: NaN and ±inf kept exactly, None
+    when the rank recorded none) and its count of layers with a non-finite gradient (None:
+    unknown). `nonfinite_ranks` counts the ranks with a non-finite loss or a count > 0 and
+    `step` repeats the step's number, so the first step where a rank went non-finite is one
+    index probe (`ix_step_ranks_run_key_nonfinite_step`), not a scan of every blob."""
+
+    __tablename__ = "step_ranks"
+    __table_args__ = (
+        Index("ix_step_ranks_run_key_step_id", "run_key", "step_id"),
+        Index("ix_step_ranks_run_key_nonfinite_step", "run_key", "step",
+              sqlite_where=text(RANKS_NONFINITE), postgresql_where=text(RANKS_NONFINITE)),
+    )
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
+    )
+    step: Mapped[int] = mapped_column(BigInteger)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    ranks: Mapped[int] = mapped_column(Integer)
+    nonfinite_ranks: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+RANK_KINDS = "dq"
+"""`stat_packing` kinds of `step_ranks.data`: loss (float64), nonfinite (int64)."""
+
+
+class StepOptimizers(Base):
+    """The watched optimizers of one step (wire v4 `optimizers`), in watch order, one row per
+    step. `data` is `stat_packing` of two int64 columns of `optimizers` values: whether the
+    optimizer's update was skipped (1, 0, None: unknown) and its number of parameter groups;
+    `lr` is `stat_packing` of one float64 column, every group's lr, optimizer after optimizer
+    (None: the group has none; NaN and ±inf kept as their bits)."""
+
+    __tablename__ = "step_optimizers"
+    __table_args__ = (Index("ix_step_optimizers_run_key_step_id", "run_key", "step_id"),)
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
+    )
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    optimizers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    lr: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- rollups (revision 0003) -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Reading runs back: summaries, details, steps (with their layer statistics), export.
 
-The export carries everything stored, wire v2 fields included (null where not measured).
+The export carries everything stored, wire v2 … v4 fields included (null where not measured).
 
 Status is derived here: a stored `active` run whose last ingest is older than the crash timeout
 reads as `crashed`.
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import (
     codec,
+    rank_reads,
     run_counters_repository,
     runs_list,
     runs_repository,
@@ -52,7 +53,7 @@ from ampscope_server.schemas import (
     RunSummary,
     StepExport,
     StepFull,
-    StepScalars,
+    StepRead,
     StepsPage,
 )
 
@@ -114,6 +115,7 @@ def summaries(
             last_scale=None if row is None else codec.from_storage(row.last_scale,
                                                                    row.last_scale_class),
             skipped_steps=skipped, num_layers=layer_counts.get(run.id, 0),
+            world_size=run.world_size,
             skip_rate=skipped / num_steps if num_steps else None,
             worst_underflow=analysis.underflow, worst_headroom=analysis.headroom,
             top_finding=analysis.top, summary_step=analysis.step,
@@ -181,7 +183,9 @@ def _scalars(step: Step, ordinal: int) -> dict[str, object]:
 
 def steps_page(session: Session, run: Run, after_id: int, limit: int) -> StepsPage:
     rows = steps_repository.steps_after(session, run.id, after_id, limit)
-    steps = [StepScalars.model_validate(_scalars(step, ordinal)) for step, ordinal in rows]
+    v4 = rank_reads.step_fields(session, run.id, [step.id for step, _ in rows])
+    steps = [StepRead.model_validate({**_scalars(step, ordinal), **v4[step.id]})
+             for step, ordinal in rows]
     return StepsPage(steps=steps, last_id=steps[-1].id if steps else after_id)
 
 
@@ -209,8 +213,9 @@ def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list
     return [StepFull.model_validate(values) for values in _with_layers(session, rows)]
 
 
-def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, object]]:
-    """{step id: the wire v2 fields of the step}, each null when it was not measured."""
+def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
+               ) -> dict[int, dict[str, object]]:
+    """{step id: the wire v2 … v4 fields of the step}, each null when it was not measured."""
     ids = [step.id for step in steps]
     fields: dict[int, dict[str, object]] = {
         step.id: {
@@ -257,6 +262,8 @@ def _v2_fields(session: Session, steps: Sequence[Step]) -> dict[int, dict[str, o
         swallowed.setdefault(fraction.step_id, []).append(fraction.frac)
     for step_id, fractions in swallowed.items():
         fields[step_id]["swallowed"] = fractions
+    for step_id, v4 in rank_reads.step_fields(session, run_id, ids).items():
+        fields[step_id].update(v4)
     return fields
 
 
@@ -272,7 +279,7 @@ def recheck_read(row: StepRecheck) -> RecheckRead:
 def export_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepExport]:
     """Steps with id > after_id with everything stored for them, in ingest order."""
     rows = steps_repository.steps_after(session, run_id, after_id, limit)
-    extra = _v2_fields(session, [step for step, _ in rows])
+    extra = _v2_fields(session, run_id, [step for step, _ in rows])
     return [
         StepExport.model_validate({**values, **extra[step.id]})
         for values, (step, _) in zip(_with_layers(session, rows), rows, strict=True)

@@ -118,6 +118,8 @@ class RunSummary(BaseModel):
     last_scale: Tagged | None
     skipped_steps: int
     num_layers: int
+    world_size: int = 1
+    """The processes of the distributed job the run records (wire v4; 1 before it)."""
     skip_rate: float | None
     """skipped_steps / num_steps; null for a run without steps."""
     worst_underflow: WorstLayer | None
@@ -178,6 +180,28 @@ class LayerStatsRead(BaseModel):
     l2: list[float | None]
 
 
+class RanksRead(BaseModel):
+    """A step's per-rank values (wire v4 `ranks`), rank r at index r."""
+
+    loss: list[Tagged | None]
+    nonfinite: list[int | None]
+
+
+class OptimizerRead(BaseModel):
+    """One watched optimizer at one step (wire v4 `optimizers`)."""
+
+    skipped: bool | None
+    lr: list[Tagged | None]
+
+
+class StepRead(StepScalars):
+    """A step of `GET /api/runs/{id}/steps`: its scalars and wire v4's per-rank and
+    per-optimizer values (null when not sent)."""
+
+    ranks: RanksRead | None
+    optimizers: list[OptimizerRead] | None
+
+
 class StepFull(StepScalars):
     layers: LayerStatsRead | None
 
@@ -221,7 +245,7 @@ class RecheckRead(BaseModel):
 
 
 class StepExport(StepFull):
-    """A step with everything stored for it (wire v2/v3 fields null when not measured)."""
+    """A step with everything stored for it (wire v2 … v4 fields null when not measured)."""
 
     captured: Captured | None
     nonfinite: list[NonfiniteLayerRead] | None
@@ -232,11 +256,33 @@ class StepExport(StepFull):
     swallowed: list[float | None] | None
     """Per layer: the share of elements with a non-zero gradient that the optimizer step left
     unchanged (parameters held in FP16/BF16); null entries: not measured for that layer."""
+    ranks: RanksRead | None
+    optimizers: list[OptimizerRead] | None
 
 
 class StepsPage(BaseModel):
-    steps: list[StepScalars]
+    steps: list[StepRead]
     last_id: int
+
+
+class FirstNonfiniteRead(BaseModel):
+    """The earliest step where some rank went non-finite."""
+
+    step: int
+    ranks: list[int]
+    """The ranks whose loss was NaN/±inf or whose gradient held one (count > 0), ascending."""
+    loss: list[Tagged | None]
+    """Every rank's loss at that step."""
+    nonfinite: list[int | None]
+    """Every rank's count of layers with a non-finite gradient at that step."""
+
+
+class RanksSummaryRead(BaseModel):
+    """`GET /api/runs/{id}/ranks`: which rank of a distributed run went non-finite first."""
+
+    world_size: int
+    first_nonfinite: FirstNonfiniteRead | None
+    """null: no rank's loss or gradient was ever non-finite (or no step carried ranks)."""
 
 
 SeriesName = Literal["scale", "loss", "grad_norm", "lr", "duration"]

@@ -1,4 +1,4 @@
-"""The wire, client → server: docs/contracts.md "Wire v1", "v2" and "v3", as strict pydantic models.
+"""The wire, client → server: docs/contracts.md "Wire v1" … "v4", as strict pydantic models.
 
 Strict means no string → number coercion and unknown fields refused, so that a client drifting
 from the contract fails loudly in the contract tests. Each version is the previous one plus
@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from ampscope_server import codec
 
-SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -47,6 +47,18 @@ HISTOGRAM_EXTRA_BINS = 5
 V2_BATCH_FIELDS = ("modules", "client")
 V2_RECORD_FIELDS = ("captured", "nonfinite", "misuse", "activations", "histogram")
 V3_RECORD_FIELDS = ("recheck", "swallowed")
+V4_RUN_FIELDS = ("world_size",)
+V4_RECORD_FIELDS = ("ranks", "optimizers")
+LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
+    3: ((), (), V3_RECORD_FIELDS),
+    4: ((), V4_RUN_FIELDS, V4_RECORD_FIELDS),
+}
+"""Per version: the (batch, run, record) fields it added; a batch of an earlier version may not
+carry them."""
+MAX_WORLD_SIZE = 65536
+MAX_OPTIMIZERS = 64
+MAX_PARAM_GROUPS = 1024
 
 
 # --- field types -------------------------------------------------------------------------------
@@ -74,6 +86,10 @@ def _non_negative_tagged(value: object) -> float | None:
             "greater_than_equal", "Input should be greater than or equal to 0"
         )
     return decoded
+
+
+def _one_when_null(value: object) -> object:
+    return 1 if value is None else value
 
 
 def _no_nul(value: str) -> str:
@@ -189,6 +205,11 @@ class RunInfo(WireModel):
     host: Text255 = ""
     rank: Int32 = 0
     target_format: TargetFormat = "fp16"
+    # v4
+    world_size: Annotated[StrictInt, Field(ge=1, le=MAX_WORLD_SIZE),
+                          BeforeValidator(_one_when_null)] = 1
+    """The processes of the distributed job (torch.distributed's world size); absent or null:
+    1. Kept from the run's first batch, like every run field."""
 
 
 class AttemptInfo(WireModel):
@@ -309,6 +330,26 @@ class Recheck(WireModel):
     detail: Text1000 | None = None
 
 
+# --- v4 additions ------------------------------------------------------------------------------
+
+class RankValues(WireModel):
+    """One value per rank of the job (`run.world_size` of each), rank r at index r: the loss
+    rank r computed this step (null: it recorded none) and how many watched layers held a NaN
+    or ±inf in rank r's gradient (its local shard under FSDP) at the capture (null: unknown)."""
+
+    loss: Annotated[list[WireFloat], Field(max_length=MAX_WORLD_SIZE)]
+    nonfinite: Annotated[list[Count | None], Field(max_length=MAX_WORLD_SIZE)]
+
+
+class OptimizerStep(WireModel):
+    """One watched optimizer at one step: whether its update was skipped (GradScaler found inf
+    in its gradients; null: unknown) and the lr of each of its parameter groups (null: that
+    group has none)."""
+
+    skipped: StrictBool | None = None
+    lr: Annotated[list[WireFloat], Field(max_length=MAX_PARAM_GROUPS)]
+
+
 # --- records and the batch ---------------------------------------------------------------------
 
 class StepRecord(WireModel):
@@ -334,6 +375,10 @@ class StepRecord(WireModel):
     # v3
     recheck: Recheck | None = None
     swallowed: list[Fraction | None] | None = None
+    # v4
+    ranks: RankValues | None = None
+    optimizers: Annotated[list[OptimizerStep],
+                          Field(min_length=1, max_length=MAX_OPTIMIZERS)] | None = None
 
 
 def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None:
@@ -347,7 +392,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2, 3]
+    schema_version: Literal[1, 2, 3, 4]
     run: RunInfo
     attempt: AttemptInfo
     layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None
@@ -361,15 +406,17 @@ class IngestBatch(WireModel):
     @model_validator(mode="after")
     def _no_fields_of_later_versions(self) -> IngestBatch:
         version = self.schema_version
-        if version >= 3:
+        later = [fields for added, fields in sorted(LATER_FIELDS.items()) if added > version]
+        if not later:
             return self
-        batch_fields = V2_BATCH_FIELDS if version == 1 else ()
-        record_fields = (*V2_RECORD_FIELDS, *V3_RECORD_FIELDS) if version == 1 else (
-            V3_RECORD_FIELDS)
-        unknown = [name for name in batch_fields if name in self.model_fields_set]
+        unknown = [name for batch_fields, _, _ in later for name in batch_fields
+                   if name in self.model_fields_set]
+        unknown += [f"run.{name}" for _, run_fields, _ in later for name in run_fields
+                    if name in self.run.model_fields_set]
         unknown += [
             f"records[{position}].{name}"
             for position, record in enumerate(self.records)
+            for _, _, record_fields in later
             for name in record_fields
             if name in record.model_fields_set
         ]
@@ -416,6 +463,8 @@ class IngestBatch(WireModel):
                 seen.add(entry.layer)
             if record.recheck is not None:
                 _check_recheck(record.recheck, f"{where}.recheck")
+            if record.ranks is not None:
+                _check_ranks(record.ranks, f"{where}.ranks", self.run.world_size)
             histogram = record.histogram
             if histogram is None:
                 continue
@@ -467,3 +516,13 @@ def _check_recheck(recheck: Recheck, where: str) -> None:
             {"where": where, "status": recheck.status, "loss": codec.encode(recheck.loss),
              "n": len(recheck.layers)},
         )
+
+
+def _check_ranks(ranks: RankValues, where: str, world_size: int) -> None:
+    """One value per rank of the batch's `run.world_size` in each array."""
+    for name in ("loss", "nonfinite"):
+        count = len(getattr(ranks, name))
+        if count != world_size:
+            raise PydanticCustomError(
+                "ranks_length", "{where}.{name} has {count} values for a world_size of {size}",
+                {"where": where, "name": name, "count": count, "size": world_size})

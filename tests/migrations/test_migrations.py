@@ -21,6 +21,7 @@ TABLES_0006 = TABLES_0005 | {"layer_rollups"}
 TABLES_0007 = TABLES_0006 | {"run_counters"}
 TABLES_0008 = TABLES_0007 | {"alert_rules", "alert_destinations", "alert_defaults",
                              "alert_episodes", "alerts", "alert_deliveries"}
+TABLES_0020 = TABLES_0008 | {"step_ranks", "step_optimizers"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -44,7 +45,11 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
+    assert _tables(db_url) == TABLES_0020 | {"alembic_version"}
+    assert "world_size" in _columns(db_url, "runs")
+    db.downgrade(db_url, "0019")
     assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
+    assert "world_size" not in _columns(db_url, "runs")
     assert "raw_name" in _columns(db_url, "layers")
     db.downgrade(db_url, "0017")
     assert "raw_name" not in _columns(db_url, "layers")
@@ -88,7 +93,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert _tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
+    assert _tables(db_url) == TABLES_0020 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -216,7 +221,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0019"
+            assert context.get_current_revision() == db.head_revision() == "0020"
     finally:
         engine.dispose()
 
@@ -245,6 +250,14 @@ def test_constraints_follow_the_naming_convention(postgres_url: str) -> None:
                 f"fk_{table}_step_id_steps", f"fk_{table}_run_key_runs"}
             assert [i["name"] for i in inspector.get_indexes(table)] == [
                 f"ix_{table}_run_key_step_id"]
+        for table in ("step_ranks", "step_optimizers"):  # revision 0020
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            assert {fk["name"] for fk in inspector.get_foreign_keys(table)} == {
+                f"fk_{table}_step_id_steps", f"fk_{table}_run_key_runs"}
+        assert sorted(str(i["name"]) for i in inspector.get_indexes("step_ranks")) == [
+            "ix_step_ranks_run_key_nonfinite_step", "ix_step_ranks_run_key_step_id"]
+        assert [i["name"] for i in inspector.get_indexes("step_optimizers")] == [
+            "ix_step_optimizers_run_key_step_id"]
         for table in ("rollups", "layer_rollups"):
             assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
             assert [fk["name"] for fk in inspector.get_foreign_keys(table)] == [

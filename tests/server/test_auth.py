@@ -46,6 +46,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/api/runs/{run_id}"): (Needs.READ, "/api/runs/RUN"),
     ("GET", "/api/runs/{run_id}/layers"): (Needs.READ, "/api/runs/RUN/layers"),
     ("GET", "/api/runs/{run_id}/steps"): (Needs.READ, "/api/runs/RUN/steps"),
+    ("GET", "/api/runs/{run_id}/ranks"): (Needs.READ, "/api/runs/RUN/ranks"),
     ("GET", "/api/runs/{run_id}/export"): (Needs.READ, "/api/runs/RUN/export"),
     ("GET", "/api/runs/{run_id}/series/{name}"): (Needs.READ, "/api/runs/RUN/series/loss"),
     ("GET", "/api/runs/{run_id}/events"): (Needs.READ, "/api/runs/RUN/events"),

@@ -173,7 +173,7 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
 
     for monitor, sent_to in ((mon, sink), (half_mon, half_sink)):
         for body in sent_to.payloads():
-            assert body["schema_version"] == 3
+            assert body["schema_version"] == SCHEMA_VERSION
             with sessions() as session, session.begin():
                 ingest.ingest_batch(session, IngestBatch.model_validate(body))
         sent = [record for body in sent_to.payloads() for record in body["records"]]

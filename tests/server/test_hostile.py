@@ -139,7 +139,8 @@ class TestQueryParameters:
         assert "less than or equal to 9223372036854775807" in response.json()["detail"]
 
     @pytest.mark.parametrize("path", [
-        "/api/runs/a%00b", "/api/runs/a%00b/steps", "/api/runs/a%00b/export?format=csv",
+        "/api/runs/a%00b", "/api/runs/a%00b/steps", "/api/runs/a%00b/ranks",
+        "/api/runs/a%00b/export?format=csv",
         "/api/compare?runs=a%00b,c", "/api/runs/" + "x" * 65,
     ])
     def test_nul_and_overlong_ids_are_404(self, api: httpx.Client, path: str) -> None:

@@ -49,11 +49,13 @@ class TestRunsList:
                                 "updated_at", "num_steps", "last_step", "last_id",
                                 "last_scale", "skipped_steps", "num_layers", "skip_rate",
                                 "worst_underflow", "worst_headroom", "top_finding",
-                                "summary_step"}
+                                "summary_step", "world_size"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
-                                       "last_scale", "skipped_steps", "num_layers")} == {
+                                       "last_scale", "skipped_steps", "num_layers",
+                                       "world_size")} == {
             "name": "first", "tags": ["amp", "cpu"], "status": "active", "num_steps": 3,
-            "last_step": 2, "last_scale": 32768.0, "skipped_steps": 1, "num_layers": 2}
+            "last_step": 2, "last_scale": 32768.0, "skipped_steps": 1, "num_layers": 2,
+            "world_size": 1}
         assert listed[second]["tags"] == ["x"]
 
     def test_run_without_steps(self, api: httpx.Client) -> None:

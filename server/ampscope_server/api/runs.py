@@ -1,4 +1,5 @@
-"""Runs: list, detail, layer table, raw steps, export (JSON, CSV, HTML report), delete (admin)."""
+"""Runs: list, detail, layer table, raw steps, ranks, export (JSON, CSV, HTML report), delete
+(admin)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import export_report, export_streams, lifecycle, runs, runs_list
+from ampscope_server import (
+    export_report,
+    export_streams,
+    lifecycle,
+    rank_reads,
+    runs,
+    runs_list,
+)
 from ampscope_server.deps import (
     PrincipalDep,
     RunDep,
@@ -25,6 +33,7 @@ from ampscope_server.schemas import (
     ErrorBody,
     ExportRead,
     LayerInfo,
+    RanksSummaryRead,
     RunDetail,
     RunSummary,
     StepsPage,
@@ -92,6 +101,12 @@ def get_steps(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> StepsPage:
     return runs.steps_page(session, run, after_id, limit)
+
+
+@router.get("/runs/{run_id}/ranks", responses=NOT_FOUND)
+def get_ranks(run: RunDep, session: SessionDep) -> RanksSummaryRead:
+    """The run's world size and the earliest step where some rank went non-finite."""
+    return rank_reads.ranks_summary(session, run)
 
 
 ExportFormat = Literal["json", "csv", "html"]
