@@ -54,6 +54,7 @@ import torch
 
 from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
+from ampscope.names import canonical_names
 from ampscope.reductions import STAT_NAMES, GradStats
 
 __all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
@@ -113,9 +114,12 @@ class ActivationProbe:
         self.fmt = fmt
         self._on_error = on_error
         leaves = _leaf_modules(model)
+        # Canonical, as the layer table's (``names.py``): no ``module.``/``_orig_mod.`` of a
+        # wrapper, so a wrapped run's activations line up with a plain run's.
+        names = canonical_names([name for name, _ in leaves])
         self.table: list[dict[str, Any]] = [
             {"index": i, "name": name or type(m).__name__, "module_type": type(m).__name__}
-            for i, (name, m) in enumerate(leaves)
+            for i, (name, (_, m)) in enumerate(zip(names, leaves, strict=True))
         ]
         self._modules = [m for _, m in leaves]
         self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules

@@ -39,6 +39,7 @@ import torch
 from ampscope.histogram import NUM_BINS
 from ampscope.partials import NUM_COLUMNS, finalize_host
 from ampscope.reductions import STAT_NAMES, GradStats
+from ampscope.shards import Layout
 
 __all__ = ["Finished", "Kind", "Parts", "Taken", "finish", "global_norm", "take"]
 
@@ -64,13 +65,25 @@ class Taken:
     histogram: bool = False
     float32_norms: bool = False
     path: str = "norms"  # "norms", "fused" or "eager": which read made them (tests, benchmarks)
+    # Under torch.distributed: the shape of this rank's share of the step's reductions
+    # (``shards.py``); the parts are then the kept parts, the SUM buffer and the MAX buffer.
+    layout: Layout | None = None
 
     @property
     def all_scaled(self) -> bool:
         return all(self.scaled)
 
     def size(self, num_layers: int) -> int:
-        """How many float values the capture's parts hold, flattened."""
+        """How many float values the capture's parts hold, flattened (packed for the
+        cross-rank reductions when there is a ``layout``)."""
+        own = self.own_size(num_layers)
+        if self.layout is None:
+            return own
+        kept = 0 if self.layout.sharded else own
+        return kept + self.layout.sum_size + self.layout.max_size
+
+    def own_size(self, num_layers: int) -> int:
+        """How many float values the capture's own parts hold, before any packing."""
         n = num_layers if self.kind is Kind.NORMS else NUM_COLUMNS * num_layers
         return n + (NUM_BINS * num_layers if self.histogram else 0)
 

@@ -21,6 +21,7 @@ CPU stacks too, as a GPU does: memory stays bounded.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,12 +30,16 @@ import torch
 
 from ampscope.activations import ActivationProbe
 from ampscope.capture import Taken, take
+from ampscope.collective import Group, Pending, local
+from ampscope.devices import to_device
+from ampscope.histogram import NUM_BINS
 from ampscope.misuse import ClipHeuristic
 from ampscope.order import BackwardOrder
-from ampscope.record import SCALARS, Parts, Sections, StepRecord
+from ampscope.record import SCALARS, OptimizerSlots, Parts, Sections, Slot, StepRecord
 from ampscope.reductions import GradStats
 from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
+from ampscope.shards import Layout, pack
 
 __all__ = ["StepCycle"]
 
@@ -59,6 +64,11 @@ class StepCycle:
         self._view = view
         self.probe = probe
         self.order = order
+        # Under torch.distributed (``collective.py``): the hook's group, whether the gradients
+        # are DTensor shards, and whether this rank sends (rank 0) or only contributes.
+        self.group: Group | None = None
+        self.sharded = False
+        self.sends = True
         self._last_update: float | None = None
         self._nan: torch.Tensor | None = None
         self.reset()
@@ -76,6 +86,10 @@ class StepCycle:
         self.skip_unknown = False
         self.recheck: torch.Tensor | str | None = None  # the result block, or the error
         self.swallowed: torch.Tensor | None = None
+        # This cycle's cross-rank reductions: issued (or an empty share, ``contribute_nothing``)
+        # at most once, and what they will reduce into.
+        self.contributed = False
+        self.pending: Pending | None = None
 
     @property
     def has_block(self) -> bool:
@@ -96,22 +110,51 @@ class StepCycle:
             loss = outputs.detach().to(torch.float64, copy=True)
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
 
+    def _reads(self, step: int) -> tuple[bool, bool]:
+        """(per-layer statistics, histogram): what the capture of ``step`` reads. A DDP peer
+        (same gradients as rank 0, sends nothing) reads only the norms its share needs."""
+        per_layer = self._cadence.due(step)
+        histogram = bool(self._histogram_every and self._params
+                         and step % self._histogram_every == 0)
+        if self.group is not None and not self.sends and not self.sharded:
+            return False, False
+        return per_layer, histogram
+
+    def layout(self, step: int) -> Layout | None:
+        """The shape of this step's share of the reductions (None outside a group): the same
+        on every rank, which is what keeps their collectives matched."""
+        if self.group is None:
+            return None
+        per_layer, histogram = self._reads(step)
+        return Layout(len(self._params), self.group.world_size, self.sharded,
+                      stats=per_layer or histogram, histogram_bins=NUM_BINS if histogram else 0)
+
     def capture(
         self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
         step: int,
     ) -> None:
         """The training thread's whole capture: one read of the gradients (``capture.take``),
-        and the sampled activation block when the probe is armed."""
+        its share of the cross-rank reductions when in a group (issued, never waited for), and
+        the sampled activation block when the probe is armed."""
         grads = [p.grad for p in self._params]
+        if self.sharded:  # each rank reads its own shard; the reductions merge them
+            grads = [local(g) for g in grads]
         scaled = self._view.scaled_state(optimizer, optimizers, self._params)
         scale = self._view.scale_in_effect()
-        self._has_block = self._cadence.due(step)
-        histogram = bool(self._histogram_every and self._params
-                         and step % self._histogram_every == 0)
-        self._parts, self._taken = take(self._stats, grads, scale, scaled,
-                                        per_layer=self._has_block, histogram=histogram)
+        per_layer, histogram = self._reads(step)
+        self._has_block = per_layer and self.sends
+        parts, taken = take(self._stats, grads, scale, scaled,
+                            per_layer=per_layer, histogram=histogram)
+        layout = self.layout(step)
+        if self.group is not None and layout is not None:
+            kept, sums, maxes = pack(parts, layout, self.group.rank, self._loss_sum)
+            self.contributed = True  # before issuing: a failure must not make it issue twice
+            self.pending = self.group.reduce(sums, maxes)
+            parts = [*kept, sums] if maxes is None else [*kept, sums, maxes]
+            taken = dataclasses.replace(taken, layout=layout)
+        self._parts, self._taken = parts, taken
         if self.probe is not None and self.probe.armed:
-            self._acts = self.probe.collect(scale, self._taken.device)
+            self._acts = self.probe.collect(scale, taken.device)
 
     def build(
         self,
@@ -123,6 +166,8 @@ class StepCycle:
         misuse: list[dict[str, str]] | None,
         clip: ClipHeuristic,
         defer: bool = True,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        stepped: frozenset[int] | set[int] = frozenset(),
     ) -> StepRecord:
         """The cycle's record, after the original ``update()`` ran: the scalars and the blocks
         in one list (``record.Parts``), stacked into ONE float64 tensor and copied to the host
@@ -131,7 +176,8 @@ class StepCycle:
         duration = None if self._last_update is None else now - self._last_update
         self._last_update = now
         device = self._device(before)
-        host = defer and device.type == "cpu"
+        # A pending reduction is read by the sender thread once it finished: never stacked here.
+        host = (defer or self.pending is not None) and device.type == "cpu"
         if self._nan is None or self._nan.device != device:
             self._nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
         nan = self._nan  # only ever stacked (copied), never written
@@ -156,6 +202,13 @@ class StepCycle:
         recheck_block = self.recheck if isinstance(self.recheck, torch.Tensor) else None
         if recheck_block is not None:
             parts.append(recheck_block)
+        slots, opt_values = self._optimizer_slots(before, optimizers, stepped, device)
+        if opt_values:
+            parts.append(opt_values)
+        pending = self.pending
+        if pending is not None and not host:  # CUDA: the copy queued behind the reduction
+            pending.wait_stream()
+            pending = None
         values, ready = (parts, None) if host else _one_copy(parts, device)
         sections = Sections(
             num_layers=len(self._params),
@@ -164,6 +217,7 @@ class StepCycle:
             modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
             swallowed=self.swallowed is not None,
             recheck=recheck_block is not None,
+            optimizer_values=len(opt_values),
         )
         if self.order is not None:
             self.order.end_cycle()
@@ -184,7 +238,46 @@ class StepCycle:
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             numels=self._numel_t,
             found_inf_from_grads=not self._view.present,
+            pending=pending,
+            optimizers=slots,
         )
+
+    def _optimizer_slots(
+        self, before: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
+        stepped: frozenset[int] | set[int], device: torch.device,
+    ) -> tuple[tuple[OptimizerSlots, ...] | None, list[torch.Tensor]]:
+        """Each watched optimizer's skip and every parameter group's lr (the wire's
+        ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
+        lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
+        read on the sender thread."""
+        if not optimizers:
+            return None, []
+        each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
+        values: list[torch.Tensor] = []
+
+        def slot(t: torch.Tensor) -> Slot:
+            values.append(t if t.dim() == 0 else t.reshape(()))
+            return Slot(len(values) - 1)
+
+        slots = []
+        for opt in optimizers:
+            skipped: Slot | bool | None
+            if id(opt) in each:
+                skipped = slot(each[id(opt)])
+            elif self._view.present:  # a disabled scaler skips nothing; absent: not stepped
+                skipped = False if not self._view.enabled() else None
+            else:
+                skipped = False if id(opt) in stepped else None
+            lrs: list[Slot | float | None] = []
+            for group in opt.param_groups:
+                lr = group.get("lr")
+                if isinstance(lr, torch.Tensor):  # a CPU lr reaches a CUDA record unsynced
+                    lr64 = lr.detach().to(torch.float64, copy=True)
+                    lrs.append(slot(lr64 if lr64.device == device else to_device(lr64, device)))
+                else:
+                    lrs.append(None if lr is None else float(lr))
+            slots.append(OptimizerSlots(skipped, tuple(lrs)))
+        return tuple(slots), values
 
     def _captured_kind(self) -> str | None:
         if self._taken is None:

@@ -36,6 +36,14 @@ sender thread) with those layers in backward order, and nothing is ever ``skippe
 optimizer applied the step. The statistics are judged against ``target_format`` (default bf16
 here, fp16 with a scaler) at scale 1.
 
+Under ``torch.distributed`` every rank that calls ``watch`` takes part (``collective.py``): the
+capture also packs this rank's share (``shards.py``) and issues the step's reductions on the
+hook's own process group, asynchronously; rank 0's record waits for them on the sender thread;
+the other ranks send nothing. A rank whose hook is off keeps issuing empty shares.
+
+Every record names each watched optimizer's own skip (the scaler's per-optimizer ``found_inf``,
+read before ``update()`` clears it) and its parameter groups' lrs.
+
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 
 Optional, wire v3: ``recheck(fn)`` re-runs an overflow step's batch in FP32 inside ``update()``
@@ -70,7 +78,7 @@ from typing import Any
 
 import torch
 
-from ampscope import wire
+from ampscope import collective, wire
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import StepCycle
 from ampscope.devices import to_device
@@ -187,6 +195,17 @@ def _distributed(variable: str, getter: str, default: int) -> int:
     return default
 
 
+def _process_group_ready() -> bool:
+    dist = getattr(torch, "distributed", None)
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _local_numel(p: torch.nn.Parameter) -> int:
+    """This rank's number of elements of ``p`` (its shard's, for a DTensor)."""
+    inner = collective.local(p)
+    return inner.numel() if inner is not None else p.numel()
+
+
 class Monitor:
     """Watches one model + ``torch.amp.GradScaler`` instance; see the module docstring and
     ``watch`` for the options."""
@@ -219,14 +238,33 @@ class Monitor:
         token: str | None = None,
         fused: bool | None = None,
         all_ranks: bool = False,
+        dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
     ) -> None:
-        rank = _rank()
-        if enabled and not all_ranks and rank != 0 and _world_size() > 1:
-            # One run per distributed job: rank 0's (DDP's gradients and scaler state are the
-            # same on every rank). Other ranks get an inert monitor, as enabled=False.
-            logger.info("ampscope: global rank %d of %d does not record (rank 0 does; "
-                        "all_ranks=True records every rank)", rank, _world_size())
-            enabled = False
+        rank, world_size = _rank(), _world_size()
+        self._layers, self._params = layer_table(model, include, exclude)
+        # One run per distributed job (``collective.py``): every rank takes part in the hook's
+        # reductions, rank 0 sends. Without a group (no process group yet, or a rank that never
+        # called watch()) rank 0 records alone and the others are inert, as enabled=False.
+        group: collective.Group | None = None
+        if enabled and not all_ranks and world_size > 1:
+            if _process_group_ready():
+                device = self._params[0].device if self._params else torch.device("cpu")
+                group = collective.join(rank, world_size, device, dist_timeout_s)
+            if group is None and rank != 0:
+                logger.info("ampscope: global rank %d of %d does not record (rank 0 does; "
+                            "all_ranks=True records every rank)", rank, world_size)
+                enabled = False
+        self._group = group
+        self._sends = group is None or rank == 0
+        # FSDP2's gradients are DTensor shards: without a group to merge them no rank holds a
+        # layer's statistics, and a shard's would be sent as the layer's: none are taken (one
+        # process's only shard is the whole gradient).
+        self._sharded = collective.sharded(self._params)
+        self._grads_off = self._sharded and group is None and world_size > 1
+        if self._grads_off and enabled:
+            logger.warning("ampscope: the gradients are sharded (DTensor) and the ranks are not "
+                           "all watched: gradient statistics are off (call watch() on every "
+                           "rank, without all_ranks)")
         # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
         self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
@@ -247,13 +285,13 @@ class Monitor:
         if scaler is None and not self._optimizers:
             raise ValueError("without a GradScaler ampscope takes each step from the optimizer: "
                              "pass it, ampscope.watch(model, None, optimizer)")
-        self._layers, self._params = layer_table(model, include, exclude)
         self._cadence = Cadence(layer_every, [layer["name"] for layer in self._layers])
         # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
         # every-step norms from an inf gradient (record.StepRecord.to_wire): exact norms there.
-        self._stats = GradStats(self.fmt, [p.numel() for p in self._params],
+        # A shard's absent gradient stands for its own piece of zeros: local sizes there.
+        self._stats = GradStats(self.fmt, [_local_numel(p) for p in self._params],
                                 exact_norms=not self._view.enabled(),
-                                fused=fused if enabled else False)
+                                fused=False if not enabled or self._sharded else fused)
         self._max_errors = max_errors
         self._errors = 0
         self._updates = 0
@@ -267,6 +305,8 @@ class Monitor:
         self._swallow = SwallowProbe.for_params(self._params)
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None)
+        self._cycle.group, self._cycle.sharded, self._cycle.sends = (
+            group, self._sharded, self._sends)
         self._run_info: dict[str, Any] = {
             "id": self.run_id,
             "project": project,
@@ -275,6 +315,7 @@ class Monitor:
             "config": wire.jsonable(dict(config or {})),
             "host": socket.gethostname(),
             "rank": rank,
+            "world_size": world_size,
             "target_format": self.fmt.name,
         }
         self._attempt_info: dict[str, Any] = {
@@ -290,6 +331,11 @@ class Monitor:
         self._state = HookState.ACTIVE if enabled else HookState.DISABLED
         self._transport: Transport | None = None
         if not enabled:
+            return
+        if not self._sends:  # a contributing rank: the step cycle and its share, nothing sent
+            self._wrap()
+            atexit.register(self.close)
+            _MONITORS.add(self)
             return
         if os.environ.get("AMPSCOPE_MODE", "").strip().lower() == "offline":
             server = None
@@ -358,6 +404,12 @@ class Monitor:
         (``status: "failed"``), never raised. Without a scaler no step is skipped, so nothing
         is re-checked.
         """
+        if fn is not None and _world_size() > 1:
+            # The re-check runs the model on one rank: DDP's and FSDP's collectives inside its
+            # forward and backward would wait for ranks that are not running it.
+            logger.warning("ampscope: recheck() is off under torch.distributed (it would run the "
+                           "model's collectives on one rank only)")
+            return
         self._recheck_fn = fn
 
     def record_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -494,12 +546,16 @@ class Monitor:
                 self._internal_error("unscale_", exc)
             if not self._cycle.captured:
                 self._capture_guarded(optimizer)
+        else:
+            self._contribute_nothing()
         return self._originals["unscale_"](optimizer)
 
     def _wrapped_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         active = self._state is HookState.ACTIVE
         if active and not self._cycle.captured:
             self._capture_guarded(optimizer)
+        elif not active:
+            self._contribute_nothing()
         if active and self._recheck_fn is not None:
             try:  # the skip is seen through the optimizer's wrapper (``recheck``): make sure
                 self._misuse.watch(optimizer, self._view.enabled)  # it exists (idempotent)
@@ -577,6 +633,8 @@ class Monitor:
         self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self._state is not HookState.ACTIVE:
+            if self._state is HookState.DISABLED and self._group is not None:
+                self._count_cycle_off(optimizer)  # the cycles go on: its peers count on them
             return None
         if id(optimizer) in self._stepped:
             self._end_cycle({})
@@ -609,7 +667,19 @@ class Monitor:
             except Exception as exc:
                 self._internal_error("step", exc)
 
+    def _count_cycle_off(self, optimizer: torch.optim.Optimizer) -> None:
+        """A disabled rank in a group, without a scaler: the cycle bookkeeping of
+        ``_before_opt_step``/``_after_opt_step`` and an empty share, nothing else."""
+        if id(optimizer) in self._stepped:
+            self._end_cycle({})
+        self._contribute_nothing()
+
     def _after_opt_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._state is HookState.DISABLED and self._group is not None:
+            self._stepped.add(id(optimizer))
+            if len(self._stepped) >= len(self._optimizers):
+                self._end_cycle({})
+            return
         if self._state is not HookState.ACTIVE:
             return
         snapshot, self._snapshot = self._snapshot, None
@@ -650,17 +720,38 @@ class Monitor:
                 optimizer = unwrap_optimizer(optimizer)
                 if optimizer not in self._optimizers:
                     self._optimizers.append(optimizer)
-            if self._view.present:
+            if self._view.present and self._sends:
                 self._misuse.watch(optimizer, self._view.enabled)
-            self._capture(optimizer)
+            if not self._grads_off:
+                self._capture(optimizer)
         except Exception as exc:
             self._internal_error("capture", exc)
+        self._contribute_nothing()  # if the capture did not get as far as its share
+
+    def _contribute_nothing(self) -> None:
+        """Issue this cycle's reductions with an empty share unless it issued its own: a rank
+        whose capture failed or whose hook is off never leaves its peers waiting."""
+        cycle, group = self._cycle, self._group
+        if group is None or cycle.contributed or self._state is HookState.CLOSED:
+            return
+        cycle.contributed = True
+        try:
+            layout = cycle.layout(self._updates)
+            assert layout is not None
+            device = self._params[0].device if self._params else torch.device("cpu")
+            group.contribute_nothing(layout.sum_size, layout.max_size, device)
+        except Exception as exc:
+            logger.warning("ampscope: an empty share failed (%r)", exc)
 
     def _capture(self, optimizer: torch.optim.Optimizer) -> None:
         self._cycle.capture(optimizer, self._optimizers, self._updates)
 
     def _after_update(self, before: Mapping[str, Any]) -> None:
         cycle = self._cycle
+        if not self._sends:  # a contributing rank: its share is all it makes
+            if cycle.pending is not None and self._group is not None:
+                self._group.retain(cycle.pending)
+            return
         if self._recheck_fn is not None and self._overflowed(before):
             cycle.recheck = run_recheck(self._recheck_fn, self._model, self._params)
         if self._swallow is not None and cycle.has_block:
@@ -671,7 +762,8 @@ class Monitor:
         # queue cost 4096 x 30 KiB (DESIGN.md §8: <= 32 MiB with the server down).
         defer = self._transport.backlog() < DEFER_MAX
         record = cycle.build(before, seq=self._seq, step=self._updates, lr=self._lr,
-                             misuse=self._misuse.take(), clip=self._clip, defer=defer)
+                             misuse=self._misuse.take(), clip=self._clip, defer=defer,
+                             optimizers=self._optimizers, stepped=self._stepped)
         self._seq += 1
         self._transport.put(record)
 
@@ -755,9 +847,12 @@ def watch(
     compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
     per-layer step while the exact eager path answers; None (default) takes it for models of at
     least ``reductions.FUSE_MIN_ELEMS`` (2^17) gradient elements, True always, False never
-    (nothing is compiled). Under ``torch.distributed`` (``WORLD_SIZE`` > 1) only global rank 0
-    records unless ``all_ranks=True`` (each rank then records a run of its own): one run per
-    job, DDP's gradients and scale being the same on every rank.
+    (nothing is compiled). Under ``torch.distributed`` (``WORLD_SIZE`` > 1, a process group
+    initialized) call it on every rank: the job is one run, global rank 0 sends it and every
+    rank contributes its loss, its non-finite layers and, for DTensor (FSDP2) gradients, its
+    shard's partials through the hook's own group (``ampscope.collective``); when not every
+    rank calls it within ``dist_timeout_s`` (default 30, waited once, here) rank 0 records
+    alone. ``all_ranks=True`` records each rank as a run of its own.
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the

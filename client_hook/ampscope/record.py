@@ -16,12 +16,14 @@ import torch
 
 from ampscope import wire
 from ampscope.capture import Finished, Taken, finish
+from ampscope.collective import Pending
 from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
 from ampscope.recheck import NAN_CODE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
+from ampscope.shards import Unpacked, unpack
 
 F64 = torch.float64
 
@@ -32,6 +34,24 @@ SCALARS = ("scale_before", "scale_after", "growth_tracker", "found_inf", "loss",
 # SCALARS as 0-d tensors, then one entry per section, a tensor or a list of 0-d tensors (the raw
 # per-layer norms). Read in this order they are the same values as the stacked tensor.
 Parts = list[list[torch.Tensor] | torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A value read from the record's optimizer section (its index there): a device tensor
+    at build time, a 0-d copy of a tensor lr or an optimizer's own found_inf."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class OptimizerSlots:
+    """One watched optimizer's part of the wire's ``optimizers``: whether its step was skipped
+    (a ``Slot`` holding its found_inf, or known on the host: False when it stepped without a
+    scaler, None when it did not step or nothing tells), and each parameter group's lr."""
+
+    skipped: Slot | bool | None
+    lr: tuple[Slot | float | None, ...]
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,7 @@ class Sections:
     modules: int = 0
     swallowed: bool = False
     recheck: bool = False
+    optimizer_values: int = 0  # the last section: 0-d values the ``OptimizerSlots`` point to
 
 
 @dataclass
@@ -77,10 +98,20 @@ class StepRecord:
     # No scaler (BF16, FP32): found_inf says whether a captured gradient held NaN or ±inf, read
     # from the capture here; nothing skips such a step (the optimizer applies it).
     found_inf_from_grads: bool = False
+    # Under torch.distributed, on the CPU: the step's cross-rank reductions, still running when
+    # the record was queued (``collective.py``); waited for here, on the sender thread.
+    pending: Pending | None = None
+    optimizers: tuple[OptimizerSlots, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
             self.ready.synchronize()
+        reduced = True
+        if self.pending is not None:
+            try:
+                self.pending.synchronize()
+            except Exception:  # a peer stalled or the group broke: this step goes without
+                reduced = False
         v: list[Any] = _host_values(self.values)  # read as Any: absent scalars become None
         head = dict(zip(SCALARS, v[: len(SCALARS)], strict=True))
         for name in self.absent:
@@ -90,11 +121,25 @@ class StepRecord:
         sec, pos = self.sections, len(SCALARS)
         n = sec.num_layers
         done = activations = None
+        ranks: Unpacked | None = None
         if sec.taken is not None:
             size = sec.taken.size(n)
-            numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
-            done = finish(sec.taken, v[pos : pos + size], numels, head["scale_before"])
-            head["grad_norm"] = done.grad_norm
+            own: list[float] | None = v[pos : pos + size]
+            layout = sec.taken.layout
+            if layout is not None and own is not None:
+                k = size - layout.sum_size - layout.max_size  # the parts kept as they were
+                if reduced:
+                    ranks = unpack(own[:k], own[k : k + layout.sum_size],
+                                   own[k + layout.sum_size :], layout)
+                    own = ranks.parts
+                else:
+                    own = None if layout.sharded else own[:k]
+            if own is not None:
+                numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
+                done = finish(sec.taken, own, numels, head["scale_before"])
+                head["grad_norm"] = done.grad_norm
+            else:  # sharded, and a rank's piece is missing: unknown, never a partial number
+                head["grad_norm"] = None
             pos += size
         if sec.modules:
             m = sec.modules
@@ -102,7 +147,9 @@ class StepRecord:
             pos += len(STAT_NAMES) * m
         if self.found_inf_from_grads:
             nonfinite = self._nonfinite(done) or None
-            found_inf, skipped = nonfinite is not None, False
+            found_inf = nonfinite is not None or (
+                ranks is not None and any(c for c in ranks.nonfinite if c))
+            skipped = False
         else:
             found_inf = skipped = bool(head["found_inf"])
             nonfinite = self._nonfinite(done) if found_inf else None
@@ -117,6 +164,8 @@ class StepRecord:
             if not skipped:  # a skipped step changes no parameter: nothing was swallowed
                 swallowed = [x if math.isfinite(x) else None for x in fractions]
         recheck = self._recheck(v[pos : pos + 2 + n] if sec.recheck else None)
+        pos += 2 + n if sec.recheck else 0
+        optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
             norm, scale = head["grad_norm"], head["scale_before"]
@@ -149,6 +198,10 @@ class StepRecord:
             histogram=histogram,
             recheck=recheck,
             swallowed=swallowed,
+            optimizers=optimizers,
+            ranks=None if ranks is None else {
+                "loss": [wire.encode_float(x) for x in ranks.losses],
+                "nonfinite": list(ranks.nonfinite)},
         )
 
     def _recheck(self, block: list[float] | None) -> dict[str, Any] | None:
@@ -182,6 +235,19 @@ class StepRecord:
                     kinds[i] = "nan" if math.isnan(x) else "inf"
         order = self.order if self.order is not None else range(self.sections.num_layers)
         return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]
+
+
+def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
+                ) -> list[dict[str, Any]] | None:
+    """The wire's ``optimizers``: each slot read from ``values`` (the optimizer section)."""
+    if slots is None:
+        return None
+
+    def read(x: Slot | float | bool | None) -> Any:
+        return values[x.index] if isinstance(x, Slot) else x
+
+    return [{"skipped": None if (f := read(o.skipped)) is None else bool(f),
+             "lr": [wire.encode_float(read(lr)) for lr in o.lr]} for o in slots]
 
 
 def _host_values(values: torch.Tensor | Parts) -> list[float]:

@@ -108,12 +108,24 @@ class ScalerView:
             before["scale_host"] = float(scaler.get_scale())
         states = getattr(scaler, "_per_optimizer_states", None)
         found: list[torch.Tensor] = []
+        # Each optimizer's own found_inf (``update()`` clears the states): whether THAT one's
+        # step was skipped, keyed by id (``Monitor``'s ``optimizers`` block).
+        each: dict[int, torch.Tensor] = {}
         if isinstance(states, Mapping):
-            for state in states.values():
+            for key, state in states.items():
                 if not isinstance(state, Mapping):
                     continue
                 per_device = state.get("found_inf_per_device", {})
-                found.extend(t for t in per_device.values() if isinstance(t, torch.Tensor))
+                mine = [t for t in per_device.values() if isinstance(t, torch.Tensor)]
+                found.extend(mine)
+                if len(mine) == 1:
+                    each[key] = mine[0]
+                elif mine:
+                    each[key] = sum((t.to(mine[0].device) for t in mine), torch.zeros_like(mine[0]))
+        if len(found) > 1:  # update() adds the others into the first in place: copies
+            each = {key: t.clone() for key, t in each.items()}
+        if each:
+            before["found_inf_each"] = each
         if len(found) == 1:  # one optimizer on one device: the common case, no op at all
             # update() reads a lone found_inf tensor without writing it (it adds in place into
             # the first one only when there are several), and the scaler only ever sets it to

@@ -1,4 +1,4 @@
-"""Wire format v3 (docs/contracts.md "Wire v2", "Wire v3"): the ingest payload and its JSON codec.
+"""Wire format v4 (docs/contracts.md "Wire v2" to "Wire v4"): the ingest payload and its JSON codec.
 
 This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
 can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
@@ -30,7 +30,7 @@ __all__ = [
     "step_record",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 CAPTURED = ("before_unscale", "after_unscale")
 """Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
@@ -150,13 +150,17 @@ def step_record(
     histogram: Mapping[str, JSON] | None = None,
     recheck: Mapping[str, JSON] | None = None,
     swallowed: Sequence[float | None] | None = None,
+    ranks: Mapping[str, Sequence[JSON]] | None = None,
+    optimizers: Sequence[Mapping[str, JSON]] | None = None,
 ) -> dict[str, JSON]:
     """One wire record. ``layers`` and ``activations`` map every name of ``LAYER_STAT_NAMES`` to
     per-layer (per-module) values as computed, encoded by ``encode_stats``. The v2 fields are
     passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
     ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
     ``histogram`` ``{"min_exp", "max_exp", "counts"}``; v3: ``recheck`` ``{"status", "loss"
-    (encoded), "layers", "detail"}``, ``swallowed`` a fraction or None per layer."""
+    (encoded), "layers", "detail"}``, ``swallowed`` a fraction or None per layer; v4:
+    ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,
+    ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
@@ -180,6 +184,8 @@ def step_record(
         "histogram": None if histogram is None else dict(histogram),
         "recheck": None if recheck is None else dict(recheck),
         "swallowed": None if swallowed is None else list(swallowed),
+        "ranks": None if ranks is None else {k: list(v) for k, v in ranks.items()},
+        "optimizers": None if optimizers is None else [dict(o) for o in optimizers],
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -82,6 +82,18 @@ class TestActivationSource:
         assert mon.modules == MODULES
         payloads = sink.payloads()
         assert payloads[0]["modules"] == MODULES
+
+    def test_a_wrapped_models_module_table_is_canonical(self) -> None:
+        """``torch.compile`` (``_orig_mod.``) and DataParallel-style ``module.`` wrappers leave
+        the module names of the plain model, as the layer table does."""
+        inner = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                              nn.Linear(64, 4))
+        wrapper = nn.DataParallel(cast(nn.Module, torch.compile(inner, backend="eager")))
+        raw = [n for n, m in wrapper.named_modules() if not list(m.children())]
+        assert raw == [f"module._orig_mod.{i}" for i in range(5)]
+        mon = ampscope.watch(wrapper, torch.amp.GradScaler("cpu"), server=None)
+        assert mon.modules == MODULES
+        mon.close()
 
     def test_off_sends_no_module_table_and_no_hooks(self) -> None:
         _, mon, sink, hooks = train(2.0**10, 2, activation_every=0)

@@ -4,10 +4,7 @@ import copy
 import io
 import json
 import math
-import os
 import pickle
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -414,7 +411,7 @@ class TestModes:
         payload = server.payloads()[0]
         assert payload["run"] == {
             "id": "fixed-id", "project": "p", "name": "t", "tags": ["a"], "config": {"lr": 0.05},
-            "host": payload["run"]["host"], "rank": 0, "target_format": "fp16"}
+            "host": payload["run"]["host"], "rank": 0, "world_size": 1, "target_format": "fp16"}
         assert list(payload["attempt"]) == ["id", "pid", "started_at"]
         assert run.mon.run_id == "fixed-id"
 
@@ -546,6 +543,41 @@ class TestCapture:
         for rec, grads, scale in zip(recs, pre, scales, strict=True):
             _, want = unpack(layer_stats(grads, scale, True, "fp16", numels).tolist(), 5)
             assert_stats_equal(rec["layers"], want)
+
+    def test_each_optimizer_says_whether_its_step_was_skipped(self) -> None:
+        """opt_b's gradients overflow at step 1: opt_b skips, opt_a steps (the scaler checks each
+        optimizer's own found_inf); every parameter group's lr, a tensor lr too."""
+        model = make_model()
+        params = list(model.parameters())
+        groups: list[dict[str, Any]] = [{"params": params[:1]}, {"params": params[1:2], "lr": 0.2}]
+        opt_a = torch.optim.SGD(groups, lr=0.1)
+        opt_b = torch.optim.Adam(params[2:], lr=torch.tensor(0.01))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+        sink = MemorySender()
+        mon = ampscope.watch(model, scaler, [opt_a, opt_b], sender=sink, layer_every=0)
+        x = torch.randn(16, 8)
+        before = [p.detach().clone() for p in params]
+        for step in range(3):
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            scaler.scale(model(x).float().pow(2).mean()).backward()
+            if step == 1:
+                before = [p.detach().clone() for p in params]
+                params[2].grad[0, 0] = math.inf  # type: ignore[index]
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+            if step == 1:  # the truth: opt_a's parameters moved, opt_b's did not
+                assert not torch.equal(params[0], before[0])
+                assert all(torch.equal(p, b) for p, b in zip(params[2:], before[2:], strict=True))
+        mon.close()
+        recs = [r for p in sink.payloads() for r in p["records"]]
+        assert [(r["found_inf"], r["skipped"]) for r in recs] == [
+            (False, False), (True, True), (False, False)]
+        assert [[o["skipped"] for o in r["optimizers"]] for r in recs] == [
+            [False, False], [False, True], [False, False]]
+        assert all([o["lr"] for o in r["optimizers"]] == [[0.1, 0.2], [pytest.approx(0.01)]]
+                   for r in recs)
 
     def test_accumulated_gradient_stats(self) -> None:
         run = Run(layer_every=1)
@@ -790,6 +822,15 @@ class TestWithoutAScaler:
         assert [r["loss"] for r in records] == pytest.approx(
             [run.losses[0], run.losses[1], run.losses[2]], rel=1e-12)
 
+    def test_an_optimizer_that_did_not_step_is_not_called_skipped(self) -> None:
+        run = Bf16Run(optimizers=2, layer_every=0)
+        run.step()
+        run.step(stepping=(0,))
+        run.step()
+        run.mon.close()
+        assert [[o["skipped"] for o in r["optimizers"]] for r in run.records()] == [
+            [False, False], [False, None], [False, False]]
+
     @pytest.mark.parametrize("keyword", [False, True])
     def test_a_closure_step_is_captured_after_its_backward(self, keyword: bool) -> None:
         run = Bf16Run(layer_every=1)
@@ -867,33 +908,3 @@ class TestWithoutAScaler:
             [t["loss"] for t in run.truth], rel=1e-6)
         assert sum("record_loss() is ignored" in r.message for r in caplog.records) == 1
 
-
-class TestDistributed:
-    """Two real DDP ranks (gloo, 2 processes on the CPU)."""
-
-    @staticmethod
-    def ranks(tmp_path: Path, mode: str) -> list[dict[str, Any]]:
-        store = tmp_path / "store"
-        procs = []
-        for rank in (0, 1):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
-                   "PYTHONWARNINGS": "ignore"}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests.client_hook.ddp_worker", str(store),
-                 str(tmp_path / f"rank{rank}.json"), mode],
-                env=env, cwd=Path(__file__).resolve().parents[2],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        for proc in procs:
-            out, _ = proc.communicate(timeout=120)
-            assert proc.returncode == 0, out[-3000:]
-        return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-
-    def test_rank_zero_records_the_job(self, tmp_path: Path) -> None:
-        zero, one = self.ranks(tmp_path, "zero")
-        assert (zero["state"], zero["produced"], zero["steps"]) == ("closed", 4, [0, 1, 2, 3])
-        assert zero["layers"] == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module."
-        assert (one["state"], one["produced"], one["steps"]) == ("closed", 0, [])
-
-    def test_all_ranks_record(self, tmp_path: Path) -> None:
-        zero, one = self.ranks(tmp_path, "all")
-        assert [(r["produced"], r["run_rank"]) for r in (zero, one)] == [(4, 0), (4, 1)]

@@ -12,7 +12,7 @@ LAYER_KEYS = ["amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac"
 RECORD_KEYS = ["seq", "step", "wall_time", "loss", "scale_before", "scale_after", "growth_tracker",
                "found_inf", "skipped", "grad_norm", "lr", "duration", "layers",
                "captured", "nonfinite", "misuse", "activations", "histogram", "recheck",
-               "swallowed"]
+               "swallowed", "ranks", "optimizers"]
 
 
 def record(**layers_override: list[float]) -> dict[str, object]:
@@ -83,7 +83,22 @@ class TestRecord:
                                scale_after=1.0, growth_tracker=None, found_inf=False,
                                skipped=False, grad_norm=None, lr=None, duration=0.1, layers=None)
         assert rec["layers"] is None and rec["loss"] is None and rec["lr"] is None
-        assert [rec[k] for k in RECORD_KEYS[-5:]] == [None] * 5
+        assert list(rec) == RECORD_KEYS
+        assert [rec[k] for k in RECORD_KEYS[-9:]] == [None] * 9
+
+
+class TestV4Fields:
+    def test_ranks_and_optimizers_are_passed_through(self) -> None:
+        rec = wire.step_record(
+            seq=0, step=0, wall_time=0.0, loss=1.0, scale_before=2.0, scale_after=1.0,
+            growth_tracker=0, found_inf=True, skipped=True, grad_norm=None, lr=0.1,
+            duration=None, layers=None,
+            ranks={"loss": [1.0, "nan", None], "nonfinite": [0, 3, None]},
+            optimizers=[{"skipped": False, "lr": [0.1, 0.2]}, {"skipped": True, "lr": [None]}])
+        assert rec["ranks"] == {"loss": [1.0, "nan", None], "nonfinite": [0, 3, None]}
+        assert rec["optimizers"] == [{"skipped": False, "lr": [0.1, 0.2]},
+                                     {"skipped": True, "lr": [None]}]
+        assert json.loads(wire.dumps({"r": rec}))["r"] == rec
 
 
 class TestV2Fields:
@@ -130,7 +145,7 @@ class TestPayload:
             layers=[{"index": 0, "name": "w"}], records=[record()], final=True)
         assert list(payload) == ["schema_version", "run", "attempt", "layers", "modules",
                                  "records", "client", "final"]
-        assert payload["schema_version"] == wire.SCHEMA_VERSION == 3
+        assert payload["schema_version"] == wire.SCHEMA_VERSION == 4
         assert payload["modules"] is None and payload["client"] is None
         text = wire.dumps(payload).decode()
         assert "NaN" not in text and "Infinity" not in text

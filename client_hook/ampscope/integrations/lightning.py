@@ -2,7 +2,9 @@
 
     trainer = Trainer(precision="bf16-mixed", callbacks=[AmpscopeCallback(layer_every=10)])
 
-At ``fit`` start, on global rank zero only, it watches the ``LightningModule`` with the scaler
+At ``fit`` start, on every rank (under torch.distributed the monitor makes one run of the job:
+global rank zero sends, every rank contributes its loss and, under FSDP2, its gradient shards'
+statistics; ``ampscope.collective``), it watches the ``LightningModule`` with the scaler
 of the trainer's precision plugin (``16-mixed``: Lightning's ``GradScaler``, or the one of an
 explicit ``MixedPrecision(..., scaler=...)`` plugin) and the trainer's optimizers; with no
 scaler (``bf16-mixed``, ``32``, or ``16-mixed`` on a CPU, which Lightning turns into bf16) the
@@ -54,14 +56,13 @@ class AmpscopeCallback(pl.Callback):
         self.monitor: Monitor | None = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or (
-                self.monitor is not None and self.monitor.state is not HookState.CLOSED):
+        if self.monitor is not None and self.monitor.state is not HookState.CLOSED:
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if not isinstance(scaler, torch.amp.GradScaler):
             scaler = None
         precision = str(trainer.precision)
-        if scaler is None and precision.startswith("16"):
+        if scaler is None and precision.startswith("16") and trainer.is_global_zero:
             logger.warning(
                 "ampscope: Lightning runs precision=%r without a GradScaler: FP16 gradients are "
                 "not scaled and underflow; use precision='bf16-mixed', or give the trainer "

@@ -3,7 +3,9 @@
     callback = attach(trainer, layer_every=10)   # or Trainer(callbacks=[AmpscopeCallback()])
     trainer.train()
 
-At ``on_train_begin``, on the world's process zero only, it watches the model with the scaler
+At ``on_train_begin``, on every process (under torch.distributed the monitor makes one run of
+the job: process zero sends, every rank contributes its loss and, under FSDP2, its gradient
+shards' statistics; ``ampscope.collective``), it watches the model with the scaler
 of the optimizer the trainer prepared (accelerate's ``AcceleratedOptimizer`` carries it as
 ``.scaler``; None under ``bf16=True`` or FP32, and under ``fp16=True`` on a CPU, which trains
 in FP32: one warning says so) and the torch optimizer inside it. Run name: ``args.run_name``;
@@ -46,13 +48,13 @@ class AmpscopeCallback(transformers.TrainerCallback):
                        state: transformers.TrainerState, control: transformers.TrainerControl,
                        model: torch.nn.Module | None = None,
                        optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
-        if not state.is_world_process_zero or model is None or optimizer is None or (
+        if model is None or optimizer is None or (
                 self.monitor is not None and self.monitor.state is not HookState.CLOSED):
             return
         scaler = getattr(optimizer, "scaler", None)
         if not isinstance(scaler, torch.amp.GradScaler):
             scaler = None
-        if scaler is None and args.fp16:
+        if scaler is None and args.fp16 and state.is_world_process_zero:
             logger.warning(
                 "ampscope: TrainingArguments(fp16=True) but the trainer made no GradScaler (on "
                 "a CPU it trains in FP32): nothing is in FP16 here; use bf16=True on a CPU, or "

@@ -172,3 +172,25 @@ def test_a_watch_that_fails_leaves_the_fit_unwatched(
     assert callback.monitor is None and len(model.losses) == 3  # trained all the same
     assert any("not watching this fit" in r.message and "fp7" in r.message
                for r in caplog.records)
+
+
+class TestDistributed:
+    def test_a_ddp_fit_is_one_run_with_every_ranks_loss(self, tmp_path: Path) -> None:
+        """``strategy="ddp"`` on 2 CPU processes (Lightning launches the second): the callback
+        watches on both, rank 0 sends every step once with both ranks' own losses."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.client_hook.integrations.lightning_ddp_worker",
+             str(tmp_path)],
+            cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+        assert (zero["state"], one["state"], one["records"]) == ("closed", "closed", [])
+        assert (zero["run"]["rank"], zero["run"]["world_size"]) == (0, 2)
+        records = zero["records"]
+        assert [r["step"] for r in records] == list(range(6))
+        assert [r["ranks"]["loss"] for r in records] == [
+            [a, b] for a, b in zip(zero["losses"], one["losses"], strict=True)]
+        assert [r["loss"] for r in records] == zero["losses"]
+        assert [r["layers"] is not None for r in records] == [True, False] * 3  # layer_every=2
+        assert all(r["optimizers"] == [{"skipped": False, "lr": [0.05]}] for r in records)

@@ -1,0 +1,180 @@
+"""The ranks of one distributed job as one run: who takes part, the hook's own process group and
+its asynchronous reductions (a service).
+
+Under ``torch.distributed`` every rank's monitor takes part in one run: rank 0 sends the records,
+every rank contributes its share of each step through collectives: its loss and its non-finite
+layers (the ``ranks`` block, ``shards.py``) and, when the gradients are sharded (FSDP2 DTensor
+shards), the per-layer partials of its shard, merged into the full gradient's. Per captured step
+that is ONE ``SUM`` all-reduce, plus ONE ``MAX`` on steps with per-layer statistics; a step that
+captures nothing reduces nothing.
+
+Why a process group of its own. Collectives on one group must be issued in the same order on every
+rank; training's own (DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters) must never
+meet one of the hook's. The hook's group (``new_group``, the default group's backend: gloo for CPU
+tensors, NCCL for CUDA ones) keeps the two streams apart: whatever happens to the hook's
+collectives, training's are untouched.
+
+Why a rendezvous (``join``). ``new_group`` is itself collective: a rank that never calls
+``watch()`` (a loop that watches on rank 0 only, as ampscope's own docs once said) would leave the
+others blocked in it. ``join`` first asks, through the default group's key-value store and within
+``timeout_s``, whether every rank is there; rank 0 decides and publishes the decision, so all ranks
+act on one answer. Without it, rank 0 records alone, as before.
+
+Why the training thread never waits. ``all_reduce(async_op=True)`` returns at once: gloo runs it on
+its own threads, NCCL on its own stream. The sender thread waits for it (``Pending.synchronize``,
+bounded: a reduction that does not finish leaves that step without its reduced blocks, never a
+lost record); on CUDA the step's one host copy is queued behind it (``Pending.wait_stream``: the
+stream waits, the host does not).
+
+A rank whose hook disabled itself (internal errors) keeps contributing: ``Group.contribute_nothing``
+issues the step's collectives with an empty share, so its peers never wait for it; the
+``contributors`` count in the ``SUM`` tells rank 0 that a share was missing, and such a step's
+reduced statistics are sent as unknown rather than as a wrong number.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+__all__ = ["Group", "Pending", "join", "sharded"]
+
+logger = logging.getLogger("ampscope")
+
+DEFAULT_TIMEOUT_S = 30.0
+"""How long ``watch()`` waits, once, for every rank to call it (``Monitor(dist_timeout_s=)``)."""
+WAIT_TIMEOUT_S = 60.0
+"""How long the sender thread waits for one step's reduction before sending it without."""
+_RETAINED = 64
+"""Issued reductions a contributing rank keeps referenced until they finish (gloo, NCCL keep the
+buffers alive through the work; the bound keeps a stalled peer from growing the list)."""
+_WATCHES = itertools.count()  # the n-th watch() of this process: the same n on every rank
+
+
+def sharded(params: list[torch.nn.Parameter]) -> bool:
+    """Whether any parameter is a DTensor (FSDP2 ``fully_shard``, tensor parallel): its
+    gradient is then this rank's shard of the full one."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without DTensor has no FSDP2
+        return False
+    return any(isinstance(p, DTensor) for p in params)
+
+
+def local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's part of a DTensor (its ``_local_tensor``: no op, no collective), or ``t``."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
+@dataclass
+class Pending:
+    """One step's issued reductions: the buffers they reduce in place, and their works."""
+
+    buffers: list[torch.Tensor]
+    works: list[Any] = field(default_factory=list)
+
+    def synchronize(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Block (the sender thread) until the reductions finished; ``TimeoutError`` after
+        ``timeout_s``. On CUDA the buffers are then read by a blocking copy."""
+        deadline = time.monotonic() + timeout_s
+        for work in self.works:
+            while not work.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"a cross-rank reduction did not finish in {timeout_s} s")
+                time.sleep(0.001)
+            work.wait()  # raises the collective's own error, if any
+
+    def wait_stream(self) -> None:
+        """CUDA: make the current stream wait for the reductions (no host wait: NCCL)."""
+        for work in self.works:
+            work.wait()
+
+    def done(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+class Group:
+    """The hook's process group of one job and this rank's place in it."""
+
+    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+        self._retained: deque[Pending] = deque()
+
+    def reduce(self, sums: torch.Tensor, maxes: torch.Tensor | None) -> Pending:
+        """All-reduce ``sums`` with SUM and ``maxes`` (if any) with MAX, in place, async."""
+        import torch.distributed as dist
+
+        pending = Pending([sums] if maxes is None else [sums, maxes])
+        pending.works.append(dist.all_reduce(sums, dist.ReduceOp.SUM, group=self.group,
+                                             async_op=True))
+        if maxes is not None:
+            pending.works.append(dist.all_reduce(maxes, dist.ReduceOp.MAX, group=self.group,
+                                                 async_op=True))
+        return pending
+
+    def retain(self, pending: Pending) -> None:
+        """Keep a contributing rank's reduction referenced until it finished (bounded)."""
+        while self._retained and self._retained[0].done():
+            self._retained.popleft()
+        if len(self._retained) >= _RETAINED:
+            self._retained.popleft()
+        self._retained.append(pending)
+
+    def contribute_nothing(self, sum_size: int, max_size: int, device: torch.device) -> None:
+        """Issue one step's reductions with an empty share (``shards.empty_share``'s sizes)."""
+        from ampscope.shards import empty_share
+
+        sums, maxes = empty_share(sum_size, max_size, device)
+        self.retain(self.reduce(sums, maxes))
+
+
+def join(rank: int, world_size: int, device: torch.device, timeout_s: float) -> Group | None:
+    """The hook's group when every rank of the default group calls ``watch()`` within
+    ``timeout_s`` (rank 0 decides, module docstring); None otherwise, or when the default group
+    has no store to ask. Called once per ``watch()``, on every rank that calls it."""
+    import torch.distributed as dist
+
+    n = next(_WATCHES)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception as exc:  # a private accessor: feature-checked
+        logger.warning("ampscope: no store to meet the other ranks (%r); rank 0 records alone",
+                       exc)
+        return None
+    prefix = f"ampscope/watch/{n}"
+    store.add(f"{prefix}/joined", 1)
+    decision_key = f"{prefix}/decision"
+    if rank == 0:
+        deadline = time.monotonic() + timeout_s
+        while (joined := store.add(f"{prefix}/joined", 0)) < world_size:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        agreed = joined >= world_size
+        store.set(decision_key, "1" if agreed else "0")
+        if not agreed:
+            logger.warning(
+                "ampscope: %d of %d ranks called watch() within %.0f s: rank 0 records alone "
+                "(no per-rank losses; sharded gradients' statistics off). Call watch() on "
+                "every rank.", joined, world_size, timeout_s)
+    else:
+        try:
+            store.wait([decision_key], timedelta(seconds=2 * timeout_s + 5))
+            agreed = store.get(decision_key) == b"1"
+        except Exception:  # rank 0 never called watch(): this rank records nothing
+            agreed = False
+    if not agreed:
+        return None
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=max(timeout_s, 60.0)))
+    return Group(group, rank, world_size)

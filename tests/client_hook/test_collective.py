@@ -1,0 +1,140 @@
+"""Two real ranks (gloo, 2 processes on the CPU) under DDP and FSDP2 ``fully_shard``: one run
+per job, every rank's loss, the full gradients' statistics from the shards, and no rank ever
+left waiting (``dist_worker.py`` runs each rank)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ampscope import collective
+
+LAYERS = ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def run_job(tmp_path: Path, mode: str, world: int = 2) -> list[dict[str, Any]]:
+    store = tmp_path / "store"
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+               "PYTHONWARNINGS": "ignore"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.client_hook.dist_worker", str(store),
+             str(tmp_path / f"rank{rank}.json"), mode],
+            env=env, cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def close(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6)
+
+
+class TestOneRunPerJob:
+    def test_ddp_rank_zero_sends_every_ranks_loss(self, tmp_path: Path) -> None:
+        zero, one = run_job(tmp_path, "ddp")
+        assert (zero["state"], zero["produced"], zero["errors"]) == ("closed", 4, 0)
+        assert [r["step"] for r in zero["records"]] == [0, 1, 2, 3]
+        assert zero["layers"] == LAYERS  # no "module."
+        assert (zero["run"]["rank"], zero["run"]["world_size"]) == (0, 2)
+        # Rank 1 contributed its share and sent nothing.
+        assert (one["state"], one["produced"], one["records"], one["errors"]) == (
+            "closed", 0, [], 0)
+        for step, record in enumerate(zero["records"]):
+            assert record["ranks"] == {"loss": [zero["losses"][step], one["losses"][step]],
+                                       "nonfinite": [0, 0]}
+            assert record["loss"] == zero["losses"][step]
+
+    def test_the_rank_whose_loss_went_nan_is_named(self, tmp_path: Path) -> None:
+        zero, one = run_job(tmp_path, "ddp+nan")
+        assert one["losses"][2] == "nan" and zero["losses"][2] != "nan"
+        record = zero["records"][2]
+        # DDP averaged rank 1's NaN gradients into everyone's: every layer on both ranks.
+        assert record["ranks"] == {"loss": [zero["losses"][2], "nan"], "nonfinite": [4, 4]}
+        assert (record["found_inf"], record["skipped"], record["grad_norm"]) == (True, True, "nan")
+        assert [r["ranks"]["nonfinite"] for r in zero["records"]] == [
+            [0, 0], [0, 0], [4, 4], [0, 0]]
+
+    def test_all_ranks_record_runs_of_their_own(self, tmp_path: Path) -> None:
+        zero, one = run_job(tmp_path, "ddp+all")
+        assert [(r["produced"], r["run"]["rank"], r["run"]["world_size"]) for r in (zero, one)
+                ] == [(4, 0, 2), (4, 1, 2)]
+        assert all(rec["ranks"] is None for r in (zero, one) for rec in r["records"])
+
+    def test_a_rank_that_never_watches_leaves_rank_zero_alone(self, tmp_path: Path) -> None:
+        zero, one = run_job(tmp_path, "ddp+alone")  # dist_timeout_s=3
+        assert (zero["state"], zero["produced"]) == ("closed", 4)
+        assert [r["ranks"] for r in zero["records"]] == [None] * 4
+        assert all(r["layers"] is not None for r in zero["records"])  # DDP: rank 0's are whole
+        assert one["state"] is None
+
+
+def assert_full_statistics(zero: dict[str, Any]) -> None:
+    """Rank 0's records carry the statistics of the full gradients the worker gathered."""
+    assert len(zero["records"]) == len(zero["truth"]) == 4
+    for step, (record, truth) in enumerate(zip(zero["records"], zero["truth"], strict=True)):
+        assert close(record["grad_norm"], truth["grad_norm"])
+        got, want = record["layers"], truth["layers"]
+        assert set(got) == set(want)
+        for name in want:
+            if name == "l2":  # float64 sums of squares, added in another order
+                assert all(close(a, b) for a, b in zip(got[name], want[name], strict=True))
+            else:  # counts, max, min and the fractions of exact counts: exactly
+                assert got[name] == want[name], name
+        if step % 2 == 0:  # histogram_every=2
+            assert record["histogram"]["counts"] == truth["histogram"]
+        else:
+            assert record["histogram"] is None
+
+
+class TestSharded:
+    @pytest.mark.parametrize("mode", ["fsdp2", "fsdp2+noscaler"])
+    def test_the_full_gradients_statistics_from_the_shards(self, tmp_path: Path,
+                                                           mode: str) -> None:
+        zero, one = run_job(tmp_path, mode)
+        assert (zero["produced"], zero["errors"], one["produced"], one["errors"]) == (4, 0, 0, 0)
+        assert zero["layers"] == LAYERS
+        assert zero["truth"] == one["truth"]  # both ranks gathered the same full gradients
+        assert_full_statistics(zero)
+        for step, record in enumerate(zero["records"]):
+            assert record["ranks"] == {"loss": [zero["losses"][step], one["losses"][step]],
+                                       "nonfinite": [0, 0]}
+
+    def test_one_process_reads_its_one_shard_as_the_whole(self, tmp_path: Path) -> None:
+        (zero,) = run_job(tmp_path, "fsdp2", world=1)
+        assert (zero["produced"], zero["errors"], zero["run"]["world_size"]) == (4, 0, 1)
+        assert_full_statistics(zero)
+        assert all(r["ranks"] is None for r in zero["records"])
+
+    def test_a_rank_whose_hook_fails_never_blocks_and_no_partial_number_is_sent(
+            self, tmp_path: Path) -> None:
+        zero, one = run_job(tmp_path, "fsdp2+break")
+        assert (one["errors"], one["state"]) == (3, "closed")  # disabled after 3, then closed
+        assert (zero["produced"], zero["errors"]) == (4, 0)
+        for step, record in enumerate(zero["records"]):
+            # Rank 1's piece is missing: the layers and the norm are unknown, not rank 0's half.
+            assert (record["grad_norm"], record["layers"], record["histogram"]) == (
+                None, None, None)
+            assert record["ranks"] == {"loss": [zero["losses"][step], None],
+                                       "nonfinite": [0, None]}
+            assert record["loss"] == zero["losses"][step]
+
+
+class TestWithoutAProcessGroup:
+    def test_dtensor_parameters_are_sharded(self) -> None:
+        assert not collective.sharded([torch.nn.Parameter(torch.zeros(2))])
+
+    def test_local_is_the_tensor_itself_outside_dtensors(self) -> None:
+        t = torch.zeros(3)
+        assert collective.local(t) is t and collective.local(None) is None
