@@ -1,6 +1,6 @@
 // HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
 
-import { decodeCompare, decodeEvents, decodeLayerStats, decodeRun, decodeSeries, decodeStep } from './codec.js';
+import { decodeCompare, decodeEvents, decodeLayerStats, decodeRanks, decodeRun, decodeSeries, decodeStep } from './codec.js';
 
 export class ApiError extends Error {
   constructor(message, status, detail = null) {
@@ -69,6 +69,11 @@ export function getLayers(id) {
 export async function getSteps(id, afterId, limit = 10000) {
   const body = await getJSON(`${runPath(id)}/steps?after_id=${afterId}&limit=${limit}`);
   return { steps: body.steps.map(decodeStep), last_id: body.last_id };
+}
+
+/** /ranks: the run's world size and the first step where a rank went non-finite (or null). */
+export async function getRanks(id) {
+  return decodeRanks(await getJSON(`${runPath(id)}/ranks`));
 }
 
 /** /series/{name}; `range` = {start, end} (steps, inclusive) for the detail of a zoomed range. */

@@ -28,12 +28,25 @@ function decodeLayers(layers) {
   return out;
 }
 
-/** StepScalars (+ optional "layers") from /steps or the live socket. */
+/** A step's per-rank values (wire v4 `ranks`: {loss, nonfinite}) or null. */
+function decodeRankValues(ranks) {
+  return ranks === null || ranks === undefined ? null : { ...ranks, loss: nums(ranks.loss) };
+}
+
+/** StepScalars (+ optional "layers", v4 "ranks" and "optimizers") from /steps or the live socket. */
 export function decodeStep(step) {
   const out = { ...step };
   for (const key of STEP_FLOATS) if (key in out) out[key] = num(out[key]);
   if ('layers' in out) out.layers = decodeLayers(out.layers);
+  if ('ranks' in out) out.ranks = decodeRankValues(out.ranks);
+  if (Array.isArray(out.optimizers)) out.optimizers = out.optimizers.map((o) => ({ ...o, lr: nums(o.lr) }));
   return out;
+}
+
+/** /api/runs/{id}/ranks: {world_size, first_nonfinite: {step, ranks, loss, nonfinite} | null}. */
+export function decodeRanks(body) {
+  const first = body.first_nonfinite;
+  return { ...body, first_nonfinite: first ? { ...first, loss: nums(first.loss) } : null };
 }
 
 /** A run summary or detail (/api/runs, /api/runs/{id}). */

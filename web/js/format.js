@@ -50,6 +50,11 @@ export function numberText(x, digits = 4) {
   return String(Number(x.toPrecision(digits)));
 }
 
+/** "4 ranks" for a distributed run's world size; "" for a single process (or none known). */
+export function ranksText(worldSize) {
+  return Number.isInteger(worldSize) && worldSize > 1 ? `${worldSize} ranks` : '';
+}
+
 export function percentText(part, whole) {
   if (!whole) return '0%';
   const p = (100 * part) / whole;

@@ -14,6 +14,7 @@ import { SkipRateChart } from './skip_rate.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
 import { FindingsPanel } from './findings.js';
 import { WhatIf } from './whatif.js';
+import { RankNote } from './ranks.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
@@ -79,6 +80,10 @@ class RunPage {
     layersP.catch(() => {}); // awaited below
     this.run = await api.getRun(this.runId);
     this.renderHeader();
+    if (this.run.world_size > 1) {
+      this.rankNote = new RankNote($('rank-note'), this.runId);
+      this.rankNote.refresh().catch((err) => api.showError(err.message));
+    }
 
     // The last step id (the run detail's) first, then the charts: a step ingested in between
     // is then in both the charts and the socket's backfill (the charts drop repeats by step),
@@ -227,7 +232,7 @@ class RunPage {
     const meta = $('run-meta');
     const items = [
       ['project', run.project], ['format', run.target_format], ['host', run.host],
-      ['rank', run.rank], ['layers', run.num_layers], ['attempts', run.attempts ? run.attempts.length : null],
+      ['rank', run.rank], ['world size', run.world_size > 1 ? run.world_size : null], ['layers', run.num_layers], ['attempts', run.attempts ? run.attempts.length : null],
       ['started', agoText(run.created_at)], ['id', run.id],
     ];
     const nodes = [];
@@ -352,6 +357,7 @@ class RunPage {
     }
     if (this.findings) this.findings.stepsArrived(this.lastStep.step);
     if (this.whatIf) this.whatIf.stepsArrived();
+    if (this.rankNote) this.rankNote.stepsArrived((err) => api.showError(err.message));
     this.renderCards();
   }
 

@@ -8,7 +8,7 @@
 
 import { listRunsPage, showError } from './api.js';
 import { findingCell } from './findings.js';
-import { agoText, el, numberText, percentText, scaleNode, statusBadge, toDate } from './format.js';
+import { agoText, el, numberText, percentText, ranksText, scaleNode, statusBadge, toDate } from './format.js';
 import { LiveState } from './live.js';
 import { RunsStream } from './runs_live.js';
 import { compareValues, TableSort } from './table_sort.js';
@@ -146,7 +146,14 @@ function row(run) {
   const name = el('td', 'run-name');
   const link = el('a', null, run.name || run.id);
   link.href = `/runs/${encodeURIComponent(run.id)}`;
-  name.append(link, el('div', 'run-id', run.id.slice(0, 8)));
+  name.append(link);
+  const ranks = ranksText(run.world_size);
+  if (ranks) {
+    const badge = el('span', 'ranks-badge', ranks);
+    badge.title = `A distributed job of ${run.world_size} processes (torch.distributed world size)`;
+    name.append(' ', badge);
+  }
+  name.append(el('div', 'run-id', run.id.slice(0, 8)));
 
   const tags = el('td', 'tags');
   for (const tag of run.tags ?? []) {
