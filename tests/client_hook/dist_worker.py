@@ -5,7 +5,8 @@ against, as JSON.
 Modes (``argv[3]``), ``+``-joined: ``ddp`` or ``fsdp2`` (``fully_shard`` per layer and on the
 model); ``all`` (``all_ranks=True``); ``noscaler`` (no GradScaler: ``record_loss``); ``nan``
 (rank 1's loss is NaN at step 2); ``break`` (rank 1's hook fails in every capture and disables
-itself); ``alone`` (rank 1 never calls ``watch()``).
+itself); ``alone`` (rank 1 never calls ``watch()``); ``server=URL`` (send to that server instead
+of a ``MemorySender``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def reference(grads: list[torch.Tensor], scale: torch.Tensor | float, scaled: bo
 
 
 def main(store: str, out: str, mode: set[str]) -> None:
+    server = next((m.removeprefix("server=") for m in mode if m.startswith("server=")), None)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=int(os.environ["WORLD_SIZE"]))
@@ -63,7 +65,8 @@ def main(store: str, out: str, mode: set[str]) -> None:
     sender = MemorySender()
     mon = None
     if not ("alone" in mode and rank == 1):
-        mon = ampscope.watch(model, scaler, opt, sender=sender, run="dist",
+        mon = ampscope.watch(model, scaler, opt, sender=None if server else sender,
+                             server=server, run="dist",
                              all_ranks="all" in mode, activation_every=0, layer_every=1,
                              histogram_every=2, dist_timeout_s=3)
     if "break" in mode and rank == 1 and mon is not None:
@@ -100,6 +103,8 @@ def main(store: str, out: str, mode: set[str]) -> None:
         "state": None if mon is None else mon.state.value,
         "produced": 0 if mon is None else mon.stats().produced,
         "errors": 0 if mon is None else mon.stats().internal_errors,
+        "acknowledged": 0 if mon is None else mon.stats().acknowledged,
+        "run_id": None if mon is None else mon.run_id,
         "run": payloads[0]["run"] if payloads else None,
         "layers": [layer["name"] for layer in payloads[0]["layers"]] if payloads else None,
         "records": [r for p in payloads for r in p["records"]],

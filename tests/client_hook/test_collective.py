@@ -4,11 +4,7 @@ left waiting (``dist_worker.py`` runs each rank)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +12,9 @@ import pytest
 import torch
 
 from ampscope import collective
+from tests.support.distributed import run_job
 
 LAYERS = ["0.weight", "0.bias", "2.weight", "2.bias"]
-
-
-def run_job(tmp_path: Path, mode: str, world: int = 2) -> list[dict[str, Any]]:
-    store = tmp_path / "store"
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "PYTHONWARNINGS": "ignore"}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.client_hook.dist_worker", str(store),
-             str(tmp_path / f"rank{rank}.json"), mode],
-            env=env, cwd=Path(__file__).resolve().parents[2],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for proc in procs:
-        out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, out[-3000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def close(a: float | None, b: float | None) -> bool:

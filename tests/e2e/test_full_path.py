@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import ampscope
+from tests.support.distributed import run_job
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -224,3 +225,26 @@ def test_a_bf16_run_without_a_scaler(server: ServerProcess) -> None:
     assert [(f["kind"], f["step_start"]) for f in findings["findings"]] == [
         ("forward_overflow", 5)]
     assert httpx.get(f"{server.url}/runs/{mon.run_id}").status_code == 200
+
+
+def test_a_ddp_job_is_one_run_that_names_the_rank_that_went_nan(
+        server: ServerProcess, tmp_path: Path) -> None:
+    """Two real DDP ranks (gloo) into a real server: one run of world size 2, every step once
+    with both ranks' losses, and rank 1's NaN loss at step 2 named by ``/ranks``."""
+    zero, one = run_job(tmp_path, f"ddp+nan+server={server.url}")
+    assert (zero["produced"], zero["acknowledged"], one["produced"]) == (4, 4, 0)
+    run_id = zero["run_id"]
+    listed = strict_json(httpx.get(f"{server.url}/api/runs"))
+    runs = listed["runs"] if isinstance(listed, dict) else listed
+    assert [(r["id"], r["world_size"]) for r in runs] == [(run_id, 2)]
+    steps = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/export",
+                                  params={"format": "json"}))["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert [s["ranks"]["loss"] for s in steps] == [
+        [a, b] for a, b in zip(zero["losses"], one["losses"], strict=True)]
+    assert steps[2]["ranks"]["nonfinite"] == [4, 4]
+    assert all(s["optimizers"] == [{"skipped": s["skipped"], "lr": [0.01]}] for s in steps)
+    summary = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/ranks"))
+    assert summary["world_size"] == 2
+    first = summary["first_nonfinite"]
+    assert (first["step"], first["loss"]) == (2, [zero["losses"][2], "nan"])

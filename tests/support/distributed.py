@@ -1,0 +1,29 @@
+"""Running a real multi-process job of ``tests/client_hook/dist_worker.py`` (gloo on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run_job(tmp_path: Path, mode: str, world: int = 2) -> list[dict[str, Any]]:
+    """``world`` ranks of ``dist_worker`` in ``mode`` (see there), each to its end; what each
+    wrote, by rank."""
+    store = tmp_path / "store"
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+               "PYTHONWARNINGS": "ignore"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.client_hook.dist_worker", str(store),
+             str(tmp_path / f"rank{rank}.json"), mode],
+            env=env, cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
