@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Group", "Pending", "join", "sharded"]
+__all__ = ["Group", "Pending", "flat_sharded", "join", "local", "sharded"]
 
 logger = logging.getLogger("ampscope")
 
@@ -66,6 +66,17 @@ def sharded(params: list[torch.nn.Parameter]) -> bool:
     except ImportError:  # a torch without DTensor has no FSDP2
         return False
     return any(isinstance(p, DTensor) for p in params)
+
+
+def flat_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds FSDP1 (``FullyShardedDataParallel``) modules: their parameters
+    are views of this rank's piece of a flat buffer, whose shapes are not the layers' own. Their
+    pieces are not merged (yet): the monitor takes no gradient statistics there."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return False
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
 def local(t: torch.Tensor | None) -> torch.Tensor | None:

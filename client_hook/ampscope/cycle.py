@@ -69,6 +69,9 @@ class StepCycle:
         self.group: Group | None = None
         self.sharded = False
         self.sends = True
+        # FSDP1's flat shards (``collective.flat_sharded``): read for the share's finiteness
+        # only (norms), never sent as the layers' statistics.
+        self.pieces_only = False
         self._last_update: float | None = None
         self._nan: torch.Tensor | None = None
         self.reset()
@@ -116,7 +119,8 @@ class StepCycle:
         per_layer = self._cadence.due(step)
         histogram = bool(self._histogram_every and self._params
                          and step % self._histogram_every == 0)
-        if self.group is not None and not self.sends and not self.sharded:
+        if self.pieces_only or (self.group is not None and not self.sends
+                                and not self.sharded):
             return False, False
         return per_layer, histogram
 
@@ -240,6 +244,7 @@ class StepCycle:
             found_inf_from_grads=not self._view.present,
             pending=pending,
             optimizers=slots,
+            pieces_only=self.pieces_only,
         )
 
     def _optimizer_slots(

@@ -265,6 +265,14 @@ class Monitor:
             logger.warning("ampscope: the gradients are sharded (DTensor) and the ranks are not "
                            "all watched: gradient statistics are off (call watch() on every "
                            "rank, without all_ranks)")
+        self._pieces_only = enabled and collective.flat_sharded(model)
+        if self._pieces_only:
+            # Its pieces are views of flat buffers, not shaped as the layers: only their
+            # finiteness goes into the ranks' shares; alone, nothing is read.
+            self._grads_off = group is None
+            logger.warning("ampscope: FSDP1 (FullyShardedDataParallel) shards are not merged: "
+                           "no gradient statistics (the losses and the ranks' non-finite "
+                           "gradients are recorded); FSDP2 (fully_shard) is supported")
         # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
         self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
@@ -307,6 +315,7 @@ class Monitor:
                                 self._view, None, None)
         self._cycle.group, self._cycle.sharded, self._cycle.sends = (
             group, self._sharded, self._sends)
+        self._cycle.pieces_only = self._pieces_only
         self._run_info: dict[str, Any] = {
             "id": self.run_id,
             "project": project,

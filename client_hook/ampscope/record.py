@@ -102,6 +102,9 @@ class StepRecord:
     # the record was queued (``collective.py``); waited for here, on the sender thread.
     pending: Pending | None = None
     optimizers: tuple[OptimizerSlots, ...] | None = None
+    # FSDP1: the capture read this rank's pieces of the layers, for its share's finiteness
+    # only; no layer statistic or norm of a piece is sent as the layer's.
+    pieces_only: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         if self.ready is not None:
@@ -134,7 +137,7 @@ class StepRecord:
                     own = ranks.parts
                 else:
                     own = None if layout.sharded else own[:k]
-            if own is not None:
+            if own is not None and not self.pieces_only:
                 numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
                 done = finish(sec.taken, own, numels, head["scale_before"])
                 head["grad_norm"] = done.grad_norm

@@ -50,7 +50,11 @@ def main(store: str, out: str, mode: set[str]) -> None:
     base = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     sharded = "fsdp2" in mode
     model: nn.Module
-    if sharded:
+    if "fsdp1" in mode:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(base, use_orig_params=True, device_id=torch.device("cpu"))
+    elif sharded:
         from torch.distributed.fsdp import fully_shard
 
         for layer in base:

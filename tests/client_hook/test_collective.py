@@ -97,6 +97,21 @@ class TestSharded:
         assert_full_statistics(zero)
         assert all(r["ranks"] is None for r in zero["records"])
 
+    def test_fsdp1_pieces_are_never_sent_as_layers_but_the_ranks_are(self,
+                                                                       tmp_path: Path) -> None:
+        """``FullyShardedDataParallel``: each rank holds flat pieces of the layers. They are not
+        merged: no layer statistics or norm, but every rank's loss and its pieces' finiteness
+        (rank 1's NaN loss reached both ranks' gradients)."""
+        zero, one = run_job(tmp_path, "fsdp1+nan")
+        assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
+        assert all((r["layers"], r["grad_norm"], r["histogram"], r["nonfinite"]) == (
+            None, None, None, None) for r in zero["records"])
+        assert [r["ranks"]["loss"] for r in zero["records"]] == [
+            [a, b] for a, b in zip(zero["losses"], one["losses"], strict=True)]
+        counts = [r["ranks"]["nonfinite"] for r in zero["records"]]
+        assert counts[:2] + counts[3:] == [[0, 0]] * 3 and all(c > 0 for c in counts[2])
+        assert [r["found_inf"] for r in zero["records"]] == [False, False, True, False]
+
     def test_a_rank_whose_hook_fails_never_blocks_and_no_partial_number_is_sent(
             self, tmp_path: Path) -> None:
         zero, one = run_job(tmp_path, "fsdp2+break")
