@@ -41,6 +41,8 @@ from ampscope_server import (
     codec,
     divergence_search,
     findings_repository,
+    rank_packing,
+    ranks_repository,
     rollups_repository,
     runs_repository,
     steps_repository,
@@ -54,6 +56,7 @@ from ampscope_server.findings import (
     Memory,
     MisuseEvent,
     NonfiniteStep,
+    RankStep,
     RecheckStatus,
     RunData,
     StepPoint,
@@ -259,8 +262,22 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             for step, index, frac in findings_repository.swallowed_last(
                 session, run.id, RECENT_LAYER_STEPS)
             if frac is not None],
-        rechecks=rechecks, name=run.name,
+        rechecks=rechecks, name=run.name, first_rank=_first_rank(session, run),
     )
+
+
+def _first_rank(session: Session, run: Run) -> RankStep | None:
+    """A distributed run's first step where a rank went non-finite: one index probe."""
+    if run.world_size <= 1:
+        return None
+    found = ranks_repository.first_nonfinite(session, run.id)
+    if found is None:
+        return None
+    step, data = found
+    ranks = rank_packing.unpack_ranks(data)
+    return RankStep(world_size=run.world_size, step=step,
+                    ranks=tuple(rank_packing.nonfinite_ranks(ranks.loss, ranks.nonfinite)),
+                    loss=tuple(ranks.loss), nonfinite=tuple(ranks.nonfinite))
 
 
 @dataclass(frozen=True)

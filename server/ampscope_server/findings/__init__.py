@@ -21,6 +21,7 @@ from ampscope_server.findings.model import (
     LayerSample,
     MisuseEvent,
     NonfiniteStep,
+    RankStep,
     RecheckStatus,
     RunData,
     Severity,
@@ -32,11 +33,12 @@ from ampscope_server.findings.stability import Memory
 KINDS = (
     "calibration_overflow", "overflow_storm", "scale_collapse", "forward_overflow",
     "nan_not_range", "gradient_underflow", "swallowed_updates", "amp_misuse", "scaler_tuning",
-    "baseline_divergence",
+    "baseline_divergence", "rank_nonfinite",
 )
 
 __all__ = [
     "KINDS", "Finding", "LayerInfo", "LayerLoss", "LayerSample", "Memory", "MisuseEvent",
-    "NonfiniteStep", "RecheckStatus", "RunData", "Severity", "StepPoint", "SwallowedSample",
+    "NonfiniteStep", "RankStep", "RecheckStatus", "RunData", "Severity", "StepPoint",
+    "SwallowedSample",
     "analyze", "analyze_live", "most_severe", "primary",
 ]

@@ -72,7 +72,8 @@ RULES: tuple[tuple[str, str, Condition], ...] = (
 """(cause kind, consequence kind, when the first explains the second). Scaler tuning is never
 grouped: its advice (init_scale from the calibration descent, growth_interval from probes
 outside storms) holds whatever else happened."""
-KIND_ORDER = ("forward_overflow", "nan_not_range", "overflow_storm", "scale_collapse",
+KIND_ORDER = ("rank_nonfinite", "forward_overflow", "nan_not_range", "overflow_storm",
+              "scale_collapse",
               "amp_misuse", "swallowed_updates", "gradient_underflow", "baseline_divergence",
               "calibration_overflow", "scaler_tuning")
 """Ties between roots of equal severity and first step: the more fundamental kind first."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ampscope_server.findings import baseline as baseline_mod
-from ampscope_server.findings import causes, gradients, misuse, nonfinite, scaling
+from ampscope_server.findings import causes, gradients, misuse, nonfinite, ranks, scaling
 from ampscope_server.findings.model import SEVERITY_RANK, Finding, RunData
 from ampscope_server.findings.stability import Memory, track
 from ampscope_server.findings.timeline import history
@@ -40,6 +40,7 @@ def detect(
     findings += gradients.gradient_underflow(run, holding.get("gradient_underflow", ()))
     findings += gradients.swallowed_updates(run, holding.get("swallowed_updates", ()))
     findings += misuse.amp_misuse(run, h)
+    findings += ranks.rank_nonfinite(run)
     if baseline is not None:
         findings += baseline_mod.baseline_divergence(run, baseline)
     return findings

@@ -112,6 +112,19 @@ RecheckStatus = Literal["persisted", "vanished", "failed"]
 
 
 @dataclass(frozen=True)
+class RankStep:
+    """The earliest step of a distributed run where some rank went non-finite (wire v4): each
+    rank's loss (None: not recorded) and count of layers with a NaN/inf gradient (None:
+    unknown), rank r at index r; `ranks` the ones that went non-finite, ascending."""
+
+    world_size: int
+    step: int
+    ranks: tuple[int, ...]
+    loss: tuple[float | None, ...]
+    nonfinite: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
 class RunData:
     """Everything the detectors read about one run.
 
@@ -134,6 +147,9 @@ class RunData:
     rechecks: Mapping[int, RecheckStatus] = field(default_factory=dict)
     """{step: outcome of the hook's FP32 re-check of that overflow step} (`mon.recheck`)."""
     name: str = ""
+    first_rank: RankStep | None = None
+    """A distributed run's first step where a rank went non-finite (None: none, or not a
+    distributed run)."""
 
     def layer_name(self, index: int) -> str:
         return self.layers[index].name if 0 <= index < len(self.layers) else f"#{index}"

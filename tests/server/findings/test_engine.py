@@ -53,7 +53,7 @@ class TestHealthy:
         assert analyze(run_data([])) == []
 
     def test_every_kind_is_listed(self) -> None:
-        assert len(KINDS) == 10
+        assert len(KINDS) == 11
 
 
 class TestCalibration:
