@@ -276,7 +276,7 @@ def _first_rank(session: Session, run: Run) -> RankStep | None:
     step, data = found
     ranks = rank_packing.unpack_ranks(data)
     return RankStep(world_size=run.world_size, step=step,
-                    ranks=tuple(rank_packing.nonfinite_ranks(ranks.loss, ranks.nonfinite)),
+                    ranks=tuple(rank_packing.origin_ranks(ranks.loss, ranks.nonfinite)),
                     loss=tuple(ranks.loss), nonfinite=tuple(ranks.nonfinite))
 
 

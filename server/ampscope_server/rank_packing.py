@@ -43,6 +43,16 @@ def nonfinite_ranks(loss: Sequence[float | None], nonfinite: Sequence[int | None
             or (count is not None and count > 0)]
 
 
+def origin_ranks(loss: Sequence[float | None], nonfinite: Sequence[int | None]) -> list[int]:
+    """Where a bad step started: the ranks whose own loss was NaN or ±inf, when any; else those
+    whose gradients held one. Why the loss first: the gradients a rank reports are after the
+    all-reduce (DDP averages them, FSDP reduce-scatters them), so one rank's NaN makes every
+    rank's gradients NaN at that same step, while each loss is its rank's own forward."""
+    own = [rank for rank, value in enumerate(loss)
+           if value is not None and not math.isfinite(value)]
+    return own or nonfinite_ranks(loss, nonfinite)
+
+
 def ranks_row(record: StepRecord) -> dict[str, Any] | None:
     """The record's `step_ranks` row (without step_id and run_key), or None without ranks."""
     ranks: RankValues | None = record.ranks

@@ -47,5 +47,5 @@ def ranks_summary(session: Session, run: Run) -> RanksSummaryRead:
     step, data = found
     ranks = rank_packing.unpack_ranks(data)
     return RanksSummaryRead(world_size=run.world_size, first_nonfinite=FirstNonfiniteRead(
-        step=step, ranks=rank_packing.nonfinite_ranks(ranks.loss, ranks.nonfinite),
+        step=step, ranks=rank_packing.origin_ranks(ranks.loss, ranks.nonfinite),
         loss=ranks.loss, nonfinite=ranks.nonfinite))

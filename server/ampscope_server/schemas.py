@@ -270,7 +270,9 @@ class FirstNonfiniteRead(BaseModel):
 
     step: int
     ranks: list[int]
-    """The ranks whose loss was NaN/±inf or whose gradient held one (count > 0), ascending."""
+    """Where the step went bad: the ranks whose own loss was NaN/±inf when any (the gradients
+    are after the all-reduce, so one rank's NaN reaches them all), else those whose gradients
+    held one (count > 0); ascending."""
     loss: list[Tagged | None]
     """Every rank's loss at that step."""
     nonfinite: list[int | None]

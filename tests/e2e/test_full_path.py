@@ -247,4 +247,10 @@ def test_a_ddp_job_is_one_run_that_names_the_rank_that_went_nan(
     summary = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/ranks"))
     assert summary["world_size"] == 2
     first = summary["first_nonfinite"]
-    assert (first["step"], first["loss"]) == (2, [zero["losses"][2], "nan"])
+    # Both ranks' gradients went NaN through the all-reduce; the loss names where it started.
+    assert (first["step"], first["ranks"], first["loss"], first["nonfinite"]) == (
+        2, [1], [zero["losses"][2], "nan"], [4, 4])
+    findings = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/findings"))["findings"]
+    ranked = [f for f in findings if f["kind"] == "rank_nonfinite"]
+    assert [(f["severity"], f["title"]) for f in ranked] == [
+        ("error", "Rank 1 went non-finite first, at step 2, while the loss of rank 0 was finite")]

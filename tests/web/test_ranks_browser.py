@@ -48,7 +48,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     tmp = tmp_path_factory.mktemp("ranks")
     server = ServerProcess(sqlite_url(tmp), tmp).start()
     try:
-        ids = {"single": new_id(), "pair": new_id(), "four": new_id(), "many": new_id()}
+        ids = {"single": new_id(), "pair": new_id(), "four": new_id(), "many": new_id(),
+               "shards": new_id()}
         _post(server, batch([record(i, with_layers=False) for i in range(3)],
                             run_id=ids["single"], name="single"))
         _post(server, _v4(ids["pair"], XSS_NAME, 2, None))
@@ -56,6 +57,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         many = _v4(ids["many"], "many", 4, None)
         many["records"][2]["ranks"] = {"loss": ["inf", 1.0, 1.0, None], "nonfinite": [0, 0, 3, 0]}
         _post(server, many)
+        shards = _v4(ids["shards"], "shards", 4, None)  # gradients only, every loss finite
+        shards["records"][1]["ranks"] = {"loss": [1.0] * 4, "nonfinite": [0, 2, 0, 1]}
+        _post(server, shards)
         yield server, ids
     finally:
         server.stop()
@@ -69,10 +73,10 @@ def test_the_runs_list_shows_the_world_size(
         page = watched.page
         page.goto(f"{server.url}/")
         page.wait_for_function(
-            "() => document.querySelectorAll('#runs-body tr').length === 4", timeout=WAIT_MS)
+            "() => document.querySelectorAll('#runs-body tr').length === 5", timeout=WAIT_MS)
         assert page.evaluate(RANK_BADGES) == {
             ids["single"]: None, ids["pair"]: "2 ranks", ids["four"]: "4 ranks",
-            ids["many"]: "4 ranks"}
+            ids["many"]: "4 ranks", ids["shards"]: "4 ranks"}
         pair = page.locator(f'#runs-body tr[data-run-id="{ids["pair"]}"] .run-name a')
         assert pair.inner_text() == XSS_NAME
         assert page.evaluate("() => window.__xss") is None
@@ -80,12 +84,14 @@ def test_the_runs_list_shows_the_world_size(
 
 
 @pytest.mark.parametrize(("run", "text"), [
-    ("four", "First non-finite: rank 1 at step 5 (loss NaN) while the other 3 ranks were "
+    ("four", "First non-finite: rank 1 at step 5 (loss NaN) while 3 other ranks' losses were "
              "finite: inspect that rank's batch."),
     ("pair", "2 ranks: no rank's loss or gradients have been NaN or inf."),
-    ("many", "First non-finite: ranks 0, 2 at step 2 (rank 0: loss +inf; rank 2: 3 layers "
-             "with NaN/inf gradients) while the other 2 ranks were finite: inspect those "
-             "ranks' batches."),
+    # Rank 2's gradients held NaN too, but rank 0's own loss is where it started.
+    ("many", "First non-finite: rank 0 at step 2 (loss +inf) while 2 other ranks' losses were "
+             "finite: inspect that rank's batch."),
+    ("shards", "First non-finite: gradients at step 1 (rank 1: 2 layers with NaN/inf "
+               "gradients; rank 3: 1 layer with NaN/inf gradients), every loss finite."),
 ])
 def test_the_run_page_names_the_first_nonfinite_rank(
     served: tuple[ServerProcess, dict[str, str]], run: str, text: str,

@@ -15,28 +15,35 @@ function rankList(ranks) {
   return `${ranks.length === 1 ? 'rank' : 'ranks'} ${shown}${more}`;
 }
 
-/** What rank `r` showed at the step: its loss if non-finite, its non-finite layers if any. */
-function rankDetail(first, r) {
-  const parts = [];
+function nonfiniteLoss(first, r) {
   const loss = first.loss[r];
-  if (typeof loss === 'number' && !Number.isFinite(loss)) parts.push(`loss ${numberText(loss)}`);
-  const layers = first.nonfinite[r];
-  if (layers > 0) parts.push(`${layers} ${layers === 1 ? 'layer' : 'layers'} with NaN/inf gradients`);
-  return parts.join(', ');
+  return typeof loss === 'number' && !Number.isFinite(loss);
 }
 
-/** The line's text for a /ranks answer (null: nothing to say, a single-process run). */
+function layersText(layers) {
+  return `${layers} ${layers === 1 ? 'layer' : 'layers'} with NaN/inf gradients`;
+}
+
+/** The line's text for a /ranks answer (null: nothing to say, a single-process run).
+ *  `first.ranks` is where the step went bad: the ranks whose own loss was non-finite when any
+ *  (their gradients are after the all-reduce, so one rank's NaN reaches every rank's), else
+ *  the ranks whose gradients held NaN/inf with every loss finite (FSDP shards: no origin). */
 export function rankNoteText(body) {
   const size = body.world_size;
   if (!(size > 1)) return null;
   const first = body.first_nonfinite;
   if (!first) return `${size} ranks: no rank's loss or gradients have been NaN or inf.`;
   const bad = first.ranks;
-  const details = bad.length === 1 ? rankDetail(first, bad[0])
-    : bad.slice(0, LISTED).map((r) => `rank ${r}: ${rankDetail(first, r)}`).join('; ');
-  const others = size - bad.length;
+  if (!bad.every((r) => nonfiniteLoss(first, r))) {
+    const where = bad.slice(0, LISTED)
+      .map((r) => `rank ${r}: ${layersText(first.nonfinite[r])}`).join('; ');
+    return `First non-finite: gradients at step ${first.step} (${where}), every loss finite.`;
+  }
+  const details = bad.length === 1 ? `loss ${numberText(first.loss[bad[0]])}`
+    : bad.slice(0, LISTED).map((r) => `rank ${r}: loss ${numberText(first.loss[r])}`).join('; ');
+  const others = first.loss.filter((x) => typeof x === 'number' && Number.isFinite(x)).length;
   const rest = others > 0
-    ? ` while the other ${others === 1 ? 'rank was' : `${others} ranks were`} finite: inspect ${bad.length === 1 ? "that rank's batch" : "those ranks' batches"}`
+    ? ` while ${others === 1 ? "1 other rank's loss was" : `${others} other ranks' losses were`} finite: inspect ${bad.length === 1 ? "that rank's batch" : "those ranks' batches"}`
     : ': every rank at once';
   return `First non-finite: ${rankList(bad)} at step ${first.step} (${details})${rest}.`;
 }

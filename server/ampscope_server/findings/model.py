@@ -115,7 +115,8 @@ RecheckStatus = Literal["persisted", "vanished", "failed"]
 class RankStep:
     """The earliest step of a distributed run where some rank went non-finite (wire v4): each
     rank's loss (None: not recorded) and count of layers with a NaN/inf gradient (None:
-    unknown), rank r at index r; `ranks` the ones that went non-finite, ascending."""
+    unknown), rank r at index r; `ranks` where it started (`rank_packing.origin_ranks`: the
+    ranks whose loss was non-finite, else those whose gradients were), ascending."""
 
     world_size: int
     step: int
