@@ -117,6 +117,8 @@ def gradient_underflow(
         return []
     flagged = _ordered(flagged, run, holding)
     last = [s for s in run.layer_samples if s.step == steps[-1]]
+    # No GradScaler (an FP16 run without one, or BF16/FP32): no scale to raise, one to add.
+    unscaled = all(s.scale is None for s in last)
     scale = next((s.scale for s in last if s.scale is not None), None) or 1.0
     headroom = min_headroom(last, run.target_format)
     worst = min(
@@ -146,12 +148,16 @@ def gradient_underflow(
     if need is not None and (available is None or need <= available):
         target = scale * 2.0**need
         evidence["recommended_scale"] = target
+        headroom_text = (f": the layer closest to overflow, {worst_name}, has {headroom:.1f} "
+                         "doublings of headroom, enough for that." if headroom is not None
+                         else ".")
         advice = (
+            f"This run has no loss scale: add one, torch.amp.GradScaler(init_scale={target:g}) "
+            f"({2**need}x), which also skips the steps that would overflow" + headroom_text
+            if unscaled else
             f"Raise the loss scale {2**need}x to {target:g} (GradScaler(init_scale={target:g}); "
             "if the scaler is not growing on its own, check growth_interval and that nothing "
-            "else keeps it backing off)"
-            + (f": the layer closest to overflow, {worst_name}, has {headroom:.1f} doublings "
-               "of headroom, enough for that." if headroom is not None else "."))
+            "else keeps it backing off)" + headroom_text)
     elif need is not None:
         advice = (
             f"The format cannot serve both: {names[0]} needs about {need} more doublings of "
@@ -160,14 +166,17 @@ def gradient_underflow(
     else:
         advice = (
             f"{names[0]}'s gradient is entirely zero at scale {scale:g}, so how far below the "
-            "format it lies is unknown: try a scale 2^8 higher and watch its zero fraction, "
-            "or train in BF16. If the layer receives no gradient by design, ignore this.")
+            "format it lies is unknown: try a scale 2^8 higher"
+            + (" (this run has none: torch.amp.GradScaler(init_scale=256))" if unscaled else "")
+            + " and watch its zero fraction, or train in BF16. If the layer receives no "
+            "gradient by design, ignore this.")
     return [Finding(
         kind="gradient_underflow", severity="warning",
         title=f"Gradient underflow: {names[0]} loses {flagged[0][0]:.0%} of its gradient"
               + (f" (+{len(names) - 1} more layers)" if len(names) > 1 else ""),
         explanation=(
-            f"At the current scale {scale:g}, {names[0]} loses {flagged[0][0]:.0%} of its "
+            ("Without a loss scale" if unscaled else f"At the current scale {scale:g}")
+            + f", {names[0]} loses {flagged[0][0]:.0%} of its "
             f"gradient values to {fmt.name} ({len(names)} layer(s) flagged, median over the "
             f"last {len(steps)} layer-stat steps): values that flush to zero at this scale, "
             "and exact zeros where the layer's values press on the format's floor; "

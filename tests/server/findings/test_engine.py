@@ -273,6 +273,19 @@ class TestGradientUnderflow:
         assert found.recommendation.startswith("Raise the loss scale 64x to 65536")
         assert (found.step_start, found.step_end) == (5950, 5990)
 
+    def test_a_run_without_a_scaler_is_told_to_add_one(self) -> None:
+        """FP16 without a GradScaler: the scale is null (1 in effect), the gradients lie below
+        the format; the advice adds a scaler rather than raising one."""
+        samples = [dataclasses.replace(s, scale=None) for s in _underflowing(0.05)]
+        found = only(analyze(run_data(HEALTHY, layer_samples=samples)), "gradient_underflow")
+        # ceil(log2(2^-14 / 1e-9)) = 16 doublings at scale 1; 20.3 bits of headroom allow them.
+        assert found.evidence["doublings_needed"] == 16
+        assert found.recommendation.startswith(
+            "This run has no loss scale: add one, torch.amp.GradScaler(init_scale=65536) "
+            "(65536x), which also skips the steps that would overflow: the layer closest to "
+            "overflow, embed.weight, has 20.3 doublings of headroom, enough for that.")
+        assert found.explanation.startswith("Without a loss scale, fc1.weight loses 60% of its")
+
     def test_format_cannot_serve_both(self) -> None:
         found = only(analyze(run_data(HEALTHY, layer_samples=_underflowing(30.0))),
                      "gradient_underflow")
