@@ -8,8 +8,8 @@ fit the table is a 422.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ampscope_server.errors import (
     Conflict,
@@ -17,6 +17,7 @@ from ampscope_server.errors import (
     LayerTableMissing,
     ModuleTableMissing,
 )
+from ampscope_server.layer_names import canonical_name
 from ampscope_server.models import LAYER_STAT_NAMES
 from ampscope_server.wire import StepRecord
 
@@ -24,11 +25,21 @@ LAYER_FIELDS = ("index", "name", "shape", "dtype", "numel", "module_type", "raw_
 MODULE_FIELDS = ("index", "name", "module_type")
 
 
+SAME_LAYER: Mapping[str, Callable[[Any, Any], bool]] = {
+    "name": lambda stored, sent: canonical_name(stored) == canonical_name(sent)}
+"""How a layer's `name` matches: by its canonical name. A run started by a client before
+canonical names (issue #13) stored a wrapped model's raw names (`module.fc.weight`); the same
+run resumed by a newer client sends `fc.weight` with the same `raw_name`, and is the same table
+(and so the other way round). The stored table is kept as it is."""
+
+
 def compare_tables(
     run_id: str, stored: Sequence[object], sent: Sequence[object], fields: Sequence[str],
     noun: str, error: type[Conflict],
+    same: Mapping[str, Callable[[Any, Any], bool]] | None = None,
 ) -> None:
-    """Raise `error` (a 409) unless `sent` equals the stored table field by field.
+    """Raise `error` (a 409) unless `sent` equals the stored table field by field (or, for a
+    field in `same`, as that says).
 
     `noun` is "layer" or "module"; the message names the first difference.
     """
@@ -39,7 +50,8 @@ def compare_tables(
         )
     for index, (old, new) in enumerate(zip(stored, sent, strict=True)):
         for field in fields:
-            if getattr(old, field) != getattr(new, field):
+            a, b = getattr(old, field), getattr(new, field)
+            if not (a == b or (same is not None and field in same and same[field](a, b))):
                 raise error(
                     f"the {noun} table sent for run '{run_id}' differs from the stored one at "
                     f"{noun} {index}: {field} is {getattr(new, field)!r}, "

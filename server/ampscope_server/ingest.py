@@ -159,7 +159,8 @@ def _layer_table(session: Session, batch: IngestBatch) -> list[int] | None:
         ])
         return [layer.numel for layer in batch.layers]
     batch_checks.compare_tables(
-        batch.run.id, stored, batch.layers, batch_checks.LAYER_FIELDS, "layer", LayerTableConflict
+        batch.run.id, stored, batch.layers, batch_checks.LAYER_FIELDS, "layer", LayerTableConflict,
+        batch_checks.SAME_LAYER,
     )
     return [layer.numel for layer in stored]
 

@@ -262,6 +262,37 @@ class TestRawNames:
                                         layers=layers))
             assert response.status_code == 200, response.text
 
+    @pytest.mark.parametrize("first", ["old", "new"])
+    def test_a_run_resumed_across_the_naming_upgrade_is_the_same_run(
+            self, api: httpx.Client, first: str) -> None:
+        """A compiled DDP model's run started by a client before canonical names (raw names as
+        `name`, no `raw_name`) and resumed by a newer one (canonical `name`, the same raw names
+        beside), or the other way round: one table, the one stored first, and no 409."""
+        run_id = new_id()
+        old = [{k: v for k, v in layer.items() if k != "raw_name"} | {"name": layer["raw_name"]}
+               for layer in WRAPPED_LAYERS]
+        tables = [old, WRAPPED_LAYERS] if first == "old" else [WRAPPED_LAYERS, old]
+        for seq, layers in enumerate(tables):
+            response = _post(api, batch([record(seq)], run_id=run_id, attempt_id=new_id(),
+                                        layers=layers))
+            assert response.status_code == 200, response.text
+        stored = strict_json(api.get(f"/api/runs/{run_id}/layers").text)
+        assert stored == ([{**layer, "raw_name": layer["name"]} for layer in old]
+                          if first == "old" else WRAPPED_LAYERS)
+        assert len(_steps(api, run_id)) == 2
+
+    def test_another_canonical_name_is_409(self, api: httpx.Client) -> None:
+        run_id = new_id()
+        assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
+                     ).status_code == 200
+        renamed = [{**WRAPPED_LAYERS[0], "name": "fc9.weight"}, *WRAPPED_LAYERS[1:]]
+        response = _post(api, batch([record(1)], run_id=run_id, attempt_id=new_id(),
+                                    layers=renamed))
+        assert response.status_code == 409
+        assert response.json() == {"detail": (
+            f"the layer table sent for run '{run_id}' differs from the stored one at layer 0: "
+            "name is 'fc9.weight', stored 'fc1.weight'")}
+
     def test_another_raw_name_is_409(self, api: httpx.Client) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
