@@ -24,10 +24,13 @@ function cellText(value, kind) {
 }
 
 export class LayerTable {
-  constructor(thead, tbody, stepNode, { layerNames, targetFormat }) {
+  constructor(thead, tbody, stepNode, { layerNames, rawNames, targetFormat }) {
     this.tbody = tbody;
     this.stepNode = stepNode;
     this.layerNames = layerNames;
+    // The model's own names (wrappers' `module.`, `_orig_mod.` kept), shown on hover where
+    // they differ from the canonical name the table lists.
+    this.rawNames = rawNames ?? layerNames;
     this.targetFormat = targetFormat;
     this.step = null;
     this.values = {}; // stat → [value per layer]
@@ -83,7 +86,9 @@ export class LayerTable {
     const rows = order.map((i) => {
       const tr = el('tr');
       tr.dataset.index = String(i);
-      tr.append(el('td', 'num muted', String(i)), el('td', 'layer-cell', this.layerNames[i]));
+      const name = el('td', 'layer-cell', this.layerNames[i]);
+      if (this.rawNames[i] !== this.layerNames[i]) name.title = `in the model: ${this.rawNames[i]}`;
+      tr.append(el('td', 'num muted', String(i)), name);
       for (const [key, , kind] of COLUMNS) {
         const v = this.valueOf(i, key);
         const td = el('td', 'num', cellText(v, kind));

@@ -128,6 +128,7 @@ class RunPage {
       ? lastEventStep(events, atLoad)
       : Math.max(firstPage.next_start, this.counted);
     this.layerNames = layers.map((l) => l.name);
+    this.rawNames = layers.map((l) => l.raw_name ?? l.name);
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
     this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId, this.run.target_format);
@@ -158,7 +159,7 @@ class RunPage {
         { max_points: maxPoints, layers: layer }),
     });
     this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
-      { layerNames: this.layerNames, targetFormat: this.run.target_format });
+      { layerNames: this.layerNames, rawNames: this.rawNames, targetFormat: this.run.target_format });
     const smoothing = Number($('smoothing').value);
     // One chart per task, top of the page first: each is shown (and the page answers input)
     // as soon as it is drawn, rather than all at the end of one long task (~1 s here for a
