@@ -148,6 +148,12 @@ class StepRecord:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
             pos += len(STAT_NAMES) * m
+        known = [] if ranks is None else [x for x in ranks.losses if x is not None]
+        if ranks is not None and known and len(known) == len(ranks.losses):
+            # The job's loss: the mean over the ranks, as DDP averages their gradients and the
+            # frameworks log it (each rank's own is in ``ranks``); rank 0's own while a rank's
+            # is missing. A plain sum: inf and -inf make NaN, where math.fsum would raise.
+            head["loss"] = sum(known) / len(known)
         if self.found_inf_from_grads:
             nonfinite = self._nonfinite(done) or None
             found_inf = nonfinite is not None or (

@@ -115,6 +115,7 @@ def main(store: str, out: str, mode: set[str]) -> None:
         "losses": losses,
         "truth": truth,
     }))
+    dist.barrier()  # both ranks done with the store before either tears it down
     dist.destroy_process_group()
 
 

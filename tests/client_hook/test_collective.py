@@ -34,7 +34,8 @@ class TestOneRunPerJob:
         for step, record in enumerate(zero["records"]):
             assert record["ranks"] == {"loss": [zero["losses"][step], one["losses"][step]],
                                        "nonfinite": [0, 0]}
-            assert record["loss"] == zero["losses"][step]
+            # The job's loss: the mean of the ranks', as the frameworks log it.
+            assert record["loss"] == (zero["losses"][step] + one["losses"][step]) / 2
 
     def test_the_rank_whose_loss_went_nan_is_named(self, tmp_path: Path) -> None:
         zero, one = run_job(tmp_path, "ddp+nan")
@@ -43,6 +44,7 @@ class TestOneRunPerJob:
         # DDP averaged rank 1's NaN gradients into everyone's: every layer on both ranks.
         assert record["ranks"] == {"loss": [zero["losses"][2], "nan"], "nonfinite": [4, 4]}
         assert (record["found_inf"], record["skipped"], record["grad_norm"]) == (True, True, "nan")
+        assert record["loss"] == "nan"  # the job's mean loss
         assert [r["ranks"]["nonfinite"] for r in zero["records"]] == [
             [0, 0], [0, 0], [4, 4], [0, 0]]
 
@@ -123,7 +125,7 @@ class TestSharded:
                 None, None, None)
             assert record["ranks"] == {"loss": [zero["losses"][step], None],
                                        "nonfinite": [0, None]}
-            assert record["loss"] == zero["losses"][step]
+            assert record["loss"] == zero["losses"][step]  # rank 1's is missing: rank 0's own
 
 
 class TestWithoutAProcessGroup:

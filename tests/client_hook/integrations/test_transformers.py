@@ -6,8 +6,13 @@ CPU, which trains FP32: one warning) and with accelerate's scaler path driven by
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +152,32 @@ def test_a_watch_that_fails_leaves_the_training_unwatched(
     assert callback.monitor is None and len(log.losses) == STEPS  # trained all the same
     assert any("not watching this training" in r.message and "fp7" in r.message
                for r in caplog.records)
+
+
+def test_a_ddp_job_is_one_run_with_the_loss_the_trainer_logs(tmp_path: Path) -> None:
+    """Two processes started as ``torchrun`` would (gloo on the CPU): the callback watches on
+    both, process zero sends every step once; its loss is the mean over the ranks, as the
+    trainer logs it, and each rank's own is in ``ranks``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.client_hook.integrations.transformers_ddp_worker",
+         str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+             "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "PYTHONWARNINGS": "ignore"}) for rank in (0, 1)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert (zero["world_size"], zero["run"]["world_size"], zero["state"]) == (2, 2, "closed")
+    assert (one["records"], one["state"]) == ([], "closed")
+    records = zero["records"]
+    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["loss"] for r in records] == pytest.approx(zero["logged"], rel=1e-6)
+    assert [r["loss"] for r in records] == pytest.approx(
+        [sum(r["ranks"]["loss"]) / 2 for r in records], rel=1e-12)
+    assert len({tuple(r["ranks"]["loss"]) for r in records}) == STEPS  # two ranks, own batches
