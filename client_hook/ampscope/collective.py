@@ -187,5 +187,8 @@ def join(rank: int, world_size: int, device: torch.device, timeout_s: float) -> 
     if not agreed:
         return None
     backend = "nccl" if device.type == "cuda" else "gloo"
-    group = dist.new_group(backend=backend, timeout=timedelta(seconds=max(timeout_s, 60.0)))
+    # The default timeout (the default group's): a step's reduction waits on a peer no longer
+    # than training's own collectives would; a shorter one would let NCCL's watchdog abort a
+    # rank that merely waited for a slow peer (a checkpoint written by rank 0 alone).
+    group = dist.new_group(backend=backend)
     return Group(group, rank, world_size)
