@@ -36,30 +36,17 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from hook_overhead import Block  # type: ignore[import-not-found]
+from hook_sweep import strict_sync  # type: ignore[import-not-found]
 from torch import nn
 
 import ampscope
 from ampscope.reductions import layer_stats, unpack
 from ampscope.transport import MemorySender
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False, is_causal=True)[0]
-        out: torch.Tensor = x + self.mlp(self.ln2(x))
-        return out
 
 
 class Gpt(nn.Module):
@@ -84,19 +71,6 @@ class Gpt(nn.Module):
 def make_model(args: argparse.Namespace, device: torch.device) -> Gpt:
     torch.manual_seed(0)
     return Gpt(args.vocab, args.d, args.layers, 4, args.seq).to(device)
-
-
-def strict(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` under ``set_sync_debug_mode("error")`` (CUDA): a host sync inside raises."""
-
-    def wrapped(*a: Any, **k: Any) -> Any:
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return fn(*a, **k)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-    return wrapped
 
 
 class Loop:
@@ -148,8 +122,8 @@ def check_syncs_and_copies(args: argparse.Namespace, device: torch.device) -> di
     mon._cycle.build = spy  # type: ignore[method-assign]
     if device.type == "cuda":
         for name in ("_capture", "_after_update", "_on_scale"):
-            setattr(mon, name, strict(getattr(mon, name)))
-        mon._view.before_update = strict(mon._view.before_update)  # type: ignore[method-assign]
+            setattr(mon, name, strict_sync(getattr(mon, name)))
+        mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
     for _ in range(args.steps):
         loop.step()
     sync(device)

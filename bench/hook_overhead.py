@@ -92,9 +92,11 @@ class Block(nn.Module):
         self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: a causal attention mask (``gpu_check.py``'s GPT), None attends to all."""
         h = self.ln1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False,
+                          is_causal=mask is not None)[0]
         out: torch.Tensor = x + self.mlp(self.ln2(x))
         return out
 

@@ -6,7 +6,8 @@ every rank contributes its share of each step through collectives: its loss and 
 layers (the ``ranks`` block, ``shards.py``) and, when the gradients are sharded (FSDP2 DTensor
 shards), the per-layer partials of its shard, merged into the full gradient's. Per captured step
 that is ONE ``SUM`` all-reduce, plus ONE ``MAX`` on steps with per-layer statistics; a step that
-captures nothing reduces nothing.
+captures nothing reduces nothing. FSDP1's flat pieces are not merged: such a rank's share is its
+loss and its pieces' finiteness (``flat_sharded``).
 
 Why a process group of its own. Collectives on one group must be issued in the same order on every
 rank; training's own (DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters) must never
@@ -27,9 +28,9 @@ lost record); on CUDA the step's one host copy is queued behind it (``Pending.wa
 stream waits, the host does not).
 
 A rank whose hook disabled itself (internal errors) keeps contributing: ``Group.contribute_nothing``
-issues the step's collectives with an empty share, so its peers never wait for it; the
-``contributors`` count in the ``SUM`` tells rank 0 that a share was missing, and such a step's
-reduced statistics are sent as unknown rather than as a wrong number.
+issues the step's collectives with an empty share, so its peers never wait for it; its column of
+the ranks block then says "no share" (``shards.RANK_ROWS``), and such a step's sharded statistics
+are sent as unknown rather than as a wrong number.
 """
 
 from __future__ import annotations

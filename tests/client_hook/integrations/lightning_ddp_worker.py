@@ -8,33 +8,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ampscope.integrations.lightning import AmpscopeCallback
 from ampscope.transport import MemorySender
+from tests.client_hook.integrations.test_lightning import Regressor
 
 STEPS = 6
-
-
-class Regressor(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-        self.losses: list[float] = []
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> Any:
-        x, y = batch
-        loss = ((self.net(x).float() - y) ** 2).mean()
-        self.losses.append(loss.item())
-        return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 def main(out: Path) -> None:
