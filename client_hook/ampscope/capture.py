@@ -64,6 +64,8 @@ class Taken:
     scaled: tuple[bool, ...]
     histogram: bool = False
     float32_norms: bool = False
+    # NORMS read by ``GradStats.checked_norms``: L inf-element flags follow the L norms.
+    checked: bool = False
     path: str = "norms"  # "norms", "fused" or "eager": which read made them (tests, benchmarks)
     # Under torch.distributed: the shape of this rank's share of the step's reductions
     # (``shards.py``); the parts are then the kept parts, the SUM buffer and the MAX buffer.
@@ -84,8 +86,9 @@ class Taken:
 
     def own_size(self, num_layers: int) -> int:
         """How many float values the capture's own parts hold, before any packing."""
-        n = num_layers if self.kind is Kind.NORMS else NUM_COLUMNS * num_layers
-        return n + (NUM_BINS * num_layers if self.histogram else 0)
+        if self.kind is Kind.NORMS:
+            return num_layers * (2 if self.checked else 1)
+        return NUM_COLUMNS * num_layers + (NUM_BINS * num_layers if self.histogram else 0)
 
 
 def take(
@@ -96,18 +99,27 @@ def take(
     *,
     per_layer: bool,
     histogram: bool,
+    checked: bool = False,
 ) -> tuple[Parts, Taken]:
     """The capture's one read. ``per_layer`` or ``histogram``: the partials (and the histogram,
-    in the same fused read when the kernel is ready); otherwise the raw norms. No host sync."""
+    in the same fused read when the kernel is ready); otherwise the raw norms, with ``checked``
+    (no ``found_inf`` to tell an overflow from an inf) through ``GradStats.checked_norms``. No
+    host sync."""
     flags = tuple([scaled] * len(grads) if isinstance(scaled, bool) else scaled)
     if per_layer or histogram:
         table, counts = stats.partials(grads, scale, flags, histogram)
         parts: Parts = [table] if counts is None else [table, counts]
         return parts, Taken(Kind.STATS, table.device, flags, histogram=counts is not None,
                             path=stats.last_path or "eager")
-    norms = stats.raw_norms(grads)
+    flags_t = None
+    if checked:
+        norms, flags_t = stats.checked_norms(grads)
+    else:
+        norms = stats.raw_norms(grads)
     device = norms.device if len(norms) else (
         scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu"))
+    if flags_t is not None:
+        return [norms, flags_t], Taken(Kind.NORMS, device, flags, checked=True)
     return [norms], Taken(Kind.NORMS, device, flags, float32_norms=stats.float32_norms)
 
 
@@ -118,7 +130,9 @@ class Finished:
     units), the histogram's rows."""
 
     grad_norm: float | None
-    norms: list[float] | None = None
+    # NORMS: each layer's raw norm; None where it is finite but unknown (a checked float32
+    # read that overflowed).
+    norms: list[float | None] | None = None
     layers: dict[str, list[float]] | None = None
     histogram: list[list[int]] | None = None
 
@@ -134,7 +148,16 @@ def finish(
     n = len(taken.scaled)
     if taken.kind is Kind.NORMS:
         raw = list(values[:n])
-        return Finished(global_norm(raw, scale, taken.scaled), norms=raw)
+        if taken.checked and any(
+                x == math.inf and not inf_element for x, inf_element in zip(
+                    raw, values[n : 2 * n], strict=True)):
+            # A float32 sum of squares overflowed where no element was inf: those layers'
+            # norms (and so the global one) are unknown, not infinite, and they are finite.
+            known: list[float | None] = [
+                None if x == math.inf and not f else x
+                for x, f in zip(raw, values[n : 2 * n], strict=True)]
+            return Finished(None, norms=known)
+        return Finished(global_norm(raw, scale, taken.scaled), norms=list(raw))
     s = math.nan if scale is None else scale
     inv = 1.0 / s if s != 0.0 else math.inf  # IEEE, as the device's reciprocal
     norm, rows = finalize_host(values[: NUM_COLUMNS * n], numels.tolist(),

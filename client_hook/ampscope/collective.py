@@ -142,6 +142,16 @@ class Group:
             self._retained.popleft()
         self._retained.append(pending)
 
+    def release(self, timeout_s: float) -> None:
+        """At ``close``: let the retained reductions finish (up to ``timeout_s``), then drop
+        them, so that no pending work outlives the monitor into the interpreter's exit."""
+        deadline = time.monotonic() + timeout_s
+        while self._retained and not all(p.done() for p in self._retained):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.001)
+        self._retained.clear()
+
     def contribute_nothing(self, sum_size: int, max_size: int, device: torch.device) -> None:
         """Issue one step's reductions with an empty share (``shards.empty_share``'s sizes)."""
         from ampscope.shards import empty_share

@@ -147,8 +147,10 @@ class StepCycle:
         scale = self._view.scale_in_effect()
         per_layer, histogram = self._reads(step)
         self._has_block = per_layer and self.sends
-        parts, taken = take(self._stats, grads, scale, scaled,
-                            per_layer=per_layer, histogram=histogram)
+        # Sharded norms are summed across ranks as squares: they keep the float64 read.
+        parts, taken = take(self._stats, grads, scale, scaled, per_layer=per_layer,
+                            histogram=histogram,
+                            checked=self._stats.exact_norms and not self.sharded)
         layout = self.layout(step)
         if self.group is not None and layout is not None:
             kept, sums, maxes = pack(parts, layout, self.group.rank, self._loss_sum)

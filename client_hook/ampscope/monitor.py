@@ -484,6 +484,9 @@ class Monitor:
             self._remove_hooks()
             if self._transport is not None:
                 self._transport.close(self.close_timeout_s if timeout is None else timeout)
+            if self._group is not None:
+                self._group.release(self.close_timeout_s if timeout is None else timeout)
+                self._cycle.pending = None
         except Exception as exc:  # close runs from atexit too: never raise
             logger.warning("ampscope close failed: %r", exc)
 

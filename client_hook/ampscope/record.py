@@ -240,7 +240,7 @@ class StepRecord:
                     kinds[i] = "nan" if nans > 0 else "inf"
         else:
             for i, x in enumerate(done.norms or ()):
-                if not math.isfinite(x):
+                if x is not None and not math.isfinite(x):
                     kinds[i] = "nan" if math.isnan(x) else "inf"
         order = self.order if self.order is not None else range(self.sections.num_layers)
         return [{"layer": i, "kind": kinds[i]} for i in order if i in kinds]

@@ -324,6 +324,7 @@ class GradStats:
         self.numels = None if numels is None else tuple(numels)
         self._total = 0 if numels is None else sum(self.numels or ())
         self._acc64 = exact_norms  # grad_norms' direct path accumulates in float64
+        self.exact_norms = exact_norms
         self.float32_norms = False
         """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
@@ -484,7 +485,7 @@ class GradStats:
         )
         return torch.cat([sums.add_(plan.adjust), amax.unsqueeze(1), amin.unsqueeze(1)], dim=1)
 
-    def raw_norms(self, grads: Grads) -> torch.Tensor:
+    def raw_norms(self, grads: Grads, *, acc64: bool | None = None) -> torch.Tensor:
         """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):
         one ``(L,)`` device tensor, 0 for an absent gradient; NaN when the layer holds a NaN,
         else +inf when it holds ±inf, so they double as the layers' finiteness. No host sync.
@@ -510,21 +511,24 @@ class GradStats:
         values reads 0. NaN stays exact (a NaN norm ⇔ a NaN element); inside that range the
         relative error is float32 rounding. An inf that is only an overflow is told apart from an
         inf element by ``found_inf`` on the host (``StepRecord.to_wire`` sends such a norm as
-        unknown); with ``exact_norms`` (no ``found_inf`` to ask) it accumulates in float64.
+        unknown); with ``exact_norms`` (no ``found_inf`` to ask) it accumulates in float64, or
+        ``checked_norms`` tells the two apart. ``acc64`` overrides ``exact_norms`` for this call
+        (float64 gradients are always read in float64).
         """
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
+        use64 = self._acc64 if acc64 is None else acc64
         with torch.no_grad():
             if not grads:
-                self.float32_norms = not self._acc64
-                return torch.zeros(0, dtype=torch.float64 if self._acc64 else torch.float32)
+                self.float32_norms = not use64
+                return torch.zeros(0, dtype=torch.float64 if use64 else torch.float32)
             dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
                          else list(grads))
             try:
                 # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a
                 # sparse one, RuntimeError for gradients on several devices: the op itself
                 # checks, no Python loop over the gradients on the common path.
-                if not self._acc64:
+                if not use64:
                     if self._dots(dense):
                         squares = []
                         for g in dense:
@@ -545,6 +549,28 @@ class GradStats:
                 return torch.stack(each)
             except (TypeError, RuntimeError):
                 return self._raw_norms_fallback(grads)
+
+    def checked_norms(self, grads: Grads) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``raw_norms`` read in float32 even with ``exact_norms``, and beside them a bool
+        ``(L,)`` device tensor: whether the layer holds a ±inf element (one ``aminmax`` per
+        layer: max = +inf or min = -inf). Together they are exact where float32 alone is not:
+        a +inf norm without an inf element is a float32 sum of squares that overflowed (a finite
+        raw norm ≥ 1.8e19), with one it is the inf. For loops with no ``found_inf`` to ask (no
+        scaler, a disabled one), at a fraction of the float64 read's cost on the CPU
+        (``docs/hook-cost.md``, session 9: 197 against 556 µs at 1.2M parameters in 8 tensors,
+        331 against 527 at 1M in 34). Flags None: the read was float64 anyway (a float64, absent,
+        sparse, empty or off-device gradient), exact as it is. No host sync."""
+        norms = self.raw_norms(grads, acc64=False)
+        if not self.float32_norms:
+            return norms, None
+        dense = cast("list[torch.Tensor]", grads)  # the float32 read took them: all present
+        if any(g.numel() == 0 for g in dense):  # aminmax has no answer for an empty tensor
+            return self.raw_norms(grads, acc64=True), None
+        with torch.no_grad():
+            bounds = [torch.aminmax(g) for g in dense]
+            low = torch.stack([b.min for b in bounds])
+            high = torch.stack([b.max for b in bounds])
+            return norms, (high == math.inf) | (low == -math.inf)
 
     def _dots(self, grads: list[torch.Tensor]) -> bool:
         """Whether ``raw_norms`` takes the dot path (see there): big enough, and every gradient

@@ -73,10 +73,13 @@ class Layout:
 
 
 def nonfinite_layers(parts: Sequence[torch.Tensor], stats: bool) -> torch.Tensor:
-    """How many layers of this rank's capture hold a NaN or ±inf: a 0-d device tensor."""
+    """How many layers of this rank's capture hold a NaN or ±inf: a 0-d device tensor. A
+    checked norms read (``GradStats.checked_norms``) has its inf-element flags second."""
     if stats:
         table = parts[0]
         return ((table[:, NAN] + table[:, INF]) > 0).sum()
+    if len(parts) > 1:
+        return (torch.isnan(parts[0]) | parts[1]).sum()
     return (~torch.isfinite(parts[0])).sum()
 
 

@@ -80,6 +80,22 @@ class TestTake:
         assert done.grad_norm == pytest.approx(math.sqrt(24.0 / 4 + 25.0 / 4), rel=1e-15)
 
 
+class TestChecked:
+    def test_an_overflowed_layer_is_finite_and_unknown_an_inf_one_is_inf(self) -> None:
+        grads = [torch.full((4,), 1e20), torch.ones(4)]
+        stats = GradStats("bf16", fused=False, exact_norms=True)
+        parts, taken = take(stats, grads, 1.0, False, per_layer=False, histogram=False,
+                            checked=True)
+        assert taken.checked and len(parts) == 2 and taken.size(2) == 4
+        done = finish(taken, host(parts), torch.zeros(2, dtype=torch.float64), None)
+        assert (done.grad_norm, done.norms) == (None, [None, 2.0])
+        grads[0][1] = -math.inf
+        parts, taken = take(stats, grads, 1.0, False, per_layer=False, histogram=False,
+                            checked=True)
+        done = finish(taken, host(parts), torch.zeros(2, dtype=torch.float64), None)
+        assert (done.grad_norm, done.norms) == (math.inf, [math.inf, 2.0])
+
+
 class TestFinish:
     @pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**10, 2.0**24, 0.5])
     @pytest.mark.parametrize("flags", [(True,) * 4, (False, True, False, True)])

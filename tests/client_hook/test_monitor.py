@@ -636,21 +636,26 @@ class TestEveryStepNormRange:
     """The every-step norms accumulate in float32: a finite gradient whose sum of squares
     overflows it reads +inf there, and must reach the wire as unknown, never as "inf"."""
 
-    def records(self, enabled: bool, grad: float) -> list[dict[str, Any]]:
+    def records(self, enabled: bool | None, grad: float | list[float]) -> list[dict[str, Any]]:
+        """Two steps whose gradient is ``grad`` (every element, or these 8); ``enabled``: the
+        scaler's, None for no scaler at all (the optimizer's own step)."""
         w = nn.Parameter(torch.ones(8))
         model = nn.Module()
         model.register_parameter("w", w)
         opt = torch.optim.SGD([w], lr=0.0)
-        scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=10**6,
-                                      enabled=enabled)
+        scaler = None if enabled is None else torch.amp.GradScaler(
+            "cpu", init_scale=1.0, growth_interval=10**6, enabled=enabled)
         sink = MemorySender()
         mon = ampscope.watch(model, scaler, opt, sender=sink, run="range", layer_every=10**6,
                              activation_every=0, histogram_every=0)
-        x = torch.full((8,), grad)
+        x = torch.tensor(grad) if isinstance(grad, list) else torch.full((8,), grad)
         for _ in range(2):
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = (w.float() * x).sum()
+            loss = (w * x).sum()
+            if scaler is None:
+                mon.record_loss(loss).backward()
+                opt.step()
+                continue
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -671,10 +676,20 @@ class TestEveryStepNormRange:
         recs = self.records(True, 3.0)
         assert [r["grad_norm"] for r in recs] == [pytest.approx(3.0 * math.sqrt(8))] * 2
 
-    def test_a_disabled_scaler_gets_exact_norms(self) -> None:
-        # no found_inf to tell an overflow from an inf: float64 accumulation instead
-        recs = self.records(False, 1e20)
-        assert [r["grad_norm"] for r in recs] == [pytest.approx(1e20 * math.sqrt(8))] * 2
+    @pytest.mark.parametrize("enabled", [False, None])
+    def test_without_found_inf_an_overflow_is_told_from_an_inf(
+            self, enabled: bool | None) -> None:
+        """A disabled scaler or none: no found_inf to ask, so the float32 read checks each
+        layer's bounds (``GradStats.checked_norms``): an overflow is unknown and finite, an
+        inf element (either sign) is an inf, step 1's norms as step 0's exact stats say."""
+        recs = self.records(enabled, 1e20)
+        assert [(r["grad_norm"], r["found_inf"], r["nonfinite"]) for r in recs] == [
+            (pytest.approx(1e20 * math.sqrt(8)), False, None), (None, False, None)]
+        recs = self.records(enabled, [1.0] * 7 + [-math.inf])
+        found = enabled is None  # a disabled scaler reports no found_inf at all
+        assert [(r["grad_norm"], r["found_inf"]) for r in recs] == [("inf", found)] * 2
+        if found:
+            assert [r["nonfinite"] for r in recs] == [[{"layer": 0, "kind": "inf"}]] * 2
 
 
 class TestCopies:
@@ -788,7 +803,11 @@ class TestWithoutAScaler:
         assert [r["loss"] for r in records] == pytest.approx(run.losses, rel=1e-12)
         want_norms = [math.sqrt(sum(float(g.double().square().sum()) for g in grads))
                       for grads in run.grads]
-        assert [r["grad_norm"] for r in records] == pytest.approx(want_norms, rel=1e-12)
+        # Per-layer steps (0, 2): float64 partials; the others the every-step float32 read
+        # (checked for overflow: GradStats.checked_norms), to float32 rounding.
+        got = [r["grad_norm"] for r in records]
+        assert got[::2] == pytest.approx(want_norms[::2], rel=1e-12)
+        assert got[1::2] == pytest.approx(want_norms[1::2], rel=1e-6)
         assert [r["layers"] is not None for r in records] == [True, False, True, False]
         l2 = [float(g.double().norm()) for g in run.grads[2]]
         assert records[2]["layers"]["l2"] == pytest.approx(l2, rel=1e-12)

@@ -265,6 +265,36 @@ class TestRawNormsDotPath:
                 float(torch.linalg.vector_norm(r.float())) for r in raws]
 
 
+class TestCheckedNorms:
+    """``checked_norms``: the float32 read plus each layer's bounds, for loops without a
+    ``found_inf`` (the monitor's ``exact_norms``)."""
+
+    def test_an_overflow_is_told_from_an_inf_of_either_sign(self) -> None:
+        grads = [torch.full((4,), 1e20), torch.tensor([1.0, -math.inf]),
+                 torch.tensor([2.0, math.inf], dtype=torch.float16), torch.tensor([math.nan, 1.0]),
+                 torch.tensor([3.0, 4.0], dtype=torch.bfloat16)]
+        stats = GradStats(FP16, exact_norms=True)
+        norms, flags = stats.checked_norms(grads)
+        assert flags is not None and flags.tolist() == [False, True, True, False, False]
+        got = norms.tolist()
+        assert got[:3] == [math.inf] * 3  # the overflow reads +inf too: the flags tell
+        assert math.isnan(got[3]) and got[4] == 5.0
+        assert stats.float32_norms  # the read was float32, checked
+
+    @pytest.mark.parametrize("grads", [
+        [torch.ones(3, dtype=torch.float64)],  # float64: read in float64
+        [torch.ones(3), None],  # absent: the float64 fallback
+        [torch.ones(3), torch.zeros(0)],  # empty: aminmax has no answer
+    ], ids=["float64", "absent", "empty"])
+    def test_layouts_the_float32_read_does_not_take_are_float64_and_unflagged(
+            self, grads: list[torch.Tensor | None]) -> None:
+        stats = GradStats(FP16, numels=[g.numel() if g is not None else 3 for g in grads],
+                          exact_norms=True)
+        norms, flags = stats.checked_norms(grads)
+        assert flags is None and norms.dtype == torch.float64
+        assert norms.tolist()[0] == pytest.approx(math.sqrt(3), rel=1e-15)
+
+
 class TestGradNormsDirectPath:
     """grad_norms without the padded buffer: one read of the gradients (float32 accumulation,
     float64 with ``exact_norms`` or float64 gradients)."""

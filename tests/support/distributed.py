@@ -23,7 +23,7 @@ def run_job(tmp_path: Path, mode: str, world: int = 2) -> list[dict[str, Any]]:
              str(tmp_path / f"rank{rank}.json"), mode],
             env=env, cwd=Path(__file__).resolve().parents[2],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for proc in procs:
+    for rank, proc in enumerate(procs):
         out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, out[-3000:]
+        assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}: {out[-3000:]}"
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
