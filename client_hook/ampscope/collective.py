@@ -6,8 +6,9 @@ every rank contributes its share of each step through collectives: its loss and 
 layers (the ``ranks`` block, ``shards.py``) and, when the gradients are sharded (FSDP2 DTensor
 shards), the per-layer partials of its shard, merged into the full gradient's. Per captured step
 that is ONE ``SUM`` all-reduce, plus ONE ``MAX`` on steps with per-layer statistics; a step that
-captures nothing reduces nothing. FSDP1's flat pieces are not merged: such a rank's share is its
-loss and its pieces' finiteness (``flat_sharded``).
+captures nothing reduces nothing. FSDP1 with ``use_orig_params=True`` merges as FSDP2 does, its
+pieces being disjoint parts of each layer (``flat_shards``); with flat parameters only, a rank's
+share is its loss and its pieces' finiteness.
 
 Why a process group of its own. Collectives on one group must be issued in the same order on every
 rank; training's own (DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters) must never
@@ -45,7 +46,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Group", "Pending", "flat_sharded", "join", "local", "sharded"]
+__all__ = ["FlatShards", "Group", "Pending", "flat_shards", "join", "local", "sharded"]
 
 logger = logging.getLogger("ampscope")
 
@@ -69,15 +70,44 @@ def sharded(params: list[torch.nn.Parameter]) -> bool:
     return any(isinstance(p, DTensor) for p in params)
 
 
-def flat_sharded(model: torch.nn.Module) -> bool:
-    """Whether ``model`` holds FSDP1 (``FullyShardedDataParallel``) modules: their parameters
-    are views of this rank's piece of a flat buffer, whose shapes are not the layers' own. Their
-    pieces are not merged (yet): the monitor takes no gradient statistics there."""
+@dataclass(frozen=True)
+class FlatShards:
+    """FSDP1 (``FullyShardedDataParallel``) in a model. With ``use_orig_params=True`` each
+    original parameter is a 1-D view of this rank's piece of it (possibly empty, its gradient
+    then None): pieces of one layer on different ranks are disjoint, so they merge as FSDP2's
+    shards do, and ``full`` gives each one's real shape and size (id of the parameter → shape,
+    numel) for the layer table. ``flat_only``: some unit keeps its flat parameters
+    (``use_orig_params=False``): there are no layers to merge."""
+
+    full: dict[int, tuple[list[int], int]]
+    flat_only: bool
+
+
+def flat_shards(model: torch.nn.Module) -> FlatShards | None:
+    """The FSDP1 units of ``model`` (None: there are none), read from their flat parameters'
+    ``_params``/``_shapes``/``_numels`` (private, feature-checked: a unit without them counts as
+    ``flat_only``)."""
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
     except ImportError:
-        return False
-    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+        return None
+    units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    if not units:
+        return None
+    full: dict[int, tuple[list[int], int]] = {}
+    flat_only = False
+    for unit in units:
+        flat = getattr(getattr(unit, "_handle", None), "flat_param", None)
+        params = getattr(flat, "_params", None)
+        shapes, numels = getattr(flat, "_shapes", None), getattr(flat, "_numels", None)
+        if flat is None:
+            continue  # a unit that wraps no parameter of its own
+        if not (params and shapes and numels) or not (len(params) == len(shapes) == len(numels)):
+            flat_only = True
+            continue
+        for p, shape, numel in zip(params, shapes, numels, strict=True):
+            full[id(p)] = (list(shape), int(numel))
+    return FlatShards(full, flat_only)
 
 
 def local(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -54,10 +54,14 @@ class StepCycle:
         view: ScalerView,
         probe: ActivationProbe | None,
         order: BackwardOrder | None,
+        numels: Sequence[int] | None = None,
     ) -> None:
         self._params = params
         # The layers' sizes for ``partials.finalize`` on the sender thread: one tensor, shared.
-        self._numel_t = torch.tensor([p.numel() for p in params], dtype=torch.float64)
+        # ``numels``: the layers' own where a parameter is only this rank's piece (FSDP1).
+        self._numel_t = torch.tensor(
+            list(numels) if numels is not None else [p.numel() for p in params],
+            dtype=torch.float64)
         self._stats = stats
         self._cadence = cadence
         self._histogram_every = histogram_every

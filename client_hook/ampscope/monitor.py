@@ -241,7 +241,9 @@ class Monitor:
         dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
     ) -> None:
         rank, world_size = _rank(), _world_size()
-        self._layers, self._params = layer_table(model, include, exclude)
+        flat = collective.flat_shards(model) if enabled else None
+        self._layers, self._params = layer_table(model, include, exclude,
+                                                 None if flat is None else flat.full)
         # One run per distributed job (``collective.py``): every rank takes part in the hook's
         # reductions, rank 0 sends. Without a group (no process group yet, or a rank that never
         # called watch()) rank 0 records alone and the others are inert, as enabled=False.
@@ -259,20 +261,21 @@ class Monitor:
         # FSDP2's gradients are DTensor shards: without a group to merge them no rank holds a
         # layer's statistics, and a shard's would be sent as the layer's: none are taken (one
         # process's only shard is the whole gradient).
-        self._sharded = collective.sharded(self._params)
+        self._sharded = collective.sharded(self._params) or (
+            flat is not None and not flat.flat_only)
         self._grads_off = self._sharded and group is None and world_size > 1
         if self._grads_off and enabled:
             logger.warning("ampscope: the gradients are sharded (DTensor) and the ranks are not "
                            "all watched: gradient statistics are off (call watch() on every "
                            "rank, without all_ranks)")
-        self._pieces_only = enabled and collective.flat_sharded(model)
+        self._pieces_only = flat is not None and flat.flat_only
         if self._pieces_only:
-            # Its pieces are views of flat buffers, not shaped as the layers: only their
-            # finiteness goes into the ranks' shares; alone, nothing is read.
+            # Flat parameters are not layers: only their pieces' finiteness goes into the
+            # ranks' shares; alone, nothing is read.
             self._grads_off = group is None
-            logger.warning("ampscope: FSDP1 (FullyShardedDataParallel) shards are not merged: "
+            logger.warning("ampscope: FSDP1 with use_orig_params=False keeps flat parameters: "
                            "no gradient statistics (the losses and the ranks' non-finite "
-                           "gradients are recorded); FSDP2 (fully_shard) is supported")
+                           "gradients are recorded); use_orig_params=True or FSDP2 have them")
         # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
         self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
@@ -312,7 +315,8 @@ class Monitor:
         self._recheck_fn: RecheckFn | None = None
         self._swallow = SwallowProbe.for_params(self._params)
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
-                                self._view, None, None)
+                                self._view, None, None,
+                                numels=[layer["numel"] for layer in self._layers])
         self._cycle.group, self._cycle.sharded, self._cycle.sends = (
             group, self._sharded, self._sends)
         self._cycle.pieces_only = self._pieces_only

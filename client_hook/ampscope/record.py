@@ -8,7 +8,7 @@ only place that reads the values).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,13 +278,16 @@ def layer_table(
     model: torch.nn.Module,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,
+    full: Mapping[int, tuple[list[int], int]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
     """The watched parameters (``selection.selected``) and their wire table, in model order.
 
     Each layer's ``name`` is canonical (``names.canonical_names``: no ``module.``, ``_orig_mod.``
     or FSDP/checkpoint wrapper components, so a wrapped and a plain run of one model compare
     layer for layer), ``raw_name`` the parameter's name as the model gives it. ``include`` and
-    ``exclude`` match the canonical name, the one the dashboard shows."""
+    ``exclude`` match the canonical name, the one the dashboard shows. ``full``: the real shape
+    and size of parameters that are this rank's pieces (FSDP1, ``collective.flat_shards``), by
+    id."""
     owner: dict[int, str] = {}
     for _, module in model.named_modules():
         for _, p in module.named_parameters(recurse=False):
@@ -296,13 +299,14 @@ def layer_table(
     for (raw, p), name in zip(named, canonical, strict=True):
         if not p.requires_grad or not selected(name, include, exclude):
             continue
+        shape, numel = (full or {}).get(id(p), (list(p.shape), p.numel()))
         table.append({
             "index": len(table),
             "name": name,
             "raw_name": raw,
-            "shape": list(p.shape),
+            "shape": shape,
             "dtype": str(p.dtype).removeprefix("torch."),
-            "numel": p.numel(),
+            "numel": numel,
             "module_type": owner.get(id(p), type(model).__name__),
         })
         params.append(p)

@@ -2,11 +2,12 @@
 under ``ampscope.watch`` and writes what its monitor recorded, with the truth to check it
 against, as JSON.
 
-Modes (``argv[3]``), ``+``-joined: ``ddp`` or ``fsdp2`` (``fully_shard`` per layer and on the
-model); ``all`` (``all_ranks=True``); ``noscaler`` (no GradScaler: ``record_loss``); ``nan``
-(rank 1's loss is NaN at step 2); ``break`` (rank 1's hook fails in every capture and disables
-itself); ``alone`` (rank 1 never calls ``watch()``); ``server=URL`` (send to that server instead
-of a ``MemorySender``).
+Modes (``argv[3]``), ``+``-joined: ``ddp``, ``fsdp2`` (``fully_shard`` per layer and on the
+model), ``fsdp1`` (``FullyShardedDataParallel``, ``use_orig_params=True``) or ``fsdp1flat``
+(``use_orig_params=False``); ``all`` (``all_ranks=True``); ``noscaler`` (no GradScaler:
+``record_loss``); ``nan`` (rank 1's loss is NaN at step 2); ``break`` (rank 1's hook fails in
+every capture and disables itself); ``alone`` (rank 1 never calls ``watch()``); ``server=URL``
+(send to that server instead of a ``MemorySender``).
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ def main(store: str, out: str, mode: set[str]) -> None:
     base = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     sharded = "fsdp2" in mode
     model: nn.Module
-    if "fsdp1" in mode:
+    fsdp1 = "fsdp1" in mode or "fsdp1flat" in mode
+    if fsdp1:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        model = FullyShardedDataParallel(base, use_orig_params=True, device_id=torch.device("cpu"))
+        model = FullyShardedDataParallel(base, use_orig_params="fsdp1flat" not in mode,
+                                         device_id=torch.device("cpu"))
     elif sharded:
         from torch.distributed.fsdp import fully_shard
 
@@ -90,8 +93,13 @@ def main(store: str, out: str, mode: set[str]) -> None:
             scaler.scale(loss).backward()
         else:
             (mon.record_loss(loss) if mon is not None else loss).backward()
+        full = None
         if sharded:  # on both ranks, before the hook's capture: the full gradients
             full = [p.grad.full_tensor() for p in model.parameters()]  # type: ignore[union-attr]
+        elif "fsdp1" in mode:
+            with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+                full = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+        if full is not None:
             scale = scaler._scale if scaler is not None and scaler._scale is not None else 1.0
             truth.append(reference(full, scale, scaler is not None))
         if scaler is not None:
@@ -111,6 +119,8 @@ def main(store: str, out: str, mode: set[str]) -> None:
         "run_id": None if mon is None else mon.run_id,
         "run": payloads[0]["run"] if payloads else None,
         "layers": [layer["name"] for layer in payloads[0]["layers"]] if payloads else None,
+        "shapes": [(layer["shape"], layer["numel"]) for layer in payloads[0]["layers"]]
+        if payloads else None,
         "records": [r for p in payloads for r in p["records"]],
         "losses": losses,
         "truth": truth,

@@ -99,12 +99,24 @@ class TestSharded:
         assert_full_statistics(zero)
         assert all(r["ranks"] is None for r in zero["records"])
 
-    def test_fsdp1_pieces_are_never_sent_as_layers_but_the_ranks_are(self,
-                                                                       tmp_path: Path) -> None:
-        """``FullyShardedDataParallel``: each rank holds flat pieces of the layers. They are not
-        merged: no layer statistics or norm, but every rank's loss and its pieces' finiteness
+    def test_fsdp1_pieces_merge_into_the_full_gradients_statistics(self,
+                                                                  tmp_path: Path) -> None:
+        """``FullyShardedDataParallel(use_orig_params=True)``: each parameter is this rank's
+        1-D piece (rank 0 holds 0.weight whole and nothing else, here); the layer table has
+        the real shapes, and the merged statistics are those of the gathered gradients."""
+        zero, one = run_job(tmp_path, "fsdp1")
+        assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
+        assert zero["layers"] == LAYERS
+        assert zero["shapes"] == [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
+        assert zero["truth"] == one["truth"]
+        assert_full_statistics(zero)
+
+    def test_fsdp1_flat_parameters_are_never_sent_as_layers_but_the_ranks_are(
+            self, tmp_path: Path) -> None:
+        """``use_orig_params=False``: the parameters are flat pieces of whole units, not
+        layers. No layer statistics or norm; every rank's loss and its pieces' finiteness
         (rank 1's NaN loss reached both ranks' gradients)."""
-        zero, one = run_job(tmp_path, "fsdp1+nan")
+        zero, one = run_job(tmp_path, "fsdp1flat+nan")
         assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
         assert all((r["layers"], r["grad_norm"], r["histogram"], r["nonfinite"]) == (
             None, None, None, None) for r in zero["records"])
