@@ -5,9 +5,10 @@ against, as JSON.
 Modes (``argv[3]``), ``+``-joined: ``ddp``, ``fsdp2`` (``fully_shard`` per layer and on the
 model), ``fsdp1`` (``FullyShardedDataParallel``, ``use_orig_params=True``) or ``fsdp1flat``
 (``use_orig_params=False``); ``all`` (``all_ranks=True``); ``noscaler`` (no GradScaler:
-``record_loss``); ``nan`` (rank 1's loss is NaN at step 2); ``break`` (rank 1's hook fails in
-every capture and disables itself); ``alone`` (rank 1 never calls ``watch()``); ``server=URL``
-(send to that server instead of a ``MemorySender``).
+``record_loss``) or ``shardedscaler`` (FSDP1's ``ShardedGradScaler``); ``nan`` (rank 1's loss is
+NaN at step 2); ``break`` (rank 1's hook fails in every capture and disables itself); ``alone``
+(rank 1 never calls ``watch()``); ``server=URL`` (send to that server instead of a
+``MemorySender``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ def main(store: str, out: str, mode: set[str]) -> None:
     else:
         model = nn.parallel.DistributedDataParallel(base)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = None if "noscaler" in mode else torch.amp.GradScaler("cpu")
+    scaler: torch.amp.GradScaler | None = None
+    if "shardedscaler" in mode:  # FSDP1's: found_inf all-reduced across the ranks
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler("cpu")
+    elif "noscaler" not in mode:
+        scaler = torch.amp.GradScaler("cpu")
     sender = MemorySender()
     mon = None
     if not ("alone" in mode and rank == 1):

@@ -99,12 +99,14 @@ class TestSharded:
         assert_full_statistics(zero)
         assert all(r["ranks"] is None for r in zero["records"])
 
-    def test_fsdp1_pieces_merge_into_the_full_gradients_statistics(self,
-                                                                  tmp_path: Path) -> None:
-        """``FullyShardedDataParallel(use_orig_params=True)``: each parameter is this rank's
-        1-D piece (rank 0 holds 0.weight whole and nothing else, here); the layer table has
-        the real shapes, and the merged statistics are those of the gathered gradients."""
-        zero, one = run_job(tmp_path, "fsdp1")
+    @pytest.mark.parametrize("mode", ["fsdp1", "fsdp1+shardedscaler"])
+    def test_fsdp1_pieces_merge_into_the_full_gradients_statistics(self, tmp_path: Path,
+                                                                  mode: str) -> None:
+        """``FullyShardedDataParallel(use_orig_params=True)``, with a ``GradScaler`` or FSDP1's
+        ``ShardedGradScaler``: each parameter is this rank's 1-D piece (rank 0 holds 0.weight
+        whole and nothing else, here); the layer table has the real shapes, and the merged
+        statistics are those of the gathered gradients."""
+        zero, one = run_job(tmp_path, mode)
         assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
         assert zero["layers"] == LAYERS
         assert zero["shapes"] == [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
