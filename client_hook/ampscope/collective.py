@@ -63,9 +63,11 @@ _WATCHES = itertools.count()  # the n-th watch() of this process: the same n on 
 def sharded(params: list[torch.nn.Parameter]) -> bool:
     """Whether any parameter is a DTensor (FSDP2 ``fully_shard``, tensor parallel): its
     gradient is then this rank's shard of the full one."""
+    if not torch.distributed.is_available():
+        return False
     try:
         from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without DTensor has no FSDP2
+    except Exception:  # a torch without DTensor has no FSDP2
         return False
     return any(isinstance(p, DTensor) for p in params)
 
@@ -87,9 +89,11 @@ def flat_shards(model: torch.nn.Module) -> FlatShards | None:
     """The FSDP1 units of ``model`` (None: there are none), read from their flat parameters'
     ``_params``/``_shapes``/``_numels`` (private, feature-checked: a unit without them counts as
     ``flat_only``)."""
+    if not torch.distributed.is_available():
+        return None
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:
+    except Exception:  # a build whose distributed package lacks FSDP
         return None
     units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
     if not units:
