@@ -260,8 +260,9 @@ class StepCycle:
         """Each watched optimizer's skip and every parameter group's lr (the wire's
         ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
         lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
-        read on the sender thread."""
-        if not optimizers:
+        read on the sender thread. None for one optimizer with one parameter group: the record's
+        own ``skipped`` and ``lr`` say all of it (and the server stores no row for it)."""
+        if not optimizers or (len(optimizers) == 1 and len(optimizers[0].param_groups) == 1):
             return None, []
         each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
         values: list[torch.Tensor] = []

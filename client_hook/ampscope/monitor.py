@@ -41,8 +41,9 @@ capture also packs this rank's share (``shards.py``) and issues the step's reduc
 hook's own process group, asynchronously; rank 0's record waits for them on the sender thread;
 the other ranks send nothing. A rank whose hook is off keeps issuing empty shares.
 
-Every record names each watched optimizer's own skip (the scaler's per-optimizer ``found_inf``,
-read before ``update()`` clears it) and its parameter groups' lrs.
+With several optimizers or parameter groups every record names each watched optimizer's own
+skip (the scaler's per-optimizer ``found_inf``, read before ``update()`` clears it) and its
+parameter groups' lrs.
 
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 

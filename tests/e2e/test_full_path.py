@@ -243,7 +243,7 @@ def test_a_ddp_job_is_one_run_that_names_the_rank_that_went_nan(
     assert [s["ranks"]["loss"] for s in steps] == [
         [a, b] for a, b in zip(zero["losses"], one["losses"], strict=True)]
     assert steps[2]["ranks"]["nonfinite"] == [4, 4]
-    assert all(s["optimizers"] == [{"skipped": s["skipped"], "lr": [0.01]}] for s in steps)
+    assert all(s["optimizers"] is None for s in steps)  # one optimizer, one group: lr, skipped
     summary = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/ranks"))
     assert summary["world_size"] == 2
     first = summary["first_nonfinite"]
