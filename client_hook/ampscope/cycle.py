@@ -41,7 +41,14 @@ from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
 from ampscope.shards import Layout, pack
 
-__all__ = ["StepCycle"]
+__all__ = ["StepCycle", "per_optimizer"]
+
+
+def per_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+    """Whether records name each optimizer's skip and each group's lr (the wire's
+    ``optimizers``): with several optimizers or parameter groups. One optimizer with one group
+    is the record's own ``skipped`` and ``lr``, and costs nothing more per step."""
+    return len(optimizers) > 1 or any(len(o.param_groups) > 1 for o in optimizers)
 
 
 class StepCycle:
@@ -73,8 +80,8 @@ class StepCycle:
         self.group: Group | None = None
         self.sharded = False
         self.sends = True
-        # FSDP1's flat shards (``collective.flat_sharded``): read for the share's finiteness
-        # only (norms), never sent as the layers' statistics.
+        # FSDP1's flat parameters (``collective.FlatShards.flat_only``): read for the share's
+        # finiteness only (norms), never sent as the layers' statistics.
         self.pieces_only = False
         self._last_update: float | None = None
         self._nan: torch.Tensor | None = None
@@ -260,9 +267,8 @@ class StepCycle:
         """Each watched optimizer's skip and every parameter group's lr (the wire's
         ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
         lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
-        read on the sender thread. None for one optimizer with one parameter group: the record's
-        own ``skipped`` and ``lr`` say all of it (and the server stores no row for it)."""
-        if not optimizers or (len(optimizers) == 1 and len(optimizers[0].param_groups) == 1):
+        read on the sender thread. None unless ``per_optimizer``."""
+        if not per_optimizer(optimizers):
             return None, []
         each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
         values: list[torch.Tensor] = []

@@ -81,7 +81,7 @@ import torch
 
 from ampscope import collective, wire
 from ampscope.activations import ActivationProbe
-from ampscope.cycle import StepCycle
+from ampscope.cycle import StepCycle, per_optimizer
 from ampscope.devices import to_device
 from ampscope.formats import TargetFormat
 from ampscope.misuse import ClipHeuristic, MisuseTracker
@@ -190,9 +190,8 @@ def _distributed(variable: str, getter: str, default: int) -> int:
             return int(os.environ[variable])
         except ValueError:
             pass
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(getattr(dist, getter)())
+    if _process_group_ready():
+        return int(getattr(torch.distributed, getter)())
     return default
 
 
@@ -266,7 +265,7 @@ class Monitor:
             flat is not None and not flat.flat_only)
         self._grads_off = self._sharded and group is None and world_size > 1
         if self._grads_off and enabled:
-            logger.warning("ampscope: the gradients are sharded (DTensor) and the ranks are not "
+            logger.warning("ampscope: the gradients are sharded (FSDP) and the ranks are not "
                            "all watched: gradient statistics are off (call watch() on every "
                            "rank, without all_ranks)")
         self._pieces_only = flat is not None and flat.flat_only
@@ -615,7 +614,7 @@ class Monitor:
         before: dict[str, Any] | None = None
         if self._state is HookState.ACTIVE:
             try:
-                before = self._view.before_update()
+                before = self._view.before_update(each=per_optimizer(self._optimizers))
             except Exception as exc:
                 self._internal_error("update", exc)
         result = self._originals["update"](new_scale)

@@ -141,7 +141,7 @@ class StepRecord:
                 numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
                 done = finish(sec.taken, own, numels, head["scale_before"])
                 head["grad_norm"] = done.grad_norm
-            else:  # sharded, and a rank's piece is missing: unknown, never a partial number
+            else:  # a rank's piece missing, or FSDP1 flat pieces: unknown, never a part's
                 head["grad_norm"] = None
             pos += size
         if sec.modules:

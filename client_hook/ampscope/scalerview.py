@@ -95,8 +95,9 @@ class ScalerView:
             flags.append(stage == "READY")
         return flags
 
-    def before_update(self) -> dict[str, Any]:
-        """What must be read before ``update()``: the scale (a device copy) and ``found_inf``."""
+    def before_update(self, each: bool = False) -> dict[str, Any]:
+        """What must be read before ``update()``: the scale (a device copy) and ``found_inf``;
+        with ``each``, every optimizer's own found_inf too (``found_inf_each``)."""
         before: dict[str, Any] = {}
         scaler = self.scaler
         if scaler is None or not self.enabled():
@@ -109,23 +110,24 @@ class ScalerView:
         states = getattr(scaler, "_per_optimizer_states", None)
         found: list[torch.Tensor] = []
         # Each optimizer's own found_inf (``update()`` clears the states): whether THAT one's
-        # step was skipped, keyed by id (``Monitor``'s ``optimizers`` block).
-        each: dict[int, torch.Tensor] = {}
+        # step was skipped, keyed by id (the record's ``optimizers`` block, asked for only when
+        # there are several optimizers or groups: ``cycle.per_optimizer``).
+        mine: dict[int, torch.Tensor] = {}
         if isinstance(states, Mapping):
             for key, state in states.items():
                 if not isinstance(state, Mapping):
                     continue
                 per_device = state.get("found_inf_per_device", {})
-                mine = [t for t in per_device.values() if isinstance(t, torch.Tensor)]
-                found.extend(mine)
-                if len(mine) == 1:
-                    each[key] = mine[0]
-                elif mine:
-                    each[key] = sum((t.to(mine[0].device) for t in mine), torch.zeros_like(mine[0]))
+                tensors = [t for t in per_device.values() if isinstance(t, torch.Tensor)]
+                found.extend(tensors)
+                if not each or not tensors:
+                    continue
+                mine[key] = tensors[0] if len(tensors) == 1 else sum(
+                    (t.to(tensors[0].device) for t in tensors), torch.zeros_like(tensors[0]))
         if len(found) > 1:  # update() adds the others into the first in place: copies
-            each = {key: t.clone() for key, t in each.items()}
-        if each:
-            before["found_inf_each"] = each
+            mine = {key: t.clone() for key, t in mine.items()}
+        if mine:
+            before["found_inf_each"] = mine
         if len(found) == 1:  # one optimizer on one device: the common case, no op at all
             # update() reads a lone found_inf tensor without writing it (it adds in place into
             # the first one only when there are several), and the scaler only ever sets it to

@@ -131,3 +131,16 @@ class TestUpdate:
         before = view.before_update()
         assert before["found_inf"].dtype == torch.float64
         assert before["found_inf"].item() == 1.0  # two overflowing optimizers: still 1
+
+    def test_each_optimizers_found_inf_only_when_asked_and_as_copies(self) -> None:
+        scaler, opts, params = setup(optimizers=2)
+        view = ScalerView(scaler)
+        backward(scaler, params)
+        params[1].grad[0] = math.inf  # type: ignore[index]  # only the second optimizer's
+        for opt in opts:
+            scaler.step(opt)
+        assert "found_inf_each" not in view.before_update()
+        each = view.before_update(each=True)["found_inf_each"]
+        assert sorted(each) == sorted(id(o) for o in opts)
+        scaler.update()  # adds the second's found_inf into the first's, in place
+        assert [each[id(o)].item() for o in opts] == [0.0, 1.0]
