@@ -3,26 +3,14 @@ backfills the raw name of the rows stored before it with their `name`: what clie
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ampscope_server import db, ingest
-from ampscope_server.wire import IngestBatch
-from tests.migrations.support import query
+from ampscope_server import db
+from tests.migrations.support import ingest_payload, query
 from tests.server.wire import LAYERS, batch, new_id, record
 
 LAYER_ROWS = ("SELECT r.id, l.\"index\", l.name, l.shape, l.dtype, l.numel, l.module_type "
               "FROM layers l JOIN runs r ON r.id = l.run_id ORDER BY r.id, l.\"index\"")
-
-
-def _ingest(url: str, payload: dict[str, Any]) -> None:
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        with factory() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
 
 
 def _raw_names(url: str) -> list[tuple[Any, ...]]:
@@ -34,10 +22,10 @@ def test_0018_keeps_the_layers_and_backfills_raw_names(db_url: str) -> None:
     db.upgrade(db_url)
     ddp, compiled = sorted([new_id(), new_id()])
     # A DDP run as clients before issue #13 stored it: the raw name as `name`, no `raw_name`.
-    _ingest(db_url, batch([record(0)], run_id=ddp, layers=[
+    ingest_payload(db_url, batch([record(0)], run_id=ddp, layers=[
         {**layer, "name": f"module.{layer['name']}"} for layer in LAYERS]))
     # A compiled run of a newer client: canonical names, the raw ones beside.
-    _ingest(db_url, batch([record(0)], run_id=compiled, layers=[
+    ingest_payload(db_url, batch([record(0)], run_id=compiled, layers=[
         {**layer, "raw_name": f"_orig_mod.{layer['name']}"} for layer in LAYERS]))
     head = query(db_url, LAYER_ROWS)
     assert [row[:3] for row in head] == [

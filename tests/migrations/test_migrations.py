@@ -10,6 +10,7 @@ from sqlalchemy import inspect, text
 
 from ampscope_server import db
 from ampscope_server.models import Base
+from tests.migrations.support import tables
 
 TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}
 TABLES_0002 = TABLES_0001 | {
@@ -27,14 +28,6 @@ V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
 
 
-def _tables(url: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-
-
 def _columns(url: str, table: str) -> set[str]:
     engine = db.make_engine(url)
     try:
@@ -45,10 +38,10 @@ def _columns(url: str, table: str) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0020 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0020 | {"alembic_version"}
     assert "world_size" in _columns(db_url, "runs")
     db.downgrade(db_url, "0019")
-    assert _tables(db_url) == TABLES_0008 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0008 | {"alembic_version"}
     assert "world_size" not in _columns(db_url, "runs")
     assert "raw_name" in _columns(db_url, "layers")
     db.downgrade(db_url, "0017")
@@ -73,27 +66,27 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert "key" not in _columns(db_url, "runs")
     assert "run_id" in _columns(db_url, "layer_stats")
     db.downgrade(db_url, "0007")
-    assert _tables(db_url) == TABLES_0007 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0007 | {"alembic_version"}
     db.downgrade(db_url, "0006")
-    assert _tables(db_url) == TABLES_0006 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0006 | {"alembic_version"}
     db.downgrade(db_url, "0005")
-    assert _tables(db_url) == TABLES_0005 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0005 | {"alembic_version"}
     assert "layer_index" in _columns(db_url, "layer_stats")
     assert "amax_scaled" in _columns(db_url, "rollups")
     db.downgrade(db_url, "0004")
-    assert _tables(db_url) == TABLES_0004 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0004 | {"alembic_version"}
     db.downgrade(db_url, "0003")
-    assert _tables(db_url) == TABLES_0003 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0003 | {"alembic_version"}
     db.downgrade(db_url, "0002")
-    assert _tables(db_url) == TABLES_0002 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0002 | {"alembic_version"}
     db.downgrade(db_url, "0001")
-    assert _tables(db_url) == TABLES_0001 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0001 | {"alembic_version"}
     assert not V2_STEP_COLUMNS & _columns(db_url, "steps")
     assert not V2_ATTEMPT_COLUMNS & _columns(db_url, "attempts")
     db.downgrade(db_url, "base")
-    assert _tables(db_url) == {"alembic_version"}
+    assert tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert _tables(db_url) == TABLES_0020 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0020 | {"alembic_version"}
     assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -210,7 +203,7 @@ def test_0007_backfills_run_counters_from_stored_steps(db_url: str) -> None:
                              "GROUP BY c.run_id, c.last_id")
     assert last_ids == [(True,), (True,)] or last_ids == [(1,), (1,)]
     db.downgrade(db_url, "0005")
-    assert "run_counters" not in _tables(db_url)
+    assert "run_counters" not in tables(db_url)
     assert _scalar(db_url, "SELECT count(*) FROM steps") == 4
 
 

@@ -4,29 +4,15 @@ stored and dropped with the revision, and every other row stays as it was."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from sqlalchemy import inspect
-
-from ampscope_server import db, ingest
-from ampscope_server.wire import IngestBatch
-from tests.migrations.support import delete_run, query
+from ampscope_server import db
+from tests.migrations.support import delete_run, ingest_payload, query, tables
 from tests.server.wire import batch, new_id, record
 
 RUNS = "SELECT id, name, host, rank, target_format FROM runs ORDER BY id"
 STEPS = ("SELECT r.id, s.seq, s.step, s.loss, s.loss_class FROM steps s "
          "JOIN runs r ON r.key = s.run_key ORDER BY r.id, s.seq")
-
-
-def _ingest(url: str, payload: dict[str, Any]) -> None:
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        with factory() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
 
 
 def _v4(run_id: str) -> dict[str, Any]:
@@ -52,7 +38,7 @@ def test_0020_adds_world_sizes_and_the_rank_tables_and_takes_them_back(db_url: s
     db.upgrade(db_url)
     assert query(db_url, "SELECT id, world_size FROM runs") == [(old, 1)]
     assert (query(db_url, RUNS), query(db_url, STEPS)) == before
-    _ingest(db_url, _v4(distributed))
+    ingest_payload(db_url, _v4(distributed))
     assert query(db_url, "SELECT id, world_size FROM runs ORDER BY id") == [
         (old, 1), (distributed, 2)]
     # One row per step in each table, the step's number and its non-finite ranks beside.
@@ -62,7 +48,7 @@ def test_0020_adds_world_sizes_and_the_rank_tables_and_takes_them_back(db_url: s
     with_v4 = (query(db_url, RUNS), query(db_url, STEPS))
 
     db.downgrade(db_url, "0019")
-    assert "step_ranks" not in _tables(db_url) and "step_optimizers" not in _tables(db_url)
+    assert "step_ranks" not in tables(db_url) and "step_optimizers" not in tables(db_url)
     assert (query(db_url, RUNS), query(db_url, STEPS)) == with_v4
 
     db.upgrade(db_url)
@@ -70,15 +56,15 @@ def test_0020_adds_world_sizes_and_the_rank_tables_and_takes_them_back(db_url: s
     assert query(db_url, "SELECT id, world_size FROM runs ORDER BY id") == [
         (old, 1), (distributed, 1)]
     assert _counts(db_url) == (0, 0)
-    _ingest(db_url, _v4(new_id()))
+    ingest_payload(db_url, _v4(new_id()))
     assert _counts(db_url) == (2, 2)
 
 
 def test_deleting_a_run_deletes_its_rank_rows(db_url: str) -> None:
     db.upgrade(db_url)
     kept, deleted = new_id(), new_id()
-    _ingest(db_url, _v4(kept))
-    _ingest(db_url, _v4(deleted))
+    ingest_payload(db_url, _v4(kept))
+    ingest_payload(db_url, _v4(deleted))
     assert _counts(db_url) == (4, 4)
     delete_run(db_url, deleted)
     assert _counts(db_url) == (2, 2)
@@ -115,11 +101,4 @@ def _ingest_at_0019(url: str, run_id: str) -> None:
     finally:
         engine.dispose()
 
-
-def _tables(url: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return set(inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
 
