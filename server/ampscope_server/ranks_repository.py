@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from ampscope_server.models import RANKS_NONFINITE, StepOptimizers, StepRanks
+from ampscope_server.models import RANKS_NONFINITE, Step, StepOptimizers, StepRanks
 from ampscope_server.sql_support import run_key
 
 
@@ -31,6 +33,22 @@ def optimizers_of(session: Session, run_id: str, first_id: int, last_id: int
         .where(StepOptimizers.run_key == run_key(run_id),
                StepOptimizers.step_id.between(first_id, last_id)))
     return {int(step_id): (bytes(data), bytes(lr)) for step_id, data, lr in rows}
+
+
+def optimizers_by_step(session: Session, run_id: str, start: int | None, end: int | None
+                       ) -> Iterator[tuple[int, bytes, bytes]]:
+    """(step, data, lr) of the run's steps in [start, end] (None: unbounded) that carry
+    optimizers, by step then ingest order. One row per such step: a run sends them only with
+    several optimizers or parameter groups."""
+    query = (select(Step.step, StepOptimizers.data, StepOptimizers.lr)
+             .join(Step, Step.id == StepOptimizers.step_id)
+             .where(StepOptimizers.run_key == run_key(run_id)))
+    if start is not None:
+        query = query.where(Step.step >= start)
+    if end is not None:
+        query = query.where(Step.step <= end)
+    for step, data, lr in session.execute(query.order_by(Step.step, StepOptimizers.step_id)):
+        yield int(step), bytes(data), bytes(lr)
 
 
 def first_nonfinite(session: Session, run_id: str) -> tuple[int, bytes] | None:

@@ -52,7 +52,7 @@ from ampscope_server.schemas import (
     RunStatus,
     RunSummary,
     StepExport,
-    StepFull,
+    StepLive,
     StepRead,
     StepsPage,
 )
@@ -207,10 +207,13 @@ def _with_layers(session: Session, rows: Sequence[Row[Step, int]]) -> list[dict[
     ]
 
 
-def full_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepFull]:
-    """Steps with id > after_id and their per-layer statistics, in ingest order."""
+def live_steps(session: Session, run_id: str, after_id: int, limit: int) -> list[StepLive]:
+    """Steps with id > after_id, in ingest order, with their per-layer statistics and wire v4's
+    per-rank and per-optimizer values (as `steps_page` gives them): what the live socket sends."""
     rows = steps_repository.steps_after(session, run_id, after_id, limit)
-    return [StepFull.model_validate(values) for values in _with_layers(session, rows)]
+    v4 = rank_reads.step_fields(session, run_id, [step.id for step, _ in rows])
+    return [StepLive.model_validate({**values, **v4[step.id]})
+            for values, (step, _) in zip(_with_layers(session, rows), rows, strict=True)]
 
 
 def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
@@ -312,7 +315,7 @@ def resolve_run(session: Session, text: str) -> Run:
 def live_update(
     factory: sessionmaker[Session], run_id: str, after_id: int, limit: int,
     crash_timeout_s: float, viewer: Principal = ANONYMOUS,
-) -> tuple[list[StepFull], RunStatus] | None:
+) -> tuple[list[StepLive], RunStatus] | None:
     """For the live socket, in its own short session: new steps and the run's status.
 
     None when the run does not exist (or is not `viewer`'s to see).
@@ -324,7 +327,7 @@ def live_update(
         if run is None or not viewer.sees(run.project):
             return None
         status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
-        return full_steps(session, run_id, after_id, limit), status
+        return live_steps(session, run_id, after_id, limit), status
 
 
 def live_summaries(

@@ -206,6 +206,14 @@ class StepFull(StepScalars):
     layers: LayerStatsRead | None
 
 
+class StepLive(StepFull):
+    """A step of the live socket: its scalars, per-layer statistics and wire v4's per-rank and
+    per-optimizer values, the last two as `GET /api/runs/{id}/steps` gives them."""
+
+    ranks: RanksRead | None
+    optimizers: list[OptimizerRead] | None
+
+
 class ActivationStatsRead(BaseModel):
     amax: list[Tagged | None]
     amin_nz: list[Tagged | None]
@@ -381,6 +389,41 @@ class SkipRateRead(BaseModel):
     """(step, skipped) of the last window's steps, oldest first: to continue the rate live."""
 
 
+class OptimizerGroupRead(BaseModel):
+    """One parameter group's lr over the steps: min/max/last per bucket (NaN and ±inf kept)."""
+
+    group: int
+    downsampled: bool
+    points: list[SeriesPointRead]
+
+
+class OptimizerTrackRead(BaseModel):
+    """One watched optimizer (by its watch order) over the steps that carried it."""
+
+    optimizer: int
+    steps: int
+    """How many steps carried this optimizer."""
+    skipped: int
+    """How many of them it skipped (its update not applied: GradScaler found inf)."""
+    unknown: int
+    """How many of them did not say whether it skipped."""
+    skipped_steps: list[int]
+    """The skipped steps, ascending: every one, or the first `OPTIMIZER_SKIPS_LISTED`."""
+    groups: int
+    """Its most parameter groups at any step."""
+    lr: list[OptimizerGroupRead]
+    """The lr of each of its first `OPTIMIZER_GROUPS_CHARTED` groups that ever had one."""
+
+
+class OptimizersRead(BaseModel):
+    """`GET /api/runs/{id}/optimizers`: wire v4's per-optimizer skips and learning rates
+    (sent only by runs with several optimizers or parameter groups; empty otherwise)."""
+
+    optimizers: list[OptimizerTrackRead]
+    last_step: int | None
+    """The last step read (null: none): live steps after it continue the charts."""
+
+
 HeatmapStat = Literal[
     "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
     "l2", "lost_frac", "headroom_bits", "swallowed_frac",
@@ -413,7 +456,7 @@ class ExportRead(BaseModel):
 class LiveSteps(BaseModel):
     type: Literal["steps"] = "steps"
     run_id: str
-    steps: list[StepFull]
+    steps: list[StepLive]
     last_id: int
 
 

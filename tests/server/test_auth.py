@@ -51,6 +51,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/api/runs/{run_id}/series/{name}"): (Needs.READ, "/api/runs/RUN/series/loss"),
     ("GET", "/api/runs/{run_id}/events"): (Needs.READ, "/api/runs/RUN/events"),
     ("GET", "/api/runs/{run_id}/skip-rate"): (Needs.READ, "/api/runs/RUN/skip-rate"),
+    ("GET", "/api/runs/{run_id}/optimizers"): (Needs.READ, "/api/runs/RUN/optimizers"),
     ("GET", "/api/runs/{run_id}/layer-stats"): (
         Needs.READ, "/api/runs/RUN/layer-stats?stat=amax"),
     ("GET", "/api/runs/{run_id}/findings"): (Needs.READ, "/api/runs/RUN/findings"),

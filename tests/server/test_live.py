@@ -32,6 +32,18 @@ def _post(api: httpx.Client, payload: dict[str, Any]) -> None:
     assert response.status_code == 200, response.text
 
 
+RANKS_0 = {"loss": [2.5, 2.25], "nonfinite": [0, 0]}
+OPTIMIZERS_0 = [{"skipped": False, "lr": [1e-3, 5e-4]}, {"skipped": None, "lr": [None, 0.0]}]
+RANKS_1 = {"loss": ["nan", "-inf"], "nonfinite": [3, None]}
+OPTIMIZERS_1 = [{"skipped": False, "lr": ["inf", 5e-4]}, {"skipped": True, "lr": ["nan", 1e-2]}]
+
+
+def _v4_batch(records: list[dict[str, Any]], run_id: str, **kwargs: Any) -> dict[str, Any]:
+    payload = batch(records, run_id=run_id, world_size=2, **kwargs)
+    payload["schema_version"] = 4
+    return payload
+
+
 class TestLive:
     def test_backfill_then_push(self, module_server: ServerProcess, api: httpx.Client) -> None:
         run_id = new_id()
@@ -50,11 +62,39 @@ class TestLive:
             assert pushed["type"] == "steps"
             step = pushed["steps"][0]
             assert pushed["last_id"] == step["id"] > backfill["last_id"]
-            assert {k: v for k, v in step.items() if k not in ("id", "attempt")} == sent
+            assert {k: v for k, v in step.items() if k not in ("id", "attempt")} == {
+                **sent, "ranks": None, "optimizers": None}
             assert step["attempt"] == 1
 
             _post(api, batch([], run_id=run_id, layers=None, final=True))
             assert _recv(ws) == {"type": "status", "status": "finished"}
+
+    def test_steps_carry_ranks_and_optimizers_as_the_steps_page_gives_them(
+        self, module_server: ServerProcess, api: httpx.Client
+    ) -> None:
+        """Wire v4's per-rank and per-optimizer values come with the backfill and the pushed
+        steps, NaN/±inf as their tags and nulls kept, equal to `GET /api/runs/{id}/steps`'s."""
+        run_id = new_id()
+        _post(api, _v4_batch([record(0, with_layers=False, ranks=RANKS_0, optimizers=OPTIMIZERS_0)],
+                             run_id))
+        with connect(_ws_url(module_server, run_id)) as ws:
+            backfill = _recv(ws)
+            assert [(s["ranks"], s["optimizers"]) for s in backfill["steps"]] == [
+                (RANKS_0, OPTIMIZERS_0)]
+            assert _recv(ws) == {"type": "status", "status": "active"}
+
+            sent = [record(1, ranks=RANKS_1, optimizers=OPTIMIZERS_1, skipped=True,
+                           found_inf=True),
+                    record(2, with_layers=False, ranks=None, optimizers=None)]
+            _post(api, _v4_batch(sent, run_id, layers=None))
+            pushed = _recv(ws)
+            assert pushed["type"] == "steps"
+            assert [(s["seq"], s["ranks"], s["optimizers"]) for s in pushed["steps"]] == [
+                (1, RANKS_1, OPTIMIZERS_1), (2, None, None)]
+            page = strict_json(api.get(f"/api/runs/{run_id}/steps").text)["steps"]
+            assert [{key: step[key] for key in ("id", "ranks", "optimizers")}
+                    for step in backfill["steps"] + pushed["steps"]] == [
+                {key: step[key] for key in ("id", "ranks", "optimizers")} for step in page]
 
     def test_duplicates_push_nothing_new(
         self, module_server: ServerProcess, api: httpx.Client

@@ -75,6 +75,32 @@ def test_a_socket_on_one_instance_sees_ingest_through_another(
         assert pushed["full"] is False and pushed["runs"][0]["id"] == run_id
 
 
+def test_a_step_through_another_instance_carries_ranks_and_optimizers(
+    two_instances: tuple[ServerProcess, ServerProcess, str]
+) -> None:
+    """The socket on one instance reads wire v4's per-rank and per-optimizer values of a step
+    ingested through the other (NaN/±inf as their tags), as that step's /steps gives them."""
+    a, b, _ = two_instances
+    run_id = new_id()
+    _post(a, run_id, 0)
+    ranks = {"loss": [1.5, "nan"], "nonfinite": [0, 2]}
+    optimizers = [{"skipped": False, "lr": [1e-3]}, {"skipped": True, "lr": ["inf", None]}]
+    payload = batch([record(1, ranks=ranks, optimizers=optimizers)], run_id=run_id, layers=None,
+                    world_size=2)
+    payload["schema_version"] = 4
+    with connect(f"ws://127.0.0.1:{b.port}/api/runs/{run_id}/live") as ws:
+        assert _steps_of(ws) == [0]
+        response = httpx.post(f"{a.url}/api/ingest", json=payload, timeout=30)
+        assert response.status_code == 200, response.text
+        while (message := _recv(ws))["type"] != "steps":
+            pass
+    assert [(s["seq"], s["ranks"], s["optimizers"]) for s in message["steps"]] == [
+        (1, ranks, optimizers)]
+    page = httpx.get(f"{b.url}/api/runs/{run_id}/steps", timeout=30).json()["steps"]
+    assert [(s["ranks"], s["optimizers"]) for s in page] == [
+        (None, None), (ranks, optimizers)]
+
+
 def test_the_listener_reconnects(two_instances: tuple[ServerProcess, ServerProcess, str]
                                  ) -> None:
     a, b, url = two_instances

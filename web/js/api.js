@@ -1,6 +1,8 @@
 // HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
 
-import { decodeCompare, decodeEvents, decodeLayerStats, decodeRanks, decodeRun, decodeSeries, decodeStep } from './codec.js';
+import {
+  decodeCompare, decodeEvents, decodeLayerStats, decodeOptimizers, decodeRanks, decodeRun, decodeSeries, decodeStep,
+} from './codec.js';
 
 export class ApiError extends Error {
   constructor(message, status, detail = null) {
@@ -105,6 +107,11 @@ export async function getEvents(id, { start = null, end = null, limit = null } =
 /** /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live. */
 export function getSkipRate(id, maxPoints) {
   return getJSON(`${runPath(id)}/skip-rate?max_points=${maxPoints}`);
+}
+
+/** /optimizers: each watched optimizer's skipped steps and its groups' lr (empty: none sent). */
+export async function getOptimizers(id, maxPoints) {
+  return decodeOptimizers(await getJSON(`${runPath(id)}/optimizers?max_points=${maxPoints}`));
 }
 
 /** /layer-stats; `options` may hold start, end and max_points. */

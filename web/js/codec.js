@@ -49,6 +49,16 @@ export function decodeRanks(body) {
   return { ...body, first_nonfinite: first ? { ...first, loss: nums(first.loss) } : null };
 }
 
+/** /api/runs/{id}/optimizers: each optimizer's groups' lr points decoded. */
+export function decodeOptimizers(body) {
+  return {
+    optimizers: body.optimizers.map((o) => ({
+      ...o,
+      lr: o.lr.map((g) => ({ ...g, points: decodeSeries(g).points })),
+    })),
+  };
+}
+
 /** A run summary or detail (/api/runs, /api/runs/{id}). */
 export function decodeRun(run) {
   return {

@@ -1,11 +1,12 @@
-// Distributed runs: which rank went non-finite first, as one line in the run header. Read from
-// GET /api/runs/{id}/ranks (one index probe on the server), never from the run's steps. Text
-// only (textContent): nothing here is user input, but the page keeps to one way of writing.
+// Distributed runs: which rank went non-finite first, as one line in the run header. Read once
+// from GET /api/runs/{id}/ranks (one index probe on the server), then carried on from the live
+// steps' own `ranks` (the same rule as the server's: the earliest step, a rank's own NaN/inf
+// loss first), never by asking again. Text only (textContent): nothing here is user input, but
+// the page keeps to one way of writing.
 
 import { getRanks } from './api.js';
 import { numberText } from './format.js';
 
-const REFRESH_MS = 5000; // while no rank has gone non-finite, live steps re-ask at most this often
 const LISTED = 8; // ranks named one by one; past that, "and N more"
 
 /** "ranks 0, 2, 3" / "rank 1" / "ranks 0, 1, …, 7 and 56 more". */
@@ -48,31 +49,56 @@ export function rankNoteText(body) {
   return `First non-finite: ${rankList(bad)} at step ${first.step} (${details})${rest}.`;
 }
 
+/** A step's ranks as /ranks's `first_nonfinite` when some rank went non-finite there, else
+ *  null: the ranks whose own loss was NaN/inf when any, else those whose gradients held one
+ *  (`rank_packing.origin_ranks` on the server). */
+export function nonfiniteAt(step) {
+  const ranks = step.ranks;
+  if (!ranks) return null;
+  const badLoss = (x) => typeof x === 'number' && !Number.isFinite(x);
+  let bad = ranks.loss.map((x, r) => (badLoss(x) ? r : -1)).filter((r) => r >= 0);
+  if (!bad.length) bad = ranks.nonfinite.map((n, r) => (n > 0 ? r : -1)).filter((r) => r >= 0);
+  return bad.length ? { step: step.step, ranks: bad, loss: ranks.loss, nonfinite: ranks.nonfinite } : null;
+}
+
 export class RankNote {
-  constructor(node, runId) {
+  constructor(node, runId, worldSize) {
     this.node = node;
     this.runId = runId;
-    this.found = false;
-    this.asked = 0;
+    this.worldSize = worldSize;
+    this.first = null;      // the earliest non-finite step known (/ranks's first_nonfinite shape)
+    this.answered = false;  // /ranks has answered: until then live steps are only remembered
   }
 
   async refresh() {
-    this.asked = performance.now();
-    this.render(await getRanks(this.runId));
+    const body = await getRanks(this.runId);
+    this.worldSize = body.world_size;
+    this.answered = true;
+    this.offer(body.first_nonfinite, true);
+    this.render();
   }
 
-  render(body) {
-    const text = rankNoteText(body);
+  /** Keep the earliest step: a later step number never replaces it, and at the same step the
+   *  server's answer (the first ingested there) wins over a live one. */
+  offer(first, fromServer) {
+    if (!first) return;
+    if (this.first === null || first.step < this.first.step || (fromServer && first.step === this.first.step)) {
+      this.first = first;
+    }
+  }
+
+  render() {
+    const text = rankNoteText({ world_size: this.worldSize, first_nonfinite: this.first });
     this.node.hidden = text === null;
     this.node.textContent = text ?? '';
-    this.found = !!body.first_nonfinite;
-    this.node.classList.toggle('bad', this.found);
-    this.node.classList.toggle('muted', !this.found);
+    const found = this.first !== null;
+    this.node.classList.toggle('bad', found);
+    this.node.classList.toggle('muted', !found);
   }
 
-  /** Live steps came in: ask again (throttled) until a rank is found. */
-  stepsArrived(onError) {
-    if (this.found || performance.now() - this.asked < REFRESH_MS) return;
-    this.refresh().catch(onError);
+  /** Live steps came in (decoded, in ingest order): their own ranks, no request. */
+  stepsArrived(steps) {
+    for (const s of steps) this.offer(nonfiniteAt(s), false);
+    if (this.answered) this.render();
   }
 }

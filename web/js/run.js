@@ -15,6 +15,7 @@ import { alignMargins, followZoom, linkZoom } from './zoom.js';
 import { FindingsPanel } from './findings.js';
 import { WhatIf } from './whatif.js';
 import { RankNote } from './ranks.js';
+import { OptimizerPanel } from './optimizers.js';
 
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
@@ -81,7 +82,7 @@ class RunPage {
     this.run = await api.getRun(this.runId);
     this.renderHeader();
     if (this.run.world_size > 1) {
-      this.rankNote = new RankNote($('rank-note'), this.runId);
+      this.rankNote = new RankNote($('rank-note'), this.runId, this.run.world_size);
       this.rankNote.refresh().catch((err) => api.showError(err.message));
     }
 
@@ -165,6 +166,9 @@ class RunPage {
     // as soon as it is drawn, rather than all at the end of one long task (~1 s here for a
     // 500-layer heatmap and four line charts).
     const drawn = [scaleDrawn];
+    // Per-optimizer skips and lr: shown only when the run's steps carry them (wire v4).
+    this.optimizers = new OptimizerPanel($('optimizers-panel'), $('optimizers'), this.runId);
+    drawn.push(this.optimizers.load(maxPoints));
     for (const draw of [() => this.loss.init(loss, smoothing),
       () => this.gradNorm.init(gradNorm, smoothing), () => this.skipRate.init(skipRate),
       () => this.heatmap.show(stats), () => this.layerLines.init()]) {
@@ -358,7 +362,8 @@ class RunPage {
     }
     if (this.findings) this.findings.stepsArrived(this.lastStep.step);
     if (this.whatIf) this.whatIf.stepsArrived();
-    if (this.rankNote) this.rankNote.stepsArrived((err) => api.showError(err.message));
+    if (this.rankNote) this.rankNote.stepsArrived(steps);
+    this.optimizers.append(steps).catch((err) => api.showError(err.message));
     this.renderCards();
   }
 

@@ -1,8 +1,9 @@
 """The live WebSockets (docs/contracts.md, "Live").
 
 WS /api/runs/{run_id}/live: backfill after `after_id`, then push steps as they are ingested:
-`{"type": "steps", ...}` and `{"type": "status", ...}` (once after the backfill, then whenever
-the status changes). An unknown run is closed with 4404.
+`{"type": "steps", ...}` (each step's scalars, per-layer statistics and wire v4's `ranks` and
+`optimizers` as `GET /api/runs/{id}/steps` gives them) and `{"type": "status", ...}` (once
+after the backfill, then whenever the status changes). An unknown run is closed with 4404.
 
 WS /api/runs/live: the runs list. A snapshot on connect (and again every `_poll_interval`, since
 a run turns `crashed` by silence): the first page of `GET /api/runs` and every active run, with

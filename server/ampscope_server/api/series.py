@@ -1,4 +1,5 @@
-"""Chart data: downsampled series, scale events (paged), skip rate, layer-by-step heatmaps."""
+"""Chart data: downsampled series, scale events (paged), skip rate, layer-by-step heatmaps,
+per-optimizer skips and learning rates."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import chart_reads, event_reads
+from ampscope_server import chart_reads, event_reads, optimizer_reads
 from ampscope_server.api.runs import NOT_FOUND
 from ampscope_server.deps import RunDep, SessionDep, requires
 from ampscope_server.principal import Scope
@@ -16,6 +17,7 @@ from ampscope_server.schemas import (
     HeatmapRead,
     HeatmapSource,
     HeatmapStat,
+    OptimizersRead,
     SeriesName,
     SeriesRead,
     SkipRateRead,
@@ -79,3 +81,16 @@ def get_layer_stats(
 ) -> HeatmapRead:
     rows = None if layers is None else chart_reads.parse_rows(layers)
     return chart_reads.heatmap_read(session, run, stat, start, end, source, max_points, rows)
+
+
+@router.get("/optimizers")
+def get_optimizers(
+    run: RunDep,
+    session: SessionDep,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = 2000,
+    start: StepBound = None,
+    end: StepBound = None,
+) -> OptimizersRead:
+    """Each watched optimizer's skipped steps and its parameter groups' lr over the steps (wire
+    v4 `optimizers`; empty for a run that sent none)."""
+    return optimizer_reads.optimizers_read(session, run, max_points, start, end)
