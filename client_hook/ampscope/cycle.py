@@ -62,8 +62,12 @@ class StepCycle:
         probe: ActivationProbe | None,
         order: BackwardOrder | None,
         numels: Sequence[int] | None = None,
+        grads: Callable[[Sequence[torch.nn.Parameter]], list[torch.Tensor | None]] | None = None,
     ) -> None:
         self._params = params
+        # Where the gradients are read from: ``.grad`` (a DTensor's local shard), or a framework
+        # that keeps them elsewhere (DeepSpeed ZeRO's partitions, ``zero.pieces``).
+        self._grads = grads
         # The layers' sizes for ``partials.finalize`` on the sender thread: one tensor, shared.
         # ``numels``: the layers' own where a parameter is only this rank's piece (FSDP1).
         self._numel_t = torch.tensor(
@@ -151,9 +155,12 @@ class StepCycle:
         """The training thread's whole capture: one read of the gradients (``capture.take``),
         its share of the cross-rank reductions when in a group (issued, never waited for), and
         the sampled activation block when the probe is armed."""
-        grads = [p.grad for p in self._params]
-        if self.sharded:  # each rank reads its own shard; the reductions merge them
-            grads = [local(g) for g in grads]
+        if self._grads is not None:
+            grads = self._grads(self._params)
+        else:
+            grads = [p.grad for p in self._params]
+            if self.sharded:  # each rank reads its own shard; the reductions merge them
+                grads = [local(g) for g in grads]
         scaled = self._view.scaled_state(optimizer, optimizers, self._params)
         scale = self._view.scale_in_effect()
         per_layer, histogram = self._reads(step)
@@ -255,6 +262,7 @@ class StepCycle:
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             numels=self._numel_t,
             found_inf_from_grads=not self._view.present,
+            skipped_host=self._view.host_skip(),
             pending=pending,
             optimizers=slots,
             pieces_only=self.pieces_only,

@@ -79,7 +79,7 @@ from typing import Any
 
 import torch
 
-from ampscope import collective, wire
+from ampscope import collective, wire, zero
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import StepCycle, per_optimizer
 from ampscope.devices import to_device
@@ -98,7 +98,6 @@ __all__ = ["AmpscopeWarning", "HookState", "Monitor", "MonitorStats", "watch"]
 
 logger = logging.getLogger("ampscope")
 
-_WRAPPED = ("scale", "unscale_", "step", "update")
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 # Queued records above which a CPU step's values are stacked on the training thread again
 # (``_after_update``): 256 unstacked records are ~8 MiB.
@@ -241,9 +240,22 @@ class Monitor:
         dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
     ) -> None:
         rank, world_size = _rank(), _world_size()
+        # A DeepSpeed engine (``zero.py``): its model's parameters are the layers, its ZeRO
+        # optimizer the step cycle, its partitions the gradients.
+        engine = zero.engine_of(model) if enabled else None
+        if engine is not None:
+            if scaler is not None:
+                raise ValueError("DeepSpeed scales the loss itself: watch the engine without a "
+                                 "GradScaler, ampscope.watch(engine)")
+            model = engine.module
+        self._zero = engine
+        if engine is None and enabled and zero.partitioned(model):
+            logger.warning("ampscope: these parameters belong to a DeepSpeed ZeRO engine, whose "
+                           "gradients are not in .grad: watch the engine, ampscope.watch(engine)")
         flat = collective.flat_shards(model) if enabled else None
-        self._layers, self._params = layer_table(model, include, exclude,
-                                                 None if flat is None else flat.full)
+        full = engine.full_shapes() if engine is not None else (
+            None if flat is None else flat.full)
+        self._layers, self._params = layer_table(model, include, exclude, full)
         # One run per distributed job (``collective.py``): every rank takes part in the hook's
         # reductions, rank 0 sends. Without a group (no process group yet, or a rank that never
         # called watch()) rank 0 records alone and the others are inert, as enabled=False.
@@ -262,14 +274,19 @@ class Monitor:
         # layer's statistics, and a shard's would be sent as the layer's: none are taken (one
         # process's only shard is the whole gradient).
         self._sharded = collective.sharded(self._params) or (
-            flat is not None and not flat.flat_only)
+            flat is not None and not flat.flat_only) or (engine is not None and engine.has_pieces)
         self._grads_off = self._sharded and group is None and world_size > 1
         if self._grads_off and enabled:
             logger.warning("ampscope: the gradients are sharded (FSDP) and the ranks are not "
                            "all watched: gradient statistics are off (call watch() on every "
                            "rank, without all_ranks)")
         self._pieces_only = flat is not None and flat.flat_only
-        if self._pieces_only:
+        if engine is not None and not engine.has_pieces:
+            self._pieces_only = True  # no piece is read: the losses, scale and skips only
+            logger.warning("ampscope: DeepSpeed ZeRO stage 3 with an offloaded optimizer: no "
+                           "gradient statistics (the losses, the loss scale and the skipped "
+                           "steps are recorded)")
+        elif self._pieces_only:
             # Flat parameters are not layers: only their pieces' finiteness goes into the
             # ranks' shares; alone, nothing is read.
             self._grads_off = group is None
@@ -277,7 +294,8 @@ class Monitor:
                            "no gradient statistics (the losses and the ranks' non-finite "
                            "gradients are recorded); use_orig_params=True or FSDP2 have them")
         # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
-        self.fmt = TargetFormat.get(target_format or ("fp16" if scaler is not None else "bf16"))
+        fp16 = scaler is not None or (engine is not None and engine.fp16)
+        self.fmt = TargetFormat.get(target_format or ("fp16" if fp16 else "bf16"))
         self.run_id = run_id or str(uuid.uuid4())
         self.attempt_id = str(uuid.uuid4())
         self.layer_every = layer_every
@@ -286,21 +304,24 @@ class Monitor:
         self.close_timeout_s = close_timeout_s
         self._model = model
         self._scaler = scaler
-        self._view = ScalerView(scaler)
-        if optimizer is None:
-            self._optimizers: list[torch.optim.Optimizer] = []
+        self._view = ScalerView(scaler) if engine is None else zero.ZeroView(engine)
+        self._optimizers: list[torch.optim.Optimizer] = []
+        if engine is not None:  # the torch optimizer the ZeRO one steps: the lrs
+            self._optimizers = [engine.torch_optimizer or engine.optimizer]
         elif isinstance(optimizer, torch.optim.Optimizer):
             self._optimizers = [unwrap_optimizer(optimizer)]
-        else:
+        elif optimizer is not None:
             self._optimizers = [unwrap_optimizer(o) for o in optimizer]
-        if scaler is None and not self._optimizers:
+        if scaler is None and not self._optimizers and engine is None:
             raise ValueError("without a GradScaler ampscope takes each step from the optimizer: "
                              "pass it, ampscope.watch(model, None, optimizer)")
         self._cadence = Cadence(layer_every, [layer["name"] for layer in self._layers])
         # A disabled scaler reports no found_inf, which alone tells a float32 overflow of the
         # every-step norms from an inf gradient (record.StepRecord.to_wire): exact norms there.
         # A shard's absent gradient stands for its own piece of zeros: local sizes there.
-        self._stats = GradStats(self.fmt, [_local_numel(p) for p in self._params],
+        numels = (engine.piece_numels(self._params) if engine is not None
+                  else [_local_numel(p) for p in self._params])
+        self._stats = GradStats(self.fmt, numels,
                                 exact_norms=not self._view.enabled(),
                                 fused=False if not enabled or self._sharded else fused)
         self._max_errors = max_errors
@@ -313,10 +334,12 @@ class Monitor:
         self._lr_cache: tuple[tuple[float, torch.device], torch.Tensor] | None = None
         self._probe: ActivationProbe | None = None
         self._recheck_fn: RecheckFn | None = None
-        self._swallow = SwallowProbe.for_params(self._params)
+        # DeepSpeed updates its own FP32 partitions, not the parameters the probe would watch.
+        self._swallow = SwallowProbe.for_params(self._params) if engine is None else None
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None,
-                                numels=[layer["numel"] for layer in self._layers])
+                                numels=[layer["numel"] for layer in self._layers],
+                                grads=None if engine is None else engine.pieces)
         self._cycle.group, self._cycle.sharded, self._cycle.sends = (
             group, self._sharded, self._sends)
         self._cycle.pieces_only = self._pieces_only
@@ -335,12 +358,14 @@ class Monitor:
             "id": self.attempt_id, "pid": os.getpid(), "started_at": time.time()}
         self._originals: dict[str, Callable[..., Any]] = {}
         self._previous: dict[str, Any] = {}
+        self._wrapped: list[tuple[Any, str]] = []  # (object, method name), as wrapped
         # Without a scaler: the optimizers' step hooks, those that stepped in this cycle, and the
         # swallowed-update snapshot taken before the step.
         self._step_handles: list[Any] = []
         self._stepped: set[int] = set()
         self._snapshot: list[Any] | None = None
         self._warned_record_loss = False
+        self._losses_from_backward = False  # DeepSpeed: engine.backward delivered a loss
         self._state = HookState.ACTIVE if enabled else HookState.DISABLED
         self._transport: Transport | None = None
         if not enabled:
@@ -362,7 +387,7 @@ class Monitor:
                                           lambda exc: self._internal_error("activation", exc))
             self._probe.arm()  # step 0 is a sample
         self._cycle.probe, self._cycle.order = self._probe, self._order
-        if self._view.present:  # without a scaler there is nothing to bypass
+        if self._scaler is not None:  # without a scaler there is nothing to bypass
             for opt in self._optimizers:
                 self._misuse.watch(opt, self._view.enabled)
         self._wrap()
@@ -417,6 +442,10 @@ class Monitor:
         (``status: "failed"``), never raised. Without a scaler no step is skipped, so nothing
         is re-checked.
         """
+        if fn is not None and self._zero is not None:
+            logger.warning("ampscope: recheck() is off for DeepSpeed engines (the FP32 re-run "
+                           "would go through the engine's own scaling and collectives)")
+            return
         if fn is not None and _world_size() > 1:
             # The re-check runs the model on one rank: DDP's and FSDP's collectives inside its
             # forward and backward would wait for ranks that are not running it.
@@ -433,6 +462,13 @@ class Monitor:
         come from ``scaler.scale`` and this is ignored (a warning, once): both would count
         every loss twice."""
         if self._state is not HookState.ACTIVE:
+            return loss
+        if self._zero is not None:  # loss.backward() instead of engine.backward(loss)
+            if not self._losses_from_backward:
+                try:
+                    self._cycle.on_scale(self._zero.loss_share(loss, scale_wrt_gas=True))
+                except Exception as exc:
+                    self._internal_error("record_loss", exc)
             return loss
         if self._view.present:
             if not self._warned_record_loss:
@@ -502,6 +538,10 @@ class Monitor:
 
     # -- wrapping --------------------------------------------------------------------------------
     def _wrap(self) -> None:
+        if self._zero is not None:
+            self._wrap_methods(self._zero.engine, {"backward": self._wrapped_backward})
+            self._wrap_methods(self._zero.optimizer, {"step": self._wrapped_zero_step})
+            return
         scaler = self._scaler
         if scaler is None:
             # The step cycle from the optimizers' own step hooks. They live in the optimizer's
@@ -511,33 +551,36 @@ class Monitor:
                 self._step_handles.append(opt.register_step_pre_hook(self._before_opt_step))
                 self._step_handles.append(opt.register_step_post_hook(self._after_opt_step))
             return
-        hooks: dict[str, Callable[..., Any]] = {
+        self._wrap_methods(scaler, {
             "scale": self._wrapped_scale,
             "unscale_": self._wrapped_unscale,
             "step": self._wrapped_step,
             "update": self._wrapped_update,
-        }
-        for name in _WRAPPED:
-            self._originals[name] = getattr(scaler, name)  # bound: chains an earlier wrapper too
-            if name in vars(scaler):
-                self._previous[name] = vars(scaler)[name]
-            setattr(scaler, name, _Wrapper(self, scaler, name, hooks[name]))
+        })
+
+    def _wrap_methods(self, target: Any, hooks: Mapping[str, Callable[..., Any]]) -> None:
+        """Each of ``target``'s methods named in ``hooks`` replaced, on this instance only, by a
+        ``_Wrapper`` calling the hook (which calls ``self._originals[name]``)."""
+        for name, hook in hooks.items():
+            self._originals[name] = getattr(target, name)  # bound: chains an earlier wrapper
+            if name in vars(target):
+                self._previous[name] = vars(target)[name]
+            setattr(target, name, _Wrapper(self, target, name, hook))
+            self._wrapped.append((target, name))
 
     def _unwrap(self) -> None:
         for handle in self._step_handles:
             handle.remove()
         self._step_handles = []
-        if self._scaler is None:
-            return
-        attrs = vars(self._scaler)
-        for name in self._originals:
-            mine = attrs.get(name)
+        for target, name in self._wrapped:
+            mine = vars(target).get(name)
             if not (isinstance(mine, _Wrapper) and mine.monitor is self):
                 continue  # someone wrapped on top of us: stay in the chain as a pass-through
             if name in self._previous:
-                setattr(self._scaler, name, self._previous[name])
+                setattr(target, name, self._previous[name])
             else:
-                delattr(self._scaler, name)
+                delattr(target, name)
+        self._wrapped = []
         self._misuse.unwatch_all()
 
     def _remove_hooks(self) -> None:
@@ -553,6 +596,34 @@ class Monitor:
             except Exception as exc:
                 self._internal_error("scale", exc)
         return self._originals["scale"](outputs)
+
+    # DeepSpeed (``zero.py``): the loss from the engine's backward, the cycle from its ZeRO
+    # optimizer's step: captured before it, recorded after it (its own overflow and scale).
+    def _wrapped_backward(self, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._state is HookState.ACTIVE and self._zero is not None:
+            try:
+                # backward(loss, retain_graph=False, scale_wrt_gas=True)
+                by_gas = kwargs.get("scale_wrt_gas", args[1] if len(args) > 1 else True)
+                self._cycle.on_scale(self._zero.loss_share(loss, bool(by_gas)))
+                self._losses_from_backward = True
+            except Exception as exc:
+                self._internal_error("backward", exc)
+        return self._originals["backward"](loss, *args, **kwargs)
+
+    def _wrapped_zero_step(self, *args: Any, **kwargs: Any) -> Any:
+        before: dict[str, Any] | None = None
+        if self._state is HookState.ACTIVE:
+            if not self._cycle.captured:
+                self._capture_guarded(self._optimizers[0])
+            try:
+                before = self._view.before_update()
+            except Exception as exc:
+                self._internal_error("step", exc)
+        else:
+            self._contribute_nothing()
+        result = self._originals["step"](*args, **kwargs)
+        self._end_cycle(before)
+        return result
 
     def _wrapped_unscale(self, optimizer: torch.optim.Optimizer) -> Any:
         if self._state is HookState.ACTIVE:
@@ -736,7 +807,7 @@ class Monitor:
                 optimizer = unwrap_optimizer(optimizer)
                 if optimizer not in self._optimizers:
                     self._optimizers.append(optimizer)
-            if self._view.present and self._sends:
+            if self._scaler is not None and self._sends:
                 self._misuse.watch(optimizer, self._view.enabled)
             if not self._grads_off:
                 self._capture(optimizer)
@@ -843,7 +914,7 @@ class Monitor:
 
 def watch(
     model: torch.nn.Module,
-    scaler: torch.amp.GradScaler | None,
+    scaler: torch.amp.GradScaler | None = None,
     optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
     **options: Any,
 ) -> Monitor:

@@ -98,6 +98,9 @@ class StepRecord:
     # No scaler (BF16, FP32): found_inf says whether a captured gradient held NaN or ±inf, read
     # from the capture here; nothing skips such a step (the optimizer applies it).
     found_inf_from_grads: bool = False
+    # Without a loss scale: whether the optimizer skipped the step anyway, known on the host
+    # (DeepSpeed's ZeRO optimizer skips a non-finite FP32 step, ``zero.py``); None: it applied it.
+    skipped_host: bool | None = None
     # Under torch.distributed, on the CPU: the step's cross-rank reductions, still running when
     # the record was queued (``collective.py``); waited for here, on the sender thread.
     pending: Pending | None = None
@@ -158,7 +161,7 @@ class StepRecord:
             nonfinite = self._nonfinite(done) or None
             found_inf = nonfinite is not None or (
                 ranks is not None and any(c for c in ranks.nonfinite if c))
-            skipped = False
+            skipped = bool(self.skipped_host)
         else:
             found_inf = skipped = bool(head["found_inf"])
             nonfinite = self._nonfinite(done) if found_inf else None

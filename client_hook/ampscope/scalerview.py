@@ -95,6 +95,11 @@ class ScalerView:
             flags.append(stage == "READY")
         return flags
 
+    def host_skip(self) -> bool | None:
+        """After the step: whether it was skipped, when the host knows it without a read of a
+        device value (a ``GradScaler`` does not say; DeepSpeed's optimizer does, ``zero.py``)."""
+        return None
+
     def before_update(self, each: bool = False) -> dict[str, Any]:
         """What must be read before ``update()``: the scale (a device copy) and ``found_inf``;
         with ``each``, every optimizer's own found_inf too (``found_inf_each``)."""

@@ -1,0 +1,228 @@
+"""DeepSpeed engines: the step cycle's source and this rank's pieces of the gradients (a service).
+
+DeepSpeed trains through its engine and has no ``GradScaler``: ``engine.backward(loss)`` divides
+the loss by the gradient accumulation steps (and, in FP16, multiplies it by the loss scale of its
+own ZeRO optimizer), and ``engine.step()`` calls that optimizer's ``step()`` once per
+accumulation boundary. There the optimizer checks the gradients (FP16 and FP32; BF16 when its
+config asks), moves its loss scale, and skips the update when they overflowed. So the hook wraps
+two methods per instance (``Monitor``): the engine's ``backward``, for the loss, and the ZeRO
+optimizer's ``step``: the capture before it, the record after it, whose ``skipped`` is the
+optimizer's own ``overflow`` flag (a host bool it already synced for) and whose scale is its loss
+scale (a host float; ``ZeroView``).
+
+The gradients are partitioned (ZeRO stages 1 and 2 partition the optimizer's flat buffers, stage 2
+the reduced gradients too): each parameter's ``_hp_mapping`` names the piece of it that this
+rank's partition holds (``lp_fragment_address``) and gives that piece's gradient
+(``get_lp_grad_fragment``), reduced across the data-parallel ranks already and, in FP16, still
+multiplied by the loss scale. A parameter this rank holds nothing of has no mapping. The pieces of
+one parameter on the ranks are disjoint and cover it, so they merge into the full gradient's
+statistics exactly as FSDP's shards do (``collective.py``). These are DeepSpeed's documented
+fragment accessors (``deepspeed.utils.safe_get_full_grad`` builds on them), read per piece without
+its all-reduce.
+
+ZeRO stage 3 partitions every parameter evenly (``partition_numel`` elements per rank, the last
+ones padded) and keeps each one's reduced gradient partition in a per-parameter view of one flat
+buffer: the piece is that view cut to the parameter's own elements. The view is read from the
+optimizer's private map (its public accessor synchronizes a stream per parameter on CUDA); the
+reduction it waits for has finished by then (DeepSpeed's backward epilogue waits). With the
+optimizer offloaded (CPU or NVMe) the partitions live elsewhere: the hook records the losses, the
+scale and the skips, and no gradient statistics (a warning says so).
+
+Nothing here imports DeepSpeed: an engine is recognised by what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ampscope.scalerview import ScalerView
+
+__all__ = ["ZeroEngine", "ZeroView", "engine_of", "is_engine", "partitioned"]
+
+logger = logging.getLogger("ampscope")
+
+
+# ZeRO stage 3's per-parameter views of its gradient partitions, keyed by ``ds_id`` (private,
+# name-mangled, feature-checked: its public accessor synchronizes a stream per parameter on CUDA).
+_STAGE3_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+
+
+@dataclass(frozen=True)
+class ZeroEngine:
+    """A DeepSpeed engine with a ZeRO optimizer, as the hook uses it."""
+
+    engine: Any  # deepspeed.DeepSpeedEngine (an nn.Module)
+    optimizer: Any  # its ZeRO optimizer: step(), overflow, loss_scale
+    stage: int
+    fp16: bool
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The user's model inside the engine: its parameters are the layers."""
+        module = self.engine.module
+        assert isinstance(module, torch.nn.Module)
+        return module
+
+    @property
+    def torch_optimizer(self) -> torch.optim.Optimizer | None:
+        """The torch optimizer the ZeRO optimizer steps: its parameter groups carry the lrs."""
+        inner = getattr(self.optimizer, "optimizer", None)
+        return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+    @property
+    def has_pieces(self) -> bool:
+        """Whether this rank's pieces of the gradients are readable: stages 1 and 2, and stage
+        3 unless the optimizer is offloaded (its partitions then live in CPU or NVMe buffers)."""
+        if self.stage != 3:
+            return True
+        return (not getattr(self.optimizer, "offload_optimizer", False)
+                and isinstance(getattr(self.optimizer, _STAGE3_PARTITIONS, None), dict))
+
+    def pieces(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+        """What the capture reads: each parameter's piece of the reduced gradient held by this
+        rank (1-D), None where it holds none, or nothing at all without ``has_pieces`` (the
+        record then has the losses, scale and skips only). Called between the last backward of
+        a step and the optimizer's ``step``."""
+        if not self.has_pieces:
+            return [None] * len(params)
+        if self.stage != 3:
+            return [_piece(p) for p in params]
+        partitions = getattr(self.optimizer, _STAGE3_PARTITIONS)
+        out: list[torch.Tensor | None] = []
+        for p in params:
+            grad, valid = partitions.get(getattr(p, "ds_id", None)), _stage3_valid(p)
+            out.append(None if grad is None or not valid else grad.reshape(-1)[:valid])
+        return out
+
+    def piece_numels(self, params: Sequence[torch.nn.Parameter]) -> list[int]:
+        """This rank's number of elements of each parameter (0: none of it)."""
+        if self.stage == 3:
+            return [_stage3_valid(p) for p in params]
+        return [0 if (m := getattr(p, "_hp_mapping", None)) is None
+                else int(m.lp_fragment_address.numel) for p in params]
+
+    def full_shapes(self) -> dict[int, tuple[list[int], int]] | None:
+        """Stage 3: each parameter's real shape and size (id → shape, numel); outside its
+        forward a stage-3 parameter is an empty placeholder (``ds_shape``, ``ds_numel``)."""
+        if self.stage != 3:
+            return None
+        return {id(p): (list(p.ds_shape), int(p.ds_numel)) for p in self.module.parameters()
+                if hasattr(p, "ds_shape") and hasattr(p, "ds_numel")}
+
+    def loss_share(self, loss: torch.Tensor, scale_wrt_gas: bool) -> torch.Tensor:
+        """What one ``backward`` adds to the step's loss: the micro-batch's loss divided by the
+        accumulation steps, as DeepSpeed divides it (``scale_wrt_gas``), so the record's loss is
+        the mean over the step's micro-batches."""
+        steps = int(self.engine.gradient_accumulation_steps())
+        return loss / steps if scale_wrt_gas and steps > 1 else loss
+
+
+def is_engine(model: Any) -> bool:
+    """Whether ``model`` is a DeepSpeed engine (duck-typed: DeepSpeed is never imported)."""
+    return (isinstance(model, torch.nn.Module)
+            and callable(getattr(model, "zero_optimization_stage", None))
+            and isinstance(getattr(model, "module", None), torch.nn.Module))
+
+
+def engine_of(model: Any) -> ZeroEngine | None:
+    """``model`` as a DeepSpeed engine with a ZeRO optimizer (stage ≥ 1), else None. A stage-0
+    engine keeps whole gradients in ``.grad`` but steps its own FP16/BF16 optimizers, which
+    the hook does not wrap: it raises, saying so."""
+    if not is_engine(model):
+        return None
+    stage = int(model.zero_optimization_stage())
+    optimizer = getattr(model, "optimizer", None)
+    if stage < 1 or not callable(getattr(optimizer, "step", None)):
+        raise ValueError(
+            "ampscope watches DeepSpeed engines with ZeRO stage 1, 2 or 3 (this one has stage "
+            f"{stage}{'' if optimizer is not None else ' and no optimizer'}); for stage 0 watch "
+            "a plain torch loop, or set zero_optimization.stage")
+    fp16 = bool(getattr(model, "fp16_enabled", lambda: False)())
+    return ZeroEngine(model, optimizer, stage, fp16)
+
+
+def partitioned(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are managed by a ZeRO optimizer (the module inside an
+    engine, as a framework's callback may hand it over)."""
+    return any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _piece(p: torch.nn.Parameter) -> torch.Tensor | None:
+    mapping = getattr(p, "_hp_mapping", None)
+    if mapping is None:
+        return None
+    grad = mapping.get_lp_grad_fragment(p._index_in_param_group)  # type: ignore[attr-defined]
+    address = mapping.lp_fragment_address
+    flat: torch.Tensor = grad.reshape(-1)
+    if flat.numel() != address.numel:
+        # A whole-parameter buffer (DeepSpeed's BF16 accumulation keeps one on every rank): only
+        # this rank's piece counts, as in DeepSpeed's own get_full_hp_grad.
+        flat = flat.narrow(0, address.start, address.numel)
+    return flat
+
+
+def _stage3_valid(p: Any) -> int:
+    """How many of a stage-3 parameter's elements this rank's partition holds: partitions are
+    ``partition_numel`` long on every rank, the last ones padded past ``ds_numel``."""
+    size = int(p.ds_tensor.ds_numel)
+    rank = int(getattr(p, "ds_zero_partition_rank", 0))
+    return max(0, min(size, int(p.ds_numel) - rank * size))
+
+
+class ZeroView(ScalerView):
+    """The ZeRO optimizer read as the hook reads a scaler: its loss scale (FP16 only; BF16 and
+    FP32 runs have none, as without a scaler) and, after its step, whether it skipped."""
+
+    def __init__(self, zero: ZeroEngine) -> None:
+        super().__init__(None)
+        self._zero = zero
+
+    @property
+    def present(self) -> bool:
+        return self._zero.fp16
+
+    def enabled(self) -> bool:
+        return self._zero.fp16
+
+    def _scale(self) -> float:
+        return float(self._zero.optimizer.loss_scale)
+
+    def scale_in_effect(self) -> torch.Tensor | float:
+        return self._scale() if self._zero.fp16 else 1.0
+
+    def stage(self, optimizer: torch.optim.Optimizer) -> str | None:
+        return None
+
+    def scaled_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> bool | list[bool]:
+        # Captured before the ZeRO step, which unscales: FP16 pieces still carry the scale.
+        return self._zero.fp16 if params else []
+
+    def before_update(self, each: bool = False) -> dict[str, Any]:
+        return {"scale_host": self._scale()} if self._zero.fp16 else {}
+
+    def host_skip(self) -> bool | None:
+        return bool(getattr(self._zero.optimizer, "overflow", False))
+
+    def after_update(
+        self, before: Mapping[str, Any], device: torch.device, snapshot: bool = False
+    ) -> tuple[list[torch.Tensor], set[str], bool]:
+        if not self._zero.fp16:
+            return super().after_update(before, device, snapshot)
+
+        def const(x: float) -> torch.Tensor:
+            return torch.full((), x, dtype=torch.float64, device=device)
+
+        found = 1.0 if self.host_skip() else 0.0
+        values = [const(before.get("scale_host", float("nan"))), const(self._scale()),
+                  const(0.0), const(found)]
+        return values, {"growth_tracker"}, False

@@ -1,0 +1,120 @@
+"""One rank of a 2-process DeepSpeed job on the CPU (gloo), for ``test_deepspeed``: a tiny model
+trained a few optimizer steps through a real ZeRO engine under ``ampscope.watch(engine)``; it
+writes what its monitor recorded and the truth to check it against, as JSON.
+
+Modes (``argv[3]``), ``+``-joined: ``stage1``, ``stage2`` or ``stage3``; ``fp16``, ``bf16`` or
+``fp32``; ``nan`` (rank 1's loss is NaN at its third micro-batch, inside optimizer step 1);
+``torchstyle`` (``mon.record_loss(loss).backward()`` instead of ``engine.backward(loss)``);
+``server=URL`` (send to that server instead of a ``MemorySender``). Two micro-batches per step.
+The JSON goes to ``argv[1]`` with ``{}`` replaced by the rank.
+
+FP16: DeepSpeed refuses FP16 on a CPU without AVX-512 FP16 units (``is_fp16_supported``), a
+hardware check of the accelerator, not of the math: torch computes FP16 on any CPU, slowly. The
+worker answers that one check with True; nothing else is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from deepspeed.utils import safe_get_full_grad
+from torch import nn
+
+import ampscope
+from ampscope import wire, zero
+from ampscope.transport import MemorySender
+from tests.client_hook.dist_worker import reference
+
+STEPS = 4
+MICRO = 2
+
+
+def main(out: str, mode: set[str]) -> None:
+    server = next((m.removeprefix("server=") for m in mode if m.startswith("server=")), None)
+    rank = int(os.environ["RANK"])
+    precision = next(p for p in ("fp16", "bf16", "fp32") if p in mode)
+    stage = next(int(m.removeprefix("stage")) for m in mode if m.startswith("stage"))
+    if precision == "fp16":
+        type(get_accelerator()).is_fp16_supported = lambda self: True
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": MICRO,
+        "zero_optimization": {"stage": stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 10, "hysteresis": 1},
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 10**9,
+    }
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
+                                                   model_parameters=model.parameters())
+    sender = MemorySender()
+    mon = ampscope.watch(engine, sender=None if server else sender, server=server, run="ds",
+                         activation_every=0, layer_every=1, histogram_every=2, dist_timeout_s=10)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    gen = torch.Generator().manual_seed(rank)
+    losses: list[Any] = []
+    truth: list[dict[str, Any]] = []
+    micro = 0
+    for _ in range(STEPS):
+        step_loss = 0.0
+        for _ in range(MICRO):
+            x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 4, generator=gen)
+            loss = ((engine(x.to(dtype)).float() - y) ** 2).mean()
+            if "nan" in mode and rank == 1 and micro == 2:
+                loss = loss * math.nan
+            step_loss += loss.item() / MICRO
+            if "torchstyle" in mode:
+                mon.record_loss(loss).backward()
+            else:
+                engine.backward(loss)
+            if engine.is_gradient_accumulation_boundary():
+                scale = float(optimizer.loss_scale)
+                # Every rank takes part: safe_get_full_grad all-reduces the pieces.
+                full = [safe_get_full_grad(p).float() for p in model.parameters()]
+                truth.append({**reference(full, scale, precision == "fp16"),
+                              "scale_before": scale})
+            engine.step()
+            micro += 1
+        losses.append(wire.encode_float(step_loss))
+        if truth:
+            truth[-1].update(scale_after=float(optimizer.loss_scale),
+                             skipped=bool(optimizer.overflow))
+    mon.close()
+    payloads = sender.payloads()
+    Path(out.format(rank)).write_text(json.dumps({
+        "rank": rank,
+        "state": mon.state.value,
+        "errors": mon.stats().internal_errors,
+        "produced": mon.stats().produced,
+        "run_id": mon.run_id,
+        "run": payloads[0]["run"] if payloads else None,
+        "layers": [layer["name"] for layer in payloads[0]["layers"]] if payloads else None,
+        "shapes": [(layer["shape"], layer["numel"]) for layer in payloads[0]["layers"]]
+        if payloads else None,
+        "records": [r for p in payloads for r in p["records"]],
+        "losses": losses,
+        "truth": truth,
+        "partitioned": [zero.partitioned(model), zero.partitioned(nn.Linear(2, 2))],
+        "wrapped": [name for name in ("backward",) if name in vars(engine)]
+        + [name for name in ("step",) if name in vars(optimizer)],
+    }))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], set(sys.argv[2].split("+")))

@@ -1,0 +1,138 @@
+"""A real DeepSpeed job under ``ampscope.watch(engine)``: two ranks (gloo, 2 processes on the CPU,
+``deepspeed_worker.py``), ZeRO stages 1, 2 and 3 in FP32, BF16 and FP16. One run per job, the
+loss the engine trains on, DeepSpeed's own skips and loss scale, and every per-layer statistic of
+the full gradient merged from the ranks' partitions, checked against
+``deepspeed.utils.safe_get_full_grad`` (stage 3: the real shapes, not its empty placeholders)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampscope
+from ampscope import zero
+from ampscope.spool import Frame, scan, spool_files
+from tests.client_hook.test_collective import LAYERS, assert_full_statistics
+from tests.support.distributed import launch
+from tests.support.servers import free_port
+
+SHAPES = [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
+
+
+def run_ds(tmp_path: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    launch("tests.client_hook.integrations.deepspeed_worker",
+           [str(tmp_path / "rank{}.json"), mode])
+    zero_, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    return zero_, one
+
+
+def assert_one_run(zero_: dict[str, Any], one: dict[str, Any]) -> None:
+    assert (zero_["state"], zero_["errors"], zero_["produced"]) == ("closed", 0, 4)
+    assert (one["state"], one["errors"], one["records"]) == ("closed", 0, [])
+    assert zero_["layers"] == LAYERS and zero_["shapes"] == SHAPES
+    assert (zero_["run"]["world_size"], zero_["run"]["rank"]) == (2, 0)
+    assert [r["step"] for r in zero_["records"]] == [0, 1, 2, 3]
+    for step, record in enumerate(zero_["records"]):
+        # Each rank's loss is the mean of its two micro-batches' (DeepSpeed divides by the
+        # accumulation steps); the job's is the mean over the ranks.
+        mine = [zero_["losses"][step], one["losses"][step]]
+        assert record["ranks"]["loss"] == pytest.approx(mine, rel=1e-6)
+        assert record["loss"] == pytest.approx(sum(mine) / 2, rel=1e-6)
+    assert zero_["wrapped"] == one["wrapped"] == []  # close() unwrapped the engine and optimizer
+    # The engine's module is told apart (watch() warns: its .grad is not where the pieces are).
+    assert zero_["partitioned"] == [True, False]
+
+
+@pytest.mark.parametrize("mode", ["stage2+fp32", "stage1+bf16", "stage2+fp16", "stage3+bf16",
+                                  "stage3+fp16"])
+def test_the_full_gradients_statistics_from_the_zero_partitions(tmp_path: Path,
+                                                                 mode: str) -> None:
+    zero_, one = run_ds(tmp_path, mode)
+    assert_one_run(zero_, one)
+    assert_full_statistics(zero_)
+    records, truth = zero_["records"], zero_["truth"]
+    assert [r["skipped"] for r in records] == [t["skipped"] for t in truth] == [False] * 4
+    assert all(r["ranks"]["nonfinite"] == [0, 0] for r in records)
+    assert [r["lr"] for r in records] == [0.01] * 4
+    if "fp16" in mode:  # DeepSpeed's loss scale, read as it moved
+        assert [(r["scale_before"], r["scale_after"]) for r in records] == [
+            (t["scale_before"], t["scale_after"]) for t in truth]
+        assert records[0]["scale_before"] == 1024.0
+        assert {r["captured"] for r in records} == {"before_unscale"}
+    else:  # no loss scale at all, as without a GradScaler
+        assert {(r["scale_before"], r["scale_after"]) for r in records} == {(None, None)}
+        assert {r["captured"] for r in records} == {"after_unscale"}
+
+
+@pytest.mark.parametrize("mode", ["stage2+fp32", "stage2+fp16", "stage1+bf16", "stage3+fp32"])
+def test_a_nan_on_one_rank_is_deepspeeds_skip_and_names_the_rank(tmp_path: Path,
+                                                                  mode: str) -> None:
+    zero_, one = run_ds(tmp_path, f"{mode}+nan")
+    assert one["losses"][1] == "nan" and zero_["losses"][1] != "nan"
+    records, truth = zero_["records"], zero_["truth"]
+    bad = records[1]
+    assert bad["ranks"]["loss"][1] == "nan" and bad["loss"] == "nan"
+    assert bad["found_inf"] is True
+    # Every layer, in backward order: the last Linear's two first. (Within one Linear, stage 3's
+    # own gradient hooks make its weight's gradient ready before its bias's.) Stages 1 and 2:
+    # rank 0's partition holds a piece of the first layer only (106 of the 212 elements), rank
+    # 1's pieces of all four; stage 3 splits every parameter in two.
+    order = (2, 3, 0, 1) if "stage3" in mode else (3, 2, 1, 0)
+    assert bad["nonfinite"] == [{"layer": i, "kind": "nan"} for i in order]
+    assert bad["ranks"]["nonfinite"] == ([4, 4] if "stage3" in mode else [1, 4])
+    assert bad["grad_norm"] == "nan"
+    # DeepSpeed checks the gradients' norm and skips the step, in every precision: its own
+    # flag, as it decided.
+    assert [r["skipped"] for r in records] == [t["skipped"] for t in truth] == [
+        False, True, False, False]
+    if "fp16" in mode:  # the skip halved DeepSpeed's loss scale (hysteresis 1)
+        assert [(r["scale_before"], r["scale_after"]) for r in records] == [
+            (t["scale_before"], t["scale_after"]) for t in truth] == [
+            (1024.0, 1024.0), (1024.0, 512.0), (512.0, 512.0), (512.0, 512.0)]
+    assert [r["found_inf"] for r in records] == [False, True, False, False]
+
+
+def test_torch_style_backward_with_record_loss(tmp_path: Path) -> None:
+    zero_, one = run_ds(tmp_path, "stage2+fp32+torchstyle")
+    assert_one_run(zero_, one)
+    assert_full_statistics(zero_)
+
+
+def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    env = {**os.environ, "AMPSCOPE_MODE": "offline", "AMPSCOPE_SPOOL_DIR": str(spool),
+           "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
+    example = Path(__file__).resolve().parents[3] / "examples/integrations/deepspeed_zero.py"
+    done = subprocess.run([sys.executable, str(example), "--steps", "12"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    records = [r for path in spool_files(spool) for f in scan(path) if isinstance(f, Frame)
+               for r in json.loads(f.body)["records"]]
+    assert [r["step"] for r in records] == list(range(12))
+    assert [r["layers"] is not None for r in records] == [s % 10 == 0 for s in range(12)]
+
+
+class TestEngineOf:
+    def test_a_plain_module_is_no_engine(self) -> None:
+        assert zero.engine_of(nn.Linear(2, 2)) is None
+
+    def test_stage_zero_is_refused_with_what_to_do(self) -> None:
+        class StageZero(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.module = nn.Linear(2, 2)
+                self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+
+            def zero_optimization_stage(self) -> int:
+                return 0
+
+        with pytest.raises(ValueError, match=r"ZeRO stage 1, 2 or 3 .*stage 0"):
+            ampscope.watch(StageZero(), server=None)
