@@ -18,6 +18,13 @@ the mean loss the trainer logs. Without a scaler a callback sees no loss; ``atta
 trainer's ``training_step`` (on that instance, removed at the end) to hand each returned loss to
 ``Monitor.record_loss``; a callback passed to ``Trainer(callbacks=...)`` alone records no loss
 there.
+
+DeepSpeed (``TrainingArguments(deepspeed=...)``): ``attach`` watches the trainer's engine
+(``model_wrapped``) as ``ampscope.watch(engine)`` does (``ampscope.zero``): the loss from the
+engine's ``backward`` (the trainer has divided it by the accumulation steps already), DeepSpeed's
+own skips and loss scale, the full gradients' statistics from the ZeRO partitions. A callback
+passed to ``Trainer(callbacks=...)`` alone does not know the engine: it says so and does not
+watch.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch
 import transformers
 
 import ampscope
+from ampscope import zero
 from ampscope.monitor import HookState, Monitor
 
 __all__ = ["AmpscopeCallback", "attach"]
@@ -43,6 +51,7 @@ class AmpscopeCallback(transformers.TrainerCallback):
     def __init__(self, **watch_options: Any) -> None:
         self.options = watch_options
         self.monitor: Monitor | None = None
+        self.trainer: transformers.Trainer | None = None  # set by ``attach``
 
     def on_train_begin(self, args: transformers.TrainingArguments,
                        state: transformers.TrainerState, control: transformers.TrainerControl,
@@ -51,10 +60,19 @@ class AmpscopeCallback(transformers.TrainerCallback):
         if model is None or optimizer is None or (
                 self.monitor is not None and self.monitor.state is not HookState.CLOSED):
             return
+        # Under DeepSpeed the trainer's model_wrapped is the engine (known through ``attach``).
+        engine = getattr(self.trainer, "model_wrapped", None)
+        if not zero.is_engine(engine):
+            engine = None
+            if zero.partitioned(model):
+                logger.warning("ampscope: not watching this training: under DeepSpeed the "
+                               "gradients are in the engine's partitions; use attach(trainer), "
+                               "which watches the engine")
+                return
         scaler = getattr(optimizer, "scaler", None)
         if not isinstance(scaler, torch.amp.GradScaler):
             scaler = None
-        if scaler is None and args.fp16 and state.is_world_process_zero:
+        if engine is None and scaler is None and args.fp16 and state.is_world_process_zero:
             logger.warning(
                 "ampscope: TrainingArguments(fp16=True) but the trainer made no GradScaler (on "
                 "a CPU it trains in FP32): nothing is in FP16 here; use bf16=True on a CPU, or "
@@ -67,7 +85,10 @@ class AmpscopeCallback(transformers.TrainerCallback):
         elif args.fp16:
             options.setdefault("target_format", "fp16")
         try:
-            self.monitor = ampscope.watch(model, scaler, optimizer, **options)
+            if engine is not None:
+                self.monitor = ampscope.watch(engine, **options)
+            else:
+                self.monitor = ampscope.watch(model, scaler, optimizer, **options)
         except Exception as exc:  # a bad option: training goes on, unwatched
             logger.warning("ampscope: not watching this training: %s", exc)
 
@@ -91,6 +112,7 @@ def attach(trainer: transformers.Trainer, **watch_options: Any) -> AmpscopeCallb
     """Add an ``AmpscopeCallback`` to ``trainer`` and hand it each step's loss (see the module
     docstring); returns the callback (``callback.monitor`` once training began)."""
     callback = AmpscopeCallback(**watch_options)
+    callback.trainer = trainer
     trainer.add_callback(callback)
     step = trainer.training_step
     train = trainer.train

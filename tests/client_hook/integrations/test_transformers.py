@@ -9,10 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ from torch.utils.data import Dataset
 
 from ampscope.integrations.transformers import AmpscopeCallback, attach
 from ampscope.transport import MemorySender
+from tests.support.distributed import launch
 
 STEPS = 8
 
@@ -40,15 +37,18 @@ class Tokens(Dataset[dict[str, torch.Tensor]]):
 
 
 class LossLog(transformers.TrainerCallback):
-    """The per-step losses the trainer logs (``logging_steps=1``)."""
+    """The per-step losses and gradient norms the trainer logs (``logging_steps=1``)."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
+        self.grad_norms: list[float] = []
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
+            if "grad_norm" in logs:
+                self.grad_norms.append(float(logs["grad_norm"]))
 
 
 def make_trainer(tmp_path: Path, accumulate: int = 1, **args: Any) -> tuple[
@@ -158,20 +158,7 @@ def test_a_ddp_job_is_one_run_with_the_loss_the_trainer_logs(tmp_path: Path) -> 
     """Two processes started as ``torchrun`` would (gloo on the CPU): the callback watches on
     both, process zero sends every step once; its loss is the mean over the ranks, as the
     trainer logs it, and each rank's own is in ``ranks``."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.client_hook.integrations.transformers_ddp_worker",
-         str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[3], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-             "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-             "PYTHONWARNINGS": "ignore"}) for rank in (0, 1)]
-    for proc in procs:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out[-3000:]
+    launch("tests.client_hook.integrations.transformers_ddp_worker", [str(tmp_path)])
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (zero["world_size"], zero["run"]["world_size"], zero["state"]) == (2, 2, "closed")
     assert (one["records"], one["state"]) == ([], "closed")
@@ -181,3 +168,34 @@ def test_a_ddp_job_is_one_run_with_the_loss_the_trainer_logs(tmp_path: Path) -> 
     assert [r["loss"] for r in records] == pytest.approx(
         [sum(r["ranks"]["loss"]) / 2 for r in records], rel=1e-12)
     assert len({tuple(r["ranks"]["loss"]) for r in records}) == STEPS  # two ranks, own batches
+
+
+def test_a_deepspeed_job_is_one_run_with_the_logged_loss_and_grad_norm(tmp_path: Path) -> None:
+    """``TrainingArguments(deepspeed=...)`` (ZeRO-2, BF16, two micro-batches per step), two
+    processes: ``attach`` watches the trainer's DeepSpeed engine on both; the loss is the one
+    the trainer logs and the gradient norm the one DeepSpeed computed for clipping, merged here
+    from the two ranks' ZeRO partitions."""
+    launch("tests.client_hook.integrations.transformers_deepspeed_worker",
+           [str(tmp_path), "attach"])
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert (zero["engine"], zero["state"], zero["errors"]) == ("DeepSpeedEngine", "closed", 0)
+    assert (one["records"], one["state"], one["errors"]) == ([], "closed", 0)
+    assert zero["run"]["world_size"] == 2 and zero["run"]["target_format"] == "bf16"
+    records = zero["records"]
+    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["loss"] for r in records] == pytest.approx(zero["logged"], rel=1e-6)
+    assert [r["grad_norm"] for r in records] == pytest.approx(zero["grad_norms"], rel=1e-6)
+    assert [r["layers"] is not None for r in records] == [s % 2 == 0 for s in range(STEPS)]
+    assert {(r["scale_before"], r["skipped"]) for r in records} == {(None, False)}
+
+
+def test_a_bare_callback_under_deepspeed_says_to_attach_and_does_not_watch(
+        tmp_path: Path) -> None:
+    launch("tests.client_hook.integrations.transformers_deepspeed_worker",
+           [str(tmp_path), "callback"], world=1)
+    zero = json.loads((tmp_path / "rank0.json").read_text())
+    assert (zero["engine"], zero["state"], zero["records"]) == ("DeepSpeedEngine", None, [])
+    assert len(zero["logged"]) == STEPS  # trained all the same
+    assert [m for m in zero["warnings"] if "DeepSpeed" in m] == [
+        "ampscope: not watching this training: under DeepSpeed the gradients are in the "
+        "engine's partitions; use attach(trainer), which watches the engine"]
