@@ -272,9 +272,11 @@ class Monitor:
         self._sends = group is None or rank == 0
         # FSDP2's gradients are DTensor shards: without a group to merge them no rank holds a
         # layer's statistics, and a shard's would be sent as the layer's: none are taken (one
-        # process's only shard is the whole gradient).
+        # process's only shard is the whole gradient). A ZeRO job of one process reads each
+        # gradient whole (its one piece), as an unsharded model is read.
         self._sharded = collective.sharded(self._params) or (
-            flat is not None and not flat.flat_only) or (engine is not None and engine.has_pieces)
+            flat is not None and not flat.flat_only) or (
+            engine is not None and engine.has_pieces and world_size > 1)
         self._grads_off = self._sharded and group is None and world_size > 1
         if self._grads_off and enabled:
             logger.warning("ampscope: the gradients are sharded (FSDP) and the ranks are not "
