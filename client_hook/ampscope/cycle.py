@@ -290,6 +290,8 @@ class StepCycle:
             skipped: Slot | bool | None
             if id(opt) in each:
                 skipped = slot(each[id(opt)])
+            elif (decided := self._view.host_skip()) is not None:
+                skipped = decided  # DeepSpeed: one decision for the step, known on the host
             elif self._view.present:  # a disabled scaler skips nothing; absent: not stepped
                 skipped = False if not self._view.enabled() else None
             else:

@@ -41,6 +41,11 @@ capture also packs this rank's share (``shards.py``) and issues the step's reduc
 hook's own process group, asynchronously; rank 0's record waits for them on the sender thread;
 the other ranks send nothing. A rank whose hook is off keeps issuing empty shares.
 
+A DeepSpeed engine (``watch(engine)``, ``zero.py``) has no ``GradScaler``: the engine's
+``backward`` gives the loss, its ZeRO optimizer's ``step`` is the cycle (the capture before it,
+the record after it, with DeepSpeed's own skip decision and, in FP16, its loss scale), and each
+rank reads its partition's pieces of the gradients, merged across the ranks as FSDP's shards are.
+
 With several optimizers or parameter groups every record names each watched optimizer's own
 skip (the scaler's per-optimizer ``found_inf``, read before ``update()`` clears it) and its
 parameter groups' lrs.
@@ -941,7 +946,9 @@ def watch(
     rank contributes its loss, its non-finite layers and, for DTensor (FSDP2) gradients, its
     shard's partials through the hook's own group (``ampscope.collective``); when not every
     rank calls it within ``dist_timeout_s`` (default 30, waited once, here) rank 0 records
-    alone. ``all_ranks=True`` records each rank as a run of its own.
+    alone. ``all_ranks=True`` records each rank as a run of its own. A DeepSpeed ZeRO engine is
+    watched as itself, ``watch(engine)``, on every rank: no scaler or optimizer to pass
+    (``ampscope.zero``).
 
     What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the

@@ -2,7 +2,8 @@
 trained a few optimizer steps through a real ZeRO engine under ``ampscope.watch(engine)``; it
 writes what its monitor recorded and the truth to check it against, as JSON.
 
-Modes (``argv[3]``), ``+``-joined: ``stage1``, ``stage2`` or ``stage3``; ``fp16``, ``bf16`` or
+Modes (``argv[2]``), ``+``-joined: ``stage0`` (only what ``watch`` says), ``stage1``, ``stage2`` or
+``stage3``; ``fp16``, ``bf16`` or
 ``fp32``; ``nan`` (rank 1's loss is NaN at its third micro-batch, inside optimizer step 1);
 ``torchstyle`` (``mon.record_loss(loss).backward()`` instead of ``engine.backward(loss)``);
 ``server=URL`` (send to that server instead of a ``MemorySender``). Two micro-batches per step.
@@ -62,6 +63,12 @@ def main(out: str, mode: set[str]) -> None:
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
                                                    model_parameters=model.parameters())
     sender = MemorySender()
+    if stage == 0:  # refused: what watch() says
+        try:
+            ampscope.watch(engine, sender=sender)
+        except ValueError as exc:
+            Path(out.format(rank)).write_text(json.dumps({"error": str(exc)}))
+        return
     mon = ampscope.watch(engine, sender=None if server else sender, server=server, run="ds",
                          activation_every=0, layer_every=1, histogram_every=2, dist_timeout_s=10)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)

@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from torch import nn
 
-import ampscope
-from ampscope import zero
 from ampscope.spool import Frame, scan, spool_files
 from tests.client_hook.test_collective import LAYERS, assert_full_statistics
 from tests.support.distributed import launch
@@ -120,19 +116,9 @@ def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
     assert [r["layers"] is not None for r in records] == [s % 10 == 0 for s in range(12)]
 
 
-class TestEngineOf:
-    def test_a_plain_module_is_no_engine(self) -> None:
-        assert zero.engine_of(nn.Linear(2, 2)) is None
-
-    def test_stage_zero_is_refused_with_what_to_do(self) -> None:
-        class StageZero(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.module = nn.Linear(2, 2)
-                self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
-
-            def zero_optimization_stage(self) -> int:
-                return 0
-
-        with pytest.raises(ValueError, match=r"ZeRO stage 1, 2 or 3 .*stage 0"):
-            ampscope.watch(StageZero(), server=None)
+def test_a_stage_zero_engine_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    launch("tests.client_hook.integrations.deepspeed_worker",
+           [str(tmp_path / "rank{}.json"), "stage0+fp32"], world=1)
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"error": (
+        "ampscope watches DeepSpeed engines with ZeRO stage 1, 2 or 3 (this one has stage 0); "
+        "for stage 0 watch a plain torch loop, or set zero_optimization.stage")}

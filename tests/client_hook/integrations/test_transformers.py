@@ -187,6 +187,11 @@ def test_a_deepspeed_job_is_one_run_with_the_logged_loss_and_grad_norm(tmp_path:
     assert [r["grad_norm"] for r in records] == pytest.approx(zero["grad_norms"], rel=1e-6)
     assert [r["layers"] is not None for r in records] == [s % 2 == 0 for s in range(STEPS)]
     assert {(r["scale_before"], r["skipped"]) for r in records} == {(None, False)}
+    # The trainer's two parameter groups (weight decay and none): DeepSpeed's one skip decision
+    # and both groups' lr, as the scheduler set them.
+    assert [[(o["skipped"], len(o["lr"])) for o in r["optimizers"]] for r in records] == [
+        [(False, 2)]] * STEPS
+    assert [r["optimizers"][0]["lr"] for r in records] == [[r["lr"], r["lr"]] for r in records]
 
 
 def test_a_bare_callback_under_deepspeed_says_to_attach_and_does_not_watch(
