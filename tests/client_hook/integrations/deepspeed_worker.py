@@ -6,6 +6,8 @@ Modes (``argv[2]``), ``+``-joined: ``stage0`` (only what ``watch`` says), ``stag
 ``stage3``; ``fp16``, ``bf16`` or
 ``fp32``; ``nan`` (rank 1's loss is NaN at its third micro-batch, inside optimizer step 1);
 ``torchstyle`` (``mon.record_loss(loss).backward()`` instead of ``engine.backward(loss)``);
+``accelerate`` (FP32 only: the engine from ``Accelerator(deepspeed_plugin=...)``, watched as
+``watch(model, accelerator.scaler, optimizer)`` with the prepared pair; no truth recorded);
 ``server=URL`` (send to that server instead of a ``MemorySender``). Two micro-batches per step.
 The JSON goes to ``argv[1]`` with ``{}`` replaced by the rank.
 
@@ -60,8 +62,19 @@ def main(out: str, mode: set[str]) -> None:
         "bf16": {"enabled": precision == "bf16"},
         "steps_per_print": 10**9,
     }
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
-                                                   model_parameters=model.parameters())
+    accelerator = None
+    if "accelerate" in mode:  # the engine from accelerate's DeepSpeed plugin, as its users make it
+        from accelerate import Accelerator  # type: ignore[import-untyped]
+        from accelerate.utils import DeepSpeedPlugin  # type: ignore[import-untyped]
+
+        config.pop("optimizer")
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
+                                  gradient_accumulation_steps=MICRO)
+        engine, prepared = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), 0.01))
+        optimizer = engine.optimizer
+    else:
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
+                                                       model_parameters=model.parameters())
     sender = MemorySender()
     if stage == 0:  # refused: what watch() says
         try:
@@ -69,8 +82,13 @@ def main(out: str, mode: set[str]) -> None:
         except ValueError as exc:
             Path(out.format(rank)).write_text(json.dumps({"error": str(exc)}))
         return
-    mon = ampscope.watch(engine, sender=None if server else sender, server=server, run="ds",
-                         activation_every=0, layer_every=1, histogram_every=2, dist_timeout_s=10)
+    options: dict[str, Any] = {
+        "sender": None if server else sender, "server": server, "run": "ds",
+        "activation_every": 0, "layer_every": 1, "histogram_every": 2, "dist_timeout_s": 10}
+    if accelerator is not None:  # the README's accelerate line, as it is
+        mon = ampscope.watch(engine, accelerator.scaler, prepared, **options)
+    else:
+        mon = ampscope.watch(engine, **options)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
     gen = torch.Generator().manual_seed(rank)
     losses: list[Any] = []
@@ -84,6 +102,11 @@ def main(out: str, mode: set[str]) -> None:
             if "nan" in mode and rank == 1 and micro == 2:
                 loss = loss * math.nan
             step_loss += loss.item() / MICRO
+            if accelerator is not None:  # engine.backward, then engine.step: no truth between
+                with accelerator.accumulate(engine):
+                    accelerator.backward(loss)
+                micro += 1
+                continue
             if "torchstyle" in mode:
                 mon.record_loss(loss).backward()
             else:

@@ -102,6 +102,14 @@ def test_torch_style_backward_with_record_loss(tmp_path: Path) -> None:
     assert_full_statistics(zero_)
 
 
+def test_accelerates_deepspeed_plugin_prepares_an_engine_watched_as_it_is(
+        tmp_path: Path) -> None:
+    zero_, one = run_ds(tmp_path, "stage2+fp32+accelerate")
+    assert_one_run(zero_, one)
+    assert all(r["layers"] is not None and r["grad_norm"] is not None
+               for r in zero_["records"])
+
+
 def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     env = {**os.environ, "AMPSCOPE_MODE": "offline", "AMPSCOPE_SPOOL_DIR": str(spool),
