@@ -18,6 +18,7 @@ worker answers that one check with True; nothing else is replaced.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -123,6 +124,11 @@ def main(out: str, mode: set[str]) -> None:
         if truth:
             truth[-1].update(scale_after=float(optimizer.loss_scale),
                              skipped=bool(optimizer.overflow))
+    # What users do while watched: a DeepSpeed checkpoint (every rank) and the module's weights
+    # saved (the module itself does not pickle under DeepSpeed, watched or not: its own hooks).
+    saved = engine.save_checkpoint(str(Path(out).parent / "checkpoint"), tag="last")
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
     mon.close()
     payloads = sender.payloads()
     Path(out.format(rank)).write_text(json.dumps({
@@ -139,6 +145,7 @@ def main(out: str, mode: set[str]) -> None:
         "losses": losses,
         "truth": truth,
         "partitioned": [zero.partitioned(model), zero.partitioned(nn.Linear(2, 2))],
+        "saved": [bool(saved), buffer.tell() > 0],
         "wrapped": [name for name in ("backward",) if name in vars(engine)]
         + [name for name in ("step",) if name in vars(optimizer)],
     }))

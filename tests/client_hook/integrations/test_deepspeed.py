@@ -43,6 +43,8 @@ def assert_one_run(zero_: dict[str, Any], one: dict[str, Any]) -> None:
         assert record["ranks"]["loss"] == pytest.approx(mine, rel=1e-6)
         assert record["loss"] == pytest.approx(sum(mine) / 2, rel=1e-6)
     assert zero_["wrapped"] == one["wrapped"] == []  # close() unwrapped the engine and optimizer
+    # While watched, DeepSpeed's checkpoint and torch.save of the weights work as without it.
+    assert zero_["saved"] == one["saved"] == [True, True]
     # The engine's module is told apart (watch() warns: its .grad is not where the pieces are).
     assert zero_["partitioned"] == [True, False]
 
