@@ -63,6 +63,11 @@ class StepCycle:
         order: BackwardOrder | None,
         numels: Sequence[int] | None = None,
         grads: Callable[[Sequence[torch.nn.Parameter]], list[torch.Tensor | None]] | None = None,
+        *,
+        group: Group | None = None,
+        sharded: bool = False,
+        sends: bool = True,
+        pieces_only: bool = False,
     ) -> None:
         self._params = params
         # Where the gradients are read from: ``.grad`` (a DTensor's local shard), or a framework
@@ -80,13 +85,14 @@ class StepCycle:
         self.probe = probe
         self.order = order
         # Under torch.distributed (``collective.py``): the hook's group, whether the gradients
-        # are DTensor shards, and whether this rank sends (rank 0) or only contributes.
-        self.group: Group | None = None
-        self.sharded = False
-        self.sends = True
-        # FSDP1's flat parameters (``collective.FlatShards.flat_only``): read for the share's
-        # finiteness only (norms), never sent as the layers' statistics.
-        self.pieces_only = False
+        # are this rank's shards (FSDP, ZeRO), and whether this rank sends (rank 0) or only
+        # contributes.
+        self.group = group
+        self.sharded = sharded
+        self.sends = sends
+        # FSDP1's flat parameters (``collective.FlatShards.flat_only``), ZeRO-3 offloaded: read
+        # for the share's finiteness only (norms), never sent as the layers' statistics.
+        self.pieces_only = pieces_only
         self._last_update: float | None = None
         self._nan: torch.Tensor | None = None
         self.reset()

@@ -346,10 +346,9 @@ class Monitor:
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None,
                                 numels=[layer["numel"] for layer in self._layers],
-                                grads=None if engine is None else engine.pieces)
-        self._cycle.group, self._cycle.sharded, self._cycle.sends = (
-            group, self._sharded, self._sends)
-        self._cycle.pieces_only = self._pieces_only
+                                grads=None if engine is None else engine.pieces,
+                                group=group, sharded=self._sharded, sends=self._sends,
+                                pieces_only=self._pieces_only)
         self._run_info: dict[str, Any] = {
             "id": self.run_id,
             "project": project,
