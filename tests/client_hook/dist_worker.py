@@ -43,6 +43,19 @@ def reference(grads: list[torch.Tensor], scale: torch.Tensor | float, scaled: bo
             "histogram": counts.reshape(len(grads), -1).tolist()}
 
 
+def recorded(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """What rank 0 sent, for the tests: the run, the layer table's names and (shape, numel),
+    and every record (None and [] on a rank that sent nothing)."""
+    first = payloads[0] if payloads else None
+    return {
+        "run": first["run"] if first else None,
+        "layers": [layer["name"] for layer in first["layers"]] if first else None,
+        "shapes": [(layer["shape"], layer["numel"]) for layer in first["layers"]]
+        if first else None,
+        "records": [r for p in payloads for r in p["records"]],
+    }
+
+
 def main(store: str, out: str, mode: set[str]) -> None:
     server = next((m.removeprefix("server=") for m in mode if m.startswith("server=")), None)
     rank = int(os.environ["RANK"])
@@ -124,11 +137,7 @@ def main(store: str, out: str, mode: set[str]) -> None:
         "errors": 0 if mon is None else mon.stats().internal_errors,
         "acknowledged": 0 if mon is None else mon.stats().acknowledged,
         "run_id": None if mon is None else mon.run_id,
-        "run": payloads[0]["run"] if payloads else None,
-        "layers": [layer["name"] for layer in payloads[0]["layers"]] if payloads else None,
-        "shapes": [(layer["shape"], layer["numel"]) for layer in payloads[0]["layers"]]
-        if payloads else None,
-        "records": [r for p in payloads for r in p["records"]],
+        **recorded(payloads),
         "losses": losses,
         "truth": truth,
     }))

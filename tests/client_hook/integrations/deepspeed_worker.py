@@ -38,7 +38,7 @@ from torch import nn
 import ampscope
 from ampscope import wire, zero
 from ampscope.transport import MemorySender
-from tests.client_hook.dist_worker import reference
+from tests.client_hook.dist_worker import recorded, reference
 
 STEPS = 4
 MICRO = 2
@@ -130,18 +130,13 @@ def main(out: str, mode: set[str]) -> None:
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     mon.close()
-    payloads = sender.payloads()
     Path(out.format(rank)).write_text(json.dumps({
         "rank": rank,
         "state": mon.state.value,
         "errors": mon.stats().internal_errors,
         "produced": mon.stats().produced,
         "run_id": mon.run_id,
-        "run": payloads[0]["run"] if payloads else None,
-        "layers": [layer["name"] for layer in payloads[0]["layers"]] if payloads else None,
-        "shapes": [(layer["shape"], layer["numel"]) for layer in payloads[0]["layers"]]
-        if payloads else None,
-        "records": [r for p in payloads for r in p["records"]],
+        **recorded(sender.payloads()),
         "losses": losses,
         "truth": truth,
         "partitioned": [zero.partitioned(model), zero.partitioned(nn.Linear(2, 2))],
