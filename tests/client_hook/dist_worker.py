@@ -29,6 +29,7 @@ from ampscope import wire
 from ampscope.histogram import exponent_histogram
 from ampscope.reductions import layer_stats, unpack
 from ampscope.transport import MemorySender
+from tests.support.distributed import leave
 
 STEPS = 4
 
@@ -147,3 +148,4 @@ def main(store: str, out: str, mode: set[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], set(sys.argv[3].split("+")))
+    leave()  # the exit status is the work's, not torch's teardown's

@@ -39,6 +39,7 @@ import ampscope
 from ampscope import wire, zero
 from ampscope.transport import MemorySender
 from tests.client_hook.dist_worker import recorded, reference
+from tests.support.distributed import leave
 
 STEPS = 4
 MICRO = 2
@@ -150,3 +151,4 @@ def main(out: str, mode: set[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], set(sys.argv[2].split("+")))
+    leave()  # the exit status is the work's, not torch's teardown's

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from ampscope.integrations.lightning import AmpscopeCallback
 from ampscope.transport import MemorySender
 from tests.client_hook.integrations.test_lightning import Regressor
+from tests.support.distributed import leave
 
 STEPS = 6
 
@@ -45,3 +46,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave()  # the exit status is the work's, not torch's teardown's

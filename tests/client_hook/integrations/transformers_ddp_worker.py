@@ -14,6 +14,7 @@ import torch
 from ampscope.integrations.transformers import attach
 from ampscope.transport import MemorySender
 from tests.client_hook.integrations.test_transformers import STEPS, make_trainer
+from tests.support.distributed import leave
 
 
 def main(out: Path) -> None:
@@ -37,3 +38,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave()  # the exit status is the work's, not torch's teardown's

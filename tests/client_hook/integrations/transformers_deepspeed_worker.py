@@ -23,6 +23,7 @@ import torch
 from ampscope.integrations.transformers import AmpscopeCallback, attach
 from ampscope.transport import MemorySender
 from tests.client_hook.integrations.test_transformers import make_trainer
+from tests.support.distributed import leave
 
 DEEPSPEED = {
     "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
@@ -75,3 +76,4 @@ def main(out: Path, how: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2])
+    leave()  # the exit status is the work's, not torch's teardown's
