@@ -7,6 +7,10 @@ empty list. `tracks` is pure: rows in, the response out.
 
 Cost: one `step_optimizers` row per step that carried the block is read and unpacked (there
 are no rollups of this table): a long run with several optimizers reads all of its rows.
+Measured (`bench/optimizer_reads.py --steps 100000`, SQLite, 2 cores): 1.17 s p50 for a run of
+100,000 such steps, where `/series/lr` takes 14 ms. Nearly all of it is unpacking the rows
+(`stat_packing`'s compressed format); timed apart in one process, unpacking 100,000 rows took
+1.24 s and `tracks` 0.13 s.
 """
 
 from __future__ import annotations
