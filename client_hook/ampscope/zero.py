@@ -33,7 +33,6 @@ Nothing here imports DeepSpeed: an engine is recognised by what it has.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +42,6 @@ import torch
 from ampscope.scalerview import ScalerView
 
 __all__ = ["ZeroEngine", "ZeroView", "engine_of", "is_engine", "partitioned"]
-
-logger = logging.getLogger("ampscope")
 
 
 # ZeRO stage 3's per-parameter views of its gradient partitions, keyed by ``ds_id`` (private,
