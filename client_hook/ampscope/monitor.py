@@ -254,9 +254,13 @@ class Monitor:
                                  "GradScaler, ampscope.watch(engine)")
             model = engine.module
         self._zero = engine
-        if engine is None and enabled and zero.partitioned(model):
+        # The module inside a ZeRO engine, watched as a plain model (a framework's callback):
+        # its .grad is empty, and reading it would send zeros as the layers' statistics.
+        inside_engine = engine is None and enabled and zero.partitioned(model)
+        if inside_engine:
             logger.warning("ampscope: these parameters belong to a DeepSpeed ZeRO engine, whose "
-                           "gradients are not in .grad: watch the engine, ampscope.watch(engine)")
+                           "gradients are not in .grad: gradient statistics are off; watch the "
+                           "engine, ampscope.watch(engine)")
         flat = collective.flat_shards(model) if enabled else None
         full = engine.full_shapes() if engine is not None else (
             None if flat is None else flat.full)
@@ -282,8 +286,8 @@ class Monitor:
         self._sharded = collective.sharded(self._params) or (
             flat is not None and not flat.flat_only) or (
             engine is not None and engine.has_pieces and world_size > 1)
-        self._grads_off = self._sharded and group is None and world_size > 1
-        if self._grads_off and enabled:
+        self._grads_off = (self._sharded and group is None and world_size > 1) or inside_engine
+        if self._grads_off and enabled and not inside_engine:
             logger.warning("ampscope: the gradients are sharded (FSDP) and the ranks are not "
                            "all watched: gradient statistics are off (call watch() on every "
                            "rank, without all_ranks)")
@@ -315,10 +319,15 @@ class Monitor:
         self._optimizers: list[torch.optim.Optimizer] = []
         if engine is not None:  # the torch optimizer the ZeRO one steps: the lrs
             self._optimizers = [engine.torch_optimizer or engine.optimizer]
-        elif isinstance(optimizer, torch.optim.Optimizer):
-            self._optimizers = [unwrap_optimizer(optimizer)]
         elif optimizer is not None:
-            self._optimizers = [unwrap_optimizer(o) for o in optimizer]
+            # One optimizer (a framework's wrapper too: DeepSpeed's ZeRO optimizer holds the
+            # torch one as ``.optimizer``), or a sequence of them.
+            given = [optimizer] if not isinstance(optimizer, Sequence) else list(optimizer)
+            self._optimizers = [unwrap_optimizer(o) for o in given]
+            for opt in self._optimizers:
+                if not isinstance(opt, torch.optim.Optimizer):
+                    raise ValueError(f"ampscope: {type(opt).__name__} is not a torch optimizer "
+                                     "and holds none as .optimizer")
         if scaler is None and not self._optimizers and engine is None:
             raise ValueError("without a GradScaler ampscope takes each step from the optimizer: "
                              "pass it, ampscope.watch(model, None, optimizer)")

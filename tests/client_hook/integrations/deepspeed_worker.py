@@ -8,6 +8,7 @@ Modes (``argv[2]``), ``+``-joined: ``stage0`` (only what ``watch`` says), ``stag
 ``torchstyle`` (``mon.record_loss(loss).backward()`` instead of ``engine.backward(loss)``);
 ``accelerate`` (FP32 only: the engine from ``Accelerator(deepspeed_plugin=...)``, watched as
 ``watch(model, accelerator.scaler, optimizer)`` with the prepared pair; no truth recorded);
+``module`` (the engine's module watched instead of the engine, with its ZeRO optimizer);
 ``server=URL`` (send to that server instead of a ``MemorySender``). Two micro-batches per step.
 The JSON goes to ``argv[1]`` with ``{}`` replaced by the rank.
 
@@ -39,7 +40,7 @@ import ampscope
 from ampscope import wire, zero
 from ampscope.transport import MemorySender
 from tests.client_hook.dist_worker import recorded, reference
-from tests.support.distributed import leave
+from tests.support.distributed import capture_logs, leave
 
 STEPS = 4
 MICRO = 2
@@ -65,6 +66,7 @@ def main(out: str, mode: set[str]) -> None:
         "steps_per_print": 10**9,
     }
     accelerator = None
+    logged: list[str] = []
     if "accelerate" in mode:  # the engine from accelerate's DeepSpeed plugin, as its users make it
         from accelerate import Accelerator  # type: ignore[import-untyped]
         from accelerate.utils import DeepSpeedPlugin  # type: ignore[import-untyped]
@@ -89,6 +91,9 @@ def main(out: str, mode: set[str]) -> None:
         "activation_every": 0, "layer_every": 1, "histogram_every": 2, "dist_timeout_s": 10}
     if accelerator is not None:  # the README's accelerate line, as it is
         mon = ampscope.watch(engine, accelerator.scaler, prepared, **options)
+    elif "module" in mode:  # the module inside the engine, as a framework's callback has it
+        with capture_logs() as logged:
+            mon = ampscope.watch(engine.module, None, optimizer, **options)
     else:
         mon = ampscope.watch(engine, **options)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
@@ -142,6 +147,7 @@ def main(out: str, mode: set[str]) -> None:
         "truth": truth,
         "partitioned": [zero.partitioned(model), zero.partitioned(nn.Linear(2, 2))],
         "saved": [bool(saved), buffer.tell() > 0],
+        "warnings": logged,
         "wrapped": [name for name in ("backward",) if name in vars(engine)]
         + [name for name in ("step",) if name in vars(optimizer)],
     }))

@@ -112,6 +112,21 @@ def test_accelerates_deepspeed_plugin_prepares_an_engine_watched_as_it_is(
                for r in zero_["records"])
 
 
+def test_the_module_inside_an_engine_sends_no_gradient_statistics_and_says_why(
+        tmp_path: Path) -> None:
+    """As a framework's callback would hand it over: the engine's module and its optimizer.
+    Its .grad is empty under ZeRO: no layer statistic is sent (never zeros), and one warning
+    says to watch the engine."""
+    zero_, one = run_ds(tmp_path, "stage2+fp32+module")
+    assert (zero_["state"], zero_["errors"], zero_["produced"]) == ("closed", 0, 4)
+    assert (one["state"], one["errors"], one["records"]) == ("closed", 0, [])
+    assert {(r["layers"] is None, r["grad_norm"], r["histogram"] is None)
+            for r in zero_["records"]} == {(True, None, True)}
+    assert [m for m in zero_["warnings"] if "DeepSpeed" in m] == [
+        "ampscope: these parameters belong to a DeepSpeed ZeRO engine, whose gradients are not "
+        "in .grad: gradient statistics are off; watch the engine, ampscope.watch(engine)"]
+
+
 def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     env = {**os.environ, "AMPSCOPE_MODE": "offline", "AMPSCOPE_SPOOL_DIR": str(spool),

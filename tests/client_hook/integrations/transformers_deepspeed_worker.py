@@ -6,13 +6,10 @@ the trainer logged to ``OUT/rankN.json``. ``argv[2]``: ``attach``, or ``callback
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +20,13 @@ import torch
 from ampscope.integrations.transformers import AmpscopeCallback, attach
 from ampscope.transport import MemorySender
 from tests.client_hook.integrations.test_transformers import make_trainer
-from tests.support.distributed import leave
+from tests.support.distributed import capture_logs, leave
 
 DEEPSPEED = {
     "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
     "zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"},
 }
-
-
-@contextlib.contextmanager
-def capture_logs() -> Iterator[list[str]]:
-    """The ampscope logger's warnings while the block runs."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("ampscope")
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 def main(out: Path, how: str) -> None:
