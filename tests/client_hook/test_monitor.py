@@ -896,7 +896,8 @@ class TestWithoutAScaler:
     def test_what_is_no_optimizer_is_refused_by_name(self) -> None:
         with pytest.raises(ValueError, match=r"^ampscope: dict is not a torch optimizer and "
                                              r"holds none as \.optimizer$"):
-            ampscope.watch(make_model(), None, {"lr": 0.1}, sender=MemorySender())
+            ampscope.watch(make_model(), None, {"lr": 0.1},  # type: ignore[arg-type]
+                           sender=MemorySender())
 
     def test_close_removes_the_step_hooks(self) -> None:
         run = Bf16Run()
