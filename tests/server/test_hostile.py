@@ -130,6 +130,7 @@ class TestQueryParameters:
     @pytest.mark.parametrize("query", [
         f"steps?after_id={INT64_OVER}", f"series/loss?start={INT64_OVER}",
         f"series/loss?end={INT64_OVER}", f"layer-stats?stat=amax&start={INT64_OVER}",
+        f"optimizers?start={INT64_OVER}", f"optimizers?end={INT64_OVER}",
     ])
     def test_integers_past_int64_are_422(self, api: httpx.Client, query: str) -> None:
         run_id = new_id()
@@ -140,6 +141,7 @@ class TestQueryParameters:
 
     @pytest.mark.parametrize("path", [
         "/api/runs/a%00b", "/api/runs/a%00b/steps", "/api/runs/a%00b/ranks",
+        "/api/runs/a%00b/optimizers",
         "/api/runs/a%00b/export?format=csv",
         "/api/compare?runs=a%00b,c", "/api/runs/" + "x" * 65,
     ])
