@@ -71,7 +71,7 @@ class StepCycle:
     ) -> None:
         self._params = params
         # Where the gradients are read from: ``.grad`` (a DTensor's local shard), or a framework
-        # that keeps them elsewhere (DeepSpeed ZeRO's partitions, ``zero.pieces``).
+        # that keeps them elsewhere (DeepSpeed ZeRO's partitions, ``zero.ZeroEngine.reader``).
         self._grads = grads
         # The layers' sizes for ``partials.finalize`` on the sender thread: one tensor, shared.
         # ``numels``: the layers' own where a parameter is only this rank's piece (FSDP1).

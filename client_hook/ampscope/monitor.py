@@ -355,7 +355,7 @@ class Monitor:
         self._cycle = StepCycle(self._params, self._stats, self._cadence, self.histogram_every,
                                 self._view, None, None,
                                 numels=[layer["numel"] for layer in self._layers],
-                                grads=None if engine is None else engine.pieces,
+                                grads=None if engine is None else engine.reader(self._params),
                                 group=group, sharded=self._sharded, sends=self._sends,
                                 pieces_only=self._pieces_only)
         self._run_info: dict[str, Any] = {

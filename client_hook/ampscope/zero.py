@@ -33,7 +33,7 @@ Nothing here imports DeepSpeed: an engine is recognised by what it has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,21 +80,27 @@ class ZeroEngine:
         return (not getattr(self.optimizer, "offload_optimizer", False)
                 and isinstance(getattr(self.optimizer, _STAGE3_PARTITIONS, None), dict))
 
-    def pieces(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor | None]:
-        """What the capture reads: each parameter's piece of the reduced gradient held by this
-        rank (1-D), None where it holds none, or nothing at all without ``has_pieces`` (the
-        record then has the losses, scale and skips only). Called between the last backward of
-        a step and the optimizer's ``step``."""
+    def reader(self, params: Sequence[torch.nn.Parameter]) -> Callable[
+            [Sequence[torch.nn.Parameter]], list[torch.Tensor | None]]:
+        """What the capture reads (``StepCycle(grads=...)``), called between the last backward
+        of a step and the optimizer's ``step``: each of ``params``' pieces of the reduced
+        gradient held by this rank (1-D), None where it holds none; nothing at all without
+        ``has_pieces`` (the record then has the losses, scale and skips only). What does not
+        change between steps (stage 3's keys and sizes) is worked out here, once."""
         if not self.has_pieces:
-            return [None] * len(params)
+            return lambda ps: [None] * len(ps)
         if self.stage != 3:
-            return [_piece(p) for p in params]
-        partitions = getattr(self.optimizer, _STAGE3_PARTITIONS)
-        out: list[torch.Tensor | None] = []
-        for p in params:
-            grad, valid = partitions.get(getattr(p, "ds_id", None)), _stage3_valid(p)
-            out.append(None if grad is None or not valid else grad.reshape(-1)[:valid])
-        return out
+            return lambda ps: [_piece(p) for p in ps]
+        keys = [(getattr(p, "ds_id", None), _stage3_valid(p)) for p in params]
+        optimizer = self.optimizer
+
+        def stage3(_: Sequence[torch.nn.Parameter]) -> list[torch.Tensor | None]:
+            # Looked up each step: DeepSpeed replaces the map when it offloads its states.
+            partitions = getattr(optimizer, _STAGE3_PARTITIONS)
+            return [None if valid == 0 or (grad := partitions.get(key)) is None
+                    else grad.reshape(-1)[:valid] for key, valid in keys]
+
+        return stage3
 
     def piece_numels(self, params: Sequence[torch.nn.Parameter]) -> list[int]:
         """This rank's number of elements of each parameter (0: none of it)."""
