@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.databases import postgres_database, sqlite_url
+from tests.support.databases import TEMPLATES, Dialect, empty_database, migrated_database
 from tests.support.servers import ServerProcess
 
 
@@ -18,26 +18,43 @@ def _spool_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _database_templates() -> Iterator[None]:
+    """This test process's migrated templates (made on first use) go when the session ends."""
+    yield
+    TEMPLATES.drop()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of each dialect; the schema is the server's (migrations) to create."""
-    if request.param == "sqlite":
-        yield sqlite_url(tmp_path)
-    else:
-        with postgres_database() as url:
-            yield url
+def dialect(request: pytest.FixtureRequest) -> Dialect:
+    name: Dialect = request.param
+    return name
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    with postgres_database() as url:
+def db_url(dialect: Dialect, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each dialect: for what creates the schema (migrations, the CLI)."""
+    with empty_database(dialect, tmp_path) as url:
         yield url
 
 
 @pytest.fixture
-def server(db_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    """A real uvicorn server over `db_url`, on a free 127.0.0.1 port."""
-    proc = ServerProcess(db_url, tmp_path).start()
+def migrated_url(dialect: Dialect, tmp_path: Path) -> Iterator[str]:
+    """A database of each dialect at the Alembic head, a copy of the session's template."""
+    with migrated_database(dialect, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> Iterator[str]:
+    with empty_database("postgres", tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def server(migrated_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A real uvicorn server over `migrated_url`, on a free 127.0.0.1 port."""
+    proc = ServerProcess(migrated_url, tmp_path).start()
     try:
         yield proc
     finally:

@@ -11,7 +11,7 @@ import pytest
 from tests.server.findings.payloads import troubled_batch
 from tests.server.wire import new_id
 from tests.support.browser import chromium_page
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import receiver
 
@@ -22,7 +22,7 @@ WAIT_MS = 15_000
 
 
 def test_settings_and_history(tmp_path: Path) -> None:
-    server = ServerProcess(sqlite_url(tmp_path), tmp_path,
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path,
                            env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
     api = httpx.Client(base_url=server.url, timeout=30)
     try:

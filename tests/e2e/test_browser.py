@@ -24,7 +24,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, sync_play
 from torch import nn
 
 import ampscope
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -108,7 +108,7 @@ class Training:
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server for the module (SQLite only: the browser does not care about the dialect)."""
     tmp = tmp_path_factory.mktemp("browser")
-    proc = ServerProcess(sqlite_url(tmp), tmp).start()
+    proc = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         yield proc
     finally:

@@ -19,7 +19,7 @@ from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 from torch import nn
 
 import ampscope
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -64,7 +64,7 @@ def _train(server_url: str) -> str:
 @pytest.fixture(scope="module")
 def served_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
     tmp = tmp_path_factory.mktemp("findings-browser")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         yield server, _train(server.url)
     finally:

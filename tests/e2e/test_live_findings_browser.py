@@ -26,7 +26,7 @@ import torch
 from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 import ampscope
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -89,7 +89,7 @@ class Training:
 @pytest.fixture(scope="module")
 def training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Training]:
     tmp = tmp_path_factory.mktemp("live-findings")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     job = Training(server)
     thread = threading.Thread(target=job.train, daemon=True)
     thread.start()

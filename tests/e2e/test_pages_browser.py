@@ -14,7 +14,7 @@ from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import batch_v2, layer_stats, new_id, record_v2
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -37,7 +37,7 @@ LONG_TAGS = ["scenario", "transformer-encoder-large-with-a-very-long-tag-name", 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str]]]:
     tmp = tmp_path_factory.mktemp("pages-browser")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     ids = []
     try:
         for i, make in enumerate([troubled_batch, healthy_batch, troubled_batch]):

@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Dialog, Route, sync_playwright
 
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -69,7 +69,7 @@ def _records() -> list[dict[str, Any]]:
 
 @pytest.fixture
 def report_file(tmp_path: Path) -> Iterator[Path]:
-    server = ServerProcess(sqlite_url(tmp_path), tmp_path).start()
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path).start()
     try:
         run_id = new_id()
         payload = batch(_records(), run_id=run_id, layers=_layers(), name=HOSTILE,

@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from tests.server.wire import batch, new_id, record
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -33,7 +33,7 @@ def _post(server: ServerProcess, run_id: str, name: str, steps: int = 1) -> None
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str]]]:
     tmp = tmp_path_factory.mktemp("runs-pages")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         ids = []
         for i in range(RUNS):

@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 import ampscope
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -57,7 +57,7 @@ def reference(counts: list[int], min_exp: int, max_exp: int, scale: float,
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
     tmp = tmp_path_factory.mktemp("whatif-browser")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         model, scaler, optimizer, gen = make_training()
         mon = ampscope.watch(model, scaler, optimizer, run="whatif-e2e", server=server.url,

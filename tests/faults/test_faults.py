@@ -20,6 +20,7 @@ from ampscope.sync import sync
 from ampscope.transport import Mode, Transport, TransportStats
 from tests.faults.proxy import FaultProxy
 from tests.faults.support import Step, stored_seqs, transport, wait_until
+from tests.support.databases import migrated_database
 from tests.support.servers import ServerProcess
 
 
@@ -84,8 +85,13 @@ def test_server_killed_and_restarted_several_times(
 
 
 @pytest.mark.postgres
-def test_server_killed_and_restarted_on_postgres(postgres_url: str, tmp_path: Path) -> None:
-    server = ServerProcess(postgres_url, tmp_path)
+def test_server_killed_and_restarted_on_postgres(tmp_path: Path) -> None:
+    with migrated_database("postgres", tmp_path) as url:
+        _kill_and_restart_on(url, tmp_path)
+
+
+def _kill_and_restart_on(url: str, tmp_path: Path) -> None:
+    server = ServerProcess(url, tmp_path)
     try:
         server.start()
         kill_and_restart(server, tmp_path, rounds=2)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import Receiver, receiver
 
@@ -71,7 +71,7 @@ WARNING_RULE = {"project": "default", "name": "any warning", "severity": "warnin
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     directory = tmp_path_factory.mktemp("scenarios")
     with receiver() as hook:
-        server = ServerProcess(sqlite_url(directory), directory,
+        server = ServerProcess(migrated_sqlite(directory), directory,
                                env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
         try:
             runs = Runs(server, hook)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import db
 from ampscope_server.live import Hub
-from tests.support.databases import postgres_database, sqlite_url
+from tests.support.databases import migrated_database
 from tests.support.servers import ServerProcess
 
 
@@ -23,31 +23,18 @@ def module_server(
 ) -> Iterator[ServerProcess]:
     """A real server over a fresh database of each dialect, shared by one test module."""
     log_dir = tmp_path_factory.mktemp("server")
-    if request.param == "sqlite":
-        proc = ServerProcess(sqlite_url(log_dir), log_dir).start()
+    with migrated_database(request.param, log_dir) as url:
+        proc = ServerProcess(url, log_dir).start()
         try:
             yield proc
         finally:
             proc.stop()
-    else:
-        with postgres_database() as url:
-            proc = ServerProcess(url, log_dir).start()
-            try:
-                yield proc
-            finally:
-                proc.stop()
 
 
 @pytest.fixture
 def api(module_server: ServerProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=module_server.url, timeout=30.0) as client:
         yield client
-
-
-@pytest.fixture
-def migrated_url(db_url: str) -> str:
-    db.upgrade(db_url)
-    return db_url
 
 
 @pytest.fixture

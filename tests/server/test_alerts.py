@@ -24,7 +24,7 @@ import pytest
 from tests.faults.support import wait_until
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import batch, new_id, record
-from tests.support.databases import postgres_database, sqlite_url
+from tests.support.databases import migrated_database, migrated_sqlite
 from tests.support.servers import ServerProcess, free_port
 from tests.support.webhooks import Received, Receiver, receiver
 
@@ -37,19 +37,12 @@ SETTLE_S = 2.0  # ten evaluation passes: long enough for a duplicate to show up
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("alerts")
-    if request.param == "sqlite":
-        server = ServerProcess(sqlite_url(tmp), tmp, env=FAST).start()
+    with migrated_database(request.param, tmp) as url:
+        server = ServerProcess(url, tmp, env=FAST).start()
         try:
             yield server
         finally:
             server.stop()
-    else:
-        with postgres_database() as url:
-            server = ServerProcess(url, tmp, env=FAST).start()
-            try:
-                yield server
-            finally:
-                server.stop()
 
 
 @pytest.fixture()
@@ -259,7 +252,7 @@ def test_bad_destinations_and_rules_are_refused(served: ServerProcess) -> None:
 
 def test_a_server_killed_mid_delivery_delivers_after_restart(tmp_path: Path,
                                                              hook: Receiver) -> None:
-    server = ServerProcess(sqlite_url(tmp_path), tmp_path, env=FAST).start()
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path, env=FAST).start()
     try:
         project = "killed"
         _destination(server, project, f"{hook.url}/slow")
@@ -287,7 +280,7 @@ def test_a_server_killed_mid_delivery_delivers_after_restart(tmp_path: Path,
 
 
 def test_several_workers_deliver_each_alert_once(tmp_path: Path, hook: Receiver) -> None:
-    with postgres_database() as url:
+    with migrated_database("postgres", tmp_path) as url:
         server = ServerProcess(url, tmp_path, args=["--workers", "2"], env=FAST).start()
         try:
             project = "workers"
@@ -319,7 +312,7 @@ TRAINING = textwrap.dedent("""
 
 def test_a_stalled_run_alerts_once_and_recovers(tmp_path: Path, hook: Receiver) -> None:
     """The training process is stopped (SIGSTOP) for a while, then continued."""
-    server = ServerProcess(sqlite_url(tmp_path), tmp_path, env=FAST).start()
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path, env=FAST).start()
     training = None
     try:
         project = "stall"
@@ -367,7 +360,7 @@ def test_a_stalled_run_alerts_once_and_recovers(tmp_path: Path, hook: Receiver) 
 def test_another_instance_takes_over_when_the_leader_dies(tmp_path: Path,
                                                           hook: Receiver) -> None:
     """Two instances on one Postgres: one delivers; SIGKILLed, the other takes the lock."""
-    with postgres_database() as url:
+    with migrated_database("postgres", tmp_path) as url:
         first = ServerProcess(url, tmp_path, env=FAST).start()
         second = ServerProcess(url, tmp_path, env=FAST).start()
         try:

@@ -6,18 +6,16 @@ import asyncio
 import gc
 from pathlib import Path
 
-from ampscope_server import db
 from ampscope_server.app import create_app
 from ampscope_server.config import Settings
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 
 
 def test_startup_objects_are_kept_out_of_the_collector_while_serving(tmp_path: Path) -> None:
     """The objects built at startup are frozen (a full collection then skips them: ~130 ms
     less per collection) and unfrozen when the app stops, so a longer process (the tests)
     collects them again."""
-    url = sqlite_url(tmp_path)
-    db.upgrade(url)
+    url = migrated_sqlite(tmp_path)
     app = create_app(Settings(db_url=url))
 
     async def serving() -> int:

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import text
 
 from ampscope_server import db
@@ -20,22 +19,16 @@ from tests.support.team import cli
 SECRET = re.compile(r"^amps_[A-Za-z0-9_-]{43}$")
 
 
-@pytest.fixture
-def migrated(db_url: str) -> str:
-    db.upgrade(db_url)
-    return db_url
-
-
 class TestToken:
-    def test_create_prints_the_secret_alone_once(self, migrated: str) -> None:
+    def test_create_prints_the_secret_alone_once(self, migrated_url: str) -> None:
         result = cli("token", "create", "--project", "vision", "--scope", "ingest",
-                     "--name", "ci job", "--db", migrated)
+                     "--name", "ci job", "--db", migrated_url)
         assert result.returncode == 0, result.stderr
         assert SECRET.match(result.stdout.removesuffix("\n"))
         assert result.stdout.count("\n") == 1
         assert re.fullmatch(r"ampscope: token [0-9a-f]{12} \(ingest, project vision\) created; "
                             r"its secret is shown once, below\n", result.stderr)
-        listed = cli("token", "list", "--db", migrated)
+        listed = cli("token", "list", "--db", migrated_url)
         assert listed.returncode == 0
         assert result.stdout.strip() not in listed.stdout + listed.stderr
         header, row = listed.stdout.splitlines()
@@ -43,28 +36,28 @@ class TestToken:
                                   "REVOKED"]
         assert row.split()[1:5] == ["ci", "job", "vision", "ingest"] and row.endswith("-")
 
-    def test_all_projects_and_the_choices(self, migrated: str) -> None:
-        result = cli("token", "create", "--all-projects", "--scope", "admin", "--db", migrated)
+    def test_all_projects_and_the_choices(self, migrated_url: str) -> None:
+        result = cli("token", "create", "--all-projects", "--scope", "admin", "--db", migrated_url)
         assert result.returncode == 0
         assert "(admin, every project)" in result.stderr
         both = cli("token", "create", "--all-projects", "--project", "p", "--scope", "read",
-                   "--db", migrated)
+                   "--db", migrated_url)
         assert both.returncode == 2 and "not allowed with argument" in both.stderr
-        scope = cli("token", "create", "--project", "p", "--scope", "write", "--db", migrated)
+        scope = cli("token", "create", "--project", "p", "--scope", "write", "--db", migrated_url)
         assert scope.returncode == 2 and "invalid choice: 'write'" in scope.stderr
-        name = cli("token", "create", "--project", "a b", "--scope", "read", "--db", migrated)
+        name = cli("token", "create", "--project", "a b", "--scope", "read", "--db", migrated_url)
         assert name.returncode == 2
         assert name.stderr.startswith("ampscope token create: project name 'a b' is not valid")
 
-    def test_revoke(self, migrated: str) -> None:
+    def test_revoke(self, migrated_url: str) -> None:
         cli("token", "create", "--project", "p", "--scope", "read", "--name", "old",
-            "--db", migrated)
-        token_id = cli("token", "list", "--db", migrated).stdout.splitlines()[1].split()[0]
-        revoked = cli("token", "revoke", token_id, "--db", migrated)
+            "--db", migrated_url)
+        token_id = cli("token", "list", "--db", migrated_url).stdout.splitlines()[1].split()[0]
+        revoked = cli("token", "revoke", token_id, "--db", migrated_url)
         assert revoked.returncode == 0 and revoked.stderr == f"ampscope: token {token_id} revoked\n"
-        row = cli("token", "list", "--db", migrated).stdout.splitlines()[1]
+        row = cli("token", "list", "--db", migrated_url).stdout.splitlines()[1]
         assert not row.endswith(" -")
-        unknown = cli("token", "revoke", "ffffffffffff", "--db", migrated)
+        unknown = cli("token", "revoke", "ffffffffffff", "--db", migrated_url)
         assert unknown.returncode == 2
         assert unknown.stderr == "ampscope token revoke: token 'ffffffffffff' not found\n"
 
@@ -77,29 +70,29 @@ class TestToken:
 
 
 class TestRuns:
-    def test_delete_and_prune(self, migrated: str, tmp_path: Path) -> None:
-        server = ServerProcess(migrated, tmp_path).start()
+    def test_delete_and_prune(self, migrated_url: str, tmp_path: Path) -> None:
+        server = ServerProcess(migrated_url, tmp_path).start()
         old, new = new_id(), new_id()
         try:
             with httpx.Client(base_url=server.url, timeout=30.0) as api:
                 for run_id in (old, new, new_id()):
                     payload = batch([record(0), record(1)], run_id=run_id, project="p")
                     assert api.post("/api/ingest", json=payload).status_code == 200
-                _age_runs(migrated, 7200.0)  # every run's last ingest two hours ago...
+                _age_runs(migrated_url, 7200.0)  # every run's last ingest two hours ago...
                 assert api.post("/api/ingest", json=batch(  # ...but `new` sends again
                     [record(2)], run_id=new, project="p", layers=None)).status_code == 200
                 dry = cli("runs", "prune", "--project", "p", "--older-than", "1h", "--dry-run",
-                          "--db", migrated)
+                          "--db", migrated_url)
                 assert dry.returncode == 0
                 assert dry.stderr == "ampscope: 2 runs would be deleted (dry run)\n"
                 assert old in dry.stdout and new not in dry.stdout
                 assert len(api.get("/api/runs").json()) == 3
                 pruned = cli("runs", "prune", "--project", "p", "--older-than", "1h",
-                             "--db", migrated)
+                             "--db", migrated_url)
                 assert pruned.returncode == 0, pruned.stderr
                 assert pruned.stderr == "ampscope: 2 runs of project p deleted\n"
                 assert [run["id"] for run in api.get("/api/runs").json()] == [new]
-                deleted = cli("runs", "delete", new, "--db", migrated)
+                deleted = cli("runs", "delete", new, "--db", migrated_url)
                 assert deleted.returncode == 0
                 assert deleted.stderr == f"ampscope: run {new} (project p, 3 steps) deleted\n"
                 assert api.get("/api/runs").json() == []
@@ -107,10 +100,11 @@ class TestRuns:
                 assert gone.status_code == 410
         finally:
             server.stop()
-        again = cli("runs", "delete", new, "--db", migrated)
+        again = cli("runs", "delete", new, "--db", migrated_url)
         assert again.returncode == 2 and again.stderr == (
             f"ampscope runs delete: run '{new}' not found\n")
-        bad = cli("runs", "prune", "--project", "p", "--older-than", "30 days", "--db", migrated)
+        bad = cli("runs", "prune", "--project", "p", "--older-than", "30 days",
+                  "--db", migrated_url)
         assert bad.returncode == 2 and bad.stderr == (
             "ampscope runs prune: age '30 days' is not a whole number followed by d, h, m or s "
             "(e.g. 30d)\n")

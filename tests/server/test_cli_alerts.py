@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.team import cli
 from tests.support.webhooks import receiver
@@ -20,8 +20,7 @@ def _cli_stdin(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_configure_alerts_from_the_shell(tmp_path: Path) -> None:
-    url = sqlite_url(tmp_path)
-    assert cli("db", "upgrade", "--db", url).returncode == 0
+    url = migrated_sqlite(tmp_path)
     with receiver() as hook:
         made = _cli_stdin(f"{hook.url}/hooks/s3cr3t\n", "alerts", "add-destination",
                           "--project", "vision", "--name", "ops", "--kind", "webhook",

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ampscope_server import db
 from tests.server.wire import batch, new_id, record
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.team import cli
 
@@ -50,8 +50,7 @@ class TestDatabaseErrors:
 
 
 def test_a_run_is_named_by_id_short_id_or_name(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'runs.db'}"
-    db.upgrade(url)
+    url = migrated_sqlite(tmp_path)
     server = ServerProcess(url, tmp_path).start()
     first, second, third = new_id(), new_id(), new_id()
     try:

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.server.wire import batch, new_id, record
-from tests.support.databases import PG_ADMIN_DSN, postgres_database
+from tests.support.databases import PG_ADMIN_DSN, migrated_database
 from tests.support.servers import ServerProcess
 from tests.support.team import team_server
 
@@ -201,7 +201,7 @@ def _served(url: str, log_dir: Path, auth: bool) -> Iterator[httpx.Client]:
 def test_a_database_that_refuses_connections_is_503(tmp_path: Path, auth: bool) -> None:
     """Through the error handler (auth off) and through the gate's token lookup (auth on); an
     open live socket is closed with 1013 (try again later) on its next read."""
-    with postgres_database() as url:
+    with migrated_database("postgres", tmp_path) as url:
         name = url.rsplit("/", 1)[1]
         with _served(url, tmp_path, auth) as client:
             assert client.get("/api/runs").status_code == 200

@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.server.wire import batch, new_id, record, strict_json
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 
@@ -205,7 +205,7 @@ class TestRunsLive:
         full message (every crash timeout / 2, here 0.5 s) carries it, even while another run
         keeps the socket busy."""
         monkeypatch.setenv("AMPSCOPE_CRASH_TIMEOUT_S", "1")
-        server = ServerProcess(sqlite_url(tmp_path), tmp_path).start()
+        server = ServerProcess(migrated_sqlite(tmp_path), tmp_path).start()
         try:
             with httpx.Client(base_url=server.url, timeout=30.0) as api:
                 silent, busy = new_id(), new_id()

@@ -57,10 +57,9 @@ def _ingest(factory: sessionmaker[Session], run_id: str, steps: list[int], skipp
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def long_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[tuple[sessionmaker[Session], str]]:
-    from tests.support.databases import postgres_database, sqlite_url
+    from tests.support.databases import migrated_database
 
     def build(url: str) -> Iterator[tuple[sessionmaker[Session], str]]:
-        db.upgrade(url)
         engine = db.make_engine(url)
         try:
             factory = db.make_session_factory(engine)
@@ -71,11 +70,8 @@ def long_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         finally:
             engine.dispose()
 
-    if request.param == "sqlite":
-        yield from build(sqlite_url(tmp_path_factory.mktemp("skips")))
-    else:
-        with postgres_database() as url:
-            yield from build(url)
+    with migrated_database(request.param, tmp_path_factory.mktemp("skips")) as url:
+        yield from build(url)
 
 
 def _firsts(session: Session, run_id: str) -> list[tuple[int, bool]]:

@@ -18,7 +18,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.server.wire import batch, new_id, record
-from tests.support.databases import PG_ADMIN_DSN, postgres_database, sqlite_url
+from tests.support.databases import PG_ADMIN_DSN, migrated_database, sqlite_url
 from tests.support.servers import ServerProcess, free_port
 
 RECV_S = 10.0
@@ -41,7 +41,7 @@ def _steps_of(ws: ClientConnection) -> list[int]:
 
 @pytest.fixture
 def two_instances(tmp_path: Path) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
-    with postgres_database() as url:
+    with migrated_database("postgres", tmp_path) as url:
         a = ServerProcess(url, tmp_path).start()
         b = ServerProcess(url, tmp_path).start()
         try:
@@ -130,7 +130,7 @@ def test_the_listener_reconnects(two_instances: tuple[ServerProcess, ServerProce
 
 
 def test_workers_share_live_updates(tmp_path: Path) -> None:
-    with postgres_database() as url:
+    with migrated_database("postgres", tmp_path) as url:
         server = ServerProcess(url, tmp_path, args=["--workers", "2"]).start()
         try:
             run_id = new_id()

@@ -23,7 +23,10 @@ def free_port() -> int:
 class ServerProcess:
     """`ampscope serve --db URL` in a child process; start(), stop(), kill() and start() again.
 
-    The port stays the same across restarts so a client keeps its URL.
+    The database is the caller's to migrate (`tests.support.databases.migrated_database`: a
+    copy of a template, not a second interpreter running Alembic); on SQLite `serve` would
+    migrate an empty one itself. The port stays the same across restarts so a client keeps its
+    URL.
     """
 
     def __init__(self, db_url: str, log_dir: Path, port: int | None = None,
@@ -36,17 +39,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_path = log_dir / f"server-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._upgraded = False
-
-    def upgrade(self) -> None:
-        """`ampscope db upgrade`: the schema is Alembic's to create, on every dialect."""
-        subprocess.run([sys.executable, "-m", "ampscope_server.cli", "db", "upgrade",
-                        "--db", self.db_url], check=True, capture_output=True, timeout=120)
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
-        if not self._upgraded:
-            self.upgrade()
-            self._upgraded = True
         cmd = [sys.executable, "-m", "ampscope_server.cli", "serve",
                "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url, *self.args]
         log = open(self._log_path, "ab")  # noqa: SIM115 - the child owns it until it exits

@@ -10,7 +10,7 @@ import pytest
 
 from tests.server.wire import LAYERS, batch, new_id, record
 from tests.support.browser import chromium_page
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -18,7 +18,7 @@ WAIT_MS = 15_000
 
 
 def test_the_layer_table_shows_the_raw_name_on_hover(tmp_path: Path) -> None:
-    server = ServerProcess(sqlite_url(tmp_path), tmp_path).start()
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path).start()
     try:
         run_id = new_id()
         layers = [{**LAYERS[0], "raw_name": "_orig_mod.module.fc1.weight"},

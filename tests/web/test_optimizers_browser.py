@@ -14,7 +14,7 @@ import pytest
 
 from tests.server.wire import batch, new_id, record
 from tests.support.browser import chromium_page
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -52,7 +52,7 @@ def _v4(run_id: str, steps: range, *, first: bool, world_size: int = 2,
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("optimizers")
-    proc = ServerProcess(sqlite_url(tmp), tmp).start()
+    proc = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         yield proc
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.server.wire import batch, new_id, record
 from tests.support.browser import chromium_page
-from tests.support.databases import sqlite_url
+from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -46,7 +46,7 @@ def _v4(run_id: str, name: str, world_size: int, bad_step: int | None) -> dict[s
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess,
                                                                         dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("ranks")
-    server = ServerProcess(sqlite_url(tmp), tmp).start()
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
     try:
         ids = {"single": new_id(), "pair": new_id(), "four": new_id(), "many": new_id(),
                "shards": new_id()}

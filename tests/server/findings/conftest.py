@@ -1,5 +1,5 @@
 """One migrated database of each dialect per test module: the findings tests use fresh run ids,
-so they can share it (a migration per test would cost more than the tests themselves)."""
+so they can share it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import db
-from tests.support.databases import postgres_database, sqlite_url
+from tests.support.databases import migrated_database
 
 
 @dataclass(frozen=True)
@@ -23,16 +23,9 @@ class Database:
 def database(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Database]:
-    def open_(url: str) -> Iterator[Database]:
-        db.upgrade(url)
+    with migrated_database(request.param, tmp_path_factory.mktemp("findings")) as url:
         engine = db.make_engine(url)
         try:
             yield Database(url, db.make_session_factory(engine))
         finally:
             engine.dispose()
-
-    if request.param == "sqlite":
-        yield from open_(sqlite_url(tmp_path_factory.mktemp("findings")))
-    else:
-        with postgres_database() as url:
-            yield from open_(url)
