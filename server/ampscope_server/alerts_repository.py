@@ -110,7 +110,7 @@ def recent_steps(session: Session, run_id: str, limit: int) -> Sequence[StepRow]
                Step.scale_after, Step.scale_after_class)
         .where(Step.run_key == run_key(run_id))
         .order_by(Step.step.desc(), Step.id.desc()).limit(limit)
-    ).tuples().all()
+    ).all()
 
 
 # --- episodes ------------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ def due_deliveries(session: Session, now: float, limit: int
         .outerjoin(Run, Run.id == Alert.run_id)
         .where(AlertDelivery.status == "pending", AlertDelivery.next_attempt_at <= now)
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.id).limit(limit)
-    ).tuples().all()
+    ).all()
 
 
 def record_attempt(session: Session, delivery_id: int, *, status: str, attempts: int,
@@ -193,4 +193,4 @@ def deliveries_of(session: Session, alert_ids: Sequence[int]
         select(AlertDelivery, AlertDestination.name)
         .join(AlertDestination, AlertDestination.id == AlertDelivery.destination_id)
         .where(AlertDelivery.alert_id.in_(list(alert_ids)))
-        .order_by(AlertDelivery.alert_id, AlertDelivery.id)).tuples().all()
+        .order_by(AlertDelivery.alert_id, AlertDelivery.id)).all()

@@ -25,7 +25,7 @@ from ampscope_server.wire import StepRecord as StepRecord
 
 Tagged = Annotated[float, PlainSerializer(codec.encode, return_type=float | str | None)]
 TaggedRows = Annotated[list[list[float | None]], PlainSerializer(
-    codec.encode_rows, return_type=list[list[float | str | None]])]
+    codec.encode_rows, return_type=list[list[int | float | str | None]])]
 """A matrix of `Tagged | None`, encoded a row at a time (`codec.encode_rows`) rather than a
 Python call per value."""
 """An output float: finite → number, non-finite → "nan" / "inf" / "-inf"."""
