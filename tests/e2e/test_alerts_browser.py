@@ -10,23 +10,22 @@ import pytest
 
 from tests.server.findings.payloads import troubled_batch
 from tests.server.wire import new_id
-from tests.support.browser import chromium_page
+from tests.support.browser import Watched, artifact
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import receiver
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 WAIT_MS = 15_000
 
 
-def test_settings_and_history(tmp_path: Path) -> None:
+def test_settings_and_history(tmp_path: Path, watched: Watched) -> None:
     server = ServerProcess(migrated_sqlite(tmp_path), tmp_path,
                            env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
     api = httpx.Client(base_url=server.url, timeout=30)
     try:
-        with receiver() as hook, chromium_page() as watched:
+        with receiver() as hook:
             run_id = new_id()
             assert api.post("/api/ingest", json=troubled_batch(run_id)).status_code == 200
             pg = watched.page
@@ -68,7 +67,7 @@ def test_settings_and_history(tmp_path: Path) -> None:
             assert stored["Run stalled"]["enabled"] is False
             assert stored["done"]["condition"]["state"] == "finished"
             assert stored["done"]["severity"] == "info"
-            pg.screenshot(path=str(ARTIFACTS / "alert-settings.png"), full_page=True)
+            watched.screenshot("alert-settings.png")
             # The new rule fires for the run (finished less than a minute ago), to the new
             # destination; the two errors were decided before any destination existed.
             [_, done] = hook.wait_for(lambda got: len(got) >= 2)
@@ -85,7 +84,7 @@ def test_settings_and_history(tmp_path: Path) -> None:
                                  ".textContent === 'ops <b>hook</b>: delivered'", timeout=WAIT_MS)
             assert pg.locator("#alerts-body .alert-delivery").all_inner_texts() == [
                 "ops <b>hook</b>: delivered", "no destination", "no destination"]
-            pg.locator("#alerts-panel").screenshot(path=str(ARTIFACTS / "run-alerts.png"))
+            pg.locator("#alerts-panel").screenshot(path=str(artifact("run-alerts.png")))
             # The alert's link opens the run zoomed to its steps, every step chart alike.
             link = done.json()["alert"]["link"]
             assert link == f"{server.url}/runs/{run_id}?start=389&end=409"

@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from playwright.sync_api import ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import ViewportSize
 from torch import nn
 
 import ampscope
+from tests.support.browser import Watched
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
@@ -27,18 +28,9 @@ from demo_model import make_batch, make_training
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 STEPS = 80
 STORM = range(40, 46)
 WAIT_MS = 15_000
-RECORD_CSP_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
-});
-"""
 
 
 def _train(server_url: str) -> str:
@@ -71,38 +63,16 @@ def served_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def page() -> Iterator[tuple[Page, list[str]]]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = chromium.new_context(viewport={"width": 1400, "height": 900})
-        context.add_init_script(RECORD_CSP_VIOLATIONS)
-        pg = context.new_page()
-        errors: list[str] = []
-
-        def on_console(msg: ConsoleMessage) -> None:
-            if msg.type == "error":
-                errors.append(f"console.error: {msg.text}")
-
-        pg.on("console", on_console)
-        pg.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-        try:
-            yield pg, errors
-        finally:
-            chromium.close()
-
-
-def _assert_clean(pg: Page, errors: list[str]) -> None:
-    violations: list[str] = pg.evaluate("() => window.__cspViolations || []")
-    assert errors == [], "\n".join(errors)
-    assert violations == [], "\n".join(violations)
+@pytest.fixture
+def viewport() -> ViewportSize:
+    return {"width": 1400, "height": 900}
 
 
 def test_run_page_shows_findings_and_a_click_zooms(
-    served_run: tuple[ServerProcess, str], page: tuple[Page, list[str]]
+    served_run: tuple[ServerProcess, str], watched: Watched
 ) -> None:
     server, run_id = served_run
-    pg, errors = page
+    pg = watched.page
     body = httpx.get(f"{server.url}/api/runs/{run_id}/findings", timeout=30).json()
     storm: dict[str, Any] = next(f for f in body["findings"] if f["kind"] == "overflow_storm")
     assert (storm["step_start"], storm["step_end"]) == (40, 45)
@@ -133,16 +103,15 @@ def test_run_page_shows_findings_and_a_click_zooms(
                          arg=storm["layers"], timeout=WAIT_MS)
     names: list[str] = pg.evaluate(shown)
     assert names == storm["layers"]
-    ARTIFACTS.mkdir(exist_ok=True)
-    pg.screenshot(path=str(ARTIFACTS / "findings.png"), full_page=True)
-    _assert_clean(pg, errors)
+    watched.screenshot("findings.png")
+    watched.assert_clean()
 
 
 def test_runs_list_shows_the_most_severe_finding(
-    served_run: tuple[ServerProcess, str], page: tuple[Page, list[str]]
+    served_run: tuple[ServerProcess, str], watched: Watched
 ) -> None:
     server, run_id = served_run
-    pg, errors = page
+    pg = watched.page
     top = httpx.get(f"{server.url}/api/runs/{run_id}", timeout=30).json()["top_finding"]
     assert top["severity"] == "error"
     pg.goto(f"{server.url}/")
@@ -150,4 +119,4 @@ def test_runs_list_shows_the_most_severe_finding(
     cell.wait_for(timeout=WAIT_MS)
     assert cell.locator(".severity").inner_text().lower() == "error"
     assert cell.locator(".finding-brief").inner_text() == top["title"]
-    _assert_clean(pg, errors)
+    watched.assert_clean()

@@ -6,30 +6,21 @@ unknown id quoted from the address stays text. No console error, no CSP violatio
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import ViewportSize
 
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import batch_v2, layer_stats, new_id, record_v2
+from tests.support.browser import Watched
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 WAIT_MS = 15_000
 WIDTH = 1440
-RECORD = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
-});
-"""
 LONG_TAGS = ["scenario", "transformer-encoder-large-with-a-very-long-tag-name", "bf16-vs-fp16",
              "experiment-2026-12-01-learning-rate-sweep"]
 
@@ -53,43 +44,25 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         server.stop()
 
 
-@pytest.fixture()
-def page() -> Iterator[tuple[Page, list[str]]]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = chromium.new_context(viewport={"width": WIDTH, "height": 900})
-        context.add_init_script(RECORD)
-        pg = context.new_page()
-        errors: list[str] = []
-
-        def on_console(msg: ConsoleMessage) -> None:
-            # The not-found pages fetch a missing resource on purpose: the browser logs that
-            # 404 itself ("Failed to load resource"); anything else is an error of ours.
-            if msg.type == "error" and "404 (Not Found)" not in msg.text:
-                errors.append(f"console.error: {msg.text}")
-
-        pg.on("console", on_console)
-        pg.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-        try:
-            yield pg, errors
-        finally:
-            chromium.close()
+@pytest.fixture
+def viewport() -> ViewportSize:
+    return {"width": WIDTH, "height": 900}
 
 
-def _assert_clean(pg: Page, errors: list[str]) -> None:
-    violations: list[str] = pg.evaluate("() => window.__cspViolations || []")
-    assert violations == [], "\n".join(violations)
-    assert errors == [], "\n".join(errors)
+@pytest.fixture
+def console_expected() -> tuple[str, ...]:
+    """The not-found pages fetch a missing resource on purpose: the browser logs that 404 itself
+    ("Failed to load resource: ... 404 (Not Found)"); any other console error is one of ours."""
+    return ("404 (Not Found)",)
 
 
 def test_runs_list_fits_1440_px(served: tuple[ServerProcess, list[str]],
-                                page: tuple[Page, list[str]]) -> None:
+                                watched: Watched) -> None:
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/")
     pg.locator(f'tr[data-run-id="{ids[-1]}"]').wait_for(timeout=WAIT_MS)
-    ARTIFACTS.mkdir(exist_ok=True)
-    pg.screenshot(path=str(ARTIFACTS / "runs-1440.png"), full_page=True)
+    watched.screenshot("runs-1440.png")
     widths = pg.evaluate("""() => {
       const wrap = document.getElementById('runs').parentElement;
       return {doc: document.documentElement.scrollWidth,
@@ -104,13 +77,13 @@ def test_runs_list_fits_1440_px(served: tuple[ServerProcess, list[str]],
       (t) => [t.textContent, t.getBoundingClientRect().height, t.title])""")
     assert {(text, height, title == text) for text, height, title in heights} == {
         (tag, 20, True) for tag in LONG_TAGS}
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[str]],
-                                             page: tuple[Page, list[str]]) -> None:
+                                             watched: Watched) -> None:
     server, _ = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
     banner = pg.locator("#error")
     banner.wait_for(state="visible", timeout=WAIT_MS)
@@ -121,26 +94,26 @@ def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[s
     assert pg.locator("#error img").count() == 0  # the id stayed text
     assert pg.locator("#run-name").inner_text() == "Run not found"
     assert "→ 404" not in banner.inner_text()
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 def test_unknown_compare_id_is_a_friendly_not_found(served: tuple[ServerProcess, list[str]],
-                                                    page: tuple[Page, list[str]]) -> None:
+                                                    watched: Watched) -> None:
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/compare?runs={ids[0]},nope")
     banner = pg.locator("#error")
     banner.wait_for(state="visible", timeout=WAIT_MS)
     assert banner.inner_text() == (
         "Nothing to compare: run 'nope' not found (the runs of this page come from its "
         "address, ?runs=…). Back to the runs list")
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[str]],
-                                            page: tuple[Page, list[str]]) -> None:
+                                            watched: Watched) -> None:
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/runs/{ids[0]}")
     pg.locator("#run-actions").wait_for(state="visible", timeout=WAIT_MS)
     links = pg.evaluate("""() => [...document.querySelectorAll('#run-actions a')].map(
@@ -156,7 +129,7 @@ def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[st
         else:
             assert response.headers["content-disposition"].startswith("attachment")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 STEP_CHARTS = ["scale-chart", "loss-chart", "gradnorm-chart", "skiprate-chart", "heatmap",
@@ -164,10 +137,10 @@ STEP_CHARTS = ["scale-chart", "loss-chart", "gradnorm-chart", "skiprate-chart", 
 
 
 def test_run_page_reads_top_down_with_one_step_axis(
-    served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]
+    served: tuple[ServerProcess, list[str]], watched: Watched
 ) -> None:
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/runs/{ids[0]}")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
     # Overview first: the scale, loss and grad-norm charts come before the per-layer views.
@@ -199,8 +172,8 @@ def test_run_page_reads_top_down_with_one_step_axis(
                 "{'xaxis.autorange': true})")
     pg.wait_for_function("(ids) => ids.every((id) => document.getElementById(id).layout.xaxis"
                          ".autorange === true)", arg=STEP_CHARTS, timeout=WAIT_MS)
-    pg.screenshot(path=str(ARTIFACTS / "run-top-down.png"), full_page=True)
-    _assert_clean(pg, errors)
+    watched.screenshot("run-top-down.png")
+    watched.assert_clean()
 
 
 MARGIN_RELAYOUTS = """
@@ -217,12 +190,12 @@ MARGIN_RELAYOUTS = """
 
 
 def test_run_page_draws_its_step_charts_once_with_shared_margins(
-    served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]
+    served: tuple[ServerProcess, list[str]], watched: Watched
 ) -> None:
     """The step charts are drawn with the margins of the widest labels (the heatmap's layer
     names) from the start: lining them up after drawing relaid out (redrew) every chart."""
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.add_init_script(MARGIN_RELAYOUTS)
     pg.goto(f"{server.url}/runs/{ids[0]}")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
@@ -232,13 +205,13 @@ def test_run_page_draws_its_step_charts_once_with_shared_margins(
     assert len(set(map(tuple, margins))) == 1, margins
     assert margins[0][0] > 56  # wider than a line chart's own: the layer names decided it
     assert pg.evaluate("window.__marginRelayouts") == []
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[str]],
-                                            page: tuple[Page, list[str]]) -> None:
+                                            watched: Watched) -> None:
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/compare?runs={ids[0]},{ids[1]}")
     for run_id in ids[:2]:
         top = httpx.get(f"{server.url}/api/runs/{run_id}", timeout=30).json()["top_finding"]
@@ -246,15 +219,15 @@ def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[st
         cell.wait_for(timeout=WAIT_MS)
         assert cell.get_attribute("data-kind") == top["kind"]
         assert cell.inner_text() == f"{top['severity'].upper()} {top['title']}"
-    pg.screenshot(path=str(ARTIFACTS / "compare-findings.png"))
-    _assert_clean(pg, errors)
+    watched.screenshot("compare-findings.png", full_page=False)
+    watched.assert_clean()
 
 
 def test_a_scripted_session_logs_no_error(served: tuple[ServerProcess, list[str]],
-                                          page: tuple[Page, list[str]]) -> None:
+                                          watched: Watched) -> None:
     """Clicks and zooms over every control of the run page and the runs list."""
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     pg.goto(f"{server.url}/runs/{ids[0]}")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
     for title in pg.locator("#findings .finding-title").all():
@@ -295,7 +268,7 @@ def test_a_scripted_session_logs_no_error(served: tuple[ServerProcess, list[str]
         pg.click(f'#runs th[data-sort="{key}"]')
     pg.fill("#filter", "checks-1")
     pg.fill("#filter", "")
-    _assert_clean(pg, errors)
+    watched.assert_clean()
 
 
 LONE_EVENT_STEP = 1234
@@ -315,12 +288,12 @@ def _lone_event_batch(run_id: str) -> dict[str, object]:
 
 
 def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, list[str]],
-                                                page: tuple[Page, list[str]]) -> None:
+                                                watched: Watched) -> None:
     """A heatmap column of a 2,000-step run is under a pixel wide: the one step where a layer
     overflowed is also marked with a square of fixed size, whatever the zoom. (And a constant
     series stays a flat line once smoothed.)"""
     server, _ = served
-    pg, errors = page
+    pg = watched.page
     run_id = new_id()
     response = httpx.post(f"{server.url}/api/ingest", json=_lone_event_batch(run_id), timeout=60)
     assert response.status_code == 200, response.text
@@ -353,17 +326,17 @@ def test_a_lone_event_in_the_heatmap_is_visible(served: tuple[ServerProcess, lis
     smoothed = pg.evaluate("""() => document.getElementById('gradnorm-chart').data
       .filter((t) => t.name.endsWith('(smoothed)')).map((t) => Array.from(new Set(t.y)))""")
     assert smoothed == [[0.75]]
-    pg.screenshot(path=str(ARTIFACTS / "heatmap-lone-event.png"), full_page=True)
-    _assert_clean(pg, errors)
+    watched.screenshot("heatmap-lone-event.png")
+    watched.assert_clean()
 
 
 def test_a_run_without_a_scaler_says_why_it_has_no_scale_chart(
-        served: tuple[ServerProcess, list[str]], page: tuple[Page, list[str]]) -> None:
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
     """A BF16 run (``watch(model, None, optimizer)``) sends null scales: the scale panel says
     why it is empty, and a NaN gradient the optimizer applied is a `non-finite` event; a run
     with a scaler shows its chart and no such note."""
     server, ids = served
-    pg, errors = page
+    pg = watched.page
     run_id = new_id()
     records = [record_v2(step, scale_before=None, scale_after=None, growth_tracker=None,
                          skipped=False, found_inf=step == 7,
@@ -385,4 +358,4 @@ def test_a_run_without_a_scaler_says_why_it_has_no_scale_chart(
     pg.locator("#scale-chart .nsewdrag").wait_for(timeout=WAIT_MS)
     pg.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)
     assert pg.locator("#scale-empty").is_hidden()
-    _assert_clean(pg, errors)
+    watched.assert_clean()

@@ -15,29 +15,31 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import ConsoleMessage, Dialog, Route, sync_playwright
+from playwright.sync_api import Route, ViewportSize
 
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
+from tests.support.browser import Watched
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 HOSTILE = "<img src=x onerror=alert(1)>"
 STEPS = 400
 NUM_LAYERS = 8
 SKIPPED = {50, 51, 200}
 NAN_LOSS = 120
 SPIKE = (3, 300)  # (layer, step): the one cell of the heatmap at 90% lost
-RECORD_CSP_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
-});
-"""
+
+
+@pytest.fixture
+def viewport() -> ViewportSize:
+    return {"width": 1400, "height": 900}
+
+
+@pytest.fixture
+def context_options() -> dict[str, Any]:
+    return {"offline": True}
 
 
 def _layers() -> list[dict[str, Any]]:
@@ -85,10 +87,8 @@ def report_file(tmp_path: Path) -> Iterator[Path]:
         server.stop()
 
 
-def test_report_renders_offline(report_file: Path) -> None:
-    errors: list[str] = []
+def test_report_renders_offline(report_file: Path, watched: Watched) -> None:
     requests: list[str] = []
-    dialogs: list[str] = []
 
     def block(route: Route) -> None:
         url = route.request.url
@@ -98,56 +98,34 @@ def test_report_renders_offline(report_file: Path) -> None:
             requests.append(url)
             route.abort()
 
-    def on_console(msg: ConsoleMessage) -> None:
-        if msg.type in ("error", "warning"):
-            errors.append(f"console.{msg.type}: {msg.text}")
+    watched.levels = ("error", "warning")  # the report logs nothing, not even a warning
+    watched.context.route("**/*", block)
+    page = watched.page
+    page.goto(report_file.as_uri())
+    page.wait_for_selector("body[data-rendered='true']", timeout=30_000)
 
-    def on_dialog(dialog: Dialog) -> None:
-        dialogs.append(dialog.message)
-        dialog.dismiss()
+    traces = page.evaluate("""() => Object.fromEntries(
+        ['scale-chart', 'heatmap', 'loss-chart', 'gradnorm-chart'].map((id) => {
+          const div = document.getElementById(id);
+          return [id, (div.data || []).map((t) => ({
+            name: t.name || t.type, n: t.type === 'heatmap' ? t.z.length : t.x.length,
+            cols: t.type === 'heatmap' ? t.x.length : null,
+            zmax: t.type === 'heatmap' ? Math.max(...t.z.flat()) : null }))];
+        }))""")
+    assert {t["name"]: t["n"] for t in traces["scale-chart"]} == {
+        "loss scale": STEPS, "skipped step (overflow)": len(SKIPPED), "growth": 4}
+    (heat,) = traces["heatmap"]
+    assert (heat["n"], heat["cols"]) == (NUM_LAYERS, STEPS)
+    assert heat["zmax"] > 0.9  # the spike (its layer's zero fraction on top)
+    assert traces["loss-chart"][0]["n"] == STEPS
+    assert traces["loss-chart"][1]["n"] == 1  # the NaN loss, flagged
+    assert traces["gradnorm-chart"][1]["n"] == len(SKIPPED)
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1400, "height": 900},
-                                          offline=True)
-            context.route("**/*", block)
-            page = context.new_page()
-            page.add_init_script(RECORD_CSP_VIOLATIONS)
-            page.on("console", on_console)
-            page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-            page.on("dialog", on_dialog)
-            page.goto(report_file.as_uri())
-            page.wait_for_selector("body[data-rendered='true']", timeout=30_000)
+    assert page.text_content("#run-name") == HOSTILE
+    assert page.locator(".tag").all_text_contents() == ["amp", "post-mortem", HOSTILE]
+    assert page.locator("#events-body tr").count() == 2 * len(SKIPPED) + 4
+    assert page.evaluate("() => document.querySelectorAll('img').length") == 0
 
-            traces = page.evaluate("""() => Object.fromEntries(
-                ['scale-chart', 'heatmap', 'loss-chart', 'gradnorm-chart'].map((id) => {
-                  const div = document.getElementById(id);
-                  return [id, (div.data || []).map((t) => ({
-                    name: t.name || t.type, n: t.type === 'heatmap' ? t.z.length : t.x.length,
-                    cols: t.type === 'heatmap' ? t.x.length : null,
-                    zmax: t.type === 'heatmap' ? Math.max(...t.z.flat()) : null }))];
-                }))""")
-            assert {t["name"]: t["n"] for t in traces["scale-chart"]} == {
-                "loss scale": STEPS, "skipped step (overflow)": len(SKIPPED), "growth": 4}
-            (heat,) = traces["heatmap"]
-            assert (heat["n"], heat["cols"]) == (NUM_LAYERS, STEPS)
-            assert heat["zmax"] > 0.9  # the spike (its layer's zero fraction on top)
-            assert traces["loss-chart"][0]["n"] == STEPS
-            assert traces["loss-chart"][1]["n"] == 1  # the NaN loss, flagged
-            assert traces["gradnorm-chart"][1]["n"] == len(SKIPPED)
-
-            assert page.text_content("#run-name") == HOSTILE
-            assert page.locator(".tag").all_text_contents() == ["amp", "post-mortem", HOSTILE]
-            assert page.locator("#events-body tr").count() == 2 * len(SKIPPED) + 4
-            assert page.evaluate("() => document.querySelectorAll('img').length") == 0
-
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
-            violations = page.evaluate("() => window.__cspViolations")
-        finally:
-            browser.close()
-    assert errors == [], "\n".join(errors)
-    assert violations == []
+    watched.screenshot("report.png")
+    watched.assert_clean()  # no console error or warning, no dialog, no CSP violation
     assert requests == []
-    assert dialogs == []

@@ -9,16 +9,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Page, sync_playwright
 
 from tests.server.wire import batch, new_id, record
+from tests.support.browser import Watched
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WAIT_MS = 15_000
 RUNS = 130  # more than a page (100)
 ROWS = "() => [...document.querySelectorAll('#runs-body tr')].map((tr) => tr.dataset.runId)"
@@ -45,30 +43,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         server.stop()
 
 
-@pytest.fixture()
-def page() -> Iterator[tuple[Page, list[str], list[str]]]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = chromium.new_context(viewport={"width": 1440, "height": 900}).new_page()
-        pg.add_init_script("""window.__cspViolations = [];
-          document.addEventListener('securitypolicyviolation',
-            (e) => window.__cspViolations.push(e.violatedDirective));""")
-        errors: list[str] = []
-        lists: list[str] = []
-        pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        pg.on("pageerror", lambda exc: errors.append(str(exc)))
-        pg.on("request", lambda r: lists.append(r.url.split("/", 3)[3])
-              if r.url.split("?")[0].endswith("/api/runs") else None)
-        try:
-            yield pg, errors, lists
-        finally:
-            chromium.close()
-
-
 def test_pages_filter_and_live(served: tuple[ServerProcess, list[str]],
-                               page: tuple[Page, list[str], list[str]]) -> None:
+                               watched: Watched) -> None:
     server, ids = served
-    pg, errors, lists = page
+    pg = watched.page
+    lists: list[str] = []  # the page's GET /api/runs
+    pg.on("request", lambda r: lists.append(r.url.split("/", 3)[3])
+          if r.url.split("?")[0].endswith("/api/runs") else None)
     pg.goto(f"{server.url}/")
     pg.wait_for_function(f"() => ({ROWS})().length === 100", timeout=WAIT_MS)
     assert pg.evaluate(ROWS) == ids[:100]
@@ -100,5 +81,4 @@ def test_pages_filter_and_live(served: tuple[ServerProcess, list[str]],
     _post(server, miss, "hay-live")
     pg.wait_for_function(f"() => ({ROWS})().includes('{hit}')", timeout=WAIT_MS)
     assert miss not in pg.evaluate(ROWS)
-    assert pg.evaluate("() => window.__cspViolations") == []
-    assert errors == []
+    watched.assert_clean()

@@ -8,38 +8,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import (
-    Browser,
-    BrowserContext,
-    ConsoleMessage,
-    Dialog,
-    Page,
-    Route,
-    sync_playwright,
-)
+from playwright.sync_api import Route, ViewportSize
 
 from tests.server.wire import batch, new_id, record
+from tests.support.browser import Watched
 from tests.support.servers import free_port
 from tests.support.team import Team, team_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 HOSTILE = "<img src=x onerror=alert(1)>"
 WAIT_MS = 15_000
-RECORD_CSP_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
-});
-"""
 
 
 @pytest.fixture(scope="module")
@@ -48,55 +31,23 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
         yield team
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+@pytest.fixture
+def viewport() -> ViewportSize:
+    return {"width": 1400, "height": 900}
 
 
-class Session:
-    def __init__(self, context: BrowserContext, page: Page, errors: list[str]) -> None:
-        self.context, self.page, self.errors = context, page, errors
-
-    def assert_clean(self) -> None:
-        violations = self.page.evaluate("() => window.__cspViolations || []")
-        assert self.errors == [], "\n".join(self.errors)
-        assert violations == [], "\n".join(violations)
-
-    def sign_in(self, team: Team, token: str, path: str = "/") -> None:
-        self.page.goto(f"{team.url}{path}")
-        assert self.page.url.startswith(f"{team.url}/login?next=")
-        self.page.fill("#token", team.tokens[token])
-        self.page.click("#sign-in")
-        self.page.wait_for_url(f"{team.url}{path}", timeout=WAIT_MS)
+def sign_in(session: Watched, team: Team, token: str, path: str = "/") -> None:
+    session.page.goto(f"{team.url}{path}")
+    assert session.page.url.startswith(f"{team.url}/login?next=")
+    session.page.fill("#token", team.tokens[token])
+    session.page.click("#sign-in")
+    session.page.wait_for_url(f"{team.url}{path}", timeout=WAIT_MS)
 
 
 @pytest.fixture
-def session(browser: Browser) -> Iterator[Session]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.add_init_script(RECORD_CSP_VIOLATIONS)
-    page = context.new_page()
-    errors: list[str] = []
-
-    def on_console(msg: ConsoleMessage) -> None:
-        if msg.type == "error":
-            errors.append(f"console.error: {msg.text} ({msg.location.get('url', '')})")
-
-    def on_dialog(dialog: Dialog) -> None:
-        errors.append(f"a {dialog.type} dialog fired: {dialog.message!r}")
-        dialog.dismiss()
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-    page.on("dialog", on_dialog)
-    try:
-        yield Session(context, page, errors)
-    finally:
-        context.close()
+def session(watched: Watched) -> Watched:
+    """A fresh context (no cookie yet) and its watched page."""
+    return watched
 
 
 def _run(team: Team, name: str, token: str = "alpha-ingest", project: str = "alpha") -> str:
@@ -110,7 +61,7 @@ def _run(team: Team, name: str, token: str = "alpha-ingest", project: str = "alp
 
 
 def test_sign_in_sets_a_strict_httponly_cookie_and_shows_the_projects_runs(
-    team: Team, session: Session
+    team: Team, session: Watched
 ) -> None:
     mine, theirs = _run(team, HOSTILE), _run(team, "beta run", "beta-ingest", "beta")
     page = session.page
@@ -130,7 +81,7 @@ def test_sign_in_sets_a_strict_httponly_cookie_and_shows_the_projects_runs(
         "console.error: Failed to load resource: the server responded with a status of 401 "]
     session.errors.clear()
 
-    session.sign_in(team, "alpha-read", f"/runs/{mine}")
+    sign_in(session, team, "alpha-read", f"/runs/{mine}")
     cookies = {c["name"]: c for c in session.context.cookies()}
     cookie = cookies["ampscope_session"]
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
@@ -145,16 +96,15 @@ def test_sign_in_sets_a_strict_httponly_cookie_and_shows_the_projects_runs(
     page.goto(f"{team.url}/")
     page.wait_for_selector(f"tr[data-run-id='{mine}']", timeout=WAIT_MS)
     assert page.query_selector(f"tr[data-run-id='{theirs}']") is None
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "team-runs.png"), full_page=True)
+    session.screenshot("team-runs.png")
     session.assert_clean()
 
 
-def test_a_foreign_origin_cannot_read_the_runs_socket(team: Team, session: Session) -> None:
+def test_a_foreign_origin_cannot_read_the_runs_socket(team: Team, session: Watched) -> None:
     """Another port on 127.0.0.1 is another origin but the same site: the browser sends the
     SameSite=Strict cookie along, so only the server's Origin check stands in the way."""
     _run(team, "socket target")
-    session.sign_in(team, "alpha-read")
+    sign_in(session, team, "alpha-read")
     foreign = f"http://127.0.0.1:{free_port()}"
     probe = f"""<!doctype html><script>
       window.result = {{}};
@@ -181,9 +131,9 @@ def test_a_foreign_origin_cannot_read_the_runs_socket(team: Team, session: Sessi
     assert "/api/runs/live" in log
 
 
-def test_an_admin_deletes_a_run_after_confirming(team: Team, session: Session) -> None:
+def test_an_admin_deletes_a_run_after_confirming(team: Team, session: Watched) -> None:
     run_id = _run(team, "to be deleted")
-    session.sign_in(team, "alpha-admin", f"/runs/{run_id}")
+    sign_in(session, team, "alpha-admin", f"/runs/{run_id}")
     page = session.page
     page.wait_for_selector("#delete-run", timeout=WAIT_MS)
     page.click("#delete-run")
@@ -201,8 +151,8 @@ def test_an_admin_deletes_a_run_after_confirming(team: Team, session: Session) -
     session.assert_clean()
 
 
-def test_sign_out_ends_the_session_on_the_server(team: Team, session: Session) -> None:
-    session.sign_in(team, "alpha-read")
+def test_sign_out_ends_the_session_on_the_server(team: Team, session: Watched) -> None:
+    sign_in(session, team, "alpha-read")
     cookie = next(c["value"] for c in session.context.cookies()
                   if c["name"] == "ampscope_session")
     page = session.page

@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Page
 
 import ampscope
+from tests.support.browser import Watched, artifact
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
@@ -25,17 +26,8 @@ from demo_model import make_training, train_step
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 STEPS = 40
 WAIT_MS = 15_000
-RECORD = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', (e) => {
-  window.__cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'}`);
-});
-"""
 
 
 def reference(counts: list[int], min_exp: int, max_exp: int, scale: float,
@@ -72,27 +64,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def page() -> Iterator[tuple[Page, list[str]]]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = chromium.new_context(viewport={"width": 1440, "height": 900})
-        context.add_init_script(RECORD)
-        pg = context.new_page()
-        errors: list[str] = []
-
-        def on_console(msg: ConsoleMessage) -> None:
-            if msg.type == "error":
-                errors.append(f"console.error: {msg.text}")
-
-        pg.on("console", on_console)
-        pg.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-        try:
-            yield pg, errors
-        finally:
-            chromium.close()
-
-
 def _set_doublings(pg: Page, d: int) -> list[dict[str, Any]]:
     pg.evaluate("""(d) => {
       const slider = document.getElementById('whatif-k');
@@ -104,9 +75,9 @@ def _set_doublings(pg: Page, d: int) -> list[dict[str, Any]]:
 
 
 def test_shares_match_a_numpy_reference(served: tuple[ServerProcess, str],
-                                        page: tuple[Page, list[str]]) -> None:
+                                        watched: Watched) -> None:
     server, run_id = served
-    pg, errors = page
+    pg = watched.page
     view = httpx.get(f"{server.url}/api/runs/{run_id}/histogram", timeout=30).json()
     assert view["step"] == 30 and view["steps"] == [30, 20, 10, 0]
     assert view["format"] == {"name": "fp16", "max": 65504.0, "min_normal": 2.0**-14,
@@ -131,10 +102,8 @@ def test_shares_match_a_numpy_reference(served: tuple[ServerProcess, str],
         left = {name: rows[name]["overflowDoublings"] for name in rows}
         assert left[body[0]] == min(v for v in left.values() if v is not None)
     assert seen_overflow and seen_flush, "the chosen k cover both ends of the format"
-    ARTIFACTS.mkdir(exist_ok=True)
-    pg.locator("#whatif-panel").screenshot(path=str(ARTIFACTS / "whatif.png"))
-    violations: list[str] = pg.evaluate("() => window.__cspViolations || []")
-    assert violations == [] and errors == [], (violations, errors)
+    pg.locator("#whatif-panel").screenshot(path=str(artifact("whatif.png")))
+    watched.assert_clean()
 
 
 def test_unknown_sampled_step_is_a_404(served: tuple[ServerProcess, str]) -> None:

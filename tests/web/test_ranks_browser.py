@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.server.wire import batch, new_id, record
-from tests.support.browser import chromium_page
+from tests.support.browser import Watched
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
@@ -66,21 +66,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
 
 
 def test_the_runs_list_shows_the_world_size(
-    served: tuple[ServerProcess, dict[str, str]],
+    served: tuple[ServerProcess, dict[str, str]], watched: Watched,
 ) -> None:
     server, ids = served
-    with chromium_page() as watched:
-        page = watched.page
-        page.goto(f"{server.url}/")
-        page.wait_for_function(
-            "() => document.querySelectorAll('#runs-body tr').length === 5", timeout=WAIT_MS)
-        assert page.evaluate(RANK_BADGES) == {
-            ids["single"]: None, ids["pair"]: "2 ranks", ids["four"]: "4 ranks",
-            ids["many"]: "4 ranks", ids["shards"]: "4 ranks"}
-        pair = page.locator(f'#runs-body tr[data-run-id="{ids["pair"]}"] .run-name a')
-        assert pair.inner_text() == XSS_NAME
-        assert page.evaluate("() => window.__xss") is None
-        watched.assert_clean()
+    page = watched.page
+    page.goto(f"{server.url}/")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#runs-body tr').length === 5", timeout=WAIT_MS)
+    assert page.evaluate(RANK_BADGES) == {
+        ids["single"]: None, ids["pair"]: "2 ranks", ids["four"]: "4 ranks",
+        ids["many"]: "4 ranks", ids["shards"]: "4 ranks"}
+    pair = page.locator(f'#runs-body tr[data-run-id="{ids["pair"]}"] .run-name a')
+    assert pair.inner_text() == XSS_NAME
+    assert page.evaluate("() => window.__xss") is None
+    watched.assert_clean()
 
 
 @pytest.mark.parametrize(("run", "text"), [
@@ -94,32 +93,30 @@ def test_the_runs_list_shows_the_world_size(
                "gradients; rank 3: 1 layer with NaN/inf gradients), every loss finite."),
 ])
 def test_the_run_page_names_the_first_nonfinite_rank(
-    served: tuple[ServerProcess, dict[str, str]], run: str, text: str,
+    served: tuple[ServerProcess, dict[str, str]], run: str, text: str, watched: Watched,
 ) -> None:
     server, ids = served
-    with chromium_page() as watched:
-        page = watched.page
-        page.goto(f"{server.url}/runs/{ids[run]}")
-        page.wait_for_function("() => !document.getElementById('rank-note').hidden",
-                               timeout=WAIT_MS)
-        assert page.locator("#rank-note").inner_text() == text
-        assert page.evaluate("() => document.getElementById('rank-note').classList"
-                             ".contains('bad')") is (run != "pair")
-        world = page.locator(".meta-item", has_text="world size").inner_text()
-        assert world.split() == ["world", "size", "2" if run == "pair" else "4"]
-        page.wait_for_function("() => window.ampscope !== undefined", timeout=WAIT_MS)
-        assert page.evaluate("() => window.__xss") is None
-        watched.assert_clean()
+    page = watched.page
+    page.goto(f"{server.url}/runs/{ids[run]}")
+    page.wait_for_function("() => !document.getElementById('rank-note').hidden",
+                           timeout=WAIT_MS)
+    assert page.locator("#rank-note").inner_text() == text
+    assert page.evaluate("() => document.getElementById('rank-note').classList"
+                         ".contains('bad')") is (run != "pair")
+    world = page.locator(".meta-item", has_text="world size").inner_text()
+    assert world.split() == ["world", "size", "2" if run == "pair" else "4"]
+    page.wait_for_function("() => window.ampscope !== undefined", timeout=WAIT_MS)
+    assert page.evaluate("() => window.__xss") is None
+    watched.assert_clean()
 
 
 def test_a_single_process_run_has_no_rank_line(
-    served: tuple[ServerProcess, dict[str, str]],
+    served: tuple[ServerProcess, dict[str, str]], watched: Watched,
 ) -> None:
     server, ids = served
-    with chromium_page() as watched:
-        page = watched.page
-        page.goto(f"{server.url}/runs/{ids['single']}")
-        page.wait_for_function("() => window.ampscope !== undefined", timeout=WAIT_MS)
-        assert page.locator("#rank-note").is_hidden()
-        assert page.locator(".meta-item", has_text="world size").count() == 0
-        watched.assert_clean()
+    page = watched.page
+    page.goto(f"{server.url}/runs/{ids['single']}")
+    page.wait_for_function("() => window.ampscope !== undefined", timeout=WAIT_MS)
+    assert page.locator("#rank-note").is_hidden()
+    assert page.locator(".meta-item", has_text="world size").count() == 0
+    watched.assert_clean()
