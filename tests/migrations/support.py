@@ -1,16 +1,14 @@
-"""What the migration tests share: reading a database's rows with plain SQL, its tables, and
-ingesting a wire batch through the server's own code."""
+"""What the migration tests share: reading a database's rows with plain SQL and its tables
+(`tests.support.ingest.ingest_into` writes a wire batch through the server's own code)."""
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Any
 
 from sqlalchemy import inspect, text
 
-from ampscope_server import db, ingest, stat_packing
-from ampscope_server.wire import IngestBatch
+from ampscope_server import db, stat_packing
 
 
 def query(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -39,17 +37,6 @@ def decoded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     bits, so NaN equals NaN): equal whatever the layout version of the blobs."""
     return [(*row[:-1], [[struct.pack("<d", v) if isinstance(v, float) else v for v in column]
                          for column in stat_packing.unpack(row[-1])]) for row in rows]
-
-
-def ingest_payload(url: str, payload: dict[str, Any]) -> None:
-    """Ingest one wire batch (a JSON-able dict) into the database at `url`, in one transaction."""
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        with factory() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
 
 
 def tables(url: str) -> set[str]:

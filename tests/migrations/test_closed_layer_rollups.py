@@ -9,17 +9,16 @@ the raw statistics); the upgrade must give back the head's rows, and the reads w
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, db, ingest, rollups, rollups_repository
+from ampscope_server import codec, db, rollups, rollups_repository
 from ampscope_server.models import Step
 from ampscope_server.sql_support import run_key
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, layer_stats, new_id, record
+from tests.support.ingest import ingest_into
 
 SCALES: dict[int, Any] = {70: "inf", 140: "nan", 210: "-inf", 230: None, 260: 2.0**-3}
 
@@ -35,16 +34,9 @@ def _record(step: int) -> dict[str, Any]:
                   layers=stats if dense or step % 10 == 0 else None)
 
 
-def _ingest(url: str, run_id: str, steps: list[int]) -> None:
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        for start in range(0, len(steps), 50):
-            payload = batch([_record(step) for step in steps[start:start + 50]], run_id=run_id)
-            with factory() as session, session.begin():
-                ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
+def _ingest_steps(url: str, run_id: str, steps: list[int]) -> None:
+    ingest_into(url, *(batch([_record(step) for step in steps[start:start + 50]], run_id=run_id)
+                       for start in range(0, len(steps), 50)))
 
 
 def _rows(url: str, table: str = "layer_rollups", keyed: bool = True
@@ -104,8 +96,8 @@ def _reads(url: str, run_id: str) -> dict[tuple[int, int], rollups.LayerArrays]:
 def test_0009_keeps_every_value_both_ways(db_url: str) -> None:
     db.upgrade(db_url)
     sparse, dense = new_id(), new_id()
-    _ingest(db_url, sparse, list(range(0, 190)))  # every 10th step only: no 64-step row
-    _ingest(db_url, dense, list(range(0, 700)))
+    _ingest_steps(db_url, sparse, list(range(0, 190)))  # every 10th step only: no 64-step row
+    _ingest_steps(db_url, dense, list(range(0, 700)))
     head_rows, head_series = _rows(db_url), _rows(db_url, "rollups")
     reads = {run: _reads(db_url, run) for run in (sparse, dense)}
     series_reads = {run: _series_reads(db_url, run) for run in (sparse, dense)}

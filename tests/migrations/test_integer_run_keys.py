@@ -12,13 +12,12 @@ after the round trip (no id handed out twice), and a run deleted cascades to its
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ampscope_server import db, ingest
-from ampscope_server.wire import IngestBatch
+from ampscope_server import db
 from tests.migrations.support import delete_run, query
 from tests.server.wire import activations, batch_v2, histogram, layer_stats, new_id, record_v2
+from tests.support.ingest import ingest_into
 
 NONFINITE = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
 MISUSE = [{"kind": "unscale_twice", "detail": "unscale_ called twice\nbefore step"}]
@@ -50,16 +49,10 @@ def _record(seq: int) -> dict[str, Any]:
     return rec
 
 
-def _ingest(url: str, run_id: str, seqs: range, attempt_id: str | None = None) -> None:
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        payload = batch_v2([_record(seq) for seq in seqs], run_id=run_id, attempt_id=attempt_id)
-        payload["schema_version"] = 3
-        with factory() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
+def _ingest_seqs(url: str, run_id: str, seqs: range, attempt_id: str | None = None) -> None:
+    payload = batch_v2([_record(seq) for seq in seqs], run_id=run_id, attempt_id=attempt_id)
+    payload["schema_version"] = 3
+    ingest_into(url, payload)
 
 
 def _snapshot(url: str, keyed: bool) -> dict[str, list[tuple[Any, ...]]]:
@@ -86,9 +79,9 @@ def ingest_runs(url: str) -> tuple[str, str]:
     """Two runs at the head, the first resumed by a second attempt; (first, second)."""
     db.upgrade(url)
     first, second = new_id(), new_id()
-    _ingest(url, first, range(0, 9))
-    _ingest(url, second, range(0, 6))
-    _ingest(url, first, range(0, 4), attempt_id=new_id())  # resumed: attempt 2
+    _ingest_seqs(url, first, range(0, 9))
+    _ingest_seqs(url, second, range(0, 6))
+    _ingest_seqs(url, first, range(0, 4), attempt_id=new_id())  # resumed: attempt 2
     return first, second
 
 
@@ -113,7 +106,7 @@ def test_0010_keeps_every_value_and_step_id_both_ways(db_url: str) -> None:
     assert _snapshot(db_url, keyed=True) == head
     db.upgrade(db_url)
     last_id = max(row[0] for row in head["steps"])
-    _ingest(db_url, first, range(9, 11))
+    _ingest_seqs(db_url, first, range(9, 11))
     new_ids = [row[0] for row in query(db_url, "SELECT id FROM steps WHERE step >= 27")]
     assert len(new_ids) == 2 and min(new_ids) > last_id
 

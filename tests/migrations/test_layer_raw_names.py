@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from ampscope_server import db
-from tests.migrations.support import ingest_payload, query
+from tests.migrations.support import query
 from tests.server.wire import LAYERS, batch, new_id, record
+from tests.support.ingest import ingest_into
 
 LAYER_ROWS = ("SELECT r.id, l.\"index\", l.name, l.shape, l.dtype, l.numel, l.module_type "
               "FROM layers l JOIN runs r ON r.id = l.run_id ORDER BY r.id, l.\"index\"")
@@ -22,10 +23,10 @@ def test_0018_keeps_the_layers_and_backfills_raw_names(db_url: str) -> None:
     db.upgrade(db_url)
     ddp, compiled = sorted([new_id(), new_id()])
     # A DDP run as clients before issue #13 stored it: the raw name as `name`, no `raw_name`.
-    ingest_payload(db_url, batch([record(0)], run_id=ddp, layers=[
+    ingest_into(db_url, batch([record(0)], run_id=ddp, layers=[
         {**layer, "name": f"module.{layer['name']}"} for layer in LAYERS]))
     # A compiled run of a newer client: canonical names, the raw ones beside.
-    ingest_payload(db_url, batch([record(0)], run_id=compiled, layers=[
+    ingest_into(db_url, batch([record(0)], run_id=compiled, layers=[
         {**layer, "raw_name": f"_orig_mod.{layer['name']}"} for layer in LAYERS]))
     head = query(db_url, LAYER_ROWS)
     assert [row[:3] for row in head] == [

@@ -11,13 +11,12 @@ and so must the head's after the upgrade again. Deleting a run cascades through 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ampscope_server import db, ingest
-from ampscope_server.wire import IngestBatch
+from ampscope_server import db
 from tests.migrations.support import delete_run, query
 from tests.server.wire import batch, layer_stats, new_id, record
+from tests.support.ingest import ingest_into
 
 SCALES: dict[int, Any] = {70: "inf", 140: "nan", 210: "-inf", 230: None, 260: 2.0**-3}
 LOSSES: dict[int, Any] = {9: "nan", 300: "inf", 301: "-inf"}
@@ -38,17 +37,10 @@ def make_record(seq: int, step: int) -> dict[str, Any]:
 
 def ingest_steps(url: str, run_id: str, steps: list[int], attempt_id: str | None = None,
                  per_batch: int = 50) -> None:
-    engine = db.make_engine(url)
-    try:
-        factory = db.make_session_factory(engine)
-        for start in range(0, len(steps), per_batch):
-            records = [make_record(start + i, step)
-                       for i, step in enumerate(steps[start:start + per_batch])]
-            payload = batch(records, run_id=run_id, attempt_id=attempt_id)
-            with factory() as session, session.begin():
-                ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-    finally:
-        engine.dispose()
+    ingest_into(url, *(batch([make_record(start + i, step)
+                              for i, step in enumerate(steps[start:start + per_batch])],
+                             run_id=run_id, attempt_id=attempt_id)
+                       for start in range(0, len(steps), per_batch)))
 
 
 def ingest_runs(url: str) -> tuple[str, str]:

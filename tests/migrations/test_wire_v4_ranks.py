@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ampscope_server import db
-from tests.migrations.support import delete_run, ingest_payload, query, tables
+from tests.migrations.support import delete_run, query, tables
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_into
 
 RUNS = "SELECT id, name, host, rank, target_format FROM runs ORDER BY id"
 STEPS = ("SELECT r.id, s.seq, s.step, s.loss, s.loss_class FROM steps s "
@@ -38,7 +39,7 @@ def test_0020_adds_world_sizes_and_the_rank_tables_and_takes_them_back(db_url: s
     db.upgrade(db_url)
     assert query(db_url, "SELECT id, world_size FROM runs") == [(old, 1)]
     assert (query(db_url, RUNS), query(db_url, STEPS)) == before
-    ingest_payload(db_url, _v4(distributed))
+    ingest_into(db_url, _v4(distributed))
     assert query(db_url, "SELECT id, world_size FROM runs ORDER BY id") == [
         (old, 1), (distributed, 2)]
     # One row per step in each table, the step's number and its non-finite ranks beside.
@@ -56,15 +57,15 @@ def test_0020_adds_world_sizes_and_the_rank_tables_and_takes_them_back(db_url: s
     assert query(db_url, "SELECT id, world_size FROM runs ORDER BY id") == [
         (old, 1), (distributed, 1)]
     assert _counts(db_url) == (0, 0)
-    ingest_payload(db_url, _v4(new_id()))
+    ingest_into(db_url, _v4(new_id()))
     assert _counts(db_url) == (2, 2)
 
 
 def test_deleting_a_run_deletes_its_rank_rows(db_url: str) -> None:
     db.upgrade(db_url)
     kept, deleted = new_id(), new_id()
-    ingest_payload(db_url, _v4(kept))
-    ingest_payload(db_url, _v4(deleted))
+    ingest_into(db_url, _v4(kept))
+    ingest_into(db_url, _v4(deleted))
     assert _counts(db_url) == (4, 4)
     delete_run(db_url, deleted)
     assert _counts(db_url) == (2, 2)

@@ -1,24 +1,27 @@
-"""Team mode on a real server with `--auth required`: every route of the app, enumerated, denies
-without credentials, checks the scope and hides other projects' runs (DESIGN.md §7)."""
+"""Team mode (`auth="required"`, the app in process behind its gate): every route of the app,
+enumerated, denies without credentials, checks the scope and hides other projects' runs
+(DESIGN.md §7). How `ampscope serve` runs in team mode (uvicorn, the proxy header, slow
+clients): test_serving."""
 
 from __future__ import annotations
 
 import enum
-import socket
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from fastapi.routing import APIRoute, APIWebSocketRoute, iter_route_contexts
 from starlette.routing import Mount
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
+from starlette.testclient import TestClient
 
+from ampscope_server import db, tokens
 from ampscope_server.app import create_app
 from ampscope_server.config import Settings
+from ampscope_server.principal import Scope
 from tests.server.wire import batch, new_id, record
-from tests.support.team import Team, team_server
+from tests.support.app import BASE_URL, WS_BASE_URL, TeamApp, team_app
+from tests.support.databases import migrated_database
 
 
 class Needs(enum.Enum):
@@ -110,20 +113,20 @@ def test_the_table_is_every_route() -> None:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def team(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-         ) -> Iterator[Team]:
-    with team_server(request.param, tmp_path_factory.mktemp("team")) as team:
+         ) -> Iterator[TeamApp]:
+    tmp = tmp_path_factory.mktemp("team")
+    with migrated_database(request.param, tmp) as url, team_app(url) as team:
         yield team
 
 
-def _ingest(team: Team, token: str, run_id: str, project: str, **kwargs: Any
-            ) -> httpx.Response:
-    with team.client(token) as client:
-        return client.post("/api/ingest", json=batch([record(0), record(1)], run_id=run_id,
-                                                     project=project, **kwargs))
+def _ingest(team: TeamApp, token: str, run_id: str, project: str, **kwargs: Any
+            ) -> httpx2.Response:
+    return team.client.post("/api/ingest", headers=team.bearer(token), json=batch(
+        [record(0), record(1)], run_id=run_id, project=project, **kwargs))
 
 
 @pytest.fixture(scope="module")
-def runs(team: Team) -> dict[str, str]:
+def runs(team: TeamApp) -> dict[str, str]:
     ids = {"RUN": new_id(), "RUN2": new_id(), "BETA": new_id()}
     assert _ingest(team, "alpha-ingest", ids["RUN"], "alpha").status_code == 200
     assert _ingest(team, "alpha-ingest", ids["RUN2"], "alpha").status_code == 200
@@ -131,10 +134,10 @@ def runs(team: Team) -> dict[str, str]:
     return ids
 
 
-def _fresh_token(team: Team, project: str) -> str:
+def _fresh_token(team: TeamApp, project: str) -> str:
     """The id of a new read token of `project`, made through the API by the root admin."""
-    with team.client("root") as root:
-        response = root.post("/api/tokens", json={"project": project, "scope": "read"})
+    response = team.client.post("/api/tokens", headers=team.bearer("root"),
+                                json={"project": project, "scope": "read"})
     assert response.status_code == 201, response.text
     token_id: str = response.json()["id"]
     return token_id
@@ -146,11 +149,10 @@ DESTINATION_BODY = {"project": "alpha", "name": "matrix", "kind": "webhook",
                     "url": "http://127.0.0.1:9/matrix", "enabled": False}
 
 
-def _fresh(team: Team, what: str) -> str:
+def _fresh(team: TeamApp, what: str) -> str:
     """The id of a new alert rule or destination of project alpha, made by the root admin."""
     body = RULE_BODY if what == "rules" else DESTINATION_BODY
-    with team.client("root") as root:
-        response = root.post(f"/api/alerts/{what}", json=body)
+    response = team.client.post(f"/api/alerts/{what}", headers=team.bearer("root"), json=body)
     assert response.status_code == 201, response.text
     made: str = response.json()["id"]
     return made
@@ -161,24 +163,15 @@ def _url(template: str, runs: dict[str, str], run: str | None = None) -> str:
     return url.replace("RUN", run or runs["RUN"])
 
 
-def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
+def _call(team: TeamApp, key: tuple[str, str], url: str, token: str | None,
           headers: dict[str, str] | None = None) -> int:
     """The HTTP status of one call, or for a WebSocket the close code (1000 when it stayed
     open long enough to send its first message)."""
     method = key[0]
-    auth = {} if token is None else {"Authorization": f"Bearer {team.tokens[token]}"}
+    auth = team.bearer(token)
     auth.update(headers or {})
-    if method == "WS" and "Host" in auth:
-        return _raw_ws_close_code(team.server.port, url, auth)
     if method == "WS":
-        ws_url = f"ws://127.0.0.1:{team.server.port}{url}"
-        with connect(ws_url, additional_headers=auth, open_timeout=10) as ws:
-            try:
-                ws.recv(timeout=10)
-            except ConnectionClosed as closed:
-                assert closed.rcvd is not None
-                return closed.rcvd.code
-            return 1000
+        return _ws_close_code(team.client, url, auth)
     body: dict[str, Any] | None = None
     if url == "/api/ingest":
         body = batch([record(5)], run_id=new_id(), project="alpha")
@@ -190,34 +183,27 @@ def _call(team: Team, key: tuple[str, str], url: str, token: str | None,
         body = DESTINATION_BODY
     elif method == "PATCH":
         body = {"enabled": False}
-    with httpx.Client(base_url=team.url, timeout=30.0, follow_redirects=False) as client:
-        return client.request("GET" if method == "MOUNT" else method, url, json=body,
-                              headers=auth).status_code
+    team.client.cookies.clear()  # credentials are the call's own, never a cookie left behind
+    return team.client.request("GET" if method == "MOUNT" else method, url, json=body,
+                               headers=auth).status_code
 
 
-def _raw_ws_close_code(port: int, path: str, headers: dict[str, str]) -> int:
-    """A WebSocket handshake written by hand (websocket clients set Host themselves): the close
-    code of the first frame the server sends after accepting, or 1000 for a data frame."""
-    lines = [f"GET {path} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade",
-             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13",
-             *(f"{name}: {value}" for name, value in headers.items())]
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += sock.recv(4096)
-        head, _, frame = data.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 101"), head
-        while len(frame) < 4:
-            frame += sock.recv(4096)
-        if frame[0] & 0x0F != 0x8:  # not a close frame
-            return 1000
-        return int.from_bytes(frame[2:4], "big")
+def _ws_close_code(client: TestClient, path: str, headers: dict[str, str]) -> int:
+    """The close code of the first message the app sends after accepting the socket, or 1000
+    for a data message. Every socket sends one at once (a refusal, the runs snapshot, a run's
+    status), so the wait needs no bound; a socket refused before it is accepted (which uvicorn
+    would answer with an HTTP error) raises `WebSocketDisconnect` and fails the test."""
+    with client.websocket_connect(f"{WS_BASE_URL}{path}", headers=headers) as ws:
+        message = ws.receive()
+    if message["type"] == "websocket.close":
+        return int(message["code"])
+    assert message["type"] == "websocket.send", message
+    return 1000
 
 
 @pytest.mark.parametrize("key", list(ROUTES), ids=lambda key: f"{key[0]} {key[1]}")
 class TestEveryRoute:
-    def test_no_credentials(self, team: Team, runs: dict[str, str], key: tuple[str, str]
+    def test_no_credentials(self, team: TeamApp, runs: dict[str, str], key: tuple[str, str]
                             ) -> None:
         needs, template = ROUTES[key]
         status = _call(team, key, _url(template, runs), None)
@@ -231,7 +217,7 @@ class TestEveryRoute:
             browser = _call(team, key, _url(template, runs), None, {"Accept": "text/html"})
             assert browser == (303 if key[0] == "GET" else 401)
 
-    def test_each_scope(self, team: Team, runs: dict[str, str], key: tuple[str, str]) -> None:
+    def test_each_scope(self, team: TeamApp, runs: dict[str, str], key: tuple[str, str]) -> None:
         needs, template = ROUTES[key]
         for token, scope in (("alpha-read", "read"), ("alpha-ingest", "ingest"),
                              ("alpha-admin", "admin")):
@@ -258,14 +244,14 @@ class TestEveryRoute:
                 assert status == 403, (token, status)
 
 
-    def test_a_foreign_host(self, team: Team, runs: dict[str, str], key: tuple[str, str]
+    def test_a_foreign_host(self, team: TeamApp, runs: dict[str, str], key: tuple[str, str]
                             ) -> None:
         """DNS rebinding: whatever the route and the credentials, another Host is refused."""
         status = _call(team, key, _url(ROUTES[key][1], runs), "root",
                        {"Host": "rebound.example:8765"})
         assert status == (1008 if key[0] == "WS" else 400)
 
-    def test_a_foreign_origin(self, team: Team, runs: dict[str, str], key: tuple[str, str]
+    def test_a_foreign_origin(self, team: TeamApp, runs: dict[str, str], key: tuple[str, str]
                               ) -> None:
         """Sockets and state-changing requests from another origin are refused; plain reads
         are left to the browser's same-origin policy (no CORS headers are ever sent)."""
@@ -280,81 +266,85 @@ class TestEveryRoute:
 
 
 @pytest.mark.parametrize("key", RUN_ROUTES, ids=lambda key: f"{key[0]} {key[1]}")
-def test_another_projects_run_is_not_found(team: Team, runs: dict[str, str],
+def test_another_projects_run_is_not_found(team: TeamApp, runs: dict[str, str],
                                            key: tuple[str, str]) -> None:
     _, template = ROUTES[key]
     status = _call(team, key, _url(template, runs, runs["BETA"]), "alpha-read")
     assert status == (4404 if key[0] == "WS" else 404)
 
 
-def test_a_revoked_token_stops_working(team: Team, runs: dict[str, str]) -> None:
-    from tests.support.team import cli, create_token
-
-    secret = create_token(team.db_url, "alpha", "read", "short-lived")
-    headers = {"Authorization": f"Bearer {secret}"}
-    with httpx.Client(base_url=team.url, headers=headers, timeout=30.0) as client:
-        assert client.get("/api/runs").status_code == 200
-        listed = cli("token", "list", "--db", team.db_url)
-        token_id = next(line.split()[0] for line in listed.stdout.splitlines()
-                        if "short-lived" in line)
-        assert cli("token", "revoke", token_id, "--db", team.db_url).returncode == 0
-        response = client.get("/api/runs")  # no cache anywhere: the very next request fails
-        assert response.status_code == 401
-        assert response.json() == {"detail": "the token has been revoked"}
+def test_a_revoked_token_stops_working(team: TeamApp, runs: dict[str, str]) -> None:
+    """Made and revoked through the service the CLI calls, on a connection of its own
+    (test_cli_admin runs `ampscope token create | list | revoke` themselves)."""
+    engine = db.make_engine(team.db_url)
+    try:
+        factory = db.make_session_factory(engine)
+        with db.unit_of_work(factory) as session:
+            made = tokens.create_token(session, Scope.READ, "alpha", "short-lived")
+        headers = {"Authorization": f"Bearer {made.secret}"}
+        assert team.client.get("/api/runs", headers=headers).status_code == 200
+        with db.unit_of_work(factory) as session:
+            tokens.revoke_token(session, made.token.id)
+    finally:
+        engine.dispose()
+    # No cache anywhere: the very next request fails.
+    response = team.client.get("/api/runs", headers=headers)
+    assert response.status_code == 401
+    assert response.json() == {"detail": "the token has been revoked"}
 
 
 class TestCredentials:
-    def test_a_wrong_token_is_401_and_names_no_secret(self, team: Team) -> None:
-        with httpx.Client(base_url=team.url, timeout=30.0) as client:
-            bad = "amps_" + "A" * 43
-            response = client.get("/api/runs", headers={"Authorization": f"Bearer {bad}"})
-            assert response.status_code == 401
-            assert response.json() == {"detail": "the token is not valid"}
-            assert response.headers["www-authenticate"] == 'Bearer realm="ampscope"'
-            response = client.get("/api/runs", headers={"Authorization": "Basic dXNlcjpwYXNz"})
-            assert response.json() == {
-                "detail": "send the token as `Authorization: Bearer <token>`"}
+    def test_a_wrong_token_is_401_and_names_no_secret(self, team: TeamApp) -> None:
+        client = team.client
+        bad = "amps_" + "A" * 43
+        response = client.get("/api/runs", headers={"Authorization": f"Bearer {bad}"})
+        assert response.status_code == 401
+        assert response.json() == {"detail": "the token is not valid"}
+        assert response.headers["www-authenticate"] == 'Bearer realm="ampscope"'
+        response = client.get("/api/runs", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+        assert response.json() == {
+            "detail": "send the token as `Authorization: Bearer <token>`"}
 
-    def test_a_token_in_the_query_string_is_refused(self, team: Team) -> None:
-        with httpx.Client(base_url=team.url, timeout=30.0) as client:
-            response = client.get("/api/runs", params={"token": team.tokens["root"]})
-            assert response.status_code == 400
-            assert "never accepted in a URL" in response.json()["detail"]
+    def test_a_token_in_the_query_string_is_refused(self, team: TeamApp) -> None:
+        response = team.client.get("/api/runs", params={"token": team.tokens["root"]})
+        assert response.status_code == 400
+        assert "never accepted in a URL" in response.json()["detail"]
 
-    def test_the_listing_shows_only_the_tokens_project(self, team: Team,
+    def test_the_listing_shows_only_the_tokens_project(self, team: TeamApp,
                                                        runs: dict[str, str]) -> None:
-        with team.client("alpha-read") as alpha, team.client("root") as root:
-            alpha_ids = {run["id"] for run in alpha.get("/api/runs").json()}
-            all_ids = {run["id"] for run in root.get("/api/runs").json()}
+        alpha_ids = {run["id"] for run in team.client.get(
+            "/api/runs", headers=team.bearer("alpha-read")).json()}
+        all_ids = {run["id"] for run in team.client.get(
+            "/api/runs", headers=team.bearer("root")).json()}
         assert {runs["RUN"], runs["RUN2"]} <= alpha_ids and runs["BETA"] not in alpha_ids
         assert runs["BETA"] in all_ids
 
 
 class TestIngestScoping:
-    def test_a_new_run_in_another_project_is_403(self, team: Team) -> None:
+    def test_a_new_run_in_another_project_is_403(self, team: TeamApp) -> None:
         response = _ingest(team, "alpha-ingest", new_id(), "beta")
         assert response.status_code == 403
         assert response.json() == {"detail": (
             "this token writes to project 'alpha', but the batch's run is in project 'beta' "
             "(pass project='alpha' to watch)")}
 
-    def test_an_attempt_on_another_projects_run_is_404(self, team: Team,
+    def test_an_attempt_on_another_projects_run_is_404(self, team: TeamApp,
                                                        runs: dict[str, str]) -> None:
         response = _ingest(team, "alpha-ingest", runs["BETA"], "alpha",
                            attempt_id=new_id(), final=True)
         assert response.status_code == 404
         assert response.json() == {"detail": f"run '{runs['BETA']}' not found"}
-        with team.client("root") as root:
-            assert root.get(f"/api/runs/{runs['BETA']}").json()["status"] == "active"
+        run = team.client.get(f"/api/runs/{runs['BETA']}", headers=team.bearer("root"))
+        assert run.json()["status"] == "active"
 
-    def test_a_deleted_run_takes_no_more_data(self, team: Team) -> None:
+    def test_a_deleted_run_takes_no_more_data(self, team: TeamApp) -> None:
         run_id = new_id()
         assert _ingest(team, "alpha-ingest", run_id, "alpha").status_code == 200
-        with team.client("alpha-admin") as admin:
-            deleted = admin.delete(f"/api/runs/{run_id}")
-            assert deleted.status_code == 200
-            assert deleted.json()["steps"] == 2 and deleted.json()["project"] == "alpha"
-            assert admin.get(f"/api/runs/{run_id}").status_code == 404
+        admin = team.bearer("alpha-admin")
+        deleted = team.client.delete(f"/api/runs/{run_id}", headers=admin)
+        assert deleted.status_code == 200
+        assert deleted.json()["steps"] == 2 and deleted.json()["project"] == "alpha"
+        assert team.client.get(f"/api/runs/{run_id}", headers=admin).status_code == 404
         again = _ingest(team, "alpha-ingest", run_id, "alpha")
         assert again.status_code == 410
         assert again.json() == {"detail": (
@@ -362,72 +352,73 @@ class TestIngestScoping:
 
 
 class TestBrowsersAndHosts:
-    def test_a_foreign_host_is_refused(self, team: Team) -> None:
-        with httpx.Client(base_url=team.url, timeout=30.0) as client:
-            response = client.get("/api/health", headers={"Host": "evil.example:8765"})
+    def test_a_foreign_host_is_refused(self, team: TeamApp) -> None:
+        response = team.client.get("/api/health", headers={"Host": "evil.example:8765"})
         assert response.status_code == 400
         assert response.json()["detail"].startswith(
             "the Host header 'evil.example:8765' is not one this server answers to")
 
-    def test_a_foreign_origin_cannot_open_the_runs_socket(self, team: Team) -> None:
+    def test_a_foreign_origin_cannot_open_the_runs_socket(self, team: TeamApp) -> None:
         status = _call(team, ("WS", "/api/runs/live"), "/api/runs/live", "root",
                        {"Origin": "https://evil.example"})
         assert status == 1008
         own = _call(team, ("WS", "/api/runs/live"), "/api/runs/live", "root",
-                    {"Origin": team.url})
+                    {"Origin": BASE_URL})
         assert own == 1000
 
-    def test_a_foreign_origin_cannot_post(self, team: Team) -> None:
-        with team.client("alpha-ingest") as client:
-            response = client.post("/api/ingest", headers={"Origin": "https://evil.example"},
-                                   json=batch([record(0)], run_id=new_id(), project="alpha"))
+    def test_a_foreign_origin_cannot_post(self, team: TeamApp) -> None:
+        response = team.client.post(
+            "/api/ingest", headers={**team.bearer("alpha-ingest"), "Origin": "https://evil.example"},
+            json=batch([record(0)], run_id=new_id(), project="alpha"))
         assert response.status_code == 403
         assert response.json() == {
             "detail": "requests from the origin 'https://evil.example' are not allowed"}
 
 
-
 class TestTokenApi:
-    def test_an_admin_manages_its_projects_tokens(self, team: Team) -> None:
-        with team.client("alpha-admin") as admin:
-            created = admin.post("/api/tokens", json={"project": "alpha", "scope": "ingest",
-                                                      "name": "ci"})
-            assert created.status_code == 201
-            body = created.json()
-            assert set(body) == {"id", "name", "project", "scope", "created_at",
-                                 "last_used_at", "revoked_at", "secret"}
-            assert (body["project"], body["scope"], body["name"]) == ("alpha", "ingest", "ci")
-            listed = admin.get("/api/tokens").json()
-            assert {t["project"] for t in listed} == {"alpha"}
-            assert body["id"] in {t["id"] for t in listed}
-            assert body["secret"] not in created.request.url.query.decode() + str(listed)
-            with httpx.Client(base_url=team.url, timeout=30.0,
-                              headers={"Authorization": f"Bearer {body['secret']}"}) as ci:
-                payload = batch([record(0)], run_id=new_id(), project="alpha")
-                assert ci.post("/api/ingest", json=payload).status_code == 200
-                revoked = admin.delete(f"/api/tokens/{body['id']}")
-                assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
-                assert ci.post("/api/ingest", json=payload).status_code == 401
+    def test_an_admin_manages_its_projects_tokens(self, team: TeamApp) -> None:
+        client, admin = team.client, team.bearer("alpha-admin")
+        created = client.post("/api/tokens", headers=admin,
+                              json={"project": "alpha", "scope": "ingest", "name": "ci"})
+        assert created.status_code == 201
+        body = created.json()
+        assert set(body) == {"id", "name", "project", "scope", "created_at",
+                             "last_used_at", "revoked_at", "secret"}
+        assert (body["project"], body["scope"], body["name"]) == ("alpha", "ingest", "ci")
+        listed = client.get("/api/tokens", headers=admin).json()
+        assert {t["project"] for t in listed} == {"alpha"}
+        assert body["id"] in {t["id"] for t in listed}
+        assert body["secret"] not in created.request.url.query.decode() + str(listed)
+        ci = {"Authorization": f"Bearer {body['secret']}"}
+        payload = batch([record(0)], run_id=new_id(), project="alpha")
+        assert client.post("/api/ingest", headers=ci, json=payload).status_code == 200
+        revoked = client.delete(f"/api/tokens/{body['id']}", headers=admin)
+        assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+        assert client.post("/api/ingest", headers=ci, json=payload).status_code == 401
 
-    def test_not_beyond_its_project(self, team: Team) -> None:
-        with team.client("alpha-admin") as admin, team.client("root") as root:
-            for project in ("beta", None):
-                response = admin.post("/api/tokens", json={"project": project,
-                                                           "scope": "read"})
-                assert response.status_code == 403
-                assert response.json() == {
-                    "detail": "this admin token manages project 'alpha' only"}
-            beta = root.post("/api/tokens", json={"project": "beta", "scope": "read"}).json()
-            assert admin.delete(f"/api/tokens/{beta['id']}").status_code == 404
-            assert beta["id"] not in {t["id"] for t in admin.get("/api/tokens").json()}
-            everyone = root.post("/api/tokens", json={"project": None, "scope": "admin"})
-            assert everyone.status_code == 201 and everyone.json()["project"] is None
+    def test_not_beyond_its_project(self, team: TeamApp) -> None:
+        client, admin, root = team.client, team.bearer("alpha-admin"), team.bearer("root")
+        for project in ("beta", None):
+            response = client.post("/api/tokens", headers=admin,
+                                   json={"project": project, "scope": "read"})
+            assert response.status_code == 403
+            assert response.json() == {
+                "detail": "this admin token manages project 'alpha' only"}
+        beta = client.post("/api/tokens", headers=root,
+                           json={"project": "beta", "scope": "read"}).json()
+        assert client.delete(f"/api/tokens/{beta['id']}", headers=admin).status_code == 404
+        assert beta["id"] not in {t["id"] for t in client.get("/api/tokens",
+                                                               headers=admin).json()}
+        everyone = client.post("/api/tokens", headers=root,
+                               json={"project": None, "scope": "admin"})
+        assert everyone.status_code == 201 and everyone.json()["project"] is None
 
-    def test_bad_input(self, team: Team) -> None:
-        with team.client("root") as root:
-            bad = root.post("/api/tokens", json={"project": "a b", "scope": "read"})
-            assert bad.status_code == 422
-            assert bad.json()["detail"].startswith("project name 'a b' is not valid")
-            assert root.post("/api/tokens", json={"project": "p", "scope": "write"}
-                             ).status_code == 422
-            assert root.delete("/api/tokens/nope").json() == {"detail": "token 'nope' not found"}
+    def test_bad_input(self, team: TeamApp) -> None:
+        client, root = team.client, team.bearer("root")
+        bad = client.post("/api/tokens", headers=root, json={"project": "a b", "scope": "read"})
+        assert bad.status_code == 422
+        assert bad.json()["detail"].startswith("project name 'a b' is not valid")
+        assert client.post("/api/tokens", headers=root,
+                           json={"project": "p", "scope": "write"}).status_code == 422
+        assert client.delete("/api/tokens/nope", headers=root).json() == {
+            "detail": "token 'nope' not found"}

@@ -1,31 +1,30 @@
-"""Series, events and heatmaps over HTTP on both dialects."""
+"""Series, events and heatmaps over HTTP (the app in process) on both dialects."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from tests.server.wire import batch, layer_stats, new_id, record, strict_json
-from tests.support.servers import ServerProcess
+from tests.support.ingest import post_batch
 
 
-def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+def _get(api: TestClient, path: str, status: int = 200) -> Any:
     response = api.get(path)
     assert response.status_code == status, response.text
     return strict_json(response.text)
 
 
-def _post(api: httpx.Client, run_id: str, records: list[dict[str, Any]]) -> None:
+def _post(api: TestClient, run_id: str, records: list[dict[str, Any]]) -> None:
     for start in range(0, len(records), 500):
-        response = api.post("/api/ingest", json=batch(records[start:start + 500], run_id=run_id))
-        assert response.status_code == 200, response.text
+        post_batch(api, batch(records[start:start + 500], run_id=run_id))
 
 
 class TestSeries:
-    def test_spike_survives_downsampling(self, api: httpx.Client) -> None:
+    def test_spike_survives_downsampling(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record(i, grad_norm=1.0, with_layers=False) for i in range(2000)]
         records[1234]["grad_norm"] = "inf"
@@ -40,7 +39,7 @@ class TestSeries:
         spike = next(p for p in series["points"] if p["max"] == "inf")
         assert spike["step"] <= 1234 < spike["step"] + 64
 
-    def test_not_downsampled_is_min_max_last_equal(self, api: httpx.Client) -> None:
+    def test_not_downsampled_is_min_max_last_equal(self, api: TestClient) -> None:
         run_id = new_id()
         _post(api, run_id, [record(0, loss=1.5), record(1, loss="nan"), record(2, loss=None),
                             record(3, loss=-0.5)])
@@ -51,7 +50,7 @@ class TestSeries:
             {"step": 3, "min": -0.5, "max": -0.5, "last": -0.5},
         ]}
 
-    def test_scale_is_the_scale_in_effect_and_start_end_filter(self, api: httpx.Client) -> None:
+    def test_scale_is_the_scale_in_effect_and_start_end_filter(self, api: TestClient) -> None:
         run_id = new_id()
         _post(api, run_id, [record(i, scale_before=2.0**i, scale_after=2.0**(i + 1))
                             for i in range(6)])
@@ -71,14 +70,14 @@ class TestSeries:
          "'underflow_frac', 'nan_count', 'inf_count', 'l2', 'lost_frac', 'headroom_bits' or "
          "'swallowed_frac'"),
     ])
-    def test_bad_queries(self, api: httpx.Client, query: str, status: int, detail: str) -> None:
+    def test_bad_queries(self, api: TestClient, query: str, status: int, detail: str) -> None:
         run_id = new_id()
         _post(api, run_id, [record(0)])
         assert _get(api, f"/api/runs/{run_id}/{query}", status) == {"detail": detail}
 
 
 class TestEvents:
-    def test_events_are_derived_and_never_downsampled(self, api: httpx.Client) -> None:
+    def test_events_are_derived_and_never_downsampled(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record(i, with_layers=False) for i in range(3000)]
         for i in range(0, 3000, 100):  # 30 backoffs on skipped steps, 30 growths after them
@@ -95,34 +94,34 @@ class TestEvents:
         ]
         assert [e["step"] for e in events if e["kind"] == "skipped"] == list(range(0, 3000, 100))
 
-    def test_quiet_run_has_no_events(self, api: httpx.Client) -> None:
+    def test_quiet_run_has_no_events(self, api: TestClient) -> None:
         run_id = new_id()
         _post(api, run_id, [record(0), record(1)])
         assert _get(api, f"/api/runs/{run_id}/events") == {"events": [], "next_start": None}
 
 
 class TestHeatmap:
-    def _seed(self, api: httpx.Client) -> str:
+    def _seed(self, api: TestClient) -> str:
         run_id = new_id()
         records = [record(0), record(1, with_layers=False), record(2, scale_before=2.0**10)]
         records[2]["layers"]["amax"] = [0.0, None]
         _post(api, run_id, records)
         return run_id
 
-    def test_stored_stat(self, api: httpx.Client) -> None:
+    def test_stored_stat(self, api: TestClient) -> None:
         run_id = self._seed(api)
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=nan_count")
         assert heat == {"stat": "nan_count", "source": "param",
                         "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 2],
                         "z": [[0, 0], [3, 3]], "downsampled": False, "rows": None}
 
-    def test_lost_frac(self, api: httpx.Client) -> None:
+    def test_lost_frac(self, api: TestClient) -> None:
         run_id = self._seed(api)
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=lost_frac&start=1")
         assert heat["steps"] == [2]
         assert heat["z"] == [[0.0], [0.125 + 0.03125]]
 
-    def test_headroom_bits(self, api: httpx.Client) -> None:
+    def test_headroom_bits(self, api: TestClient) -> None:
         run_id = self._seed(api)
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=headroom_bits")
         amax0 = layer_stats(1.0)["amax"]
@@ -213,11 +212,10 @@ def _worst(stat: str, cells: list[tuple[dict[str, list[Any]], float, int]], raw:
 
 
 @pytest.fixture(scope="module")
-def zoom_run(module_server: ServerProcess) -> str:
-    """A run of `_zoom_records`, sent once per server (dialect)."""
+def zoom_run(module_app: TestClient) -> str:
+    """A run of `_zoom_records`, sent once per app (dialect)."""
     run_id = new_id()
-    with httpx.Client(base_url=module_server.url, timeout=60.0) as api:
-        _post(api, run_id, _zoom_records())
+    _post(module_app, run_id, _zoom_records())
     return run_id
 
 
@@ -240,7 +238,7 @@ class TestHeatmapByZoom:
     @pytest.mark.parametrize("stat", ["amax", "amin_nz", "lost_frac", "nan_count",
                                       "headroom_bits"])
     def test_equals_a_fold_of_the_raw_steps(
-        self, api: httpx.Client, zoom_run: str, stat: str, start: int, end: int,
+        self, api: TestClient, zoom_run: str, stat: str, start: int, end: int,
         max_points: int, width: int | None,
     ) -> None:
         heat = _get(api, f"/api/runs/{zoom_run}/layer-stats?stat={stat}&start={start}"
@@ -259,7 +257,7 @@ class TestHeatmapByZoom:
     @pytest.mark.parametrize("layers", ["1", "1,0", "0"])
     @pytest.mark.parametrize("stat", ["amin_nz", "headroom_bits"])
     def test_picked_rows_are_those_rows_of_the_whole_heatmap(
-        self, api: httpx.Client, zoom_run: str, stat: str, layers: str, start: int, end: int,
+        self, api: TestClient, zoom_run: str, stat: str, layers: str, start: int, end: int,
         max_points: int,
     ) -> None:
         query = f"stat={stat}&start={start}&end={end}&max_points={max_points}"
@@ -278,7 +276,7 @@ class TestHeatmapByZoom:
         (",".join(map(str, range(65))), "layers: at most 64 indices, got 65"),
     ])
     @pytest.mark.parametrize("max_points", [250, 10])
-    def test_bad_rows_are_refused(self, api: httpx.Client, zoom_run: str, layers: str,
+    def test_bad_rows_are_refused(self, api: TestClient, zoom_run: str, layers: str,
                                   message: str, max_points: int) -> None:
         body = _get(api, f"/api/runs/{zoom_run}/layer-stats?stat=amax&layers={layers}"
                          f"&max_points={max_points}", 422)

@@ -13,7 +13,9 @@ from sqlalchemy import text
 
 from ampscope_server import db
 from tests.server.wire import batch, new_id, record
-from tests.support.servers import ServerProcess, free_port
+from tests.support.app import app_client
+from tests.support.ingest import post_batch
+from tests.support.servers import free_port
 from tests.support.team import cli
 
 SECRET = re.compile(r"^amps_[A-Za-z0-9_-]{43}$")
@@ -70,36 +72,31 @@ class TestToken:
 
 
 class TestRuns:
-    def test_delete_and_prune(self, migrated_url: str, tmp_path: Path) -> None:
-        server = ServerProcess(migrated_url, tmp_path).start()
+    def test_delete_and_prune(self, migrated_url: str) -> None:
+        """The commands on a database the app (in process) serves meanwhile."""
         old, new = new_id(), new_id()
-        try:
-            with httpx.Client(base_url=server.url, timeout=30.0) as api:
-                for run_id in (old, new, new_id()):
-                    payload = batch([record(0), record(1)], run_id=run_id, project="p")
-                    assert api.post("/api/ingest", json=payload).status_code == 200
-                _age_runs(migrated_url, 7200.0)  # every run's last ingest two hours ago...
-                assert api.post("/api/ingest", json=batch(  # ...but `new` sends again
-                    [record(2)], run_id=new, project="p", layers=None)).status_code == 200
-                dry = cli("runs", "prune", "--project", "p", "--older-than", "1h", "--dry-run",
-                          "--db", migrated_url)
-                assert dry.returncode == 0
-                assert dry.stderr == "ampscope: 2 runs would be deleted (dry run)\n"
-                assert old in dry.stdout and new not in dry.stdout
-                assert len(api.get("/api/runs").json()) == 3
-                pruned = cli("runs", "prune", "--project", "p", "--older-than", "1h",
-                             "--db", migrated_url)
-                assert pruned.returncode == 0, pruned.stderr
-                assert pruned.stderr == "ampscope: 2 runs of project p deleted\n"
-                assert [run["id"] for run in api.get("/api/runs").json()] == [new]
-                deleted = cli("runs", "delete", new, "--db", migrated_url)
-                assert deleted.returncode == 0
-                assert deleted.stderr == f"ampscope: run {new} (project p, 3 steps) deleted\n"
-                assert api.get("/api/runs").json() == []
-                gone = api.post("/api/ingest", json=batch([record(3)], run_id=new, project="p"))
-                assert gone.status_code == 410
-        finally:
-            server.stop()
+        with app_client(migrated_url) as api:
+            for run_id in (old, new, new_id()):
+                post_batch(api, batch([record(0), record(1)], run_id=run_id, project="p"))
+            _age_runs(migrated_url, 7200.0)  # every run's last ingest two hours ago...
+            post_batch(api, batch(  # ...but `new` sends again
+                [record(2)], run_id=new, project="p", layers=None))
+            dry = cli("runs", "prune", "--project", "p", "--older-than", "1h", "--dry-run",
+                      "--db", migrated_url)
+            assert dry.returncode == 0
+            assert dry.stderr == "ampscope: 2 runs would be deleted (dry run)\n"
+            assert old in dry.stdout and new not in dry.stdout
+            assert len(api.get("/api/runs").json()) == 3
+            pruned = cli("runs", "prune", "--project", "p", "--older-than", "1h",
+                         "--db", migrated_url)
+            assert pruned.returncode == 0, pruned.stderr
+            assert pruned.stderr == "ampscope: 2 runs of project p deleted\n"
+            assert [run["id"] for run in api.get("/api/runs").json()] == [new]
+            deleted = cli("runs", "delete", new, "--db", migrated_url)
+            assert deleted.returncode == 0
+            assert deleted.stderr == f"ampscope: run {new} (project p, 3 steps) deleted\n"
+            assert api.get("/api/runs").json() == []
+            post_batch(api, batch([record(3)], run_id=new, project="p"), status=410)
         again = cli("runs", "delete", new, "--db", migrated_url)
         assert again.returncode == 2 and again.stderr == (
             f"ampscope runs delete: run '{new}' not found\n")

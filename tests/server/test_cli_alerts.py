@@ -1,4 +1,5 @@
-"""`ampscope alerts …` on a real SQLite database, then the server it configured sending."""
+"""`ampscope alerts …` on a real SQLite database, then the app it configured (in process)
+sending."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.app import app_client
 from tests.support.databases import migrated_sqlite
-from tests.support.servers import ServerProcess
 from tests.support.team import cli
 from tests.support.webhooks import receiver
 
@@ -53,12 +54,10 @@ def test_configure_alerts_from_the_shell(tmp_path: Path) -> None:
         assert missing.stderr == "ampscope alerts test: alert destination 'nope' not found\n"
         queued = cli("alerts", "test", dest_id, "--db", url)
         assert queued.returncode == 0 and "queued" in queued.stderr
-        # The server on that database sends it, signed with the secret printed above.
-        server = ServerProcess(url, tmp_path, env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
-        try:
+        # The app on that database (in process: its lifespan runs the alerts worker) sends
+        # it, signed with the secret printed above.
+        with app_client(url, alert_interval_s=0.2):
             [got] = hook.wait_for(lambda got: len(got) >= 1)
-        finally:
-            server.stop()
         signed = hmac.new(secret.encode(), got.body, hashlib.sha256).hexdigest()
         assert got.headers["X-Ampscope-Signature-256"] == f"sha256={signed}"
         assert got.path == "/hooks/s3cr3t" and got.json()["alert"]["event"] == "test"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.server.wire import batch, new_id, record
 from tests.support.databases import migrated_sqlite
-from tests.support.servers import ServerProcess
+from tests.support.ingest import ingest_into
 from tests.support.team import cli
 
 
@@ -51,15 +50,9 @@ class TestDatabaseErrors:
 
 def test_a_run_is_named_by_id_short_id_or_name(tmp_path: Path) -> None:
     url = migrated_sqlite(tmp_path)
-    server = ServerProcess(url, tmp_path).start()
     first, second, third = new_id(), new_id(), new_id()
-    try:
-        for run_id, name in ((first, "alpha"), (second, "twin"), (third, "twin")):
-            response = httpx.post(f"{server.url}/api/ingest", timeout=30,
-                                  json=batch([record(0)], run_id=run_id, name=name))
-            assert response.status_code == 200
-    finally:
-        server.stop()
+    ingest_into(url, *(batch([record(0)], run_id=run_id, name=name)
+                       for run_id, name in ((first, "alpha"), (second, "twin"), (third, "twin"))))
     for named in (first, first[:8], "alpha"):
         result = cli("report", named, "--db", url)
         assert result.returncode == 0, result.stderr

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import comparison_reads, divergence_search, ingest, steps_repository
+from ampscope_server import comparison_reads, divergence_search, steps_repository
 from ampscope_server.comparison_math import (
     Divergence,
     LayerAt,
@@ -26,8 +25,8 @@ from ampscope_server.comparison_math import (
     suspect_buckets,
 )
 from ampscope_server.rollups import SeriesAcc
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
+from tests.support.ingest import ingest_payload, post_batch
 
 INF, NAN = math.inf, math.nan
 
@@ -122,15 +121,10 @@ class TestLayerDiffs:
 
 # --- GET /api/compare ------------------------------------------------------------------------
 
-def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+def _get(api: TestClient, path: str, status: int = 200) -> Any:
     response = api.get(path)
     assert response.status_code == status, response.text
     return strict_json(response.text)
-
-
-def _post(api: httpx.Client, body: dict[str, Any]) -> None:
-    response = api.post("/api/ingest", json=body)
-    assert response.status_code == 200, response.text
 
 
 def _run_b_stats(seq: int) -> dict[str, list[Any]]:
@@ -141,11 +135,11 @@ def _run_b_stats(seq: int) -> dict[str, list[Any]]:
     return stats
 
 
-def _seed_pair(api: httpx.Client) -> tuple[str, str]:
+def _seed_pair(api: TestClient) -> tuple[str, str]:
     """A: steps 0-3 as `record` makes them. B: steps 0-4, its loss 10 % higher from step 2, its
     grad norm 4 % higher at step 1, fc1.weight's norm doubled, no loss in fc1.bias."""
     a, b = new_id(), new_id()
-    _post(api, batch([record(i) for i in range(4)], run_id=a, name="fp32 baseline"))
+    post_batch(api, batch([record(i) for i in range(4)], run_id=a, name="fp32 baseline"))
     records = []
     for i in range(5):
         rec = record(i, layers=_run_b_stats(i))
@@ -154,12 +148,12 @@ def _seed_pair(api: httpx.Client) -> tuple[str, str]:
         if i == 1:
             rec["grad_norm"] = 0.75 * 1.04
         records.append(rec)
-    _post(api, batch(records, run_id=b, name="<img src=x onerror=alert(1)>"))
+    post_batch(api, batch(records, run_id=b, name="<img src=x onerror=alert(1)>"))
     return a, b
 
 
 class TestCompareEndpoint:
-    def test_divergence_and_layer_differences(self, api: httpx.Client) -> None:
+    def test_divergence_and_layer_differences(self, api: TestClient) -> None:
         a, b = _seed_pair(api)
         body = _get(api, f"/api/compare?runs={a},{b}")
         assert (body["tolerance"], body["underflow_threshold"], body["reference"]) == (
@@ -183,7 +177,7 @@ class TestCompareEndpoint:
             "divergence_exact": True, "layer_bucket_width": 1,
         }
 
-    def test_a_tighter_tolerance_finds_the_grad_norm_first(self, api: httpx.Client) -> None:
+    def test_a_tighter_tolerance_finds_the_grad_norm_first(self, api: TestClient) -> None:
         a, b = _seed_pair(api)
         [comparison] = _get(api, f"/api/compare?runs={a},{b}&tolerance=0.03")["comparisons"]
         assert comparison["divergence"] == comparison["grad_norm_divergence"] == {
@@ -191,19 +185,19 @@ class TestCompareEndpoint:
             "relative": abs(0.75 * 1.04 - 0.75) / 0.75}
         assert comparison["loss_divergence"]["step"] == 2
 
-    def test_a_calibration_overflow_is_not_a_divergence(self, api: httpx.Client) -> None:
+    def test_a_calibration_overflow_is_not_a_divergence(self, api: TestClient) -> None:
         """Run B's scaler starts too high: steps 0 and 1 overflow and are skipped (grad norm
         inf), then it trains exactly as A. The grad norms of skipped steps are not compared."""
         a, b = new_id(), new_id()
-        _post(api, batch([record(i) for i in range(6)], run_id=a))
-        _post(api, batch([record(i, skipped=i < 2, found_inf=i < 2,
+        post_batch(api, batch([record(i) for i in range(6)], run_id=a))
+        post_batch(api, batch([record(i, skipped=i < 2, found_inf=i < 2,
                                  grad_norm="inf" if i < 2 else 0.75) for i in range(6)],
                          run_id=b))
         [comparison] = _get(api, f"/api/compare?runs={a},{b}")["comparisons"]
         assert comparison["divergence"] is None
         assert comparison["grad_norm_divergence"] is None and comparison["common_steps"] == 6
 
-    def test_the_reference_is_the_first_run_given(self, api: httpx.Client) -> None:
+    def test_the_reference_is_the_first_run_given(self, api: TestClient) -> None:
         a, b = _seed_pair(api)
         body = _get(api, f"/api/compare?runs={b},{a}&underflow_threshold=0.5")
         assert body["reference"] == b
@@ -212,19 +206,19 @@ class TestCompareEndpoint:
         assert [d["l2_ratio"] for d in comparison["layers"]] == [0.5, 1.0]
         assert [d["underflow_only_in"] for d in comparison["layers"]] == [None, None]
 
-    def test_three_runs_and_layers_matched_by_name(self, api: httpx.Client) -> None:
+    def test_three_runs_and_layers_matched_by_name(self, api: TestClient) -> None:
         a, b = _seed_pair(api)
         c = new_id()
         layers = copy.deepcopy(LAYERS)
         layers[1]["name"] = "fc2.bias"
-        _post(api, batch([record(0)], run_id=c, layers=layers))
+        post_batch(api, batch([record(0)], run_id=c, layers=layers))
         body = _get(api, f"/api/compare?runs={a},{b},{c}")
         assert [x["run"] for x in body["comparisons"]] == [b, c]
         third = body["comparisons"][1]
         assert [d["layer"] for d in third["layers"]] == ["fc1.weight"]
         assert (third["common_steps"], third["layer_steps"], third["divergence"]) == (1, 1, None)
 
-    def test_wrapped_and_plain_runs_match_layer_for_layer(self, api: httpx.Client) -> None:
+    def test_wrapped_and_plain_runs_match_layer_for_layer(self, api: TestClient) -> None:
         """Layers match by canonical name: a run stored before issue #13 by a DDP model
         (`module.x.weight` as its names) and one of a newer hook (canonical names, the raw ones
         beside) both meet the plain run's layers, as two plain runs would."""
@@ -236,9 +230,9 @@ class TestCompareEndpoint:
             records[i]["loss"] = (2.31 - 0.01 * i) * 1.1
         records[1]["grad_norm"] = 0.75 * 1.04
         old_layers = [{**layer, "name": f"module.{layer['name']}"} for layer in LAYERS]
-        _post(api, batch(records, run_id=old_ddp, layers=old_layers))
+        post_batch(api, batch(records, run_id=old_ddp, layers=old_layers))
         new_layers = [{**layer, "raw_name": f"_orig_mod.{layer['name']}"} for layer in LAYERS]
-        _post(api, batch(records, run_id=new_compiled, layers=new_layers))
+        post_batch(api, batch(records, run_id=new_compiled, layers=new_layers))
         expected_layers = plain["layers"]
         assert [d["layer"] for d in expected_layers] == ["fc1.weight", "fc1.bias"]
 
@@ -257,22 +251,22 @@ class TestCompareEndpoint:
         ("runs=" + ",".join(f"r{i}" for i in range(9)),
          "runs: give 2 to 8 run ids separated by commas, got 9"),
     ])
-    def test_bad_run_lists_are_422(self, api: httpx.Client, query: str, detail: str) -> None:
+    def test_bad_run_lists_are_422(self, api: TestClient, query: str, detail: str) -> None:
         assert _get(api, f"/api/compare?{query}", 422) == {"detail": detail}
 
-    def test_bad_numbers_are_422(self, api: httpx.Client) -> None:
+    def test_bad_numbers_are_422(self, api: TestClient) -> None:
         a, b = _seed_pair(api)
         for query in ("tolerance=-0.1", "tolerance=abc", "underflow_threshold=2"):
             response = api.get(f"/api/compare?runs={a},{b}&{query}")
             assert response.status_code == 422, (query, response.text)
 
-    def test_an_unknown_run_is_404(self, api: httpx.Client) -> None:
+    def test_an_unknown_run_is_404(self, api: TestClient) -> None:
         a, _ = _seed_pair(api)
         missing = new_id()
         assert _get(api, f"/api/compare?runs={a},{missing}", 404) == {
             "detail": f"run '{missing}' not found"}
 
-    def test_the_compare_page_is_served(self, api: httpx.Client) -> None:
+    def test_the_compare_page_is_served(self, api: TestClient) -> None:
         response = api.get("/compare?runs=a,b")
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/html; charset=utf-8"
@@ -323,11 +317,6 @@ class TestBucketLayerDiffs:
                                   0.01) == [LayerDiff("a", 0, None, 0, None, None, None)]
 
 
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> None:
-    with factory() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
-
-
 LONG = 600
 SPIKE, DRIFT = 357, 500
 
@@ -353,8 +342,8 @@ def long_pair(sessions: sessionmaker[Session]) -> tuple[str, str]:
             rec["loss"] *= 1.2
         records_b.append(rec)
     for first in range(0, LONG, 200):
-        _ingest(sessions, batch(records_a[first:first + 200], run_id=a))
-        _ingest(sessions, batch(records_b[first:first + 200], run_id=b))
+        ingest_payload(sessions, batch(records_a[first:first + 200], run_id=a))
+        ingest_payload(sessions, batch(records_b[first:first + 200], run_id=b))
     return a, b
 
 

@@ -1,22 +1,22 @@
-"""The run page's bounded reads over a real server: events by page and from a step on (the live
-path), the skip rate as bucket maxima with the window's tail."""
+"""The run page's bounded reads over HTTP (the app in process): events by page and from a step on
+(the live path), the skip rate as bucket maxima with the window's tail."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
+from starlette.testclient import TestClient
 
 from tests.server.wire import batch, batch_v2, new_id, record, record_v2, strict_json
 
 
-def _get(api: httpx.Client, path: str) -> Any:
+def _get(api: TestClient, path: str) -> Any:
     response = api.get(path)
     assert response.status_code == 200, response.text
     return strict_json(response.text)
 
 
-def _seed(api: httpx.Client, steps: int, skipped: set[int]) -> str:
+def _seed(api: TestClient, steps: int, skipped: set[int]) -> str:
     run_id = new_id()
     records = [record(i, with_layers=False, skipped=i in skipped, found_inf=i in skipped,
                       scale_after=32768.0 if i in skipped else 65536.0,
@@ -27,7 +27,7 @@ def _seed(api: httpx.Client, steps: int, skipped: set[int]) -> str:
 
 
 class TestEventPages:
-    def test_pages_split_between_steps_and_cover_every_event(self, api: httpx.Client) -> None:
+    def test_pages_split_between_steps_and_cover_every_event(self, api: TestClient) -> None:
         run_id = _seed(api, 40, skipped={3, 9, 17, 30})
         first = _get(api, f"/api/runs/{run_id}/events?limit=3")
         # Each skip is two events (skipped, backoff) of one event step; 3 event steps a page.
@@ -41,7 +41,7 @@ class TestEventPages:
         whole = _get(api, f"/api/runs/{run_id}/events")
         assert whole["events"] == first["events"] + rest["events"]
 
-    def test_the_live_path_reads_from_a_step_on(self, api: httpx.Client) -> None:
+    def test_the_live_path_reads_from_a_step_on(self, api: TestClient) -> None:
         run_id = _seed(api, 10, skipped={2})
         more = [record(i, with_layers=False, skipped=i == 12, found_inf=i == 12,
                        scale_after=32768.0 if i == 12 else 65536.0) for i in range(10, 14)]
@@ -53,7 +53,7 @@ class TestEventPages:
 
 class TestWithoutAScaler:
     def test_a_nonfinite_step_that_was_applied_is_an_event_with_its_layers(
-            self, api: httpx.Client) -> None:
+            self, api: TestClient) -> None:
         """A BF16 run (no scaler): null scales, found_inf steps not skipped. Each is a
         `nonfinite` event with its layers in backward order; the run has no skipped step."""
         run_id = new_id()
@@ -78,7 +78,7 @@ class TestWithoutAScaler:
 
 
 class TestSkipRate:
-    def test_rolling_rate_with_its_tail(self, api: httpx.Client) -> None:
+    def test_rolling_rate_with_its_tail(self, api: TestClient) -> None:
         run_id = _seed(api, 6, skipped={1, 4})
         body = _get(api, f"/api/runs/{run_id}/skip-rate?window=2")
         assert body == {
@@ -89,14 +89,14 @@ class TestSkipRate:
             "tail": [[4, True], [5, False]],
         }
 
-    def test_bucket_maxima_when_downsampled(self, api: httpx.Client) -> None:
+    def test_bucket_maxima_when_downsampled(self, api: TestClient) -> None:
         run_id = _seed(api, 100, skipped={50, 51, 52})
         body = _get(api, f"/api/runs/{run_id}/skip-rate?window=4&max_points=4")
         assert body["downsampled"] is True
         assert body["points"] == [{"step": 0, "rate": 0.0}, {"step": 25, "rate": 0.0},
                                   {"step": 50, "rate": 0.75}, {"step": 75, "rate": 0.0}]
 
-    def test_a_run_without_steps(self, api: httpx.Client) -> None:
+    def test_a_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()
         assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
         assert _get(api, f"/api/runs/{run_id}/skip-rate") == {

@@ -20,6 +20,7 @@ from ampscope_server import (
 from ampscope_server.models import StepNonfinite
 from ampscope_server.schemas import AnyEventRead, IngestBatch, SkippedEventRead
 from tests.server.wire import batch, batch_v2, new_id, record, record_v2
+from tests.support.ingest import ingest_payload
 
 SKIPPED = 33_000
 
@@ -111,8 +112,7 @@ def test_event_steps_are_read_from_their_partial_index(sessions: sessionmaker[Se
     records = [record(i, with_layers=False) for i in range(40)]
     for rec in records[5::10]:
         rec.update(skipped=True, found_inf=True, scale_after=rec["scale_before"] / 2)
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate(batch(records, run_id=run_id)))
+    ingest_payload(sessions, batch(records, run_id=run_id))
     with sessions() as session, session.begin():
         assert [row.step for row in steps_repository.event_rows(session, run_id)] == [
             5, 15, 25, 35]
@@ -140,9 +140,7 @@ def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[S
     records = [record_v2(i, with_layers=False) for i in range(40)]
     for rec in records[7::10]:
         rec["misuse"] = [{"kind": "unscale_twice", "detail": f"step {rec['step']}"}]
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate(
-            batch_v2(records, run_id=run_id, modules=None)))
+    ingest_payload(sessions, batch_v2(records, run_id=run_id, modules=None))
     with sessions() as session, session.begin():
         assert [(row.step, row.detail) for row in steps_repository.misuse_rows(
             session, run_id, 10, 30)] == [(17, "step 17"), (27, "step 27")]

@@ -10,13 +10,12 @@ import math
 import re
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import export_report, export_report_html, export_streams, ingest
+from ampscope_server import export_report, export_report_html, export_streams
 from ampscope_server.models import Run
-from ampscope_server.schemas import IngestBatch
 from tests.server.wire import (
     LAYERS,
     activations,
@@ -27,6 +26,7 @@ from tests.server.wire import (
     record_v2,
     strict_json,
 )
+from tests.support.ingest import ingest_payload
 
 HOSTILE = '<img src=x onerror=alert(1)></script><!--'
 ODD_LAYER = 'enc,"q" proj'
@@ -53,7 +53,7 @@ def _records() -> list[dict[str, Any]]:
     ]
 
 
-def _seed(api: httpx.Client, run_id: str, **run: Any) -> dict[str, Any]:
+def _seed(api: TestClient, run_id: str, **run: Any) -> dict[str, Any]:
     payload = batch_v2(_records(), run_id=run_id, layers=_layers(), **run)
     response = api.post("/api/ingest", json=payload)
     assert response.status_code == 200, response.text
@@ -100,7 +100,7 @@ def _parse(text: str) -> tuple[list[str], list[list[Any]]]:
 
 
 class TestCsv:
-    def test_equals_the_stored_data(self, api: httpx.Client) -> None:
+    def test_equals_the_stored_data(self, api: TestClient) -> None:
         run_id = new_id()
         payload = _seed(api, run_id)
         response = api.get(f"/api/runs/{run_id}/export?format=csv")
@@ -119,7 +119,7 @@ class TestCsv:
         assert '2,1,2,1764430003.25,param,0,"enc,""q"" proj",amax,1e-300' in lines
         assert "2,1,2,1764430003.25,activation,1,act,amin_nz,nan" in lines
 
-    def test_download_headers(self, api: httpx.Client) -> None:
+    def test_download_headers(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id, name='../we "ird"\\ name;\u00e9')
         response = api.get(f"/api/runs/{run_id}/export?format=csv")
@@ -127,7 +127,7 @@ class TestCsv:
         assert response.headers["content-disposition"] == (
             f'attachment; filename="we_ird_name-{run_id[:8]}.csv"')
 
-    def test_run_without_steps(self, api: httpx.Client) -> None:
+    def test_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()
         assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
         response = api.get(f"/api/runs/{run_id}/export?format=csv")
@@ -136,8 +136,7 @@ class TestCsv:
     def test_pages_through_the_run(self, sessions: sessionmaker[Session]) -> None:
         """A page of one step gives the same text as one page of all: paging is invisible."""
         payload = batch_v2(_records(), run_id=new_id(), layers=_layers())
-        with sessions() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
+        ingest_payload(sessions, payload, now=1000.0)
         run_id = payload["run"]["id"]
         small = list(export_streams.csv_chunks(sessions, run_id, page_values=1))
         whole = list(export_streams.csv_chunks(sessions, run_id))
@@ -151,8 +150,7 @@ class TestJson:
         """Page by page (one step a page) or in one page: the same document, valid JSON with
         every step; the head is the run's detail, layer and module tables."""
         payload = batch_v2(_records(), run_id=new_id(), layers=_layers())
-        with sessions() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
+        ingest_payload(sessions, payload, now=1000.0)
         run_id = payload["run"]["id"]
         small = list(export_streams.json_chunks(sessions, run_id, 300.0, page_values=1))
         whole = list(export_streams.json_chunks(sessions, run_id, 300.0))
@@ -164,7 +162,7 @@ class TestJson:
         assert [layer["name"] for layer in document["layers"]] == [
             layer["name"] for layer in payload["layers"]]
 
-    def test_a_run_without_steps(self, api: httpx.Client) -> None:
+    def test_a_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()
         assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
         response = api.get(f"/api/runs/{run_id}/export")
@@ -173,7 +171,7 @@ class TestJson:
 
 
 class TestFormats:
-    def test_unknown_format_is_422(self, api: httpx.Client) -> None:
+    def test_unknown_format_is_422(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id)
         response = api.get(f"/api/runs/{run_id}/export?format=parquet")
@@ -181,7 +179,7 @@ class TestFormats:
         assert strict_json(response.text) == {
             "detail": "query.format: Input should be 'json', 'csv' or 'html'"}
 
-    def test_json_is_the_default_and_still_works(self, api: httpx.Client) -> None:
+    def test_json_is_the_default_and_still_works(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id)
         default = strict_json(api.get(f"/api/runs/{run_id}/export").text)
@@ -190,7 +188,7 @@ class TestFormats:
         assert [s["loss"] for s in explicit["steps"]] == ["nan", "-inf", 2.31 - 0.01 * 2]
 
     @pytest.mark.parametrize("fmt", ["csv", "html"])
-    def test_unknown_run_is_404(self, api: httpx.Client, fmt: str) -> None:
+    def test_unknown_run_is_404(self, api: TestClient, fmt: str) -> None:
         run_id = new_id()
         response = api.get(f"/api/runs/{run_id}/export?format={fmt}")
         assert response.status_code == 404
@@ -209,7 +207,7 @@ def _inline_scripts(text: str) -> list[str]:
 
 
 class TestHtmlReport:
-    def test_self_contained_report(self, api: httpx.Client) -> None:
+    def test_self_contained_report(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id, name=HOSTILE, tags=["amp", HOSTILE])
         response = api.get(f"/api/runs/{run_id}/export?format=html")
@@ -237,7 +235,7 @@ class TestHtmlReport:
         assert [(e["step"], e["kind"]) for e in data["events"]] == [
             (0, "skipped"), (2, "growth")]
 
-    def test_csp_allows_exactly_its_inline_scripts(self, api: httpx.Client) -> None:
+    def test_csp_allows_exactly_its_inline_scripts(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id)
         response = api.get(f"/api/runs/{run_id}/export?format=html")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import findings_repository, ingest
+from ampscope_server import findings_repository
 from ampscope_server.codec import FloatClass
-from ampscope_server.wire import IngestBatch
 from tests.server.test_events_window import _plan
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
 SKIPPED = (5, 6, 15)  # two in a row: the step after the first is also skipped
 
@@ -24,8 +24,7 @@ def _run(sessions: sessionmaker[Session]) -> str:
     records[25]["scale_after"] = records[25]["scale_before"] * 2  # growth
     records[30]["found_inf"] = True  # not skipped: a step that bypassed the scaler
     records[33]["grad_norm"] = "inf"
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate(batch(records, run_id=run_id)))
+    ingest_payload(sessions, batch(records, run_id=run_id))
     return run_id
 
 

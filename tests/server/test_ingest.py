@@ -1,4 +1,4 @@
-"""Ingest on both dialects: in-process through the service, and over HTTP on a real server."""
+"""Ingest on both dialects: through the service, and over HTTP to the app (both in process)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import copy
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
 from ampscope_server import ingest
 from ampscope_server.db import session_scope
@@ -25,11 +27,7 @@ from tests.server.wire import (
     record,
     strict_json,
 )
-
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
-    with factory() as session, session.begin():
-        return ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+from tests.support.ingest import ingest_payload
 
 
 def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
@@ -44,21 +42,22 @@ def _counts(factory: sessionmaker[Session]) -> tuple[int, int, int]:
 
 class TestIngestService:
     def test_stores_records_and_layer_stats(self, sessions: sessionmaker[Session]) -> None:
-        result = _ingest(sessions, batch([record(0), record(1), record(2, with_layers=False)]))
+        result = ingest_payload(sessions,
+                                batch([record(0), record(1), record(2, with_layers=False)]))
         assert (result.attempt, result.accepted, result.duplicates) == (1, 3, 0)
         assert _counts(sessions) == (1, 3, 4)
 
     def test_same_batch_twice_is_stored_once(self, sessions: sessionmaker[Session]) -> None:
         payload = batch([record(0), record(1)])
-        first = _ingest(sessions, payload)
-        second = _ingest(sessions, payload)
+        first = ingest_payload(sessions, payload)
+        second = ingest_payload(sessions, payload)
         assert (first.accepted, first.duplicates) == (2, 0)
         assert (second.accepted, second.duplicates) == (0, 2)
         assert _counts(sessions) == (1, 2, 4)
 
     def test_partly_new_batch_stores_only_the_new(self, sessions: sessionmaker[Session]) -> None:
-        _ingest(sessions, batch([record(0), record(1)]))
-        result = _ingest(sessions, batch([record(1), record(2)], layers=None))
+        ingest_payload(sessions, batch([record(0), record(1)]))
+        result = ingest_payload(sessions, batch([record(1), record(2)], layers=None))
         assert (result.accepted, result.duplicates) == (1, 1)
         assert _counts(sessions) == (1, 3, 6)
 
@@ -66,27 +65,27 @@ class TestIngestService:
         bad = record(1)
         bad["layers"]["amax"] = [0.5]
         with pytest.raises(InvalidPayload):
-            _ingest(sessions, batch([record(0), bad]))
+            ingest_payload(sessions, batch([record(0), bad]))
         assert _counts(sessions) == (0, 0, 0)
 
     def test_conflicting_layer_table_stores_nothing(self, sessions: sessionmaker[Session]) -> None:
-        _ingest(sessions, batch([record(0)]))
+        ingest_payload(sessions, batch([record(0)]))
         layers = copy.deepcopy(LAYERS)
         layers[1]["shape"] = [32]
         with pytest.raises(LayerTableConflict):
-            _ingest(sessions, batch([record(1)], attempt_id=new_id(), layers=layers))
+            ingest_payload(sessions, batch([record(1)], attempt_id=new_id(), layers=layers))
         assert _counts(sessions) == (1, 1, 2)
 
     def test_missing_layer_table(self, sessions: sessionmaker[Session]) -> None:
         with pytest.raises(LayerTableMissing):
-            _ingest(sessions, batch([record(0)], layers=None))
+            ingest_payload(sessions, batch([record(0)], layers=None))
         assert _counts(sessions) == (0, 0, 0)
 
     def test_attempts_get_ordinals(self, sessions: sessionmaker[Session]) -> None:
-        assert _ingest(sessions, batch([record(0)])).attempt == 1
+        assert ingest_payload(sessions, batch([record(0)])).attempt == 1
         second = new_id()
-        assert _ingest(sessions, batch([record(0)], attempt_id=second)).attempt == 2
-        assert _ingest(sessions, batch([record(1)], attempt_id=second)).attempt == 2
+        assert ingest_payload(sessions, batch([record(0)], attempt_id=second)).attempt == 2
+        assert ingest_payload(sessions, batch([record(1)], attempt_id=second)).attempt == 2
         assert _counts(sessions)[1] == 3
 
     def test_subscribers_hear_only_committed_batches(
@@ -96,9 +95,9 @@ class TestIngestService:
         monkeypatch.setattr(hub, "publish", published.append)
         payload = batch([record(0)])
         with pytest.raises(LayerTableMissing):
-            _ingest(sessions, batch([record(0)], layers=None))
+            ingest_payload(sessions, batch([record(0)], layers=None))
         assert published == []
-        _ingest(sessions, payload)
+        ingest_payload(sessions, payload)
         assert published == [payload["run"]["id"]]
 
     def test_session_scope_commits_once(self, sessions: sessionmaker[Session]) -> None:
@@ -110,11 +109,11 @@ class TestIngestService:
         assert _counts(sessions) == (1, 1, 2)
 
 
-def _post(api: httpx.Client, payload: dict[str, Any]) -> httpx.Response:
+def _post(api: TestClient, payload: dict[str, Any]) -> httpx2.Response:
     return api.post("/api/ingest", json=payload)
 
 
-def _steps(api: httpx.Client, run_id: str) -> list[dict[str, Any]]:
+def _steps(api: TestClient, run_id: str) -> list[dict[str, Any]]:
     response = api.get(f"/api/runs/{run_id}/steps")
     assert response.status_code == 200
     steps: list[dict[str, Any]] = strict_json(response.text)["steps"]
@@ -122,7 +121,7 @@ def _steps(api: httpx.Client, run_id: str) -> list[dict[str, Any]]:
 
 
 class TestIngestHttp:
-    def test_accepts_and_round_trips_exactly(self, api: httpx.Client) -> None:
+    def test_accepts_and_round_trips_exactly(self, api: TestClient) -> None:
         run_id = new_id()
         records = [
             record(0),
@@ -162,7 +161,7 @@ class TestIngestHttp:
         assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
         assert export["run"]["id"] == run_id
 
-    def test_same_batch_twice(self, api: httpx.Client) -> None:
+    def test_same_batch_twice(self, api: TestClient) -> None:
         payload = batch([record(0), record(1), record(2)], run_id=new_id())
         assert strict_json(_post(api, payload).text)["accepted"] == 3
         second = _post(api, payload)
@@ -171,7 +170,7 @@ class TestIngestHttp:
             "run_id": payload["run"]["id"], "attempt": 1, "accepted": 0, "duplicates": 3}
         assert len(_steps(api, payload["run"]["id"])) == 3
 
-    def test_final_marks_the_run_finished(self, api: httpx.Client) -> None:
+    def test_final_marks_the_run_finished(self, api: TestClient) -> None:
         run_id = new_id()
         _post(api, batch([record(0)], run_id=run_id))
         assert api.get(f"/api/runs/{run_id}").json()["status"] == "active"
@@ -181,7 +180,7 @@ class TestIngestHttp:
         _post(api, batch([record(0)], run_id=run_id))
         assert api.get(f"/api/runs/{run_id}").json()["status"] == "finished"
 
-    def test_one_bad_record_stores_nothing(self, api: httpx.Client) -> None:
+    def test_one_bad_record_stores_nothing(self, api: TestClient) -> None:
         run_id = new_id()
         bad = record(1)
         bad["layers"]["zero_frac"] = [0.0]
@@ -191,7 +190,7 @@ class TestIngestHttp:
                                              "the run's layer table has 2 layers"}
         assert api.get(f"/api/runs/{run_id}").status_code == 404
 
-    def test_missing_layer_table_is_409(self, api: httpx.Client) -> None:
+    def test_missing_layer_table_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         response = _post(api, batch([record(0, with_layers=False), record(1)], run_id=run_id,
                                     layers=None))
@@ -201,7 +200,7 @@ class TestIngestHttp:
             "and this batch sends none")}
         assert api.get(f"/api/runs/{run_id}").status_code == 404
 
-    def test_different_layer_table_is_409(self, api: httpx.Client) -> None:
+    def test_different_layer_table_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
         layers = copy.deepcopy(LAYERS)
@@ -218,13 +217,13 @@ class TestIngestHttp:
             f"the layer table sent for run '{run_id}' has 1 layers, the stored one has 2")}
         assert len(_steps(api, run_id)) == 1
 
-    def test_same_layer_table_again_is_fine(self, api: httpx.Client) -> None:
+    def test_same_layer_table_again_is_fine(self, api: TestClient) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
         response = _post(api, batch([record(0)], run_id=run_id, attempt_id=new_id()))
         assert strict_json(response.text)["attempt"] == 2
 
-    def test_attempt_of_another_run_is_409(self, api: httpx.Client) -> None:
+    def test_attempt_of_another_run_is_409(self, api: TestClient) -> None:
         first, second, attempt = new_id(), new_id(), new_id()
         assert _post(api, batch([record(0)], run_id=first, attempt_id=attempt)).status_code == 200
         response = _post(api, batch([record(0)], run_id=second, attempt_id=attempt))
@@ -239,7 +238,7 @@ WRAPPED_LAYERS = [
 
 
 class TestRawNames:
-    def test_round_trip(self, api: httpx.Client) -> None:
+    def test_round_trip(self, api: TestClient) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
                      ).status_code == 200
@@ -249,7 +248,7 @@ class TestRawNames:
         assert [layer["raw_name"] for layer in export["layers"]] == [
             "_orig_mod.module.fc1.weight", "_orig_mod.module.fc1.bias"]
 
-    def test_absent_means_the_name(self, api: httpx.Client) -> None:
+    def test_absent_means_the_name(self, api: TestClient) -> None:
         """Clients before issue #13 sent no raw name: their `name` was the raw one."""
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id)).status_code == 200
@@ -264,7 +263,7 @@ class TestRawNames:
 
     @pytest.mark.parametrize("first", ["old", "new"])
     def test_a_run_resumed_across_the_naming_upgrade_is_the_same_run(
-            self, api: httpx.Client, first: str) -> None:
+            self, api: TestClient, first: str) -> None:
         """A compiled DDP model's run started by a client before canonical names (raw names as
         `name`, no `raw_name`) and resumed by a newer one (canonical `name`, the same raw names
         beside), or the other way round: one table, the one stored first, and no 409."""
@@ -281,7 +280,7 @@ class TestRawNames:
                           if first == "old" else WRAPPED_LAYERS)
         assert len(_steps(api, run_id)) == 2
 
-    def test_another_canonical_name_is_409(self, api: httpx.Client) -> None:
+    def test_another_canonical_name_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
                      ).status_code == 200
@@ -293,7 +292,7 @@ class TestRawNames:
             f"the layer table sent for run '{run_id}' differs from the stored one at layer 0: "
             "name is 'fc9.weight', stored 'fc1.weight'")}
 
-    def test_another_raw_name_is_409(self, api: httpx.Client) -> None:
+    def test_another_raw_name_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         assert _post(api, batch([record(0)], run_id=run_id, layers=WRAPPED_LAYERS)
                      ).status_code == 200
@@ -309,7 +308,7 @@ class TestRawNames:
         ("a\x00b", "must not contain NUL characters"),
         (7, "Input should be a valid string"),
     ])
-    def test_bad_raw_names_are_422(self, api: httpx.Client, raw_name: object,
+    def test_bad_raw_names_are_422(self, api: TestClient, raw_name: object,
                                    detail: str) -> None:
         layers = [{**LAYERS[0], "raw_name": raw_name}, LAYERS[1]]
         response = _post(api, batch([record(0)], run_id=new_id(), layers=layers))
@@ -365,7 +364,7 @@ class TestIngestValidation:
                                                    "equal to 2147483647"),
     ])
     def test_rejects_with_exact_message(
-        self, api: httpx.Client, mutate: Any, detail: str
+        self, api: TestClient, mutate: Any, detail: str
     ) -> None:
         payload = _invalid(mutate)
         response = _post(api, payload)
@@ -373,7 +372,7 @@ class TestIngestValidation:
         assert strict_json(response.text) == {"detail": detail}
         assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
 
-    def test_rejects_bare_nan_token(self, api: httpx.Client) -> None:
+    def test_rejects_bare_nan_token(self, api: TestClient) -> None:
         body = httpx.Request("POST", "/", json=batch([record(0)], run_id=new_id())).content
         body = body.replace(b'"loss":2.31', b'"loss":NaN')
         response = api.post("/api/ingest", content=body,
@@ -383,13 +382,13 @@ class TestIngestValidation:
             'records[0].loss: non-finite numbers must be sent as "nan", "inf" or "-inf"')}
 
     @pytest.mark.parametrize("body", [b"", b"{", b"[]", b"null", b'"x"', b"{}"])
-    def test_garbage_is_422(self, api: httpx.Client, body: bytes) -> None:
+    def test_garbage_is_422(self, api: TestClient, body: bytes) -> None:
         response = api.post("/api/ingest", content=body,
                             headers={"content-type": "application/json"})
         assert response.status_code == 422
         assert isinstance(strict_json(response.text)["detail"], str)
 
-    def test_every_classed_float_round_trips_each_tag(self, api: httpx.Client) -> None:
+    def test_every_classed_float_round_trips_each_tag(self, api: TestClient) -> None:
         run_id = new_id()
         tags = ["nan", "inf", "-inf"]
         records = [record(i, loss=t, grad_norm=t, scale_before=t, scale_after=t, lr=t,
@@ -405,10 +404,9 @@ class TestIngestValidation:
 
 
 class TestConcurrentIngest:
-    def test_parallel_batches_lose_and_duplicate_nothing(
-        self, module_server: Any, api: httpx.Client
-    ) -> None:
-        """8 writers at once: new attempts of one run, replays, and a second run."""
+    def test_parallel_batches_lose_and_duplicate_nothing(self, api: TestClient) -> None:
+        """8 writers at once: new attempts of one run, replays, and a second run (the app
+        serves them concurrently, in its threadpool, as one server process does)."""
         from concurrent.futures import ThreadPoolExecutor
 
         shared, other = new_id(), new_id()
@@ -419,8 +417,7 @@ class TestConcurrentIngest:
         payloads += [batch([record(s) for s in range(5)], run_id=other)]
 
         def post(payload: dict[str, Any]) -> int:
-            with httpx.Client(base_url=module_server.url, timeout=60.0) as client:
-                return client.post("/api/ingest", json=payload).status_code
+            return api.post("/api/ingest", json=payload).status_code
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             statuses = list(pool.map(post, payloads))

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import ingest
 from ampscope_server.errors import InvalidPayload, ModuleTableMissing
 from ampscope_server.models import (
     ActivationStat,
@@ -23,7 +22,6 @@ from ampscope_server.models import (
     Step,
     StepNonfinite,
 )
-from ampscope_server.schemas import IngestBatch
 from tests.server.wire import (
     CLIENT,
     MODULES,
@@ -37,6 +35,7 @@ from tests.server.wire import (
     record_v2,
     strict_json,
 )
+from tests.support.ingest import ingest_payload, post_batch
 
 NONFINITE = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]  # backward order
 MISUSE = [{"kind": "clip_before_unscale", "detail": "clip_grad_norm_ saw scaled gradients"},
@@ -57,11 +56,6 @@ def _full_records() -> list[dict[str, Any]]:
     ]
 
 
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
-    with factory() as session, session.begin():
-        return ingest.ingest_batch(session, IngestBatch.model_validate(payload))
-
-
 def _counts(factory: sessionmaker[Session]) -> dict[str, int]:
     with factory() as session:
         return {
@@ -70,23 +64,17 @@ def _counts(factory: sessionmaker[Session]) -> dict[str, int]:
         }
 
 
-def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+def _get(api: TestClient, path: str, status: int = 200) -> Any:
     response = api.get(path)
     assert response.status_code == status, response.text
     return strict_json(response.text)
 
 
-def _post(api: httpx.Client, payload: dict[str, Any], status: int = 200) -> Any:
-    response = api.post("/api/ingest", json=payload)
-    assert response.status_code == status, response.text
-    return strict_json(response.text)
-
-
 class TestRoundTrip:
-    def test_export_gives_back_every_v2_field_as_sent(self, api: httpx.Client) -> None:
+    def test_export_gives_back_every_v2_field_as_sent(self, api: TestClient) -> None:
         run_id = new_id()
         records = _full_records()
-        _post(api, batch_v2(records, run_id=run_id, client=CLIENT))
+        post_batch(api, batch_v2(records, run_id=run_id, client=CLIENT))
         export = _get(api, f"/api/runs/{run_id}/export")
         assert export["modules"] == MODULES
         assert export["layers"] == layers_read()
@@ -99,9 +87,9 @@ class TestRoundTrip:
         assert export["run"]["attempts"][0]["client"] == CLIENT
         assert _get(api, f"/api/runs/{run_id}")["attempts"][0]["client"] == CLIENT
 
-    def test_v1_batches_still_read_back_with_v2_fields_null(self, api: httpx.Client) -> None:
+    def test_v1_batches_still_read_back_with_v2_fields_null(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch([record(0)], run_id=run_id))
+        post_batch(api, batch([record(0)], run_id=run_id))
         export = _get(api, f"/api/runs/{run_id}/export")
         step = export["steps"][0]
         assert {k: step[k] for k in ("captured", "nonfinite", "misuse", "activations",
@@ -110,11 +98,11 @@ class TestRoundTrip:
         assert export["modules"] == []
         assert export["run"]["attempts"][0]["client"] is None
 
-    def test_module_table_is_sent_once(self, api: httpx.Client) -> None:
+    def test_module_table_is_sent_once(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch_v2([record_v2(0)], run_id=run_id))
+        post_batch(api, batch_v2([record_v2(0)], run_id=run_id))
         later = record_v2(1, activations=activations())
-        result = _post(api, batch_v2([later], run_id=run_id, layers=None, modules=None))
+        result = post_batch(api, batch_v2([later], run_id=run_id, layers=None, modules=None))
         assert result["accepted"] == 1
         assert _get(api, f"/api/runs/{run_id}/export")["steps"][1]["activations"] == (
             activations())
@@ -125,14 +113,14 @@ class TestIdempotency:
         self, sessions: sessionmaker[Session]
     ) -> None:
         payload = batch_v2(_full_records(), client=CLIENT)
-        first = _ingest(sessions, payload)
+        first = ingest_payload(sessions, payload)
         counts = _counts(sessions)
         # layer_stats, activation_stats, histograms: one packed row per step that carries
         # them (layer statistics: 0, 1 and 3; activations: 0; histograms: 0 and 3)
         assert counts == {"steps": 4, "layer_stats": 3, "activation_stats": 1,
                           "step_nonfinite": 2, "misuse_events": 2, "histograms": 2,
                           "modules": 3}
-        second = _ingest(sessions, payload)
+        second = ingest_payload(sessions, payload)
         assert (first.accepted, second.accepted, second.duplicates) == (4, 0, 4)
         assert _counts(sessions) == counts
 
@@ -140,8 +128,8 @@ class TestIdempotency:
         self, sessions: sessionmaker[Session]
     ) -> None:
         records = _full_records()
-        _ingest(sessions, batch_v2(records[:2]))
-        _ingest(sessions, batch_v2(records[1:]))
+        ingest_payload(sessions, batch_v2(records[:2]))
+        ingest_payload(sessions, batch_v2(records[1:]))
         assert _counts(sessions)["histograms"] == 2
         assert _counts(sessions)["step_nonfinite"] == 2
 
@@ -149,13 +137,13 @@ class TestIdempotency:
         records = _full_records()
         records[3]["histogram"]["counts"][1][0] += 1
         with pytest.raises(InvalidPayload):
-            _ingest(sessions, batch_v2(records, client=CLIENT))
+            ingest_payload(sessions, batch_v2(records, client=CLIENT))
         assert set(_counts(sessions).values()) == {0}
 
     def test_activations_without_a_module_table(self, sessions: sessionmaker[Session]) -> None:
         records = [record_v2(0, activations=activations())]
         with pytest.raises(ModuleTableMissing):
-            _ingest(sessions, batch_v2(records, modules=None))
+            ingest_payload(sessions, batch_v2(records, modules=None))
         assert set(_counts(sessions).values()) == {0}
 
 
@@ -168,11 +156,11 @@ class TestClientAccounting:
         ([CLIENT, None], CLIENT),
     ])
     def test_keeps_the_largest_produced(
-        self, api: httpx.Client, sent: list[dict[str, int] | None], kept: dict[str, int]
+        self, api: TestClient, sent: list[dict[str, int] | None], kept: dict[str, int]
     ) -> None:
         run_id = new_id()
         for seq, client in enumerate(sent):
-            _post(api, batch_v2([record_v2(seq)], run_id=run_id, client=client))
+            post_batch(api, batch_v2([record_v2(seq)], run_id=run_id, client=client))
         assert _get(api, f"/api/runs/{run_id}")["attempts"][0]["client"] == kept
 
 
@@ -255,22 +243,22 @@ class TestValidation:
          "client.dropped: field required; client.replayed: field required"),
     ])
     def test_rejects_with_exact_message(
-        self, api: httpx.Client, mutate: Any, detail: str
+        self, api: TestClient, mutate: Any, detail: str
     ) -> None:
         payload = _invalid(mutate)
-        assert _post(api, payload, 422) == {"detail": detail}
+        assert post_batch(api, payload, 422) == {"detail": detail}
         assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
 
-    def test_v1_record_with_one_v2_field(self, api: httpx.Client) -> None:
+    def test_v1_record_with_one_v2_field(self, api: TestClient) -> None:
         payload = batch([record(0), record(1, histogram=None)], run_id=new_id())
-        assert _post(api, payload, 422) == {
+        assert post_batch(api, payload, 422) == {
             "detail": "records[1].histogram: unknown field in schema_version 1"}
 
-    def test_activations_without_module_table_is_409(self, api: httpx.Client) -> None:
+    def test_activations_without_module_table_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         payload = batch_v2([record_v2(0), record_v2(1, activations=activations())],
                            run_id=run_id, modules=None)
-        assert _post(api, payload, 409) == {"detail": (
+        assert post_batch(api, payload, 409) == {"detail": (
             f"records[1] carries activation statistics, but run '{run_id}' has no module table "
             "yet and this batch sends none")}
         assert api.get(f"/api/runs/{run_id}").status_code == 404
@@ -280,35 +268,35 @@ class TestValidation:
         ("histogram", histogram(), "a histogram"),
     ])
     def test_layer_data_without_layer_table_is_409(
-        self, api: httpx.Client, field: str, value: Any, what: str
+        self, api: TestClient, field: str, value: Any, what: str
     ) -> None:
         run_id = new_id()
         rec = record_v2(0, with_layers=False, **{field: value})
-        assert _post(api, batch_v2([rec], run_id=run_id, layers=None), 409) == {"detail": (
+        assert post_batch(api, batch_v2([rec], run_id=run_id, layers=None), 409) == {"detail": (
             f"records[0] carries {what}, but run '{run_id}' has no layer table yet and this "
             "batch sends none")}
 
-    def test_different_module_table_is_409(self, api: httpx.Client) -> None:
+    def test_different_module_table_is_409(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch_v2([record_v2(0)], run_id=run_id))
+        post_batch(api, batch_v2([record_v2(0)], run_id=run_id))
         modules = copy.deepcopy(MODULES)
         modules[2]["module_type"] = "Conv2d"
-        assert _post(api, batch_v2([record_v2(1)], run_id=run_id, modules=modules), 409) == {
+        assert post_batch(api, batch_v2([record_v2(1)], run_id=run_id, modules=modules), 409) == {
             "detail": f"the module table sent for run '{run_id}' differs from the stored one "
                       "at module 2: module_type is 'Conv2d', stored 'Linear'"}
-        assert _post(api, batch_v2([record_v2(1)], run_id=run_id, modules=MODULES[:1]),
+        assert post_batch(api, batch_v2([record_v2(1)], run_id=run_id, modules=MODULES[:1]),
                      409) == {"detail": f"the module table sent for run '{run_id}' has 1 "
                                         "modules, the stored one has 3"}
         assert len(_get(api, f"/api/runs/{run_id}/steps")["steps"]) == 1
 
 
 class TestEvents:
-    def test_skipped_events_list_bad_layers_in_backward_order(self, api: httpx.Client) -> None:
+    def test_skipped_events_list_bad_layers_in_backward_order(self, api: TestClient) -> None:
         run_id = new_id()
         records = _full_records()
         records.append(record_v2(4, found_inf=True, skipped=True, loss=1.5,
                                  scale_before=32768.0, scale_after=16384.0))
-        _post(api, batch_v2(records, run_id=run_id))
+        post_batch(api, batch_v2(records, run_id=run_id))
         events = _get(api, f"/api/runs/{run_id}/events")["events"]
         assert events == [
             {"step": 1, "kind": "skipped", "scale_before": 65536.0, "scale_after": 32768.0,
@@ -326,19 +314,19 @@ class TestEvents:
             {"step": 4, "kind": "backoff", "scale_before": 32768.0, "scale_after": 16384.0},
         ]
 
-    def test_misuse_on_a_quiet_step_is_an_event(self, api: httpx.Client) -> None:
+    def test_misuse_on_a_quiet_step_is_an_event(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch_v2([record_v2(0, misuse=MISUSE[:1], loss=None)], run_id=run_id))
+        post_batch(api, batch_v2([record_v2(0, misuse=MISUSE[:1], loss=None)], run_id=run_id))
         assert [e["kind"] for e in _get(api, f"/api/runs/{run_id}/events")["events"]] == [
             "misuse"]
 
 
 class TestActivationHeatmap:
-    def test_serves_the_module_table(self, api: httpx.Client) -> None:
+    def test_serves_the_module_table(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record_v2(0, activations=activations()), record_v2(1),
                    record_v2(2, scale_before=2.0**10, activations=activations())]
-        _post(api, batch_v2(records, run_id=run_id))
+        post_batch(api, batch_v2(records, run_id=run_id))
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=amax")
         assert heat == {"stat": "amax", "source": "activation", "layers": ["fc1", "act", "fc2"],
                         "steps": [0, 2], "z": [[0.5, 0.5], ["inf", "inf"], [None, None]],
@@ -354,15 +342,15 @@ class TestActivationHeatmap:
         param = _get(api, f"/api/runs/{run_id}/layer-stats?stat=amax")
         assert (param["source"], param["layers"]) == ("param", ["fc1.weight", "fc1.bias"])
 
-    def test_run_without_modules_gives_an_empty_heatmap(self, api: httpx.Client) -> None:
+    def test_run_without_modules_gives_an_empty_heatmap(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch([record(0)], run_id=run_id))
+        post_batch(api, batch([record(0)], run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/layer-stats?source=activation&stat=l2") == {
             "stat": "l2", "source": "activation", "layers": [], "steps": [], "z": [],
             "downsampled": False, "rows": None}
 
-    def test_unknown_source_is_422(self, api: httpx.Client) -> None:
+    def test_unknown_source_is_422(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch([record(0)], run_id=run_id))
+        post_batch(api, batch([record(0)], run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/layer-stats?source=grad&stat=l2", 422) == {
             "detail": "query.source: Input should be 'param' or 'activation'"}

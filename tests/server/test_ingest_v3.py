@@ -7,16 +7,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import ingest
 from ampscope_server.errors import InvalidPayload, LayerTableMissing
 from ampscope_server.models import StepRecheck, SwallowedStat
-from ampscope_server.schemas import IngestBatch
 from tests.server.wire import batch_v2, new_id, record_v2, strict_json
+from tests.support.ingest import ingest_payload, post_batch
 
 PERSISTED: dict[str, Any] = {"status": "persisted", "loss": "nan",
              "layers": [{"layer": 1, "kind": "nan"}, {"layer": 0, "kind": "inf"}], "detail": None}
@@ -51,44 +50,38 @@ def _records() -> list[dict[str, Any]]:
     ]
 
 
-def _get(api: httpx.Client, path: str) -> Any:
+def _get(api: TestClient, path: str) -> Any:
     response = api.get(path)
     assert response.status_code == 200, response.text
     return strict_json(response.text)
 
 
-def _post(api: httpx.Client, payload: dict[str, Any], status: int = 200) -> Any:
-    response = api.post("/api/ingest", json=payload)
-    assert response.status_code == status, response.text
-    return strict_json(response.text)
-
-
 class TestRoundTrip:
-    def test_export_gives_back_every_v3_field_as_sent(self, api: httpx.Client) -> None:
+    def test_export_gives_back_every_v3_field_as_sent(self, api: TestClient) -> None:
         run_id = new_id()
         records = _records()
-        _post(api, _batch(records, run_id=run_id))
+        post_batch(api, _batch(records, run_id=run_id))
         export = _get(api, f"/api/runs/{run_id}/export")
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
                 for got in export["steps"]] == [
             {**sent, "ranks": None, "optimizers": None} for sent in records]  # v4: not sent
 
-    def test_v2_batches_read_back_with_v3_fields_null(self, api: httpx.Client) -> None:
+    def test_v2_batches_read_back_with_v3_fields_null(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, batch_v2([record_v2(0)], run_id=run_id))
+        post_batch(api, batch_v2([record_v2(0)], run_id=run_id))
         step = _get(api, f"/api/runs/{run_id}/export")["steps"][0]
         assert (step["recheck"], step["swallowed"]) == (None, None)
 
-    def test_skipped_events_carry_the_recheck(self, api: httpx.Client) -> None:
+    def test_skipped_events_carry_the_recheck(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch(_records(), run_id=run_id))
+        post_batch(api, _batch(_records(), run_id=run_id))
         events = _get(api, f"/api/runs/{run_id}/events")["events"]
         skipped = {e["step"]: e["recheck"] for e in events if e["kind"] == "skipped"}
         assert skipped == {1: PERSISTED, 2: VANISHED, 3: FAILED, 4: INF_LOSS}
 
-    def test_swallowed_heatmap(self, api: httpx.Client) -> None:
+    def test_swallowed_heatmap(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch(_records(), run_id=run_id))
+        post_batch(api, _batch(_records(), run_id=run_id))
         heat = _get(api, f"/api/runs/{run_id}/layer-stats?stat=swallowed_frac")
         assert heat == {"stat": "swallowed_frac", "source": "param",
                         "layers": ["fc1.weight", "fc1.bias"], "steps": [0, 5, 6],
@@ -135,9 +128,9 @@ class TestValidation:
         (lambda p: p["records"][3].update(recheck={**FAILED, "detail": "x" * 1001}), 3,
          "records[3].recheck.detail: String should have at most 1000 characters"),
     ])
-    def test_refused_with_422(self, api: httpx.Client, mutate: Any, version: int,
+    def test_refused_with_422(self, api: TestClient, mutate: Any, version: int,
                               message: str) -> None:
-        assert message in _post(api, _invalid(mutate, version), status=422)["detail"]
+        assert message in post_batch(api, _invalid(mutate, version), status=422)["detail"]
 
     @pytest.mark.parametrize(("mutate", "message"), [
         (lambda p: p["records"][0].update(swallowed=[0.5]),
@@ -147,22 +140,17 @@ class TestValidation:
          "records[1].recheck.layers[0].layer is 2, but the run's layer table has 2 layers"),
     ])
     def test_not_fitting_the_layer_table_is_422(
-        self, api: httpx.Client, mutate: Any, message: str
+        self, api: TestClient, mutate: Any, message: str
     ) -> None:
-        assert _post(api, _invalid(mutate), status=422) == {"detail": message}
+        assert post_batch(api, _invalid(mutate), status=422) == {"detail": message}
 
-    def test_without_a_layer_table_is_409(self, api: httpx.Client) -> None:
+    def test_without_a_layer_table_is_409(self, api: TestClient) -> None:
         run_id = new_id()
         payload = _batch([_v3(0, with_layers=False, swallowed=[0.5, 0.5])], run_id=run_id,
                          layers=None)
-        assert _post(api, payload, status=409) == {"detail": (
+        assert post_batch(api, payload, status=409) == {"detail": (
             f"records[0] carries swallowed fractions, but run '{run_id}' has no layer table yet "
             "and this batch sends none")}
-
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
-    with factory() as session, session.begin():
-        return ingest.ingest_batch(session, IngestBatch.model_validate(payload))
 
 
 def _counts(factory: sessionmaker[Session]) -> tuple[int, int]:
@@ -174,10 +162,10 @@ def _counts(factory: sessionmaker[Session]) -> tuple[int, int]:
 class TestStorage:
     def test_duplicates_store_no_v3_children(self, sessions: sessionmaker[Session]) -> None:
         payload = _batch(_records())
-        first = _ingest(sessions, payload)
+        first = ingest_payload(sessions, payload)
         # swallowed_stats: one packed row per step that carries fractions (0, 5 and 6)
         assert _counts(sessions) == (4, 3)
-        second = _ingest(sessions, copy.deepcopy(payload))
+        second = ingest_payload(sessions, copy.deepcopy(payload))
         assert (first.accepted, second.duplicates) == (7, 7)
         assert _counts(sessions) == (4, 3)
 
@@ -185,11 +173,11 @@ class TestStorage:
         records = _records()
         records[6]["swallowed"] = [0.5]
         with pytest.raises(InvalidPayload):
-            _ingest(sessions, _batch(records))
+            ingest_payload(sessions, _batch(records))
         assert _counts(sessions) == (0, 0)
 
     def test_layer_table_missing(self, sessions: sessionmaker[Session]) -> None:
         records = [_v3(0, with_layers=False, recheck=PERSISTED, found_inf=True, skipped=True)]
         with pytest.raises(LayerTableMissing):
-            _ingest(sessions, _batch(records, layers=None))
+            ingest_payload(sessions, _batch(records, layers=None))
         assert _counts(sessions) == (0, 0)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import ingest, lifecycle, runs
+from ampscope_server import lifecycle, runs
 from ampscope_server.models import StepOptimizers, StepRanks
-from ampscope_server.schemas import IngestBatch
 from tests.server.wire import batch_v2, new_id, record_v2, strict_json
+from tests.support.ingest import ingest_payload, post_batch
 
 ADAM = {"skipped": False, "lr": [1e-3, 5e-4]}
 SCHEDULED = {"skipped": None, "lr": [None, "inf", 0.0]}
@@ -51,15 +51,9 @@ def _records() -> list[dict[str, Any]]:
     ]
 
 
-def _get(api: httpx.Client, path: str) -> Any:
+def _get(api: TestClient, path: str) -> Any:
     response = api.get(path)
     assert response.status_code == 200, response.text
-    return strict_json(response.text)
-
-
-def _post(api: httpx.Client, payload: dict[str, Any], status: int = 200) -> Any:
-    response = api.post("/api/ingest", json=payload)
-    assert response.status_code == status, response.text
     return strict_json(response.text)
 
 
@@ -68,10 +62,10 @@ def _v4_fields(steps: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
 
 
 class TestRoundTrip:
-    def test_steps_and_export_give_back_every_v4_field_as_sent(self, api: httpx.Client) -> None:
+    def test_steps_and_export_give_back_every_v4_field_as_sent(self, api: TestClient) -> None:
         run_id = new_id()
         records = _records()
-        _post(api, _batch(records, run_id=run_id))
+        post_batch(api, _batch(records, run_id=run_id))
         sent = [(r["ranks"], r["optimizers"]) for r in records]
         assert _v4_fields(_get(api, f"/api/runs/{run_id}/steps")["steps"]) == sent
         export = _get(api, f"/api/runs/{run_id}/export")
@@ -79,53 +73,53 @@ class TestRoundTrip:
                 for got in export["steps"]] == records
         assert export["run"]["world_size"] == 4
 
-    def test_a_page_of_steps_reads_its_own_rows(self, api: httpx.Client) -> None:
+    def test_a_page_of_steps_reads_its_own_rows(self, api: TestClient) -> None:
         run_id = new_id()
         records = _records()
-        _post(api, _batch(records, run_id=run_id))
+        post_batch(api, _batch(records, run_id=run_id))
         other = new_id()  # another run's rows, ingested between, stay out of the pages
-        _post(api, _batch(_records(), run_id=other))
+        post_batch(api, _batch(_records(), run_id=other))
         first = _get(api, f"/api/runs/{run_id}/steps?limit=2")
         rest = _get(api, f"/api/runs/{run_id}/steps?after_id={first['last_id']}")
         assert _v4_fields(first["steps"] + rest["steps"]) == [
             (r["ranks"], r["optimizers"]) for r in records]
 
-    def test_world_size_in_the_list_and_the_detail(self, api: httpx.Client) -> None:
+    def test_world_size_in_the_list_and_the_detail(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch([_v4(0)], run_id=run_id, world_size=8))
+        post_batch(api, _batch([_v4(0)], run_id=run_id, world_size=8))
         listed = {run["id"]: run for run in _get(api, "/api/runs?limit=500")}
         assert listed[run_id]["world_size"] == 8
         assert _get(api, f"/api/runs/{run_id}")["world_size"] == 8
 
     @pytest.mark.parametrize("world_size", [None, 1])
-    def test_world_size_is_1_when_absent_or_null(self, api: httpx.Client,
+    def test_world_size_is_1_when_absent_or_null(self, api: TestClient,
                                                  world_size: int | None) -> None:
         run_id = new_id()
         payload = _batch([_v4(0)], run_id=run_id, world_size=None)
         if world_size is None:
             payload["run"]["world_size"] = None
-        _post(api, payload)
+        post_batch(api, payload)
         assert _get(api, f"/api/runs/{run_id}")["world_size"] == 1
 
     def test_a_v3_client_reads_back_world_size_1_and_null_v4_fields(
-        self, api: httpx.Client
+        self, api: TestClient
     ) -> None:
         run_id = new_id()
         payload = batch_v2([record_v2(0, recheck=None, swallowed=None)], run_id=run_id)
         payload["schema_version"] = 3
-        _post(api, payload)
+        post_batch(api, payload)
         assert _get(api, f"/api/runs/{run_id}")["world_size"] == 1
         step = _get(api, f"/api/runs/{run_id}/steps")["steps"][0]
         assert (step["ranks"], step["optimizers"]) == (None, None)
         assert _get(api, f"/api/runs/{run_id}/ranks") == {
             "world_size": 1, "first_nonfinite": None}
 
-    def test_the_first_world_size_is_kept(self, api: httpx.Client) -> None:
+    def test_the_first_world_size_is_kept(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch([_v4(0)], run_id=run_id, world_size=2))
+        post_batch(api, _batch([_v4(0)], run_id=run_id, world_size=2))
         later = _batch([_v4(1, ranks={"loss": [1.0] * 3, "nonfinite": [0] * 3})],
                        run_id=run_id, world_size=3, layers=None)
-        _post(api, later)
+        post_batch(api, later)
         assert _get(api, f"/api/runs/{run_id}")["world_size"] == 2
         # The step's arrays fit its own batch's world size: stored and given back as sent.
         steps = _get(api, f"/api/runs/{run_id}/steps")["steps"]
@@ -133,32 +127,32 @@ class TestRoundTrip:
 
 
 class TestRanksRoute:
-    def test_the_first_step_where_a_rank_went_nonfinite(self, api: httpx.Client) -> None:
+    def test_the_first_step_where_a_rank_went_nonfinite(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch(_records(), run_id=run_id))
+        post_batch(api, _batch(_records(), run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/ranks") == {
             "world_size": 4,
             "first_nonfinite": {"step": 1, "ranks": [1, 3], "loss": [2.5, "nan", None, "-inf"],
                                 "nonfinite": [0, 3, None, 0]}}
 
-    def test_by_step_not_by_ingest_order(self, api: httpx.Client) -> None:
+    def test_by_step_not_by_ingest_order(self, api: TestClient) -> None:
         run_id = new_id()
         late = _v4(0, step=900, ranks={"loss": ["nan", 1.0], "nonfinite": [0, 0]})
-        _post(api, _batch([late], run_id=run_id, world_size=2))
+        post_batch(api, _batch([late], run_id=run_id, world_size=2))
         # A resumed attempt re-sends an earlier step, where only a gradient went non-finite.
         early = _v4(0, step=40, ranks={"loss": [1.0, 1.0], "nonfinite": [0, 2]})
-        _post(api, _batch([early], run_id=run_id, world_size=2, attempt_id=new_id(),
+        post_batch(api, _batch([early], run_id=run_id, world_size=2, attempt_id=new_id(),
                           layers=None))
         assert _get(api, f"/api/runs/{run_id}/ranks")["first_nonfinite"] == {
             "step": 40, "ranks": [1], "loss": [1.0, 1.0], "nonfinite": [0, 2]}
 
-    def test_finite_ranks_have_none(self, api: httpx.Client) -> None:
+    def test_finite_ranks_have_none(self, api: TestClient) -> None:
         run_id = new_id()
-        _post(api, _batch([_records()[0], _records()[3]], run_id=run_id))
+        post_batch(api, _batch([_records()[0], _records()[3]], run_id=run_id))
         assert _get(api, f"/api/runs/{run_id}/ranks") == {
             "world_size": 4, "first_nonfinite": None}
 
-    def test_unknown_run_is_404(self, api: httpx.Client) -> None:
+    def test_unknown_run_is_404(self, api: TestClient) -> None:
         run_id = new_id()
         response = api.get(f"/api/runs/{run_id}/ranks")
         assert response.status_code == 404
@@ -229,21 +223,16 @@ class TestValidation:
         (lambda p: p["records"][0].update(optimizers=[{**ADAM, "momentum": 0.9}]), 4,
          "records[0].optimizers[0].momentum: unknown field"),
     ])
-    def test_refused_with_422(self, api: httpx.Client, mutate: Any, version: int,
+    def test_refused_with_422(self, api: TestClient, mutate: Any, version: int,
                               message: str) -> None:
-        detail = _post(api, _invalid(mutate, version), status=422)["detail"]
+        detail = post_batch(api, _invalid(mutate, version), status=422)["detail"]
         assert message in detail, detail
 
-    def test_the_length_message_is_the_whole_detail(self, api: httpx.Client) -> None:
+    def test_the_length_message_is_the_whole_detail(self, api: TestClient) -> None:
         payload = _invalid(lambda p: p["records"][3].update(
             ranks={"loss": [1.0, 2.0, 3.0], "nonfinite": [0, 0, 0]}))
-        assert _post(api, payload, status=422) == {
+        assert post_batch(api, payload, status=422) == {
             "detail": "records[3].ranks.loss has 3 values for a world_size of 4"}
-
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> Any:
-    with factory() as session, session.begin():
-        return ingest.ingest_batch(session, IngestBatch.model_validate(payload))
 
 
 def _counts(factory: sessionmaker[Session]) -> tuple[int, int]:
@@ -257,15 +246,15 @@ class TestStorage:
         self, sessions: sessionmaker[Session]
     ) -> None:
         payload = _batch(_records(), run_id=new_id())
-        first = _ingest(sessions, payload)
+        first = ingest_payload(sessions, payload)
         assert _counts(sessions) == (3, 3)
-        second = _ingest(sessions, copy.deepcopy(payload))
+        second = ingest_payload(sessions, copy.deepcopy(payload))
         assert (first.accepted, second.duplicates) == (4, 4)
         assert _counts(sessions) == (3, 3)
 
     def test_64_ranks_are_one_row_a_step(self, sessions: sessionmaker[Session]) -> None:
         ranks = {"loss": [1.0] * 63 + ["nan"], "nonfinite": list(range(64))}
-        _ingest(sessions, _batch([_v4(i, ranks=ranks) for i in range(3)], run_id=new_id(),
+        ingest_payload(sessions, _batch([_v4(i, ranks=ranks) for i in range(3)], run_id=new_id(),
                                  world_size=64))
         assert _counts(sessions) == (3, 0)
         with sessions() as session:
@@ -276,13 +265,13 @@ class TestStorage:
         records = _records()
         records[3]["swallowed"] = [0.5]  # refused against the layer table, after parsing
         with pytest.raises(Exception, match="swallowed has 1 entries"):
-            _ingest(sessions, _batch(records, run_id=new_id()))
+            ingest_payload(sessions, _batch(records, run_id=new_id()))
         assert _counts(sessions) == (0, 0)
 
     def test_deleting_the_run_deletes_its_rows(self, sessions: sessionmaker[Session]) -> None:
         kept, deleted = new_id(), new_id()
-        _ingest(sessions, _batch(_records(), run_id=kept))
-        _ingest(sessions, _batch(_records(), run_id=deleted))
+        ingest_payload(sessions, _batch(_records(), run_id=kept))
+        ingest_payload(sessions, _batch(_records(), run_id=deleted))
         assert _counts(sessions) == (6, 6)
         with sessions() as session, session.begin():
             result = lifecycle.delete_run(session, runs.load_run(session, deleted))

@@ -14,6 +14,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.server.wire import batch, new_id, record, strict_json
 from tests.support.databases import migrated_sqlite
+from tests.support.ingest import post_batch
 from tests.support.servers import ServerProcess
 
 
@@ -27,9 +28,11 @@ def _recv(ws: ClientConnection) -> Any:
     return strict_json(message)
 
 
-def _post(api: httpx.Client, payload: dict[str, Any]) -> None:
-    response = api.post("/api/ingest", json=payload)
-    assert response.status_code == 200, response.text
+@pytest.fixture
+def api(served_api: httpx.Client) -> httpx.Client:
+    """The module's real server, not the app in process: these sockets are read with a timeout
+    and fed by LISTEN/NOTIFY, so their HTTP calls go to the same server."""
+    return served_api
 
 
 RANKS_0 = {"loss": [2.5, 2.25], "nonfinite": [0, 0]}
@@ -47,7 +50,7 @@ def _v4_batch(records: list[dict[str, Any]], run_id: str, **kwargs: Any) -> dict
 class TestLive:
     def test_backfill_then_push(self, module_server: ServerProcess, api: httpx.Client) -> None:
         run_id = new_id()
-        _post(api, batch([record(0), record(1, with_layers=False)], run_id=run_id))
+        post_batch(api, batch([record(0), record(1, with_layers=False)], run_id=run_id))
         first_id = api.get(f"/api/runs/{run_id}/steps").json()["steps"][0]["id"]
         with connect(_ws_url(module_server, run_id, after_id=first_id)) as ws:
             backfill = _recv(ws)
@@ -57,7 +60,7 @@ class TestLive:
             assert _recv(ws) == {"type": "status", "status": "active"}
 
             sent = record(2, loss="nan", grad_norm="inf", skipped=True, found_inf=True)
-            _post(api, batch([sent], run_id=run_id, layers=None))
+            post_batch(api, batch([sent], run_id=run_id, layers=None))
             pushed = _recv(ws)
             assert pushed["type"] == "steps"
             step = pushed["steps"][0]
@@ -66,7 +69,7 @@ class TestLive:
                 **sent, "ranks": None, "optimizers": None}
             assert step["attempt"] == 1
 
-            _post(api, batch([], run_id=run_id, layers=None, final=True))
+            post_batch(api, batch([], run_id=run_id, layers=None, final=True))
             assert _recv(ws) == {"type": "status", "status": "finished"}
 
     def test_steps_carry_ranks_and_optimizers_as_the_steps_page_gives_them(
@@ -75,8 +78,8 @@ class TestLive:
         """Wire v4's per-rank and per-optimizer values come with the backfill and the pushed
         steps, NaN/±inf as their tags and nulls kept, equal to `GET /api/runs/{id}/steps`'s."""
         run_id = new_id()
-        _post(api, _v4_batch([record(0, with_layers=False, ranks=RANKS_0, optimizers=OPTIMIZERS_0)],
-                             run_id))
+        post_batch(api, _v4_batch([record(0, with_layers=False, ranks=RANKS_0,
+                                          optimizers=OPTIMIZERS_0)], run_id))
         with connect(_ws_url(module_server, run_id)) as ws:
             backfill = _recv(ws)
             assert [(s["ranks"], s["optimizers"]) for s in backfill["steps"]] == [
@@ -86,7 +89,7 @@ class TestLive:
             sent = [record(1, ranks=RANKS_1, optimizers=OPTIMIZERS_1, skipped=True,
                            found_inf=True),
                     record(2, with_layers=False, ranks=None, optimizers=None)]
-            _post(api, _v4_batch(sent, run_id, layers=None))
+            post_batch(api, _v4_batch(sent, run_id, layers=None))
             pushed = _recv(ws)
             assert pushed["type"] == "steps"
             assert [(s["seq"], s["ranks"], s["optimizers"]) for s in pushed["steps"]] == [
@@ -101,19 +104,19 @@ class TestLive:
     ) -> None:
         run_id = new_id()
         payload = batch([record(0)], run_id=run_id)
-        _post(api, payload)
+        post_batch(api, payload)
         with connect(_ws_url(module_server, run_id)) as ws:
             assert [s["seq"] for s in _recv(ws)["steps"]] == [0]
             assert _recv(ws)["type"] == "status"
-            _post(api, payload)
-            _post(api, batch([record(1)], run_id=run_id))
+            post_batch(api, payload)
+            post_batch(api, batch([record(1)], run_id=run_id))
             assert [s["seq"] for s in _recv(ws)["steps"]] == [1]
 
     def test_large_backfill_comes_in_chunks(
         self, module_server: ServerProcess, api: httpx.Client
     ) -> None:
         run_id = new_id()
-        _post(api, batch([record(i, with_layers=False) for i in range(2500)], run_id=run_id))
+        post_batch(api, batch([record(i, with_layers=False) for i in range(2500)], run_id=run_id))
         with connect(_ws_url(module_server, run_id)) as ws:
             sizes = [len(_recv(ws)["steps"]) for _ in range(3)]
             assert sizes == [1000, 1000, 500]
@@ -131,12 +134,12 @@ class TestLive:
         self, module_server: ServerProcess, api: httpx.Client
     ) -> None:
         run_id = new_id()
-        _post(api, batch([record(0)], run_id=run_id))
+        post_batch(api, batch([record(0)], run_id=run_id))
         for _ in range(5):
             with connect(_ws_url(module_server, run_id)) as ws:
                 ws.send(json.dumps({"hello": 1}))
                 assert _recv(ws)["type"] == "steps"
-        _post(api, batch([record(1)], run_id=run_id))
+        post_batch(api, batch([record(1)], run_id=run_id))
         assert api.get("/api/health").json() == {"status": "ok"}
         assert "Traceback" not in module_server.log()
 
@@ -159,7 +162,7 @@ class TestRunsLive:
         self, module_server: ServerProcess, api: httpx.Client
     ) -> None:
         old = new_id()
-        _post(api, batch([record(0)], run_id=old))
+        post_batch(api, batch([record(0)], run_id=old))
         _analysed(api)
         with connect(_runs_url(module_server)) as ws:
             snapshot = _recv(ws)
@@ -169,7 +172,7 @@ class TestRunsLive:
 
             # A new run: only it comes, as the API summarises it.
             fresh = new_id()
-            _post(api, batch([record(0), record(1, loss="nan")], run_id=fresh))
+            post_batch(api, batch([record(0), record(1, loss="nan")], run_id=fresh))
             pushed = _recv(ws)
             assert pushed["type"] == "runs" and pushed["full"] is False
             assert [r["id"] for r in pushed["runs"]] == [fresh]
@@ -179,9 +182,9 @@ class TestRunsLive:
             assert {key: detail[key] for key in summary} == summary
 
             # A new step of an existing run, then its end.
-            _post(api, batch([record(1)], run_id=old))
+            post_batch(api, batch([record(1)], run_id=old))
             assert [(r["id"], r["num_steps"]) for r in _recv(ws)["runs"]] == [(old, 2)]
-            _post(api, batch([], run_id=old, layers=None, final=True))
+            post_batch(api, batch([], run_id=old, layers=None, final=True))
             assert [(r["id"], r["status"]) for r in _recv(ws)["runs"]] == [(old, "finished")]
 
     def test_every_run_of_a_burst_arrives(
@@ -191,7 +194,7 @@ class TestRunsLive:
         with connect(_runs_url(module_server)) as ws:
             assert _recv(ws)["full"] is True
             for run_id in ids:
-                _post(api, batch([record(0)], run_id=run_id))
+                post_batch(api, batch([record(0)], run_id=run_id))
             seen: set[str] = set()
             while seen != set(ids):
                 message = _recv(ws)
@@ -209,14 +212,14 @@ class TestRunsLive:
         try:
             with httpx.Client(base_url=server.url, timeout=30.0) as api:
                 silent, busy = new_id(), new_id()
-                _post(api, batch([record(0)], run_id=silent))
+                post_batch(api, batch([record(0)], run_id=silent))
                 with connect(_runs_url(server)) as ws:
                     first = _recv(ws)
                     assert first["full"] and first["runs"][0]["status"] == "active"
                     seq = 0
                     while True:
                         seq += 1
-                        _post(api, batch([record(seq)], run_id=busy))
+                        post_batch(api, batch([record(seq)], run_id=busy))
                         message = _recv(ws)
                         statuses = {r["id"]: r["status"] for r in message["runs"]}
                         if message["full"] and statuses[silent] == "crashed":

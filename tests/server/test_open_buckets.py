@@ -16,14 +16,10 @@ from ampscope_server.models import LayerRollup, Run, Step
 from ampscope_server.sql_support import run_key
 from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
 WIDTH = 1 << rollups.LAYER_FINEST
 NO_LIMIT = 2**62
-
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> None:
-    with factory() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
 
 
 def _steps(run_id: str, first: int, count: int) -> dict[str, Any]:
@@ -48,8 +44,8 @@ def test_a_committed_batch_leaves_the_fold_of_its_open_bucket(
     sessions: sessionmaker[Session]
 ) -> None:
     run_id = new_id()
-    _ingest(sessions, _steps(run_id, 0, 40))
-    _ingest(sessions, _steps(run_id, 40, 50))  # closes bucket 0, leaves 64..89 open
+    ingest_payload(sessions, _steps(run_id, 0, 40))
+    ingest_payload(sessions, _steps(run_id, 40, 50))  # closes bucket 0, leaves 64..89 open
     with sessions() as session:
         run = _run(session, run_id)
         entry = open_buckets.recall(session, run, 1, NO_LIMIT)
@@ -64,7 +60,7 @@ def test_a_rolled_back_batch_leaves_the_remembered_fold_as_it_was(
     sessions: sessionmaker[Session]
 ) -> None:
     run_id = new_id()
-    _ingest(sessions, _steps(run_id, 0, 30))
+    ingest_payload(sessions, _steps(run_id, 0, 30))
     with sessions() as session:
         before = open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT)
     assert before is not None and before.layer_steps == 30
@@ -74,7 +70,7 @@ def test_a_rolled_back_batch_leaves_the_remembered_fold_as_it_was(
         raise RuntimeError("the transaction fails after the batch")
     with sessions() as session:
         assert open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT) == before
-    _ingest(sessions, _steps(run_id, 30, 10))
+    ingest_payload(sessions, _steps(run_id, 30, 10))
     with sessions() as session:
         after = open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT)
         assert after is not None
@@ -89,15 +85,15 @@ def test_steps_stored_by_another_process_make_the_fold_stale(
     remembered fold no longer matches, the next batch folds the raw steps, and the bucket's
     row holds every step."""
     run_id = new_id()
-    _ingest(sessions, _steps(run_id, 0, 20))
+    ingest_payload(sessions, _steps(run_id, 0, 20))
     other = db.make_engine(migrated_url)
     try:
-        _ingest(db.make_session_factory(other), _steps(run_id, 20, 20))
+        ingest_payload(db.make_session_factory(other), _steps(run_id, 20, 20))
     finally:
         other.dispose()
     with sessions() as session:
         assert open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT) is None
-    _ingest(sessions, _steps(run_id, 40, 40))  # closes bucket 0
+    ingest_payload(sessions, _steps(run_id, 40, 40))  # closes bucket 0
     with sessions() as session:
         stored = session.execute(select(LayerRollup.data).where(
             LayerRollup.run_key == run_key(run_id), LayerRollup.level == rollups.LAYER_FINEST,
@@ -113,8 +109,8 @@ def test_a_resent_step_in_the_open_bucket_joins_its_fold(
     """A resumed attempt re-sends step 10 (a new row of the same step number): the fold covers
     both rows, as the raw fold does."""
     run_id = new_id()
-    _ingest(sessions, _steps(run_id, 0, 20))
-    _ingest(sessions, batch([record(20, step=10), record(21, step=20)], run_id=run_id))
+    ingest_payload(sessions, _steps(run_id, 0, 20))
+    ingest_payload(sessions, batch([record(20, step=10), record(21, step=20)], run_id=run_id))
     with sessions() as session:
         entry = open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT)
         assert entry is not None
@@ -128,7 +124,7 @@ def test_at_most_capacity_runs_are_remembered(
     monkeypatch.setattr(open_buckets, "CAPACITY", 2)
     runs = [new_id() for _ in range(3)]
     for run_id in runs:
-        _ingest(sessions, _steps(run_id, 0, 5))
+        ingest_payload(sessions, _steps(run_id, 0, 5))
     with sessions() as session:
         found = [open_buckets.recall(session, _run(session, run_id), 0, NO_LIMIT)
                  for run_id in runs]

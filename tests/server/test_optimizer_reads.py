@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from ampscope_server import optimizer_reads
 from ampscope_server.rank_packing import Optimizer
@@ -74,7 +74,7 @@ def _v4(records: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
     return payload
 
 
-def _get(api: httpx.Client, path: str) -> Any:
+def _get(api: TestClient, path: str) -> Any:
     response = api.get(path)
     assert response.status_code == 200, response.text
     return strict_json(response.text)
@@ -85,7 +85,7 @@ def _points(*pairs: tuple[int, Any]) -> list[dict[str, Any]]:
 
 
 class TestOptimizersRoute:
-    def test_two_optimizers_as_sent(self, api: httpx.Client) -> None:
+    def test_two_optimizers_as_sent(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record(i, with_layers=False, optimizers=[
             {"skipped": False, "lr": [1e-3, "nan" if i == 2 else 5e-4]},
@@ -113,13 +113,13 @@ class TestOptimizersRoute:
             (2, []), (2, [3])]
         assert ranged["last_step"] == 3
 
-    def test_a_run_without_the_block_has_none(self, api: httpx.Client) -> None:
+    def test_a_run_without_the_block_has_none(self, api: TestClient) -> None:
         run_id = new_id()
         response = api.post("/api/ingest", json=batch([record(0), record(1)], run_id=run_id))
         assert response.status_code == 200, response.text
         assert _get(api, f"/api/runs/{run_id}/optimizers") == {"optimizers": [], "last_step": None}
 
-    def test_an_unknown_run_is_404(self, api: httpx.Client) -> None:
+    def test_an_unknown_run_is_404(self, api: TestClient) -> None:
         run_id = new_id()
         response = api.get(f"/api/runs/{run_id}/optimizers")
         assert response.status_code == 404

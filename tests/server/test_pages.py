@@ -5,15 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
+from starlette.testclient import TestClient
 
 from ampscope_server.api.pages import CSP, plotly_js, swagger_ui_dir, web_root
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _assert_secure(response: httpx.Response) -> None:
+def _assert_secure(response: httpx2.Response) -> None:
     assert response.headers["content-security-policy"] == CSP
     assert response.headers["x-content-type-options"] == "nosniff"
 
@@ -32,7 +33,7 @@ def test_web_root_is_the_web_folder() -> None:
 @pytest.mark.parametrize(("path", "page"), [
     ("/", "index.html"), ("/runs/abc-123", "run.html"), ("/docs", "api-docs.html"),
 ])
-def test_pages(api: httpx.Client, path: str, page: str) -> None:
+def test_pages(api: TestClient, path: str, page: str) -> None:
     response = api.get(path)
     _assert_secure(response)
     assert response.status_code == 200
@@ -40,7 +41,7 @@ def test_pages(api: httpx.Client, path: str, page: str) -> None:
     assert response.content == (web_root() / page).read_bytes()
 
 
-def test_fastapis_cdn_backed_doc_pages_are_off(api: httpx.Client) -> None:
+def test_fastapis_cdn_backed_doc_pages_are_off(api: TestClient) -> None:
     assert api.get("/redoc").status_code == 404
     assert "cdn" not in api.get("/docs").text.lower()
 
@@ -50,7 +51,7 @@ def test_fastapis_cdn_backed_doc_pages_are_off(api: httpx.Client) -> None:
     ("swagger-ui.css", "text/css; charset=utf-8"),
 ])
 def test_swagger_ui_comes_from_the_installed_package(
-    api: httpx.Client, name: str, content_type: str
+    api: TestClient, name: str, content_type: str
 ) -> None:
     folder = swagger_ui_dir()
     assert folder is not None
@@ -61,7 +62,7 @@ def test_swagger_ui_comes_from_the_installed_package(
     _assert_secure(response)
 
 
-def test_only_the_two_swagger_files_are_served(api: httpx.Client) -> None:
+def test_only_the_two_swagger_files_are_served(api: TestClient) -> None:
     response = api.get("/static/vendor/swagger-ui/index.html")
     assert response.status_code == 404
     assert response.json() == {
@@ -69,7 +70,7 @@ def test_only_the_two_swagger_files_are_served(api: httpx.Client) -> None:
     }
 
 
-def test_plotly_is_the_vendored_cartesian_bundle(api: httpx.Client) -> None:
+def test_plotly_is_the_vendored_cartesian_bundle(api: TestClient) -> None:
     path = plotly_js()
     assert path.read_text(encoding="utf-8")[:60].startswith(
         "/**\n* plotly.js (cartesian - minified) v")
@@ -80,7 +81,7 @@ def test_plotly_is_the_vendored_cartesian_bundle(api: httpx.Client) -> None:
     _assert_secure(response)
 
 
-def test_static_files(api: httpx.Client) -> None:
+def test_static_files(api: TestClient) -> None:
     response = api.get("/static/css/app.css")
     assert response.status_code == 200
     assert response.content == (web_root() / "css" / "app.css").read_bytes()
@@ -90,7 +91,7 @@ def test_static_files(api: httpx.Client) -> None:
     _assert_secure(missing)
 
 
-def test_api_responses_carry_the_headers_too(api: httpx.Client) -> None:
+def test_api_responses_carry_the_headers_too(api: TestClient) -> None:
     _assert_secure(api.get("/api/health"))
 
 

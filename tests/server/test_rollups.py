@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from typing import Any
@@ -15,22 +14,16 @@ from ampscope_server import (
     chart_reads,
     codec,
     db,
-    ingest,
     rollups,
     rollups_repository,
     steps_repository,
 )
 from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
 from ampscope_server.sql_support import run_key
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
+from tests.support.ingest import ingest_payload
 
 Key = tuple[int, int]
-
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any]) -> None:
-    with factory() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
 
 
 def _random_record(rng: random.Random, seq: int, step: int) -> dict[str, Any]:
@@ -162,10 +155,10 @@ class TestMaintainedAtIngest:
         rng.shuffle(steps)  # spool replay: batches arrive out of step order
         records = [_random_record(rng, seq, step) for seq, step in enumerate(steps)]
         for start in range(0, 300, 37):
-            _ingest(sessions, batch(records[start:start + 37], run_id=run_id))
+            ingest_payload(sessions, batch(records[start:start + 37], run_id=run_id))
         # a resumed attempt repeats steps 100..139 with new values
         resumed = [_random_record(rng, seq, 100 + seq) for seq in range(40)]
-        _ingest(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
+        ingest_payload(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
         _check_against_brute_force(sessions, run_id)
 
     def test_sparse_cadence_and_resumes_into_closed_buckets(
@@ -179,7 +172,7 @@ class TestMaintainedAtIngest:
         records = [dict(_random_record(rng, step, step), **(
             {} if step % 10 == 0 else {"layers": None})) for step in range(1400)]
         for start in range(0, 1400, 100):
-            _ingest(sessions, batch(records[start:start + 100], run_id=run_id))
+            ingest_payload(sessions, batch(records[start:start + 100], run_id=run_id))
         with sessions() as session:
             levels = {level for level, _ in _stored_layer_keys(session, run_id)}
         assert levels == {8, 10}  # closed: 256-step buckets 0..4, the 1024-step bucket 0
@@ -188,7 +181,7 @@ class TestMaintainedAtIngest:
                    for rec in (_random_record(rng, seq, 130 + seq) for seq in range(30))]
         resumed += [dict(_random_record(rng, 30 + seq, 900 + seq * 10), layers=layer_stats(
             seed=float(seq))) for seq in range(5)]
-        _ingest(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
+        ingest_payload(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
         with sessions() as session:
             assert (6, 2) in _stored_layer_keys(session, run_id)  # 7 + 30 layer steps > 16
         _check_against_brute_force(sessions, run_id)
@@ -197,16 +190,16 @@ class TestMaintainedAtIngest:
         self, sessions: sessionmaker[Session]
     ) -> None:
         run_id = new_id()
-        _ingest(sessions, batch([record(i, layers=layer_stats(seed=float(i % 7)))
+        ingest_payload(sessions, batch([record(i, layers=layer_stats(seed=float(i % 7)))
                                  for i in range(100)], run_id=run_id))
         with sessions() as session:
             assert _stored_layer_keys(session, run_id) == {(6, 0)}
         # A batch inside the open buckets writes no per-layer row (on Postgres: no dead one).
-        _ingest(sessions, batch([record(i) for i in range(100, 120)], run_id=run_id))
+        ingest_payload(sessions, batch([record(i) for i in range(100, 120)], run_id=run_id))
         with sessions() as session:
             assert _stored_layer_keys(session, run_id) == {(6, 0)}
         # A gap: the bucket holding the old last step closes with no new step of its own.
-        _ingest(sessions, batch([record(i, step=i * 300) for i in range(120, 125)],
+        ingest_payload(sessions, batch([record(i, step=i * 300) for i in range(120, 125)],
                                 run_id=run_id))
         with sessions() as session:
             keys = _stored_layer_keys(session, run_id)
@@ -217,11 +210,11 @@ class TestMaintainedAtIngest:
     def test_duplicates_do_not_double_count(self, sessions: sessionmaker[Session]) -> None:
         run_id = new_id()
         payload = batch([record(i, loss=float(i)) for i in range(50)], run_id=run_id)
-        _ingest(sessions, payload)
+        ingest_payload(sessions, payload)
         with sessions() as session:
             before = _stored(session, run_id)
-        _ingest(sessions, payload)
-        _ingest(sessions, batch([record(i) for i in range(40, 60)], run_id=run_id))
+        ingest_payload(sessions, payload)
+        ingest_payload(sessions, batch([record(i) for i in range(40, 60)], run_id=run_id))
         with sessions() as session:
             after = _stored(session, run_id)
             assert after[(4, 0)] == before[(4, 0)]
@@ -231,8 +224,8 @@ class TestMaintainedAtIngest:
     def test_a_failed_batch_leaves_no_rollup(self, sessions: sessionmaker[Session]) -> None:
         run_id = new_id()
         bad = batch([record(0), record(1, layers=layer_stats(n=3))], run_id=run_id)
-        with pytest.raises(Exception, match="layer"), sessions() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(bad)))
+        with pytest.raises(Exception, match="layer"):
+            ingest_payload(sessions, bad)
         with sessions() as session:
             assert _stored(session, run_id) == {}
 
@@ -255,7 +248,7 @@ def long_run(sessions: sessionmaker[Session]) -> str:
                     base["layers"], zero_frac=[0.0, 0.5], underflow_frac=[0.0, 0.5],
                     amax=[0.5, 60000.0]))
             records.append(rec)
-        _ingest(sessions, batch(records, run_id=run_id, layers=LAYERS))
+        ingest_payload(sessions, batch(records, run_id=run_id, layers=LAYERS))
     return run_id
 
 
@@ -307,7 +300,7 @@ class TestBackfill:
     ) -> None:
         run_id = new_id()
         rng = random.Random(3)
-        _ingest(sessions, batch([_random_record(rng, i, i * 3) for i in range(200)],
+        ingest_payload(sessions, batch([_random_record(rng, i, i * 3) for i in range(200)],
                                 run_id=run_id))
         with sessions() as session:
             expected = _stored(session, run_id)

@@ -3,17 +3,15 @@ whether the keys fit one statement or need several."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, rollups, rollups_repository, stat_packing
+from ampscope_server import rollups, rollups_repository, stat_packing
 from ampscope_server.models import LayerRollup, Rollup
 from ampscope_server.sql_support import run_key
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
 STEPS = 600
 
@@ -21,9 +19,7 @@ STEPS = 600
 @pytest.fixture
 def run_id(sessions: sessionmaker[Session]) -> str:
     run_id = new_id()
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(
-            batch([record(seq) for seq in range(STEPS)], run_id=run_id))))
+    ingest_payload(sessions, batch([record(seq) for seq in range(STEPS)], run_id=run_id))
     return run_id
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
-from ampscope_server import ingest, runs, summary_cache
+from ampscope_server import runs, summary_cache
 from ampscope_server.formats import FORMATS
-from ampscope_server.schemas import IngestBatch, RunStatus
+from ampscope_server.schemas import RunStatus
 from tests.server.wire import (
     batch,
     layer_stats,
@@ -20,15 +20,16 @@ from tests.server.wire import (
     record,
     strict_json,
 )
+from tests.support.ingest import ingest_payload
 
 
-def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+def _get(api: TestClient, path: str, status: int = 200) -> Any:
     response = api.get(path)
     assert response.status_code == status, response.text
     return strict_json(response.text)
 
 
-def _seed(api: httpx.Client, run_id: str, n: int = 3, **run: Any) -> None:
+def _seed(api: TestClient, run_id: str, n: int = 3, **run: Any) -> None:
     records = [record(i, skipped=(i == 1), found_inf=(i == 1),
                       scale_after=32768.0 if i >= 1 else 65536.0,
                       scale_before=65536.0 if i <= 1 else 32768.0) for i in range(n)]
@@ -37,7 +38,7 @@ def _seed(api: httpx.Client, run_id: str, n: int = 3, **run: Any) -> None:
 
 
 class TestRunsList:
-    def test_lists_newest_first_with_summaries(self, api: httpx.Client) -> None:
+    def test_lists_newest_first_with_summaries(self, api: TestClient) -> None:
         first, second = new_id(), new_id()
         _seed(api, first, name="first")
         _seed(api, second, n=1, name="second", tags=["x"])
@@ -58,7 +59,7 @@ class TestRunsList:
             "world_size": 1}
         assert listed[second]["tags"] == ["x"]
 
-    def test_run_without_steps(self, api: httpx.Client) -> None:
+    def test_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()
         assert api.post("/api/ingest", json=batch([], run_id=run_id)).status_code == 200
         detail = _get(api, f"/api/runs/{run_id}")
@@ -67,7 +68,7 @@ class TestRunsList:
 
 
 class TestRunDetail:
-    def test_detail(self, api: httpx.Client) -> None:
+    def test_detail(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id, host="gpu-7", rank=3, target_format="bf16")
         detail = _get(api, f"/api/runs/{run_id}")
@@ -78,7 +79,7 @@ class TestRunDetail:
         assert (attempt["ordinal"], attempt["pid"], attempt["started_at"]) == (1, 1234,
                                                                               1764430000.5)
 
-    def test_layers(self, api: httpx.Client) -> None:
+    def test_layers(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id)
         assert _get(api, f"/api/runs/{run_id}/layers") == layers_read()
@@ -87,14 +88,14 @@ class TestRunDetail:
         "", "/layers", "/steps", "/export", "/series/loss", "/events",
         "/layer-stats?stat=amax",
     ])
-    def test_unknown_run_is_404(self, api: httpx.Client, suffix: str) -> None:
+    def test_unknown_run_is_404(self, api: TestClient, suffix: str) -> None:
         run_id = new_id()
         assert _get(api, f"/api/runs/{run_id}{suffix}", 404) == {
             "detail": f"run '{run_id}' not found"}
 
 
 class TestSteps:
-    def test_pages_by_after_id(self, api: httpx.Client) -> None:
+    def test_pages_by_after_id(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id, n=5)
         page = _get(api, f"/api/runs/{run_id}/steps?limit=2")
@@ -105,7 +106,7 @@ class TestSteps:
         empty = _get(api, f"/api/runs/{run_id}/steps?after_id={rest['last_id']}")
         assert empty == {"steps": [], "last_id": rest["last_id"]}
 
-    def test_steps_of_other_runs_are_not_mixed_in(self, api: httpx.Client) -> None:
+    def test_steps_of_other_runs_are_not_mixed_in(self, api: TestClient) -> None:
         mine, other = new_id(), new_id()
         _seed(api, mine, n=2)
         _seed(api, other, n=2)
@@ -118,14 +119,14 @@ class TestSteps:
         ("limit=abc", "query.limit: Input should be a valid integer, unable to parse string "
                       "as an integer"),
     ])
-    def test_bad_query_is_422(self, api: httpx.Client, query: str, detail: str) -> None:
+    def test_bad_query_is_422(self, api: TestClient, query: str, detail: str) -> None:
         run_id = new_id()
         _seed(api, run_id, n=1)
         assert _get(api, f"/api/runs/{run_id}/steps?{query}", 422) == {"detail": detail}
 
 
 class TestExport:
-    def test_export_has_everything(self, api: httpx.Client) -> None:
+    def test_export_has_everything(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record(0), record(1, with_layers=False), record(2)]
         assert api.post("/api/ingest", json=batch(records, run_id=run_id)).status_code == 200
@@ -137,7 +138,7 @@ class TestExport:
         assert [s["layers"] for s in export["steps"]] == [r["layers"] for r in records]
         assert [s["seq"] for s in export["steps"]] == [0, 1, 2]
 
-    def test_unknown_format_is_422(self, api: httpx.Client) -> None:
+    def test_unknown_format_is_422(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id, n=1)
         assert _get(api, f"/api/runs/{run_id}/export?format=xml", 422) == {
@@ -152,8 +153,7 @@ class TestStatus:
 
     def test_silent_active_run_reads_as_crashed(self, sessions: sessionmaker[Session]) -> None:
         payload = batch([record(0)], run_id=new_id())
-        with sessions() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=1000.0)
+        ingest_payload(sessions, payload, now=1000.0)
         with sessions() as session:
             run = runs.load_run(session, payload["run"]["id"])
             assert runs.summaries(session, [run], 300.0, now=1200.0)[0].status == "active"
@@ -177,7 +177,7 @@ class TestWorstLayers:
             ("a", 0.0), None)
         assert summary_cache.worst_layers([], 1.0, self.FP16) == (None, None)
 
-    def test_summary_fields(self, api: httpx.Client) -> None:
+    def test_summary_fields(self, api: TestClient) -> None:
         run_id = new_id()
         _seed(api, run_id)  # 3 steps, step 1 skipped; last layer stats at seq 2, scale 2^15
         tail = record(3, with_layers=False, scale_before=1.0, scale_after=1.0)
@@ -189,7 +189,7 @@ class TestWorstLayers:
         assert summary["worst_headroom"] == {
             "layer": "fc1.weight", "value": math.log2(65504.0) - math.log2(1.5) - 15}
 
-    def test_run_without_layer_stats_or_steps(self, api: httpx.Client) -> None:
+    def test_run_without_layer_stats_or_steps(self, api: TestClient) -> None:
         scalars_only, empty = new_id(), new_id()
         records = [record(0, with_layers=False)]
         assert api.post("/api/ingest", json=batch(records, run_id=scalars_only)).status_code == 200
@@ -200,7 +200,7 @@ class TestWorstLayers:
         assert [listed[empty][k] for k in ("skip_rate", "worst_underflow",
                                            "worst_headroom")] == [None, None, None]
 
-    def test_all_zero_gradients_have_infinite_headroom(self, api: httpx.Client) -> None:
+    def test_all_zero_gradients_have_infinite_headroom(self, api: TestClient) -> None:
         run_id = new_id()
         stats = layer_stats()
         stats["amax"] = [0.0, 0.0]

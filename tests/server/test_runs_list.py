@@ -1,34 +1,33 @@
 """GET /api/runs: keyset pages, server-side order and filter, bad cursors; the socket snapshot.
 
 Each test names its runs with a project of its own and filters on it, so the module's shared
-server (other tests' runs) does not disturb the exact expectations.
+app and database (other tests' runs) do not disturb the exact expectations.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, sessionmaker
-from websockets.sync.client import connect
+from starlette.testclient import TestClient
 
-from ampscope_server import ingest, runs_list
+from ampscope_server import runs_list
 from ampscope_server.errors import InvalidPayload
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record, strict_json
-from tests.support.servers import ServerProcess
+from tests.support.app import WS_BASE_URL
+from tests.support.ingest import ingest_payload
 
 
 def _project() -> str:
     return f"p{uuid.uuid4().hex[:10]}"
 
 
-def _seed(api: httpx.Client, project: str, name: str, steps: int, skipped: int = 0,
+def _seed(api: TestClient, project: str, name: str, steps: int, skipped: int = 0,
           tags: list[str] | None = None) -> str:
     run_id = new_id()
     records = [record(i, skipped=i < skipped, found_inf=i < skipped) for i in range(steps)]
@@ -38,12 +37,12 @@ def _seed(api: httpx.Client, project: str, name: str, steps: int, skipped: int =
     return run_id
 
 
-def _next(response: httpx.Response) -> str | None:
+def _next(response: httpx2.Response) -> str | None:
     found = re.fullmatch(r'<([^>]+)>; rel="next"', response.headers.get("Link", ""))
     return None if found is None else found.group(1)
 
 
-def _walk(api: httpx.Client, path: str) -> tuple[list[list[dict[str, Any]]], list[str]]:
+def _walk(api: TestClient, path: str) -> tuple[list[list[dict[str, Any]]], list[str]]:
     """Every page from `path` on, following the Link header; (pages, the links followed)."""
     pages, links = [], []
     next_path: str | None = path
@@ -58,7 +57,7 @@ def _walk(api: httpx.Client, path: str) -> tuple[list[list[dict[str, Any]]], lis
 
 
 class TestPages:
-    def test_pages_cover_every_run_once_in_order(self, api: httpx.Client) -> None:
+    def test_pages_cover_every_run_once_in_order(self, api: TestClient) -> None:
         project = _project()
         ids = [_seed(api, project, f"run-{i}", steps=1) for i in range(7)]
         pages, links = _walk(api, f"/api/runs?limit=3&q={project}")
@@ -67,7 +66,7 @@ class TestPages:
         assert [run["id"] for page in pages for run in page] == ids[::-1]
         assert all("cursor=" in link and f"q={project}" in link for link in links)
 
-    def test_unfiltered_pages_carry_the_total(self, api: httpx.Client) -> None:
+    def test_unfiltered_pages_carry_the_total(self, api: TestClient) -> None:
         _seed(api, _project(), "counted", steps=1)
         response = api.get("/api/runs?limit=1")
         total = int(response.headers["X-Total-Count"])
@@ -79,7 +78,7 @@ class TestPages:
         assert "X-Total-Count" not in api.get("/api/runs?q=counted").headers
 
     def test_a_run_added_between_pages_is_neither_lost_nor_repeated(
-        self, api: httpx.Client
+        self, api: TestClient
     ) -> None:
         project = _project()
         old = [_seed(api, project, f"old-{i}", steps=1) for i in range(4)]
@@ -98,7 +97,7 @@ class TestPages:
         ("updated", "desc", lambda r: (-r["updated_at"], r["id"])),
     ])
     def test_sorted_on_the_server_across_pages(
-        self, api: httpx.Client, sort: str, order: str, key: Any
+        self, api: TestClient, sort: str, order: str, key: Any
     ) -> None:
         project = _project()
         for i, (steps, skipped) in enumerate([(5, 1), (2, 0), (9, 3), (1, 1), (5, 0)]):
@@ -108,7 +107,7 @@ class TestPages:
         assert len(listed) == 5
         assert listed == sorted(listed, key=key)
 
-    def test_runs_without_steps_sort_last_either_way(self, api: httpx.Client) -> None:
+    def test_runs_without_steps_sort_last_either_way(self, api: TestClient) -> None:
         project = _project()
         empty = new_id()
         response = api.post("/api/ingest", json=batch([], run_id=empty, project=project))
@@ -121,7 +120,7 @@ class TestPages:
 
 class TestFilter:
     def test_words_match_name_project_tag_or_status_on_the_server(
-        self, api: httpx.Client
+        self, api: TestClient
     ) -> None:
         project = _project()
         tagged = _seed(api, project, "alpha", steps=1, tags=["Vision"])
@@ -131,7 +130,7 @@ class TestFilter:
         both = api.get(f"/api/runs?q={project}+active")
         assert [r["id"] for r in strict_json(both.text)] == [plain, tagged]
 
-    def test_the_filter_applies_before_the_page_is_cut(self, api: httpx.Client) -> None:
+    def test_the_filter_applies_before_the_page_is_cut(self, api: TestClient) -> None:
         """The matches are found beyond the first page of unfiltered runs."""
         project = _project()
         wanted = _seed(api, project, "needle", steps=1)
@@ -141,7 +140,7 @@ class TestFilter:
         assert [r["id"] for r in strict_json(response.text)] == [wanted]
         assert _next(response) is None
 
-    def test_regex(self, api: httpx.Client) -> None:
+    def test_regex(self, api: TestClient) -> None:
         project = _project()
         hit = _seed(api, project, "exp-042", steps=1)
         _seed(api, project, "exp-42b", steps=1)
@@ -150,20 +149,20 @@ class TestFilter:
         assert all(re.search(r"^exp-\d{3}$", r["name"], re.I) for r in strict_json(response.text)
                    if r["project"] == project)
 
-    def test_an_invalid_regex_is_422_with_the_reason(self, api: httpx.Client) -> None:
+    def test_an_invalid_regex_is_422_with_the_reason(self, api: TestClient) -> None:
         response = api.get("/api/runs", params={"q": "img([", "regex": "true"})
         assert response.status_code == 422
         assert response.json()["detail"].startswith("q: invalid regular expression: ")
 
 
 class TestCursor:
-    def test_a_forged_cursor_is_422(self, api: httpx.Client) -> None:
+    def test_a_forged_cursor_is_422(self, api: TestClient) -> None:
         response = api.get("/api/runs", params={"cursor": "not-a-cursor"})
         assert response.status_code == 422
         assert response.json()["detail"] == ("cursor: not a cursor this server gave (pass the "
                                               "`next` link of the previous page unchanged)")
 
-    def test_a_cursor_of_another_order_is_422(self, api: httpx.Client) -> None:
+    def test_a_cursor_of_another_order_is_422(self, api: TestClient) -> None:
         cursor = runs_list.encode_cursor("steps", True, 3, "x")
         response = api.get("/api/runs", params={"cursor": cursor, "sort": "name"})
         assert response.status_code == 422
@@ -187,13 +186,11 @@ class TestCursor:
 
 
 class TestSnapshot:
-    def test_the_socket_snapshot_is_the_first_page_and_its_cursor(
-        self, module_server: ServerProcess, api: httpx.Client
-    ) -> None:
+    def test_the_socket_snapshot_is_the_first_page_and_its_cursor(self, api: TestClient) -> None:
         for i in range(3):
             _seed(api, _project(), f"snap-{i}", steps=1)
-        with connect(f"ws://127.0.0.1:{module_server.port}/api/runs/live") as ws:
-            snapshot = json.loads(str(ws.recv(timeout=10)))
+        with api.websocket_connect(f"{WS_BASE_URL}/api/runs/live") as ws:
+            snapshot = strict_json(ws.receive_text())  # sent on connect: no wait to bound
         first = api.get(f"/api/runs?limit={runs_list.DEFAULT_LIMIT}")
         page_ids = [r["id"] for r in strict_json(first.text)]
         snapshot_ids = [r["id"] for r in snapshot["runs"]]
@@ -220,8 +217,7 @@ class TestPageReads:
             run_id = new_id()
             payload = batch([record(0, with_layers=False)], run_id=run_id, project=project,
                             name=f"r{i}", config=big)
-            with sessions.begin() as session:
-                ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+            ingest_payload(sessions, payload)
             ids.append(run_id)
         with sessions() as session:
             found = runs_list.page(session, runs_list.RunsQuery(limit=3, q=project), None,

@@ -1,15 +1,19 @@
 """How `ampscope serve` runs: half-sent requests are cut off, the access log drops query strings,
-and the trusted-proxy (SSO) mode believes its header only from the proxy's address."""
+a refused WebSocket handshake is an HTTP answer, and the trusted-proxy (SSO) mode believes its
+header only from the proxy's address."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from ampscope_server.serving import StripQuery, log_config
 from tests.support.team import Team, team_server
@@ -74,6 +78,20 @@ def test_a_trickled_body_is_408(guarded: Team) -> None:
             answer += sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 408")
     assert b'{"detail":"no part of the request body arrived for 1 s"}' in answer
+
+
+def test_a_websocket_handshake_the_app_refuses_is_403(guarded: Team) -> None:
+    """FastAPI closes a socket whose parameters fail validation before accepting it (1008:
+    test_hostile.test_websocket_parameters, in process, both dialects); uvicorn answers that
+    handshake with HTTP 403, logs no traceback, and serves on."""
+    auth = {"Authorization": f"Bearer {guarded.tokens['root']}"}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"ws://127.0.0.1:{guarded.server.port}/api/runs/{uuid.uuid4()}/live"
+                f"?after_id={2**63}", additional_headers=auth, open_timeout=10)
+    assert refused.value.response.status_code == 403
+    with guarded.client("root") as client:
+        assert client.get("/api/runs").status_code == 200
+    assert "Traceback" not in guarded.server.log()
 
 
 class TestTrustedProxy:

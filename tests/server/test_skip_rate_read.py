@@ -11,7 +11,6 @@ bursts, at several zooms and point counts.
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
@@ -20,11 +19,11 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db, event_reads, ingest, rollups, skip_rates
+from ampscope_server import db, event_reads, rollups, skip_rates
 from ampscope_server.models import Rollup, Run
 from ampscope_server.sql_support import run_key
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
 STEPS = 43_000
 BURSTS = [(7, 7), (7, 13), (16, 16), (16, 31), (100, 100), (100, 199), (1000, 1000),
@@ -43,15 +42,14 @@ def _skipped(step: int) -> bool:
                for i, (_, length) in enumerate(BURSTS))
 
 
-def _ingest(factory: sessionmaker[Session], run_id: str, steps: list[int], skipped: bool | None,
-            attempt_id: str | None = None) -> None:
+def _ingest_steps(factory: sessionmaker[Session], run_id: str, steps: list[int],
+                  skipped: bool | None, attempt_id: str | None = None) -> None:
+    """`steps` in batches of 2,000, skipped as the bursts say (`skipped` None) or all alike."""
     for start in range(0, len(steps), 2000):
         records = [record(start + i, step=step, with_layers=False,
                           skipped=_skipped(step) if skipped is None else skipped)
                    for i, step in enumerate(steps[start:start + 2000])]
-        payload = batch(records, run_id=run_id, attempt_id=attempt_id)
-        with factory() as session, session.begin():
-            ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(payload)))
+        ingest_payload(factory, batch(records, run_id=run_id, attempt_id=attempt_id))
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -64,8 +62,8 @@ def long_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         try:
             factory = db.make_session_factory(engine)
             run_id = new_id()
-            _ingest(factory, run_id, [s for s in range(STEPS) if s not in GAP], None)
-            _ingest(factory, run_id, list(RESENT), True, attempt_id=new_id())
+            _ingest_steps(factory, run_id, [s for s in range(STEPS) if s not in GAP], None)
+            _ingest_steps(factory, run_id, list(RESENT), True, attempt_id=new_id())
             yield factory, run_id
         finally:
             engine.dispose()

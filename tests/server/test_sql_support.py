@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, sql_support
+from ampscope_server import sql_support
 from ampscope_server.models import Step
-from ampscope_server.wire import IngestBatch
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
 
 def test_in_ids_selects_exactly_the_given_ids(sessions: sessionmaker[Session]) -> None:
     run_id = new_id()
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate_json(json.dumps(
-            batch([record(seq, with_layers=False) for seq in range(1200)], run_id=run_id))))
+    ingest_payload(sessions, batch([record(seq, with_layers=False) for seq in range(1200)],
+                                   run_id=run_id))
     with sessions() as session:
         ids = list(session.scalars(select(Step.id).order_by(Step.id)))
         for asked in ([], ids[:1], ids[::7], ids[:sql_support.KEYS_PER_STATEMENT],

@@ -8,16 +8,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, run_counters_repository, runs, summary_cache
+from ampscope_server import run_counters_repository, runs, summary_cache
 from ampscope_server.codec import FloatClass
-from ampscope_server.schemas import IngestBatch
 from ampscope_server.wire import StepRecord
 from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_payload
 
-
-def _ingest(factory: sessionmaker[Session], payload: dict[str, Any], now: float = 1000.0) -> None:
-    with factory() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate(payload), now=now)
+NOW = 1000.0
+"""The clock at ingest, unless a test moves it on."""
 
 
 def _counters(factory: sessionmaker[Session], run_id: str) -> dict[str, Any]:
@@ -33,8 +31,8 @@ class TestCountersAtIngest:
         self, sessions: sessionmaker[Session]
     ) -> None:
         run_id = new_id()
-        _ingest(sessions, batch([record(0), record(1, skipped=True, found_inf=True,
-                                                   scale_after=32768.0)], run_id=run_id))
+        ingest_payload(sessions, batch([record(0), record(1, skipped=True, found_inf=True,
+                                                 scale_after=32768.0)], run_id=run_id), now=NOW)
         assert _counters(sessions, run_id) == {
             "version": 1, "num_steps": 2, "skipped_steps": 1, "nonfinite_steps": 1,
             "last_step": 1, "last_scale": 32768.0, "last_scale_class": FloatClass.FINITE_OR_NULL,
@@ -42,9 +40,10 @@ class TestCountersAtIngest:
         # A resent record (a duplicate) adds nothing; a found_inf step that was not skipped
         # counts as non-finite only; a resumed lower step keeps last_step, the newest scale
         # and loss (ingest order) are its, non-finite ones kept exactly.
-        _ingest(sessions, batch([record(1, skipped=True, found_inf=True), record(2, found_inf=True),
-                                 record(3, step=0, scale_after="inf", loss="nan")],
-                                run_id=run_id))
+        ingest_payload(sessions, batch([record(1, skipped=True, found_inf=True),
+                                        record(2, found_inf=True),
+                                        record(3, step=0, scale_after="inf", loss="nan")],
+                                       run_id=run_id), now=NOW)
         assert _counters(sessions, run_id) == {
             "version": 2, "num_steps": 4, "skipped_steps": 1, "nonfinite_steps": 2,
             "last_step": 2, "last_scale": None, "last_scale_class": FloatClass.POS_INF,
@@ -59,13 +58,13 @@ class TestCountersAtIngest:
     ) -> None:
         run_id = new_id()
         payload = batch([record(0)], run_id=run_id)
-        _ingest(sessions, payload)
-        _ingest(sessions, payload)
+        ingest_payload(sessions, payload, now=NOW)
+        ingest_payload(sessions, payload, now=NOW)
         assert _counters(sessions, run_id)["version"] == 1
 
     def test_no_row_for_a_run_without_steps(self, sessions: sessionmaker[Session]) -> None:
         run_id = new_id()
-        _ingest(sessions, batch([], run_id=run_id))
+        ingest_payload(sessions, batch([], run_id=run_id), now=NOW)
         with sessions() as session:
             assert run_counters_repository.counters_of(session, [run_id]) == {}
             summary = runs.summaries(session, [runs.load_run(session, run_id)], 300.0)[0]
@@ -89,7 +88,7 @@ class TestCachedAnalysis:
     ) -> None:
         run_id = new_id()
         records = [record(i, skipped=i == 1, found_inf=i == 1) for i in range(3)]
-        _ingest(sessions, batch(records, run_id=run_id))
+        ingest_payload(sessions, batch(records, run_id=run_id), now=NOW)
         with sessions() as session:
             run = runs.load_run(session, run_id)
             first = runs.summaries(session, [run], 300.0, factory=sessions)[0]
@@ -101,7 +100,7 @@ class TestCachedAnalysis:
             assert summary_cache.stored(row).headroom == first.worst_headroom
             assert summary_cache.stored(row).underflow == first.worst_underflow
             assert summary_cache.stored(row).top == first.top_finding
-        _ingest(sessions, batch([record(3)], run_id=run_id), now=1001.0)
+        ingest_payload(sessions, batch([record(3)], run_id=run_id), now=NOW + 1)
         with sessions() as session:
             row = run_counters_repository.counters_of(session, [run_id])[run_id]
             assert summary_cache.is_stale(row)
@@ -112,7 +111,7 @@ class TestCachedAnalysis:
     ) -> None:
         ids = [new_id() for _ in range(summary_cache.SYNC_REFRESH + 3)]
         for run_id in ids:
-            _ingest(sessions, batch([record(0), record(1)], run_id=run_id))
+            ingest_payload(sessions, batch([record(0), record(1)], run_id=run_id), now=NOW)
         with sessions() as session:
             loaded = [runs.load_run(session, run_id) for run_id in ids]
             shown = runs.summaries(session, loaded, 300.0, factory=sessions)
@@ -129,12 +128,12 @@ class TestCachedAnalysis:
         """An answer from live_view's recent analysis (the run changed since) is shown as of its
         step but keeps the run stale."""
         run_id = new_id()
-        _ingest(sessions, batch([record(0)], run_id=run_id))
+        ingest_payload(sessions, batch([record(0)], run_id=run_id), now=NOW)
         with sessions() as session:
             run = runs.load_run(session, run_id)
             counters = run_counters_repository.counters_of(session, [run_id])
             assert summary_cache.analyse(session, [run], counters)[run_id].version == 1
-        _ingest(sessions, batch([record(1)], run_id=run_id), now=1001.0)
+        ingest_payload(sessions, batch([record(1)], run_id=run_id), now=NOW + 1)
         with sessions() as session:
             run = runs.load_run(session, run_id)
             counters = run_counters_repository.counters_of(session, [run_id])

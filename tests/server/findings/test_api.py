@@ -1,30 +1,30 @@
-"""GET /api/runs/{id}/findings and the runs list's `top_finding`, through a real server on each
-dialect, for runs ingested over the wire."""
+"""GET /api/runs/{id}/findings and the runs list's `top_finding`, through the app (in process) on
+each dialect, for runs ingested over HTTP."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
+from starlette.testclient import TestClient
 
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import new_id, strict_json
 
 
-def _get(api: httpx.Client, path: str, status: int = 200) -> Any:
+def _get(api: TestClient, path: str, status: int = 200) -> Any:
     response = api.get(path)
     assert response.status_code == status, response.text
     return strict_json(response.text)
 
 
-def _seed(api: httpx.Client, payload: dict[str, Any]) -> str:
+def _seed(api: TestClient, payload: dict[str, Any]) -> str:
     response = api.post("/api/ingest", json=payload)
     assert response.status_code == 200, response.text
     return str(payload["run"]["id"])
 
 
 class TestFindings:
-    def test_troubled_run(self, api: httpx.Client) -> None:
+    def test_troubled_run(self, api: TestClient) -> None:
         run = _seed(api, troubled_batch(new_id()))
         body = _get(api, f"/api/runs/{run}/findings")
         assert body["run"] == run and body["baseline"] is None
@@ -57,12 +57,12 @@ class TestFindings:
         assert body["worst_loss"] == {"layer": "fc1.bias", "lost_frac": 0.15625,
                                       "structural_zero_frac": 0.0, "steps": 5}
 
-    def test_healthy_run_has_no_warning(self, api: httpx.Client) -> None:
+    def test_healthy_run_has_no_warning(self, api: TestClient) -> None:
         run = _seed(api, healthy_batch(new_id()))
         severities = {f["severity"] for f in _get(api, f"/api/runs/{run}/findings")["findings"]}
         assert severities == {"info"}
 
-    def test_baseline_tags_non_finite_evidence(self, api: httpx.Client) -> None:
+    def test_baseline_tags_non_finite_evidence(self, api: TestClient) -> None:
         baseline, run = _seed(api, healthy_batch(new_id())), _seed(api, troubled_batch(new_id()))
         body = _get(api, f"/api/runs/{run}/findings?baseline={baseline}")
         assert body["baseline"] == baseline
@@ -74,7 +74,7 @@ class TestFindings:
         assert found[0]["evidence"]["relative"] == "inf"
         assert found[0]["evidence"]["baseline_value"] == 0.5
 
-    def test_unknown_run_and_baseline(self, api: httpx.Client) -> None:
+    def test_unknown_run_and_baseline(self, api: TestClient) -> None:
         run = _seed(api, healthy_batch(new_id()))
         assert _get(api, "/api/runs/nope/findings", 404) == {"detail": "run 'nope' not found"}
         assert _get(api, f"/api/runs/{run}/findings?baseline=gone", 404) == {
@@ -84,7 +84,7 @@ class TestFindings:
 
 
 class TestRunsList:
-    def test_most_severe_finding_per_run(self, api: httpx.Client) -> None:
+    def test_most_severe_finding_per_run(self, api: TestClient) -> None:
         troubled, healthy = _seed(api, troubled_batch(new_id())), _seed(
             api, healthy_batch(new_id()))
         listed = {r["id"]: r for r in _get(api, "/api/runs")}
@@ -95,7 +95,7 @@ class TestRunsList:
             "kind": "calibration_overflow", "severity": "info",
             "title": "Benign overflows: 6 calibration skip(s)"}
 
-    def test_run_without_steps_has_none(self, api: httpx.Client) -> None:
+    def test_run_without_steps_has_none(self, api: TestClient) -> None:
         payload = healthy_batch(new_id())
         payload["records"] = []
         run = _seed(api, payload)
@@ -103,7 +103,7 @@ class TestRunsList:
 
 
 class TestHistogram:
-    def test_a_run_without_histograms(self, api: httpx.Client) -> None:
+    def test_a_run_without_histograms(self, api: TestClient) -> None:
         run = _seed(api, healthy_batch(new_id()))
         assert _get(api, f"/api/runs/{run}/histogram") == {
             "run": run, "step": None, "scale": None, "steps": [],

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import cli, ingest
-from ampscope_server.schemas import IngestBatch
+from ampscope_server import cli
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import new_id
+from tests.support.ingest import ingest_payload
 
 AMPSCOPE = Path(sys.executable).parent / "ampscope"
 
@@ -28,9 +28,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _seed(sessions: sessionmaker[Session]) -> tuple[str, str]:
     troubled, healthy = troubled_batch(new_id()), healthy_batch(new_id())
-    with sessions() as session, session.begin():
-        for payload in (troubled, healthy):
-            ingest.ingest_batch(session, IngestBatch.model_validate(payload))
+    for payload in (troubled, healthy):
+        ingest_payload(sessions, payload)
     return troubled["run"]["id"], healthy["run"]["id"]
 
 

@@ -6,20 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from ampscope_server import finding_reads, findings_repository, ingest, runs_repository
-from ampscope_server.schemas import IngestBatch
+from ampscope_server import finding_reads, findings_repository, runs_repository
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import records, troubled_batch
 from tests.server.findings.synthetic import fits_below, scaler_steps
 from tests.server.wire import batch_v2, new_id
-
-
-def _ingest(sessions: sessionmaker[Session], payload: dict[str, Any]) -> str:
-    with sessions() as session, session.begin():
-        ingest.ingest_batch(session, IngestBatch.model_validate(payload))
-    return str(payload["run"]["id"])
+from tests.support.ingest import ingest_payload
 
 
 def _long_run(run_id: str, n: int = 2000) -> dict[str, Any]:
@@ -28,7 +22,7 @@ def _long_run(run_id: str, n: int = 2000) -> dict[str, Any]:
 
 class TestLoader:
     def test_reads_only_the_notable_steps(self, database: Database) -> None:
-        run_id = _ingest(database.sessions, _long_run(new_id()))
+        run_id = ingest_payload(database.sessions, _long_run(new_id())).run_id
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
@@ -41,7 +35,7 @@ class TestLoader:
     def test_baseline_reads_the_notable_steps_and_the_window_before_the_divergence(
         self, database: Database
     ) -> None:
-        run_id = _ingest(database.sessions, _long_run(new_id()))
+        run_id = ingest_payload(database.sessions, _long_run(new_id())).run_id
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
@@ -57,7 +51,7 @@ class TestLoader:
     ) -> None:
         """Both sides read their notable steps and a window found by the bounded divergence
         search (a step-by-step search here: 2000 common steps), never every step."""
-        ids = [_ingest(database.sessions, _long_run(new_id())) for _ in range(2)]
+        ids = [ingest_payload(database.sessions, _long_run(new_id())).run_id for _ in range(2)]
         asked: list[bool] = []
         whole = findings_repository.findings_steps
 
@@ -74,7 +68,7 @@ class TestLoader:
         assert "baseline_divergence" not in {f.kind for f in findings}  # the same training
 
     def test_nonfinite_layers_and_nan_context(self, database: Database) -> None:
-        run_id = _ingest(database.sessions, troubled_batch(new_id()))
+        run_id = ingest_payload(database.sessions, troubled_batch(new_id())).run_id
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
@@ -103,7 +97,7 @@ class TestCache:
     ) -> None:
         payload = _long_run(new_id(), n=300)
         first_half = dict(payload, records=payload["records"][:150])
-        run_id = _ingest(database.sessions, first_half)
+        run_id = ingest_payload(database.sessions, first_half).run_id
         t0 = 1000.0
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
@@ -111,7 +105,7 @@ class TestCache:
             once = finding_reads.run_findings(session, run, now=t0)
             assert finding_reads.run_findings(session, run, now=t0 + 3600) is once  # unchanged
             assert finding_reads.live_view(session, run, now=t0).step == 149
-        _ingest(database.sessions, payload)
+        ingest_payload(database.sessions, payload)
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
@@ -126,13 +120,14 @@ class TestCache:
         """The last batch of a run (final) is not served the analysis of the one before: a
         report or an alert right after training ends sees the whole run."""
         payload = _long_run(new_id(), n=300)
-        run_id = _ingest(database.sessions, dict(payload, records=payload["records"][:150]))
+        run_id = ingest_payload(database.sessions,
+                                dict(payload, records=payload["records"][:150])).run_id
         t0 = 1000.0
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
             once = finding_reads.run_findings(session, run, now=t0)
-        _ingest(database.sessions, dict(payload, final=True))
+        ingest_payload(database.sessions, dict(payload, final=True))
         with database.sessions() as session:
             run = runs_repository.get_run(session, run_id)
             assert run is not None and run.status == "finished"

@@ -7,8 +7,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from ampscope_server import rank_packing
 from ampscope_server.findings import RankStep, RunData, analyze
@@ -80,7 +80,7 @@ class TestDetector:
 
 
 class TestApi:
-    def test_the_finding_of_a_distributed_run(self, api: httpx.Client) -> None:
+    def test_the_finding_of_a_distributed_run(self, api: TestClient) -> None:
         run_id = new_id()
         records = [record(i, with_layers=False, ranks={
             "loss": [2.0, "nan" if i >= 3 else 2.0, 2.0], "nonfinite": [0, 0, 0]})
