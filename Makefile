@@ -6,33 +6,49 @@ BIN    := $(VENV)/bin
 # their own torch (pyproject.toml never pins it).
 TORCH  ?= torch==2.13.0
 PORT   ?= 8765
+# pytest-xdist processes. The suite waits more than it computes (servers, Chromium, sockets), so
+# more processes than cores pay: see docs/testing.md for the measurements behind the default.
+WORKERS ?= 4
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadscope --durations=25
+FAST   := not (browser or multiprocess or compile or frameworks or slow)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # setuptools announces every editable install with a boxed "be careful with folders named like
 # your package" note (an InformationOnly warning, not a problem): filtered so `make demo` is quiet.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# The demo needs the server and torch; the tests add their toolchain and the frameworks.
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server]"
 	touch $@
 
-demo: $(VENV)/.installed
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev,integrations-test]"
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/python examples/demo.py --port $(PORT)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-test
 	bash scripts/ensure-system.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy client_hook server tests examples bench
-	$(BIN)/pytest
+	$(PYTEST)
 
-lint: $(VENV)/.installed
+# Before every commit: everything but the browser, multi-process, compile, framework and slow
+# tiers, on both databases.
+test-fast: $(VENV)/.installed-test
+	$(PYTEST) -m "$(FAST)"
+
+lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy client_hook server tests examples bench
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(BIN)/python bench/hook_overhead.py
 
 clean:

@@ -9,6 +9,15 @@ from tests.support.databases import TEMPLATES, Dialect, empty_database, migrated
 from tests.support.servers import ServerProcess
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test run on Postgres (any fixture parametrized "postgres") carries the `postgres`
+    marker, so `-m "not postgres"` names the SQLite half of the suite."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "postgres" in callspec.params.values():
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _spool_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Hooks built without `spool_dir` spool here, never into the user's ~/.cache."""

@@ -1,5 +1,5 @@
-"""The Makefile's install recipe, run for real into a fresh virtual environment: `make demo` and
-`make test` start with it, so whatever it prints is the first thing a new user reads."""
+"""The Makefile's install recipes, run for real into a fresh virtual environment: `make demo` and
+`make test` start with them, so whatever they print is the first thing a new user reads."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # This machine's pip configuration names local package folders that do not all exist; pip says
 # so on every install. That is the machine, not the project.
@@ -16,13 +18,14 @@ MACHINE_NOISE = re.compile(r"^WARNING: Location '.*' is ignored: it is neither a
                            r"directory\.$")
 
 
-def test_the_install_recipe_prints_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", [".installed-demo", ".installed-test"])
+def test_the_install_recipe_prints_nothing(tmp_path: Path, target: str) -> None:
     venv = tmp_path / "venv"
     # TORCH is the recipe's first requirement; "--no-deps" in its place installs the project
     # alone (torch and the rest are the suite's own venv's business), through the same command.
     done = subprocess.run(
         ["make", "--no-print-directory", f"VENV={venv}", "TORCH=--no-deps",
-         f"PYTHON={sys.executable}", f"{venv}/.installed"],
+         f"PYTHON={sys.executable}", f"{venv}/{target}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")})
     assert done.returncode == 0, done.stderr
