@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PORT   ?= 8765
 # pytest-xdist processes. The suite waits more than it computes (servers, Chromium, sockets), so
-# more processes than cores pay: see docs/testing.md for the measurements behind the default.
+# more processes than cores pay (4 against 2 on the 2-core reference machine).
 WORKERS ?= 4
 PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadscope --durations=25
 FAST   := not (browser or multiprocess or compile or frameworks or slow)

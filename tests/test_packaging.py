@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # This machine's pip configuration names local package folders that do not all exist; pip says
 # so on every install. That is the machine, not the project.

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.servers import free_port
+
+pytestmark = pytest.mark.frameworks
 
 ROOT = Path(__file__).resolve().parents[2]
 

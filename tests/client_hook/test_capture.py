@@ -156,6 +156,7 @@ def tiny_model() -> nn.Module:
                          nn.Linear(64, 4))
 
 
+@pytest.mark.compile
 class TestFusedAgainstEager:
     def test_a_real_training_loop_sends_the_same_records(self) -> None:
         """Two copies of a model, each with its own real GradScaler and monitor, one on the

@@ -14,6 +14,8 @@ import torch
 from ampscope import collective
 from tests.support.distributed import run_job
 
+pytestmark = pytest.mark.multiprocess
+
 LAYERS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 

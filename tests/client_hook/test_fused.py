@@ -28,8 +28,8 @@ from tests.client_hook.test_histogram import exact_reference
 # Inductor imports a module that calls torch's own deprecated API; under ``filterwarnings=error``
 # that warning would fail the (background) compile. Users without that filter never see it fail;
 # with it, the exact eager path is taken.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+pytestmark = [pytest.mark.compile, pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")]
 
 COMPILE_TIMEOUT = 600.0
 # (shape, dtype, scaled): every supported dtype both ways, a transposed view, 1 and 0 elements.

@@ -723,6 +723,7 @@ class TestCopies:
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.compile
 def test_fused_records_equal_the_eager_ones() -> None:
     """The same loop with the compiled kernel and without: the same records (the first steps
     overflow from 2^24, so NaN/inf layers are among them)."""

@@ -26,6 +26,8 @@ from tests.support.servers import ServerProcess
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo_model import make_training, train_step
 
+pytestmark = pytest.mark.slow
+
 STEPS = 40
 FP16 = torch.finfo(torch.float16)
 FP16_MIN_SUBNORMAL = FP16.smallest_normal * FP16.eps  # 2^-24

@@ -23,6 +23,8 @@ from tests.support.team import Team, team_server
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo_model import make_training, train_step
 
+pytestmark = pytest.mark.slow
+
 STEPS = 30
 
 

@@ -23,6 +23,8 @@ from tests.faults.support import Step, stored_seqs, transport, wait_until
 from tests.support.databases import migrated_database
 from tests.support.servers import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 
 def balanced(s: TransportStats) -> bool:
     return s.produced == s.acknowledged + s.spooled + s.dropped + s.pending and min(

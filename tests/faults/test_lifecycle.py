@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
 import ampscope
@@ -17,6 +18,8 @@ from tests.support.servers import ServerProcess
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 from demo_model import make_batch, make_training, train_step  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 def steps_by_attempt(url: str, run_id: str) -> dict[int, list[tuple[int, int]]]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 import ampscope
 from tests.faults.support import stored_seqs
 from tests.support.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo_model import make_training, train_step
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_real_amp_loop_under_watch_survives_server_kills(

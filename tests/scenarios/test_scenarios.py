@@ -21,6 +21,8 @@ from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import Receiver, receiver
 
+pytestmark = pytest.mark.slow
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "nan_in_data",

@@ -35,6 +35,8 @@ from tests.support.ingest import post_batch
 from tests.support.servers import ServerProcess, free_port
 from tests.support.webhooks import Received, Receiver, receiver
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}
 SETTLE_S = 2.0  # ten evaluation passes: long enough for a duplicate to show up

@@ -15,6 +15,8 @@ from ampscope_server.errors import SchemaNotCurrent
 from ampscope_server.models import Base
 from tests.support.servers import free_port
 
+pytestmark = pytest.mark.slow
+
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ampscope_server.cli", *args],

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import text
 
 from ampscope_server import db
@@ -17,6 +18,8 @@ from tests.support.app import app_client
 from tests.support.ingest import post_batch
 from tests.support.servers import free_port
 from tests.support.team import cli
+
+pytestmark = pytest.mark.slow
 
 SECRET = re.compile(r"^amps_[A-Za-z0-9_-]{43}$")
 

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.app import app_client
 from tests.support.databases import migrated_sqlite
 from tests.support.team import cli
 from tests.support.webhooks import receiver
+
+pytestmark = pytest.mark.slow
 
 
 def _cli_stdin(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,8 @@ from tests.support.databases import migrated_sqlite
 from tests.support.ingest import ingest_into
 from tests.support.team import cli
 
+pytestmark = pytest.mark.slow
+
 
 class TestDatabaseErrors:
     def test_an_unusable_url(self) -> None:

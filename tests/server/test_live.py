@@ -17,6 +17,8 @@ from tests.support.databases import migrated_sqlite
 from tests.support.ingest import post_batch
 from tests.support.servers import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 
 def _ws_url(server: ServerProcess, run_id: str, after_id: int = 0) -> str:
     return f"ws://127.0.0.1:{server.port}/api/runs/{run_id}/live?after_id={after_id}"

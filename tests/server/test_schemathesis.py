@@ -29,6 +29,8 @@ from tests.support.app import BASE_URL
 from tests.support.databases import Dialect, migrated_database
 from tests.support.team import make_tokens
 
+pytestmark = pytest.mark.slow
+
 MAX_EXAMPLES = 30
 SEED = 1
 

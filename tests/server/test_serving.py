@@ -18,6 +18,8 @@ from websockets.sync.client import connect
 from ampscope_server.serving import StripQuery, log_config
 from tests.support.team import Team, team_server
 
+pytestmark = pytest.mark.slow
+
 
 def test_strip_query() -> None:
     record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,

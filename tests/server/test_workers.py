@@ -21,6 +21,8 @@ from tests.server.wire import batch, new_id, record
 from tests.support.databases import PG_ADMIN_DSN, migrated_database, sqlite_url
 from tests.support.servers import ServerProcess, free_port
 
+pytestmark = pytest.mark.slow
+
 RECV_S = 10.0
 """Below the sockets' 15 s fallback re-read: a step seen within it came by notification."""
 

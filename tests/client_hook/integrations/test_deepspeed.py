@@ -20,6 +20,8 @@ from tests.client_hook.test_collective import LAYERS, assert_full_statistics
 from tests.support.distributed import launch
 from tests.support.servers import free_port
 
+pytestmark = pytest.mark.frameworks
+
 SHAPES = [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
 
 

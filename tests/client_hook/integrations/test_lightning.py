@@ -26,6 +26,8 @@ from ampscope.integrations.lightning import AmpscopeCallback
 from ampscope.spool import Frame, scan, spool_files
 from ampscope.transport import MemorySender
 
+pytestmark = pytest.mark.frameworks
+
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 STEPS = 12
 

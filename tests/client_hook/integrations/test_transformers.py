@@ -21,6 +21,8 @@ from ampscope.integrations.transformers import AmpscopeCallback, attach
 from ampscope.transport import MemorySender
 from tests.support.distributed import launch
 
+pytestmark = pytest.mark.frameworks
+
 STEPS = 8
 
 
