@@ -9,7 +9,7 @@ PORT   ?= 8765
 # pytest-xdist processes. The suite waits more than it computes (servers, Chromium, sockets), so
 # more processes than cores pay (4 against 2 on the 2-core reference machine).
 WORKERS ?= 4
-PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadscope --durations=25
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadfile --durations=25
 FAST   := not (browser or multiprocess or compile or frameworks or slow)
 
 .PHONY: demo test test-fast lint bench clean
