@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.requests import ClientDisconnect
 
 from ampscope_server import __version__, live_pg
 from ampscope_server.alert_worker import AlertWorker
@@ -38,6 +39,7 @@ from ampscope_server.errors import AmpscopeError
 from ampscope_server.gate import Gate
 from ampscope_server.handlers import (
     ampscope_error_handler,
+    client_gone_handler,
     database_error_handler,
     internal_error_handler,
     validation_error_handler,
@@ -95,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(OperationalError, database_error_handler)
     app.add_exception_handler(InterfaceError, database_error_handler)
+    app.add_exception_handler(ClientDisconnect, client_gone_handler)
     app.add_exception_handler(Exception, internal_error_handler)
     # add_middleware puts each new one outside the previous ones.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,

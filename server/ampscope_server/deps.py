@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request, params
+from fastapi import Depends, Path, Request, params
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 
@@ -76,3 +76,9 @@ def get_run(run_id: str, session: SessionDep, principal: PrincipalDep) -> Run:
 
 
 RunDep = Annotated[Run, Depends(get_run, scope="function")]
+
+
+HexId = Annotated[str, Path(pattern=r"^[0-9a-f]{1,32}$", description=(
+    "A token's, alert rule's or destination's id (lower-case hex, as the server made it)"))]
+"""Ids the server makes (`secrets.token_hex`): checked before any SQL, so a NUL or an
+over-long id is a 422 on both dialects (Postgres refuses a NUL in a query parameter)."""

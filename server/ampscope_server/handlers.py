@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.requests import ClientDisconnect
 
 from ampscope_server.errors import AmpscopeError, DatabaseUnavailable
 
@@ -27,14 +28,35 @@ def ampscope_error_handler(_request: Request, exc: Exception) -> JSONResponse:
                         headers=exc.headers)
 
 
+DISK_FULL_SQLSTATE = "53100"
+"""Postgres' disk_full; SQLite says "database or disk is full" (SQLITE_FULL)."""
+
+
+def is_disk_full(exc: OperationalError | InterfaceError) -> bool:
+    return (getattr(exc.orig, "sqlstate", None) == DISK_FULL_SQLSTATE
+            or "disk is full" in str(exc.orig))
+
+
 def database_error_handler(request: Request, exc: Exception) -> JSONResponse:
     """The database is down, unreachable or full: 503 with Retry-After, so clients (the hook
-    honours it) come back later instead of treating the request as refused."""
+    honours it) come back later instead of treating the request as refused. A full disk is
+    named as such, in the answer and the log: it needs an operator, not a retry."""
     assert isinstance(exc, OperationalError | InterfaceError)
-    logger.error("database error on %s %s: %s", request.method, request.url.path,
-                 type(exc.orig).__name__)
+    reason = "disk full" if is_disk_full(exc) else type(exc.orig).__name__
+    logger.error("database error on %s %s: %s", request.method, request.url.path, reason)
+    advice = ("free space on the server's database disk" if reason == "disk full"
+              else "retry later")
     return ampscope_error_handler(request, DatabaseUnavailable(
-        f"the database is unavailable ({type(exc.orig).__name__}); retry later"))
+        f"the database is unavailable ({reason}); {advice}"))
+
+
+def client_gone_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The client left before its body arrived (a killed trainer, a dropped link): one line,
+    not a traceback; nothing was stored, and nobody reads the answer."""
+    assert isinstance(exc, ClientDisconnect)
+    logger.info("client left during its request body: %s %s", request.method,
+                request.url.path)
+    return JSONResponse({"detail": "the client disconnected"}, status_code=400)
 
 
 def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:

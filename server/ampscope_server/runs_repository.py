@@ -56,7 +56,13 @@ def set_run_status(session: Session, run_id: str, status: str) -> None:
 
 
 def get_run(session: Session, run_id: str) -> Run | None:
-    return session.get(Run, run_id)
+    """The run of this id as given, else of its lower-case form: ingest stores a run's UUID
+    lower-case (`wire.Uuid`), so `ABC…` and `abc…` name one run; a run stored in another case
+    before that still matches exactly."""
+    run = session.get(Run, run_id)
+    if run is None and run_id != run_id.lower():
+        run = session.get(Run, run_id.lower())
+    return run
 
 
 def list_runs(session: Session, project: str | None = None) -> Sequence[Run]:

@@ -7,8 +7,9 @@
 - `--workers N` runs N uvicorn processes on one socket (Postgres only: live updates cross them
   through LISTEN/NOTIFY, `live_pg`).
 - `limit_concurrency`: beyond it, uvicorn answers 503 at once instead of queueing.
-- The access log never shows a query string: a credential pasted into a URL stays out of logs
-  (the gate refuses such requests, but the log line is written anyway).
+- No log line shows a secret: access and WebSocket lines lose their query string (a credential
+  pasted into a URL is refused by the gate, but uvicorn writes the line anyway), and anything
+  shaped like a token secret is masked in every record of every logger.
 """
 
 from __future__ import annotations
@@ -17,20 +18,34 @@ import asyncio
 import copy
 import logging
 import os
+import re
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # uvicorn[standard]
 
 from ampscope_server.config import Settings
+from ampscope_server.tokens import SECRET_PREFIX
+
+SECRET = re.compile(re.escape(SECRET_PREFIX) + r"[A-Za-z0-9_-]+")
+WEBSOCKET_LINE = '"WebSocket %s"'
+"""uvicorn's WebSocket lines (`uvicorn.error`): (client, path?query, [status])."""
 
 
-class StripQuery(logging.Filter):
-    """Access-log records carry (client, method, path?query, version, status): drop the query."""
+class Redact(logging.Filter):
+    """Secrets out of log records. Access records carry (client, method, path?query, version,
+    status) and WebSocket records (client, path?query, …): their query is dropped. Any other
+    record whose text holds a token-shaped secret is rewritten with it masked."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        at = 1 if isinstance(record.msg, str) and WEBSOCKET_LINE in record.msg else 2
+        path = args[at] if isinstance(args, tuple) and len(args) > at else None
+        if (record.name == "uvicorn.access" or at == 1) and isinstance(args, tuple) \
+                and isinstance(path, str):
+            record.args = (*args[:at], path.split("?", 1)[0], *args[at + 1:])
+        text = record.getMessage()
+        if SECRET_PREFIX in text:
+            record.msg, record.args = SECRET.sub(f"{SECRET_PREFIX}…", text), ()
         return True
 
 
@@ -78,13 +93,15 @@ PROTOCOL = "ampscope_server.serving:GuardedHttpToolsProtocol"
 
 
 def log_config(level: str = "info") -> dict[str, Any]:
-    """uvicorn's logging config with `StripQuery` on the access handler, and the server's own
-    loggers (`ampscope_server.*`: alerts, live listener, errors) on its stderr handler."""
+    """uvicorn's logging config with `Redact` on both its handlers (access lines; WebSocket
+    lines and errors), and the server's own loggers (`ampscope_server.*`: alerts, live listener,
+    errors) on its stderr handler."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
-    config.setdefault("filters", {})["strip_query"] = {"()": StripQuery}
-    config["handlers"]["access"]["filters"] = ["strip_query"]
+    config.setdefault("filters", {})["redact"] = {"()": Redact}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
     config["loggers"]["ampscope_server"] = {"handlers": ["default"], "level": level.upper(),
                                             "propagate": False}
     return config

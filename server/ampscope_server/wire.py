@@ -138,7 +138,9 @@ FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 UUID_PATTERN = (
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 )
-Uuid = Annotated[str, StringConstraints(strict=True, pattern=UUID_PATTERN)]
+Uuid = Annotated[str, StringConstraints(strict=True, pattern=UUID_PATTERN),
+                 AfterValidator(str.lower)]
+"""A UUID in its canonical lower-case form, whatever case the client sent: one run per UUID."""
 TargetFormat = Literal["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2"]
 Captured = Literal["before_unscale", "after_unscale"]
 NonfiniteKind = Literal["nan", "inf"]

@@ -119,6 +119,15 @@ def _of_run(got: list[Received], run_id: str) -> list[Received]:
     return [r for r in got if r.json()["alert"]["run_id"] == run_id]
 
 
+def test_a_run_of_a_project_alerts_cannot_name_still_has_its_history(app: TestClient) -> None:
+    """The wire takes any project name up to 200 characters; the alert settings only
+    `[A-Za-z0-9._-]` names. The run's own history is the run's, whatever its project."""
+    run_id = new_id()
+    _ingest(app, healthy_batch(run_id), "a b")
+    response = app.get(f"/api/runs/{run_id}/alerts")
+    assert (response.status_code, response.json()) == (200, {"alerts": [], "next_before": None})
+
+
 def test_a_run_gets_exactly_the_alerts_its_findings_imply(app: TestClient,
                                                           hook: Receiver) -> None:
     project = f"implied-{new_id()[:8]}"

@@ -273,6 +273,39 @@ def test_another_projects_run_is_not_found(team: TeamApp, runs: dict[str, str],
     assert status == (4404 if key[0] == "WS" else 404)
 
 
+ID_ROUTES = [key for key, (_, url) in ROUTES.items()
+             if any(slot in url for slot in ("RUN", "TOKEN", "RULE", "DEST"))]
+"""Every route that takes an id (in its path, or the compare's query)."""
+HOSTILE_IDS = {"nul": "a%00b", "long": "f" * 65, "quote": "x%27%3B--%20", "upper": "ABCDEF"}
+
+
+def _bad_id_answer(key: tuple[str, str], template: str) -> int:
+    """What a malformed id gets: ids the server makes (tokens, rules, destinations) are
+    checked by form (422); a run id is any client's text up to 64 characters, so a malformed
+    one is just no run (404; 4404 on a socket); the run page is a shell for any id."""
+    if key[0] == "WS":
+        return 4404
+    if key == ("GET", "/runs/{run_id}"):
+        return 200
+    return 404 if "RUN" in template else 422
+
+
+@pytest.mark.parametrize("bad", list(HOSTILE_IDS))
+@pytest.mark.parametrize("key", ID_ROUTES, ids=lambda key: f"{key[0]} {key[1]}")
+def test_a_malformed_id_is_refused_before_sql(team: TeamApp, runs: dict[str, str],
+                                              key: tuple[str, str], bad: str) -> None:
+    """A NUL (which Postgres refuses in a query parameter), an over-long id, SQL quoting and
+    the wrong case, on every route that takes an id, as the all-projects admin."""
+    _, template = ROUTES[key]
+    url = template.replace("RUN2", runs["RUN2"])
+    for slot in ("RUN", "TOKEN", "RULE", "DEST"):
+        url = url.replace(slot, HOSTILE_IDS[bad])
+    expected = _bad_id_answer(key, template)
+    if bad == "upper" and "RUN" not in template:
+        expected = 422  # the server's hex ids are lower-case
+    assert _call(team, key, url, "root") == expected
+
+
 def test_a_revoked_token_stops_working(team: TeamApp, runs: dict[str, str]) -> None:
     """Made and revoked through the service the CLI calls, on a connection of its own
     (test_cli_admin runs `ampscope token create | list | revoke` themselves)."""

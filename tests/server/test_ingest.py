@@ -170,6 +170,18 @@ class TestIngestHttp:
             "run_id": payload["run"]["id"], "attempt": 1, "accepted": 0, "duplicates": 3}
         assert len(_steps(api, payload["run"]["id"])) == 3
 
+    def test_one_run_per_uuid_whatever_its_case(self, api: TestClient) -> None:
+        run_id, attempt = new_id(), new_id()
+        first = _post(api, batch([record(0)], run_id=run_id.upper(), attempt_id=attempt.upper()))
+        assert first.json()["run_id"] == run_id
+        second = _post(api, batch([record(1)], run_id=run_id, attempt_id=attempt, layers=None))
+        assert strict_json(second.text) == {
+            "run_id": run_id, "attempt": 1, "accepted": 1, "duplicates": 0}
+        assert [s["step"] for s in _steps(api, run_id.upper())] == [0, 1]
+        assert api.get(f"/api/runs/{run_id.upper()}").json()["id"] == run_id
+        assert [r["id"] for r in api.get("/api/runs").json() if r["id"] in
+                (run_id, run_id.upper())] == [run_id]
+
     def test_final_marks_the_run_finished(self, api: TestClient) -> None:
         run_id = new_id()
         _post(api, batch([record(0)], run_id=run_id))

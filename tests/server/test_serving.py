@@ -6,29 +6,49 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from ampscope_server.serving import StripQuery, log_config
+from ampscope_server.serving import Redact, log_config
 from tests.support.team import Team, team_server
 
 pytestmark = pytest.mark.slow
 
 
-def test_strip_query() -> None:
-    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
-                               '%s - "%s %s HTTP/%s" %d',
-                               ("127.0.0.1:5", "GET", "/api/runs?token=amps_x", "1.1", 400), None)
-    assert StripQuery().filter(record)
-    assert record.getMessage() == '127.0.0.1:5 - "GET /api/runs HTTP/1.1" 400'
+SECRET = "amps_" + "Ab-_9" * 8 + "xyz"
+
+
+def _redacted(name: str, msg: str, args: tuple[object, ...]) -> str:
+    record = logging.LogRecord(name, logging.INFO, __file__, 1, msg, args, None)
+    assert Redact().filter(record)
+    return record.getMessage()
+
+
+def test_redact() -> None:
+    assert _redacted("uvicorn.access", '%s - "%s %s HTTP/%s" %d',
+                     ("127.0.0.1:5", "GET", f"/api/runs?token={SECRET}", "1.1", 400)) == (
+        '127.0.0.1:5 - "GET /api/runs HTTP/1.1" 400')
+    assert _redacted("uvicorn.error", '%s - "WebSocket %s" [accepted]',
+                     ("127.0.0.1:5", f"/api/runs/live?token={SECRET}&x=1")) == (
+        '127.0.0.1:5 - "WebSocket /api/runs/live" [accepted]')
+    assert _redacted("uvicorn.error", '%s - "WebSocket %s" %d',
+                     ("127.0.0.1:5", f"/api/runs/live?t={SECRET}", 1008)) == (
+        '127.0.0.1:5 - "WebSocket /api/runs/live" 1008')
+    assert _redacted("ampscope_server.alerts", "delivery failed: %s",
+                     (f"https://hooks.example/x Authorization: Bearer {SECRET}",)) == (
+        "delivery failed: https://hooks.example/x Authorization: Bearer amps_…")
+    assert _redacted("uvicorn.error", "Started server process [%d]", (42,)) == (
+        "Started server process [42]")
     config = log_config()
-    assert config["handlers"]["access"]["filters"] == ["strip_query"]
+    assert {name: handler["filters"] for name, handler in config["handlers"].items()} == {
+        "default": ["redact"], "access": ["redact"]}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +102,21 @@ def test_a_trickled_body_is_408(guarded: Team) -> None:
     assert b'{"detail":"no part of the request body arrived for 1 s"}' in answer
 
 
+def test_a_client_leaving_mid_body_is_one_line(guarded: Team) -> None:
+    token = guarded.tokens["alpha-ingest"]
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", guarded.server.port), timeout=10) as sock:
+            sock.sendall(f"POST /api/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
+                         f"Bearer {token}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 1000\r\n\r\n{\"schema".encode())
+            time.sleep(0.2)  # the body has begun: the route is reading it
+    with guarded.client("root") as client:  # the server serves on
+        assert client.get("/api/runs").status_code == 200
+    log = guarded.server.log()
+    assert log.count("client left during its request body: POST /api/ingest") == 3
+    assert "Traceback" not in log and "ClientDisconnect" not in log
+
+
 def test_a_websocket_handshake_the_app_refuses_is_403(guarded: Team) -> None:
     """FastAPI closes a socket whose parameters fail validation before accepting it (1008:
     test_hostile.test_websocket_parameters, in process, both dialects); uvicorn answers that
@@ -94,6 +129,42 @@ def test_a_websocket_handshake_the_app_refuses_is_403(guarded: Team) -> None:
     with guarded.client("root") as client:
         assert client.get("/api/runs").status_code == 200
     assert "Traceback" not in guarded.server.log()
+
+
+def test_no_log_line_holds_a_secret_however_it_was_passed(guarded: Team) -> None:
+    """Every way a client may put a token where it does not belong, and the right ones: the
+    server's whole log (access, WebSocket and error lines) never shows a secret."""
+    secrets = [guarded.tokens[name] for name in ("root", "alpha-read", "alpha-ingest")]
+    root, read, ingest = secrets
+    ws = f"ws://127.0.0.1:{guarded.server.port}"
+    with httpx.Client(base_url=guarded.url, timeout=10.0) as client:
+        for path in (f"/api/runs?token={read}", f"/api/runs?access_token={read}",
+                     f"/api/runs/{read}", f"/{root}", f"/runs/{read}/export.json"):
+            assert client.get(path).status_code in (400, 401, 404), path
+        assert client.get("/api/runs", headers={"Authorization": f"Bearer {read}"}
+                          ).status_code == 200
+        assert client.get("/api/runs", headers={"Authorization": f"Token {read}",
+                                                "Cookie": f"ampscope_session={read}",
+                                                "X-Forwarded-User": read,
+                                                "Referer": f"{guarded.url}/?token={root}"}
+                          ).status_code == 401
+        assert client.post("/api/login", json={"token": ingest}).status_code == 403
+        assert client.post("/api/login", json={"token": read + "x"}).status_code == 401
+        assert client.post("/api/ingest", content=f'{{"token": "{ingest}"}}',
+                           headers={"Authorization": f"Bearer {ingest}",
+                                    "Content-Type": "application/json"}).status_code == 422
+    for query in (f"token={read}", f"access_token={root}"):
+        with (pytest.raises((InvalidStatus, ConnectionClosed)),
+              connect(f"{ws}/api/runs/live?{query}", open_timeout=10) as socket_):
+            socket_.recv(timeout=10)
+    with connect(f"{ws}/api/runs/live", open_timeout=10,
+                 additional_headers={"Authorization": f"Bearer {read}"}):
+        pass
+    log = guarded.server.log()
+    assert '"WebSocket /api/runs/live" [accepted]' in log  # the lines are there, redacted
+    assert '"GET /api/runs HTTP/1.1" 401' in log
+    assert [secret for secret in secrets if secret in log] == []
+    assert [line for line in log.splitlines() if "amps_" in line and "amps_…" not in line] == []
 
 
 class TestTrustedProxy:

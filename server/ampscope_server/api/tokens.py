@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ampscope_server import tokens
-from ampscope_server.deps import PrincipalDep, SessionDep, requires
+from ampscope_server.deps import HexId, PrincipalDep, SessionDep, requires
 from ampscope_server.principal import Scope
 from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody, TokenCreate, TokenCreated, TokenRead
 
@@ -35,5 +35,5 @@ def create_token(body: TokenCreate, session: SessionDep, principal: PrincipalDep
 
 @router.delete("/tokens/{token_id}", responses={
     404: {"model": ErrorBody, "description": "Unknown token, or another project's"}})
-def revoke_token(token_id: str, session: SessionDep, principal: PrincipalDep) -> TokenRead:
+def revoke_token(token_id: HexId, session: SessionDep, principal: PrincipalDep) -> TokenRead:
     return TokenRead.model_validate(tokens.revoke_token(session, token_id, viewer=principal))

@@ -3,8 +3,12 @@ swallowed by FP16 parameters.
 
 Both judge "now": the last UNDERFLOW_RECENT_SAMPLES layer-stat steps of the snapshot, taking
 each layer's median there so one odd batch does not decide. Both take the layers a previous
-live analysis flagged (`holding`): those stay flagged down to the exit threshold (hysteresis,
-findings/stability.py), so a median hovering at the entry threshold cannot flip the finding.
+live analysis flagged (`holding`): while the finding is shown, every layer is judged against the
+exit threshold (hysteresis, findings/stability.py), so neither a median hovering at the entry
+threshold nor the cited layer recovering while another stays between the two thresholds can
+flip the finding. The hysteresis is the finding's, not the cited layers': judged per cited layer,
+a finding citing only `a` went away when `a` recovered and came back when `b`, never cited,
+crossed the entry threshold again (the live demo's underflow, gone at step 750, back at 990).
 The share "lost" is `lost.lost_to_format`: structural zeros (dead ReLU units) do not count.
 """
 
@@ -102,17 +106,14 @@ def gradient_underflow(
     run: RunData, holding: Sequence[str] = ()
 ) -> list[Finding]:
     """Warning: layers whose median lost share over the recent samples is ≥ UNDERFLOW_LOST_FRAC,
-    or ≥ UNDERFLOW_EXIT_FRAC for the layers in `holding` (flagged by the previous analysis,
-    most responsible first)."""
+    or ≥ UNDERFLOW_EXIT_FRAC while the finding is shown (`holding`: the layers it cites, most
+    responsible first)."""
     fmt = FORMATS.get(run.target_format)
     steps, _ = recent_samples(run)
     if fmt is None or not steps:
         return []
-    flagged: list[tuple[float, int]] = []
-    for lost, _, index in _median_losses(run):
-        enter = UNDERFLOW_EXIT_FRAC if run.layer_name(index) in holding else UNDERFLOW_LOST_FRAC
-        if lost >= enter:
-            flagged.append((lost, index))
+    enter = UNDERFLOW_EXIT_FRAC if holding else UNDERFLOW_LOST_FRAC
+    flagged = [(lost, index) for lost, _, index in _median_losses(run) if lost >= enter]
     if not flagged:
         return []
     flagged = _ordered(flagged, run, holding)
@@ -258,12 +259,12 @@ def swallowed_updates(
     fraction is at least SWALLOWED_FRAC_WARN. Otherwise estimated for parameters *held* in
     FP16 (their dtype; autocast keeps FP32 masters, so this means `model.half()` without master
     weights): the SGD-like update lr·rms(grad) below half the FP16 spacing at the weight's
-    magnitude. Layers in `holding` stay flagged down to SWALLOWED_EXIT_FRAC."""
+    magnitude. While the finding is shown (`holding`), layers stay flagged down to
+    SWALLOWED_EXIT_FRAC."""
     measured = _measured_swallowed(run)
+    enter = SWALLOWED_EXIT_FRAC if holding else SWALLOWED_FRAC_WARN
     flagged_measured = sorted(
-        ((frac, index) for index, frac in measured.items()
-         if frac >= (SWALLOWED_EXIT_FRAC if run.layer_name(index) in holding
-                     else SWALLOWED_FRAC_WARN)),
+        ((frac, index) for index, frac in measured.items() if frac >= enter),
         key=lambda pair: (-pair[0], pair[1]))
     estimated = _estimated_swallowed(run, set(measured))
     if not flagged_measured and not estimated:

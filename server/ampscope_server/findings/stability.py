@@ -4,9 +4,10 @@ A live run is analysed again every few seconds over its most recent data. A quan
 detector's threshold would make the finding appear and disappear from one analysis to the next
 (the issue's demo: the underflow warning present 27 of 30 samples). Two mechanisms prevent it:
 
-- hysteresis inside the threshold detectors: a layer flagged once stays flagged until its value
-  is clearly below the entry threshold (UNDERFLOW_EXIT_FRAC, SWALLOWED_EXIT_FRAC); the layers a
-  finding holds are handed back to the detectors through `Memory.holding`;
+- hysteresis inside the threshold detectors: once a finding is shown, every layer stays in it
+  until its value is clearly below the entry threshold (UNDERFLOW_EXIT_FRAC, SWALLOWED_EXIT_FRAC);
+  the layers a shown finding cites are handed back to the detectors through `Memory.holding`
+  (shown at all, and which layer to keep naming first);
 - a hold here: a finding the detectors stop raising stays shown, marked `held_since` (the last
   step it was raised), until HOLD_STEPS steps have passed without it.
 

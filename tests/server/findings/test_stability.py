@@ -113,6 +113,28 @@ class TestHysteresis:
         assert _sequence(fracs) == [True] * 7 + [False] * 3
 
 
+class TestFindingHysteresis:
+    def _underflow(self, fc1: float, fc2: float, holding: tuple[str, ...]) -> list[str]:
+        samples = [dataclasses.replace(s, underflow_frac=frac, subnormal_frac=frac)
+                   if (frac := {1: fc1, 3: fc2}.get(s.layer)) is not None else s
+                   for s in healthy_samples([0])]
+        data = run_data(STEPS[:1], layers=LAYERS, layer_samples=samples)
+        return [layer for f in gradient_underflow(data, holding) for layer in f.layers]
+
+    def test_a_shown_finding_stays_while_an_uncited_layer_is_between_the_thresholds(self) -> None:
+        # The live demo's flicker: shown citing fc1 only; fc1 recovers while fc2 stays at 20 %
+        # (under the 25 % entry, over the 15 % exit). Judged per cited layer the finding went
+        # away here and came back when fc2 crossed 25 %.
+        between = (UNDERFLOW_EXIT_FRAC + UNDERFLOW_LOST_FRAC) / 2
+        assert self._underflow(0.30, between, ()) == ["fc1.weight"]
+        assert self._underflow(0.05, between, ("fc1.weight",)) == ["fc2.weight"]
+        assert self._underflow(0.05, between, ()) == []
+
+    def test_a_shown_finding_clears_when_every_layer_is_below_the_exit(self) -> None:
+        below = UNDERFLOW_EXIT_FRAC - 0.01
+        assert self._underflow(0.05, below, ("fc1.weight",)) == []
+
+
 class TestPrimaryLayer:
     def _run(self, fc1: float, fc2: float) -> list[LayerSample]:
         out = []
