@@ -275,7 +275,8 @@ def test_bad_destinations_and_rules_are_refused(app: TestClient) -> None:
         again = client.get("/api/alerts/rules", params={"project": project}).json()
         assert sorted(r["builtin"] for r in again) == ["crashed", "stalled"]
         assert client.get("/api/alerts/rules/nope").status_code == 405
-        assert client.patch("/api/alerts/rules/nope", json={}).status_code == 404
+        assert client.patch("/api/alerts/rules/0ace", json={}).status_code == 404
+        assert client.patch("/api/alerts/rules/nope", json={}).status_code == 422
 
 
 def test_a_server_killed_mid_delivery_delivers_after_restart(tmp_path: Path,

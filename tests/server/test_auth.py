@@ -453,5 +453,7 @@ class TestTokenApi:
         assert bad.json()["detail"].startswith("project name 'a b' is not valid")
         assert client.post("/api/tokens", headers=root,
                            json={"project": "p", "scope": "write"}).status_code == 422
+        assert client.delete("/api/tokens/0ace", headers=root).json() == {
+            "detail": "token '0ace' not found"}
         assert client.delete("/api/tokens/nope", headers=root).json() == {
-            "detail": "token 'nope' not found"}
+            "detail": "path.token_id: String should match pattern '^[0-9a-f]{1,32}$'"}
