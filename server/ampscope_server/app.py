@@ -1,7 +1,8 @@
 """create_app(settings): wiring only (routers, handlers, middleware, lifespan).
 
 Middleware, outermost first: the security headers (on every response, refusals included), the
-gate (Host, Origin, authentication, CSRF: `gate.py`), the body cap (`limits.py`).
+process's request limit (`admission.py`), the gate (Host, Origin, authentication, CSRF:
+`gate.py`), the per-credential limits (`admission.py`), the body cap and budget (`limits.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.requests import ClientDisconnect
 
 from ampscope_server import __version__, live_pg
+from ampscope_server.admission import CredentialLimit, RequestLimit, SignInThrottle
 from ampscope_server.alert_worker import AlertWorker
 from ampscope_server.api import (
     alerts as alerts_api,
@@ -44,7 +46,7 @@ from ampscope_server.handlers import (
     internal_error_handler,
     validation_error_handler,
 )
-from ampscope_server.limits import BodyLimit
+from ampscope_server.limits import BodyBudget, BodyLimit
 from ampscope_server.live import Hub
 from ampscope_server.ratelimit import RateLimiter
 from ampscope_server.schemas import ErrorBody
@@ -70,7 +72,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.session_factory = factory
         app.state.hub = hub
-        app.state.ingest_limiter = RateLimiter(settings.ingest_rate_per_s, settings.ingest_burst)
+        app.state.ingest_limiter = RateLimiter.worker_share(
+            settings.ingest_rate_per_s, settings.ingest_burst, settings.workers)
         alerts = AlertWorker(factory, settings) if settings.alerts else None
         if alerts is not None:
             alerts.start()
@@ -101,8 +104,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, internal_error_handler)
     # add_middleware puts each new one outside the previous ones.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       timeout_s=settings.body_timeout_s)
-    app.add_middleware(Gate, settings=settings)
+                       timeout_s=settings.body_timeout_s,
+                       budget=BodyBudget(settings.bodies_in_flight_bytes, settings.body_wait_s))
+    app.add_middleware(CredentialLimit, max_requests=settings.max_requests_per_credential,
+                       max_sockets=settings.max_sockets_per_credential)
+    throttle = SignInThrottle(settings)
+    app.state.sign_in_throttle = throttle
+    app.add_middleware(Gate, settings=settings, throttle=throttle)
+    app.add_middleware(RequestLimit, max_requests=settings.max_requests)
     app.add_middleware(pages.SecurityHeaders)
     for module in (health, auth, runs, ingest, series, live, compare, findings, tokens,
                    alerts_api, pages):

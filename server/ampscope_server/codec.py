@@ -71,17 +71,23 @@ def decode_wire(value: object) -> float | None:
 
 
 class FloatClass:
-    """The storage marker beside each nullable float column (SQLite stores NaN as NULL)."""
+    """The storage marker beside each nullable float column: SQLite stores NaN as NULL, and an
+    integer-valued REAL as an integer, so -0.0 comes back as 0.0 without its own class."""
 
     FINITE_OR_NULL = 0
     NAN = 1
     POS_INF = 2
     NEG_INF = 3
+    NEG_ZERO = 4
 
 
 def to_storage(value: float | None) -> tuple[float | None, int]:
     """Split a float into (finite value or None, FloatClass) for the database."""
-    if value is None or math.isfinite(value):
+    if value is None:
+        return value, FloatClass.FINITE_OR_NULL
+    if math.isfinite(value):
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            return value, FloatClass.NEG_ZERO
         return value, FloatClass.FINITE_OR_NULL
     if math.isnan(value):
         return None, FloatClass.NAN
@@ -96,4 +102,6 @@ def from_storage(value: float | None, cls: int) -> float | None:
         return math.inf
     if cls == FloatClass.NEG_INF:
         return -math.inf
+    if cls == FloatClass.NEG_ZERO:
+        return -0.0
     return value

@@ -61,11 +61,35 @@ class Settings(BaseSettings):
     ingest_rate_per_s: float = 20.0
     """Ingest requests per second per token (a hook sends about 2), with bursts of..."""
     ingest_burst: int = 60
-    limit_concurrency: int = 512
-    """Connections served at once; beyond it new ones get 503 (uvicorn)."""
+    max_connections: int = 1000
+    """Connections one server process holds. A new one beyond it closes the longest-idle
+    connection (keep-alive, or headers not yet complete); with none idle it is answered 503."""
+    max_connections_per_client: int = 64
+    """The same, per client address: one machine's flood closes its own idle sockets first."""
+    max_requests: int = 256
+    """Requests in progress at once in one process (WebSockets apart); beyond it 503 with
+    Retry-After. /api/health is never counted nor refused."""
+    max_requests_per_credential: int = 32
+    """Requests in progress at once for one token, session or proxy user (anonymous: per
+    address); beyond it 429 with Retry-After."""
+    max_sockets_per_credential: int = 32
+    """Live WebSockets open at once for one credential; beyond it the socket is closed 1013."""
+    bodies_in_flight_bytes: int = 24 * MiB
+    """Request bodies over 1 MiB are admitted while their declared sizes fit in this budget
+    (a batch's parsed form takes ~12 times its bytes): memory stays bounded however many
+    large batches arrive at once..."""
+    body_wait_s: float = 10.0
+    """...and one that finds no room this long is answered 503 with Retry-After."""
     timeout_keep_alive_s: float = 5.0
     body_timeout_s: float = 30.0
-    """A request body whose next part takes longer than this is refused (408)."""
+    """The whole request body must arrive within this long after its first byte is awaited, else
+    408 (a body trickled a byte at a time cannot hold a connection)."""
+    login_failures_per_min: float = 30.0
+    """Failed sign-ins (bad token, bad session) per client address and minute, with bursts of
+    as many; beyond it 429 with Retry-After, before any database read."""
+    workers: int = 1
+    """Worker processes (`ampscope serve --workers`): each enforces 1/workers of the per-token
+    ingest rate, so together they accept at most the configured rate."""
     header_timeout_s: float = 10.0
     """A connection that has not sent a complete request this long after it opened (or after
     its previous response) is closed, so half-sent requests cannot pile up."""

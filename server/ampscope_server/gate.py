@@ -7,7 +7,9 @@ In order, for each connection:
    own or an allowed one, else 403 / close 1008 — even with auth off, so no web page a
    teammate opens can read the runs socket or post to ingest.
 4. Authentication: `Authorization: Bearer`, else the session cookie, else the trusted proxy's
-   user header (from a trusted address only). With auth off everyone is `ANONYMOUS`.
+   user header (from a trusted address only). With auth off everyone is `ANONYMOUS`. An
+   address with too many failed attempts gets 429 before its credentials are read
+   (`admission.SignInThrottle`).
    No principal on a non-public path: 401, a redirect to /login for a browser asking for a
    page (Accept: text/html), close 1008 for a WebSocket.
 5. CSRF: a state-changing request carried by ambient credentials (cookie, proxy) needs the
@@ -26,10 +28,11 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ampscope_server import tokens
+from ampscope_server.admission import SignInThrottle
 from ampscope_server.config import LOOPBACK_NAMES, Settings, auth_required, split_list
 from ampscope_server.errors import (
     AmpscopeError,
@@ -39,6 +42,7 @@ from ampscope_server.errors import (
     HostNotAllowed,
     Unauthorized,
 )
+from ampscope_server.handlers import error_response
 from ampscope_server.principal import ANONYMOUS, Principal, Via
 from ampscope_server.principal import Scope as TokenScope
 
@@ -120,9 +124,10 @@ def cookie_of(headers: Headers, name: str) -> str | None:
 
 
 class Gate:
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, throttle: SignInThrottle) -> None:
         self.app = app
         self.policy = Policy(settings)
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -155,7 +160,14 @@ class Gate:
             return ANONYMOUS
         if is_public(scope["path"]):  # no database read: health answers while it is away
             return None
-        principal = await run_in_threadpool(self._authenticate, scope, headers)
+        presented = "authorization" in headers or cookie_of(headers, SESSION_COOKIE) is not None
+        if presented:
+            self.throttle.check(scope)
+        try:
+            principal = await run_in_threadpool(self._authenticate, scope, headers)
+        except Unauthorized:
+            self.throttle.failed(scope)
+            raise
         if principal is None:
             raise Unauthorized("authentication required: send `Authorization: Bearer <token>` "
                                "or sign in at /login")
@@ -206,8 +218,7 @@ class Gate:
             target = urllib.parse.quote(scope["path"], safe="/")
             response = RedirectResponse(f"/login?next={target}", status_code=303)
         else:
-            response = JSONResponse({"detail": exc.message}, status_code=exc.status_code,
-                                    headers=exc.headers)
+            response = error_response(exc)
         await response(scope, receive, send)
 
 

@@ -22,10 +22,15 @@ from ampscope_server.errors import AmpscopeError, DatabaseUnavailable
 logger = logging.getLogger("ampscope_server")
 
 
-def ampscope_error_handler(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AmpscopeError)
+def error_response(exc: AmpscopeError) -> JSONResponse:
+    """The response of an error, also for the middleware that answers before any route."""
     return JSONResponse({"detail": exc.message}, status_code=exc.status_code,
                         headers=exc.headers)
+
+
+def ampscope_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AmpscopeError)
+    return error_response(exc)
 
 
 DISK_FULL_SQLSTATE = "53100"

@@ -1,11 +1,18 @@
-"""The body cap and the body read timeout, enforced while the body is read (before any
-parsing): 413 or 408, nothing stored.
+"""The body cap, the body deadline and the budget of large bodies in flight, enforced before
+any parsing: 413, 408 or 503, nothing stored.
 
 A declared Content-Length over the cap is refused before a byte is read; a chunked body is
 counted as it arrives and refused when it passes the cap (the route reading it gets
-`PayloadTooLarge`, which the error handler renders). A body whose next part does not arrive
-within `timeout_s` is `RequestTimeout` (a client trickling its body cannot hold a connection);
-once the body is complete, waiting for the client to leave has no timeout.
+`PayloadTooLarge`, which the error handler renders). The whole body must arrive within
+`timeout_s` of the first wait for it, else `RequestTimeout`: a client trickling a byte at a
+time cannot hold a connection. Once the body is complete, waiting for the client to leave has
+no timeout.
+
+Memory: a body is held while its request runs, and a batch's parsed form (floats as Python
+objects, the ORM rows) takes about 12 times its bytes. A body over `LARGE_BODY` (its declared
+length, or the cap for a chunked one) is admitted only while the sizes of those in flight fit
+in `BodyBudget`'s capacity; one that waits longer than `wait_s` is 503 with Retry-After. Small
+bodies (a hook's usual batch) never wait.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ from __future__ import annotations
 import asyncio
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ampscope_server.errors import PayloadTooLarge, RequestTimeout
+from ampscope_server.config import MiB
+from ampscope_server.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable
+from ampscope_server.handlers import error_response
+
+LARGE_BODY = 1 * MiB
 
 
 def too_large(limit: int) -> PayloadTooLarge:
@@ -24,32 +34,84 @@ def too_large(limit: int) -> PayloadTooLarge:
                            "(AMPSCOPE_MAX_BODY_BYTES); send smaller batches")
 
 
+class BodyBudget:
+    """Bytes of large bodies in flight in this process, at most `capacity` (one body larger
+    than the whole budget waits until it has all of it)."""
+
+    def __init__(self, capacity: int, wait_s: float) -> None:
+        self.capacity = capacity
+        self.wait_s = wait_s
+        self.held = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, size: int) -> None:
+        """Wait until `size` fits (at most `wait_s`: then `ServiceUnavailable`) and take it."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.held + size <= self.capacity),
+                    self.wait_s)
+            except TimeoutError:
+                raise ServiceUnavailable(
+                    f"the server is reading {self.held} bytes of large request bodies, its "
+                    "budget (AMPSCOPE_BODIES_IN_FLIGHT_BYTES); retry shortly",
+                    retry_after_s=1) from None
+            self.held += size
+
+    async def release(self, size: int) -> None:
+        async with self._changed:
+            self.held -= size
+            self._changed.notify_all()
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float,
+                 budget: BodyBudget) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.budget = budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            error = too_large(self.max_bytes)
-            await JSONResponse({"detail": error.message}, status_code=error.status_code)(
-                scope, receive, send)
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length")
+        size = int(declared) if declared is not None and declared.isdigit() else None
+        if size is None and "chunked" in headers.get("transfer-encoding", "").lower():
+            size = self.max_bytes
+        if size is not None and size > self.max_bytes:
+            await error_response(too_large(self.max_bytes))(scope, receive, send)
             return
-        seen, complete = 0, False
+        if size is None or size <= LARGE_BODY:
+            await self.app(scope, self._deadlined(receive), send)
+            return
+        size = min(size, self.budget.capacity)
+        try:
+            await self.budget.acquire(size)
+        except ServiceUnavailable as refused:
+            await error_response(refused)(scope, receive, send)
+            return
+        try:
+            await self.app(scope, self._deadlined(receive), send)
+        finally:
+            await self.budget.release(size)
+
+    def _deadlined(self, receive: Receive) -> Receive:
+        """`receive`, counting the body against the cap and the whole-body deadline."""
+        seen, complete, deadline = 0, False, 0.0
 
         async def counted() -> Message:
-            nonlocal seen, complete
+            nonlocal seen, complete, deadline
             if complete:
                 return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + self.timeout_s
             try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                raise RequestTimeout(f"no part of the request body arrived for "
+                raise RequestTimeout(f"the request body did not arrive whole within "
                                      f"{self.timeout_s:g} s") from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
@@ -60,4 +122,5 @@ class BodyLimit:
                 complete = True
             return message
 
-        await self.app(scope, counted, send)
+        return counted
+

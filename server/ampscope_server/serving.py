@@ -6,7 +6,10 @@
   after its previous response.
 - `--workers N` runs N uvicorn processes on one socket (Postgres only: live updates cross them
   through LISTEN/NOTIFY, `live_pg`).
-- `limit_concurrency`: beyond it, uvicorn answers 503 at once instead of queueing.
+- Idle sockets never hold a place a request needs (uvicorn's `limit_concurrency` counts idle
+  keep-alive sockets, so 600 idle ones made every request 503): past `max_connections`, or
+  `max_connections_per_client` from one address, a new connection closes the longest-idle
+  one (between requests, or headers unfinished) and is answered 503 only when none is idle.
 - No log line shows a secret: access and WebSocket lines lose their query string (a credential
   pasted into a URL is refused by the gate, but uvicorn writes the line anyway), and anything
   shaped like a token secret is masked in every record of every logger.
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import os
 import re
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # uvicorn[standard]
@@ -49,13 +55,25 @@ class Redact(logging.Filter):
         return True
 
 
+def busy_answer(detail: str) -> bytes:
+    """A whole 503 response written straight to a connection the server will not serve."""
+    body = json.dumps({"detail": detail}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body))
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """httptools' protocol, closing a connection whose request headers are not complete
-    `header_timeout_s` after it opened or after its previous response. Module-level, so
-    that uvicorn's worker processes can import it by name."""
+    `header_timeout_s` after it opened or after its previous response, and admitting a new
+    connection past the caps by closing the longest-idle one (see the module's docstring).
+    Module-level, so that uvicorn's worker processes can import it by name."""
 
     header_timeout_s: float = Settings().header_timeout_s
+    max_connections: int = Settings().max_connections
+    max_per_client: int = Settings().max_connections_per_client
     _header_timer: asyncio.TimerHandle | None = None
+    _idle_since: float = 0.0
 
     def _arm(self) -> None:
         if self._header_timer is None:
@@ -71,9 +89,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def serving(self) -> bool:
+        """A request of this connection is in progress (its headers are complete)."""
+        return self._header_timer is None and self.cycle is not None \
+            and not self.cycle.response_complete
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._idle_since = time.monotonic()
         self._arm()
+        self._admit()
+
+    def _admit(self) -> None:
+        """Room for this connection under both caps, made by closing idle ones, or a 503."""
+        alive = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        address = self.client[0] if self.client else None
+        mine = [c for c in alive if _address(c) == address]
+        if len(mine) >= self.max_per_client and not _close_idlest(mine):
+            self._refuse(f"too many connections from {address} (AMPSCOPE_MAX_CONNECTIONS_PER_"
+                         "CLIENT); close idle ones and retry")
+        elif len(alive) >= self.max_connections and not _close_idlest(alive):
+            self._refuse("the server is at its connection limit (AMPSCOPE_MAX_CONNECTIONS); "
+                         "retry shortly")
+
+    def _refuse(self, detail: str) -> None:
+        self._disarm()
+        self.transport.write(busy_answer(detail))
+        self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -83,9 +125,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_headers_complete()
 
+    def on_response_complete(self) -> None:
+        self._idle_since = time.monotonic()
+        super().on_response_complete()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+
+def _address(connection: object) -> str | None:
+    client = getattr(connection, "client", None)
+    return client[0] if client else None
+
+
+def _close_idlest(connections: Iterable[object]) -> bool:
+    """Close the connection idle longest (HTTP only: a WebSocket is never idle); False if none
+    is idle."""
+    idle = [c for c in connections
+            if isinstance(c, GuardedHttpToolsProtocol) and not c.serving()]
+    if not idle:
+        return False
+    idlest = min(idle, key=lambda c: c._idle_since)
+    idlest._disarm()
+    idlest.transport.close()
+    return True
 
 
 PROTOCOL = "ampscope_server.serving:GuardedHttpToolsProtocol"
@@ -115,13 +179,16 @@ def run(settings: Settings, log_level: str, workers: int = 1) -> None:
     from ampscope_server.app import create_app
 
     GuardedHttpToolsProtocol.header_timeout_s = settings.header_timeout_s
+    GuardedHttpToolsProtocol.max_connections = settings.max_connections
+    GuardedHttpToolsProtocol.max_per_client = settings.max_connections_per_client
     options: dict[str, Any] = {
         "host": settings.host, "port": settings.port, "log_level": log_level,
         "access_log": log_level in ("info", "debug"), "log_config": log_config(log_level),
-        "http": PROTOCOL, "limit_concurrency": settings.limit_concurrency,
+        "http": PROTOCOL,
         "timeout_keep_alive": int(settings.timeout_keep_alive_s),
     }
     if workers > 1:  # each worker process reads its Settings (and the protocol's) from here
+        settings = settings.model_copy(update={"workers": workers})
         for name, value in settings.model_dump().items():
             os.environ[f"AMPSCOPE_{name.upper()}"] = str(value)
         uvicorn.run("ampscope_server.app:create_app", factory=True, workers=workers, **options)

@@ -168,3 +168,28 @@ def test_sign_out_ends_the_session_on_the_server(team: Team, session: Watched) -
     page.goto(f"{team.url}/")
     assert page.url.startswith(f"{team.url}/login")
     session.assert_clean()
+
+
+REDIRECTS = {
+    "/%09/evil.example/": "/", "/%0a/evil.example/": "/", "/%0d/evil.example/": "/",
+    "/%5Cevil.example/": "/", "/%5C%5Cevil.example/": "/", "%2F%2Fevil.example": "/",
+    "/%2F%09evil.example": "/", "javascript:alert(1)": "/", "https://evil.example/": "/",
+    "/settings?tab=tokens%23x": "/settings?tab=tokens#x",
+}
+"""`next` as it appears in the login page's URL -> where the browser must land after sign-in."""
+
+
+def test_after_sign_in_the_browser_stays_on_the_servers_origin(team: Team,
+                                                                session: Watched) -> None:
+    """The browser strips TAB, LF and CR from a URL and reads a backslash as a slash, so
+    `/%09/host` lands on `//host`: judged by the browser itself, in Chromium."""
+    page = session.page
+    landed = {}
+    for raw in REDIRECTS:
+        page.goto(f"{team.url}/login?next={raw}")
+        page.fill("#token", team.tokens["alpha-read"])
+        with page.expect_navigation(timeout=WAIT_MS):
+            page.click("#sign-in")
+        page.wait_for_load_state()
+        landed[raw] = page.url.removeprefix(team.url)
+    assert landed == {raw: expected for raw, expected in REDIRECTS.items()}

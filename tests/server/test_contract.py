@@ -29,7 +29,7 @@ def _hook_payload(final: bool = False) -> dict[str, Any]:
     nan, inf = math.nan, math.inf
     records = [
         wire.step_record(
-            seq=0, step=0, wall_time=1764430001.25, loss=2.5, scale_before=65536.0,
+            seq=0, step=0, wall_time=1764430001.25, loss=-0.0, scale_before=65536.0,
             scale_after=65536.0, growth_tracker=1, found_inf=False, skipped=False,
             grad_norm=0.75, lr=1e-3, duration=None,
             layers={"amax": [0.5, 0.25], "amin_nz": [1e-9, nan], "zero_frac": [0.0, 0.5],
@@ -76,6 +76,7 @@ def test_hook_output_is_accepted_and_read_back_as_sent(
     assert exported["run"]["config"] == {"lr": 1e-3, "eps": "inf", "betas": [0.9, 0.999]}
     for sent, got in zip(payload["records"], exported["steps"], strict=True):
         assert {k: v for k, v in got.items() if k not in ("id", "attempt")} == sent
+    assert math.copysign(1.0, exported["steps"][0]["loss"]) == -1.0  # -0.0 == 0.0 above
     assert exported["steps"][0]["layers"]["amin_nz"] == [1e-9, None]
     assert exported["steps"][0]["layers"]["nan_count"] == [0, 3]
 

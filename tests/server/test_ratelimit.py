@@ -41,3 +41,21 @@ def test_bad_settings() -> None:
         RateLimiter(0.0, 1)
     with pytest.raises(ValueError, match="burst of at least 1"):
         RateLimiter(1.0, 0)
+
+
+def test_waiting_takes_nothing() -> None:
+    clock = Clock()
+    limiter = RateLimiter(2.0, 2, clock)
+    assert limiter.waiting("a") == 0.0
+    assert [limiter.acquire("a") for _ in range(2)] == [0.0, 0.0]
+    assert [limiter.waiting("a") for _ in range(3)] == [pytest.approx(0.5)] * 3
+    clock.now += 0.5
+    assert limiter.waiting("a") == 0.0
+    assert limiter.acquire("a") == 0.0
+
+
+def test_each_worker_enforces_its_share() -> None:
+    share = RateLimiter.worker_share(20.0, 60, workers=2)
+    assert (share.rate, share.burst) == (10.0, 30.0)
+    lone = RateLimiter.worker_share(20.0, 1, workers=3)
+    assert (lone.rate, lone.burst) == (pytest.approx(20 / 3), 1.0)

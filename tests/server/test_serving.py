@@ -9,6 +9,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from ampscope_server.serving import Redact, log_config
-from tests.support.team import Team, team_server
+from tests.support.team import Team, make_tokens, team_server
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +100,7 @@ def test_a_trickled_body_is_408(guarded: Team) -> None:
         while not answer.endswith(b"}"):
             answer += sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 408")
-    assert b'{"detail":"no part of the request body arrived for 1 s"}' in answer
+    assert b'{"detail":"the request body did not arrive whole within 1 s"}' in answer
 
 
 def test_a_client_leaving_mid_body_is_one_line(guarded: Team) -> None:
@@ -190,3 +191,161 @@ def test_the_proxy_header_from_elsewhere_is_ignored(tmp_path: Path) -> None:
             base_url=team.url, timeout=10.0) as client:
         response = client.get("/api/runs", headers={"X-Forwarded-User": "mallory"})
         assert response.status_code == 401
+
+
+# --- floods: every cap low, so that a few dozen sockets reach them -------------------------
+CAPS = {"AMPSCOPE_MAX_CONNECTIONS": "40", "AMPSCOPE_MAX_CONNECTIONS_PER_CLIENT": "16",
+        "AMPSCOPE_MAX_REQUESTS_PER_CREDENTIAL": "4", "AMPSCOPE_MAX_SOCKETS_PER_CREDENTIAL": "4",
+        "AMPSCOPE_BODY_TIMEOUT_S": "3", "AMPSCOPE_HEADER_TIMEOUT_S": "60",
+        "AMPSCOPE_LOGIN_FAILURES_PER_MIN": "5"}
+"""The header timeout is long: here only the caps close idle sockets."""
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    with team_server("sqlite", tmp_path_factory.mktemp("crowded"), env=CAPS) as team:
+        team.tokens.update(make_tokens(team.db_url, (("spare-read", None, "read"),)))
+        yield team
+
+
+def _connect(port: int, address: str) -> socket.socket:
+    """A TCP connection to the server from `address` (any of 127.0.0.0/8 is this machine)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(address, 0))
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (its end-of-file or reset has arrived)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _settled(team: Team, sockets: list[socket.socket]) -> list[int]:
+    """The indices of `sockets` still open once the server has caught up with them."""
+    with team.client("root") as client:  # one round trip: every earlier accept is handled
+        assert client.get("/api/health").status_code == 200
+    time.sleep(0.3)
+    return [i for i, sock in enumerate(sockets) if not _closed(sock)]
+
+
+def _polls(team: Team, token: str = "root", rounds: int = 10) -> list[int]:
+    """A second client's view: health and the runs list, each on a fresh connection."""
+    codes = []
+    for _ in range(rounds):
+        for path in ("/api/health", "/api/runs"):
+            with team.client(token) as client:
+                codes.append(client.get(path).status_code)
+    return codes
+
+
+class TestFloods:
+    def test_idle_sockets_from_many_addresses_never_take_a_requests_place(
+            self, crowded: Team) -> None:
+        port = crowded.server.port
+        flood = [_connect(port, f"127.0.0.{2 + i % 8}") for i in range(120)]
+        try:
+            assert _polls(crowded) == [200] * 20
+            # 40 at most: each connection past it closed the longest-idle one, oldest first.
+            assert _settled(crowded, flood) == list(range(81, 120))
+        finally:
+            for sock in flood:
+                sock.close()
+
+    def test_one_address_closes_its_own_idle_sockets_first(self, crowded: Team) -> None:
+        port = crowded.server.port
+        others = [_connect(port, "127.0.0.10") for _ in range(3)]
+        flood = [_connect(port, "127.0.0.11") for _ in range(20)]
+        try:
+            assert _settled(crowded, others + flood) == [0, 1, 2, *range(3 + 4, 3 + 20)]
+        finally:
+            for sock in others + flood:
+                sock.close()
+
+    def test_a_connection_past_an_address_cap_of_busy_sockets_is_503(self,
+                                                                      crowded: Team) -> None:
+        """WebSockets are never idle: 16 from one address (4 credentials x 4 sockets) fill its
+        cap, and the 17th connection gets a whole 503 with Retry-After."""
+        ws = f"ws://127.0.0.1:{crowded.server.port}/api/runs/live"
+        with ExitStack() as sockets:
+            for name in ("alpha-read", "beta-read", "alpha-admin", "root"):
+                for _ in range(4):
+                    sock = _connect(crowded.server.port, "127.0.0.12")
+                    sockets.enter_context(connect(
+                        ws, sock=sock, open_timeout=10,
+                        additional_headers={"Authorization": f"Bearer {crowded.tokens[name]}"}))
+            with _connect(crowded.server.port, "127.0.0.12") as extra:
+                extra.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                answer = extra.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+            assert b"retry-after: 1\r\n" in answer
+            assert answer.endswith(b'{"detail": "too many connections from 127.0.0.12 '
+                                   b'(AMPSCOPE_MAX_CONNECTIONS_PER_CLIENT); close idle ones '
+                                   b'and retry"}')
+            assert _polls(crowded, rounds=3) == [200] * 6
+
+    def test_one_token_holds_at_most_its_share_of_live_sockets(self, crowded: Team) -> None:
+        ws = f"ws://127.0.0.1:{crowded.server.port}/api/runs/live"
+        auth = {"Authorization": f"Bearer {crowded.tokens['spare-read']}"}
+        opened, refused = [], []
+        with ExitStack() as sockets:
+            for _ in range(10):
+                websocket = sockets.enter_context(connect(
+                    ws, additional_headers=auth, open_timeout=10,
+                    sock=_connect(crowded.server.port, "127.0.0.13")))
+                try:
+                    while True:  # what the socket sends at once (the runs), then silence
+                        websocket.recv(timeout=0.5)
+                except TimeoutError:
+                    opened.append(websocket)
+                except ConnectionClosed as closed:
+                    refused.append((closed.rcvd.code, closed.rcvd.reason) if closed.rcvd else None)
+            assert len(opened) == 4
+            assert refused == [(1013, "this credential has too many live sockets open")] * 6
+            assert _polls(crowded, "spare-read", rounds=3) == [200] * 6  # its requests still go
+
+    def test_trickled_bodies_hold_a_tokens_share_only_and_end_at_the_deadline(
+            self, crowded: Team) -> None:
+        token = crowded.tokens["alpha-ingest"]
+        head = (f"POST /api/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}"
+                "\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").encode()
+        trickles = []
+        for _ in range(10):
+            sock = _connect(crowded.server.port, "127.0.0.14")
+            sock.sendall(head)
+            trickles.append(sock)
+            time.sleep(0.05)
+        try:
+            assert _polls(crowded, rounds=3) == [200] * 6
+            statuses = []
+            for sock in trickles:
+                sock.settimeout(10)
+                statuses.append(sock.recv(4096).split(b"\r\n", 1)[0])
+            assert sorted(statuses) == ([b"HTTP/1.1 408 Request Timeout"] * 4
+                                        + [b"HTTP/1.1 429 Too Many Requests"] * 6)
+        finally:
+            for sock in trickles:
+                sock.close()
+
+    def test_failed_sign_ins_are_throttled_per_address(self, crowded: Team) -> None:
+        def client(address: str, token: str) -> httpx.Client:
+            return httpx.Client(base_url=crowded.url, timeout=10.0,
+                                transport=httpx.HTTPTransport(local_address=address),
+                                headers={"Authorization": f"Bearer {token}"})
+
+        good = crowded.tokens["alpha-read"]
+        with client("127.0.0.15", good[:-1] + ("A" if good[-1] != "A" else "B")) as wrong:
+            assert [wrong.get("/api/runs").status_code for _ in range(5)] == [401] * 5
+            limited = wrong.get("/api/runs")
+            assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+            assert limited.json() == {
+                "detail": "too many failed sign-ins from this address; retry later"}
+            login = wrong.post("/api/login", json={"token": good})
+            assert login.status_code == 429
+        with client("127.0.0.15", good) as right:  # the address waits, whatever it sends
+            assert right.get("/api/runs").status_code == 429
+        with client("127.0.0.16", good) as elsewhere:
+            assert elsewhere.get("/api/runs").status_code == 200

@@ -41,14 +41,16 @@ def create_token(db_url: str, project: str | None, scope: str, name: str = "") -
     return result.stdout.strip()
 
 
-def make_tokens(db_url: str) -> dict[str, str]:
-    """`TOKENS` made in this process, through the service the CLI calls (`test_cli_admin` runs
-    the command itself): six interpreter boots fewer per team server."""
+def make_tokens(db_url: str,
+                specs: tuple[tuple[str, str | None, str], ...] = TOKENS) -> dict[str, str]:
+    """`TOKENS` (or `specs`: label, project, scope) made in this process, through the service
+    the CLI calls (`test_cli_admin` runs the command itself): six interpreter boots fewer per
+    team server."""
     engine = db.make_engine(db_url)
     try:
         with db.unit_of_work(db.make_session_factory(engine)) as session:
             return {label: tokens.create_token(session, Scope(scope), project, label).secret
-                    for label, project, scope in TOKENS}
+                    for label, project, scope in specs}
     finally:
         engine.dispose()
 

@@ -1,11 +1,22 @@
 // The login page: POST the token in a JSON body (never a URL), then go where the user was headed.
 
-/** Only a path on this server: never `//evil.example` or `https://…` (an open redirect). */
-export function safeNext(raw) {
-  if (typeof raw !== 'string' || !raw.startsWith('/') || raw.startsWith('//') || raw.includes('\\')) {
+/**
+ * Only a path on this server (an open redirect otherwise). Judged by the browser's own URL
+ * parser, which is what `location.assign` will use: it drops TAB, LF and CR and reads `\\` as
+ * `/`, so `/%09/evil.example` decoded is `//evil.example`, another origin, which a check of the
+ * raw text misses.
+ */
+export function safeNext(raw, origin = window.location.origin) {
+  if (typeof raw !== 'string' || !raw.startsWith('/')) {
     return '/';
   }
-  return raw;
+  let url;
+  try {
+    url = new URL(raw, origin);
+  } catch {
+    return '/';
+  }
+  return url.origin === origin ? `${url.pathname}${url.search}${url.hash}` : '/';
 }
 
 async function signIn(event) {

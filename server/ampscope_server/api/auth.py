@@ -12,9 +12,11 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 from ampscope_server import tokens
+from ampscope_server.admission import SignInThrottle
 from ampscope_server.api.pages import page
 from ampscope_server.config import auth_required
 from ampscope_server.deps import PrincipalDep, SessionDep, SettingsDep
+from ampscope_server.errors import Unauthorized
 from ampscope_server.gate import SESSION_COOKIE, cookie_of
 from ampscope_server.principal import Principal, Via
 from ampscope_server.schemas import AUTH_RESPONSES
@@ -54,7 +56,13 @@ def login_page() -> FileResponse:
 def post_login(body: LoginBody, request: Request, response: Response, session: SessionDep,
                settings: SettingsDep) -> SessionRead:
     """Exchange a read or admin token for a session cookie (an ingest token cannot sign in)."""
-    created = tokens.login(session, body.token, settings.session_ttl_s)
+    throttle: SignInThrottle = request.app.state.sign_in_throttle
+    throttle.check(request.scope)
+    try:
+        created = tokens.login(session, body.token, settings.session_ttl_s)
+    except Unauthorized:
+        throttle.failed(request.scope)
+        raise
     response.set_cookie(
         SESSION_COOKIE, created.cookie, max_age=int(settings.session_ttl_s), path="/",
         httponly=True, samesite="strict",
