@@ -500,6 +500,9 @@ class LayerDiffRead(BaseModel):
     lost_frac: float | None
     underflow_only_in: str | None
     """The id of the only run whose median lost_frac is above the threshold, else null."""
+    nonfinite_steps: int = 0
+    """Common steps where the layer held NaN or inf in either run: left out of the ratio and the
+    lost medians (its norm is over finite elements only, its zeros born of the NaN)."""
 
 
 class ComparisonRead(BaseModel):
