@@ -21,7 +21,7 @@ def _assert_secure(response: httpx2.Response) -> None:
 
 def test_csp_is_strict() -> None:
     assert CSP == (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
     )
 

@@ -8,7 +8,7 @@ import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
 import { LiveState, LiveStream } from './live.js';
-import { COLORS, Plotly, fitStepMargins, plotlyLoaded } from './plot.js';
+import { COLORS, Plotly, fitStepMargins, plotlyLoaded, setStepSpan } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
@@ -112,6 +112,11 @@ class RunPage {
     restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
     this.scale = new ScaleChart($('scale-chart'), this.runId);
     fitStepMargins((await layersP).map((l) => l.name));
+    // An ended run's step charts span its steps exactly (one x range on every chart); a live
+    // run's grow with it, each by plotly's own autorange.
+    if (this.run.status !== 'active' && scaleSeries.points.length) {
+      setStepSpan(scaleSeries.points[0].step, this.run.last_step);
+    }
     await plotlyLoaded();
     const scaleDrawn = this.scale.init(scaleSeries);
     scaleDrawn.catch(() => {}); // likewise: awaited with the other charts

@@ -21,8 +21,10 @@ from ampscope_server.deps import requires
 from ampscope_server.errors import NotFound
 from ampscope_server.principal import Scope as TokenScope
 
+# blob: in img-src: plotly's "Download plot as a png" draws the chart's SVG through a blob: image
+# made by the page itself (nothing is fetched from elsewhere); without it the export did nothing.
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 

@@ -9,7 +9,9 @@
     loss: '#7c3aed', gradNorm: '#0891b2', grid: '#eef0f4', axis: '#c9ced8', text: '#3b4252',
   };
   const FONT = { family: 'system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif', size: 12, color: COLORS.text };
-  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d', 'toImage'] };
+  // Nothing may send the report's data off the page: no Chart Studio button, no destination.
+  const CONFIG = { displaylogo: false, responsive: true, showSendToCloud: false, showEditInChartStudio: false,
+    showLink: false, plotlyServerURL: '', modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d', 'toImage', 'sendDataToCloud'] };
   // Small fractions matter (1% of a layer's gradient lost is already a finding).
   const FRACTION_SCALE = [[0, '#f8fafc'], [0.005, '#fef3c7'], [0.05, '#fdba74'], [0.2, '#f97316'], [0.5, '#dc2626'], [1, '#5b0f0f']];
   const TAGS = { nan: NaN, inf: Infinity, '-inf': -Infinity };
