@@ -207,3 +207,22 @@ def test_zoom_and_smoothing_are_shared(
     assert visible == [False, False, False, False]
     assert pg.inner_text("#smoothing-value") == "0.00"
     watched.assert_clean()
+
+
+def test_the_run_pages_scale_chart_keeps_drawing_at_zero(
+        served: tuple[ServerProcess, str, str], watched: Watched) -> None:
+    """The run page's scale chart: the line and every skip marker after the scale reached 0."""
+    server, _, exploding = served
+    pg = watched.page
+    pg.goto(f"{server.url}/runs/{exploding}")
+    pg.locator("#scale-chart .nsewdrag").wait_for(timeout=WAIT_MS)
+    watched.wait_for("() => document.getElementById('scale-chart').data[3].x.length"
+                     f" === {STEPS - NAN_FROM}")
+    line, skipped = watched.js("""() => { const d = document.getElementById('scale-chart').data;
+      return [2, 3].map((i) => ({x: Array.from(d[i].x), y: Array.from(d[i].y)})); }""")
+    floor = 65536.0 / 2 ** (ZERO_SCALE - NAN_FROM) / 2
+    assert skipped["x"] == list(range(NAN_FROM, STEPS))
+    assert skipped["y"][ZERO_SCALE - NAN_FROM:] == [floor] * (STEPS - ZERO_SCALE)
+    assert line["y"][ZERO_SCALE:] == [floor] * (STEPS - ZERO_SCALE)
+    watched.screenshot("run-scale-zero.png", full_page=False)
+    watched.assert_clean()
