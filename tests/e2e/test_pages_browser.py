@@ -84,7 +84,8 @@ def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[s
                                              watched: Watched) -> None:
     server, _ = served
     pg = watched.page
-    pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+    response = pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+    assert response is not None and response.status == 404  # not a 200 over empty charts
     banner = pg.locator("#error")
     banner.wait_for(state="visible", timeout=WAIT_MS)
     assert banner.inner_text() == (
@@ -94,6 +95,9 @@ def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[s
     assert pg.locator("#error img").count() == 0  # the id stayed text
     assert pg.locator("#run-name").inner_text() == "Run not found"
     assert "→ 404" not in banner.inner_text()
+    pg.wait_for_function("() => document.getElementById('live').dataset.state === 'closed'",
+                         timeout=WAIT_MS)
+    assert pg.locator("#delete-run").count() == 0  # nothing to delete (no auth: admin)
     watched.assert_clean()
 
 
@@ -107,6 +111,8 @@ def test_unknown_compare_id_is_a_friendly_not_found(served: tuple[ServerProcess,
     assert banner.inner_text() == (
         "Nothing to compare: run 'nope' not found (the runs of this page come from its "
         "address, ?runs=…). Back to the runs list")
+    # Nothing streams: the indicator does not say "connecting" for ever.
+    assert pg.locator("#live-text").inner_text() == "not connected"
     watched.assert_clean()
 
 

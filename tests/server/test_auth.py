@@ -282,11 +282,9 @@ HOSTILE_IDS = {"nul": "a%00b", "long": "f" * 65, "quote": "x%27%3B--%20", "upper
 def _bad_id_answer(key: tuple[str, str], template: str) -> int:
     """What a malformed id gets: ids the server makes (tokens, rules, destinations) are
     checked by form (422); a run id is any client's text up to 64 characters, so a malformed
-    one is just no run (404; 4404 on a socket); the run page is a shell for any id."""
+    one is just no run (404; 4404 on a socket; the run page too, which then says so)."""
     if key[0] == "WS":
         return 4404
-    if key == ("GET", "/runs/{run_id}"):
-        return 200
     return 404 if "RUN" in template else 422
 
 

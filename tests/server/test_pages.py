@@ -10,6 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from ampscope_server.api.pages import CSP, plotly_js, swagger_ui_dir, web_root
+from tests.server.wire import batch, new_id, record
+from tests.support.ingest import post_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,13 +32,19 @@ def test_web_root_is_the_web_folder() -> None:
     assert web_root().resolve() == (REPO / "web").resolve()
 
 
-@pytest.mark.parametrize(("path", "page"), [
-    ("/", "index.html"), ("/runs/abc-123", "run.html"), ("/docs", "api-docs.html"),
+@pytest.mark.parametrize(("path", "page", "status"), [
+    ("/", "index.html", 200), ("/runs/RUN", "run.html", 200), ("/docs", "api-docs.html", 200),
+    # An unknown run is the same page (it says so) under a 404, not a 200 over empty charts.
+    ("/runs/abc-123", "run.html", 404), ("/runs/" + "f" * 65, "run.html", 404),
 ])
-def test_pages(api: TestClient, path: str, page: str) -> None:
+def test_pages(api: TestClient, path: str, page: str, status: int) -> None:
+    if "RUN" in path:
+        run_id = new_id()
+        post_batch(api, batch([record(0)], run_id=run_id))
+        path = path.replace("RUN", run_id)
     response = api.get(path)
     _assert_secure(response)
-    assert response.status_code == 200
+    assert response.status_code == status
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     assert response.content == (web_root() / page).read_bytes()
 

@@ -266,6 +266,7 @@ class RunPage {
       link.setAttribute('download', '');
     }
     $('run-actions').hidden = false;
+    document.dispatchEvent(new Event('ampscope:run')); // run_admin.js: the run exists
   }
 
   renderStatus(status) {
