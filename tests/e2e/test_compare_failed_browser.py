@@ -31,6 +31,7 @@ NAN_FROM = 250      # loss NaN, grad norm non-finite, every step skipped, layers
 ISOLATED = (260, 280)  # the only finite grad norms from NAN_FROM on
 ZERO_SCALE = 270    # the scale is 0 from here on
 LAYER_EVERY = 10
+HISTOGRAM_STEP = 290
 
 
 def _layers(step: int, nan: bool) -> dict[str, list[Any]]:
@@ -82,6 +83,10 @@ def _exploding(run_id: str) -> dict[str, Any]:
             if not bad:
                 rec["layers"]["l2"][0] *= 2  # fc1.weight's norm doubled
         records.append(rec)
+    # One exponent histogram, at a NaN step: 124 of fc1.weight's 128 values NaN, 4 zeros;
+    # every one of fc1.bias's 16 inf (bins: zero, non-finite, below, 2^-4 … 2^2, above).
+    nan_hist = [[4, 124] + [0] * 9, [0, 16] + [0] * 9]
+    records[HISTOGRAM_STEP]["histogram"] = {"min_exp": -4, "max_exp": 2, "counts": nan_hist}
     return batch_v2(records, run_id=run_id, name="lr_explodes", final=True)
 
 
@@ -225,4 +230,20 @@ def test_the_run_pages_scale_chart_keeps_drawing_at_zero(
     assert skipped["y"][ZERO_SCALE - NAN_FROM:] == [floor] * (STEPS - ZERO_SCALE)
     assert line["y"][ZERO_SCALE:] == [floor] * (STEPS - ZERO_SCALE)
     watched.screenshot("run-scale-zero.png", full_page=False)
+    watched.assert_clean()
+
+
+def test_what_if_does_not_call_nan_layers_all_zero(
+        served: tuple[ServerProcess, str, str], watched: Watched) -> None:
+    """The what-if view's "first overflow" of a layer without a finite non-zero value: NaN/inf
+    layers are not "never (all zero)"."""
+    server, _, exploding = served
+    pg = watched.page
+    pg.goto(f"{server.url}/runs/{exploding}")
+    pg.wait_for_function("() => window.ampscope && window.ampscope.whatIf"
+                         " && window.ampscope.whatIf.rows.length === 2", timeout=WAIT_MS)
+    cells = watched.js("""() => [...document.querySelectorAll('#whatif-body tr')].map(
+      (tr) => [tr.dataset.layer, tr.lastElementChild.textContent])""")
+    assert cells == [["fc1.weight", "already NaN/inf (no finite value)"],
+                     ["fc1.bias", "already NaN/inf (no finite value)"]]
     watched.assert_clean()

@@ -50,7 +50,9 @@ function matcher() {
     try {
       re = new RegExp(query, 'i');
     } catch (err) {
-      return new Error(`Invalid regular expression: ${err.message}`);
+      // The browser's message already says "Invalid regular expression: /…/i: why".
+      return new Error(err.message.startsWith('Invalid regular expression')
+        ? err.message : `Invalid regular expression: ${err.message}`);
     }
     return (run) => fields(run).some((f) => re.test(f));
   }
@@ -177,7 +179,8 @@ function row(run) {
     if (run.skipped_steps) skip.classList.add('warn');
   }
 
-  const under = run.worst_underflow;
+  // A worst underflow of 0 % is no underflow: no layer to name (it was "0% · 0.weight").
+  const under = run.worst_underflow && run.worst_underflow.value > 0 ? run.worst_underflow : null;
   const head = run.worst_headroom;
   tr.append(checkCell, name, el('td', null, run.project ?? ''), tags, status, findingCell(run.top_finding),
     el('td', 'num', String(run.num_steps ?? 0)), scale, skip,
