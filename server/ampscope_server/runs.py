@@ -118,7 +118,7 @@ def summaries(
             world_size=run.world_size,
             skip_rate=skipped / num_steps if num_steps else None,
             worst_underflow=analysis.underflow, worst_headroom=analysis.headroom,
-            top_finding=analysis.top, summary_step=analysis.step,
+            top_finding=analysis.top, summary_step=analysis.step, config=run.config,
         ))
     return result
 
@@ -152,7 +152,7 @@ def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
         for a in runs_repository.list_attempts(session, run.id)
     ]
     return RunDetail(
-        **summary.model_dump(), config=run.config, host=run.host, rank=run.rank,
+        **summary.model_dump(), host=run.host, rank=run.rank,
         target_format=run.target_format, attempts=attempts,
     )
 

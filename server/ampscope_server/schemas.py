@@ -133,6 +133,9 @@ class RunSummary(BaseModel):
     """The step `top_finding`, `worst_underflow` and `worst_headroom` are as of: the newest
     step their analysis saw (cached beside the counters, `summary_cache`); behind `last_step`
     while the analysis catches up; null: not analysed yet (or no steps)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The run's hyperparameters as the client sent them (capped at ingest): the runs list
+    offers any of their keys as a column."""
 
 
 class AttemptRead(BaseModel):
@@ -145,7 +148,6 @@ class AttemptRead(BaseModel):
 
 
 class RunDetail(RunSummary):
-    config: dict[str, Any]
     host: str
     rank: int
     target_format: str

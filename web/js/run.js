@@ -2,6 +2,7 @@
 
 import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
+import { renderConfig } from './config_table.js';
 import { EventLog } from './events.js';
 import { LayerHeatmap, STATS } from './heatmap.js';
 import { LayerLines } from './layer_lines.js';
@@ -259,6 +260,7 @@ class RunPage {
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
     meta.replaceChildren(...nodes);
+    renderConfig($('config-body'), $('config-note'), run.config);
     const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
     for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv']]) {
       const link = $(id);

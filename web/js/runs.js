@@ -11,6 +11,7 @@ import { findingCell } from './findings.js';
 import { agoText, el, numberText, percentText, ranksText, scaleNode, statusBadge, toDate } from './format.js';
 import { LiveState } from './live.js';
 import { RunsStream } from './runs_live.js';
+import { ConfigColumns } from './runs_columns.js';
 import { compareValues, TableSort } from './table_sort.js';
 
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
@@ -186,7 +187,7 @@ function row(run) {
     el('td', 'num', String(run.num_steps ?? 0)), scale, skip,
     layerCell(under, under ? `${numberText(100 * under.value, 3)}%` : '', under ? underflowLevel(under.value) : ''),
     layerCell(head, head ? headroomText(head.value) : '', head ? headroomLevel(head.value) : ''),
-    timeCell(run.created_at), timeCell(run.updated_at));
+    timeCell(run.created_at), timeCell(run.updated_at), ...columns.cells(run));
   tr.addEventListener('click', (event) => {
     if (event.target.closest('a, input, label, .check')) return;
     location.href = link.href;
@@ -230,6 +231,7 @@ function render() {
   filterError.textContent = invalid ? `${match.message} — showing every run.` : '';
   filter.setAttribute('aria-invalid', String(invalid));
   const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
+  columns.offer(runs);
   body.replaceChildren(...shown.map(row));
   $('empty').hidden = !loaded || filtered || runs.length > 0 || nextPage !== null;
   $('runs').hidden = shown.length === 0;
@@ -334,6 +336,7 @@ function onState(state, detail) {
   renderLive(detail);
 }
 
+const columns = new ConfigColumns($('runs').tHead.rows[0], $('columns-list'), () => render());
 $('server-url').textContent = location.origin;
 filter.addEventListener('input', onFilter);
 regexToggle.addEventListener('change', onFilter);

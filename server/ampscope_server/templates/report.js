@@ -244,11 +244,37 @@
       : 'nothing found: no overflow, underflow or misuse worth reporting';
   }
 
+  /** The run's config as dotted keys (the dashboard's config_table.js; this file is inlined
+   * whole into the report, so it cannot import that module). */
+  function flatten(config, prefix) {
+    const out = [];
+    for (const [key, value] of Object.entries(config || {})) {
+      const name = prefix ? `${prefix}.${key}` : key;
+      if (value !== null && typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length) {
+        out.push(...flatten(value, name));
+      } else out.push([name, value]);
+    }
+    return out;
+  }
+
+  function configTable(config) {
+    const rows = flatten(config, '').sort((a, b) => (a[0] < b[0] ? -1 : (a[0] > b[0] ? 1 : 0)));
+    document.getElementById('config-note').textContent = rows.length ? `${rows.length} keys` : 'none recorded';
+    const body = document.getElementById('config-body');
+    for (const [key, value] of rows) {
+      const tr = el('tr');
+      tr.dataset.key = key;
+      tr.append(el('td', 'mono', key), el('td', 'mono', typeof value === 'string' ? value : JSON.stringify(value)));
+      body.append(tr);
+    }
+  }
+
   async function main() {
     const data = JSON.parse(document.getElementById('report-data').textContent);
     const run = data.run;
     document.title = `${run.name} · ampscope report`;
     header(run, data);
+    configTable(run.config);
     findingsList(data.findings);
     eventsTable(data.events);
     await Promise.all([

@@ -1,0 +1,101 @@
+"""A run's context on the page (issue #31), in a real Chromium: its hyperparameters (`config`) as
+a table on the run page, and any of their keys as a column of the runs list (kept in the
+address). Keys and values are user text: shown as text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.wire import batch, new_id, record
+from tests.support.browser import Watched
+from tests.support.databases import migrated_sqlite
+from tests.support.servers import ServerProcess
+
+pytestmark = pytest.mark.browser
+
+WAIT_MS = 15_000
+HOSTILE = "<img src=x onerror=alert(1)>"
+CONFIGS: list[dict[str, Any]] = [
+    {"lr": 0.0003, "optimizer": {"name": "adamw", "betas": [0.9, 0.95]}, "batch_size": 64,
+     HOSTILE: HOSTILE},
+    {"lr": 0.1, "optimizer": {"name": "sgd"}, "amp": True},
+    {},
+]
+RUN_PAGE_ROWS = [[HOSTILE, HOSTILE], ["batch_size", "64"], ["lr", "0.0003"],
+                 ["optimizer.betas", "[0.9,0.95]"], ["optimizer.name", "adamw"]]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[str]]]:
+    tmp = tmp_path_factory.mktemp("run-context")
+    server = ServerProcess(migrated_sqlite(tmp), tmp).start()
+    ids = []
+    try:
+        for i, config in enumerate(CONFIGS):
+            run_id = new_id()
+            payload = batch([record(s) for s in range(20)], run_id=run_id, name=f"run-{i}",
+                            config=config, final=True)
+            response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=60)
+            assert response.status_code == 200, response.text
+            ids.append(run_id)
+        yield server, ids
+    finally:
+        server.stop()
+
+
+def _rows(watched: Watched, selector: str) -> list[list[str]]:
+    found: list[list[str]] = watched.js("""(selector) => [...document.querySelectorAll(selector)]
+      .map((tr) => [...tr.children].map((td) => td.textContent))""", selector)
+    return found
+
+
+def test_the_run_page_lists_the_hyperparameters(
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    server, ids = served
+    pg = watched.page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    pg.locator("#config-body tr").first.wait_for(timeout=WAIT_MS)
+    assert _rows(watched, "#config-body tr") == RUN_PAGE_ROWS
+    assert pg.inner_text("#config-note") == "5 keys"
+    assert pg.locator("#config-panel img").count() == 0
+    watched.screenshot("run-config-page.png", full_page=False)
+    # A run without config says how to send one.
+    pg.goto(f"{server.url}/runs/{ids[2]}")
+    pg.wait_for_function("() => document.getElementById('config-note').textContent !== ''",
+                         timeout=WAIT_MS)
+    assert pg.locator("#config-body tr").count() == 0
+    assert pg.inner_text("#config-note").startswith("none sent: ampscope.watch(..., config=")
+    watched.assert_clean()
+
+
+def test_any_config_key_is_a_column_of_the_runs_list(
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    server, ids = served
+    pg = watched.page
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    assert pg.locator("th.config-col").count() == 0  # none until picked
+    pg.click("#columns-menu summary")
+    offered = pg.locator("#columns-list label").all_inner_texts()
+    assert offered == sorted([HOSTILE, "amp", "batch_size", "lr", "optimizer.betas",
+                              "optimizer.name"])
+    pg.check('#columns-list input[value="lr"]')
+    pg.check('#columns-list input[value="optimizer.name"]')
+    heads = "() => [...document.querySelectorAll('th.config-col')].map((th) => th.textContent)"
+    assert watched.js(heads) == ["lr", "optimizer.name"]
+    cells = """(ids) => ids.map((id) => [...document.querySelectorAll(
+      `tr[data-run-id="${id}"] td.config-col`)].map((td) => td.textContent))"""
+    assert watched.js(cells, ids) == [["0.0003", "adamw"], ["0.1", "sgd"], ["—", "—"]]
+    assert pg.evaluate("() => new URLSearchParams(location.search).get('columns')") == (
+        "lr,optimizer.name")
+    watched.screenshot("runs-config-columns.png")
+    # The address keeps the columns: a link (or a reload) shows the same.
+    pg.goto(f"{server.url}/?columns=amp")
+    pg.locator(f'tr[data-run-id="{ids[1]}"]').wait_for(timeout=WAIT_MS)
+    assert watched.js(heads) == ["amp"]
+    assert watched.js(cells, ids) == [["—"], ["true"], ["—"]]
+    watched.assert_clean()
