@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.server.wire import batch, new_id, record
-from tests.support.browser import Watched
+from tests.support.browser import Watched, watch
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 
@@ -98,4 +98,53 @@ def test_any_config_key_is_a_column_of_the_runs_list(
     pg.locator(f'tr[data-run-id="{ids[1]}"]').wait_for(timeout=WAIT_MS)
     assert watched.js(heads) == ["amp"]
     assert watched.js(cells, ids) == [["—"], ["true"], ["—"]]
+    watched.assert_clean()
+
+
+STEP_CHARTS = ["scale-chart", "loss-chart", "gradnorm-chart", "skiprate-chart", "heatmap",
+               "layer-lines"]
+READY = "() => window.ampscope && window.ampscope.zoom && window.ampscope.zoom.linked"
+
+
+def test_a_link_keeps_the_view(served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    """Zoom, smoothing, the layers drawn as lines and the loss axis go into the address; the
+    address opens the same view."""
+    server, ids = served
+    pg = watched.page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    watched.wait_for(READY)
+    watched.js("() => Plotly.relayout(document.getElementById('loss-chart'), "
+               "{'xaxis.range': [5, 15]})")
+    pg.fill("#smoothing", "0.3")
+    pg.dispatch_event("#smoothing", "input")
+    watched.js("""() => document.getElementById('heatmap').emit('plotly_click',
+      {points: [{y: 'fc1.bias'}]})""")
+    pg.click('#loss-chart-axis button[data-scale="log"]')
+    query = "() => Object.fromEntries(new URLSearchParams(location.search))"
+    want = {"start": "5", "end": "15", "smoothing": "0.3", "layers": "fc1.bias",
+            "loss_axis": "log"}
+    watched.wait_for(f"(want) => JSON.stringify(({query})()) === JSON.stringify(want)",
+                     arg=want)
+    link = pg.url
+
+    opened = watch(watched.context.new_page())
+    fresh = opened.page
+    fresh.goto(link)
+    fresh.wait_for_function(READY, timeout=WAIT_MS)
+    fresh.wait_for_function("() => window.ampscope.layerLines.shown.length === 1",
+                            timeout=WAIT_MS)
+    view = fresh.evaluate("""(ids) => ({
+      ranges: ids.map((id) => Array.from(document.getElementById(id)._fullLayout.xaxis.range)),
+      smoothing: document.getElementById('smoothing').value,
+      shown: window.ampscope.layerLines.shown.map((i) => window.ampscope.layerNames[i]),
+      lossAxis: document.getElementById('loss-chart')._fullLayout.yaxis.type,
+      gradAxis: document.getElementById('gradnorm-chart')._fullLayout.yaxis.type,
+      pressed: document.querySelector('#loss-chart-axis [aria-pressed="true"]').dataset.scale,
+      weight: window.ampscope.loss.weight })""", STEP_CHARTS)
+    assert view == {"ranges": [[5, 15]] * len(STEP_CHARTS), "smoothing": "0.3",
+                    "shown": ["fc1.bias"], "lossAxis": "log", "gradAxis": "log",
+                    "pressed": "log", "weight": 0.3}
+    assert fresh.evaluate(query) == want  # opening it changed nothing
+    opened.screenshot("run-view-from-link.png")
+    opened.assert_clean()
     watched.assert_clean()
