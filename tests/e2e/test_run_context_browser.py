@@ -148,3 +148,34 @@ def test_a_link_keeps_the_view(served: tuple[ServerProcess, list[str]], watched:
     opened.screenshot("run-view-from-link.png")
     opened.assert_clean()
     watched.assert_clean()
+
+
+def test_the_section_bar_moves_through_the_page(
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    """A sticky bar of the page's sections: a link scrolls its section under the bars and is
+    marked current; the bar stays in view."""
+    server, ids = served
+    pg = watched.page
+    pg.goto(f"{server.url}/runs/{ids[0]}")
+    watched.wait_for(READY)
+    pg.locator("#findings").wait_for(state="visible", timeout=WAIT_MS)
+    links = pg.locator("#section-bar a:visible").all_inner_texts()
+    assert links == ["Findings", "Hyperparameters", "Loss scale", "Loss", "Grad norm",
+                     "Skip rate", "Per-layer", "Layer range", "What-if", "Layers", "Events",
+                     "Alerts"]  # no Optimizers: this run's panel is hidden
+    current = "() => document.querySelector('#section-bar [aria-current]')?.textContent"
+    pg.click("#section-bar a:text-is('Per-layer')")
+    watched.wait_for(f"() => ({current})() === 'Per-layer'")
+    where = watched.js("""() => {
+      const section = document.querySelector('[data-section="Per-layer"]');
+      const bar = document.getElementById('section-bar').getBoundingClientRect();
+      return {bar: [bar.top, bar.bottom], top: section.getBoundingClientRect().top,
+              hash: location.hash}; }""")
+    assert where["bar"][0] == 48  # stuck under the top bar
+    assert where["bar"][1] <= where["top"] <= where["bar"][1] + 8
+    assert where["hash"] == "#section-per-layer"
+    watched.screenshot("run-section-bar.png", full_page=False)
+    # The last sections cannot reach the top of the page: the one picked is still current.
+    pg.click("#section-bar a:text-is('Alerts')")
+    watched.wait_for(f"() => ({current})() === 'Alerts'")
+    watched.assert_clean()
