@@ -29,10 +29,19 @@ export const COLORS = Object.freeze({
   text: '#3b4252',
 });
 
+/**
+ * The charts' surfaces and ink, light or dark as the system asks (web/css/dark.css does the
+ * page): read once, at load. `gap` is the heatmap's background, where a cell has no value.
+ */
+const DARK = typeof matchMedia === 'function' && matchMedia('(prefers-color-scheme: dark)').matches;
+export const THEME = Object.freeze(DARK
+  ? { plot: '#0d1117', grid: '#21262d', axis: '#3d444d', text: '#c9d1d9', gap: '#262c36' }
+  : { plot: '#ffffff', grid: COLORS.grid, axis: COLORS.axis, text: COLORS.text, gap: '#eceff3' });
+
 export const FONT = {
   family: 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif',
   size: 12,
-  color: COLORS.text,
+  color: THEME.text,
 };
 
 /**
@@ -95,13 +104,13 @@ export function setStepSpan(first, last) {
 export function themedLayout(uirevision, overrides = {}) {
   // exponentformat 'e': plotly's own labels for powers ("10<sup>-5</sup>") are drawn as tspans
   // with an inline style, which the CSP blocks; "1e-5" is plain text (LogTicks labels powers).
-  const axis = { gridcolor: COLORS.grid, linecolor: COLORS.axis, zeroline: false, automargin: true,
+  const axis = { gridcolor: THEME.grid, linecolor: THEME.axis, zeroline: false, automargin: true,
     exponentformat: 'e' };
   return {
     uirevision,
     font: FONT,
     paper_bgcolor: 'rgba(0,0,0,0)',
-    plot_bgcolor: '#ffffff',
+    plot_bgcolor: THEME.plot,
     margin: stepChartMargin(),
     hoverlabel: { font: { family: FONT.family, size: 12 } },
     showlegend: true,
