@@ -126,6 +126,11 @@ class TestCsv:
         assert response.headers["content-type"] == "text/csv; charset=utf-8"
         assert response.headers["content-disposition"] == (
             f'attachment; filename="we_ird_name-{run_id[:8]}.csv"')
+        # The JSON too: saved as a file, not opened in the tab.
+        response = api.get(f"/api/runs/{run_id}/export?format=json")
+        assert response.headers["content-type"] == "application/json"
+        assert response.headers["content-disposition"] == (
+            f'attachment; filename="we_ird_name-{run_id[:8]}.json"')
 
     def test_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()

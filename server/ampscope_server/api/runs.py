@@ -114,7 +114,7 @@ EXPORT_RESPONSES: dict[int | str, dict[str, object]] = {
     **NOT_FOUND,
     200: {
         "description": "json: everything stored; csv: long format, streamed; html: the offline "
-                       "report (both as attachments). See docs/contracts.md, Export.",
+                       "report (all three as attachments). See docs/contracts.md, Export.",
         "content": {"text/csv": {}, "text/html": {}},
     },
 }
@@ -140,10 +140,12 @@ def get_export(
             "Content-Disposition": export_streams.content_disposition(run, "html"),
             "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
         })
-    # Streamed page by page (bounded memory however long the run), from a session of its own.
+    # Streamed page by page (bounded memory however long the run), from a session of its own;
+    # an attachment, as the CSV and the report: a browser saves it rather than opening it.
     return StreamingResponse(
         export_streams.json_chunks(factory, run.id, settings.crash_timeout_s),
         media_type="application/json",
+        headers={"Content-Disposition": export_streams.content_disposition(run, "json")},
     )
 
 
