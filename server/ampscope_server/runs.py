@@ -51,6 +51,7 @@ from ampscope_server.schemas import (
     RunDetail,
     RunStatus,
     RunSummary,
+    RunUpdate,
     StepExport,
     StepLive,
     StepRead,
@@ -119,6 +120,7 @@ def summaries(
             skip_rate=skipped / num_steps if num_steps else None,
             worst_underflow=analysis.underflow, worst_headroom=analysis.headroom,
             top_finding=analysis.top, summary_step=analysis.step, config=run.config,
+            notes=run.notes,
         ))
     return result
 
@@ -142,6 +144,13 @@ def list_page(
     return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory,
                                       found.counters),
                        next_cursor=found.next_cursor, total=found.total)
+
+
+def annotate(session: Session, run: Run, update: RunUpdate, crash_timeout_s: float) -> RunDetail:
+    """Set what people wrote on the run (notes, tags; fields not given stay), then its detail."""
+    runs_repository.set_run_annotations(session, run.id, update.model_dump(exclude_none=True))
+    session.refresh(run)
+    return detail(session, run, crash_timeout_s)
 
 
 def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:

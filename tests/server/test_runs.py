@@ -50,7 +50,7 @@ class TestRunsList:
                                 "updated_at", "num_steps", "last_step", "last_id",
                                 "last_scale", "skipped_steps", "num_layers", "skip_rate",
                                 "worst_underflow", "worst_headroom", "top_finding",
-                                "summary_step", "world_size", "config"}
+                                "summary_step", "world_size", "config", "notes"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
                                        "last_scale", "skipped_steps", "num_layers",
                                        "world_size")} == {

@@ -36,6 +36,7 @@ from ampscope_server.schemas import (
     RanksSummaryRead,
     RunDetail,
     RunSummary,
+    RunUpdate,
     StepsPage,
 )
 
@@ -147,6 +148,17 @@ def get_export(
         media_type="application/json",
         headers={"Content-Disposition": export_streams.content_disposition(run, "json")},
     )
+
+
+@router.patch("/runs/{run_id}", responses={
+    **NOT_FOUND, 422: {"model": ErrorBody, "description": "Notes over 4,000 characters, a tag "
+                                                          "empty or over 200, over 32 tags"}},
+    dependencies=[requires(Scope.ADMIN)])
+def patch_run(run: RunDep, session: SessionDep, settings: SettingsDep,
+              update: RunUpdate) -> RunDetail:
+    """Edit the run's notes and tags (admin: a read token only reads; an ingest token names
+    the tags when its run is created and cannot read runs back)."""
+    return runs.annotate(session, run, update, settings.crash_timeout_s)
 
 
 @router.delete("/runs/{run_id}", responses=NOT_FOUND, dependencies=[requires(Scope.ADMIN)])
