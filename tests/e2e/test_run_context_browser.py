@@ -160,7 +160,7 @@ def test_the_section_bar_moves_through_the_page(
     watched.wait_for(READY)
     pg.locator("#findings").wait_for(state="visible", timeout=WAIT_MS)
     links = pg.locator("#section-bar a:visible").all_inner_texts()
-    assert links == ["Findings", "Hyperparameters", "Loss scale", "Loss", "Grad norm",
+    assert links == ["Findings", "Notes", "Hyperparameters", "Loss scale", "Loss", "Grad norm",
                      "Skip rate", "Per-layer", "Layer range", "What-if", "Layers", "Events",
                      "Alerts"]  # no Optimizers: this run's panel is hidden
     current = "() => document.querySelector('#section-bar [aria-current]')?.textContent"

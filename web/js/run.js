@@ -279,7 +279,8 @@ class RunPage {
       link.setAttribute('download', '');
     }
     $('run-actions').hidden = false;
-    document.dispatchEvent(new Event('ampscope:run')); // run_admin.js: the run exists
+    // run_admin.js and run_notes.js: the run exists (its notes and tags are theirs to show).
+    document.dispatchEvent(new CustomEvent('ampscope:run', { detail: run }));
   }
 
   renderStatus(status) {
