@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ampscope_server import cli_admin, cli_alerts
-from ampscope_server.config import Settings, auth_required, is_loopback
+from ampscope_server.config import DB_HELP, Settings, auth_required, is_loopback
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the dashboard and ingest server")
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
     serve.add_argument("--port", type=_port, help="port (default 8765, AMPSCOPE_PORT)")
-    serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    serve.add_argument("--db", help=DB_HELP)
     serve.add_argument("--auth", choices=["required", "auto"],
                        help="require a token (auto: unless bound to loopback only; AMPSCOPE_AUTH)")
     serve.add_argument("--insecure-no-auth", action="store_true", default=None,
@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_commands.add_parser("upgrade", help="migrate the schema to the latest revision")
-    upgrade.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    upgrade.add_argument("--db", help=DB_HELP)
 
     sync = commands.add_parser(
         "sync", help="upload a client spool (a directory or one .ampspool file) to a server")
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="run id, its first 8 or more characters, or its name")
     report.add_argument("--baseline", help="a run to compare with (e.g. the FP32 run), named "
                                            "the same ways")
-    report.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    report.add_argument("--db", help=DB_HELP)
     report.add_argument("--html", metavar="PATH",
                         help="also write the self-contained HTML report, findings first")
     cli_admin.add_parsers(commands)
