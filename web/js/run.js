@@ -3,6 +3,7 @@
 import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
 import { renderConfig } from './config_table.js';
+import { announceRun } from './run_loaded.js';
 import { EventLog } from './events.js';
 import { LayerHeatmap, STATS } from './heatmap.js';
 import { LayerLines } from './layer_lines.js';
@@ -279,8 +280,7 @@ class RunPage {
       link.setAttribute('download', '');
     }
     $('run-actions').hidden = false;
-    // run_admin.js and run_notes.js: the run exists (its notes and tags are theirs to show).
-    document.dispatchEvent(new CustomEvent('ampscope:run', { detail: run }));
+    announceRun(run); // run_admin.js and run_notes.js: the run exists
   }
 
   renderStatus(status) {

@@ -1,7 +1,8 @@
 // The run page's admin action: delete the run, after a confirmation that names it.
 // Shown only to a principal with the admin scope (anyone, on a server without auth), and only
-// once the run has loaded (run.js's `ampscope:run` event): an unknown id gets no button.
+// once the run has loaded (run_loaded.js): an unknown id gets no button.
 
+import { runLoaded } from './run_loaded.js';
 import { send, session } from './session.js';
 
 function runId() {
@@ -49,12 +50,8 @@ function build(id) {
   return [button, dialog];
 }
 
-const loaded = new Promise((resolve) => {
-  document.addEventListener('ampscope:run', () => resolve(), { once: true });
-});
-
 async function init() {
-  const [who] = await Promise.all([session(), loaded]);
+  const [who] = await Promise.all([session(), runLoaded]);
   const head = document.querySelector('.run-head');
   if (!who || who.scope !== 'admin' || !head) return;
   head.append(...build(runId()));

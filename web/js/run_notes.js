@@ -1,8 +1,9 @@
 // The run's notes and tags, and, for a principal who may edit them (admin; anyone on a server
 // without auth), an editor: PATCH /api/runs/{id}. Notes and tags are user text: textContent
-// and form values only. The run comes from run.js's `ampscope:run` event.
+// and form values only. The run comes from run.js (run_loaded.js).
 
 import { el } from './format.js';
+import { runLoaded } from './run_loaded.js';
 import { send, session } from './session.js';
 
 const MAX_NOTES = 4000; // the server's cap (schemas.MAX_NOTES)
@@ -72,9 +73,11 @@ class RunNotes {
   }
 }
 
-document.addEventListener('ampscope:run', async (event) => {
-  const who = await session();
+async function main() {
+  const [run, who] = await Promise.all([runLoaded, session()]);
   // No session answer: a server without auth, where everyone acts as an admin.
   const editable = !who || !who.auth || who.scope === 'admin';
-  window.ampscopeNotes = new RunNotes(event.detail, editable); // for the browser tests
-}, { once: true });
+  window.ampscopeNotes = new RunNotes(run, editable); // for the browser tests
+}
+
+main();
