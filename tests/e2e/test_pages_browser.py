@@ -126,14 +126,13 @@ def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[st
       (a) => [a.textContent, a.getAttribute('href'), a.hasAttribute('download')])""")
     base = f"/api/runs/{ids[0]}/export?format="
     assert links == [["Report (HTML)", base + "html", True], ["Export JSON", base + "json", True],
-                     ["Export CSV", base + "csv", True]]
+                     ["Export CSV", base + "csv", True], ["CSV (wide)", base + "csv_wide", True]]
     for _, href, _ in links:
         response = httpx.get(f"{server.url}{href}", timeout=30)
         assert response.status_code == 200, (href, response.text[:200])
         if href.endswith("json"):
-            assert response.json()["run"]["id"] == ids[0]  # the link's `download` saves it
-        else:
-            assert response.headers["content-disposition"].startswith("attachment")
+            assert response.json()["run"]["id"] == ids[0]
+        assert response.headers["content-disposition"].startswith("attachment")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
     watched.assert_clean()
 

@@ -142,7 +142,7 @@ class TestExport:
         run_id = new_id()
         _seed(api, run_id, n=1)
         assert _get(api, f"/api/runs/{run_id}/export?format=xml", 422) == {
-            "detail": "query.format: Input should be 'json', 'csv' or 'html'"}
+            "detail": "query.format: Input should be 'json', 'csv', 'csv_wide' or 'html'"}
 
 
 class TestStatus:

@@ -274,7 +274,8 @@ class RunPage {
     meta.replaceChildren(...nodes);
     renderConfig($('config-body'), $('config-note'), run.config);
     const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
-    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv']]) {
+    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv'],
+      ['export-csv-wide', 'csv_wide']]) {
       const link = $(id);
       link.href = exportUrl(format);
       link.setAttribute('download', '');

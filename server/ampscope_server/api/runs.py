@@ -110,12 +110,13 @@ def get_ranks(run: RunDep, session: SessionDep) -> RanksSummaryRead:
     return rank_reads.ranks_summary(session, run)
 
 
-ExportFormat = Literal["json", "csv", "html"]
+ExportFormat = Literal["json", "csv", "csv_wide", "html"]
 EXPORT_RESPONSES: dict[int | str, dict[str, object]] = {
     **NOT_FOUND,
     200: {
-        "description": "json: everything stored; csv: long format, streamed; html: the offline "
-                       "report (all three as attachments). See docs/contracts.md, Export.",
+        "description": "json: everything stored; csv: long format, streamed; csv_wide: one row "
+                       "per step, a column per layer and statistic; html: the offline report "
+                       "(all as attachments). See docs/contracts.md, Export.",
         "content": {"text/csv": {}, "text/html": {}},
     },
 }
@@ -134,6 +135,11 @@ def get_export(
         return StreamingResponse(
             export_streams.csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
             headers={"Content-Disposition": export_streams.content_disposition(run, "csv")},
+        )
+    if format == "csv_wide":
+        return StreamingResponse(
+            export_streams.wide_csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": export_streams.content_disposition(run, "wide.csv")},
         )
     if format == "html":
         text, policy = export_report.report_html_of(session, run, settings.crash_timeout_s)
