@@ -179,3 +179,27 @@ def test_the_section_bar_moves_through_the_page(
     pg.click("#section-bar a:text-is('Alerts')")
     watched.wait_for(f"() => ({current})() === 'Alerts'")
     watched.assert_clean()
+
+
+def test_the_runs_list_uses_a_wide_screen_and_has_shortcuts(
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    """At 1,920 px the runs list is not held to 1,400; `/` focuses the filter, `?` lists the
+    shortcuts, Escape closes the list."""
+    server, ids = served
+    pg = watched.page
+    pg.set_viewport_size({"width": 1920, "height": 1080})
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    width = watched.js("() => document.querySelector('main').getBoundingClientRect().width")
+    assert width == 1920
+    pg.keyboard.press("/")
+    assert watched.js("() => document.activeElement.id") == "filter"
+    pg.keyboard.type("run-1")  # typed into the filter, not taken as shortcuts
+    assert pg.input_value("#filter") == "run-1"
+    pg.locator("#filter").blur()
+    pg.keyboard.press("?")
+    assert pg.locator("#shortcuts").is_visible()
+    assert pg.locator("#shortcuts dt").all_inner_texts() == ["/", "?", "Esc"]
+    pg.keyboard.press("Escape")
+    assert pg.locator("#shortcuts").is_hidden()
+    watched.assert_clean()

@@ -124,8 +124,8 @@ def test_the_run_page_preloads_exactly_the_modules_its_scripts_import() -> None:
     imported: set[str] = set()
     for script in scripts:
         _imports(script, imported)
-    assert scripts == ["run.js", "section_bar.js", "session.js", "run_admin.js", "run_alerts.js",
-                       "run_notes.js"]
+    assert scripts == ["run.js", "section_bar.js", "session.js", "shortcuts.js", "run_admin.js",
+                       "run_alerts.js", "run_notes.js"]
     assert len(preloaded) == len(set(preloaded))
     assert set(preloaded) == imported - set(scripts)
     assert "plot.js" in preloaded and "codec.js" in preloaded  # a direct and a deeper import
