@@ -92,3 +92,22 @@ def test_stacked_step_charts_share_the_x_range_on_first_render(
                        STEP_CHARTS)
     assert lefts == [lefts[0]] * len(STEP_CHARTS)
     watched.assert_clean()
+
+
+def test_a_live_runs_step_charts_start_at_the_same_step(
+        served: tuple[ServerProcess, str], watched: Watched) -> None:
+    """A run still training (no final batch): its charts grow with it, so only their left edge
+    is pinned, at its first step, on every chart alike."""
+    server, _ = served
+    run_id = new_id()
+    payload = troubled_batch(run_id)
+    payload["final"] = False
+    response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=60)
+    assert response.status_code == 200, response.text
+    watched.page.goto(f"{server.url}/runs/{run_id}")
+    watched.page.locator("#loss-chart .nsewdrag").wait_for(timeout=WAIT_MS)
+    watched.wait_for("() => window.ampscope && window.ampscope.zoom.linked !== undefined")
+    lefts = watched.js("""(ids) => ids.map((id) =>
+      document.getElementById(id)._fullLayout.xaxis.range[0])""", STEP_CHARTS[:5])
+    assert lefts == [0] * 5
+    watched.assert_clean()

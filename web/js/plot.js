@@ -95,9 +95,13 @@ export function stepChartMargin(t = 8, b = 40) {
  */
 let stepSpan = null;
 
-/** Make every step chart drawn from now on span exactly steps [first, last]. */
-export function setStepSpan(first, last) {
-  stepSpan = Number.isFinite(first) && Number.isFinite(last) && last > first ? [first, last] : null;
+/**
+ * Make every step chart drawn from now on span exactly steps [first, last]; with `last` null (a
+ * live run, whose range grows) they start at `first` alike and end where their data does.
+ */
+export function setStepSpan(first, last = null) {
+  if (!Number.isFinite(first)) stepSpan = null;
+  else stepSpan = Number.isFinite(last) && last > first ? [first, last] : [first, null];
 }
 
 /** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
@@ -125,6 +129,7 @@ export function themedLayout(uirevision, overrides = {}) {
 function stepAxis(overrides) {
   if (!stepSpan || (overrides.xaxis && overrides.xaxis.title !== undefined)) return null;
   const [first, last] = stepSpan;
+  if (last === null) return { autorangeoptions: { include: [first], clipmin: first } };
   // The range itself too: a chart without data yet (the per-layer lines) has no autorange.
   return { range: [first, last], autorangeoptions: { include: [first, last], clipmin: first, clipmax: last } };
 }

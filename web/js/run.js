@@ -119,9 +119,9 @@ class RunPage {
     this.scale = new ScaleChart($('scale-chart'), this.runId);
     fitStepMargins((await layersP).map((l) => l.name));
     // An ended run's step charts span its steps exactly (one x range on every chart); a live
-    // run's grow with it, each by plotly's own autorange.
-    if (this.run.status !== 'active' && scaleSeries.points.length) {
-      setStepSpan(scaleSeries.points[0].step, this.run.last_step);
+    // run's start at its first step alike and grow with it, each by plotly's own autorange.
+    if (scaleSeries.points.length) {
+      setStepSpan(scaleSeries.points[0].step, this.run.status === 'active' ? null : this.run.last_step);
     }
     await plotlyLoaded();
     const scaleDrawn = this.scale.init(scaleSeries);
