@@ -204,6 +204,16 @@ def test_zoom_and_smoothing_are_shared(
     ranges = "() => ['scale-chart', 'loss-chart', 'gradnorm-chart'].map((id) => " \
              "Array.from(document.getElementById(id)._fullLayout.xaxis.range))"
     watched.wait_for(f"() => ({ranges})().every((r) => r[0] === 100 && r[1] === 200)")
+    # Each chart fetched its runs' detail for the visible steps, and kept what lies outside.
+    watched.wait_for("() => window.ampscope.compare.zoomDetail.every((z) => z.fetches === 1)")
+    detail = watched.js("""() => window.ampscope.compare.zoomDetail.map((z) => z.lastRange)""")
+    assert detail == [{"start": 100, "end": 200}] * 3
+    _, healthy, exploding = served
+    line, ticks, _ = _traces(watched, "gradnorm-chart", exploding)
+    assert line["x"] == list(range(STEPS))
+    assert [s for s, size in zip(line["x"], line["size"], strict=True) if size] == list(ISOLATED)
+    assert ticks["x"] == [s for s in range(NAN_FROM, STEPS) if s not in ISOLATED]
+    assert _traces(watched, "loss-chart", healthy)[0]["x"] == list(range(STEPS))
     pg.fill("#smoothing", "0")
     pg.dispatch_event("#smoothing", "input")
     visible = watched.js("""() => ['loss-chart', 'gradnorm-chart'].flatMap((id) =>

@@ -13,7 +13,7 @@ import { LiveState } from './live.js';
 import { el, numberText, scaleText, statusBadge } from './format.js';
 import { Plotly } from './plot.js';
 import { TableSort } from './table_sort.js';
-import { alignMargins, linkZoom } from './zoom.js';
+import { alignMargins, followZoom, linkZoom } from './zoom.js';
 
 const $ = (id) => document.getElementById(id);
 const COMPARE_REFRESH_MS = 5000;
@@ -84,6 +84,10 @@ class ComparePage {
     const divs = this.charts.map((chart) => chart.div);
     await alignMargins(divs);
     this.zoom = linkZoom(divs);
+    // Zoom fetches detail: every run's points of the visible steps, per chart.
+    this.zoomDetail = this.charts.map((chart) => followZoom(chart.div,
+      (range, maxPoints) => Promise.all(this.ids.map((id) => api.getSeries(id, chart.spec.series, maxPoints, range))),
+      (range, bodies) => chart.replaceRange(range, this.ids, bodies), (err) => api.showError(err.message)));
     this.initControls();
     this.live = new CompareLive(this, lastIds).start();
     this.ready = true;

@@ -163,6 +163,48 @@ export class CompareChart {
     }
   }
 
+  /**
+   * Zoom detail: each run's points inside [start, end] replaced by a finer /series answer
+   * (`bodies[i]` for `ids[i]`); points outside, live ones included, are kept; markers, ticks and
+   * the smoothing are recomputed.
+   */
+  replaceRange({ start, end }, ids, bodies) {
+    const lines = { x: [], y: [], size: [], text: [], indices: [] };
+    const rest = { x: [], y: [], indices: [] };
+    ids.forEach((id, i) => {
+      const slot = this.slots.get(id);
+      if (!slot) return;
+      const inside = bodies[i].points.filter((p) => p.step >= start && p.step <= end);
+      const keep = slot.xs.map((x, j) => [x, slot.values[j]]).filter(([x]) => x < start || x > end);
+      const merged = [...keep.filter(([x]) => x < start), ...inside.map((p) => [p.step, p.last]),
+        ...keep.filter(([x]) => x > end)];
+      slot.xs = merged.map(([x]) => x);
+      slot.values = merged.map(([, v]) => v);
+      const scale = this.spec.series === 'scale';
+      lines.x.push(slot.xs.slice());
+      lines.y.push(slot.values.map((v) => this.y(v)));
+      lines.size.push(isolatedSizes(slot.values));
+      lines.text.push(slot.values.map((v) => (scale ? scaleText(v) : String(v))));
+      lines.indices.push(slot.line);
+      const old = this.div.data[slot.bad].x.filter((x) => x < start || x > end);
+      const fresh = inside.filter((p) => [p.min, p.max, p.last].some(isBad)).map((p) => p.step);
+      const bad = [...new Set([...old, ...fresh])].sort((a, b) => a - b);
+      rest.x.push(bad);
+      rest.y.push(bad.map(() => 1 - TICK_ROW * slot.row));
+      rest.indices.push(slot.bad);
+      if (slot.smooth !== undefined) {
+        slot.ema = ema(this.weight);
+        rest.x.push(slot.xs.slice());
+        rest.y.push(slot.values.map((v) => slot.ema.push(v)));
+        rest.indices.push(slot.smooth);
+      }
+    });
+    if (!lines.indices.length) return;
+    Plotly.restyle(this.div, { x: lines.x, y: lines.y, 'marker.size': lines.size, customdata: lines.text },
+      lines.indices);
+    Plotly.restyle(this.div, { x: rest.x, y: rest.y }, rest.indices);
+  }
+
   /** A relayout for the log ticks once live values reached a new power, else null. */
   tickUpdate() {
     return this.log ? this.ticks.update() : null;
