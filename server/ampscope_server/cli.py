@@ -215,6 +215,11 @@ def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
             "control (--insecure-no-auth): anyone who can reach it can read, write and delete "
             "every run\n")
 
+    busy = _cannot_listen(settings.host, settings.port)
+    if busy is not None:
+        sys.stderr.write(f"ampscope serve: cannot listen on {settings.host}:{settings.port}: "
+                         f"{busy} (another server there? stop it, or pass --port N)\n")
+        return 2
     if db.is_sqlite(settings.db_url):
         db.upgrade(settings.db_url)
     engine = db.make_engine(settings.db_url)
@@ -227,6 +232,22 @@ def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
         engine.dispose()
     serving.run(settings, log_level, workers)
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (the OS's words), or None. uvicorn would find out
+    too, in six lines of log and traceback; this says it in one, before anything starts (a
+    server that takes the port in between still gets uvicorn's lines)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 if __name__ == "__main__":
