@@ -203,3 +203,26 @@ def test_the_runs_list_uses_a_wide_screen_and_has_shortcuts(
     pg.keyboard.press("Escape")
     assert pg.locator("#shortcuts").is_hidden()
     watched.assert_clean()
+
+
+def test_the_runs_list_groups_by_project_tag_or_config(
+        served: tuple[ServerProcess, list[str]], watched: Watched) -> None:
+    server, ids = served
+    pg = watched.page
+    pg.goto(f"{server.url}/")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    layout = """() => [...document.querySelectorAll('#runs-body tr')].map((tr) =>
+      tr.classList.contains('group-head') ? `# ${tr.textContent}` : tr.dataset.runId)"""
+    assert watched.js(layout) == [ids[2], ids[1], ids[0]]  # newest first, no groups
+    pg.select_option("#group-by", "config:optimizer.name")
+    # Groups in the order of their first run (newest first), runs without the key last.
+    assert watched.js(layout) == ["# sgd · 1 run", ids[1], "# adamw · 1 run", ids[0],
+                                  "# (none) · 1 run", ids[2]]
+    assert pg.evaluate("() => new URLSearchParams(location.search).get('group')") == (
+        "config:optimizer.name")
+    watched.screenshot("runs-grouped.png", full_page=False)
+    pg.goto(f"{server.url}/?group=project")
+    pg.locator(f'tr[data-run-id="{ids[0]}"]').wait_for(timeout=WAIT_MS)
+    assert watched.js(layout) == ["# default · 3 runs", ids[2], ids[1], ids[0]]
+    assert pg.input_value("#group-by") == "project"
+    watched.assert_clean()

@@ -12,6 +12,7 @@ import { agoText, el, numberText, percentText, ranksText, scaleNode, statusBadge
 import { LiveState } from './live.js';
 import { RunsStream } from './runs_live.js';
 import { ConfigColumns } from './runs_columns.js';
+import { RunGroups } from './runs_groups.js';
 import { compareValues, TableSort } from './table_sort.js';
 
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
@@ -232,7 +233,8 @@ function render() {
   filter.setAttribute('aria-invalid', String(invalid));
   const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
   columns.offer(runs);
-  body.replaceChildren(...shown.map(row));
+  groups.offer(runs);
+  body.replaceChildren(...groups.rows(shown, row, $('runs').tHead.rows[0].cells.length));
   $('empty').hidden = !loaded || filtered || runs.length > 0 || nextPage !== null;
   $('runs').hidden = shown.length === 0;
   $('no-match').hidden = !loaded || !filtered || shown.length > 0 || nextPage !== null;
@@ -337,6 +339,7 @@ function onState(state, detail) {
 }
 
 const columns = new ConfigColumns($('runs').tHead.rows[0], $('columns-list'), () => render());
+const groups = new RunGroups($('group-by'), () => render());
 $('server-url').textContent = location.origin;
 filter.addEventListener('input', onFilter);
 regexToggle.addEventListener('change', onFilter);
