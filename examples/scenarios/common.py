@@ -97,10 +97,15 @@ def main(build: Callable[..., Scenario], doc: str | None) -> None:
     parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--server", default=None, help="e.g. http://127.0.0.1:8765")
     parser.add_argument("--run", default=None, help="run name (default: the scenario's)")
+    parser.add_argument("--project", default="default", help="the run's project (default: default)")
+    parser.add_argument("--token", default=None,
+                        help="an ingest token for a server with auth (default: $AMPSCOPE_TOKEN; "
+                             "the variable keeps it out of your shell history)")
     args = parser.parse_args()
     scenario = build()
     if args.server:
-        mon = run_scenario(scenario, server=args.server, run_name=args.run)
+        mon = run_scenario(scenario, server=args.server, run_name=args.run, project=args.project,
+                           **({"token": args.token} if args.token else {}))
         print(f"{scenario.name}: run {mon.run_id} -> {args.server}/runs/{mon.run_id}")
         return
     sink = MemorySender()

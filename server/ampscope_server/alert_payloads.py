@@ -76,8 +76,10 @@ def _cut(text: str, limit: int) -> str:
 
 
 def _where(m: AlertMessage) -> str:
-    run = m.run_name or m.run_id or "no run"
-    return " · ".join(p for p in (f"project {m.project}", f"run {run}", _steps(m)) if p)
+    """Where the alert is from; a message about no run (a test alert) names none (it read
+    "run no run")."""
+    run = m.run_name or m.run_id
+    return " · ".join(p for p in (f"project {m.project}", run and f"run {run}", _steps(m)) if p)
 
 
 def _mrkdwn(text: str) -> str:

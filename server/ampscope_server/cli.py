@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ampscope_server import cli_admin, cli_alerts
-from ampscope_server.config import Settings, auth_required, is_loopback
+from ampscope_server.config import DB_HELP, Settings, auth_required, is_loopback
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the dashboard and ingest server")
     serve.add_argument("--host", help="interface to bind (default 127.0.0.1, AMPSCOPE_HOST)")
     serve.add_argument("--port", type=_port, help="port (default 8765, AMPSCOPE_PORT)")
-    serve.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    serve.add_argument("--db", help=DB_HELP)
     serve.add_argument("--auth", choices=["required", "auto"],
                        help="require a token (auto: unless bound to loopback only; AMPSCOPE_AUTH)")
     serve.add_argument("--insecure-no-auth", action="store_true", default=None,
@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_commands.add_parser("upgrade", help="migrate the schema to the latest revision")
-    upgrade.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    upgrade.add_argument("--db", help=DB_HELP)
 
     sync = commands.add_parser(
         "sync", help="upload a client spool (a directory or one .ampspool file) to a server")
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="run id, its first 8 or more characters, or its name")
     report.add_argument("--baseline", help="a run to compare with (e.g. the FP32 run), named "
                                            "the same ways")
-    report.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    report.add_argument("--db", help=DB_HELP)
     report.add_argument("--html", metavar="PATH",
                         help="also write the self-contained HTML report, findings first")
     cli_admin.add_parsers(commands)
@@ -215,6 +215,11 @@ def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
             "control (--insecure-no-auth): anyone who can reach it can read, write and delete "
             "every run\n")
 
+    busy = _cannot_listen(settings.host, settings.port)
+    if busy is not None:
+        sys.stderr.write(f"ampscope serve: cannot listen on {settings.host}:{settings.port}: "
+                         f"{busy} (another server there? stop it, or pass --port N)\n")
+        return 2
     if db.is_sqlite(settings.db_url):
         db.upgrade(settings.db_url)
     engine = db.make_engine(settings.db_url)
@@ -227,6 +232,22 @@ def _serve(settings: Settings, log_level: str, workers: int = 1) -> int:
         engine.dispose()
     serving.run(settings, log_level, workers)
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (the OS's words), or None. uvicorn would find out
+    too, in six lines of log and traceback; this says it in one, before anything starts (a
+    server that takes the port in between still gets uvicorn's lines)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 if __name__ == "__main__":

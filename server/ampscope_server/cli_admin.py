@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
 
-from ampscope_server.config import Settings
+from ampscope_server.config import DB_HELP, Settings
 
 EXIT_USAGE = 2
 
@@ -33,26 +33,28 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     where = create.add_mutually_exclusive_group(required=True)
     where.add_argument("--project", help="the project the token may read or write")
     where.add_argument("--all-projects", action="store_true", help="every project")
-    create.add_argument("--scope", required=True, choices=["read", "ingest", "admin"])
+    create.add_argument("--scope", required=True, choices=["read", "ingest", "admin"],
+                        help="read: dashboards; ingest: a training job (writes, reads nothing); "
+                             "admin: everything, deleting runs included")
     create.add_argument("--name", default="", help="a label shown by `token list`")
-    create.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    create.add_argument("--db", help=DB_HELP)
     listing = token_commands.add_parser("list", help="every token, never a secret")
-    listing.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    listing.add_argument("--db", help=DB_HELP)
     revoke = token_commands.add_parser("revoke", help="stop a token working (its sessions too)")
     revoke.add_argument("id", help="the token's id, as `token list` shows it")
-    revoke.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    revoke.add_argument("--db", help=DB_HELP)
 
     runs = commands.add_parser("runs", help="run lifecycle: delete, prune")
     run_commands = runs.add_subparsers(dest="runs_command", required=True)
     delete = run_commands.add_parser("delete", help="delete a run and everything stored for it")
     delete.add_argument("id", help="run id, its first 8 or more characters, or its name")
-    delete.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    delete.add_argument("--db", help=DB_HELP)
     prune = run_commands.add_parser("prune", help="delete a project's runs idle for long")
-    prune.add_argument("--project", required=True)
+    prune.add_argument("--project", required=True, help="the project whose runs are pruned")
     prune.add_argument("--older-than", required=True, metavar="AGE",
                        help="last ingest longer ago than this: 30d, 12h, 90m, 45s")
     prune.add_argument("--dry-run", action="store_true", help="list them, delete nothing")
-    prune.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+    prune.add_argument("--db", help=DB_HELP)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

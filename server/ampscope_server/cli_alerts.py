@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from ampscope_server.alert_schemas import FindingCondition, RuleRead, SeriesCondition
 from ampscope_server.cli_admin import EXIT_USAGE, session_for, table, when
-from ampscope_server.config import Settings
+from ampscope_server.config import DB_HELP, Settings
 from ampscope_server.principal import Principal, Scope, Via
 
 OPERATOR = Principal(scope=Scope.ADMIN, project=None, via=Via.NONE, name="cli")
@@ -42,41 +42,54 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text)
-        parser.add_argument("--db", help="SQLAlchemy database URL (AMPSCOPE_DB_URL)")
+        parser.add_argument("--db", help=DB_HELP)
         return parser
 
-    command("rules", "list the rules").add_argument("--project")
+    command("rules", "list the rules").add_argument(
+        "--project", help="only this project's rules (default: every project)")
     add = command("add-rule", "add a rule")
-    add.add_argument("--project", required=True)
-    add.add_argument("--name", required=True)
+    add.add_argument("--project", required=True, help="the project whose runs the rule watches")
+    add.add_argument("--name", required=True, help="a label for the rule, in its alerts too")
     what = add.add_mutually_exclusive_group(required=True)
     what.add_argument("--finding", metavar="KIND", help="a finding of this kind, or 'any'")
     what.add_argument("--series", choices=["skip_rate", "nonfinite_loss", "scale",
-                                           "layer_lost"])
-    what.add_argument("--state", choices=["crashed", "stalled", "finished"])
-    add.add_argument("--threshold", type=float, default=0.0)
+                                           "layer_lost"],
+                      help="a series crossing --threshold over the last --window steps")
+    what.add_argument("--state", choices=["crashed", "stalled", "finished"],
+                      help="the run reaching this state")
+    add.add_argument("--threshold", type=float, default=0.0,
+                     help="the series value that fires the rule (default 0: any)")
     add.add_argument("--window", type=int, default=100, help="steps (series rules)")
-    add.add_argument("--stall-factor", type=float, default=10.0)
-    add.add_argument("--stall-min-s", type=float, default=120.0)
-    add.add_argument("--severity", choices=SEVERITIES, default="error")
-    add.add_argument("--cooldown-s", type=float, default=600.0)
+    add.add_argument("--stall-factor", type=float, default=10.0,
+                     help="stalled: no step for this many times the usual step interval "
+                          "(default 10)")
+    add.add_argument("--stall-min-s", type=float, default=120.0,
+                     help="stalled: and for at least this many seconds (default 120)")
+    add.add_argument("--severity", choices=SEVERITIES, default="error",
+                     help="the alerts' severity (default error)")
+    add.add_argument("--cooldown-s", type=float, default=600.0,
+                     help="seconds before the same rule alerts again for a run (default 600)")
     for name, text in (("enable", "turn a rule on"), ("disable", "turn a rule off"),
                        ("delete-rule", "delete a rule (its alerts stay in the history)")):
-        command(name, text).add_argument("id")
-    command("destinations", "list the destinations (never their URL)").add_argument("--project")
+        command(name, text).add_argument("id", help="the rule's id, as `alerts rules` shows it")
+    command("destinations", "list the destinations (never their URL)").add_argument(
+        "--project", help="only this project's destinations (default: every project)")
     dest = command("add-destination", "add a Slack, Discord or webhook destination")
-    dest.add_argument("--project", required=True)
-    dest.add_argument("--name", required=True)
-    dest.add_argument("--kind", required=True, choices=["slack", "discord", "webhook"])
+    dest.add_argument("--project", required=True, help="the project whose alerts it receives")
+    dest.add_argument("--name", required=True, help="a label for the destination")
+    dest.add_argument("--kind", required=True, choices=["slack", "discord", "webhook"],
+                      help="the body sent: Slack blocks, a Discord embed, or signed JSON")
     dest.add_argument("--url-file", required=True, metavar="FILE",
                       help="a file holding the webhook URL, or - for stdin")
-    dest.add_argument("--min-severity", choices=SEVERITIES, default="warning")
-    command("delete-destination", "delete a destination").add_argument("id")
-    command("test", "queue a test alert to a destination").add_argument("id")
+    dest.add_argument("--min-severity", choices=SEVERITIES, default="warning",
+                      help="the least severe alert it receives (default warning)")
+    destination_id = "the destination's id, as `alerts destinations` shows it"
+    command("delete-destination", "delete a destination").add_argument("id", help=destination_id)
+    command("test", "queue a test alert to a destination").add_argument("id", help=destination_id)
     history = command("history", "the alerts sent, newest first")
-    history.add_argument("--project")
+    history.add_argument("--project", help="only this project's alerts")
     history.add_argument("--run", help="run id, its first 8 or more characters, or its name")
-    history.add_argument("--limit", type=int, default=50)
+    history.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

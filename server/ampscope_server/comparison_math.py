@@ -11,7 +11,10 @@ attempt keeps its last value).
 - Per-layer differences, for the layers present in both runs (by name): the median over the common
   layer-stat steps of l2_B / l2_A (steps where either norm is unknown or A's is 0 are left out),
   the median `lost_frac` of each, and which run alone underflows (median lost_frac above the
-  threshold in one run but not the other).
+  threshold in one run but not the other). A step where the layer held NaN or inf in either run
+  counts in `nonfinite_steps` and in neither the ratio nor the medians: its norm is over the
+  finite elements only (0 when none is) and its zeros are born of the NaN, not of the format, so
+  a diverged run would otherwise read "0x" and "underflow only in" for every layer.
 - Long runs are searched through their rollups (`suspect_buckets`): the buckets where the two
   runs may part are the only ones whose raw steps are read.
 """
@@ -44,10 +47,12 @@ class Divergence:
 
 @dataclass(frozen=True)
 class LayerAt:
-    """One layer at one step: its gradient L2 norm (None: no finite element) and lost share."""
+    """One layer at one step: its gradient L2 norm (None: no finite element), lost share, and
+    whether it held any NaN or inf."""
 
     l2: float | None
     lost_frac: float
+    nonfinite: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class LayerDiff:
     lost_frac_reference: float | None
     lost_frac_other: float | None
     underflow_only_in: Side | None
+    nonfinite_steps: int = 0
+    """Common steps where either run's layer held NaN or inf (left out of the medians)."""
 
 
 def by_step(rows: Iterable[tuple[int, float | None]]) -> dict[int, float]:
@@ -124,7 +131,8 @@ def layer_diffs(
         if name not in reference or name not in other:
             continue
         a, b = reference[name], other[name]
-        common = sorted(a.keys() & b.keys())
+        both = sorted(a.keys() & b.keys())
+        common = [s for s in both if not (a[s].nonfinite or b[s].nonfinite)]
         ratios = [
             b_l2 / a_l2
             for a_l2, b_l2 in ((a[s].l2, b[s].l2) for s in common)
@@ -138,8 +146,9 @@ def layer_diffs(
         ):
             only = "reference" if lost_a > threshold else "other"
         diffs.append(LayerDiff(
-            name=name, steps=len(common), l2_ratio=_median(ratios), ratio_steps=len(ratios),
+            name=name, steps=len(both), l2_ratio=_median(ratios), ratio_steps=len(ratios),
             lost_frac_reference=lost_a, lost_frac_other=lost_b, underflow_only_in=only,
+            nonfinite_steps=len(both) - len(common),
         ))
     return diffs
 
@@ -167,9 +176,10 @@ def suspect_buckets(
     return out
 
 
-LayerColumns = tuple[Sequence[float], Sequence[float]]
-"""One bucket of one run: (l2 per layer, lost_frac per layer) in the run's layer order, a layer
-without a value holding -inf in both (the rollups' `MISSING`)."""
+LayerColumns = tuple[Sequence[float], Sequence[float], Sequence[bool]]
+"""One bucket of one run: (l2 per layer, lost_frac per layer, whether the layer held NaN or inf
+in the bucket) in the run's layer order, a layer without a value holding -inf in the first two
+(the rollups' `MISSING`)."""
 
 
 def bucket_layer_diffs(
@@ -187,8 +197,10 @@ def bucket_layer_diffs(
     # Transposed once, in C: a tuple over the common buckets per layer.
     ref_l2 = list(zip(*(reference[k][0] for k in common), strict=True))
     ref_lost = list(zip(*(reference[k][1] for k in common), strict=True))
+    ref_bad = list(zip(*(reference[k][2] for k in common), strict=True))
     other_l2 = list(zip(*(other[k][0] for k in common), strict=True))
     other_lost = list(zip(*(other[k][1] for k in common), strict=True))
+    other_bad = list(zip(*(other[k][2] for k in common), strict=True))
     position = {name: j for j, name in enumerate(other_order)}
     missing = -math.inf
     diffs: list[LayerDiff] = []
@@ -196,9 +208,12 @@ def bucket_layer_diffs(
         j = position.get(name)
         if j is None or i >= len(ref_lost) or j >= len(other_lost):
             continue
-        both = [(a_l2, b_l2, a_lost, b_lost) for a_l2, b_l2, a_lost, b_lost
-                in zip(ref_l2[i], other_l2[j], ref_lost[i], other_lost[j], strict=True)
+        held = [(a_l2, b_l2, a_lost, b_lost, a_bad or b_bad)
+                for a_l2, b_l2, a_lost, b_lost, a_bad, b_bad in zip(
+                    ref_l2[i], other_l2[j], ref_lost[i], other_lost[j], ref_bad[i], other_bad[j],
+                    strict=True)
                 if a_lost != missing and b_lost != missing]
+        both = [row[:4] for row in held if not row[4]]
         ratios = [b_l2 / a_l2 for a_l2, b_l2, _, _ in both if a_l2 > 0 and b_l2 != missing]
         lost_a = _median([row[2] for row in both])
         lost_b = _median([row[3] for row in both])
@@ -208,7 +223,8 @@ def bucket_layer_diffs(
         ):
             only = "reference" if lost_a > threshold else "other"
         diffs.append(LayerDiff(
-            name=name, steps=len(both), l2_ratio=_median(ratios), ratio_steps=len(ratios),
+            name=name, steps=len(held), l2_ratio=_median(ratios), ratio_steps=len(ratios),
             lost_frac_reference=lost_a, lost_frac_other=lost_b, underflow_only_in=only,
+            nonfinite_steps=len(held) - len(both),
         ))
     return diffs

@@ -81,27 +81,35 @@ class _Side:
 
 def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap:
     layers: LayerMap = {name: {} for name in side.order}
-    for _, step, _, _, index, l2, zero, underflow in steps_repository.heatmap_rows(
-        session, side.run.id, "param", ["l2", "zero_frac", "underflow_frac"], start, end
+    for _, step, _, _, index, l2, zero, underflow, nans, infs in steps_repository.heatmap_rows(
+        session, side.run.id, "param",
+        ["l2", "zero_frac", "underflow_frac", "nan_count", "inf_count"], start, end,
     ):
         if index < len(side.order):
             layers[side.order[index]][int(step)] = comparison_math.LayerAt(
-                l2=l2, lost_frac=series_math.lost_frac(zero, underflow))
+                l2=l2, lost_frac=series_math.lost_frac(zero, underflow),
+                nonfinite=bool(nans) or bool(infs))
     return layers
 
 
 def _layers_bucketed(
     session: Session, side: _Side, level: int, start: int, end: int
 ) -> dict[int, comparison_math.LayerColumns]:
-    """{bucket's first step: (largest l2, largest lost_frac) per layer} from one rollup level;
-    buckets without layer statistics are left out."""
-    return {
-        int(bucket) << level: (rollups.unpack_stat("l2", l2),
-                               rollups.unpack_stat("lost_frac", lost))
-        for bucket, l2, lost in rollups_repository.rollup_rows(
-            session, side.run.id, level, start >> level, end >> level, ["l2", "lost_frac"])
-        if l2 is not None and lost is not None
-    }
+    """{bucket's first step: (largest l2, largest lost_frac, any NaN/inf) per layer} from one
+    rollup level; buckets without layer statistics are left out."""
+    out: dict[int, comparison_math.LayerColumns] = {}
+    for bucket, l2, lost, nans, infs in rollups_repository.rollup_rows(
+        session, side.run.id, level, start >> level, end >> level,
+        ["l2", "lost_frac", "nan_count", "inf_count"],
+    ):
+        if l2 is None or lost is None:
+            continue
+        bad = [n > 0 or i > 0 for n, i in zip(rollups.unpack_stat("nan_count", nans),
+                                              rollups.unpack_stat("inf_count", infs),
+                                              strict=True)]
+        out[int(bucket) << level] = (rollups.unpack_stat("l2", l2),
+                                     rollups.unpack_stat("lost_frac", lost), bad)
+    return out
 
 
 def _divergence(found: comparison_math.Divergence | None) -> DivergenceRead | None:
@@ -146,6 +154,7 @@ def _comparison(
             layer=d.name, steps=d.steps, l2_ratio=d.l2_ratio, ratio_steps=d.ratio_steps,
             lost_frac_reference=d.lost_frac_reference, lost_frac=d.lost_frac_other,
             underflow_only_in=None if d.underflow_only_in is None else side[d.underflow_only_in],
+            nonfinite_steps=d.nonfinite_steps,
         )
         for d in diffs
     ]

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DB_URL = "sqlite:///./.ampscope/ampscope.db"
+DB_HELP = f"SQLAlchemy database URL (default: $AMPSCOPE_DB_URL, else {DEFAULT_DB_URL})"
+"""Every command's `--db` help: where the database is when the option is left out."""
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 MiB = 2**20
 

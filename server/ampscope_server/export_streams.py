@@ -1,8 +1,11 @@
-"""Downloads of a run: the JSON and long-format CSV streams and the attachment filename.
+"""Downloads of a run: the JSON, long-format and wide CSV streams and the attachment filename.
 
 The JSON is `ExportRead` (run, layers, modules, steps), written step by step. The CSV is the
 run's full, unsampled data, one row per value (docs/contracts.md "Export"):
-`step,attempt,seq,wall_time,source,layer_index,layer,stat,value`. Both are produced page by page
+`step,attempt,seq,wall_time,source,layer_index,layer,stat,value`. The wide CSV has one row per
+step: its scalars, then a column per layer and statistic (`<layer>/<stat>`, empty on steps
+without layer statistics): a spreadsheet's or pandas' shape, a fraction of the long one's size.
+All are produced page by page
 from their own session, so memory stays bounded however long the run: a page holds at most
 `PAGE_VALUES` per-layer rows.
 """
@@ -171,4 +174,40 @@ def csv_chunks(
             after_id = page[-1][0].id
             # The identity map only holds weak references, but a long export should not even
             # keep the last page's objects reachable through the session.
+            session.expunge_all()
+
+
+def wide_csv_chunks(
+    factory: sessionmaker[Session], run_id: str, page_values: int = PAGE_VALUES
+) -> Iterator[str]:
+    """The wide CSV text of a run (module docstring), one chunk per page of steps, in ingest
+    order. Parameter-gradient statistics only: the sampled activation ones are in the long CSV."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    with factory() as session:
+        layers = runs_repository.layer_names(session, run_id)
+        writer.writerow([*CSV_COLUMNS[:4], *SCALAR_STATS,
+                         *(f"{layer}/{stat}" for layer in layers for stat in LAYER_STAT_NAMES)])
+        yield buffer.getvalue()
+        limit = max(1, page_values // max(1, len(layers)))
+        empty = [""] * len(LAYER_STAT_NAMES)
+        after_id = 0
+        while True:
+            page = steps_repository.steps_after(session, run_id, after_id, limit)
+            if not page:
+                return
+            params: dict[int, dict[int, list[str]]] = {}
+            for stat in steps_repository.layer_stats_of(session, [step.id for step, _ in page]):
+                params.setdefault(stat.step_id, {})[stat.layer_index] = [
+                    cell(getattr(stat, name)) for name in LAYER_STAT_NAMES]
+            buffer.seek(0)
+            buffer.truncate()
+            for step, ordinal in page:
+                scalars = _step_rows(step, ordinal)
+                by_layer = params.get(step.id, {})
+                writer.writerow([*scalars[0][:4], *(row[-1] for row in scalars),
+                                 *(v for index in range(len(layers))
+                                   for v in by_layer.get(index, empty))])
+            yield buffer.getvalue()
+            after_id = page[-1][0].id
             session.expunge_all()

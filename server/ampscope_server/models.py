@@ -42,6 +42,7 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
     text,
 )
@@ -88,6 +89,8 @@ class Run(Base):
     updated_at: Mapped[float] = mapped_column(Double)
     world_size: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     """The processes of the distributed job the run records (wire v4; 1 before it)."""
+    notes: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    """Free text a person wrote on the run page (PATCH /api/runs/{id}; revision 0021)."""
 
 
 class Attempt(Base):

@@ -51,6 +51,7 @@ from ampscope_server.schemas import (
     RunDetail,
     RunStatus,
     RunSummary,
+    RunUpdate,
     StepExport,
     StepLive,
     StepRead,
@@ -118,7 +119,8 @@ def summaries(
             world_size=run.world_size,
             skip_rate=skipped / num_steps if num_steps else None,
             worst_underflow=analysis.underflow, worst_headroom=analysis.headroom,
-            top_finding=analysis.top, summary_step=analysis.step,
+            top_finding=analysis.top, summary_step=analysis.step, config=run.config,
+            notes=run.notes,
         ))
     return result
 
@@ -144,6 +146,13 @@ def list_page(
                        next_cursor=found.next_cursor, total=found.total)
 
 
+def annotate(session: Session, run: Run, update: RunUpdate, crash_timeout_s: float) -> RunDetail:
+    """Set what people wrote on the run (notes, tags; fields not given stay), then its detail."""
+    runs_repository.set_run_annotations(session, run.id, update.model_dump(exclude_none=True))
+    session.refresh(run)
+    return detail(session, run, crash_timeout_s)
+
+
 def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
     summary = summaries(session, [run], crash_timeout_s)[0]
     attempts = [
@@ -152,7 +161,7 @@ def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
         for a in runs_repository.list_attempts(session, run.id)
     ]
     return RunDetail(
-        **summary.model_dump(), config=run.config, host=run.host, rank=run.rank,
+        **summary.model_dump(), host=run.host, rank=run.rank,
         target_format=run.target_format, attempts=attempts,
     )
 

@@ -51,6 +51,13 @@ def run_key(session: Session, run_id: str) -> int | None:
     return None if key is None else int(key)
 
 
+def set_run_annotations(session: Session, run_id: str, values: dict[str, Any]) -> None:
+    """Set the run's `notes` and/or `tags` (the keys of `values`); nothing else changes (not
+    `updated_at`: an edit is not training activity)."""
+    if values:
+        session.execute(update(Run).where(Run.id == run_id).values(**values))
+
+
 def set_run_status(session: Session, run_id: str, status: str) -> None:
     session.execute(update(Run).where(Run.id == run_id).values(status=status))
 

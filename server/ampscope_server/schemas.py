@@ -10,13 +10,20 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StringConstraints,
+)
 
 from ampscope_server import codec
 from ampscope_server.findings.schemas import FindingBrief
+from ampscope_server.wire import MAX_TAGS, Captured, MisuseKind, NonfiniteKind, RecheckStatus
 from ampscope_server.wire import SCHEMA_VERSION as SCHEMA_VERSION
 from ampscope_server.wire import SCHEMA_VERSIONS as SCHEMA_VERSIONS
-from ampscope_server.wire import Captured, MisuseKind, NonfiniteKind, RecheckStatus
 from ampscope_server.wire import ClientAccounting as ClientAccounting
 from ampscope_server.wire import IngestBatch as IngestBatch
 from ampscope_server.wire import LayerInfo as LayerInfo
@@ -133,6 +140,11 @@ class RunSummary(BaseModel):
     """The step `top_finding`, `worst_underflow` and `worst_headroom` are as of: the newest
     step their analysis saw (cached beside the counters, `summary_cache`); behind `last_step`
     while the analysis catches up; null: not analysed yet (or no steps)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The run's hyperparameters as the client sent them (capped at ingest): the runs list
+    offers any of their keys as a column."""
+    notes: str = ""
+    """What people wrote on the run (PATCH /api/runs/{id}); user text."""
 
 
 class AttemptRead(BaseModel):
@@ -145,11 +157,35 @@ class AttemptRead(BaseModel):
 
 
 class RunDetail(RunSummary):
-    config: dict[str, Any]
     host: str
     rank: int
     target_format: str
     attempts: list[AttemptRead]
+
+
+MAX_NOTES = 4000
+"""Characters of a run's notes (a paragraph or two, not a document)."""
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    return text
+
+
+Tag = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=200),
+                AfterValidator(_no_nul)]
+"""A tag as people edit it: as the wire's (200 characters, no NUL), and not empty."""
+
+
+class RunUpdate(BaseModel):
+    """PATCH /api/runs/{id}: the notes and tags people edit; a field left out is unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    notes: Annotated[str, StringConstraints(strict=True, max_length=MAX_NOTES),
+                     AfterValidator(_no_nul)] | None = None
+    tags: Annotated[list[Tag], Field(max_length=MAX_TAGS)] | None = None
 
 
 class StepScalars(BaseModel):
@@ -500,6 +536,9 @@ class LayerDiffRead(BaseModel):
     lost_frac: float | None
     underflow_only_in: str | None
     """The id of the only run whose median lost_frac is above the threshold, else null."""
+    nonfinite_steps: int = 0
+    """Common steps where the layer held NaN or inf in either run: left out of the ratio and the
+    lost medians (its norm is over finite elements only, its zeros born of the NaN)."""
 
 
 class ComparisonRead(BaseModel):

@@ -438,9 +438,10 @@ def last_layer_stat_steps(session: Session, run_ids: Iterable[str]) -> dict[str,
 
 def named_layer_stats(
     session: Session, step_ids: Iterable[int]
-) -> Sequence[tuple[str, float | None, int, int, str, float, float, float | None]]:
-    """(run_id, scale_before, its class, layer index, layer name, zero_frac, underflow_frac, amax)
-    of every layer (of the run's layer table) at the given steps, by run then model order."""
+) -> Sequence[tuple[str, float | None, int, int, str, float, float, float | None, int]]:
+    """(run_id, scale_before, its class, layer index, layer name, zero_frac, underflow_frac, amax,
+    nan_count + inf_count) of every layer (of the run's layer table) at the given steps, by run
+    then model order."""
     ids = list(step_ids)
     if not ids:
         return []
@@ -456,16 +457,17 @@ def named_layer_stats(
             select(Layer.run_id, Layer.index, Layer.name)
             .where(Layer.run_id.in_({row[0] for row in rows})))
     }
-    zero, under, amax = (LAYER_STAT_NAMES.index(name)
-                         for name in ("zero_frac", "underflow_frac", "amax"))
-    out: list[tuple[str, float | None, int, int, str, float, float, float | None]] = []
+    zero, under, amax, nans, infs = (
+        LAYER_STAT_NAMES.index(name)
+        for name in ("zero_frac", "underflow_frac", "amax", "nan_count", "inf_count"))
+    out: list[tuple[str, float | None, int, int, str, float, float, float | None, int]] = []
     for run_id, scale, scale_cls, data in rows:
         columns: list[list[Any]] = stat_packing.unpack(data)  # floats and counts by column
-        for index, values in enumerate(zip(columns[zero], columns[under], columns[amax],
-                                           strict=True)):
+        for index, (z, u, a, n, i) in enumerate(zip(columns[zero], columns[under], columns[amax],
+                                                    columns[nans], columns[infs], strict=True)):
             name = names.get((run_id, index))
             if name is not None:
-                out.append((run_id, scale, scale_cls, index, name, *values))
+                out.append((run_id, scale, scale_cls, index, name, z, u, a, (n or 0) + (i or 0)))
     return out
 
 

@@ -164,11 +164,13 @@ def _headrooms(session: Session, runs: Sequence[Run]) -> dict[str, WorstLayer]:
     for all runs)."""
     step_ids = steps_repository.last_layer_stat_steps(session, [run.id for run in runs])
     by_run: dict[str, tuple[float | None, list[LayerAtStep]]] = {}
-    for run_id, scale, scale_cls, _, name, zero, under, amax in steps_repository.named_layer_stats(
-        session, step_ids.values()
+    for run_id, scale, scale_cls, _, name, zero, under, amax, nonfinite in (
+        steps_repository.named_layer_stats(session, step_ids.values())
     ):
         entry = by_run.setdefault(run_id, (codec.from_storage(scale, scale_cls), []))
-        entry[1].append((name, zero, under, amax))
+        # A NaN layer's amax is over its finite elements: 0 there is no "all zero, infinite
+        # headroom" (the runs list showed "∞ (all zero)" for a NaN run) but no headroom known.
+        entry[1].append((name, zero, under, None if nonfinite and not amax else amax))
     formats = {run.id: run.target_format for run in runs}
     result: dict[str, WorstLayer] = {}
     for run_id, (scale, layers) in by_run.items():

@@ -98,3 +98,38 @@ def test_settings_and_history(tmp_path: Path, watched: Watched) -> None:
     finally:
         api.close()
         server.stop()
+
+
+def test_the_alert_history_refreshes_while_the_run_is_live(
+        tmp_path: Path, watched: Watched) -> None:
+    """An alert decided while the run still trains reaches its run page while the page says
+    `live` (it used to refresh only once the run had ended: `connected`)."""
+    server = ServerProcess(migrated_sqlite(tmp_path), tmp_path,
+                           env={"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}).start()
+    api = httpx.Client(base_url=server.url, timeout=30)
+    try:
+        run_id = new_id()
+        payload = troubled_batch(run_id)
+        records = payload["records"]
+        # The first 100 steps: overflows while calibrating, no error yet; the run stays active.
+        assert api.post("/api/ingest", json={**payload, "records": records[:100],
+                                              "final": False}).status_code == 200
+        pg = watched.page
+        pg.goto(f"{server.url}/runs/{run_id}")
+        pg.wait_for_function("() => document.getElementById('live').dataset.state === 'live'",
+                             timeout=WAIT_MS)
+        assert api.get(f"/api/runs/{run_id}/alerts").json()["alerts"] == []
+        assert pg.locator("#alerts-body tr[data-alert-id]").count() == 0
+        # The rest (an overflow storm, a NaN loss): error findings, the default rule fires.
+        assert api.post("/api/ingest", json={**payload, "records": records[100:],
+                                              "final": False}).status_code == 200
+        pg.wait_for_function("() => document.querySelectorAll("
+                             "'#alerts-body tr[data-alert-id]').length > 0", timeout=WAIT_MS)
+        assert pg.evaluate("() => document.getElementById('live').dataset.state") == "live"
+        alerts = api.get(f"/api/runs/{run_id}/alerts").json()["alerts"]
+        assert alerts and pg.locator("#alerts-body .alert-title").first.inner_text() == (
+            alerts[0]["title"])
+        watched.assert_clean()
+    finally:
+        api.close()
+        server.stop()

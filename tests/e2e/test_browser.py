@@ -667,7 +667,10 @@ class TestRunsListFeatures:
         # ... and an invalid one: a message, every run shown, no exception.
         page.fill("#filter", "img([")
         page.locator("#filter-error").wait_for(state="visible", timeout=WAIT_MS)
-        assert "Invalid regular expression" in page.locator("#filter-error").inner_text()
+        # Said once (Chromium's own message starts with the same words).
+        assert page.locator("#filter-error").inner_text() == (
+            "Invalid regular expression: /img([/i: Unterminated character class — showing every"
+            " run.")
         assert both <= set(watched.js(rows))
         page.fill("#filter", "")
 
@@ -798,10 +801,10 @@ COMPARE_READY = "() => !!(window.ampscope && window.ampscope.compare?.ready)"
 
 
 def traces_of(watched: Watched, chart: str, run_id: str) -> list[dict[str, Any]]:
-    """The lines (mode 'lines') a compare chart draws for one run."""
+    """The raw line a compare chart draws for one run (not its smoothed line, ticks or marks)."""
     result: list[dict[str, Any]] = watched.page.evaluate(
         """([chart, id]) => document.getElementById(chart).data
-             .filter((t) => t.meta === id && t.mode === 'lines')
+             .filter((t) => t.meta === id && t.mode === 'lines+markers')
              .map((t) => ({name: t.name, points: t.x.length, color: t.line.color}))""",
         [chart, run_id])
     return result
@@ -901,8 +904,8 @@ class TestComparePage:
                 # New steps land on every chart (extendTraces), the finished run's lines stay put.
                 for chart in charts:
                     watched.wait_for(f"""() => document.getElementById('{chart}').data
-                        .find((t) => t.meta === '{train.run_id}' && t.mode === 'lines').x.length
-                        > {before[chart] + 3}""")
+                        .find((t) => t.meta === '{train.run_id}'
+                          && t.mode === 'lines+markers').x.length > {before[chart] + 3}""")
                 assert train.steps_done < train.steps, (
                     "the run ended before the page could follow it")
                 assert traces_of(watched, "loss-chart", short_run)[0]["points"] == SHORT_STEPS
@@ -920,7 +923,7 @@ class TestComparePage:
             assert card.inner_text() == "finished"
             # Every step drawn once: the live run's loss line holds each of its steps.
             xs = watched.js(f"""() => document.getElementById('loss-chart').data
-                .find((t) => t.meta === '{train.run_id}' && t.mode === 'lines').x""")
+                .find((t) => t.meta === '{train.run_id}' && t.mode === 'lines+markers').x""")
             assert xs == sorted(set(xs)) and len(xs) == train.steps
             watched.screenshot("compare-live.png")
             watched.assert_clean()

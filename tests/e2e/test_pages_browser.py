@@ -84,7 +84,8 @@ def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[s
                                              watched: Watched) -> None:
     server, _ = served
     pg = watched.page
-    pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+    response = pg.goto(f"{server.url}/runs/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E")
+    assert response is not None and response.status == 404  # not a 200 over empty charts
     banner = pg.locator("#error")
     banner.wait_for(state="visible", timeout=WAIT_MS)
     assert banner.inner_text() == (
@@ -94,6 +95,9 @@ def test_unknown_run_is_a_friendly_not_found(served: tuple[ServerProcess, list[s
     assert pg.locator("#error img").count() == 0  # the id stayed text
     assert pg.locator("#run-name").inner_text() == "Run not found"
     assert "→ 404" not in banner.inner_text()
+    pg.wait_for_function("() => document.getElementById('live').dataset.state === 'closed'",
+                         timeout=WAIT_MS)
+    assert pg.locator("#delete-run").count() == 0  # nothing to delete (no auth: admin)
     watched.assert_clean()
 
 
@@ -107,6 +111,8 @@ def test_unknown_compare_id_is_a_friendly_not_found(served: tuple[ServerProcess,
     assert banner.inner_text() == (
         "Nothing to compare: run 'nope' not found (the runs of this page come from its "
         "address, ?runs=…). Back to the runs list")
+    # Nothing streams: the indicator does not say "connecting" for ever.
+    assert pg.locator("#live-text").inner_text() == "not connected"
     watched.assert_clean()
 
 
@@ -120,14 +126,13 @@ def test_run_page_offers_report_and_exports(served: tuple[ServerProcess, list[st
       (a) => [a.textContent, a.getAttribute('href'), a.hasAttribute('download')])""")
     base = f"/api/runs/{ids[0]}/export?format="
     assert links == [["Report (HTML)", base + "html", True], ["Export JSON", base + "json", True],
-                     ["Export CSV", base + "csv", True]]
+                     ["Export CSV", base + "csv", True], ["CSV (wide)", base + "csv_wide", True]]
     for _, href, _ in links:
         response = httpx.get(f"{server.url}{href}", timeout=30)
         assert response.status_code == 200, (href, response.text[:200])
         if href.endswith("json"):
-            assert response.json()["run"]["id"] == ids[0]  # the link's `download` saves it
-        else:
-            assert response.headers["content-disposition"].startswith("attachment")
+            assert response.json()["run"]["id"] == ids[0]
+        assert response.headers["content-disposition"].startswith("attachment")
     pg.locator('#findings li[data-identity="overflow_storm"]').wait_for(timeout=WAIT_MS)
     watched.assert_clean()
 

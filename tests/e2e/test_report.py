@@ -25,6 +25,11 @@ from tests.support.servers import ServerProcess
 pytestmark = pytest.mark.browser
 
 HOSTILE = "<img src=x onerror=alert(1)>"
+CONFIG = {"lr": 0.001, "optimizer": {"name": "adamw", "betas": [0.9, 0.999]}, HOSTILE: HOSTILE,
+          "amp": True, "seed": None}
+CONFIG_ROWS = [[HOSTILE, HOSTILE], ["amp", "true"], ["lr", "0.001"],
+               ["optimizer.betas", "[0.9,0.999]"], ["optimizer.name", "adamw"], ["seed", "null"]]
+"""The config as the report (and the run page) lists it: dotted keys, sorted, JSON values."""
 STEPS = 400
 NUM_LAYERS = 8
 SKIPPED = {50, 51, 200}
@@ -75,7 +80,7 @@ def report_file(tmp_path: Path) -> Iterator[Path]:
     try:
         run_id = new_id()
         payload = batch(_records(), run_id=run_id, layers=_layers(), name=HOSTILE,
-                        tags=["amp", "post-mortem", HOSTILE], final=True)
+                        tags=["amp", "post-mortem", HOSTILE], config=CONFIG, final=True)
         with httpx.Client(base_url=server.url, timeout=60.0) as api:
             assert api.post("/api/ingest", json=payload).status_code == 200
             response = api.get(f"/api/runs/{run_id}/export?format=html")
@@ -124,6 +129,9 @@ def test_report_renders_offline(report_file: Path, watched: Watched) -> None:
     assert page.text_content("#run-name") == HOSTILE
     assert page.locator(".tag").all_text_contents() == ["amp", "post-mortem", HOSTILE]
     assert page.locator("#events-body tr").count() == 2 * len(SKIPPED) + 4
+    rows = page.evaluate("""() => [...document.querySelectorAll('#config-body tr')].map(
+      (tr) => [...tr.children].map((td) => td.textContent))""")
+    assert rows == CONFIG_ROWS
     assert page.evaluate("() => document.querySelectorAll('img').length") == 0
 
     watched.screenshot("report.png")

@@ -193,3 +193,38 @@ def test_after_sign_in_the_browser_stays_on_the_servers_origin(team: Team,
         page.wait_for_load_state()
         landed[raw] = page.url.removeprefix(team.url)
     assert landed == {raw: expected for raw, expected in REDIRECTS.items()}
+
+
+def test_notes_and_tags_are_edited_by_an_admin_only(team: Team, session: Watched) -> None:
+    """A read session sees the notes and no editor; an admin edits notes and tags (with the
+    session's CSRF token), hostile text stays text, and the edit is stored."""
+    run_id = _run(team, "annotated")
+    notes = f"{HOSTILE}\nlr 3e-4 diverged at step 1200"
+    sign_in(session, team, "alpha-admin", f"/runs/{run_id}")
+    page = session.page
+    page.wait_for_selector("#notes-edit", state="visible", timeout=WAIT_MS)
+    page.click("#notes-edit")
+    page.fill("#notes-text", notes)
+    page.fill("#notes-tags", f" team, {HOSTILE}, diverged ,, team")
+    page.click("#notes-save")
+    page.wait_for_selector("#notes-view", state="visible", timeout=WAIT_MS)
+    assert page.inner_text("#notes-view") == notes
+    assert page.locator("#notes-panel img, #run-meta img").count() == 0
+    assert page.locator("#run-meta .tag").all_inner_texts() == ["team", HOSTILE, "diverged"]
+    with team.client("root") as root:
+        stored = root.get(f"/api/runs/{run_id}").json()
+    assert (stored["notes"], stored["tags"]) == (notes, ["team", HOSTILE, "diverged"])
+    session.screenshot("run-notes.png", full_page=False)
+    session.assert_clean()
+
+
+def test_a_read_session_cannot_edit_notes(team: Team, session: Watched) -> None:
+    run_id = _run(team, "read only")
+    with team.client("root") as root:
+        assert root.patch(f"/api/runs/{run_id}", json={"notes": "kept"}).status_code == 200
+    sign_in(session, team, "alpha-read", f"/runs/{run_id}")
+    page = session.page
+    page.wait_for_selector("#notes-view", state="visible", timeout=WAIT_MS)
+    assert page.inner_text("#notes-view") == "kept"
+    assert page.locator("#notes-edit").is_hidden()
+    session.assert_clean()

@@ -72,3 +72,12 @@ def test_the_generic_webhook_is_signed_over_the_exact_body() -> None:
         **MESSAGE.__dict__}}
     # Slack and Discord are not signed (they authenticate by their URL).
     assert "X-Ampscope-Signature-256" not in headers("slack", MESSAGE, body, None)
+
+
+def test_a_message_about_no_run_names_none() -> None:
+    """A destination's test alert has no run: its context is the project alone (it read
+    "run no run")."""
+    test = AlertMessage(**{**MESSAGE.__dict__, "run_id": None, "run_name": None,
+                           "step_start": None, "step_end": None})
+    body = json.loads(encode("slack", test))
+    assert body["blocks"][2]["elements"][0]["text"] == "project vision"

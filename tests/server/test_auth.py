@@ -66,6 +66,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/settings"): (Needs.READ, "/settings"),
     ("GET", "/docs"): (Needs.READ, "/docs"),
     ("DELETE", "/api/runs/{run_id}"): (Needs.ADMIN, "/api/runs/RUN"),
+    ("PATCH", "/api/runs/{run_id}"): (Needs.ADMIN, "/api/runs/RUN"),
     ("POST", "/api/ingest"): (Needs.INGEST, "/api/ingest"),
     ("GET", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
     ("POST", "/api/tokens"): (Needs.ADMIN, "/api/tokens"),
@@ -87,7 +88,7 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
 }
 # The run's data routes (the run page itself is the same static shell for any id).
 RUN_ROUTES = [key for key, (_, url) in ROUTES.items()
-              if url.startswith("/api/") and "RUN" in url and key[0] != "DELETE"]
+              if url.startswith("/api/") and "RUN" in url and key[0] not in ("DELETE", "PATCH")]
 
 
 def app_routes() -> set[tuple[str, str]]:
@@ -181,6 +182,8 @@ def _call(team: TeamApp, key: tuple[str, str], url: str, token: str | None,
         body = RULE_BODY
     elif url == "/api/alerts/destinations" and method == "POST":
         body = DESTINATION_BODY
+    elif method == "PATCH" and url.startswith("/api/runs/"):
+        body = {"notes": "from the route matrix"}
     elif method == "PATCH":
         body = {"enabled": False}
     team.client.cookies.clear()  # credentials are the call's own, never a cookie left behind
@@ -265,6 +268,15 @@ class TestEveryRoute:
             assert status not in (401, 403)
 
 
+def test_another_projects_run_cannot_be_edited(team: TeamApp, runs: dict[str, str]) -> None:
+    """A project's admin edits its own runs' notes, not another project's (404, not 403: the
+    run is not confirmed to exist)."""
+    own = _call(team, ("PATCH", "/api/runs/{run_id}"), f"/api/runs/{runs['RUN']}", "alpha-admin")
+    other = _call(team, ("PATCH", "/api/runs/{run_id}"), f"/api/runs/{runs['BETA']}",
+                  "alpha-admin")
+    assert (own, other) == (200, 404)
+
+
 @pytest.mark.parametrize("key", RUN_ROUTES, ids=lambda key: f"{key[0]} {key[1]}")
 def test_another_projects_run_is_not_found(team: TeamApp, runs: dict[str, str],
                                            key: tuple[str, str]) -> None:
@@ -282,11 +294,9 @@ HOSTILE_IDS = {"nul": "a%00b", "long": "f" * 65, "quote": "x%27%3B--%20", "upper
 def _bad_id_answer(key: tuple[str, str], template: str) -> int:
     """What a malformed id gets: ids the server makes (tokens, rules, destinations) are
     checked by form (422); a run id is any client's text up to 64 characters, so a malformed
-    one is just no run (404; 4404 on a socket); the run page is a shell for any id."""
+    one is just no run (404; 4404 on a socket; the run page too, which then says so)."""
     if key[0] == "WS":
         return 4404
-    if key == ("GET", "/runs/{run_id}"):
-        return 200
     return 404 if "RUN" in template else 422
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from ampscope_server import db
+from ampscope_server import cli, db
 from ampscope_server.config import DEFAULT_DB_URL, Settings
 from ampscope_server.errors import SchemaNotCurrent
 from ampscope_server.models import Base
@@ -83,3 +84,28 @@ def test_sqlite_pragmas(tmp_path: Path) -> None:
             assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
     finally:
         engine.dispose()
+
+
+def _every_parser(parser: argparse.ArgumentParser, path: str = "ampscope"
+                  ) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _every_parser(sub, f"{path} {name}")
+    return found
+
+
+def test_every_option_says_what_it_does() -> None:
+    """`ampscope … --help` explains every option and argument (#31: `--project`,
+    `--threshold`, `--severity`, … had none), and `--db` names its default."""
+    parsers = _every_parser(cli._parser())
+    silent = [f"{path} {action.dest}" for path, parser in parsers for action in parser._actions
+              if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+              and not action.help]
+    assert silent == []
+    db_helps = {action.help for _, parser in parsers for action in parser._actions
+                if "--db" in action.option_strings}
+    assert db_helps == {
+        f"SQLAlchemy database URL (default: $AMPSCOPE_DB_URL, else {DEFAULT_DB_URL})"}
+    assert len(parsers) > 15  # every command of every group was walked

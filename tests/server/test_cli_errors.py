@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,18 @@ def test_a_run_is_named_by_id_short_id_or_name(tmp_path: Path) -> None:
     deleted = cli("runs", "delete", second[:8], "--db", url)
     assert deleted.returncode == 0
     assert deleted.stderr.startswith(f"ampscope: run {second} ")
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    """It printed six lines of uvicorn log and traceback (#31)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = cli("serve", "--host", "127.0.0.1", "--port", str(port),
+                     "--db", f"sqlite:///{tmp_path / 'runs.db'}")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"ampscope serve: cannot listen on 127.0.0.1:{port}: Address already in use (another "
+        "server there? stop it, or pass --port N)\n")
+    assert not (tmp_path / "runs.db").exists()  # nothing started

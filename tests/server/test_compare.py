@@ -31,6 +31,22 @@ from tests.support.ingest import ingest_payload, post_batch
 INF, NAN = math.inf, math.nan
 
 
+def _finite(stats: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """`stats` with no NaN or inf in any layer (wire.layer_stats puts some in fc1.bias): a step
+    with NaN/inf in a layer is left out of that layer's comparison (TestNonFiniteLayers)."""
+    stats["nan_count"] = [0] * len(stats["nan_count"])
+    stats["inf_count"] = [0] * len(stats["inf_count"])
+    return stats
+
+
+def _record(seq: int, **overrides: Any) -> dict[str, Any]:
+    """`wire.record` with finite layers (`_finite`) unless `layers` is given."""
+    rec = record(seq, **overrides)
+    if "layers" not in overrides and rec["layers"] is not None:
+        rec["layers"] = _finite(rec["layers"])
+    return rec
+
+
 class TestRelativeDifference:
     @pytest.mark.parametrize(("a", "b", "expected"), [
         (2.0, 2.0, 0.0), (2.0, 2.2, abs(2.2 - 2.0) / 2.0), (2.0, 1.0, 0.5),
@@ -112,6 +128,19 @@ class TestLayerDiffs:
         assert layer_diffs(ref, other, ["w"], threshold=0.1) == [
             LayerDiff("w", 4, 0.5, 1, 0.0, 0.25, "other")]
 
+    def test_steps_with_nan_or_inf_are_left_out_and_counted(self) -> None:
+        """A diverged run: from step 2 its layer is all NaN (norm 0 over no finite element, the
+        optimizer's NaN-born zeros in lost_frac). Neither a "0x" ratio nor "underflow only in"."""
+        ref = {"w": {s: LayerAt(2.0, 0.0) for s in range(5)}}
+        other = {"w": {0: LayerAt(4.0, 0.0), 1: LayerAt(4.0, 0.0),
+                       **{s: LayerAt(0.0, 1.0, nonfinite=True) for s in range(2, 5)}}}
+        assert layer_diffs(ref, other, ["w"], threshold=0.01) == [
+            LayerDiff("w", 5, 2.0, 2, 0.0, 0.0, None, nonfinite_steps=3)]
+        # NaN in the reference only, all steps: no ratio, no medians, every step counted.
+        bad = {"w": {s: LayerAt(1.0, 0.5, nonfinite=True) for s in range(5)}}
+        assert layer_diffs(bad, ref, ["w"], threshold=0.01) == [
+            LayerDiff("w", 5, None, 0, None, None, None, nonfinite_steps=5)]
+
     def test_no_common_steps(self) -> None:
         ref = {"w": {0: LayerAt(1.0, 1.0)}}
         other = {"w": {1: LayerAt(1.0, 0.0)}}
@@ -129,7 +158,7 @@ def _get(api: TestClient, path: str, status: int = 200) -> Any:
 
 def _run_b_stats(seq: int) -> dict[str, list[Any]]:
     """Run A's statistics at `seq` with fc1.weight's norm doubled and nothing lost in fc1.bias."""
-    stats = layer_stats(1.0 + seq)
+    stats = _finite(layer_stats(1.0 + seq))
     stats["l2"][0] *= 2
     stats["zero_frac"][1] = stats["underflow_frac"][1] = 0.0
     return stats
@@ -139,10 +168,10 @@ def _seed_pair(api: TestClient) -> tuple[str, str]:
     """A: steps 0-3 as `record` makes them. B: steps 0-4, its loss 10 % higher from step 2, its
     grad norm 4 % higher at step 1, fc1.weight's norm doubled, no loss in fc1.bias."""
     a, b = new_id(), new_id()
-    post_batch(api, batch([record(i) for i in range(4)], run_id=a, name="fp32 baseline"))
+    post_batch(api, batch([_record(i) for i in range(4)], run_id=a, name="fp32 baseline"))
     records = []
     for i in range(5):
-        rec = record(i, layers=_run_b_stats(i))
+        rec = _record(i, layers=_run_b_stats(i))
         if i >= 2:
             rec["loss"] = (2.31 - 0.01 * i) * 1.1
         if i == 1:
@@ -170,9 +199,11 @@ class TestCompareEndpoint:
             "grad_norm_divergence": None,
             "layers": [
                 {"layer": "fc1.weight", "steps": 4, "l2_ratio": 2.0, "ratio_steps": 4,
-                 "lost_frac_reference": 0.0, "lost_frac": 0.0, "underflow_only_in": None},
+                 "lost_frac_reference": 0.0, "lost_frac": 0.0, "underflow_only_in": None,
+                 "nonfinite_steps": 0},
                 {"layer": "fc1.bias", "steps": 4, "l2_ratio": 1.0, "ratio_steps": 4,
-                 "lost_frac_reference": 0.15625, "lost_frac": 0.0, "underflow_only_in": a},
+                 "lost_frac_reference": 0.15625, "lost_frac": 0.0, "underflow_only_in": a,
+                 "nonfinite_steps": 0},
             ],
             "divergence_exact": True, "layer_bucket_width": 1,
         }
@@ -189,8 +220,8 @@ class TestCompareEndpoint:
         """Run B's scaler starts too high: steps 0 and 1 overflow and are skipped (grad norm
         inf), then it trains exactly as A. The grad norms of skipped steps are not compared."""
         a, b = new_id(), new_id()
-        post_batch(api, batch([record(i) for i in range(6)], run_id=a))
-        post_batch(api, batch([record(i, skipped=i < 2, found_inf=i < 2,
+        post_batch(api, batch([_record(i) for i in range(6)], run_id=a))
+        post_batch(api, batch([_record(i, skipped=i < 2, found_inf=i < 2,
                                  grad_norm="inf" if i < 2 else 0.75) for i in range(6)],
                          run_id=b))
         [comparison] = _get(api, f"/api/compare?runs={a},{b}")["comparisons"]
@@ -211,7 +242,7 @@ class TestCompareEndpoint:
         c = new_id()
         layers = copy.deepcopy(LAYERS)
         layers[1]["name"] = "fc2.bias"
-        post_batch(api, batch([record(0)], run_id=c, layers=layers))
+        post_batch(api, batch([_record(0)], run_id=c, layers=layers))
         body = _get(api, f"/api/compare?runs={a},{b},{c}")
         assert [x["run"] for x in body["comparisons"]] == [b, c]
         third = body["comparisons"][1]
@@ -225,7 +256,7 @@ class TestCompareEndpoint:
         a, b = _seed_pair(api)
         plain = _get(api, f"/api/compare?runs={a},{b}")["comparisons"][0]
         old_ddp, new_compiled = new_id(), new_id()
-        records = [record(i, layers=_run_b_stats(i)) for i in range(4)]
+        records = [_record(i, layers=_run_b_stats(i)) for i in range(4)]
         for i in (2, 3):
             records[i]["loss"] = (2.31 - 0.01 * i) * 1.1
         records[1]["grad_norm"] = 0.75 * 1.04
@@ -294,13 +325,15 @@ class TestSuspectBuckets:
 class TestBucketLayerDiffs:
     def test_the_same_medians_as_per_step_with_layers_matched_by_name(self) -> None:
         m = -INF  # rollups.MISSING: no value in the bucket
-        ref = {0: ([1.0, 2.0], [0.0, 0.5]), 4: ([2.0, m], [0.0, m]), 8: ([0.0, 4.0], [0.0, 0.5])}
-        other = {0: ([9.0, 3.0], [0.0, 0.0]), 4: ([8.0, 5.0], [0.0, 0.0]),
-                 8: ([9.0, 8.0], [0.0, 0.0]), 12: ([1.0, 1.0], [0.0, 0.0])}
+        ok = [False, False]
+        ref = {0: ([1.0, 2.0], [0.0, 0.5], ok), 4: ([2.0, m], [0.0, m], ok),
+               8: ([0.0, 4.0], [0.0, 0.5], ok)}
+        other = {0: ([9.0, 3.0], [0.0, 0.0], ok), 4: ([8.0, 5.0], [0.0, 0.0], ok),
+                 8: ([9.0, 8.0], [0.0, 0.0], ok), 12: ([1.0, 1.0], [0.0, 0.0], ok)}
         # The other run lists the layers the other way round, and one more.
         other_order = ["b", "a", "c"]
-        swapped = {k: ([l2[1], l2[0], 1.0], [lost[1], lost[0], 0.0])
-                   for k, (l2, lost) in other.items()}
+        swapped = {k: ([l2[1], l2[0], 1.0], [lost[1], lost[0], 0.0], [False] * 3)
+                   for k, (l2, lost, _) in other.items()}
         found = bucket_layer_diffs(ref, ["a", "b"], swapped, other_order, 0.01)
         per_step = layer_diffs(
             {"a": {0: LayerAt(1.0, 0.0), 4: LayerAt(2.0, 0.0), 8: LayerAt(0.0, 0.0)},
@@ -313,8 +346,16 @@ class TestBucketLayerDiffs:
             ("a", 3, 6.5, None), ("b", 2, 1.75, "reference")]
 
     def test_no_common_bucket(self) -> None:
-        assert bucket_layer_diffs({0: ([1.0], [0.0])}, ["a"], {4: ([1.0], [0.0])}, ["a"],
+        assert bucket_layer_diffs({0: ([1.0], [0.0], [False])}, ["a"],
+                                  {4: ([1.0], [0.0], [False])}, ["a"],
                                   0.01) == [LayerDiff("a", 0, None, 0, None, None, None)]
+
+    def test_buckets_with_nan_or_inf_are_left_out_and_counted(self) -> None:
+        """A diverged run's NaN buckets: norm 0 (no finite element), every value a zero."""
+        ref = {0: ([2.0], [0.0], [False]), 4: ([2.0], [0.0], [False]), 8: ([2.0], [0.0], [False])}
+        other = {0: ([4.0], [0.0], [False]), 4: ([0.0], [1.0], [True]), 8: ([0.0], [1.0], [True])}
+        assert bucket_layer_diffs(ref, ["a"], other, ["a"], 0.01) == [
+            LayerDiff("a", 3, 2.0, 1, 0.0, 0.0, None, nonfinite_steps=2)]
 
 
 LONG = 600
@@ -330,10 +371,10 @@ def long_pair(sessions: sessionmaker[Session]) -> tuple[str, str]:
     """A and B over LONG steps: B's loss spikes x3 at SPIKE alone and drifts 20 % up from DRIFT,
     its fc1.weight norm is doubled everywhere."""
     a, b = new_id(), new_id()
-    records_a = [record(i, loss=_long_loss(i)) for i in range(LONG)]
+    records_a = [_record(i, loss=_long_loss(i)) for i in range(LONG)]
     records_b = []
     for i in range(LONG):
-        rec = record(i, layers=_run_b_stats(i), loss=_long_loss(i))
+        rec = _record(i, layers=_run_b_stats(i), loss=_long_loss(i))
         rec["layers"]["zero_frac"][1] = 0.125  # as A's: only the norm differs
         rec["layers"]["underflow_frac"][1] = 0.03125
         if i == SPIKE:

@@ -126,6 +126,43 @@ class TestCsv:
         assert response.headers["content-type"] == "text/csv; charset=utf-8"
         assert response.headers["content-disposition"] == (
             f'attachment; filename="we_ird_name-{run_id[:8]}.csv"')
+        # The JSON too: saved as a file, not opened in the tab.
+        response = api.get(f"/api/runs/{run_id}/export?format=json")
+        assert response.headers["content-type"] == "application/json"
+        assert response.headers["content-disposition"] == (
+            f'attachment; filename="we_ird_name-{run_id[:8]}.json"')
+
+    def test_wide_has_a_row_per_step_and_the_same_values(self, api: TestClient) -> None:
+        """format=csv_wide: one row per step, a column per layer and statistic; every value
+        the long CSV has for the parameter gradients, at the same step, exactly."""
+        run_id = new_id()
+        payload = _seed(api, run_id, name="wide")
+        response = api.get(f"/api/runs/{run_id}/export?format=csv_wide")
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "text/csv; charset=utf-8"
+        assert response.headers["content-disposition"] == (
+            f'attachment; filename="wide-{run_id[:8]}.wide.csv"')
+        header, *rows = csv.reader(io.StringIO(response.text))
+        layers = [layer["name"] for layer in payload["layers"]]
+        assert header == ["step", "attempt", "seq", "wall_time", *SCALARS,
+                          *(f"{layer}/{stat}" for layer in layers for stat in STAT_NAMES)]
+        assert len(rows) == len(payload["records"])
+        long_rows = [r for r in _expected(payload) if r[4] in ("step", "param")]
+        with_layers = {r[0] for r in long_rows if r[4] == "param"}
+        wide = []
+        for row in rows:
+            head = [int(row[0]), int(row[1]), int(row[2]), float(row[3])]
+            values = dict(zip(header[4:], row[4:], strict=True))
+            wide += [[*head, "step", None, "", name, _norm(values[name])] for name in SCALARS]
+            if head[0] in with_layers:
+                wide += [[*head, "param", index, layer, stat, _norm(values[f"{layer}/{stat}"])]
+                         for index, layer in enumerate(layers) for stat in STAT_NAMES]
+        assert wide == long_rows
+        # Step 1 has no layer statistics: its layer cells are empty, not zeros.
+        assert with_layers == {0, 2}
+        assert rows[1][4 + len(SCALARS):] == [""] * (len(layers) * len(STAT_NAMES))
+        assert len(response.text) < len(api.get(
+            f"/api/runs/{run_id}/export?format=csv").text) / 2
 
     def test_run_without_steps(self, api: TestClient) -> None:
         run_id = new_id()
@@ -177,7 +214,7 @@ class TestFormats:
         response = api.get(f"/api/runs/{run_id}/export?format=parquet")
         assert response.status_code == 422
         assert strict_json(response.text) == {
-            "detail": "query.format: Input should be 'json', 'csv' or 'html'"}
+            "detail": "query.format: Input should be 'json', 'csv', 'csv_wide' or 'html'"}
 
     def test_json_is_the_default_and_still_works(self, api: TestClient) -> None:
         run_id = new_id()

@@ -88,6 +88,32 @@ class TestLimits:
         assert response.status_code == 422
         assert response.json()["detail"].startswith("run.tags: List should have at most 32 items")
 
+    def test_notes_and_tags_people_edit(self, api: TestClient) -> None:
+        """PATCH /api/runs/{id}: user text, length-capped, no NUL; what is refused is not
+        stored, what is accepted reads back exactly (the page renders it as text)."""
+        run_id = new_id()
+        assert api.post("/api/ingest", json=batch([record(0)], run_id=run_id)).status_code == 200
+        refused = [
+            ({"notes": "x" * 4001}, "notes: String should have at most 4000 characters"),
+            ({"notes": "a\x00b"}, "notes: Value error, must not contain NUL characters"),
+            ({"tags": [""]}, "tags[0]: String should have at least 1 character"),
+            ({"tags": ["t" * 201]}, "tags[0]: String should have at most 200 characters"),
+            ({"tags": [f"t{i}" for i in range(33)]}, "tags: List should have at most 32 items"),
+            ({"tags": "amp"}, "tags: Input should be a valid list"),
+            ({"name": "renamed"}, "name: unknown field"),
+        ]
+        for body, message in refused:
+            response = api.patch(f"/api/runs/{run_id}", json=body)
+            assert response.status_code == 422, body
+            assert response.json()["detail"].startswith(message), response.json()
+        head = "<img src=x onerror=alert(1)> \u202e"
+        hostile = head + "é" * (4000 - len(head))  # at the cap exactly
+        response = api.patch(f"/api/runs/{run_id}",
+                             json={"notes": hostile, "tags": [hostile[:200]]})
+        assert response.status_code == 200, response.text
+        again = api.get(f"/api/runs/{run_id}").json()
+        assert (again["notes"], again["tags"]) == (hostile, [hostile[:200]])
+
     def test_records_per_batch(self, api: TestClient) -> None:
         records = [record(i, with_layers=False) for i in range(10_001)]
         response = api.post("/api/ingest", json=batch(records, run_id=new_id(), layers=None))

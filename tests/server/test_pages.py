@@ -10,6 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from ampscope_server.api.pages import CSP, plotly_js, swagger_ui_dir, web_root
+from tests.server.wire import batch, new_id, record
+from tests.support.ingest import post_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +23,7 @@ def _assert_secure(response: httpx2.Response) -> None:
 
 def test_csp_is_strict() -> None:
     assert CSP == (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
     )
 
@@ -30,13 +32,19 @@ def test_web_root_is_the_web_folder() -> None:
     assert web_root().resolve() == (REPO / "web").resolve()
 
 
-@pytest.mark.parametrize(("path", "page"), [
-    ("/", "index.html"), ("/runs/abc-123", "run.html"), ("/docs", "api-docs.html"),
+@pytest.mark.parametrize(("path", "page", "status"), [
+    ("/", "index.html", 200), ("/runs/RUN", "run.html", 200), ("/docs", "api-docs.html", 200),
+    # An unknown run is the same page (it says so) under a 404, not a 200 over empty charts.
+    ("/runs/abc-123", "run.html", 404), ("/runs/" + "f" * 65, "run.html", 404),
 ])
-def test_pages(api: TestClient, path: str, page: str) -> None:
+def test_pages(api: TestClient, path: str, page: str, status: int) -> None:
+    if "RUN" in path:
+        run_id = new_id()
+        post_batch(api, batch([record(0)], run_id=run_id))
+        path = path.replace("RUN", run_id)
     response = api.get(path)
     _assert_secure(response)
-    assert response.status_code == 200
+    assert response.status_code == status
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     assert response.content == (web_root() / page).read_bytes()
 
@@ -116,7 +124,8 @@ def test_the_run_page_preloads_exactly_the_modules_its_scripts_import() -> None:
     imported: set[str] = set()
     for script in scripts:
         _imports(script, imported)
-    assert scripts == ["run.js", "session.js", "run_admin.js", "run_alerts.js"]
+    assert scripts == ["run.js", "section_bar.js", "session.js", "shortcuts.js", "run_admin.js",
+                       "run_alerts.js", "run_notes.js"]
     assert len(preloaded) == len(set(preloaded))
     assert set(preloaded) == imported - set(scripts)
     assert "plot.js" in preloaded and "codec.js" in preloaded  # a direct and a deeper import

@@ -50,7 +50,7 @@ class TestRunsList:
                                 "updated_at", "num_steps", "last_step", "last_id",
                                 "last_scale", "skipped_steps", "num_layers", "skip_rate",
                                 "worst_underflow", "worst_headroom", "top_finding",
-                                "summary_step", "world_size"}
+                                "summary_step", "world_size", "config", "notes"}
         assert {k: summary[k] for k in ("name", "tags", "status", "num_steps", "last_step",
                                        "last_scale", "skipped_steps", "num_layers",
                                        "world_size")} == {
@@ -142,7 +142,7 @@ class TestExport:
         run_id = new_id()
         _seed(api, run_id, n=1)
         assert _get(api, f"/api/runs/{run_id}/export?format=xml", 422) == {
-            "detail": "query.format: Input should be 'json', 'csv' or 'html'"}
+            "detail": "query.format: Input should be 'json', 'csv', 'csv_wide' or 'html'"}
 
 
 class TestStatus:
@@ -208,3 +208,15 @@ class TestWorstLayers:
         assert response.status_code == 200, response.text
         assert _get(api, f"/api/runs/{run_id}")["worst_headroom"] == {
             "layer": "fc1.weight", "value": "inf"}
+
+    def test_nan_layers_have_no_headroom_not_an_infinite_one(self, api: TestClient) -> None:
+        """A diverged run's layers: NaN, no finite non-zero element (amax 0 over the finite
+        ones). Not "all zero" (the runs list showed "∞ (all zero)" for a NaN run)."""
+        run_id = new_id()
+        stats = layer_stats()
+        stats["amax"] = [0.0, 0.0]
+        stats["nan_count"] = [100, 0]
+        stats["inf_count"] = [0, 16]
+        response = api.post("/api/ingest", json=batch([record(0, layers=stats)], run_id=run_id))
+        assert response.status_code == 200, response.text
+        assert _get(api, f"/api/runs/{run_id}")["worst_headroom"] is None

@@ -6,20 +6,17 @@
 
 import * as api from './api.js';
 import { runColors } from './colors.js';
+import { axisToggle } from './axis_scale.js';
+import { CHARTS, CompareChart } from './compare_charts.js';
 import { CompareLive } from './compare_live.js';
 import { LiveState } from './live.js';
 import { el, numberText, scaleText, statusBadge } from './format.js';
-import { CONFIG, LogTicks, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
+import { Plotly } from './plot.js';
 import { TableSort } from './table_sort.js';
+import { alignMargins, followZoom, linkZoom } from './zoom.js';
 
 const $ = (id) => document.getElementById(id);
 const COMPARE_REFRESH_MS = 5000;
-
-const CHARTS = [
-  { id: 'scale-chart', series: 'scale', label: 'loss scale', height: 300, base: 2 },
-  { id: 'loss-chart', series: 'loss', label: 'loss', height: 280, base: null },
-  { id: 'gradnorm-chart', series: 'grad_norm', label: 'grad norm', height: 280, base: 10 },
-];
 
 function percentInput(input, fallback) {
   const v = Number(input.value);
@@ -44,9 +41,8 @@ class ComparePage {
     this.pair = 0;
     this.request = 0;
     this.ready = false;
-    this.charts = CHARTS;
-    this.traces = new Map(); // chart id → run id → {line, skipped, lastStep}: where live steps go
-    this.ticks = new Map();  // chart id → its LogTicks (log axes)
+    this.charts = CHARTS.map((spec) => new CompareChart(spec, {
+      colors: this.colors, runName: (id) => this.runName(id) }));
     this.live = null;
     this.refreshTimer = null;
     this.liveState = null;
@@ -83,7 +79,16 @@ class ComparePage {
       return { id, scale, loss, grad_norm: gradNorm,
         skipped: events.events.filter((e) => e.kind === 'skipped') };
     }));
-    await Promise.all(CHARTS.map((chart) => this.drawChart(chart, perRun)));
+    const weight = Number($('smoothing').value);
+    await Promise.all(this.charts.map((chart) => chart.draw(perRun, this.divergenceShapes(), weight)));
+    const divs = this.charts.map((chart) => chart.div);
+    await alignMargins(divs);
+    this.zoom = linkZoom(divs);
+    // Zoom fetches detail: every run's points of the visible steps, per chart.
+    this.zoomDetail = this.charts.map((chart) => followZoom(chart.div,
+      (range, maxPoints) => Promise.all(this.ids.map((id) => api.getSeries(id, chart.spec.series, maxPoints, range))),
+      (range, bodies) => chart.replaceRange(range, this.ids, bodies), (err) => api.showError(err.message)));
+    this.initControls();
     this.live = new CompareLive(this, lastIds).start();
     this.ready = true;
     window.ampscope = { compare: this }; // for the console and the browser tests
@@ -117,7 +122,7 @@ class ComparePage {
   async refreshComparison() {
     try {
       if (await this.fetchComparison()) {
-        for (const chart of CHARTS) Plotly.relayout($(chart.id), { shapes: this.divergenceShapes() });
+        for (const chart of this.charts) Plotly.relayout(chart.div, { shapes: this.divergenceShapes() });
       }
       api.showError(null);
     } catch (err) {
@@ -233,44 +238,19 @@ class ComparePage {
     }));
   }
 
-  async drawChart(chart, perRun) {
-    const div = $(chart.id);
-    const ticks = chart.base ? new LogTicks('yaxis', chart.base) : null;
-    if (ticks) this.ticks.set(chart.id, ticks);
-    const indices = new Map();
-    this.traces.set(chart.id, indices);
-    const traces = [];
-    for (const run of perRun) {
-      const color = this.colors.get(run.id);
-      const name = plotText(this.runName(run.id));
-      const pts = run[chart.series].points;
-      if (ticks) ticks.widen(pts.flatMap((p) => [p.min, p.max]));
-      const slot = { line: traces.length, lastStep: pts.length ? pts[pts.length - 1].step : -Infinity };
-      indices.set(run.id, slot);
-      traces.push({
-        x: pts.map((p) => p.step), y: pts.map((p) => finiteOrNull(p.last)), type: 'scatter', mode: 'lines',
-        name, legendgroup: run.id, meta: run.id, connectgaps: false,
-        line: { color, width: 1.8, shape: chart.series === 'scale' ? 'hv' : 'linear' },
-        hovertemplate: chart.series === 'scale' ? '%{y:.6g}' : '%{y:.4g}',
-      });
-      if (chart.series === 'scale') {
-        slot.skipped = traces.length;
-        traces.push({
-          x: run.skipped.map((e) => e.step), y: run.skipped.map((e) => finiteOrNull(e.scale_before)),
-          type: 'scatter', mode: 'markers', name: `${name} skipped`, legendgroup: run.id, meta: run.id,
-          showlegend: false, marker: { color, symbol: 'x-thin-open', size: 9, line: { width: 2, color } },
-          hovertemplate: 'skipped (overflow)',
-        });
-      }
-    }
-    const layout = themedLayout(`compare-${chart.series}`, {
-      height: chart.height,
-      hovermode: 'x unified',
-      shapes: this.divergenceShapes(),
-      yaxis: { type: ticks ? 'log' : 'linear', title: { text: chart.label, standoff: 6 }, ...(ticks ? ticks.attributes() : {}) },
+  /** The smoothing slider and the log/linear toggles of the loss and grad-norm charts. */
+  initControls() {
+    const input = $('smoothing');
+    input.addEventListener('input', () => {
+      const weight = Number(input.value);
+      $('smoothing-value').textContent = weight.toFixed(2);
+      for (const chart of this.charts) chart.setSmoothing(weight);
     });
-    div.style.height = `${layout.height}px`; // responsive plots fill their div: size the div
-    await Plotly.newPlot(div, traces, layout, CONFIG);
+    for (const chart of this.charts.filter((c) => c.spec.series !== 'scale')) {
+      const group = $(`${chart.spec.id}-axis`);
+      const toggle = axisToggle(group, () => [chart.div], () => chart.ticks, (log) => { chart.log = log; });
+      toggle.show(chart.log);
+    }
   }
 
   renderPairSelect() {
@@ -296,14 +276,17 @@ class ComparePage {
     const valueOf = (row, key) => ({
       order: row.order, ratio: row.l2_ratio, steps: row.steps, lost_reference: row.lost_frac_reference,
       lost: row.lost_frac, only: row.underflow_only_in ? this.runName(row.underflow_only_in) : null,
+      nonfinite: row.nonfinite_steps,
     })[key];
     const flagged = rows.filter((r) => r.underflow_only_in).length;
-    const far = rows.filter((r) => r.l2_ratio > 0 && Math.abs(Math.log2(r.l2_ratio)) >= 1).length;
+    const far = rows.filter((r) => r.l2_ratio !== null && Math.abs(Math.log2(r.l2_ratio)) >= 1).length;
+    const nonfinite = rows.filter((r) => r.nonfinite_steps > 0).length;
     const over = c.layer_bucket_width > 1
       ? `${c.layer_steps} common buckets of ${c.layer_bucket_width} steps (each bucket's largest norm and loss)`
       : `${c.layer_steps} common steps with layer statistics`;
     $('layers-note').textContent = `${rows.length} layers in both runs · ${over}`
-      + ` · ${far} with norms 2× apart or more · ${flagged} underflowing in one run only`;
+      + ` · ${far} with norms 2× apart or more · ${flagged} underflowing in one run only`
+      + (nonfinite ? ` · ${nonfinite} with NaN/inf steps (left out of the ratio and the lost shares)` : '');
     $('layers-empty').hidden = rows.length > 0;
     $('layers').hidden = rows.length === 0;
     $('layers-body').replaceChildren(...this.sort.sorted(rows, valueOf).map((row) => this.layerRow(row)));
@@ -314,11 +297,15 @@ class ComparePage {
     const name = el('td', 'layer-cell', row.layer);
     name.title = row.layer;
     const ratio = el('td', 'num');
-    if (row.l2_ratio === null) ratio.append(el('span', 'muted', '—'));
-    else {
+    if (row.l2_ratio === null) {
+      ratio.append(el('span', 'muted', '—'));
+      ratio.title = row.nonfinite_steps > 0
+        ? `No common step where both norms are known and finite: NaN/inf in ${row.nonfinite_steps} of ${row.steps}`
+        : 'No common step where both norms are known (and the reference\'s is not 0)';
+    } else {
       const dev = row.l2_ratio > 0 ? Math.abs(Math.log2(row.l2_ratio)) : Infinity;
       const r = row.l2_ratio;
-      ratio.textContent = `${r >= 0.01 && r < 1000 ? r.toFixed(2) : numberText(r, 3)}×`;
+      ratio.textContent = r === 0 ? '0× (no gradient)' : `${r >= 0.01 && r < 1000 ? r.toFixed(2) : numberText(r, 3)}×`;
       if (dev >= 4) ratio.classList.add('bad');
       else if (dev >= 1) ratio.classList.add('warn');
     }
@@ -331,8 +318,10 @@ class ComparePage {
     if (row.underflow_only_in) {
       only.append(swatch(this.colors.get(row.underflow_only_in)), el('span', 'only-in', this.runName(row.underflow_only_in)));
     } else only.append(el('span', 'muted', '—'));
-    tr.append(name, ratio, el('td', 'num muted', `${row.ratio_steps}/${row.steps}`), lostCell(row.lost_frac_reference),
-      lostCell(row.lost_frac), only);
+    const bad = el('td', 'num', String(row.nonfinite_steps));
+    bad.classList.add(row.nonfinite_steps > 0 ? 'bad' : 'muted');
+    tr.append(name, ratio, el('td', 'num muted', `${row.ratio_steps}/${row.steps}`), bad,
+      lostCell(row.lost_frac_reference), lostCell(row.lost_frac), only);
     return tr;
   }
 }
@@ -356,6 +345,9 @@ async function main() {
     } else {
       api.showError(err.message);
     }
+    // Nothing is streamed: the indicator must not say "connecting" for ever.
+    $('live').dataset.state = 'closed';
+    $('live-text').textContent = 'not connected';
   }
 }
 

@@ -4,21 +4,14 @@
 // Plotly.extendTraces call per chart (never a rebuilt chart).
 
 import { LiveState, LiveStream } from './live.js';
-import { Plotly, finiteOrNull } from './plot.js';
+import { Plotly } from './plot.js';
 
 const MAX_RATE = 10;
 const MAX_POINTS = 200000; // per trace: a live run keeps at most this many points drawn
 
-/** The value a chart draws for a step (null: none). */
-function valueOf(step, series) {
-  const v = series === 'scale' ? step.scale_before : step[series];
-  return v === null || v === undefined ? null : v;
-}
-
 export class CompareLive {
   /**
-   * @param {{charts: object[], traces: Map<string, Map<string, {line: number, skipped?: number, lastStep: number}>>,
-   *          ticks: Map<string, object>, onStatus: (runId: string, status: string) => void,
+   * @param {{charts: import('./compare_charts.js').CompareChart[], onStatus: (runId: string, status: string) => void,
    *          onState: (state: string) => void, onDrawn: () => void}} page
    * @param {Map<string, number>} lastIds  run id → the last step id already drawn
    */
@@ -73,33 +66,29 @@ export class CompareLive {
     if (!batches.length) return;
     this.lastFlush = performance.now();
     for (const chart of this.page.charts) {
-      const div = document.getElementById(chart.id);
-      const byTrace = new Map(); // trace index → {x, y}
-      const add = (index, x, y) => {
-        if (!byTrace.has(index)) byTrace.set(index, { x: [], y: [] });
-        byTrace.get(index).x.push(x);
-        byTrace.get(index).y.push(y);
+      // One extendTraces per group of traces with the same attributes: x/y, plus the line's
+      // marker sizes and hover text, plus the skip markers' hover text.
+      const groups = { plain: new Map(), line: new Map(), text: new Map() };
+      const add = (index, x, y, extra) => {
+        const group = extra === undefined ? groups.plain : (extra.size === undefined ? groups.text : groups.line);
+        if (!group.has(index)) group.set(index, { x: [], y: [], 'marker.size': [], customdata: [] });
+        const g = group.get(index);
+        g.x.push(x);
+        g.y.push(y);
+        if (extra !== undefined) g.customdata.push(extra.text);
+        if (extra !== undefined && extra.size !== undefined) g['marker.size'].push(extra.size);
       };
-      const ticks = this.page.ticks.get(chart.id);
-      for (const [runId, steps] of batches) {
-        const trace = this.page.traces.get(chart.id).get(runId);
-        if (!trace) continue;
-        for (const s of steps) {
-          if (s.step <= trace.lastStep) continue; // already drawn (from /series or a backfill)
-          const v = valueOf(s, chart.series);
-          if (v === null) continue;
-          trace.lastStep = s.step;
-          add(trace.line, s.step, finiteOrNull(v));
-          if (ticks) ticks.widen([v]);
-          if (trace.skipped !== undefined && s.skipped) add(trace.skipped, s.step, finiteOrNull(s.scale_before));
-        }
+      for (const [runId, steps] of batches) chart.collect(runId, steps, add);
+      const keys = { plain: ['x', 'y'], line: ['x', 'y', 'marker.size', 'customdata'], text: ['x', 'y', 'customdata'] };
+      for (const [name, group] of Object.entries(groups)) {
+        if (!group.size) continue;
+        const indices = [...group.keys()];
+        const update = {};
+        for (const key of keys[name]) update[key] = indices.map((i) => group.get(i)[key]);
+        Plotly.extendTraces(chart.div, update, indices, MAX_POINTS);
       }
-      if (!byTrace.size) continue;
-      const indices = [...byTrace.keys()];
-      Plotly.extendTraces(div, { x: indices.map((i) => byTrace.get(i).x), y: indices.map((i) => byTrace.get(i).y) },
-        indices, MAX_POINTS);
-      const relayout = ticks && ticks.update();
-      if (relayout) Plotly.relayout(div, relayout);
+      const relayout = chart.tickUpdate();
+      if (relayout) Plotly.relayout(chart.div, relayout);
     }
     this.flushes += 1;
     this.page.onDrawn();

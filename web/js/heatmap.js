@@ -2,7 +2,7 @@
 // top), steps are columns. The trace is `transpose: true`, so z holds one row per *step*: a live
 // step is one Plotly.extendTraces call appending a row to z (a column on screen) and a step to x.
 
-import { CONFIG, Plotly, finiteOrNull, plotText, stepChartMargin, themedLayout } from './plot.js';
+import { CONFIG, Plotly, THEME, finiteOrNull, plotText, stepChartMargin, themedLayout } from './plot.js';
 
 const MAX_COLUMNS = 5000;
 
@@ -159,7 +159,7 @@ export class LayerHeatmap {
       height,
       showlegend: false,
       margin: stepChartMargin(),
-      plot_bgcolor: '#eceff3', // gaps (no data, non-finite) read as grey, not as "0"
+      plot_bgcolor: THEME.gap, // gaps (no data, non-finite) read as grey, not as "0"
       yaxis: { type: 'category', autorange: 'reversed', showgrid: false, ticks: '', automargin: true },
       xaxis: { showgrid: false },
     });

@@ -25,7 +25,7 @@ export class LineChart {
     this.color = color;
     this.log = log;
     this.lastStep = -Infinity;
-    this.ticks = log ? new LogTicks('yaxis', 10) : null;
+    this.ticks = new LogTicks('yaxis', 10); // fed on either axis: a log/linear toggle may need it
     this.weight = 0;
     this.xs = [];     // the raw line's steps and values, non-finite included (the smoothing input)
     this.values = [];
@@ -39,6 +39,7 @@ export class LineChart {
     this.xs = pts.map((p) => p.step);
     this.values = pts.map((p) => p.last);
     const bad = pts.filter((p) => [p.min, p.max, p.last].some((v) => typeof v === 'number' && !Number.isFinite(v)));
+    this.ticks.widen(pts.flatMap((p) => [p.min, p.max]));
     this.lastStep = pts.length ? pts[pts.length - 1].step : -Infinity;
     this.ema = ema(weight);
     const smooth = this.values.map((v) => this.ema.push(v));
@@ -58,7 +59,7 @@ export class LineChart {
       height: 260,
       hovermode: 'x unified',
       yaxis: { type: this.log ? 'log' : 'linear', title: { text: this.label, standoff: 6 },
-        ...(this.ticks ? this.ticks.widen(pts.flatMap((p) => [p.min, p.max])).attributes() : {}) },
+        ...(this.log ? this.ticks.widen(pts.flatMap((p) => [p.min, p.max])).attributes() : {}) },
       yaxis2: { overlaying: 'y', range: [0, 1.05], visible: false, fixedrange: true },
     });
     this.div.style.height = `${layout.height}px`; // responsive plots fill their div: size the div
@@ -91,7 +92,8 @@ export class LineChart {
       x: [x, bad.map((s) => s.step), x],
       y: [v.map(finiteOrNull), bad.map(() => 1), v.map((value) => this.ema.push(value))],
     }, [LINE, NONFINITE, SMOOTH], MAX_POINTS);
-    const relayout = this.ticks && this.ticks.widen(v).update();
+    this.ticks.widen(v);
+    const relayout = this.log && this.ticks.update();
     if (relayout) Plotly.relayout(this.div, relayout);
   }
 

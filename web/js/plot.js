@@ -29,17 +29,34 @@ export const COLORS = Object.freeze({
   text: '#3b4252',
 });
 
+/**
+ * The charts' surfaces and ink, light or dark as the system asks (web/css/dark.css does the
+ * page): read once, at load. `gap` is the heatmap's background, where a cell has no value.
+ */
+const DARK = typeof matchMedia === 'function' && matchMedia('(prefers-color-scheme: dark)').matches;
+export const THEME = Object.freeze(DARK
+  ? { plot: '#0d1117', grid: '#21262d', axis: '#3d444d', text: '#c9d1d9', gap: '#262c36' }
+  : { plot: '#ffffff', grid: COLORS.grid, axis: COLORS.axis, text: COLORS.text, gap: '#eceff3' });
+
 export const FONT = {
   family: 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif',
   size: 12,
-  color: COLORS.text,
+  color: THEME.text,
 };
 
-/** Plotly options for every chart: no logo, no lasso/select (nothing here uses a selection). */
+/**
+ * Plotly options for every chart: no logo, no lasso/select (nothing here uses a selection), and
+ * nothing that sends a chart off the server: plotly's "Share chart..." (Chart Studio upload,
+ * shown by default) is off and its destination empty, so no button or link can reach the cloud.
+ */
 export const CONFIG = Object.freeze({
   displaylogo: false,
   responsive: true,
-  modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d'],
+  showSendToCloud: false,
+  showEditInChartStudio: false,
+  showLink: false,
+  plotlyServerURL: '',
+  modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d', 'sendDataToCloud'],
 });
 
 /**
@@ -69,25 +86,52 @@ export function stepChartMargin(t = 8, b = 40) {
   return { l: stepMargin.l, r: stepMargin.r, t, b };
 }
 
+/**
+ * The steps every step chart's autorange spans exactly (null: each chart's own). Plotly pads a
+ * chart's autorange for its markers and a heatmap's by half a cell, so stacked charts of the
+ * same steps started and ended up to ~200 px apart; including [first, last] and clipping to it
+ * gives them one x range from the first render, and after any "reset axes". A page sets it
+ * before drawing, for a run whose steps are all in (a live run's range grows with it).
+ */
+let stepSpan = null;
+
+/**
+ * Make every step chart drawn from now on span exactly steps [first, last]; with `last` null (a
+ * live run, whose range grows) they start at `first` alike and end where their data does.
+ */
+export function setStepSpan(first, last = null) {
+  if (!Number.isFinite(first)) stepSpan = null;
+  else stepSpan = Number.isFinite(last) && last > first ? [first, last] : [first, null];
+}
+
 /** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
 export function themedLayout(uirevision, overrides = {}) {
   // exponentformat 'e': plotly's own labels for powers ("10<sup>-5</sup>") are drawn as tspans
   // with an inline style, which the CSP blocks; "1e-5" is plain text (LogTicks labels powers).
-  const axis = { gridcolor: COLORS.grid, linecolor: COLORS.axis, zeroline: false, automargin: true,
+  const axis = { gridcolor: THEME.grid, linecolor: THEME.axis, zeroline: false, automargin: true,
     exponentformat: 'e' };
   return {
     uirevision,
     font: FONT,
     paper_bgcolor: 'rgba(0,0,0,0)',
-    plot_bgcolor: '#ffffff',
+    plot_bgcolor: THEME.plot,
     margin: stepChartMargin(),
     hoverlabel: { font: { family: FONT.family, size: 12 } },
     showlegend: true,
     legend: { orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: { size: 11 } },
     ...overrides,
-    xaxis: { ...axis, title: { text: 'step', standoff: 6 }, ...(overrides.xaxis ?? {}) },
+    xaxis: { ...axis, title: { text: 'step', standoff: 6 }, ...(stepAxis(overrides) ?? {}), ...(overrides.xaxis ?? {}) },
     yaxis: { ...axis, ...(overrides.yaxis ?? {}) },
   };
+}
+
+/** The autorange options of a step chart's x axis (one whose x title is the default 'step'). */
+function stepAxis(overrides) {
+  if (!stepSpan || (overrides.xaxis && overrides.xaxis.title !== undefined)) return null;
+  const [first, last] = stepSpan;
+  if (last === null) return { autorangeoptions: { include: [first], clipmin: first } };
+  // The range itself too: a chart without data yet (the per-layer lines) has no autorange.
+  return { range: [first, last], autorangeoptions: { include: [first, last], clipmin: first, clipmax: last } };
 }
 
 /** User text for a plotly label: shown literally, not as plotly's pseudo-HTML. */

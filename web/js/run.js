@@ -2,16 +2,20 @@
 
 import * as api from './api.js';
 import { agoText, el, numberText, percentText, scaleNode, statusBadge } from './format.js';
+import { renderConfig } from './config_table.js';
+import { announceRun } from './run_loaded.js';
 import { EventLog } from './events.js';
 import { LayerHeatmap, STATS } from './heatmap.js';
 import { LayerLines } from './layer_lines.js';
 import { COLUMNS, LayerTable } from './layer_table.js';
 import { LineChart } from './line_chart.js';
 import { LiveState, LiveStream } from './live.js';
-import { COLORS, Plotly, fitStepMargins, plotlyLoaded } from './plot.js';
+import { COLORS, Plotly, fitStepMargins, plotlyLoaded, setStepSpan } from './plot.js';
 import { ScaleChart } from './scale_chart.js';
 import { SkipRateChart } from './skip_rate.js';
-import { alignMargins, followZoom, linkZoom } from './zoom.js';
+import { alignMargins, followZoom, linkZoom, xRangeOf } from './zoom.js';
+import { axisToggle } from './axis_scale.js';
+import { readViewState, writeViewState } from './view_state.js';
 import { FindingsPanel } from './findings.js';
 import { WhatIf } from './whatif.js';
 import { RankNote } from './ranks.js';
@@ -72,6 +76,8 @@ class RunPage {
     this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
     this.layerLinesPrefilled = false;
     this.prefill = Promise.resolve(); // settles once the pre-filled layer lines are drawn
+    this.view = readViewState(); // the view the address asks for (view_state.js)
+    if (this.view.layers !== null) this.layerLinesPicked = true; // the link's layers, not the findings'
   }
 
   async load() {
@@ -112,6 +118,11 @@ class RunPage {
     restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
     this.scale = new ScaleChart($('scale-chart'), this.runId);
     fitStepMargins((await layersP).map((l) => l.name));
+    // An ended run's step charts span its steps exactly (one x range on every chart); a live
+    // run's start at its first step alike and grow with it, each by plotly's own autorange.
+    if (scaleSeries.points.length) {
+      setStepSpan(scaleSeries.points[0].step, this.run.status === 'active' ? null : this.run.last_step);
+    }
     await plotlyLoaded();
     const scaleDrawn = this.scale.init(scaleSeries);
     scaleDrawn.catch(() => {}); // likewise: awaited with the other charts
@@ -133,9 +144,10 @@ class RunPage {
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
     this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId, this.run.target_format);
-    this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss });
-    this.gradNorm = new LineChart($('gradnorm-chart'),
-      { runId: this.runId, field: 'grad_norm', label: 'grad norm', color: COLORS.gradNorm, log: true });
+    this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss,
+      log: this.view.lossAxis === 'log' });
+    this.gradNorm = new LineChart($('gradnorm-chart'), { runId: this.runId, field: 'grad_norm', label: 'grad norm',
+      color: COLORS.gradNorm, log: this.view.gradNormAxis !== 'linear' });
     // Live: one page of events from the newest step /events gave (that step again: repeats
     // are merged by the log), never the whole list again; a page that was cut goes on from its
     // next_start at the next refetch.
@@ -161,6 +173,10 @@ class RunPage {
     });
     this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
       { layerNames: this.layerNames, rawNames: this.rawNames, targetFormat: this.run.target_format });
+    if (this.view.smoothing !== null) {
+      $('smoothing').value = String(this.view.smoothing);
+      $('smoothing-value').textContent = this.view.smoothing.toFixed(2);
+    }
     const smoothing = Number($('smoothing').value);
     // One chart per task, top of the page first: each is shown (and the page answers input)
     // as soon as it is drawn, rather than all at the end of one long task (~1 s here for a
@@ -184,9 +200,11 @@ class RunPage {
     await this.loadLayerTable(stats);
     this.initSmoothing();
     this.initLayerPicking();
+    this.initAxisToggles();
     this.initZoom();
     await this.align();
     await this.zoomFromUrl();
+    await this.layersFromUrl();
     this.initStatSelect();
     this.renderCards();
     window.ampscope = this; // for the console and the browser tests
@@ -254,13 +272,16 @@ class RunPage {
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
     meta.replaceChildren(...nodes);
+    renderConfig($('config-body'), $('config-note'), run.config);
     const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
-    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv']]) {
+    for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv'],
+      ['export-csv-wide', 'csv_wide']]) {
       const link = $(id);
       link.href = exportUrl(format);
       link.setAttribute('download', '');
     }
     $('run-actions').hidden = false;
+    announceRun(run); // run_admin.js and run_notes.js: the run exists
   }
 
   renderStatus(status) {
@@ -419,7 +440,29 @@ class RunPage {
       output.textContent = weight.toFixed(2);
       this.loss.setSmoothing(weight);
       this.gradNorm.setSmoothing(weight);
+      writeViewState({ smoothing: weight });
     });
+  }
+
+  /** The log/linear buttons of the loss and grad-norm charts (the choice goes in the address). */
+  initAxisToggles() {
+    for (const [chart, key] of [[this.loss, 'lossAxis'], [this.gradNorm, 'gradNormAxis']]) {
+      const toggle = axisToggle($(`${chart.div.id}-axis`), () => [chart.div], () => chart.ticks, (log) => {
+        chart.log = log;
+        writeViewState({ [key]: log ? 'log' : 'linear' });
+      });
+      toggle.show(chart.log);
+    }
+  }
+
+  /** `?layers=a,b` (a shared link): those layers' lines, in that order. */
+  async layersFromUrl() {
+    if (this.view.layers === null) return;
+    for (const name of this.view.layers) {
+      const index = this.layerNames.indexOf(name);
+      if (index >= 0 && !this.layerLines.shown.includes(index)) await this.layerLines.toggle(index);
+    }
+    await this.align();
   }
 
   /** AMP misuse seen in the run: a banner naming each kind, how often, from which step. */
@@ -455,7 +498,10 @@ class RunPage {
       const index = this.heatmap.div.data[0].y.indexOf(point.y);
       if (index < 0) return;
       this.layerLinesPicked = true;
-      this.layerLines.toggle(index).then(() => this.align()).catch((err) => api.showError(err.message));
+      this.layerLines.toggle(index).then(() => {
+        writeViewState({ layers: this.layerLines.shown.map((i) => this.layerNames[i]) });
+        return this.align();
+      }).catch((err) => api.showError(err.message));
     });
   }
 
@@ -468,11 +514,8 @@ class RunPage {
   /** `?start=A&end=B` (an alert's link) opens the page zoomed to those steps: every step chart
    * follows (linkZoom) and fetches the range in detail. */
   async zoomFromUrl() {
-    const params = new URLSearchParams(location.search);
-    const start = Number(params.get('start'));
-    const end = Number(params.get('end'));
-    if (!params.has('start') || !params.has('end') || !Number.isFinite(start)
-        || !Number.isFinite(end) || end <= start) return;
+    const { start, end } = this.view;
+    if (start === null) return;
     await Plotly.relayout(this.scale.div, { 'xaxis.range': [start, end] });
   }
 
@@ -487,6 +530,12 @@ class RunPage {
    */
   initZoom() {
     this.zoom.linked = linkZoom(this.stepCharts());
+    // Every zoom reaches the scale chart (linkZoom): the address follows it.
+    this.scale.div.on('plotly_relayout', (event) => {
+      const range = xRangeOf(event);
+      if (range) writeViewState({ start: range.start, end: range.end });
+      else if (event && event['xaxis.autorange'] === true) writeViewState({ start: null, end: null });
+    });
     const onError = (err) => api.showError(err.message);
     this.zoom.scale = followZoom(this.scale.div,
       (range, maxPoints) => api.getSeries(this.runId, 'scale', maxPoints, range),

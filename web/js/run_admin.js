@@ -1,6 +1,8 @@
 // The run page's admin action: delete the run, after a confirmation that names it.
-// Shown only to a principal with the admin scope (anyone, on a server without auth).
+// Shown only to a principal with the admin scope (anyone, on a server without auth), and only
+// once the run has loaded (run_loaded.js): an unknown id gets no button.
 
+import { runLoaded } from './run_loaded.js';
 import { send, session } from './session.js';
 
 function runId() {
@@ -49,7 +51,7 @@ function build(id) {
 }
 
 async function init() {
-  const who = await session();
+  const [who] = await Promise.all([session(), runLoaded]);
   const head = document.querySelector('.run-head');
   if (!who || who.scope !== 'admin' || !head) return;
   head.append(...build(runId()));

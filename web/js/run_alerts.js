@@ -1,7 +1,9 @@
 // The run page's alert history (the run id comes from the address, /runs/{id}): fetched on load
 // and every REFRESH_MS while the page is open, so an alert decided during a live run shows up.
-// While the page's live socket is not connected (the server restarting) it waits: a fetch to a
-// server that is away would only log a failed request.
+// While the page's live socket is not open (the server restarting) it waits: a fetch to a
+// server that is away would only log a failed request. Open is "live" while the run trains
+// and "connected" once it ended: the history refreshes in both (an alert decided during a live
+// run used to wait for the run's end).
 
 import { getJSON } from './api.js';
 import { drawAlerts } from './alerts_table.js';
@@ -26,7 +28,8 @@ async function main() {
   if (!body || !note) return;
   const runId = decodeURIComponent(window.location.pathname.split('/').pop() ?? '');
   if (!(await refresh(runId, body, note))) return;
-  const connected = () => document.getElementById('live')?.dataset.state === 'connected';
+  const OPEN = new Set(['live', 'connected']);
+  const connected = () => OPEN.has(document.getElementById('live')?.dataset.state ?? '');
   setInterval(() => {
     if (connected()) refresh(runId, body, note);
   }, REFRESH_MS);

@@ -11,6 +11,8 @@ import { findingCell } from './findings.js';
 import { agoText, el, numberText, percentText, ranksText, scaleNode, statusBadge, toDate } from './format.js';
 import { LiveState } from './live.js';
 import { RunsStream } from './runs_live.js';
+import { ConfigColumns } from './runs_columns.js';
+import { RunGroups } from './runs_groups.js';
 import { compareValues, TableSort } from './table_sort.js';
 
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
@@ -50,7 +52,9 @@ function matcher() {
     try {
       re = new RegExp(query, 'i');
     } catch (err) {
-      return new Error(`Invalid regular expression: ${err.message}`);
+      // The browser's message already says "Invalid regular expression: /…/i: why".
+      return new Error(err.message.startsWith('Invalid regular expression')
+        ? err.message : `Invalid regular expression: ${err.message}`);
     }
     return (run) => fields(run).some((f) => re.test(f));
   }
@@ -177,13 +181,14 @@ function row(run) {
     if (run.skipped_steps) skip.classList.add('warn');
   }
 
-  const under = run.worst_underflow;
+  // A worst underflow of 0 % is no underflow: no layer to name (it was "0% · 0.weight").
+  const under = run.worst_underflow && run.worst_underflow.value > 0 ? run.worst_underflow : null;
   const head = run.worst_headroom;
   tr.append(checkCell, name, el('td', null, run.project ?? ''), tags, status, findingCell(run.top_finding),
     el('td', 'num', String(run.num_steps ?? 0)), scale, skip,
     layerCell(under, under ? `${numberText(100 * under.value, 3)}%` : '', under ? underflowLevel(under.value) : ''),
     layerCell(head, head ? headroomText(head.value) : '', head ? headroomLevel(head.value) : ''),
-    timeCell(run.created_at), timeCell(run.updated_at));
+    timeCell(run.created_at), timeCell(run.updated_at), ...columns.cells(run));
   tr.addEventListener('click', (event) => {
     if (event.target.closest('a, input, label, .check')) return;
     location.href = link.href;
@@ -227,7 +232,9 @@ function render() {
   filterError.textContent = invalid ? `${match.message} — showing every run.` : '';
   filter.setAttribute('aria-invalid', String(invalid));
   const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
-  body.replaceChildren(...shown.map(row));
+  columns.offer(runs);
+  groups.offer(runs);
+  body.replaceChildren(...groups.rows(shown, row, $('runs').tHead.rows[0].cells.length));
   $('empty').hidden = !loaded || filtered || runs.length > 0 || nextPage !== null;
   $('runs').hidden = shown.length === 0;
   $('no-match').hidden = !loaded || !filtered || shown.length > 0 || nextPage !== null;
@@ -331,6 +338,8 @@ function onState(state, detail) {
   renderLive(detail);
 }
 
+const columns = new ConfigColumns($('runs').tHead.rows[0], $('columns-list'), () => render());
+const groups = new RunGroups($('group-by'), () => render());
 $('server-url').textContent = location.origin;
 filter.addEventListener('input', onFilter);
 regexToggle.addEventListener('change', onFilter);

@@ -1,7 +1,10 @@
 // Loss-scale chart: the scale in effect at each step on a log2 axis, skipped (overflow) steps as
 // red markers, growth steps as green ones. Loaded once, then appended with Plotly.extendTraces.
+// A scale of 0 (an exploding run backed off until it underflowed) is drawn on the axis's floor
+// (axis_scale.js), so the line and every later skip marker stay visible.
 
-import { COLORS, CONFIG, LogTicks, Plotly, finiteOrNull, themedLayout } from './plot.js';
+import { logFloor, onLogAxis } from './axis_scale.js';
+import { COLORS, CONFIG, LogTicks, Plotly, themedLayout } from './plot.js';
 import { scaleText } from './format.js';
 
 const MAX_POINTS = 100000;
@@ -20,6 +23,17 @@ export class ScaleChart {
     this.ticks = new LogTicks('yaxis', 2);
     this.banded = false;
     this.marked = { skipped: new Set(), growth: new Set() }; // steps that have their marker
+    this.floor = 0.5;
+  }
+
+  /** y on the log axis: zeros on the floor, non-finite values as gaps. */
+  y(v) {
+    return onLogAxis(v, this.floor);
+  }
+
+  /** Lower the floor below any positive value seen so far (points drawn keep theirs). */
+  lowerFloor() {
+    this.floor = Math.min(this.floor, logFloor(this.ticks));
   }
 
   /** The events not marked yet, by kind, now marked. */
@@ -43,30 +57,31 @@ export class ScaleChart {
     this.banded = series.downsampled;
     const x = pts.map((p) => p.step);
     for (const p of pts) this.ticks.widen([p.min, p.max]);
+    for (const e of events) this.ticks.widen([e.scale_before, e.scale_after]);
+    this.floor = logFloor(this.ticks);
     const { skipped, growth } = this.unmarked(events);
     const hover = 'step %{x}<br>scale %{customdata}<extra></extra>';
-    const band = (key) => ({ x: this.banded ? x : [], y: this.banded ? pts.map((p) => finiteOrNull(p[key])) : [],
+    const band = (key) => ({ x: this.banded ? x : [], y: this.banded ? pts.map((p) => this.y(p[key])) : [],
       customdata: this.banded ? pts.map((p) => scaleText(p[key])) : [] });
     const traces = [
       { ...band('min'), type: 'scatter', mode: 'lines', line: { width: 0, shape: 'hv' }, hoverinfo: 'skip',
         showlegend: false },
       { ...band('max'), type: 'scatter', mode: 'lines', line: { width: 0, shape: 'hv' }, fill: 'tonexty',
         fillcolor: COLORS.band, hoverinfo: 'skip', name: 'min–max per bucket', showlegend: this.banded },
-      { x, y: pts.map((p) => finiteOrNull(p.last)), customdata: pts.map((p) => scaleText(p.last)),
+      { x, y: pts.map((p) => this.y(p.last)), customdata: pts.map((p) => scaleText(p.last)),
         type: 'scatter', mode: 'lines', name: 'loss scale', line: { color: COLORS.scale, width: 2, shape: 'hv' },
         hovertemplate: hover },
-      { x: skipped.map((e) => e.step), y: skipped.map((e) => finiteOrNull(e.scale_before)),
+      { x: skipped.map((e) => e.step), y: skipped.map((e) => this.y(e.scale_before)),
         customdata: skipped.map((e) => scaleText(e.scale_before)),
         type: 'scatter', mode: 'markers', name: 'skipped step (overflow)',
         marker: { color: COLORS.skipped, symbol: 'x-thin-open', size: 9, line: { width: 2, color: COLORS.skipped } },
         hovertemplate: 'step %{x} skipped<br>scale %{customdata}<extra></extra>' },
-      { x: growth.map((e) => e.step), y: growth.map((e) => finiteOrNull(e.scale_after)),
+      { x: growth.map((e) => e.step), y: growth.map((e) => this.y(e.scale_after)),
         customdata: growth.map((e) => scaleText(e.scale_after)),
         type: 'scatter', mode: 'markers', name: 'growth',
         marker: { color: COLORS.growth, symbol: 'triangle-up', size: 7 },
         hovertemplate: 'step %{x}: scale grew to %{customdata}<extra></extra>' },
     ];
-    for (const e of events) this.ticks.widen([e.scale_before, e.scale_after]);
     this.lastStep = x.length ? x[x.length - 1] : -Infinity;
     const layout = themedLayout(`scale-${this.runId}`, {
       height: 300,
@@ -81,9 +96,10 @@ export class ScaleChart {
     const { skipped, growth } = this.unmarked(events);
     if (!skipped.length && !growth.length) return;
     for (const e of [...skipped, ...growth]) this.ticks.widen([e.scale_before, e.scale_after]);
+    this.lowerFloor();
     Plotly.extendTraces(this.div, {
       x: [skipped.map((e) => e.step), growth.map((e) => e.step)],
-      y: [skipped.map((e) => finiteOrNull(e.scale_before)), growth.map((e) => finiteOrNull(e.scale_after))],
+      y: [skipped.map((e) => this.y(e.scale_before)), growth.map((e) => this.y(e.scale_after))],
       customdata: [skipped.map((e) => scaleText(e.scale_before)), growth.map((e) => scaleText(e.scale_after))],
     }, [SKIPPED, GROWTH], MAX_POINTS);
     const relayout = this.ticks.update();
@@ -95,18 +111,19 @@ export class ScaleChart {
     const fresh = steps.filter((s) => s.step > this.lastStep);
     if (!fresh.length) return;
     this.lastStep = fresh[fresh.length - 1].step;
+    for (const s of fresh) this.ticks.widen([s.scale_before, s.scale_after]);
+    this.lowerFloor();
     const x = fresh.map((s) => s.step);
-    const y = fresh.map((s) => finiteOrNull(s.scale_before));
+    const y = fresh.map((s) => this.y(s.scale_before));
     const text = fresh.map((s) => scaleText(s.scale_before));
     const skipped = fresh.filter((s) => s.skipped && !this.marked.skipped.has(s.step));
     const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before
       && !this.marked.growth.has(s.step));
     for (const s of skipped) this.marked.skipped.add(s.step);
     for (const s of growth) this.marked.growth.add(s.step);
-    for (const s of fresh) this.ticks.widen([s.scale_before, s.scale_after]);
 
     const update = { x: [x, skipped.map((s) => s.step), growth.map((s) => s.step)],
-      y: [y, skipped.map((s) => finiteOrNull(s.scale_before)), growth.map((s) => finiteOrNull(s.scale_after))],
+      y: [y, skipped.map((s) => this.y(s.scale_before)), growth.map((s) => this.y(s.scale_after))],
       customdata: [text, skipped.map((s) => scaleText(s.scale_before)), growth.map((s) => scaleText(s.scale_after))] };
     const indices = [LINE, SKIPPED, GROWTH];
     if (this.banded) {
@@ -138,14 +155,14 @@ export class ScaleChart {
     const line = this.div.data[LINE];
     const update = {
       x: [merge(line, 'x', (p) => p.step)],
-      y: [merge(line, 'y', (p) => finiteOrNull(p.last))],
+      y: [merge(line, 'y', (p) => this.y(p.last))],
       customdata: [merge(line, 'customdata', (p) => scaleText(p.last))],
     };
     if (this.banded) {
       for (const [index, key] of [[LOW, 'min'], [HIGH, 'max']]) {
         const trace = this.div.data[index];
         update.x.push(merge(trace, 'x', (p) => p.step));
-        update.y.push(merge(trace, 'y', (p) => finiteOrNull(p[key])));
+        update.y.push(merge(trace, 'y', (p) => this.y(p[key])));
         update.customdata.push(merge(trace, 'customdata', (p) => scaleText(p[key])));
         indices.push(index);
       }

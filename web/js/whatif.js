@@ -163,7 +163,7 @@ export class WhatIf {
     const base = this.baseScale();
     const scale = base * 2 ** d;
     this.rows = v.layers.map((name, i) => ({ name, ...sharesAt(v.counts[i], v.min_exp, v.max_exp, scale, v.format) }));
-    // First to overflow first; layers that never would (all zero) last; then model order.
+    // First to overflow first; layers without a finite non-zero value last; then model order.
     const order = this.rows.map((r, i) => [r.overflowDoublings ?? Infinity, i]).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
     this.body.replaceChildren(...order.map(([, i]) => this.row(this.rows[i])));
     const over = this.rows.filter((r) => r.overflow > 0).length;
@@ -175,7 +175,9 @@ export class WhatIf {
   row(r) {
     const tr = el('tr');
     tr.dataset.layer = r.name;
-    const first = r.overflowDoublings === null ? 'never (all zero)'
+    // No finite non-zero value: all zero (nothing can overflow), or NaN/inf (already did).
+    const none = r.nonfinite > 0 ? 'already NaN/inf (no finite value)' : 'never (all zero)';
+    const first = r.overflowDoublings === null ? none
       : (r.overflowDoublings <= 0 ? 'overflows now' : `at ×${powerText(2, r.overflowDoublings)}`);
     const cells = [
       el('td', 'layer-cell', r.name),

@@ -17,12 +17,15 @@ from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ampscope_server.deps import requires
-from ampscope_server.errors import NotFound
+from ampscope_server import runs
+from ampscope_server.deps import PrincipalDep, SessionDep, requires
+from ampscope_server.errors import NotFound, RunNotFound
 from ampscope_server.principal import Scope as TokenScope
 
+# blob: in img-src: plotly's "Download plot as a png" draws the chart's SVG through a blob: image
+# made by the page itself (nothing is fetched from elsewhere); without it the export did nothing.
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 
@@ -61,13 +64,13 @@ def plotly_js() -> Path:
     return web_root() / "vendor" / PLOTLY_BUNDLE
 
 
-def page(name: str) -> FileResponse:
+def page(name: str, status_code: int = 200) -> FileResponse:
     path = web_root() / name
     if not path.is_file():
         raise NotFound(f"page {name} is not installed")
     # no-store: a page must reach the server each time, so that once signed out (or revoked)
     # the browser is sent to sign in instead of showing a cached page.
-    return FileResponse(path, media_type="text/html; charset=utf-8",
+    return FileResponse(path, status_code=status_code, media_type="text/html; charset=utf-8",
                         headers={"Cache-Control": "no-store"})
 
 
@@ -77,7 +80,13 @@ def index_page() -> FileResponse:
 
 
 @router.get("/runs/{run_id}")
-def run_page(run_id: str) -> FileResponse:
+def run_page(run_id: str, session: SessionDep, principal: PrincipalDep) -> FileResponse:
+    """The run page; 404 (the same page, which says the run is unknown) for an id that is no
+    run this principal can see, malformed ones included."""
+    try:
+        runs.load_run(session, run_id, principal)
+    except RunNotFound:
+        return page("run.html", status_code=404)
     return page("run.html")
 
 

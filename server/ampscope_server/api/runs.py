@@ -36,6 +36,7 @@ from ampscope_server.schemas import (
     RanksSummaryRead,
     RunDetail,
     RunSummary,
+    RunUpdate,
     StepsPage,
 )
 
@@ -109,12 +110,13 @@ def get_ranks(run: RunDep, session: SessionDep) -> RanksSummaryRead:
     return rank_reads.ranks_summary(session, run)
 
 
-ExportFormat = Literal["json", "csv", "html"]
+ExportFormat = Literal["json", "csv", "csv_wide", "html"]
 EXPORT_RESPONSES: dict[int | str, dict[str, object]] = {
     **NOT_FOUND,
     200: {
-        "description": "json: everything stored; csv: long format, streamed; html: the offline "
-                       "report (both as attachments). See docs/contracts.md, Export.",
+        "description": "json: everything stored; csv: long format, streamed; csv_wide: one row "
+                       "per step, a column per layer and statistic; html: the offline report "
+                       "(all as attachments). See docs/contracts.md, Export.",
         "content": {"text/csv": {}, "text/html": {}},
     },
 }
@@ -134,17 +136,35 @@ def get_export(
             export_streams.csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
             headers={"Content-Disposition": export_streams.content_disposition(run, "csv")},
         )
+    if format == "csv_wide":
+        return StreamingResponse(
+            export_streams.wide_csv_chunks(factory, run.id), media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": export_streams.content_disposition(run, "wide.csv")},
+        )
     if format == "html":
         text, policy = export_report.report_html_of(session, run, settings.crash_timeout_s)
         return HTMLResponse(text, headers={
             "Content-Disposition": export_streams.content_disposition(run, "html"),
             "Content-Security-Policy": f"{policy}; frame-ancestors 'none'",
         })
-    # Streamed page by page (bounded memory however long the run), from a session of its own.
+    # Streamed page by page (bounded memory however long the run), from a session of its own;
+    # an attachment, as the CSV and the report: a browser saves it rather than opening it.
     return StreamingResponse(
         export_streams.json_chunks(factory, run.id, settings.crash_timeout_s),
         media_type="application/json",
+        headers={"Content-Disposition": export_streams.content_disposition(run, "json")},
     )
+
+
+@router.patch("/runs/{run_id}", responses={
+    **NOT_FOUND, 422: {"model": ErrorBody, "description": "Notes over 4,000 characters, a tag "
+                                                          "empty or over 200, over 32 tags"}},
+    dependencies=[requires(Scope.ADMIN)])
+def patch_run(run: RunDep, session: SessionDep, settings: SettingsDep,
+              update: RunUpdate) -> RunDetail:
+    """Edit the run's notes and tags (admin: a read token only reads; an ingest token names
+    the tags when its run is created and cannot read runs back)."""
+    return runs.annotate(session, run, update, settings.crash_timeout_s)
 
 
 @router.delete("/runs/{run_id}", responses=NOT_FOUND, dependencies=[requires(Scope.ADMIN)])

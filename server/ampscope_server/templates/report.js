@@ -9,7 +9,9 @@
     loss: '#7c3aed', gradNorm: '#0891b2', grid: '#eef0f4', axis: '#c9ced8', text: '#3b4252',
   };
   const FONT = { family: 'system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif', size: 12, color: COLORS.text };
-  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d', 'toImage'] };
+  // Nothing may send the report's data off the page: no Chart Studio button, no destination.
+  const CONFIG = { displaylogo: false, responsive: true, showSendToCloud: false, showEditInChartStudio: false,
+    showLink: false, plotlyServerURL: '', modeBarButtonsToRemove: ['lasso2d', 'select2d', 'autoScale2d', 'toImage', 'sendDataToCloud'] };
   // Small fractions matter (1% of a layer's gradient lost is already a finding).
   const FRACTION_SCALE = [[0, '#f8fafc'], [0.005, '#fef3c7'], [0.05, '#fdba74'], [0.2, '#f97316'], [0.5, '#dc2626'], [1, '#5b0f0f']];
   const TAGS = { nan: NaN, inf: Infinity, '-inf': -Infinity };
@@ -242,11 +244,37 @@
       : 'nothing found: no overflow, underflow or misuse worth reporting';
   }
 
+  /** The run's config as dotted keys (the dashboard's config_table.js; this file is inlined
+   * whole into the report, so it cannot import that module). */
+  function flatten(config, prefix) {
+    const out = [];
+    for (const [key, value] of Object.entries(config || {})) {
+      const name = prefix ? `${prefix}.${key}` : key;
+      if (value !== null && typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length) {
+        out.push(...flatten(value, name));
+      } else out.push([name, value]);
+    }
+    return out;
+  }
+
+  function configTable(config) {
+    const rows = flatten(config, '').sort((a, b) => (a[0] < b[0] ? -1 : (a[0] > b[0] ? 1 : 0)));
+    document.getElementById('config-note').textContent = rows.length ? `${rows.length} keys` : 'none recorded';
+    const body = document.getElementById('config-body');
+    for (const [key, value] of rows) {
+      const tr = el('tr');
+      tr.dataset.key = key;
+      tr.append(el('td', 'mono', key), el('td', 'mono', typeof value === 'string' ? value : JSON.stringify(value)));
+      body.append(tr);
+    }
+  }
+
   async function main() {
     const data = JSON.parse(document.getElementById('report-data').textContent);
     const run = data.run;
     document.title = `${run.name} · ampscope report`;
     header(run, data);
+    configTable(run.config);
     findingsList(data.findings);
     eventsTable(data.events);
     await Promise.all([

@@ -1,0 +1,48 @@
+"""Revision 0021 (`runs.notes`) keeps every run both ways, on both dialects: the runs stored
+before it get empty notes, and a downgrade drops the notes written (its docstring says so)."""
+
+from __future__ import annotations
+
+from sqlalchemy import inspect, text
+
+from ampscope_server import db
+from tests.migrations.support import query
+from tests.server.wire import batch, new_id, record
+from tests.support.ingest import ingest_into
+
+RUN_ROWS = "SELECT id, name, tags, status FROM runs ORDER BY id"
+
+
+def _columns(url: str) -> set[str]:
+    engine = db.make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("runs")}
+    finally:
+        engine.dispose()
+
+
+def _write_notes(url: str, run_id: str, notes: str) -> None:
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE runs SET notes = :notes WHERE id = :id"),
+                               {"notes": notes, "id": run_id})
+    finally:
+        engine.dispose()
+
+
+def test_0021_adds_empty_notes_and_takes_them_back(db_url: str) -> None:
+    db.upgrade(db_url)
+    run_id = new_id()
+    ingest_into(db_url, batch([record(0)], run_id=run_id, name="noted"))
+    assert query(db_url, "SELECT notes FROM runs") == [("",)]  # the server default
+    _write_notes(db_url, run_id, "lr too high <b>")
+    rows = query(db_url, RUN_ROWS)
+
+    db.downgrade(db_url, "0020")
+    assert "notes" not in _columns(db_url)
+    assert query(db_url, RUN_ROWS) == rows
+
+    db.upgrade(db_url)
+    assert query(db_url, RUN_ROWS) == rows
+    assert query(db_url, "SELECT id, notes FROM runs") == [(run_id, "")]  # lost, as documented
