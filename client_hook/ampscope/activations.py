@@ -124,6 +124,9 @@ class ActivationProbe:
         self._modules = [m for _, m in leaves]
         self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules
         self._handles: list[Any] = []
+        # A plain attribute, not a property: the step cycle reads it on every capture, and a
+        # property is one more Python call on the training thread's path.
+        self.armed = False
         self.off = False  # the model runs compiled: never armed again (``collect``)
         self._generation = 0
         self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
@@ -136,10 +139,6 @@ class ActivationProbe:
         # Never fused: activation shapes may change from sample to sample (sequence lengths),
         # and each new layout would be a compile for one sampled step.
         self._stats = GradStats(fmt, fused=False)
-
-    @property
-    def armed(self) -> bool:
-        return bool(self._handles)
 
     def hook_count(self) -> int:
         """Forward hooks of ours still registered (1 while armed, 0 between samples)."""
@@ -158,11 +157,13 @@ class ActivationProbe:
             _quiet_compile_warning()
             self._handles.append(
                 torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
+            self.armed = True
 
     def disarm(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.armed = False
         self._pending = []
         self._pending_elems = 0
         self._generation += 1  # tensor hooks still attached to a live graph go quiet

@@ -529,7 +529,9 @@ class GradStats:
                 # sparse one, RuntimeError for gradients on several devices: the op itself
                 # checks, no Python loop over the gradients on the common path.
                 if not use64:
-                    if self._dots(dense):
+                    # ``_dots``, its size test inline (a call fewer on every step).
+                    total = self._total if self.numels is not None else DOT_MIN_ELEMS
+                    if total >= DOT_MIN_ELEMS and self._dots(dense):
                         squares = []
                         for g in dense:
                             flat = g.view(-1)
