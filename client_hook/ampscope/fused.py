@@ -14,8 +14,9 @@ strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` re
 the caller takes the exact eager path (``reductions.GradStats``), whenever the fused one cannot
 answer now:
 
-* the layout is unsupported (a ``None``, sparse or float64 gradient, several devices, an empty
-  list): never compiled;
+* the layout is unsupported (a sparse or float64 gradient, several devices, no gradient at all,
+  a ``None`` one without the layers' sizes): never compiled. A ``None`` gradient (a layer that
+  got none this step) is part of the layout: its row is a constant of the kernel;
 * its kernel is still compiling: the first call of a layout starts the compile on a background
   thread, on placeholder tensors of the same layout, so the training thread never waits for it
   (it competes for the GIL and a core while it runs: measured 4.5-23 s on a cold inductor cache
@@ -77,8 +78,11 @@ class LayoutKey:
     device: torch.device
     scaled: tuple[bool, ...]
     fmt: str
-    specs: tuple[Spec, ...]
+    specs: tuple[Spec, ...]  # the present gradients', in layer order
     histogram: bool = False  # the kernel also counts the exponent histogram (same read)
+    # Layers whose gradient is None: (index, numel). PyTorch's meaning, all zeros: their rows
+    # are constants of the kernel, which is called with the present gradients only.
+    absent: tuple[tuple[int, int], ...] = ()
 
 
 class LayoutState(enum.Enum):
@@ -101,16 +105,32 @@ _LOCK = threading.Lock()
 _LOGGED_FAILURE = False
 
 
-def _make_kernel(flags: tuple[bool, ...], under: int, normal: int, histogram: bool) -> Kernel:
+def _make_kernel(
+    flags: tuple[bool, ...], under: int, normal: int, histogram: bool,
+    absent: tuple[tuple[int, int], ...] = (),
+) -> Kernel:
     """The function ``torch.compile`` traces for one layout; ``flags``, the scaled layers'
-    thresholds and whether the exponent histogram rides along are constants of its closure."""
+    thresholds, whether the exponent histogram rides along and the absent layers' sizes are
+    constants of its closure."""
+    missing = dict(absent)
 
     def layer_partials(
         grads: list[torch.Tensor], under_bits: torch.Tensor, normal_bits: torch.Tensor,
         hist_bits: torch.Tensor,
     ) -> torch.Tensor:
         rows, counts = [], []
-        for g, scaled in zip(grads, flags, strict=True):
+        present = iter(grads)
+        device = grads[0].device
+        for i, scaled in enumerate(flags):
+            if i in missing:  # ``partials.absent`` and ``exponent_histogram``'s row of zeros
+                n = float(missing[i])
+                rows.append(torch.tensor([n, 0.0, 0.0, n, n, 0.0, 0.0, math.inf],
+                                         dtype=torch.float64, device=device))
+                if histogram:
+                    counts.append(torch.tensor([n] + [0.0] * (NUM_BINS - 1),
+                                               dtype=torch.float64, device=device))
+                continue
+            g = next(present)
             if g.numel() == 0:
                 rows.append(torch.tensor([0.0] * (NUM_COLUMNS - 1) + [math.inf],
                                          dtype=torch.float64, device=g.device))
@@ -174,7 +194,8 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         for k, options in enumerate(attempts):
             try:
                 # A fresh function (code object) per attempt: a failed one leaves no cache entry.
-                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram),
+                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram,
+                                                    key.absent),
                                        dynamic=False, fullgraph=True, options=options)
                 with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
                     kernel(_placeholders(key), bits[0], bits[1], hist)
@@ -202,33 +223,39 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
 
 def layout_key(
     grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat,
-    histogram: bool = False,
+    histogram: bool = False, numels: Sequence[int] | None = None,
 ) -> LayoutKey | None:
-    """The layout of these gradients, or None when the fused path cannot take them."""
-    if not grads:
-        return None
-    first = grads[0]
+    """The layout of these gradients, or None when the fused path cannot take them. A ``None``
+    gradient is taken when ``numels`` gives its layer's size (its row is a constant)."""
+    first = next((g for g in grads if g is not None), None)
     if first is None:
         return None
     device = first.device
     if device.type not in ("cpu", "cuda"):
         return None
     specs: list[Spec] = []
-    for g in grads:
-        if (g is None or g.layout != torch.strided or g.device != device
-                or g.dtype not in _SUPPORTED):
+    absent: list[tuple[int, int]] = []
+    for i, g in enumerate(grads):
+        if g is None:
+            if numels is None:
+                return None
+            absent.append((i, numels[i]))
+            continue
+        if g.layout != torch.strided or g.device != device or g.dtype not in _SUPPORTED:
             return None
         if histogram and g.numel() >= HISTOGRAM_MAX_ELEMS:
             return None
         specs.append((tuple(g.shape), g.stride(), g.dtype))
-    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram)
+    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram, tuple(absent))
 
 
 class FusedPartials:
     """Per-layer partials ``(L, 8)`` from the compiled kernel, or None (take the eager path)."""
 
-    def __init__(self, fmt: TargetFormat) -> None:
+    def __init__(self, fmt: TargetFormat, numels: Sequence[int] | None = None) -> None:
+        """``numels``: the layers' sizes, which let a layout with ``None`` gradients fuse."""
         self.fmt = fmt
+        self.numels = numels
         self._last: tuple[LayoutKey, _Layout] | None = None
         self._seen: dict[LayoutKey, _Layout] = {}
         self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -257,7 +284,7 @@ class FusedPartials:
     ) -> LayoutState | None:
         """Start (if needed) and wait for the compile of this layout; its state, or None when
         the layout is unsupported. For tests and benchmarks: training never waits."""
-        key = layout_key(grads, scaled, self.fmt, histogram)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None
         entry = self.layout(key)
@@ -280,7 +307,7 @@ class FusedPartials:
         """``(L, 8)`` partials, or ``(L, 8 + NUM_BINS)`` with ``histogram``: the partials and
         then the exponent histogram's counts (``histogram.exponent_histogram``'s rows, exact).
         ``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
-        key = layout_key(grads, scaled, self.fmt, histogram)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None
         last = self._last
@@ -302,7 +329,8 @@ class FusedPartials:
         try:
             # no_grad: grad mode is one of the kernel's guards (compiled under no_grad too).
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                return entry.kernel(list(grads), bits[0], bits[1], hist)  # type: ignore[arg-type]
+                present = [g for g in grads if g is not None] if key.absent else list(grads)
+                return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
         except Exception as exc:  # a guard miss, or anything else: eager from now on
             entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
             logger.warning("ampscope: the fused reduction failed (%s); eager from now on",

@@ -329,7 +329,7 @@ class GradStats:
         """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
-        self._fused = FusedPartials(self.fmt) if fused is not False else None
+        self._fused = FusedPartials(self.fmt, self.numels) if fused is not False else None
         self._fuse_auto = fused is None
         self.last_path: str | None = None
         """Which path the last ``partials`` took: "fused" or "eager" (tests, benchmarks)."""
@@ -440,16 +440,16 @@ class GradStats:
     ) -> torch.Tensor | None:
         """The fused kernel's table (``FusedPartials``), or None when it cannot answer now."""
         assert self._fused is not None
-        first = grads[0]
+        first = next((g for g in grads if g is not None), None)
         if first is None:
             return None
         if self._fuse_auto:
             if first.device.type != "cpu":  # see FUSE_MIN_ELEMS: slower than eager on CUDA
                 return None
-            try:
-                total: int = sum(cast(torch.Tensor, g).numel() for g in grads)
-            except AttributeError:  # a None gradient: not a fused layout
-                return None
+            total = 0
+            for g in grads:
+                if g is not None:
+                    total += g.numel()
             if total < FUSE_MIN_ELEMS:
                 return None
         return self._fused(grads, flags, _scale_tensor(scale, first.device), histogram)
