@@ -15,7 +15,8 @@ the probe, whose closures could not be pickled. While armed it costs every modul
 process one dict lookup, on the sampled steps only.
 
 ``torch.compile``: the hook stays out of compiled regions (it returns at once while dynamo
-traces, so it adds no graph break; modules run inside a compiled graph are not sampled). A
+traces, ``torch.compiler.is_dynamo_compiling``, so it adds no graph break; modules run inside a
+compiled graph are not sampled; a compile running on another thread changes nothing). A
 compiled graph guards on the global hooks, so each arm would recompile it: after a sampled step
 in which no watched module reached the hook, the probe arms no more (one recompile in all). torch
 warns at every call of a ``torch.compile(module)`` wrapper while a global module hook exists,
@@ -170,7 +171,11 @@ class ActivationProbe:
 
     def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         """The process-wide forward hook of a sampled step (module docstring)."""
-        if torch.compiler.is_compiling():  # traced: constant, no side effect, no graph break
+        # Traced by dynamo: a constant there, no side effect, no graph break. Not
+        # ``is_compiling()``: that one answers True on *every* thread while any compile runs (the
+        # fused read's, in the background), and the probe would then see no module and turn
+        # itself off for good; ``is_dynamo_compiling()`` is True only inside the trace.
+        if torch.compiler.is_dynamo_compiling():
             return
         try:
             index = self._index.get(id(module))
