@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -401,6 +403,34 @@ class TestFallback:
         assert stats.last_path == "eager"
         assert_stats_equal(third.tolist(), first.tolist(), 1e-12)
         assert stats.wait_fused(grads, [True, False], 0.0) is LayoutState.FAILED
+
+
+class TestExit:
+    def test_exit_waits_for_a_running_compile_at_the_lowest_priority(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A compile still running at interpreter exit is waited for (``_finish_compiles``,
+        registered with ``atexit``): a daemon thread left inside inductor's C++ aborted the
+        process (exit status 134). The compile thread runs at nice +19 (Linux)."""
+        release = threading.Event()
+        nice: list[int] = []
+
+        def slow_compile(fn: Callable[..., Any], **kwargs: Any) -> Any:
+            if sys.platform.startswith("linux"):
+                nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            release.wait(10)
+            return fn
+
+        monkeypatch.setattr(torch, "compile", slow_compile)
+        stats = GradStats(FP16, fused=True)
+        grads = [torch.ones(7, 3, 11)]  # a layout no other test compiles
+        stats.layer_stats(grads, 2.0, True)  # starts the compile; the eager path answers
+        assert stats.last_path == "eager"
+        assert not fused_module._finish_compiles(timeout=0.05)  # still running
+        release.set()
+        assert fused_module._finish_compiles(timeout=10)
+        assert stats.wait_fused(grads, True, 1.0) is LayoutState.READY
+        if sys.platform.startswith("linux"):
+            assert nice == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)]
 
 
 def test_partials_have_eight_columns() -> None:
