@@ -70,7 +70,12 @@ def records(tensors: int, layer_every: int) -> tuple[Any, Any]:
     mon: Any = ampscope.watch(model, scaler, opt, sender=MemorySender(), layer_every=layer_every,
                               activation_every=0, histogram_every=0, fused=False)
     kept: list[Any] = []
-    mon._transport.put = lambda item: kept.append(item) or 0
+
+    def keep(item: Any) -> int:
+        kept.append(item)
+        return 0
+
+    mon._transport.put = keep
     x = torch.randn(3, 4)
     for _ in range(3):
         opt.zero_grad(set_to_none=True)

@@ -217,7 +217,7 @@ class ScalerView:
         """What must be read before ``update()``: the scale (a device copy) and ``found_inf``;
         with ``each``, every optimizer's own found_inf too (``found_inf_each``). ``each`` given
         as the watched optimizers: when there are several, or several parameter groups
-        (``record.per_optimizer``, decided here inline: no call on the one-optimizer path)."""
+        (decided here inline: no call on the one-optimizer path)."""
         before: dict[str, Any] = {}
         scaler = self.scaler
         if scaler is None or not self.on:
@@ -236,7 +236,7 @@ class ScalerView:
         found: list[torch.Tensor] = []
         # Each optimizer's own found_inf (``update()`` clears the states): whether THAT one's
         # step was skipped, keyed by id (the record's ``optimizers`` block, asked for only when
-        # there are several optimizers or groups: ``cycle.per_optimizer``).
+        # there are several optimizers or groups, ``StepCycle.build``).
         mine: dict[int, torch.Tensor] = {}
         if isinstance(states, Mapping):
             for key, state in states.items():

@@ -221,7 +221,8 @@ def finalize_host(
         amax = [a if f > 0 else math.nan for a, f in zip(amax, finite, strict=True)]
     amin_col = col[AMIN]
     if math.inf in amin_col:  # no finite non-zero element: NaN
-        amin_nz = [math.nan if math.isinf(a) else a * t
+        # ``== inf``, not ``math.isinf``: no call per value (amin is >= 0 or +inf, never -inf).
+        amin_nz = [math.nan if a == math.inf else a * t
                    for a, t in zip(amin_col, to_true, strict=True)]
     else:
         amin_nz = list(map(mul, amin_col, to_true))

@@ -317,13 +317,6 @@ def layer_table(
     return table, params
 
 
-def per_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
-    """Whether records name each optimizer's skip and each group's lr (the wire's
-    ``optimizers``): with several optimizers or parameter groups. One optimizer with one group
-    is the record's own ``skipped`` and ``lr``, and costs nothing more per step."""
-    return len(optimizers) > 1 or any(len(o.param_groups) > 1 for o in optimizers)
-
-
 def optimizer_slots(
     view: Any, before: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
     stepped: frozenset[int] | set[int], device: torch.device,
@@ -331,8 +324,8 @@ def optimizer_slots(
     """Each watched optimizer's skip and every parameter group's lr (the wire's
     ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
     lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
-    read on the sender thread. Called only when ``per_optimizer``; ``view``: the
-    cycle's ``ScalerView``."""
+    read on the sender thread. Called only with several optimizers or parameter groups;
+    ``view``: the cycle's ``ScalerView``."""
     each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
     values: list[torch.Tensor] = []
 

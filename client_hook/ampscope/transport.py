@@ -241,8 +241,8 @@ class Transport:
     # -- training thread -------------------------------------------------------------------------
     def put(self, item: Outgoing) -> int:
         """Enqueue one record: never blocks, never does I/O. Drops the oldest when full.
-        Returns the backlog after it (``backlog``): the step cycle's next stacking decision,
-        without a second call."""
+        Returns the backlog after it (items queued, not yet taken by the sender thread): the
+        step cycle's next stacking decision, without a second call."""
         c = self._c
         c.produced += 1
         if self._thread is None or self._closed or self._forked:
@@ -261,11 +261,6 @@ class Transport:
         if n >= self._batch_size:
             self._wake.set()
         return n
-
-    def backlog(self) -> int:
-        """Items queued in memory, not yet taken by the sender thread (no lock: a deque's
-        length is read atomically)."""
-        return len(self._queue)
 
     def stats(self) -> TransportStats:
         c = self._c
