@@ -941,3 +941,21 @@ class TestWithoutAScaler:
             [t["loss"] for t in run.truth], rel=1e-6)
         assert sum("record_loss() is ignored" in r.message for r in caplog.records) == 1
 
+
+
+class TestWatchSignature:
+    def test_watch_takes_monitors_keywords_typed_and_no_catch_all(self) -> None:
+        """``watch`` spells out every keyword of ``Monitor`` (same names, defaults and
+        annotations), so a typo is a TypeError and mypy checks each option."""
+        import inspect
+
+        watch = inspect.signature(ampscope.watch).parameters
+        monitor = inspect.signature(ampscope.Monitor.__init__).parameters
+        assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in watch.values())
+        keywords = {n: (p.default, p.annotation) for n, p in monitor.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert {n: (p.default, p.annotation) for n, p in watch.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY} == keywords
+        assert len(keywords) == 23
+        with pytest.raises(TypeError, match="unexpected keyword argument 'layer_evry'"):
+            ampscope.watch(nn.Linear(2, 2), None, None, layer_evry=3)  # type: ignore[call-arg]
