@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ampscope.cycle import HookState, ScalerView, StepCycle
+from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
 from ampscope.misuse import MisuseTracker
 from ampscope.zero import ZeroEngine
 
@@ -118,6 +118,11 @@ class _Unscale(_Wrapper):
                 cycle.on_error("unscale_", exc)
             if not cycle.captured:
                 cycle.capture(optimizer)
+                if id(optimizer) not in source.bypass and cycle.sends:
+                    try:  # as at ``scaler.step``: a direct step after this is seen too
+                        source.watch(optimizer)
+                    except Exception as exc:
+                        cycle.on_error("unscale_", exc)
         elif cycle.group is not None:
             cycle.contribute_nothing()
         return self.original(optimizer)
@@ -215,7 +220,9 @@ class ScalerSource:
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Wrap ``optimizer.step`` (per instance, once) to see calls that bypass
-        ``scaler.step``: a bound method, so an ``LRScheduler`` made later can wrap it again."""
+        ``scaler.step``: a bound method, so an ``LRScheduler`` made later can wrap it again. A
+        framework's wrapper is looked through (``cycle.unwrap_optimizer``)."""
+        optimizer = unwrap_optimizer(optimizer)
         if id(optimizer) in self.bypass:
             return
         original = optimizer.step  # bound: chains an earlier instance wrapper too
