@@ -4,8 +4,11 @@ their JSON form would be; NaN, inf and -0.0 kept bit for bit by the decoding; th
 from __future__ import annotations
 
 import base64
+import json
 import math
 import struct
+import subprocess
+import sys
 from typing import Any, cast
 
 import pytest
@@ -117,3 +120,19 @@ class TestIngest:
         payload["schema_version"] = 4
         assert post_batch(api, payload, 422) == {"detail": (
             "records[0].layers: packed statistics need schema_version 5, not 4")}
+
+
+def test_the_server_decodes_packed_batches_without_torch() -> None:
+    """The server never imports torch (DESIGN.md §1): its packed decoding is `array` and
+    `base64`. A fresh interpreter imports the app and validates a packed v5 batch."""
+    payload = batch_v5([record_v2(0, layers=pack(as_floats(layer_stats())))], new_id())
+    script = (
+        "import sys\n"
+        "from ampscope_server import app\n"
+        "from ampscope_server.schemas import IngestBatch\n"
+        "batch = IngestBatch.model_validate_json(sys.stdin.read())\n"
+        "assert batch.records[0].layers is not None\n"
+        "print(batch.records[0].layers.nan_count, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(payload),
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["[0,", "3]", "False"]
