@@ -121,8 +121,8 @@ def check_syncs_and_copies(args: argparse.Namespace, device: torch.device) -> di
 
     mon._cycle.build = spy  # type: ignore[method-assign]
     if device.type == "cuda":
-        for name in ("_capture", "_after_update", "_on_scale"):
-            setattr(mon, name, strict_sync(getattr(mon, name)))
+        for name in ("capture", "end", "on_scale"):  # the step seam's calls (``step.py``)
+            setattr(mon._cycle, name, strict_sync(getattr(mon._cycle, name)))
         mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
     for _ in range(args.steps):
         loop.step()

@@ -135,11 +135,12 @@ class AmpscopeProbe(Probe):
         put = transport.put
         self.timing = False
 
-        def timed_put(item: Any) -> None:
+        def timed_put(item: Any) -> int:
             start = time.perf_counter_ns()
-            put(item)
+            backlog = put(item)
             if self.timing:
                 enqueue_ns.append(time.perf_counter_ns() - start)
+            return backlog
 
         transport.put = timed_put  # type: ignore[method-assign]
 

@@ -150,8 +150,8 @@ def check_syncs(live: Live) -> None:
     mon = live.mon
     if mon is None or next(live.model.parameters()).device.type != "cuda":
         return
-    for name in ("_capture", "_after_update", "_on_scale"):
-        setattr(mon, name, strict_sync(getattr(mon, name)))
+    for name in ("capture", "end", "on_scale"):  # the step seam's calls (``step.py``)
+        setattr(mon._cycle, name, strict_sync(getattr(mon._cycle, name)))
     mon._view.before_update = strict_sync(mon._view.before_update)  # type: ignore[method-assign]
 
 

@@ -117,11 +117,14 @@ def parts(args: argparse.Namespace) -> None:
          med_us(lambda: stats.partials(grads, scale, flags, histogram=True), max(10, r // 10))),
         ("raw_norms (every-step capture)", med_us(lambda: stats.raw_norms(grads), r)),
         ("scaled_flags (stage lookup)",
-         med_us(lambda: view.scaled_flags(opt, mon._optimizers, params), r)),
+         med_us(lambda: view.scaled_flags(opt, mon._cycle.optimizers, params), r)),
         ("before_update (scale copy, found_inf)", med_us(view.before_update, r)),
     ]
 
     class EveryTenth:
+        def __init__(self) -> None:
+            self.distinct = [10]
+
         def due(self, step_no: int) -> bool:
             return step_no % 10 == 0
 
@@ -129,7 +132,7 @@ def parts(args: argparse.Namespace) -> None:
 
     def capture(step_no: int) -> None:
         cycle.reset()
-        cycle.capture(opt, mon._optimizers, step_no)
+        cycle.capture(opt, mon._cycle.optimizers, step_no)
 
     rows.append(("capture, non-layer step", med_us(lambda: capture(1), r)))
     rows.append(("capture, layer step", med_us(lambda: capture(0), r)))
@@ -138,14 +141,20 @@ def parts(args: argparse.Namespace) -> None:
     assert transport is not None
     captured: list[Any] = []
     real_put = transport.put
-    transport.put = captured.append
+    def collect(item: Any) -> int:
+        captured.append(item)
+        return 0
+
+    transport.put = collect
     capture(1)
-    rows.append(("_after_update, norms only (stack + record)",
-                 med_us(lambda: mon._after_update(before), r)))
+    def record() -> None:  # ``StepCycle.end``'s record and put, without starting the next cycle
+        transport.put(cycle.build(before, seq=0, step=1, misuse=None, clip=cycle.clip,
+                                  optimizers=cycle.optimizers))
+
+    rows.append(("end, norms only (stack + record)", med_us(record, r)))
     rec_norms = captured[-1]
     capture(0)
-    rows.append(("_after_update, with the stats block",
-                 med_us(lambda: mon._after_update(before), r)))
+    rows.append(("end, with the stats block", med_us(record, r)))
     rec_layers = captured[-1]
     transport.put = real_put
     rows.append(("sender thread: to_wire, norms-only record", med_us(rec_norms.to_wire, r)))
@@ -252,8 +261,9 @@ def inloop(args: argparse.Namespace) -> None:
             return timed
 
         for name in outer:
-            setattr(scaler, name, timer(getattr(scaler, name), outer, name))
-            mon._originals[name] = timer(mon._originals[name], inner, name)
+            wrapper = vars(scaler)[name]  # ``step._Wrapper``: its ``original`` is torch's
+            wrapper.original = timer(wrapper.original, inner, name)
+            setattr(scaler, name, timer(wrapper, outer, name))
         for _ in range(5):
             step(model, opt, scaler, x, y)
         rounds: list[dict[str, float]] = []

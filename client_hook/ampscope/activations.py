@@ -15,7 +15,8 @@ the probe, whose closures could not be pickled. While armed it costs every modul
 process one dict lookup, on the sampled steps only.
 
 ``torch.compile``: the hook stays out of compiled regions (it returns at once while dynamo
-traces, so it adds no graph break; modules run inside a compiled graph are not sampled). A
+traces, ``torch.compiler.is_dynamo_compiling``, so it adds no graph break; modules run inside a
+compiled graph are not sampled; a compile running on another thread changes nothing). A
 compiled graph guards on the global hooks, so each arm would recompile it: after a sampled step
 in which no watched module reached the hook, the probe arms no more (one recompile in all). torch
 warns at every call of a ``torch.compile(module)`` wrapper while a global module hook exists,
@@ -124,6 +125,9 @@ class ActivationProbe:
         self._modules = [m for _, m in leaves]
         self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules
         self._handles: list[Any] = []
+        # A plain attribute, not a property: the step cycle reads it on every capture, and a
+        # property is one more Python call on the training thread's path.
+        self.armed = False
         self.off = False  # the model runs compiled: never armed again (``collect``)
         self._generation = 0
         self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
@@ -136,10 +140,6 @@ class ActivationProbe:
         # Never fused: activation shapes may change from sample to sample (sequence lengths),
         # and each new layout would be a compile for one sampled step.
         self._stats = GradStats(fmt, fused=False)
-
-    @property
-    def armed(self) -> bool:
-        return bool(self._handles)
 
     def hook_count(self) -> int:
         """Forward hooks of ours still registered (1 while armed, 0 between samples)."""
@@ -158,18 +158,24 @@ class ActivationProbe:
             _quiet_compile_warning()
             self._handles.append(
                 torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
+            self.armed = True
 
     def disarm(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.armed = False
         self._pending = []
         self._pending_elems = 0
         self._generation += 1  # tensor hooks still attached to a live graph go quiet
 
     def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         """The process-wide forward hook of a sampled step (module docstring)."""
-        if torch.compiler.is_compiling():  # traced: constant, no side effect, no graph break
+        # Traced by dynamo: a constant there, no side effect, no graph break. Not
+        # ``is_compiling()``: that one answers True on *every* thread while any compile runs (the
+        # fused read's, in the background), and the probe would then see no module and turn
+        # itself off for good; ``is_dynamo_compiling()`` is True only inside the trace.
+        if torch.compiler.is_dynamo_compiling():
             return
         try:
             index = self._index.get(id(module))

@@ -33,6 +33,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
 
 import torch
 
@@ -160,8 +161,10 @@ def finish(
         return Finished(global_norm(raw, scale, taken.scaled), norms=list(raw))
     s = math.nan if scale is None else scale
     inv = 1.0 / s if s != 0.0 else math.inf  # IEEE, as the device's reciprocal
-    norm, rows = finalize_host(values[: NUM_COLUMNS * n], numels.tolist(),
-                               [inv if f else 1.0 for f in taken.scaled])
+    flags = taken.scaled
+    to_true = ([inv] * n if all(flags) else [1.0] * n if not any(flags)
+               else [inv if f else 1.0 for f in flags])
+    norm, rows = finalize_host(values[: NUM_COLUMNS * n], numels.tolist(), to_true)
     stats = dict(zip(STAT_NAMES, rows, strict=True))
     histogram = None
     if taken.histogram:
@@ -182,11 +185,13 @@ def global_norm(raw: Sequence[float], scale: float | None, scaled: Sequence[bool
     """sqrt(Σ (raw_i / s_i)²) in float64, s_i the scale where layer i is scaled, else 1: NaN if
     a layer's norm is NaN, else +inf if one is inf (the squares are ≥ 0, so a sum cannot make NaN
     from infs); None when a scaled layer needs the scale and it is unknown."""
+    # ``map(mul, raw, raw)``: the same squares summed in the same order, without a Python frame
+    # per layer (the sender thread runs this for every record).
     if not any(scaled):
-        return math.sqrt(sum(x * x for x in raw))
+        return math.sqrt(sum(map(mul, raw, raw)))
     if scale is None:
         return None
     if all(scaled):  # one factor: divide once, as the device path does
-        return _div(math.sqrt(sum(x * x for x in raw)), scale)
+        return _div(math.sqrt(sum(map(mul, raw, raw))), scale)
     true = [_div(x, scale) if f else x for x, f in zip(raw, scaled, strict=True)]
     return math.sqrt(sum(x * x for x in true))

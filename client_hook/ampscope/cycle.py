@@ -1,10 +1,16 @@
-"""What the monitor measures within one update cycle, and the step record it becomes.
+"""One update cycle on the training thread: what it reads from the scaler and the gradients, and
+the step record it becomes.
+
+The three step sources (``step.py``: GradScaler wrappers, optimizer step hooks, the DeepSpeed
+engine) drive one ``StepCycle`` through the same few methods: ``on_scale`` (a loss), ``capture``
+(the gradients are final: the one read, at most once per cycle), ``end`` (the record, then the
+next cycle). ``ScalerView`` reads the ``GradScaler`` without adding a host sync.
 
 ``StepCycle`` holds the device tensors of the cycle: the remembered loss, the capture (ONE read
 of the gradients at the first ``unscale_``/``step``, ``capture.take``: raw norms, or the raw
 partials and on histogram steps the exponent histogram from the same read), the sampled
-activation block, the swallowed fractions and the FP32 re-check block set by the monitor. At
-``update()`` (``build``) they go into the record with the scaler's scalars as one list of parts,
+activation block, the swallowed fractions and the FP32 re-check block. At ``update()``
+(``build``) they go into the record with the scaler's scalars as one list of parts,
 unfinalized: every division, norm and fraction is computed on the sender thread
 (``capture.finish``). See ``ampscope.monitor`` for the lifecycle and the sync guarantees; nothing
 here reads a device value.
@@ -15,43 +21,304 @@ make, only kernels to launch, each costing the training thread microseconds: the
 record as they are (``record.Parts``) and the sender thread reads them. The training thread
 copies only what the loop may change in place afterwards (the scale and growth tracker
 ``update()`` rewrites; the loss and a tensor lr are taken as copies from the start); every other
-part is a tensor this cycle created. Past a backlog of queued records (``monitor.DEFER_MAX``) the
-CPU stacks too, as a GPU does: memory stays bounded.
+part is a tensor this cycle created. Past a backlog of queued records (``DEFER_MAX``) the CPU
+stacks too, as a GPU does: memory stays bounded.
+
+Why the plain path is written out inline (no comprehension, no property, no small helper): every
+Python call on it is training-thread time on a GPU-bound step, and ``tests/client_hook/
+test_step.py`` counts them (a plain GradScaler step: <= 15 hook functions in <= 4 modules).
+
+ScalerView. Private attributes (``_scale``, ``_growth_tracker``, ``_per_optimizer_states`` with
+their ``stage`` and ``found_inf_per_device``) are read behind feature checks: when they exist,
+every value stays a device tensor; without them the public fallback calls ``get_scale()`` (a
+sync) and infers ``found_inf`` from a scale decrease. ``enabled=False`` scalers read as scale 1,
+no overflow. No scaler at all (``None``: BF16 or FP32 training) reads as no scale: the scale and
+growth tracker are absent, and ``found_inf`` is read from the captured gradients on the sender
+thread (``record.StepRecord.to_wire``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ampscope.activations import ActivationProbe
-from ampscope.capture import Taken, take
+from ampscope.capture import Kind, Taken, take
 from ampscope.collective import Group, Pending, local
 from ampscope.devices import to_device
 from ampscope.histogram import NUM_BINS
-from ampscope.misuse import ClipHeuristic
+from ampscope.misuse import ClipHeuristic, MisuseTracker
 from ampscope.order import BackwardOrder
-from ampscope.record import SCALARS, OptimizerSlots, Parts, Sections, Slot, StepRecord
+from ampscope.recheck import RecheckFn, run_recheck
+from ampscope.record import (
+    OptimizerSlots,
+    Parts,
+    Sections,
+    StepRecord,
+    one_copy,
+    optimizer_slots,
+)
 from ampscope.reductions import GradStats
-from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
 from ampscope.shards import Layout, pack
+from ampscope.swallowed import SwallowProbe
 
-__all__ = ["StepCycle", "per_optimizer"]
+__all__ = ["DEFER_MAX", "HookState", "ScalerView", "StepCycle", "unwrap_optimizer"]
+
+# Queued records above which a CPU step's values are stacked on the training thread again
+# (``StepCycle.end``): 256 unstacked records are ~8 MiB.
+DEFER_MAX = 256
+
+_GRAD = operator.attrgetter("grad")
 
 
-def per_optimizer(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
-    """Whether records name each optimizer's skip and each group's lr (the wire's
-    ``optimizers``): with several optimizers or parameter groups. One optimizer with one group
-    is the record's own ``skipped`` and ``lr``, and costs nothing more per step."""
-    return len(optimizers) > 1 or any(len(o.param_groups) > 1 for o in optimizers)
+class HookState(enum.Enum):
+    ACTIVE = "active"
+    DISABLED = "disabled"  # enabled=False, repeated internal errors, or a forked child
+    CLOSED = "closed"
+
+
+class Outlet(Protocol):
+    """Where finished records go (``transport.Transport``): ``put`` never blocks and answers
+    the backlog, which decides whether the next CPU record is stacked (``DEFER_MAX``)."""
+
+    def put(self, item: Any) -> int: ...
+
+
+def _raise(where: str, exc: Exception) -> None:
+    raise exc
+
+
+def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrapper (accelerate's ``AcceleratedOptimizer``
+    holds it as ``.optimizer``): the one ``scaler.step`` steps, so the hook's view of a step and
+    of a bypassed scaler is the same as for a plain loop."""
+    seen = 0
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        optimizer, seen = optimizer.optimizer, seen + 1  # type: ignore[attr-defined]
+    return optimizer
+
+
+class ScalerView:
+    """The scaler as the step cycle reads it. Plain attributes where a property would do (each
+    is read on every step, and a property is a Python call on the training thread's path):
+    ``present``, whether there is a scaler at all (an ``enabled=False`` one is present); ``on``,
+    whether it scales (``GradScaler`` fixes ``enabled`` at construction); ``skips_on_host``,
+    whether ``host_skip`` knows the skip (DeepSpeed's optimizer does, a ``GradScaler`` does not).
+    """
+
+    def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
+        self.scaler = scaler
+        self.present = scaler is not None
+        self.on = scaler is not None and bool(scaler.is_enabled())
+        self.skips_on_host = False
+        self._owner: dict[int, torch.optim.Optimizer] = {}
+        self._owner_of: tuple[int, ...] = ()
+
+    def enabled(self) -> bool:
+        return self.on
+
+    def capture_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> tuple[bool | list[bool], torch.Tensor | float]:
+        """(``scaled_state``, ``scale_in_effect``) in one call: what a capture needs. One
+        optimizer on a scaler with its private state, the common case, is read here inline."""
+        scaler = self.scaler
+        if scaler is None or not self.on or not params:
+            return ([] if not params else False), 1.0
+        scale = getattr(scaler, "_scale", None)
+        states = getattr(scaler, "_per_optimizer_states", None)
+        if (isinstance(scale, torch.Tensor) and isinstance(states, Mapping)
+                and len(optimizers) == 1 and optimizers[0] is optimizer):
+            state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
+            stage = "READY" if state is None else getattr(state.get("stage"), "name", None)
+            return stage == "READY", scale
+        return self.scaled_state(optimizer, optimizers, params), self.scale_in_effect()
+
+    def scale_in_effect(self) -> torch.Tensor | float:
+        """The scale as a device tensor when the scaler exposes it, else a float (a sync)."""
+        scaler = self.scaler
+        if scaler is None or not self.on:
+            return 1.0
+        scale = getattr(scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            return scale
+        return float(scaler.get_scale())
+
+    def stage(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """The scaler's stage name for ``optimizer``, READY if untouched, None if unknowable."""
+        states = getattr(self.scaler, "_per_optimizer_states", None)
+        if not isinstance(states, Mapping):
+            return None
+        state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
+        if state is None:
+            return "READY"
+        return getattr(state.get("stage"), "name", None)
+
+    def scaled_flags(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> list[bool]:
+        """Per watched parameter: is its ``.grad`` still multiplied by the scale?"""
+        flags = self.scaled_state(optimizer, optimizers, params)
+        return [flags] * len(params) if isinstance(flags, bool) else flags
+
+    def scaled_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> bool | list[bool]:
+        """``scaled_flags`` as one bool when every parameter shares it (no per-step list)."""
+        if not params:
+            return []
+        if not self.on:
+            return False
+        current = self.stage(optimizer)
+        if current is None:  # no private state: we run before the first unscale_, so scaled
+            return True
+        if len(optimizers) == 1 and optimizers[0] is optimizer:
+            return current == "READY"  # one optimizer: an unowned parameter takes ``current``
+        key = tuple(id(o) for o in optimizers)
+        if key != self._owner_of:
+            self._owner = {id(p): o for o in optimizers
+                           for g in o.param_groups for p in g["params"]}
+            self._owner_of = key
+        stages = {id(o): self.stage(o) for o in optimizers}
+        if all(stage == current for stage in stages.values()):
+            # Every owner (and an unowned parameter, which takes ``current``) is at one stage.
+            return current == "READY"
+        flags = []
+        for p in params:
+            owner = self._owner.get(id(p))
+            stage = stages[id(owner)] if owner is not None else current
+            flags.append(stage == "READY")
+        return flags
+
+    def host_skip(self) -> bool | None:
+        """After the step: whether it was skipped, when the host knows it without a read of a
+        device value (a ``GradScaler`` does not say; DeepSpeed's optimizer does, ``zero.py``)."""
+        return None
+
+    def before_update(
+        self, each: bool | Sequence[torch.optim.Optimizer] = False
+    ) -> dict[str, Any]:
+        """What must be read before ``update()``: the scale (a device copy) and ``found_inf``;
+        with ``each``, every optimizer's own found_inf too (``found_inf_each``). ``each`` given
+        as the watched optimizers: when there are several, or several parameter groups
+        (decided here inline: no call on the one-optimizer path)."""
+        before: dict[str, Any] = {}
+        scaler = self.scaler
+        if scaler is None or not self.on:
+            return before
+        if not isinstance(each, bool):
+            several = len(each) > 1
+            for opt in each:
+                several = several or len(opt.param_groups) > 1
+            each = several
+        scale = getattr(scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            before["scale"] = scale.clone()  # update() writes the scaler's own in place
+        else:
+            before["scale_host"] = float(scaler.get_scale())
+        states = getattr(scaler, "_per_optimizer_states", None)
+        found: list[torch.Tensor] = []
+        # Each optimizer's own found_inf (``update()`` clears the states): whether THAT one's
+        # step was skipped, keyed by id (the record's ``optimizers`` block, asked for only when
+        # there are several optimizers or groups, ``StepCycle.build``).
+        mine: dict[int, torch.Tensor] = {}
+        if isinstance(states, Mapping):
+            for key, state in states.items():
+                if not isinstance(state, Mapping):
+                    continue
+                per_device = state.get("found_inf_per_device", {})
+                # A loop, not a comprehension: one Python call fewer on every step (3.11).
+                tensors: list[torch.Tensor] = []
+                for t in per_device.values():
+                    if isinstance(t, torch.Tensor):
+                        tensors.append(t)
+                found.extend(tensors)
+                if not each or not tensors:
+                    continue
+                mine[key] = tensors[0] if len(tensors) == 1 else sum(
+                    (t.to(tensors[0].device) for t in tensors), torch.zeros_like(tensors[0]))
+        if len(found) > 1:  # update() adds the others into the first in place: copies
+            mine = {key: t.clone() for key, t in mine.items()}
+        if mine:
+            before["found_inf_each"] = mine
+        if len(found) == 1:  # one optimizer on one device: the common case, no op at all
+            # update() reads a lone found_inf tensor without writing it (it adds in place into
+            # the first one only when there are several), and the scaler only ever sets it to
+            # 0 or 1: keep it as it is (the scaler's own, which needs no grad: no detach op);
+            # ``after_update`` makes it a 0-d view, the record's stack promotes it to float64.
+            before["found_inf"] = found[0]
+        elif found:
+            device = found[0].device
+            before["found_inf"] = torch.stack(
+                [t.detach().to(device=device, dtype=torch.float64).reshape(()) for t in found]
+            ).sum().clamp(max=1.0)
+        return before
+
+    def after_update(
+        self, before: Mapping[str, Any], device: torch.device, snapshot: bool = False
+    ) -> tuple[list[torch.Tensor], set[str], bool]:
+        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d device tensors in the
+        scaler's own dtypes (the record's one ``stack`` promotes them to float64), the names to
+        send as null, and whether found_inf must be inferred from the scale.
+
+        By default scale_after and growth_tracker are views of the scaler's state, good until
+        the next ``update()``. ``snapshot``: the scaler is on the CPU (``device``) and the
+        values are read later, on the sender thread: copies of those two and nothing else, no
+        conversion, no move (each op is microseconds of the training thread there)."""
+        f64 = torch.float64
+
+        def const(x: float) -> torch.Tensor:
+            return torch.full((), x, dtype=f64, device=device)
+
+        absent: set[str] = set()
+        if self.scaler is None:  # no scale to report; found_inf comes from the gradients
+            nan = const(float("nan"))
+            return [nan, nan, nan, nan], {"scale_before", "scale_after", "growth_tracker"}, False
+        if not self.on:
+            absent.add("growth_tracker")
+            return [const(1.0), const(1.0), const(0.0), const(0.0)], absent, False
+        after = getattr(self.scaler, "_scale", None)
+        tracker = getattr(self.scaler, "_growth_tracker", None)
+        if (snapshot and "scale" in before and "found_inf" in before
+                and isinstance(after, torch.Tensor) and isinstance(tracker, torch.Tensor)):
+            copies = [before["scale"], after.clone(), tracker.clone(), before["found_inf"]]
+            return copies, absent, False
+        if "scale" in before and isinstance(after, torch.Tensor):
+            scale_before = before["scale"].to(device)
+            scale_after = after.to(device=device, copy=snapshot).reshape(())
+        else:
+            scale_before = const(before.get("scale_host", float("nan")))
+            scale_after = const(float(self.scaler.get_scale()))
+        if isinstance(tracker, torch.Tensor):
+            growth = tracker.to(device=device, copy=snapshot)
+        else:
+            growth = const(0.0)
+            absent.add("growth_tracker")
+        from_scale = "found_inf" not in before
+        found_inf = const(0.0) if from_scale else before["found_inf"].to(device).reshape(())
+        return [scale_before, scale_after, growth.reshape(()), found_inf], absent, from_scale
 
 
 class StepCycle:
+    """One update cycle at a time (module docstring). The sources call ``on_scale``,
+    ``capture`` and ``end``; ``build`` is ``end``'s record (tests call it alone)."""
+
     def __init__(
         self,
         params: Sequence[torch.nn.Parameter],
@@ -68,6 +335,10 @@ class StepCycle:
         sharded: bool = False,
         sends: bool = True,
         pieces_only: bool = False,
+        grads_off: bool = False,
+        optimizers: list[torch.optim.Optimizer] | None = None,
+        activation_every: int = 0,
+        on_error: Callable[[str, Exception], None] = _raise,
     ) -> None:
         self._params = params
         # Where the gradients are read from: ``.grad`` (a DTensor's local shard), or a framework
@@ -86,15 +357,34 @@ class StepCycle:
         self.order = order
         # Under torch.distributed (``collective.py``): the hook's group, whether the gradients
         # are this rank's shards (FSDP, ZeRO), and whether this rank sends (rank 0) or only
-        # contributes.
+        # contributes. ``pieces_only``: FSDP1's flat parameters, ZeRO-3 offloaded: read for the
+        # share's finiteness only, never sent as the layers' statistics. ``grads_off``: nothing
+        # is read (``topology.py``).
         self.group = group
         self.sharded = sharded
         self.sends = sends
-        # FSDP1's flat parameters (``collective.FlatShards.flat_only``), ZeRO-3 offloaded: read
-        # for the share's finiteness only (norms), never sent as the layers' statistics.
         self.pieces_only = pieces_only
+        self.grads_off = grads_off
+        # What the monitor wires in (``Monitor.__init__``): the watched optimizers (a capture
+        # through one not yet seen adds it), the sampling cadence, the hook's state, the
+        # records' outlet and what rides on a step: misuse, clip heuristic, re-check, swallowed.
+        self.optimizers: list[torch.optim.Optimizer] = optimizers if optimizers is not None else []
+        self.activation_every = activation_every
+        self.on_error = on_error
+        self.state = HookState.ACTIVE
+        self.outlet: Outlet | None = None
+        self.misuse = MisuseTracker()
+        self.clip = ClipHeuristic()
+        self.recheck_fn: RecheckFn | None = None
+        self.swallow: SwallowProbe | None = None
+        self.model: torch.nn.Module | None = None
+        self.step = 0  # updates so far: the record's step
+        self.seq = 0
+        self.backlog = 0  # the outlet's queue after the last put
+        self.stepped: set[int] = set()  # optimizers that stepped this cycle (no scaler)
         self._last_update: float | None = None
         self._nan: torch.Tensor | None = None
+        self._lr_cache: tuple[tuple[float, torch.device], torch.Tensor] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -121,13 +411,15 @@ class StepCycle:
         return self._has_block
 
     def start(self, step: int, activation_every: int) -> None:
-        """After ``update()``: stop learning the backward order, arm a sampled step's probe."""
-        if self.order is not None:
+        """After ``update()``: stop learning the backward order, arm a sampled step's probe
+        (``end`` does the same inline)."""
+        if self.order is not None and self.order.learning:
             self.order.end_cycle()
         if self.probe is not None and activation_every and step % activation_every == 0:
             self.probe.arm()
 
     def on_scale(self, outputs: Any) -> None:
+        """A loss of this cycle (``scaler.scale``, ``record_loss``, the engine's backward)."""
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             # A copy even of a float64 loss: on the CPU the record reads it later (``build``).
             # Any shape of one element; ``build`` makes it 0-d where it stacks on the device.
@@ -155,36 +447,149 @@ class StepCycle:
                       stats=per_layer or histogram, histogram_bins=NUM_BINS if histogram else 0)
 
     def capture(
-        self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
-        step: int,
+        self, optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer] | None = None, step: int | None = None,
     ) -> None:
-        """The training thread's whole capture: one read of the gradients (``capture.take``),
-        its share of the cross-rank reductions when in a group (issued, never waited for), and
-        the sampled activation block when the probe is armed."""
-        if self._grads is not None:
-            grads = self._grads(self._params)
-        else:
-            grads = [p.grad for p in self._params]
-            if self.sharded:  # each rank reads its own shard; the reductions merge them
-                grads = [local(g) for g in grads]
-        scaled = self._view.scaled_state(optimizer, optimizers, self._params)
-        scale = self._view.scale_in_effect()
-        per_layer, histogram = self._reads(step)
-        self._has_block = per_layer and self.sends
-        # Sharded norms are summed across ranks as squares: they keep the float64 read.
-        parts, taken = take(self._stats, grads, scale, scaled, per_layer=per_layer,
-                            histogram=histogram,
-                            checked=self._stats.exact_norms and not self.sharded)
-        layout = self.layout(step)
-        if self.group is not None and layout is not None:
-            kept, sums, maxes = pack(parts, layout, self.group.rank, self._loss_sum)
-            self.contributed = True  # before issuing: a failure must not make it issue twice
-            self.pending = self.group.reduce(sums, maxes)
-            parts = [*kept, sums] if maxes is None else [*kept, sums, maxes]
-            taken = dataclasses.replace(taken, layout=layout)
-        self._parts, self._taken = parts, taken
-        if self.probe is not None and self.probe.armed:
-            self._acts = self.probe.collect(scale, taken.device)
+        """The gradients are final: the training thread's whole capture, once per cycle (a
+        failure counts as the attempt). One read of the gradients (the norms, or
+        ``capture.take``'s partials on per-layer and histogram steps), this rank's share of the
+        cross-rank reductions when in a group (issued, never waited for), and the sampled
+        activation block when the probe is armed. ``optimizers``/``step`` default to the
+        cycle's own. An exception goes to ``on_error``, never to training."""
+        self.captured = True
+        try:
+            if optimizers is None:
+                optimizers = self.optimizers
+                if optimizer not in optimizers:  # the watched ones are unwrapped already
+                    optimizer = unwrap_optimizer(optimizer)
+                    if optimizer not in optimizers:
+                        self.optimizers.append(optimizer)
+            if step is None:
+                step = self.step
+            if not self.grads_off:
+                params = self._params
+                if self._grads is not None:
+                    grads = self._grads(params)
+                else:
+                    grads = list(map(_GRAD, params))
+                    if self.sharded:  # each rank reads its own shard; the reductions merge
+                        grads = list(map(local, grads))
+                scaled, scale = self._view.capture_state(optimizer, optimizers, params)
+                per_layer = False
+                for n in self._cadence.distinct:
+                    if step % n == 0:
+                        per_layer = True
+                        break
+                histogram = bool(self._histogram_every and params
+                                 and step % self._histogram_every == 0)
+                if self.pieces_only or (self.group is not None and not self.sends
+                                        and not self.sharded):
+                    per_layer = histogram = False
+                self._has_block = per_layer and self.sends
+                stats = self._stats
+                # Sharded norms are summed across ranks as squares: the float64 read.
+                checked = stats.exact_norms and not self.sharded
+                if per_layer or histogram or checked:
+                    parts, taken = take(stats, grads, scale, scaled, per_layer=per_layer,
+                                        histogram=histogram, checked=checked)
+                else:  # the plain step: the norms, read as ``take`` would (inline: no call)
+                    norms = stats.raw_norms(grads)
+                    n = len(grads)
+                    flags = (scaled,) * n if isinstance(scaled, bool) else tuple(scaled)
+                    device = norms.device if n else (
+                        scale.device if isinstance(scale, torch.Tensor)
+                        else torch.device("cpu"))
+                    parts = [norms]
+                    taken = Taken(Kind.NORMS, device, flags,
+                                  float32_norms=stats.float32_norms)
+                if self.group is not None:
+                    layout = self.layout(step)
+                    assert layout is not None
+                    kept, sums, maxes = pack(parts, layout, self.group.rank, self._loss_sum)
+                    # Before issuing: a failure must not make it issue twice.
+                    self.contributed = True
+                    self.pending = self.group.reduce(sums, maxes)
+                    parts = [*kept, sums] if maxes is None else [*kept, sums, maxes]
+                    taken = dataclasses.replace(taken, layout=layout)
+                self._parts, self._taken = parts, taken
+                if self.probe is not None and self.probe.armed:
+                    self._acts = self.probe.collect(scale, taken.device)
+        except Exception as exc:
+            self.on_error("capture", exc)
+        if self.group is not None and not self.contributed:
+            self.contribute_nothing()  # the capture did not get as far as its share
+
+    def contribute_nothing(self) -> None:
+        """Issue this cycle's reductions with an empty share unless it issued its own: a rank
+        whose capture failed or whose hook is off never leaves its peers waiting."""
+        group = self.group
+        if group is None or self.contributed or self.state is HookState.CLOSED:
+            return
+        self.contributed = True
+        try:
+            layout = self.layout(self.step)
+            assert layout is not None
+            device = self._params[0].device if self._params else torch.device("cpu")
+            group.contribute_nothing(layout.sum_size, layout.max_size, device)
+        except Exception as exc:
+            self.on_error("share", exc)
+
+    def end(self, before: Mapping[str, Any] | None) -> None:
+        """The cycle's record (``before``: what ``ScalerView.before_update`` read; None when
+        that failed: no record), then the next cycle. Never raises."""
+        state = self.state
+        due = before is not None and state is HookState.ACTIVE
+        if due and not self.sends:  # a contributing rank: its share is all it makes
+            if self.pending is not None and self.group is not None:
+                self.group.retain(self.pending)
+        elif due and before is not None:
+            try:
+                if self.recheck_fn is not None and self.model is not None and (
+                        self._overflowed(before)):
+                    self.recheck = run_recheck(self.recheck_fn, self.model, self._params)
+                if self.swallow is not None and self._has_block:
+                    self.swallowed = self.swallow.block()
+                misuse = self.misuse
+                found = misuse.take() if misuse.pending else None
+                misuse.unscaled.clear()
+                # A CPU record left unstacked holds ~60 small tensors (~30 KiB) where a stacked
+                # one holds 1 KiB: only while the sender keeps up, so a stalled server cannot
+                # make the bounded queue cost 4096 x 30 KiB (DESIGN.md §8: <= 32 MiB with the
+                # server down).
+                record = self.build(before, seq=self.seq, step=self.step, misuse=found,
+                                    clip=self.clip, defer=self.backlog < DEFER_MAX,
+                                    optimizers=self.optimizers, stepped=self.stepped)
+                self.seq += 1
+                assert self.outlet is not None
+                self.backlog = self.outlet.put(record)
+            except Exception as exc:
+                self.on_error("update", exc)
+        if state is HookState.CLOSED:
+            return
+        self.step += 1
+        self.reset()
+        self.stepped.clear()
+        if self.swallow is not None:
+            self.swallow.reset()
+        if state is not HookState.ACTIVE:
+            return
+        try:  # ``start``, inline
+            order, probe, every = self.order, self.probe, self.activation_every
+            if order is not None and order.learning:
+                order.end_cycle()
+            if probe is not None and every and self.step % every == 0:
+                probe.arm()
+        except Exception as exc:
+            self.on_error("update", exc)
+
+    def _overflowed(self, before: Mapping[str, Any]) -> bool:
+        """Whether this cycle's step was skipped, known on the host without a device sync."""
+        if self.skipped:
+            return True
+        found = before.get("found_inf")
+        if self.skip_unknown and isinstance(found, torch.Tensor) and found.device.type == "cpu":
+            return bool(found.item())  # a CPU tensor: no device to wait for
+        return False
 
     def build(
         self,
@@ -192,7 +597,7 @@ class StepCycle:
         *,
         seq: int,
         step: int,
-        lr: Callable[[torch.device], torch.Tensor | None],
+        lr: Callable[[torch.device], torch.Tensor | None] | None = None,
         misuse: list[dict[str, str]] | None,
         clip: ClipHeuristic,
         defer: bool = True,
@@ -201,56 +606,80 @@ class StepCycle:
     ) -> StepRecord:
         """The cycle's record, after the original ``update()`` ran: the scalars and the blocks
         in one list (``record.Parts``), stacked into ONE float64 tensor and copied to the host
-        once on a GPU, handed over as they are on the CPU (``defer``; False stacks there too)."""
+        once on a GPU, handed over as they are on the CPU (``defer``; False stacks there too).
+        ``lr``: the record's lr on ``device`` (default: the first watched optimizer's first
+        group's)."""
         now = time.perf_counter()
         duration = None if self._last_update is None else now - self._last_update
         self._last_update = now
-        device = self._device(before)
+        view, taken = self._view, self._taken
+        if "scale" in before:
+            device = torch.device(before["scale"].device)
+        elif taken is not None:
+            device = taken.device
+        else:
+            device = torch.device("cpu")
         # A pending reduction is read by the sender thread once it finished: never stacked here.
         host = (defer or self.pending is not None) and device.type == "cpu"
         if self._nan is None or self._nan.device != device:
             self._nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
         nan = self._nan  # only ever stacked (copied), never written
         (scale_before, scale_after, growth, found_inf), absent, from_scale = (
-            self._view.after_update(before, device, snapshot=host))
+            view.after_update(before, device, snapshot=host))
         loss = nan
         if self._loss_sum is None:
             absent.add("loss")
         else:
             loss = self._loss_sum
-        if self._taken is None:
+        if taken is None:
             absent.add("grad_norm")
-        rate = lr(device)
+        if lr is not None:
+            rate = lr(device)
+        else:  # the cached float lr inline; a tensor lr or a new value through ``_lr``
+            groups = optimizers[0].param_groups if optimizers else None
+            value = groups[0].get("lr") if groups else None
+            cache = self._lr_cache
+            if (cache is not None and value is not None and not isinstance(value, torch.Tensor)
+                    and cache[0] == (value, device)):
+                rate = cache[1]
+            else:
+                rate = self._lr(device, optimizers)
         if rate is None:
             rate = nan
             absent.add("lr")
         # grad_norm's slot stays NaN: the sender thread computes it (``capture.finish``).
         scalars = [scale_before, scale_after, growth, found_inf, loss, nan, rate]
-        assert len(scalars) == len(SCALARS)
-        parts: Parts = [scalars, *(self._parts or ())]
-        parts += [b for b in (self._acts, self.swallowed) if b is not None]
+        parts: Parts = [scalars]
+        if self._parts:
+            parts += self._parts
+        if self._acts is not None:
+            parts.append(self._acts)
+        if self.swallowed is not None:
+            parts.append(self.swallowed)
         recheck_block = self.recheck if isinstance(self.recheck, torch.Tensor) else None
         if recheck_block is not None:
             parts.append(recheck_block)
-        slots, opt_values = self._optimizer_slots(before, optimizers, stepped, device)
-        if opt_values:
-            parts.append(opt_values)
+        several = len(optimizers) > 1
+        for opt in optimizers:
+            several = several or len(opt.param_groups) > 1
+        slots: tuple[OptimizerSlots, ...] | None = None
+        opt_values: list[torch.Tensor] = []
+        if several:
+            slots, opt_values = optimizer_slots(view, before, optimizers, stepped, device)
+            if opt_values:
+                parts.append(opt_values)
         pending = self.pending
         if pending is not None and not host:  # CUDA: the copy queued behind the reduction
             pending.wait_stream()
             pending = None
-        values, ready = (parts, None) if host else _one_copy(parts, device)
-        sections = Sections(
-            num_layers=len(self._params),
-            taken=self._taken,
-            layers=self._has_block,
-            modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
-            swallowed=self.swallowed is not None,
-            recheck=recheck_block is not None,
-            optimizer_values=len(opt_values),
-        )
-        if self.order is not None:
-            self.order.end_cycle()
+        values, ready = (parts, None) if host else one_copy(parts, device)
+        order = self.order
+        if order is not None and order.learning:
+            order.end_cycle()
+        captured = None
+        if taken is not None:
+            captured = ("before_unscale" if self._params and all(taken.scaled)
+                        else "after_unscale")
         return StepRecord(
             seq=seq,
             step=step,
@@ -259,88 +688,47 @@ class StepCycle:
             values=values,
             ready=ready,
             absent=frozenset(absent),
-            sections=sections,
+            sections=Sections(
+                num_layers=len(self._params),
+                taken=taken,
+                layers=self._has_block,
+                modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
+                swallowed=self.swallowed is not None,
+                recheck=recheck_block is not None,
+                optimizer_values=len(opt_values),
+            ),
             found_inf_from_scale=from_scale,
-            captured=self._captured_kind(),
+            captured=captured,
             misuse=misuse,
-            order=self.order.order() if self.order is not None else None,
+            order=None if order is None else (
+                order.final if order.final is not None else order.order()),
             clip=clip,
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             numels=self._numel_t,
-            found_inf_from_grads=not self._view.present,
-            skipped_host=self._view.host_skip(),
+            found_inf_from_grads=not view.present,
+            skipped_host=view.host_skip() if view.skips_on_host else None,
             pending=pending,
             optimizers=slots,
             pieces_only=self.pieces_only,
         )
 
-    def _optimizer_slots(
-        self, before: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
-        stepped: frozenset[int] | set[int], device: torch.device,
-    ) -> tuple[tuple[OptimizerSlots, ...] | None, list[torch.Tensor]]:
-        """Each watched optimizer's skip and every parameter group's lr (the wire's
-        ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
-        lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
-        read on the sender thread. None unless ``per_optimizer``."""
-        if not per_optimizer(optimizers):
-            return None, []
-        each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
-        values: list[torch.Tensor] = []
-
-        def slot(t: torch.Tensor) -> Slot:
-            values.append(t if t.dim() == 0 else t.reshape(()))
-            return Slot(len(values) - 1)
-
-        slots = []
-        for opt in optimizers:
-            skipped: Slot | bool | None
-            if id(opt) in each:
-                skipped = slot(each[id(opt)])
-            elif (decided := self._view.host_skip()) is not None:
-                skipped = decided  # DeepSpeed: one decision for the step, known on the host
-            elif self._view.present:  # a disabled scaler skips nothing; absent: not stepped
-                skipped = False if not self._view.enabled() else None
-            else:
-                skipped = False if id(opt) in stepped else None
-            lrs: list[Slot | float | None] = []
-            for group in opt.param_groups:
-                lr = group.get("lr")
-                if isinstance(lr, torch.Tensor):  # a CPU lr reaches a CUDA record unsynced
-                    lr64 = lr.detach().to(torch.float64, copy=True)
-                    lrs.append(slot(lr64 if lr64.device == device else to_device(lr64, device)))
-                else:
-                    lrs.append(None if lr is None else float(lr))
-            slots.append(OptimizerSlots(skipped, tuple(lrs)))
-        return tuple(slots), values
-
-    def _captured_kind(self) -> str | None:
-        if self._taken is None:
+    def _lr(
+        self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer]
+    ) -> torch.Tensor | None:
+        """The first watched optimizer's first group's lr as a float64 0-d tensor on ``device``
+        (a float lr cached until the schedule changes it)."""
+        if not optimizers:
             return None
-        return "before_unscale" if self._taken.all_scaled and self._params else "after_unscale"
-
-    def _device(self, before: Mapping[str, Any]) -> torch.device:
-        if "scale" in before:
-            return torch.device(before["scale"].device)
-        if self._taken is not None:
-            return self._taken.device
-        return torch.device("cpu")
-
-
-def _one_copy(parts: Parts, device: torch.device) -> tuple[torch.Tensor, Any]:
-    """Every part stacked into ONE float64 tensor (promoting the scaler's float32/int32 scalars
-    and the float32 norms: no conversion op per part), then ONE host copy: on CUDA
-    ``non_blocking`` into pinned memory, with the event the sender thread waits on."""
-    flat = [(p if isinstance(p, torch.Tensor) else
-             torch.stack([t.reshape(()).to(device) for t in p])).reshape(-1).to(device)
-            for p in parts]
-    values = flat[0] if len(flat) == 1 else torch.cat(flat)
-    values = values.to(torch.float64)
-    if values.is_cuda:
-        host = torch.empty(values.shape, dtype=torch.float64, pin_memory=True)
-        host.copy_(values, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return host, ready
-    if values.device.type != "cpu":
-        values = values.to("cpu")
-    return values, None
+        groups = optimizers[0].param_groups
+        if not groups or "lr" not in groups[0]:
+            return None
+        lr = groups[0]["lr"]
+        if isinstance(lr, torch.Tensor):
+            # A copy: a scheduler writes a tensor lr in place, and a CPU record reads it later.
+            # A CPU lr reaches a CUDA record through pinned memory (no host sync).
+            lr64 = lr.detach().to(dtype=torch.float64, copy=True).reshape(())
+            return lr64 if lr64.device == device else to_device(lr64, device)
+        key = (float(lr), device)
+        if self._lr_cache is None or self._lr_cache[0] != key:  # a schedule changes it rarely
+            self._lr_cache = (key, torch.full((), key[0], dtype=torch.float64, device=device))
+        return self._lr_cache[1]

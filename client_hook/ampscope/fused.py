@@ -14,8 +14,9 @@ strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` re
 the caller takes the exact eager path (``reductions.GradStats``), whenever the fused one cannot
 answer now:
 
-* the layout is unsupported (a ``None``, sparse or float64 gradient, several devices, an empty
-  list): never compiled;
+* the layout is unsupported (a sparse or float64 gradient, several devices, no gradient at all,
+  a ``None`` one without the layers' sizes): never compiled. A ``None`` gradient (a layer that
+  got none this step) is part of the layout: its row is a constant of the kernel;
 * its kernel is still compiling: the first call of a layout starts the compile on a background
   thread, on placeholder tensors of the same layout, so the training thread never waits for it
   (it competes for the GIL and a core while it runs: measured 4.5-23 s on a cold inductor cache
@@ -33,6 +34,7 @@ output stays on the gradients' device.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import logging
 import math
@@ -48,6 +50,7 @@ from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
+from ampscope.transport import lower_thread_priority
 
 __all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "compile_options",
            "layout_key"]
@@ -77,8 +80,11 @@ class LayoutKey:
     device: torch.device
     scaled: tuple[bool, ...]
     fmt: str
-    specs: tuple[Spec, ...]
+    specs: tuple[Spec, ...]  # the present gradients', in layer order
     histogram: bool = False  # the kernel also counts the exponent histogram (same read)
+    # Layers whose gradient is None: (index, numel). PyTorch's meaning, all zeros: their rows
+    # are constants of the kernel, which is called with the present gradients only.
+    absent: tuple[tuple[int, int], ...] = ()
 
 
 class LayoutState(enum.Enum):
@@ -100,17 +106,60 @@ _REGISTRY: dict[LayoutKey, _Layout] = {}
 _LOCK = threading.Lock()
 _LOGGED_FAILURE = False
 
+EXIT_WAIT_S = 120.0
+"""How long the interpreter's exit waits for a compile still running (``_finish_compiles``)."""
+COMPILE_NICENESS = 19
+"""The compile thread's nice value increment (Linux, per thread; the compiler processes it
+starts inherit it): the compile takes only the CPU that training leaves idle."""
 
-def _make_kernel(flags: tuple[bool, ...], under: int, normal: int, histogram: bool) -> Kernel:
+_RUNNING: set[threading.Thread] = set()
+
+
+def _finish_compiles(timeout: float = EXIT_WAIT_S) -> bool:
+    """At interpreter exit: wait (up to ``timeout`` s in all) for the compile threads still
+    running; True when none is left. Why: a daemon thread inside inductor's C++ when the
+    interpreter finalizes is unwound through ``noexcept`` frames as it tries to take the GIL
+    back, and the process aborts (exit status 134, "terminate called without an active
+    exception") after the run's data was complete: 2 of 6 runs of a 20-step script did."""
+    with _LOCK:
+        running = [t for t in _RUNNING if t.is_alive()]
+    if running:
+        logger.info("ampscope: waiting for the fused read's compile to finish before exit")
+    deadline = time.monotonic() + timeout
+    for thread in running:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in running)
+
+
+atexit.register(_finish_compiles)
+
+
+def _make_kernel(
+    flags: tuple[bool, ...], under: int, normal: int, histogram: bool,
+    absent: tuple[tuple[int, int], ...] = (),
+) -> Kernel:
     """The function ``torch.compile`` traces for one layout; ``flags``, the scaled layers'
-    thresholds and whether the exponent histogram rides along are constants of its closure."""
+    thresholds, whether the exponent histogram rides along and the absent layers' sizes are
+    constants of its closure."""
+    missing = dict(absent)
 
     def layer_partials(
         grads: list[torch.Tensor], under_bits: torch.Tensor, normal_bits: torch.Tensor,
         hist_bits: torch.Tensor,
     ) -> torch.Tensor:
         rows, counts = [], []
-        for g, scaled in zip(grads, flags, strict=True):
+        present = iter(grads)
+        device = grads[0].device
+        for i, scaled in enumerate(flags):
+            if i in missing:  # ``partials.absent`` and ``exponent_histogram``'s row of zeros
+                n = float(missing[i])
+                rows.append(torch.tensor([n, 0.0, 0.0, n, n, 0.0, 0.0, math.inf],
+                                         dtype=torch.float64, device=device))
+                if histogram:
+                    counts.append(torch.tensor([n] + [0.0] * (NUM_BINS - 1),
+                                               dtype=torch.float64, device=device))
+                continue
+            g = next(present)
             if g.numel() == 0:
                 rows.append(torch.tensor([0.0] * (NUM_COLUMNS - 1) + [math.inf],
                                          dtype=torch.float64, device=g.device))
@@ -163,9 +212,11 @@ def compile_options(device: torch.device) -> list[Options]:
 
 
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
-    """Background thread: compile the layout's kernel and run it once on placeholders."""
+    """Background thread: compile the layout's kernel and run it once on placeholders, at the
+    lowest priority (``COMPILE_NICENESS``)."""
     global _LOGGED_FAILURE
     start = time.perf_counter()
+    lower_thread_priority(COMPILE_NICENESS)
     try:
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
         bits = device_tensor([under, normal], torch.int32, key.device)
@@ -174,7 +225,8 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         for k, options in enumerate(attempts):
             try:
                 # A fresh function (code object) per attempt: a failed one leaves no cache entry.
-                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram),
+                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram,
+                                                    key.absent),
                                        dynamic=False, fullgraph=True, options=options)
                 with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
                     kernel(_placeholders(key), bits[0], bits[1], hist)
@@ -200,35 +252,49 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         layout.done.set()
 
 
+def _run_compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
+    try:
+        _compile(key, layout, fmt)
+    finally:
+        with _LOCK:
+            _RUNNING.discard(threading.current_thread())
+
+
 def layout_key(
     grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat,
-    histogram: bool = False,
+    histogram: bool = False, numels: Sequence[int] | None = None,
 ) -> LayoutKey | None:
-    """The layout of these gradients, or None when the fused path cannot take them."""
-    if not grads:
-        return None
-    first = grads[0]
+    """The layout of these gradients, or None when the fused path cannot take them. A ``None``
+    gradient is taken when ``numels`` gives its layer's size (its row is a constant)."""
+    first = next((g for g in grads if g is not None), None)
     if first is None:
         return None
     device = first.device
     if device.type not in ("cpu", "cuda"):
         return None
     specs: list[Spec] = []
-    for g in grads:
-        if (g is None or g.layout != torch.strided or g.device != device
-                or g.dtype not in _SUPPORTED):
+    absent: list[tuple[int, int]] = []
+    for i, g in enumerate(grads):
+        if g is None:
+            if numels is None:
+                return None
+            absent.append((i, numels[i]))
+            continue
+        if g.layout != torch.strided or g.device != device or g.dtype not in _SUPPORTED:
             return None
         if histogram and g.numel() >= HISTOGRAM_MAX_ELEMS:
             return None
         specs.append((tuple(g.shape), g.stride(), g.dtype))
-    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram)
+    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram, tuple(absent))
 
 
 class FusedPartials:
     """Per-layer partials ``(L, 8)`` from the compiled kernel, or None (take the eager path)."""
 
-    def __init__(self, fmt: TargetFormat) -> None:
+    def __init__(self, fmt: TargetFormat, numels: Sequence[int] | None = None) -> None:
+        """``numels``: the layers' sizes, which let a layout with ``None`` gradients fuse."""
         self.fmt = fmt
+        self.numels = numels
         self._last: tuple[LayoutKey, _Layout] | None = None
         self._seen: dict[LayoutKey, _Layout] = {}
         self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -246,8 +312,10 @@ class FusedPartials:
                 _REGISTRY.pop(next(iter(_REGISTRY)))
             entry = _REGISTRY[key] = _Layout()
             self._seen[key] = entry
-        thread = threading.Thread(target=_compile, args=(key, entry, self.fmt),
+        thread = threading.Thread(target=_run_compile, args=(key, entry, self.fmt),
                                   name="ampscope-compile", daemon=True)
+        with _LOCK:
+            _RUNNING.add(thread)
         thread.start()
         return entry
 
@@ -257,7 +325,7 @@ class FusedPartials:
     ) -> LayoutState | None:
         """Start (if needed) and wait for the compile of this layout; its state, or None when
         the layout is unsupported. For tests and benchmarks: training never waits."""
-        key = layout_key(grads, scaled, self.fmt, histogram)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None
         entry = self.layout(key)
@@ -280,7 +348,7 @@ class FusedPartials:
         """``(L, 8)`` partials, or ``(L, 8 + NUM_BINS)`` with ``histogram``: the partials and
         then the exponent histogram's counts (``histogram.exponent_histogram``'s rows, exact).
         ``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
-        key = layout_key(grads, scaled, self.fmt, histogram)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None
         last = self._last
@@ -302,7 +370,8 @@ class FusedPartials:
         try:
             # no_grad: grad mode is one of the kernel's guards (compiled under no_grad too).
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                return entry.kernel(list(grads), bits[0], bits[1], hist)  # type: ignore[arg-type]
+                present = [g for g in grads if g is not None] if key.absent else list(grads)
+                return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
         except Exception as exc:  # a guard miss, or anything else: eager from now on
             entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
             logger.warning("ampscope: the fused reduction failed (%s); eager from now on",

@@ -2,8 +2,9 @@
 
 * ``step_bypassed_scaler``: ``optimizer.step()`` called directly while the scaler is enabled. The
   optimizer's ``step`` is wrapped per instance (a bound method, so an ``LRScheduler`` created later
-  can wrap it again); the monitor marks the time spent inside ``scaler.step``, and a call outside
-  it is the misuse: the gradients are still scaled and an overflow step is not skipped.
+  can wrap it again; ``step.ScalerSource``), which marks the time spent inside ``scaler.step``,
+  and a call outside it is the misuse: the gradients are still scaled and an overflow step is not
+  skipped.
 * ``unscale_twice``: a second ``scaler.unscale_(opt)`` for one optimizer within one update cycle.
   It is recorded, then torch's own ``RuntimeError`` propagates unchanged; the record carrying it
   is the cycle's (sent at the next ``update()``, if the loop survives the error).
@@ -23,10 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
-import types
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -34,74 +32,39 @@ __all__ = ["ClipHeuristic", "MisuseTracker"]
 
 
 class MisuseTracker:
-    """Per-cycle misuse list plus the optimizer ``step`` wrappers (training thread only)."""
+    """This cycle's misuse list (training thread only). The wrappers that see the misuse live
+    with the step source that owns them (``step.ScalerSource``); ``pending`` and ``unscaled``
+    are plain attributes the step cycle reads inline (``cycle.StepCycle.end``)."""
 
-    def __init__(self, active: Callable[[], bool]) -> None:
-        self._active = active
-        self.in_scaler_step = False
-        # Set when the optimizer's own step ran inside ``scaler.step``: torch's GradScaler calls
-        # it only when found_inf was 0 (it read found_inf with ``.item()`` to decide), so this is
-        # a host-side "not skipped" at no cost (``Monitor.recheck``).
-        self.scaler_stepped = False
-        self._pending: list[dict[str, str]] = []
-        self._unscaled: set[int] = set()
-        self._wrapped: dict[int, tuple[torch.optim.Optimizer, Any, bool, Any]] = {}
+    def __init__(self) -> None:
+        self.pending: list[dict[str, str]] = []
+        self.unscaled: set[int] = set()  # optimizers unscaled in this cycle, by id
 
     def record(self, kind: str, detail: str) -> None:
-        self._pending.append({"kind": kind, "detail": detail})
+        self.pending.append({"kind": kind, "detail": detail})
 
     def take(self) -> list[dict[str, str]] | None:
         """This cycle's misuse (None when there was none); starts the next cycle."""
-        out = self._pending or None
-        self._pending = []
-        self._unscaled.clear()
+        out = self.pending or None
+        self.pending = []
+        self.unscaled.clear()
         return out
 
     def note_unscale(self, optimizer: torch.optim.Optimizer, stage: str | None) -> None:
         """Before ``unscale_`` runs: a second call in the cycle is recorded (torch then raises)."""
-        if id(optimizer) in self._unscaled or stage == "UNSCALED":
+        if id(optimizer) in self.unscaled or stage == "UNSCALED":
             self.record("unscale_twice", (
                 f"scaler.unscale_() was called twice for one {type(optimizer).__name__} since "
                 "the last update(); torch raises RuntimeError"))
-        self._unscaled.add(id(optimizer))
+        self.unscaled.add(id(optimizer))
 
-    def watch(self, optimizer: torch.optim.Optimizer, scaler_enabled: Callable[[], bool]) -> None:
-        """Wrap ``optimizer.step`` (per instance, once) to see calls that bypass ``scaler.step``."""
-        if id(optimizer) in self._wrapped:
-            return
-        original = optimizer.step  # bound: chains an earlier instance wrapper too
-        had_own = "step" in vars(optimizer)
-        previous = vars(optimizer).get("step")
-        name = type(optimizer).__name__
-
-        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            if self.in_scaler_step:
-                self.scaler_stepped = True
-            elif self._active():
-                try:
-                    if scaler_enabled():
-                        self.record("step_bypassed_scaler", (
-                            f"{name}.step() was called directly while the GradScaler is "
-                            "enabled: the gradients are still scaled and an overflow step is not "
-                            "skipped; call scaler.step(optimizer)"))
-                except Exception:  # never reach training
-                    pass
-            return original(*args, **kwargs)
-
-        bound = types.MethodType(step, optimizer)
-        optimizer.step = bound  # type: ignore[method-assign]
-        self._wrapped[id(optimizer)] = (optimizer, bound, had_own, previous)
-
-    def unwatch_all(self) -> None:
-        """Restore every ``step`` still ours; one wrapped over by someone else stays, inert."""
-        for optimizer, bound, had_own, previous in self._wrapped.values():
-            if vars(optimizer).get("step") is not bound:
-                continue
-            if had_own:
-                optimizer.step = previous  # type: ignore[method-assign]
-            else:
-                del optimizer.step
-        self._wrapped.clear()
+    @staticmethod
+    def bypass(optimizer: torch.optim.Optimizer) -> dict[str, str]:
+        """The ``step_bypassed_scaler`` entry for ``optimizer``."""
+        return {"kind": "step_bypassed_scaler", "detail": (
+            f"{type(optimizer).__name__}.step() was called directly while the GradScaler is "
+            "enabled: the gradients are still scaled and an overflow step is not skipped; call "
+            "scaler.step(optimizer)")}
 
 
 class ClipHeuristic:

@@ -25,11 +25,16 @@ class BackwardOrder:
         self._seen_set: set[int] = set()
         self._handles: list[Any] = []
         self._order: list[int] | None = None
+        # Plain attributes (the step cycle reads them every step; a property is a Python call):
+        # whether the hooks are still learning, and the order once it is final.
+        self.learning = False
+        self.final: list[int] | None = None
         if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
-            self._order = list(range(self._num - 1, -1, -1))
+            self._order = self.final = list(range(self._num - 1, -1, -1))
             return
         for i, p in enumerate(params):
             self._handles.append(p.register_post_accumulate_grad_hook(self._hook(i)))
+        self.learning = bool(self._handles)
 
     def _hook(self, index: int) -> Any:
         def ready(_: torch.Tensor) -> None:
@@ -37,10 +42,6 @@ class BackwardOrder:
                 self._seen_set.add(index)
                 self._seen.append(index)
         return ready
-
-    @property
-    def learning(self) -> bool:
-        return bool(self._handles)
 
     def end_cycle(self) -> None:
         """At ``update()``: stop learning once a backward has been seen (or give up on close)."""
@@ -51,6 +52,8 @@ class BackwardOrder:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.learning = False
+        self.final = self.order()
 
     def order(self) -> list[int]:
         """Layer indices in backward order (a permutation of all watched layers)."""

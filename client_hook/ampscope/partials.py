@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
+from itertools import repeat
+from operator import mul, sub, truediv
 
 import torch
 
@@ -196,36 +198,42 @@ def finalize_host(
 
     Why a twin: the sender thread runs this for every per-layer record, holding the GIL and a
     core that training's own threads want; ``finalize``'s two dozen tensor ops on a 34-layer
-    table cost it ~0.4 ms there, these loops a fifth of that. Every operation is one float64
-    IEEE operation, as each of ``finalize``'s elementwise ops is, so the values are identical;
-    the one reduction, the global norm's sum over layers, is left to ``torch.sum`` on the same
-    L squares, so its order of addition is the device's too.
+    table cost it ~0.4 ms there. Every operation is one float64 IEEE operation, as each of
+    ``finalize``'s elementwise ops is, so the values are identical; the one reduction, the
+    global norm's sum over layers, is left to ``torch.sum`` on the same L squares, so its order
+    of addition is the device's too. (Not ``finalize`` on CPU tensors: ATen's vectorised float64
+    ``sqrt`` is not correctly rounded, ``math.sqrt`` is.)
+
+    Column by column with ``map`` over C functions (``operator``, ``math.sqrt``): no Python
+    frame per layer. Only a column with a case to tell apart (a layer without a finite element,
+    one without a finite non-zero element) takes a per-value expression.
     """
     n = len(numel)
     if len(table) != NUM_COLUMNS * n or len(to_true) != n:
         raise ValueError(f"got {len(table)} partials and {len(to_true)} factors for {n} layers")
-    amax, amin_nz, zero_frac, sub_frac, under_frac, nans, infs, l2 = (
-        [0.0] * n for _ in range(NUM_COLUMNS))
-    any_nan = any_inf = False
-    for i in range(n):
-        row = table[NUM_COLUMNS * i : NUM_COLUMNS * (i + 1)]
-        t, size = to_true[i], numel[i]
-        zero, nan_i, inf_i = row[ZERO], row[NAN], row[INF]
-        denom = size if size >= 1.0 else 1.0  # numel.clamp(min=1)
-        amax[i] = row[AMAX] * t if size - nan_i - inf_i > 0 else math.nan
-        amin = row[AMIN]
-        amin_nz[i] = math.nan if math.isinf(amin) else amin * t
-        zero_frac[i] = zero / denom
-        sub_frac[i] = (row[LT_NORMAL] - zero) / denom
-        under_frac[i] = (row[LT_UNDER] - zero) / denom
-        nans[i], infs[i] = nan_i, inf_i
-        l2[i] = math.sqrt(row[SUMSQ]) * t
-        any_nan = any_nan or nan_i > 0
-        any_inf = any_inf or inf_i > 0
-    if any_nan:
+    col = [table[k::NUM_COLUMNS] for k in range(NUM_COLUMNS)]
+    zero, nans, infs, lt_under, lt_normal = col[ZERO], col[NAN], col[INF], col[LT_UNDER], col[
+        LT_NORMAL]
+    denom = list(map(max, numel, repeat(1.0)))  # numel.clamp(min=1): max keeps numel at 1.0
+    finite = list(map(sub, map(sub, numel, nans), infs))
+    amax = list(map(mul, col[AMAX], to_true))
+    if n and min(finite) <= 0:  # a layer without a finite element: no amax (NaN)
+        amax = [a if f > 0 else math.nan for a, f in zip(amax, finite, strict=True)]
+    amin_col = col[AMIN]
+    if math.inf in amin_col:  # no finite non-zero element: NaN
+        # ``== inf``, not ``math.isinf``: no call per value (amin is >= 0 or +inf, never -inf).
+        amin_nz = [math.nan if a == math.inf else a * t
+                   for a, t in zip(amin_col, to_true, strict=True)]
+    else:
+        amin_nz = list(map(mul, amin_col, to_true))
+    zero_frac = list(map(truediv, zero, denom))
+    sub_frac = list(map(truediv, map(sub, lt_normal, zero), denom))
+    under_frac = list(map(truediv, map(sub, lt_under, zero), denom))
+    l2 = list(map(mul, map(math.sqrt, col[SUMSQ]), to_true))
+    if any(nans):
         norm = math.nan
-    elif any_inf:
+    elif any(infs):
         norm = math.inf
     else:
-        norm = torch.tensor([x * x for x in l2], dtype=torch.float64).sum().sqrt().item()
-    return norm, [amax, amin_nz, zero_frac, sub_frac, under_frac, nans, infs, l2]
+        norm = torch.tensor(l2, dtype=torch.float64).square().sum().sqrt().item()
+    return norm, [amax, amin_nz, zero_frac, sub_frac, under_frac, list(nans), list(infs), l2]

@@ -17,6 +17,7 @@ import torch
 from ampscope import wire
 from ampscope.capture import Finished, Taken, finish
 from ampscope.collective import Pending
+from ampscope.devices import to_device
 from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
@@ -314,3 +315,62 @@ def layer_table(
         })
         params.append(p)
     return table, params
+
+
+def optimizer_slots(
+    view: Any, before: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
+    stepped: frozenset[int] | set[int], device: torch.device,
+) -> tuple[tuple[OptimizerSlots, ...] | None, list[torch.Tensor]]:
+    """Each watched optimizer's skip and every parameter group's lr (the wire's
+    ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
+    lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
+    read on the sender thread. Called only with several optimizers or parameter groups;
+    ``view``: the cycle's ``ScalerView``."""
+    each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
+    values: list[torch.Tensor] = []
+
+    def slot(t: torch.Tensor) -> Slot:
+        values.append(t if t.dim() == 0 else t.reshape(()))
+        return Slot(len(values) - 1)
+
+    slots = []
+    for opt in optimizers:
+        skipped: Slot | bool | None
+        if id(opt) in each:
+            skipped = slot(each[id(opt)])
+        elif (decided := view.host_skip()) is not None:
+            skipped = decided  # DeepSpeed: one decision for the step, known on the host
+        elif view.present:  # a disabled scaler skips nothing; absent: not stepped
+            skipped = False if not view.enabled() else None
+        else:
+            skipped = False if id(opt) in stepped else None
+        lrs: list[Slot | float | None] = []
+        for group in opt.param_groups:
+            lr = group.get("lr")
+            if isinstance(lr, torch.Tensor):  # a CPU lr reaches a CUDA record unsynced
+                lr64 = lr.detach().to(torch.float64, copy=True)
+                lrs.append(slot(lr64 if lr64.device == device else to_device(lr64, device)))
+            else:
+                lrs.append(None if lr is None else float(lr))
+        slots.append(OptimizerSlots(skipped, tuple(lrs)))
+    return tuple(slots), values
+
+
+def one_copy(parts: Parts, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """Every part stacked into ONE float64 tensor (promoting the scaler's float32/int32 scalars
+    and the float32 norms: no conversion op per part), then ONE host copy: on CUDA
+    ``non_blocking`` into pinned memory, with the event the sender thread waits on."""
+    flat = [(p if isinstance(p, torch.Tensor) else
+             torch.stack([t.reshape(()).to(device) for t in p])).reshape(-1).to(device)
+            for p in parts]
+    values = flat[0] if len(flat) == 1 else torch.cat(flat)
+    values = values.to(torch.float64)
+    if values.is_cuda:
+        host = torch.empty(values.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready
+    if values.device.type != "cpu":
+        values = values.to("cpu")
+    return values, None

@@ -95,11 +95,17 @@ Grads = Sequence["torch.Tensor | None"]
 
 @dataclass
 class _Group:
-    """Layers reduced together in one pass over a scratch buffer."""
+    """Layers reduced together in one pass over a scratch buffer. The views of the plan's
+    buffers a pass works in are made once (``_build_plan``): each would be an op per step."""
 
     layers: list[int]
     pads: list[torch.Tensor | None]
     rows: int
+    flat: torch.Tensor | None = None  # the buffer's first rows·CHUNK elements
+    matrix: torch.Tensor | None = None  # the same, (rows, CHUNK)
+    bits: torch.Tensor | None = None  # the same as int32 bit patterns
+    scratch: torch.Tensor | None = None  # the scratch buffer's, (rows, CHUNK)
+    key: torch.Tensor | None = None  # the scratch as int32
 
 
 @dataclass
@@ -109,6 +115,7 @@ class _Plan:
     device: torch.device
     groups: list[_Group]
     chunk_layer: torch.Tensor  # int64 (rows,): layer index of every chunk row
+    chunk_layer_col: torch.Tensor  # the same as (rows, 1), for the (L, 1) amax/amin targets
     numel: torch.Tensor  # float64 (L,)
     # float64 (L, NUM_SUMS): -padding for present layers, +numel for absent ones, in the three
     # columns that count zeros (ZERO, LT_UNDER, LT_NORMAL); 0 elsewhere.
@@ -175,6 +182,14 @@ def _build_plan(
     some_unscaled = any(unscaled_rows)
     all_unscaled = some_unscaled and all(unscaled_rows)
     buf = torch.zeros(max_elems, dtype=torch.float32, device=device)
+    scratch = torch.empty(max_elems, dtype=torch.float32, device=device)
+    for group in groups:
+        n = group.rows * CHUNK
+        group.flat = buf[:n]
+        group.matrix = group.flat.view(group.rows, CHUNK)
+        group.bits = group.matrix.view(torch.int32)
+        group.scratch = scratch[:n].view(group.rows, CHUNK)
+        group.key = group.scratch.view(torch.int32)
     views: list[torch.Tensor] | None = None
     dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
     if len(groups) == 1 and dense_here:
@@ -184,10 +199,12 @@ def _build_plan(
             assert g is not None
             views.append(buf[offset : offset + numel[i]].view(g.shape))
             offset += -(-numel[i] // CHUNK) * CHUNK
+    layer_of_row = device_tensor(chunk_layer, torch.int64, device)
     return _Plan(
         device=device,
         groups=groups,
-        chunk_layer=device_tensor(chunk_layer, torch.int64, device),
+        chunk_layer=layer_of_row,
+        chunk_layer_col=layer_of_row.unsqueeze(1),
         numel=device_tensor(numel, torch.float64, device),
         adjust=_count_adjust(zero_adjust, device),
         scaled=device_tensor(list(scaled), torch.bool, device),
@@ -199,7 +216,7 @@ def _build_plan(
         all_unscaled=all_unscaled,
         present=present,
         buf=buf,
-        scratch=torch.empty(max_elems, dtype=torch.float32, device=device),
+        scratch=scratch,
         meta=meta,
         flags=list(scaled),
         views=views,
@@ -234,8 +251,7 @@ def _scale_tensor(scale: torch.Tensor | float, device: torch.device) -> torch.Te
 
 def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
     """Copy one group's gradients into the padded buffer; returns it as ``(rows, CHUNK)``."""
-    n = group.rows * CHUNK
-    flat = plan.buf[:n]
+    assert group.flat is not None and group.matrix is not None
     if plan.views is not None:
         if plan.all_present and isinstance(grads, list | tuple):
             src = cast("list[torch.Tensor]", grads)
@@ -250,42 +266,45 @@ def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
             parts.append(_flat(g, plan.device))
             if pad is not None:
                 parts.append(pad)
-        torch.cat(parts, out=flat)
-    return flat.view(group.rows, CHUNK)
+        torch.cat(parts, out=group.flat)
+    return group.matrix
 
 
 def _chunk_stats(
     plan: _Plan, group: _Group, grads: Grads, under: torch.Tensor | int,
     normal: torch.Tensor | int,
-) -> torch.Tensor:
-    """One group's per-chunk partials, float64 (rows, 8); columns as ``partials.COLUMNS``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One group's per-chunk partials: the sums ``(rows, NUM_SUMS)`` float64 (columns as
+    ``partials.COLUMNS``), amax and amin ``(rows, 1)`` float32 (exact: the elements' own
+    values), kept apart so the fold needs no column selection (``_eager_partials``).
 
     ``under``/``normal``: the classes' threshold bit patterns (``partials.threshold_bits``), 0-d
     or one per row ``(rows, 1)`` when scaled and unscaled layers are mixed."""
     a = _fill(plan, group, grads).abs_()
-    s = plan.scratch[: group.rows * CHUNK].view(group.rows, CHUNK)
-    cols: list[torch.Tensor] = [torch.empty(0)] * 8
+    s, bits, key = group.scratch, group.bits, group.key
+    assert s is not None and bits is not None and key is not None
+    cols: list[torch.Tensor | None] = [None] * NUM_SUMS
     # Counts go through a float32 scratch: comparison into float plus a float32 row-sum is ~5x
     # faster on CPU than materialising bool tensors or summing into float64, and exact (a row holds
     # CHUNK < 2^24 elements). The final stack promotes the float32 columns to float64.
     cols[_ZERO] = torch.eq(a, 0.0, out=s).sum(1)
     cols[_NAN] = torch.ne(a, a, out=s).sum(1)
     cols[_INF] = torch.eq(a, math.inf, out=s).sum(1)
-    bits = a.view(torch.int32)  # |raw| ≥ 0: the bit pattern orders as the value (NaN above inf)
+    # ``bits``: |raw| ≥ 0 as int32, whose pattern orders as the value (NaN above inf).
     cols[_LT_UNDER] = torch.lt(bits, under, out=s).sum(1)
     cols[_LT_NORMAL] = torch.lt(bits, normal, out=s).sum(1)
     torch.nan_to_num(a, nan=0.0, posinf=0.0, out=s)  # finite magnitudes, non-finite → 0
-    cols[_AMAX] = s.amax(1)
+    amax = s.amax(1, keepdim=True)
     # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19.
     cols[_SUMSQ] = torch.linalg.vector_norm(s, dim=1, dtype=torch.float64).square()
     # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to the
     # largest key and keeps every other magnitude in order, so zeros never win; a row without a
     # finite non-zero element lands at or above the inf pattern and reads back as +inf.
-    key = s.view(torch.int32)
     torch.sub(bits, 1, out=key).bitwise_and_(0x7FFFFFFF)
-    amin_bits = key.amin(1).clamp_max_(_MAX_FINITE_BITS).add_(1)
-    cols[_AMIN] = amin_bits.view(torch.float32)
-    return torch.stack(cols, dim=1)
+    amin_bits = key.amin(1, keepdim=True).clamp_max_(_MAX_FINITE_BITS).add_(1)
+    # The stack promotes the float32 counts to float64 (exact), beside the float64 SUMSQ.
+    sums = torch.stack(cast("list[torch.Tensor]", cols), dim=1)
+    return sums, amax, amin_bits.view(torch.float32)
 
 
 def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
@@ -329,7 +348,7 @@ class GradStats:
         """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
-        self._fused = FusedPartials(self.fmt) if fused is not False else None
+        self._fused = FusedPartials(self.fmt, self.numels) if fused is not False else None
         self._fuse_auto = fused is None
         self.last_path: str | None = None
         """Which path the last ``partials`` took: "fused" or "eager" (tests, benchmarks)."""
@@ -411,7 +430,7 @@ class GradStats:
             else:
                 self.last_path = "eager"
                 plan = self._plan(grads, flags, scale)
-                table = self._eager_partials(plan, grads, _scale_tensor(scale, plan.device))
+                table = self._eager_partials(plan, grads, scale)
             counts = (exponent_histogram(grads, scale, flags, self.numels) if histogram
                       else None)
             return table, counts
@@ -440,27 +459,30 @@ class GradStats:
     ) -> torch.Tensor | None:
         """The fused kernel's table (``FusedPartials``), or None when it cannot answer now."""
         assert self._fused is not None
-        first = grads[0]
+        first = next((g for g in grads if g is not None), None)
         if first is None:
             return None
         if self._fuse_auto:
             if first.device.type != "cpu":  # see FUSE_MIN_ELEMS: slower than eager on CUDA
                 return None
-            try:
-                total: int = sum(cast(torch.Tensor, g).numel() for g in grads)
-            except AttributeError:  # a None gradient: not a fused layout
-                return None
+            total = 0
+            for g in grads:
+                if g is not None:
+                    total += g.numel()
             if total < FUSE_MIN_ELEMS:
                 return None
         return self._fused(grads, flags, _scale_tensor(scale, first.device), histogram)
 
-    def _eager_partials(self, plan: _Plan, grads: Grads, s: torch.Tensor) -> torch.Tensor:
+    def _eager_partials(
+        self, plan: _Plan, grads: Grads, scale: torch.Tensor | float
+    ) -> torch.Tensor:
         """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring)."""
         # Scaled layers are judged as stored: the thresholds' own bit patterns.
         under: torch.Tensor | int = float32_bits(self.fmt.underflow_threshold)
         normal: torch.Tensor | int = float32_bits(self.fmt.min_normal)
         if plan.all_unscaled or plan.unscaled_rows is not None:
-            bits = threshold_bits(plan.thresholds, s)
+            # The scale as a tensor only here: scaled layers never need it (two ops fewer).
+            bits = threshold_bits(plan.thresholds, _scale_tensor(scale, plan.device))
             under, normal = bits[0], bits[1]
             if plan.unscaled_rows is not None:  # mixed: one threshold per row
                 under = torch.where(plan.unscaled_rows, under, float32_bits(
@@ -468,22 +490,29 @@ class GradStats:
                 normal = torch.where(plan.unscaled_rows, normal, float32_bits(
                     self.fmt.min_normal))
         num_layers = len(grads)
+        f64, f32, dev = torch.float64, torch.float32, plan.device
         if plan.groups:
-            chunks = [_chunk_stats(plan, g, grads, under, normal) for g in plan.groups]
-            chunk = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+            parts = [_chunk_stats(plan, g, grads, under, normal) for g in plan.groups]
+            if len(parts) == 1:
+                sums_rows, amax_rows, amin_rows = parts[0]
+            else:
+                sums_rows, amax_rows, amin_rows = (torch.cat(p) for p in zip(*parts, strict=True))
         else:
-            chunk = torch.zeros((0, 8), dtype=torch.float64, device=plan.device)
-        f64, dev = torch.float64, plan.device
+            sums_rows = torch.zeros((0, NUM_SUMS), dtype=f64, device=dev)
+            amax_rows = amin_rows = torch.zeros((0, 1), dtype=f32, device=dev)
+        # The fold into layers: one index_add_ and two scatter_reduce_ over (L, ·) targets, the
+        # row→layer index made once (``_Plan.chunk_layer_col``); amax/amin stay float32 (their
+        # elements' own values) until the cat promotes them, exactly, to float64.
         sums = torch.zeros((num_layers, NUM_SUMS), dtype=f64, device=dev).index_add_(
-            0, plan.chunk_layer, chunk[:, :NUM_SUMS]
+            0, plan.chunk_layer, sums_rows
         )
-        amax = torch.zeros(num_layers, dtype=f64, device=dev).scatter_reduce_(
-            0, plan.chunk_layer, chunk[:, _AMAX], "amax"
+        amax = torch.zeros((num_layers, 1), dtype=f32, device=dev).scatter_reduce_(
+            0, plan.chunk_layer_col, amax_rows, "amax"
         )
-        amin = torch.full((num_layers,), math.inf, dtype=f64, device=dev).scatter_reduce_(
-            0, plan.chunk_layer, chunk[:, _AMIN], "amin"
+        amin = torch.full((num_layers, 1), math.inf, dtype=f32, device=dev).scatter_reduce_(
+            0, plan.chunk_layer_col, amin_rows, "amin"
         )
-        return torch.cat([sums.add_(plan.adjust), amax.unsqueeze(1), amin.unsqueeze(1)], dim=1)
+        return torch.cat([sums.add_(plan.adjust), amax, amin], dim=1)
 
     def raw_norms(self, grads: Grads, *, acc64: bool | None = None) -> torch.Tensor:
         """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):
@@ -529,7 +558,9 @@ class GradStats:
                 # sparse one, RuntimeError for gradients on several devices: the op itself
                 # checks, no Python loop over the gradients on the common path.
                 if not use64:
-                    if self._dots(dense):
+                    # ``_dots``, its size test inline (a call fewer on every step).
+                    total = self._total if self.numels is not None else DOT_MIN_ELEMS
+                    if total >= DOT_MIN_ELEMS and self._dots(dense):
                         squares = []
                         for g in dense:
                             flat = g.view(-1)

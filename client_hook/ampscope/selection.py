@@ -53,11 +53,12 @@ class Cadence:
                 next((n for p, n in layer_every.items() if fnmatch.fnmatchcase(name, p)), 0)
                 for name in names
             ]
-        self._distinct = sorted({n for n in self.intervals if n > 0})
+        # The distinct intervals, public: the step cycle tests them inline (no call per step).
+        self.distinct = sorted({n for n in self.intervals if n > 0})
 
     def due(self, step: int) -> bool:
         """Whether the per-layer block is computed on ``step`` (some interval divides it)."""
-        return any(step % n == 0 for n in self._distinct)
+        return any(step % n == 0 for n in self.distinct)
 
     def due_layers(self, step: int) -> list[int]:
         """The layers whose own interval divides ``step`` (for inspection and tests)."""

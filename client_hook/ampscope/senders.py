@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ampscope import wire
+
 __all__ = ["HttpSender", "MemorySender", "Outcome", "SendResult", "Sender"]
 
 
@@ -163,9 +165,10 @@ class MemorySender:
             return self._script.popleft() if self._script else SendResult(Outcome.ACKED, 200)
 
     def payloads(self) -> list[dict[str, Any]]:
-        """Every body received, parsed as JSON (the tags stay strings)."""
+        """Every body received, parsed as JSON (the tags stay strings), with packed statistics
+        in their JSON form again (``wire.unpack_payload``), as the server reads them."""
         with self._lock:
-            return [json.loads(b) for b in self.bodies]
+            return [wire.unpack_payload(json.loads(b)) for b in self.bodies]
 
     def close(self) -> None:
         self.closed = True

@@ -239,13 +239,15 @@ class Transport:
         return self._spool
 
     # -- training thread -------------------------------------------------------------------------
-    def put(self, item: Outgoing) -> None:
-        """Enqueue one record: never blocks, never does I/O. Drops the oldest when full."""
+    def put(self, item: Outgoing) -> int:
+        """Enqueue one record: never blocks, never does I/O. Drops the oldest when full.
+        Returns the backlog after it (items queued, not yet taken by the sender thread): the
+        step cycle's next stacking decision, without a second call."""
         c = self._c
         c.produced += 1
         if self._thread is None or self._closed or self._forked:
             c.dropped_full += 1
-            return
+            return 0
         queue = self._queue
         if len(queue) >= self._max_queue:
             try:
@@ -255,13 +257,10 @@ class Transport:
             else:
                 c.dropped_full += 1
         queue.append(item)
-        if len(queue) >= self._batch_size:
+        n = len(queue)
+        if n >= self._batch_size:
             self._wake.set()
-
-    def backlog(self) -> int:
-        """Items queued in memory, not yet taken by the sender thread (no lock: a deque's
-        length is read atomically)."""
-        return len(self._queue)
+        return n
 
     def stats(self) -> TransportStats:
         c = self._c

@@ -1,15 +1,27 @@
-"""Wire format v4 (docs/contracts.md "Wire v2" to "Wire v4"): the ingest payload and its JSON codec.
+"""Wire format v5 (docs/contracts.md "Wire v2" to "Wire v5"): the ingest payload and its JSON codec.
 
 This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
 can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
 otherwise; ``None`` (JSON ``null``) always means *absent*, never NaN. ``dumps`` uses
 ``allow_nan=False`` so a bare NaN can never leak onto the wire.
+
+Packed statistics (v5). A record's per-layer arrays are most of a body and most of the sender
+thread's time: ``json.dumps`` writes each float's decimal ``repr``, one by one, holding the GIL
+that training wants. ``dumps`` therefore sends a record's ``layers`` and ``activations`` as
+``{"f64le": "<base64>"}``: the eight statistics' columns (``LAYER_STAT_NAMES`` order) of
+little-endian float64, made by ``array`` in C. The meaning is the JSON form's (``unpack_stats``
+gives it back exactly): NaN stands for null in amax, amin_nz and l2, the counts are whole
+numbers. A block holding a tagged string (an activation's "inf") stays JSON, which the server
+still accepts.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import sys
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -27,10 +39,15 @@ __all__ = [
     "encode_stats",
     "finite_or_none",
     "jsonable",
+    "pack_stats",
     "step_record",
+    "unpack_payload",
+    "unpack_stats",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+PACKED = "f64le"
+"""The key of a packed statistics block (little-endian float64 columns, base64)."""
 
 CAPTURED = ("before_unscale", "after_unscale")
 """Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
@@ -121,8 +138,8 @@ def encode_stats(stats: Mapping[str, Sequence[float]]) -> dict[str, list[JSON]]:
         total = sum(values)
         if total - total == 0.0:  # NaN for a NaN or ±inf anywhere (or an overflowed sum)
             encoded[name] = list(map(float, values))
-        elif name in _FINITE_OR_NULL_STATS:
-            encoded[name] = [finite_or_none(float(v)) for v in values]
+        elif name in _FINITE_OR_NULL_STATS:  # ``finite_or_none`` inline: no frame per value
+            encoded[name] = [float(v) if v - v == 0.0 else None for v in values]
         else:
             encoded[name] = [encode_float(v) for v in values]
     return encoded
@@ -213,6 +230,68 @@ def build_payload(
     }
 
 
+def pack_stats(stats: Mapping[str, Sequence[JSON]]) -> dict[str, str] | None:
+    """An encoded statistics block (``encode_stats``'s form) packed, or None where it cannot
+    be packed exactly (a tagged string): then it travels as JSON. Each column is one
+    ``array("d", column)`` in C, which refuses a null or a string (TypeError): only a column
+    holding nulls takes a per-value expression (null → NaN, amax, amin_nz and l2 only)."""
+    values = array("d")
+    for name in LAYER_STAT_NAMES:
+        column = stats[name]
+        try:
+            values += array("d", column)
+        except TypeError:
+            if name not in _FINITE_OR_NULL_STATS or str in set(map(type, column)):
+                return None
+            values += array("d", [math.nan if v is None else v for v in column])
+    if sys.byteorder == "big":
+        values.byteswap()
+    return {PACKED: base64.b64encode(values.tobytes()).decode("ascii")}
+
+
+def unpack_stats(block: Mapping[str, str]) -> dict[str, list[JSON]]:
+    """A packed block back in ``encode_stats``' form (the server's ``codec.unpack_stats``)."""
+    values = array("d")
+    values.frombytes(base64.b64decode(block[PACKED], validate=True))
+    if sys.byteorder == "big":
+        values.byteswap()
+    n = len(values) // len(LAYER_STAT_NAMES)
+    out: dict[str, list[JSON]] = {}
+    for k, name in enumerate(LAYER_STAT_NAMES):
+        column = values[k * n : (k + 1) * n].tolist()
+        if name in _COUNT_STATS:
+            out[name] = list(map(int, column))
+        elif name in _FINITE_OR_NULL_STATS:
+            out[name] = [None if v != v else v for v in column]
+        else:
+            out[name] = column
+    return out
+
+
+def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
+    """``payload`` with every packed block of its records in JSON form again, in place."""
+    for record in payload.get("records") or ():
+        for name in ("layers", "activations"):
+            block = record.get(name)
+            if isinstance(block, dict) and PACKED in block:
+                record[name] = unpack_stats(block)
+    return payload
+
+
 def dumps(payload: Mapping[str, JSON]) -> bytes:
-    """Compact UTF-8 JSON; raises ``ValueError`` if a bare non-finite float slipped through."""
+    """Compact UTF-8 JSON, each record's ``layers``/``activations`` packed where they can be
+    (module docstring); raises ``ValueError`` if a bare non-finite float slipped through."""
+    records = payload.get("records")
+    if records:
+        packed_records = []
+        for record in records:
+            changes = {}
+            for name in ("layers", "activations"):
+                block = record.get(name)
+                if block is not None and PACKED not in block:
+                    packed = pack_stats(block)
+                    if packed is not None:
+                        changes[name] = packed
+            packed_records.append({**record, **changes} if changes else record)
+        payload = {**payload, "records": packed_records}
     return json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")

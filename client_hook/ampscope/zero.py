@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ampscope.scalerview import ScalerView
+from ampscope.cycle import ScalerView
 
 __all__ = ["ZeroEngine", "ZeroView", "engine_of", "is_engine", "partitioned"]
 
@@ -184,13 +184,16 @@ class ZeroView(ScalerView):
     def __init__(self, zero: ZeroEngine) -> None:
         super().__init__(None)
         self._zero = zero
+        self.present = self.on = zero.fp16
+        self.skips_on_host = True
 
-    @property
-    def present(self) -> bool:
-        return self._zero.fp16
-
-    def enabled(self) -> bool:
-        return self._zero.fp16
+    def capture_state(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: Sequence[torch.nn.Parameter],
+    ) -> tuple[bool | list[bool], torch.Tensor | float]:
+        return self.scaled_state(optimizer, optimizers, params), self.scale_in_effect()
 
     def _scale(self) -> float:
         return float(self._zero.optimizer.loss_scale)
@@ -210,7 +213,9 @@ class ZeroView(ScalerView):
         # Captured before the ZeRO step, which unscales: FP16 pieces still carry the scale.
         return self._zero.fp16 if params else []
 
-    def before_update(self, each: bool = False) -> dict[str, Any]:
+    def before_update(
+        self, each: bool | Sequence[torch.optim.Optimizer] = False
+    ) -> dict[str, Any]:
         return {"scale_host": self._scale()} if self._zero.fp16 else {}
 
     def host_skip(self) -> bool | None:

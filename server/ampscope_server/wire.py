@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from ampscope_server import codec
 
-SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -49,6 +49,8 @@ V2_RECORD_FIELDS = ("captured", "nonfinite", "misuse", "activations", "histogram
 V3_RECORD_FIELDS = ("recheck", "swallowed")
 V4_RUN_FIELDS = ("world_size",)
 V4_RECORD_FIELDS = ("ranks", "optimizers")
+PACKED_SINCE = 5
+"""v5 adds no field: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
     3: ((), (), V3_RECORD_FIELDS),
@@ -354,6 +356,19 @@ class OptimizerStep(WireModel):
 
 # --- records and the batch ---------------------------------------------------------------------
 
+def _unpacked(value: object) -> object:
+    """A packed statistics block (v5) as its JSON form; anything else as it is."""
+    if not codec.packed(value):
+        return value
+    try:
+        return codec.unpack_stats(cast(Mapping[str, object], value))
+    except codec.CodecError as exc:
+        raise PydanticCustomError("packed_stats", str(exc)) from None
+
+
+Unpacked = BeforeValidator(_unpacked)
+
+
 class StepRecord(WireModel):
     seq: Int64
     step: Int64
@@ -367,12 +382,12 @@ class StepRecord(WireModel):
     grad_norm: WireFloat = None
     lr: WireFloat = None
     duration: WireFloat = None
-    layers: LayerStatArrays | None = None
+    layers: Annotated[LayerStatArrays | None, Unpacked] = None
     # v2
     captured: Captured | None = None
     nonfinite: list[NonfiniteLayer] | None = None
     misuse: list[Misuse] | None = None
-    activations: ActivationStatArrays | None = None
+    activations: Annotated[ActivationStatArrays | None, Unpacked] = None
     histogram: Histogram | None = None
     # v3
     recheck: Recheck | None = None
@@ -394,7 +409,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2, 3, 4]
+    schema_version: Literal[1, 2, 3, 4, 5]
     run: RunInfo
     attempt: AttemptInfo
     layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None
@@ -403,6 +418,24 @@ class IngestBatch(WireModel):
     # v2
     modules: Annotated[list[ModuleInfo], Field(max_length=MAX_TABLE)] | None = None
     client: ClientAccounting | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _packed_only_from_v5(cls, data: object) -> object:
+        """Packed statistics are v5's: an earlier batch carrying them is refused by name."""
+        if not isinstance(data, dict):
+            return data
+        version, records = data.get("schema_version"), data.get("records")
+        if type(version) is not int or version >= PACKED_SINCE or type(records) is not list:
+            return data
+        for position, record in enumerate(records):
+            for name in ("layers", "activations"):
+                if isinstance(record, dict) and codec.packed(record.get(name)):
+                    raise PydanticCustomError(
+                        "later_version_field",
+                        "records[{position}].{name}: packed statistics need schema_version 5, "
+                        "not {version}", {"position": position, "name": name, "version": version})
+        return data
 
     # Model-level checks: their messages name the field themselves.
     @model_validator(mode="after")

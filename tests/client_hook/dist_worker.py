@@ -98,9 +98,10 @@ def main(store: str, out: str, mode: set[str]) -> None:
                              all_ranks="all" in mode, activation_every=0, layer_every=1,
                              histogram_every=2, dist_timeout_s=3)
     if "break" in mode and rank == 1 and mon is not None:
-        def fail(*args: Any) -> None:
+        def fail(*args: Any, **kwargs: Any) -> None:
             raise RuntimeError("broken on purpose")
-        mon._cycle.capture = fail  # type: ignore[method-assign,assignment]
+        for read in ("raw_norms", "checked_norms", "partials"):  # every read of the capture
+            setattr(mon._stats, read, fail)
     gen = torch.Generator().manual_seed(rank)
     losses, truth = [], []
     for step in range(STEPS):

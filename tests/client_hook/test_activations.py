@@ -169,6 +169,18 @@ class TestFusedReduction:
 
 
 class TestCompile:
+    def test_sampling_goes_on_while_a_compile_runs_elsewhere(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``torch.compiler.is_compiling()`` answers True on every thread while any compile
+        runs (the fused read's, on its background thread: 38,327 of 38,332 polls of the
+        training thread, #29); the probe asks ``is_dynamo_compiling()``, True only in a trace,
+        and keeps sampling."""
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        _, mon, sink, _ = train(2.0**16, 5, activation_every=2)
+        got = [r["activations"] is not None for r in records(sink)]
+        assert got == [True, False, True, False, True]
+        assert mon._probe is not None and not mon._probe.off
+
     def test_a_compiled_model_trains_without_a_graph_break_or_a_warning(self) -> None:
         """The armed probe stays out of the compiled graph (one graph, no break) and torch's
         warning about global hooks and torch.compile(module) is not raised into the loop."""

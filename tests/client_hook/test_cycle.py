@@ -8,11 +8,10 @@ import torch
 from torch import nn
 
 from ampscope.capture import Kind
-from ampscope.cycle import StepCycle
+from ampscope.cycle import ScalerView, StepCycle
 from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
 from ampscope.reductions import STAT_NAMES, GradStats
-from ampscope.scalerview import ScalerView
 from ampscope.selection import Cadence
 from tests.client_hook.test_reductions import _CountOps
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -193,6 +195,39 @@ class TestHistogramInTheFusedRead:
         assert compiled_histogram.last_path == "fused" and counts is not None
 
 
+class TestAbsentGradients:
+    """Layers whose gradient is None (no gradient this step): the kernel still takes the
+    layout, with their rows as constants (``partials.absent``, a histogram of zeros), equal to
+    the eager path's, which reads them as PyTorch defines them (all zeros)."""
+
+    def test_fused_with_none_gradients_equals_eager(self) -> None:
+        grads: list[torch.Tensor | None] = list(make_grads(2.0**10))
+        grads[1], grads[5] = None, None  # a float32 and a bfloat16 layer, one of each flag
+        sizes = [math.prod(shape) for shape, _, _ in LAYOUT]
+        stats = GradStats(FP16, numels=sizes, fused=True)
+        for histogram in (False, True):
+            state = stats.wait_fused(grads, FLAGS, COMPILE_TIMEOUT, histogram=histogram)
+            assert state is LayoutState.READY
+        at = torch.tensor(2.0**10, device=DEVICE)
+        eager = GradStats(FP16, numels=sizes, fused=False)
+        got = stats.layer_stats(grads, at, FLAGS)
+        assert stats.last_path == "fused"
+        want = eager.layer_stats(grads, at, FLAGS)
+        n = len(grads)
+        got_norm, got_rows = unpack(got.tolist(), n)
+        want_norm, want_rows = unpack(want.tolist(), n)
+        for name in STAT_NAMES:
+            assert_stats_equal(got_rows[name], want_rows[name], 1e-12 if name == "l2" else 0.0)
+        assert_stats_equal([got_norm], [want_norm], 1e-12)
+        assert got_rows["zero_frac"][1] == got_rows["zero_frac"][5] == 1.0
+        table, counts = stats.partials(grads, at, FLAGS, histogram=True)
+        assert stats.last_path == "fused" and counts is not None
+        assert counts.tolist() == exponent_histogram(grads, at, FLAGS, sizes).tolist()
+        assert counts[1, 0].item() == sizes[1] and counts[1, 1:].sum().item() == 0
+        alone, _ = stats.partials(grads, at, FLAGS)  # the same read without the histogram
+        assert_stats_equal(table.reshape(-1).tolist(), alone.reshape(-1).tolist(), 0.0)
+
+
 class TestLargeOffsets:
     def test_counts_past_2_31_elements(self) -> None:
         """2^31 + 8 elements without the memory: a stride-0 view of 8 values, repeated. Counts
@@ -278,20 +313,21 @@ class TestFallback:
         want = GradStats(FP16, fused=False).layer_stats(grads, 8.0, [True, False, True])
         assert_stats_equal(got.tolist(), want.tolist(), 1e-12)
 
-    @pytest.mark.parametrize("grads", [
-        [torch.ones(3, dtype=torch.float64)],
-        [torch.ones(3).to_sparse()],
-        [torch.ones(3), None],
-        [],
-    ], ids=["float64", "sparse", "absent", "empty"])
+    @pytest.mark.parametrize("grads,sizes", [
+        ([torch.ones(3, dtype=torch.float64)], True),
+        ([torch.ones(3).to_sparse()], True),
+        ([torch.ones(3), None], False),
+        ([None, None], True),
+        ([], True),
+    ], ids=["float64", "sparse", "absent-without-sizes", "all-absent", "empty"])
     def test_unsupported_layouts_are_never_compiled(
-        self, grads: list[torch.Tensor | None], monkeypatch: pytest.MonkeyPatch
+        self, grads: list[torch.Tensor | None], sizes: bool, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         def must_not_compile(*args: object, **kwargs: object) -> Any:
             raise AssertionError("compiled an unsupported layout")
 
         monkeypatch.setattr(torch, "compile", must_not_compile)
-        stats = GradStats(FP16, numels=[3] * len(grads), fused=True)
+        stats = GradStats(FP16, numels=[3] * len(grads) if sizes else None, fused=True)
         assert stats.wait_fused(grads, True, 1.0) is None
         stats.layer_stats(grads, 2.0, True)
         assert stats.last_path == "eager"
@@ -367,6 +403,34 @@ class TestFallback:
         assert stats.last_path == "eager"
         assert_stats_equal(third.tolist(), first.tolist(), 1e-12)
         assert stats.wait_fused(grads, [True, False], 0.0) is LayoutState.FAILED
+
+
+class TestExit:
+    def test_exit_waits_for_a_running_compile_at_the_lowest_priority(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A compile still running at interpreter exit is waited for (``_finish_compiles``,
+        registered with ``atexit``): a daemon thread left inside inductor's C++ aborted the
+        process (exit status 134). The compile thread runs at nice +19 (Linux)."""
+        release = threading.Event()
+        nice: list[int] = []
+
+        def slow_compile(fn: Callable[..., Any], **kwargs: Any) -> Any:
+            if sys.platform.startswith("linux"):
+                nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            release.wait(10)
+            return fn
+
+        monkeypatch.setattr(torch, "compile", slow_compile)
+        stats = GradStats(FP16, fused=True)
+        grads = [torch.ones(7, 3, 11)]  # a layout no other test compiles
+        stats.layer_stats(grads, 2.0, True)  # starts the compile; the eager path answers
+        assert stats.last_path == "eager"
+        assert not fused_module._finish_compiles(timeout=0.05)  # still running
+        release.set()
+        assert fused_module._finish_compiles(timeout=10)
+        assert stats.wait_fused(grads, True, 1.0) is LayoutState.READY
+        if sys.platform.startswith("linux"):
+            assert nice == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)]
 
 
 def test_partials_have_eight_columns() -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import ampscope
+import ampscope.cycle
 from ampscope.formats import FORMATS
 from ampscope.monitor import HookState
 from ampscope.reductions import STAT_NAMES, layer_stats, unpack
@@ -180,14 +181,14 @@ class TestRealLoop:
     def test_unscale_clip_step_captures_once_in_true_units(self) -> None:
         run = Run(layer_every=1)
         captured = 0
-        original = run.mon._capture
+        original = run.mon._cycle.capture
 
         def counting(opt: torch.optim.Optimizer) -> None:
             nonlocal captured
             captured += 1
             original(opt)
 
-        run.mon._capture = counting  # type: ignore[method-assign, assignment]
+        run.mon._cycle.capture = counting  # type: ignore[method-assign, assignment]
         for _ in range(10):
             run.opt.zero_grad()
             loss = run.loss()
@@ -244,15 +245,16 @@ class TestHostRecords:
     def test_unstacked_and_stacked_records_are_equal(
             self, monkeypatch: pytest.MonkeyPatch) -> None:
         runs = []
-        for defer_max in (ampscope.monitor.DEFER_MAX, 0):
-            monkeypatch.setattr(ampscope.monitor, "DEFER_MAX", defer_max)
+        for defer_max in (ampscope.cycle.DEFER_MAX, 0):
+            monkeypatch.setattr(ampscope.cycle, "DEFER_MAX", defer_max)
             run = Run(layer_every=3, histogram_every=4, activation_every=5)
             kinds: list[type] = []
             put = run.mon._transport.put  # type: ignore[union-attr]
 
-            def spy(item: Any, put: Any = put, kinds: list[type] = kinds) -> None:
+            def spy(item: Any, put: Any = put, kinds: list[type] = kinds) -> int:
                 kinds.append(type(item.values))
-                put(item)
+                backlog: int = put(item)
+                return backlog
 
             run.mon._transport.put = spy  # type: ignore[union-attr, method-assign]
             for _ in range(12):
@@ -291,13 +293,18 @@ class TestHostRecords:
             self, backlog: int, kind: type) -> None:
         """Unstacked records cost ~30x the memory: past DEFER_MAX queued records (the server
         stalls), the training thread stacks again, so the bounded queue stays small."""
-        assert ampscope.monitor.DEFER_MAX == 256
+        assert ampscope.cycle.DEFER_MAX == 256
         run = Run(layer_every=0)
         transport = run.mon._transport
         assert transport is not None
         items: list[Any] = []
-        transport.backlog = lambda: backlog  # type: ignore[method-assign]
-        transport.put = items.append  # type: ignore[method-assign, assignment]
+
+        def put(item: Any) -> int:  # what the queue holds after it: the next record's choice
+            items.append(item)
+            return backlog
+
+        transport.put = put  # type: ignore[method-assign]
+        run.mon._cycle.backlog = backlog  # as if the queue already held that many
         for _ in range(3):
             run.step()
         run.mon.close()
@@ -934,3 +941,21 @@ class TestWithoutAScaler:
             [t["loss"] for t in run.truth], rel=1e-6)
         assert sum("record_loss() is ignored" in r.message for r in caplog.records) == 1
 
+
+
+class TestWatchSignature:
+    def test_watch_takes_monitors_keywords_typed_and_no_catch_all(self) -> None:
+        """``watch`` spells out every keyword of ``Monitor`` (same names, defaults and
+        annotations), so a typo is a TypeError and mypy checks each option."""
+        import inspect
+
+        watch = inspect.signature(ampscope.watch).parameters
+        monitor = inspect.signature(ampscope.Monitor.__init__).parameters
+        assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in watch.values())
+        keywords = {n: (p.default, p.annotation) for n, p in monitor.items()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert {n: (p.default, p.annotation) for n, p in watch.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY} == keywords
+        assert len(keywords) == 23
+        with pytest.raises(TypeError, match="unexpected keyword argument 'layer_evry'"):
+            ampscope.watch(nn.Linear(2, 2), None, None, layer_evry=3)  # type: ignore[call-arg]

@@ -193,6 +193,31 @@ class TestFinalizeHost:
         assert repr(stats) == repr([want[1 + k * n : 1 + (k + 1) * n]
                                     for k in range(NUM_COLUMNS)])
 
+    @pytest.mark.parametrize("factor", [1.0, 1 / 3, 2.0**-24, math.inf])
+    def test_a_wide_table_is_the_layer_by_layer_definition(self, factor: float) -> None:
+        """500 layers of every kind above, columns computed with ``map`` (no frame per
+        layer): each value the definition's one float64 operation, as a layer loop gives it
+        (``math.sqrt``: correctly rounded, as ``finalize``'s is on the device)."""
+        gen = torch.Generator().manual_seed(3)
+        kinds = torch.randint(0, len(self.ROWS), (500,), generator=gen).tolist()
+        rows = [(*self.ROWS[i][:5], self.ROWS[i][5] * (1 + k), self.ROWS[i][6] * (1 + k / 7),
+                 self.ROWS[i][7]) for k, i in enumerate(kinds)]
+        numel = [self.NUMEL[i] for i in kinds]
+        to_true = [factor if k % 3 else 1.0 for k in range(len(rows))]
+        _, stats = finalize_host([float(x) for r in rows for x in r], numel, to_true)
+        want: list[list[float]] = [[] for _ in range(NUM_COLUMNS)]
+        for r, size, t in zip(rows, numel, to_true, strict=True):
+            denom = size if size >= 1.0 else 1.0
+            want[0].append(r[6] * t if size - r[1] - r[2] > 0 else math.nan)
+            want[1].append(math.nan if math.isinf(r[7]) else r[7] * t)
+            want[2].append(r[0] / denom)
+            want[3].append((r[4] - r[0]) / denom)
+            want[4].append((r[3] - r[0]) / denom)
+            want[5].append(float(r[1]))
+            want[6].append(float(r[2]))
+            want[7].append(math.sqrt(r[5]) * t)
+        assert repr(stats) == repr(want)
+
     def test_it_refuses_a_table_of_the_wrong_size(self) -> None:
         with pytest.raises(ValueError, match="got 7 partials and 1 factors for 1 layers"):
             finalize_host([0.0] * 7, [1.0], [1.0])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampscope.scalerview import ScalerView
+from ampscope.cycle import ScalerView
 
 
 def setup(

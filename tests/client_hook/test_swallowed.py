@@ -79,7 +79,7 @@ class TestHalfModel:
 class TestFp32Model:
     def test_no_probe_no_field(self) -> None:
         records, mon = run(model(), lr=1e-3, half=False)
-        assert mon._swallow is None  # zero cost: nothing is ever copied
+        assert mon._cycle.swallow is None  # zero cost: nothing is ever copied
         assert [r["swallowed"] for r in records] == [None, None, None]
 
 

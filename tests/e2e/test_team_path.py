@@ -28,12 +28,11 @@ pytestmark = pytest.mark.slow
 STEPS = 30
 
 
-def _train(team: Team, token: str | None, tmp_path: Path, **options: object
-           ) -> ampscope.Monitor:
+def _train(team: Team, token: str | None, tmp_path: Path) -> ampscope.Monitor:
     model, scaler, optimizer, gen = make_training()
     mon = ampscope.watch(model, scaler, optimizer, run="team", project="alpha",
                          server=team.url, token=token, spool_dir=tmp_path / "spool",
-                         layer_every=5, **options)
+                         layer_every=5)
     for _ in range(STEPS):
         train_step(model, scaler, optimizer, gen)
     mon.close(5.0)

@@ -6,6 +6,7 @@ request body, validated by the server's schemas, stored, and read back through t
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import uuid
@@ -74,7 +75,9 @@ def test_hook_output_is_accepted_and_read_back_as_sent(
     exported = _export(sessions, payload["run"]["id"])
     assert exported["run"]["status"] == "finished"
     assert exported["run"]["config"] == {"lr": 1e-3, "eps": "inf", "betas": [0.9, 0.999]}
-    for sent, got in zip(payload["records"], exported["steps"], strict=True):
+    assert set(payload["records"][0]["layers"]) == {wire.PACKED}  # v5: the packed columns
+    as_json = wire.unpack_payload(copy.deepcopy(payload))
+    for sent, got in zip(as_json["records"], exported["steps"], strict=True):
         assert {k: v for k, v in got.items() if k not in ("id", "attempt")} == sent
     assert math.copysign(1.0, exported["steps"][0]["loss"]) == -1.0  # -0.0 == 0.0 above
     assert exported["steps"][0]["layers"]["amin_nz"] == [1e-9, None]

@@ -1,0 +1,385 @@
+"""The step seam: where a training loop's optimizer step enters the hook.
+
+A ``StepSource`` attaches to what the loop already calls and drives one ``cycle.StepCycle``
+through the same three methods: ``on_scale`` (a loss), ``capture`` (the gradients are final:
+the one read, once per cycle), ``end`` (the record, then the next cycle). Three sources:
+
+* ``ScalerSource``: a ``GradScaler``'s ``scale``/``unscale_``/``step``/``update``, wrapped per
+  instance (instance attributes that call the bound originals, never the class), and each watched
+  optimizer's ``step`` (a bound method: ``step_bypassed_scaler``, and whether ``scaler.step``
+  really stepped, the re-check's host-side skip);
+* ``OptimizerSource``: without a scaler (BF16, FP32), the optimizers' own step pre/post hooks;
+* ``ZeroSource``: a DeepSpeed engine's ``backward`` (the loss) and its ZeRO optimizer's ``step``.
+
+A plain GradScaler step on the training thread is, in full: ``_Scale`` (``on_scale``), then inside
+``scaler.step`` ``_Step`` (``capture``: ``ScalerView.capture_state``, ``GradStats.raw_norms``),
+the optimizer's ``_bypass``, ``_Unscale``; then ``_Update`` (``ScalerView.before_update``, the
+original, ``end``: ``build`` with ``ScalerView.after_update``, ``Transport.put``, ``reset``).
+``tests/client_hook/test_step.py`` traces it and keeps it so.
+
+Every wrapper runs the original exactly once and lets its exceptions through; an exception in
+the hook's own code goes to the cycle's ``on_error`` (counted, then the hook disables itself),
+never to training. A wrapper pickles (``pickle``, ``copy.deepcopy``, ``torch.save``:
+``GradScaler``'s ``__getstate__`` keeps its whole ``__dict__``) as the copy's own method, never as
+the hook, whose threads and locks cannot be copied.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
+from ampscope.misuse import MisuseTracker
+from ampscope.zero import ZeroEngine
+
+__all__ = ["OptimizerSource", "ScalerSource", "StepSource", "ZeroSource"]
+
+ACTIVE = HookState.ACTIVE
+
+
+class StepSource(Protocol):
+    """What the loop calls, attached to (``attach``) and given back (``detach``, idempotent)."""
+
+    cycle: StepCycle
+
+    def attach(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+
+class _Wrapper:
+    """A wrapped method, set as an instance attribute of ``owner``; subclasses are the hooks
+    (one ``__call__`` each: the wrapper is the hook, no second call per method)."""
+
+    __slots__ = ("name", "original", "owner", "source")
+
+    def __init__(self, source: Any, owner: Any, name: str) -> None:
+        self.source, self.owner, self.name = source, owner, name
+        self.original: Callable[..., Any] = getattr(owner, name)  # bound: chains a wrapper
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (self.owner, self.name)
+
+
+class _Methods:
+    """Installs ``_Wrapper``s on instances and takes them off again."""
+
+    def __init__(self) -> None:
+        self._wrapped: list[tuple[Any, str, bool, Any, _Wrapper]] = []
+
+    def wrap(self, wrapper: _Wrapper) -> None:
+        owner, name = wrapper.owner, wrapper.name
+        had = name in vars(owner)
+        self._wrapped.append((owner, name, had, vars(owner).get(name), wrapper))
+        setattr(owner, name, wrapper)
+
+    def unwrap(self) -> None:
+        for owner, name, had, previous, wrapper in self._wrapped:
+            if vars(owner).get(name) is not wrapper:
+                continue  # someone wrapped on top of us: stay in the chain as a pass-through
+            if had:
+                setattr(owner, name, previous)
+            else:
+                delattr(owner, name)
+        self._wrapped = []
+
+
+# -- GradScaler -----------------------------------------------------------------------------------
+class _Scale(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, outputs: Any) -> Any:
+        cycle = self.source.cycle
+        if cycle.state is ACTIVE:
+            try:
+                cycle.on_scale(outputs)
+            except Exception as exc:
+                cycle.on_error("scale", exc)
+        return self.original(outputs)
+
+
+class _Unscale(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> Any:
+        source: ScalerSource = self.source
+        cycle = source.cycle
+        if cycle.state is ACTIVE:
+            try:
+                if source.in_step:  # scaler.step's own unscale_: torch checked the stage
+                    cycle.misuse.unscaled.add(id(optimizer))
+                else:
+                    cycle.misuse.note_unscale(optimizer, source.view.stage(optimizer))
+            except Exception as exc:
+                cycle.on_error("unscale_", exc)
+            if not cycle.captured:
+                cycle.capture(optimizer)
+                if id(optimizer) not in source.bypass and cycle.sends:
+                    try:  # as at ``scaler.step``: a direct step after this is seen too
+                        source.watch(optimizer)
+                    except Exception as exc:
+                        cycle.on_error("unscale_", exc)
+        elif cycle.group is not None:
+            cycle.contribute_nothing()
+        return self.original(optimizer)
+
+
+class _Step(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        source: ScalerSource = self.source
+        cycle = source.cycle
+        active = cycle.state is ACTIVE
+        snapshot = None
+        if active:
+            if not cycle.captured:
+                cycle.capture(optimizer)
+            if id(optimizer) not in source.bypass and (cycle.sends or cycle.recheck_fn):
+                try:  # a loop's optimizer met here first: see its direct steps too
+                    source.watch(optimizer)
+                except Exception as exc:
+                    cycle.on_error("step", exc)
+            if cycle.swallow is not None and cycle.has_block:
+                try:
+                    snapshot = cycle.swallow.before_step(optimizer)
+                except Exception as exc:
+                    cycle.on_error("step", exc)
+        elif cycle.group is not None:
+            cycle.contribute_nothing()
+        source.in_step, source.stepped = True, False
+        try:
+            result = self.original(optimizer, *args, **kwargs)
+        finally:
+            source.in_step = False
+        if active and cycle.state is ACTIVE and (snapshot or cycle.recheck_fn is not None):
+            try:  # host-side skip knowledge for the re-check (``Monitor.recheck``), swallowed
+                if cycle.recheck_fn is not None:
+                    if getattr(optimizer, "_step_supports_amp_scaling", False) and source.view.on:
+                        cycle.skip_unknown = True  # always called: its kernel applies found_inf
+                    elif not source.stepped:
+                        cycle.skipped = True
+                if snapshot and cycle.swallow is not None:
+                    cycle.swallow.after_step(snapshot)
+            except Exception as exc:
+                cycle.on_error("step", exc)
+        return result
+
+
+class _Update(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, new_scale: Any = None) -> Any:
+        source: ScalerSource = self.source
+        cycle = source.cycle
+        before: dict[str, Any] | None = None
+        if cycle.state is ACTIVE:
+            try:
+                before = source.view.before_update(cycle.optimizers)
+            except Exception as exc:
+                cycle.on_error("update", exc)
+        result = self.original(new_scale)
+        cycle.end(before)
+        return result
+
+
+class ScalerSource:
+    """A ``GradScaler``'s step cycle (module docstring). ``in_step``: inside ``scaler.step``;
+    ``stepped``: the optimizer's own ``step`` ran there (torch's scaler calls it only when
+    found_inf was 0: a host-side "not skipped" at no cost); ``bypass``: the optimizers whose
+    ``step`` is wrapped, by id."""
+
+    def __init__(self, cycle: StepCycle, scaler: torch.amp.GradScaler, view: ScalerView) -> None:
+        self.cycle, self.scaler, self.view = cycle, scaler, view
+        self.in_step = False
+        self.stepped = False
+        self.bypass: dict[int, tuple[torch.optim.Optimizer, Any, bool, Any]] = {}
+        self._methods = _Methods()
+
+    def attach(self) -> None:
+        for opt in self.cycle.optimizers:
+            self.watch(opt)
+        for hook, name in ((_Scale, "scale"), (_Unscale, "unscale_"), (_Step, "step"),
+                           (_Update, "update")):
+            self._methods.wrap(hook(self, self.scaler, name))
+
+    def detach(self) -> None:
+        self._methods.unwrap()
+        for optimizer, bound, had_own, previous in self.bypass.values():
+            if vars(optimizer).get("step") is not bound:
+                continue  # wrapped over by someone else: stays, inert
+            if had_own:
+                optimizer.step = previous  # type: ignore[method-assign]
+            else:
+                del optimizer.step
+        self.bypass.clear()
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Wrap ``optimizer.step`` (per instance, once) to see calls that bypass
+        ``scaler.step``: a bound method, so an ``LRScheduler`` made later can wrap it again. A
+        framework's wrapper is looked through (``cycle.unwrap_optimizer``)."""
+        optimizer = unwrap_optimizer(optimizer)
+        if id(optimizer) in self.bypass:
+            return
+        original = optimizer.step  # bound: chains an earlier instance wrapper too
+        cycle, view = self.cycle, self.view
+
+        def _bypass(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            if self.in_step:
+                self.stepped = True
+            elif cycle.state is ACTIVE and view.on:
+                cycle.misuse.pending.append(MisuseTracker.bypass(opt))
+            return original(*args, **kwargs)
+
+        bound = types.MethodType(_bypass, optimizer)
+        had_own = "step" in vars(optimizer)
+        self.bypass[id(optimizer)] = (optimizer, bound, had_own, vars(optimizer).get("step"))
+        optimizer.step = bound  # type: ignore[method-assign]
+
+
+# -- the optimizers' own hooks (no scaler) --------------------------------------------------------
+class OptimizerSource:
+    """Without a scaler a cycle is one step of every watched optimizer: captured before the
+    first one steps (the gradients are final then), recorded once the last has stepped. Where
+    some optimizer steps less often, the next step's loss (``Monitor.record_loss``) or a second
+    step of one optimizer ends the cycle first. The hooks live in the optimizer's hook dicts,
+    which its ``__getstate__`` leaves out: a pickled, copied or saved optimizer has none."""
+
+    def __init__(self, cycle: StepCycle) -> None:
+        self.cycle = cycle
+        self._handles: list[Any] = []
+        self._snapshot: list[Any] | None = None
+
+    def attach(self) -> None:
+        for opt in self.cycle.optimizers:
+            self._handles.append(opt.register_step_pre_hook(self._before))
+            self._handles.append(opt.register_step_post_hook(self._after))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _before(
+        self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        cycle = self.cycle
+        if cycle.state is not ACTIVE:
+            if cycle.state is HookState.DISABLED and cycle.group is not None:
+                # The cycles go on: its peers count on this rank's (empty) share.
+                if id(optimizer) in cycle.stepped:
+                    cycle.end({})
+                cycle.contribute_nothing()
+            return None
+        if id(optimizer) in cycle.stepped:
+            cycle.end({})
+        # torch passes the hook step()'s own arguments, the optimizer first: a closure given
+        # by position is args[1].
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            self._ready(optimizer)
+            return None
+
+        # ``step(closure)`` (LBFGS, Lightning without a scaler): the closure runs the backward
+        # inside ``step``, after this hook, so the capture follows the closure's first call.
+        def closure_then_capture() -> Any:
+            result = closure()
+            if cycle.state is ACTIVE and not cycle.captured:
+                self._ready(optimizer)
+            return result
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_capture}
+        return (args[0], closure_then_capture, *args[2:]), kwargs
+
+    def _ready(self, optimizer: torch.optim.Optimizer) -> None:
+        """The gradients are final: the capture (once per cycle) and the swallowed snapshot."""
+        cycle = self.cycle
+        if not cycle.captured:
+            cycle.capture(optimizer)
+        if cycle.swallow is not None and cycle.has_block and cycle.state is ACTIVE:
+            try:
+                self._snapshot = cycle.swallow.before_step(optimizer)
+            except Exception as exc:
+                cycle.on_error("step", exc)
+
+    def _after(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        cycle = self.cycle
+        if cycle.state is HookState.DISABLED and cycle.group is not None:
+            cycle.stepped.add(id(optimizer))
+            if len(cycle.stepped) >= len(cycle.optimizers):
+                cycle.end({})
+            return
+        if cycle.state is not ACTIVE:
+            return
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot and cycle.swallow is not None:
+            try:
+                cycle.swallow.after_step(snapshot)
+            except Exception as exc:
+                cycle.on_error("step", exc)
+        cycle.stepped.add(id(optimizer))
+        if len(cycle.stepped) >= len(cycle.optimizers):
+            cycle.end({})
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------------
+class _Backward(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        source: ZeroSource = self.source
+        cycle = source.cycle
+        if cycle.state is ACTIVE:
+            try:
+                # backward(loss, retain_graph=False, scale_wrt_gas=True)
+                by_gas = kwargs.get("scale_wrt_gas", args[1] if len(args) > 1 else True)
+                cycle.on_scale(source.zero.loss_share(loss, bool(by_gas)))
+                source.losses_from_backward = True
+            except Exception as exc:
+                cycle.on_error("backward", exc)
+        return self.original(loss, *args, **kwargs)
+
+
+class _ZeroStep(_Wrapper):
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        source: ZeroSource = self.source
+        cycle = source.cycle
+        before: dict[str, Any] | None = None
+        if cycle.state is ACTIVE:
+            if not cycle.captured:
+                cycle.capture(cycle.optimizers[0])
+            try:
+                before = source.view.before_update()
+            except Exception as exc:
+                cycle.on_error("step", exc)
+        else:
+            cycle.contribute_nothing()
+        result = self.original(*args, **kwargs)
+        cycle.end(before)
+        return result
+
+
+class ZeroSource:
+    """A DeepSpeed engine (``zero.py``): the loss from the engine's ``backward``, the cycle from
+    its ZeRO optimizer's ``step``: captured before it, recorded after it (its own overflow
+    decision and loss scale). ``losses_from_backward``: the engine's backward delivered a loss
+    (a loop calling ``loss.backward()`` hands it to ``record_loss`` instead)."""
+
+    def __init__(self, cycle: StepCycle, zero: ZeroEngine, view: ScalerView) -> None:
+        self.cycle, self.zero, self.view = cycle, zero, view
+        self.losses_from_backward = False
+        self._methods = _Methods()
+
+    def attach(self) -> None:
+        self._methods.wrap(_Backward(self, self.zero.engine, "backward"))
+        self._methods.wrap(_ZeroStep(self, self.zero.optimizer, "step"))
+
+    def detach(self) -> None:
+        self._methods.unwrap()
