@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ampscope.formats import TargetFormat
     from ampscope.monitor import AmpscopeWarning, Monitor, MonitorStats, watch
+    from ampscope.run_view import RunView, notebook
 
-__all__ = ["AmpscopeWarning", "Monitor", "MonitorStats", "TargetFormat", "watch"]
+__all__ = ["AmpscopeWarning", "Monitor", "MonitorStats", "RunView", "TargetFormat", "notebook",
+           "watch"]
 
 _HOME = {
     "AmpscopeWarning": "ampscope.monitor",
@@ -26,6 +28,8 @@ _HOME = {
     "MonitorStats": "ampscope.monitor",
     "watch": "ampscope.monitor",
     "TargetFormat": "ampscope.formats",
+    "RunView": "ampscope.run_view",
+    "notebook": "ampscope.run_view",
 }
 
 

@@ -93,6 +93,7 @@ from ampscope.formats import TargetFormat
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn
 from ampscope.reductions import GradStats
+from ampscope.run_view import DEFAULT_SERVER, RunView
 from ampscope.selection import Cadence, LayerEvery
 from ampscope.step import OptimizerSource, ScalerSource, StepSource, ZeroSource
 from ampscope.swallowed import SwallowProbe
@@ -102,8 +103,6 @@ __all__ = ["AmpscopeWarning", "HookState", "Monitor", "MonitorStats", "unwrap_op
            "watch"]
 
 logger = logging.getLogger("ampscope")
-
-DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
 class AmpscopeWarning(RuntimeWarning):
@@ -255,6 +254,8 @@ class Monitor:
             self._source = OptimizerSource(self._cycle)
         self._state = HookState.ACTIVE if enabled else HookState.DISABLED
         self._transport: Transport | None = None
+        self._server: str | None = None
+        """Where the run page is (`show`): the server records go to, None when offline."""
         if not enabled:
             return
         if not topo.sends:  # a contributing rank: the step cycle and its share, nothing sent
@@ -264,6 +265,7 @@ class Monitor:
             return
         if os.environ.get("AMPSCOPE_MODE", "").strip().lower() == "offline":
             server = None
+        self._server = server if sender is None else None
         if sender is None and server is not None:
             sender = HttpSender(server, token=token or os.environ.get("AMPSCOPE_TOKEN") or None)
         self._transport = Transport(sender, self._encode, spool_dir=spool_dir,
@@ -378,6 +380,10 @@ class Monitor:
         except Exception as exc:
             self._internal_error("record_loss", exc)
         return loss
+
+    def show(self, height: int = 720) -> RunView:
+        """This run's page for a notebook cell (Jupyter renders it inline: `run_view.py`)."""
+        return RunView(self._server, self.run_id, height)
 
     def stats(self) -> MonitorStats:
         t = self._transport.stats() if self._transport is not None else None

@@ -35,7 +35,7 @@ from ampscope_server.api import (
     series,
     tokens,
 )
-from ampscope_server.config import Settings
+from ampscope_server.config import Settings, split_list
 from ampscope_server.db import is_sqlite, make_engine, make_session_factory, verify_schema
 from ampscope_server.errors import AmpscopeError
 from ampscope_server.gate import Gate
@@ -112,7 +112,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sign_in_throttle = throttle
     app.add_middleware(Gate, settings=settings, throttle=throttle)
     app.add_middleware(RequestLimit, max_requests=settings.max_requests)
-    app.add_middleware(pages.SecurityHeaders)
+    app.add_middleware(pages.SecurityHeaders,
+                       policy=pages.csp(split_list(settings.frame_ancestors)))
     for module in (health, auth, runs, ingest, series, live, compare, findings, tokens,
                    alerts_api, pages):
         app.include_router(module.router)

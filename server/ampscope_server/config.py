@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     allowed_origins: str = ""
     """Origins (`https://dash.example.com`) allowed beside the server's own, for WebSockets and
     state-changing requests."""
+    frame_ancestors: str = ""
+    """Origins whose pages may show this server's pages in a frame (a Jupyter server for
+    `mon.show()`: `http://localhost:8888`); none by default (clickjacking)."""
     trusted_proxy_header: str = ""
     """SSO through a proxy (oauth2-proxy): this request header names the signed-in user..."""
     trusted_proxies: str = ""

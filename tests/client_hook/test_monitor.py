@@ -402,6 +402,7 @@ class TestModes:
         run.step()
         run.mon.close(timeout=1.0)
         assert run.mon.stats() == ampscope.MonitorStats(1, 0, 0, 0, 0, 0, spooled=1)
+        assert run.mon.show().url is None
 
     def test_no_server_and_no_spool_counts_drops(self) -> None:
         run = Run(sender=None, server=None, spool_max_bytes=0)
@@ -415,6 +416,7 @@ class TestModes:
                       config={"lr": 0.05}, run_id="fixed-id")
             run.step()
             run.mon.close()
+        assert run.mon.show().url == f"{server.url}/runs/fixed-id"
         payload = server.payloads()[0]
         assert payload["run"] == {
             "id": "fixed-id", "project": "p", "name": "t", "tags": ["a"], "config": {"lr": 0.05},

@@ -9,8 +9,9 @@ import httpx2
 import pytest
 from starlette.testclient import TestClient
 
-from ampscope_server.api.pages import CSP, plotly_js, swagger_ui_dir, web_root
+from ampscope_server.api.pages import CSP, csp, plotly_js, swagger_ui_dir, web_root
 from tests.server.wire import batch, new_id, record
+from tests.support.app import app_client
 from tests.support.ingest import post_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,3 +130,18 @@ def test_the_run_page_preloads_exactly_the_modules_its_scripts_import() -> None:
     assert len(preloaded) == len(set(preloaded))
     assert set(preloaded) == imported - set(scripts)
     assert "plot.js" in preloaded and "codec.js" in preloaded  # a direct and a deeper import
+
+
+def test_framing_is_refused_unless_origins_are_named() -> None:
+    assert csp([]) == CSP
+    assert csp(["http://localhost:8888", "https://*.lab.example"]).endswith(
+        "; frame-ancestors http://localhost:8888 https://*.lab.example")
+    for bad in ("localhost:8888", "http://x; script-src *", "'self'", "javascript:x"):
+        with pytest.raises(ValueError, match="is not an origin such as http://localhost:8888"):
+            csp([bad])
+
+
+def test_a_named_notebook_origin_may_frame_the_pages(migrated_url: str) -> None:
+    with app_client(migrated_url, frame_ancestors="http://localhost:8888") as client:
+        policy = client.get("/api/health").headers["content-security-policy"]
+    assert policy == csp(["http://localhost:8888"])

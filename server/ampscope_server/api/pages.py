@@ -10,6 +10,8 @@ response.
 from __future__ import annotations
 
 import importlib.util
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -24,10 +26,24 @@ from ampscope_server.principal import Scope as TokenScope
 
 # blob: in img-src: plotly's "Download plot as a png" draws the chart's SVG through a blob: image
 # made by the page itself (nothing is fetched from elsewhere); without it the export did nothing.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-)
+ANCESTOR = re.compile(r"https?://[A-Za-z0-9.\-\[\]:*]+")
+"""An origin allowed to frame the pages (`http://localhost:8888`, `https://*.lab.example`)."""
+
+
+def csp(frame_ancestors: Sequence[str] = ()) -> str:
+    """The pages' policy. Framing is refused (clickjacking) unless origins are named, e.g. a
+    Jupyter server showing `mon.show()` (AMPSCOPE_FRAME_ANCESTORS)."""
+    bad = [origin for origin in frame_ancestors if not ANCESTOR.fullmatch(origin)]
+    if bad:
+        raise ValueError(f"AMPSCOPE_FRAME_ANCESTORS: {bad[0]!r} is not an origin such as "
+                         "http://localhost:8888")
+    ancestors = " ".join(frame_ancestors) or "'none'"
+    return ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: "
+            "blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+            f"frame-ancestors {ancestors}")
+
+
+CSP = csp()
 
 router = APIRouter(include_in_schema=False, dependencies=[requires(TokenScope.READ)])
 assets = APIRouter(include_in_schema=False)
@@ -144,8 +160,9 @@ def static_files() -> StaticFiles:
 class SecurityHeaders:
     """Add the CSP and X-Content-Type-Options: nosniff to every HTTP response."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, policy: str = CSP) -> None:
         self.app = app
+        self.policy = policy.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -158,7 +175,7 @@ class SecurityHeaders:
                 # A response with a policy of its own (the offline report) keeps it: a second
                 # header would be enforced too, and the two together would block the report.
                 if not any(name.lower() == b"content-security-policy" for name, _ in headers):
-                    headers.append((b"content-security-policy", CSP.encode()))
+                    headers.append((b"content-security-policy", self.policy))
                 headers.append((b"x-content-type-options", b"nosniff"))
                 message = {**message, "headers": headers}
             await send(message)
