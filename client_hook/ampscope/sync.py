@@ -45,7 +45,11 @@ class SyncReport:
         ]
         lines += [f"damaged: {d.path}@{d.offset}-{d.end}: {d.reason}" for d in self.damaged]
         lines += [f"rejected: {r}" for r in self.rejected]
-        lines += [f"undelivered: {u}" for u in self.undelivered]
+        if self.undelivered:  # the first holds the reason; the rest only wait behind it
+            more = len(self.undelivered) - 1
+            lines.append(f"undelivered from {self.undelivered[0]}"
+                         + (f" and the {more} frames after it" if more else "")
+                         + "; they stay spooled: run sync again once the server takes them")
         return "\n".join(lines)
 
 

@@ -56,6 +56,11 @@ def test_a_server_that_stays_away_stops_sync_in_order(tmp_path: Path) -> None:
     sender = MemorySender([SendResult(Outcome.RETRY, 503)] * 10)
     report = sync(tmp_path, sender=sender, attempts=2)
     assert report.frames_sent == 0 and len(report.undelivered) == 2 and not report.ok
+    first = report.undelivered[0]
+    assert first.endswith("(503: )")
+    assert report.summary().splitlines()[1:] == [  # one line for all, its reason the first's
+        f"undelivered from {first} and the 1 frames after it; they stay spooled: run sync "
+        "again once the server takes them"]
 
 
 def test_cli_prints_accepted_and_duplicate_totals(
