@@ -36,7 +36,8 @@ def encoder(run_id: str) -> Callable[[list[dict[str, Any]], bool, bool], bytes]:
     attempt = {"id": str(uuid.uuid4()), "pid": 1, "started_at": time.time()}
 
     def encode(records: list[dict[str, Any]], include_layers: bool, final: bool) -> bytes:
-        return wire.dumps({"schema_version": 1, "run": run, "attempt": attempt,
+        return wire.dumps({"schema_version": wire.SCHEMA_VERSION, "run": run,
+                           "attempt": attempt,
                            "layers": LAYERS if include_layers else None, "records": records,
                            "final": final})
     return encode

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from ampscope_server import limits
 from ampscope_server.errors import ServiceUnavailable
 from ampscope_server.limits import LARGE_BODY, BodyBudget, BodyLimit
 
@@ -82,5 +83,9 @@ async def _limit() -> None:
     assert limit.budget.held == 0
 
 
-def test_bodies_over_a_mib_take_their_size_from_the_budget() -> None:
+def test_bodies_over_a_mib_take_their_size_from_the_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[None] = []
+    monkeypatch.setattr(limits, "give_back_memory", lambda: trims.append(None))
     asyncio.run(_limit())
+    assert len(trims) == 1  # once, when the one large body admitted was done
