@@ -82,3 +82,36 @@ def test_pages_filter_and_live(served: tuple[ServerProcess, list[str]],
     pg.wait_for_function(f"() => ({ROWS})().includes('{hit}')", timeout=WAIT_MS)
     assert miss not in pg.evaluate(ROWS)
     watched.assert_clean()
+
+
+LINE_ENDS = """(id) => {
+  const link = document.querySelector(`tr[data-run-id="${id}"] td.run-name a`);
+  const lines = new Map();
+  for (const node of link.childNodes) {
+    if (node.nodeType !== Node.TEXT_NODE) continue;
+    for (let i = 0; i < node.length; i += 1) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const top = Math.round(range.getBoundingClientRect().top);
+      lines.set(top, (lines.get(top) ?? '') + node.data[i]);
+    }
+  }
+  return {text: link.textContent, lines: [...lines.values()]};
+}"""
+
+
+def test_a_long_run_name_wraps_between_its_parts(served: tuple[ServerProcess, list[str]],
+                                                 watched: Watched) -> None:
+    server, _ = served
+    name = "resnet50_imagenet_bf16_lr3e-4_warmup2000_seed17.cosine"
+    run_id = new_id()
+    _post(server, run_id, name)
+    pg = watched.page
+    pg.goto(f"{server.url}/")
+    pg.wait_for_selector(f'tr[data-run-id="{run_id}"] td.run-name a', timeout=WAIT_MS)
+    seen = pg.evaluate(LINE_ENDS, run_id)
+    assert seen["text"] == name  # copies as written: no invisible characters
+    assert "".join(seen["lines"]) == name and len(seen["lines"]) > 1
+    assert [line[-1] for line in seen["lines"][:-1] if line[-1] not in "_-./:"] == []
+    watched.assert_clean()

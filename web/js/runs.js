@@ -148,7 +148,7 @@ function row(run) {
   checkCell.append(box);
 
   const name = el('td', 'run-name');
-  const link = el('a', null, run.name || run.id);
+  const link = breakable(el('a'), run.name || run.id);
   link.href = `/runs/${encodeURIComponent(run.id)}`;
   name.append(link);
   const ranks = ranksText(run.world_size);
@@ -363,3 +363,16 @@ compareButton.addEventListener('click', () => {
 });
 setInterval(tick, TICK_MS);
 window.ampscope = { runs: new RunsStream({ onRuns, onState }).start() }; // for the console and the tests
+
+
+/**
+ * `text` in `node`, with a line-break opportunity (<wbr>) after each separator (`_ - . / :`):
+ * a long run name wraps between its parts, never mid-word, and copies as it was written.
+ */
+export function breakable(node, text) {
+  for (const part of String(text).split(/(?<=[-_./:])/)) {
+    node.append(part, document.createElement('wbr'));
+  }
+  node.lastChild?.remove();
+  return node;
+}
