@@ -25,14 +25,14 @@ hold of HOLD_STEPS = 200 steps spans the same five analyses as in the demo. The 
 3 s refetch timer (findings.js REFETCH_MS) is brought forward with playwright's clock; only the
 server's 2 s remain, about 2.3 s per checkpoint (the old test: 80 s of paced training, 64 s).
 
-Known server flicker (server/ampscope_server/findings, not fixed here): the underflow finding's
-hysteresis is per *cited* layer (`Memory.holding` → `gradient_underflow`'s exit threshold of 15 %
-applies only to the layers the shown finding names). With analyses at steps 30 + 40·k, the one
-at step 550 raises it citing only `whisper.bias` (29.7 %; `gain` 23.4 %, `whisper.weight` 22.1 %
-just under 25 %); `whisper.bias` then falls under 15 % while `gain` stays at 14-20 %, so the
-finding is held from step 590, gone at 750 and back at 990. FIRST = 461 is a schedule on which
-the demo does not hit that (the finding is raised from step 540 on); a server fix (hold the
-finding while any dense layer stays above the exit threshold) makes every schedule pass.
+The flicker this test once showed under load was the server's, and it is fixed (852a069): the
+underflow finding's hysteresis applied only to the layers the shown finding cited. With
+analyses at steps 30 + 40·k, the one at step 550 raised it citing only `whisper.bias` (29.7 %;
+`gain` 23.4 %, `whisper.weight` 22.1 %, just under 25 %); `whisper.bias` then fell under 15 %
+while `gain` stayed at 14-20 %, so the finding went at 750 and came back at 990. Now, while a
+finding is shown, every layer is judged against the exit threshold. FIRST = 471 puts the
+analyses on exactly that schedule (the last step trained is FIRST - 1), so this test fails on
+the old server and guards the fix.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.browser
 
 STEPS = 1600
 """The most steps the tests may drive the run to (they stop far earlier)."""
-FIRST = 461
+FIRST = 471
 """Steps trained before the pages open (at once: nothing is analysed in between)."""
 EVERY = 40
 """Steps per checkpoint: one analysis each, as the demo's 2 s analyses at 20 steps/s."""
