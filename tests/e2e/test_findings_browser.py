@@ -118,5 +118,10 @@ def test_runs_list_shows_the_most_severe_finding(
     cell = pg.locator(f'tr[data-run-id="{run_id}"] td.finding-cell')
     cell.wait_for(timeout=WAIT_MS)
     assert cell.locator(".severity").inner_text().lower() == "error"
-    assert cell.locator(".finding-brief").inner_text() == top["title"]
+    brief = cell.locator(".finding-brief")
+    assert brief.inner_text() == top["title"]
+    assert len(top["title"]) > 40  # more than one line's width: it wraps, nothing cut
+    assert brief.evaluate("(e) => e.scrollHeight <= e.clientHeight && "
+                          "e.scrollWidth <= e.clientWidth && e.getClientRects().length === 1 && "
+                          "e.getBoundingClientRect().height > 20")
     watched.assert_clean()

@@ -224,6 +224,7 @@ def test_compare_shows_each_runs_root_cause(served: tuple[ServerProcess, list[st
         cell.wait_for(timeout=WAIT_MS)
         assert cell.get_attribute("data-kind") == top["kind"]
         assert cell.inner_text() == f"{top['severity'].upper()} {top['title']}"
+        assert cell.evaluate("(e) => e.scrollWidth <= e.clientWidth")  # wrapped, not cut
     watched.screenshot("compare-findings.png", full_page=False)
     watched.assert_clean()
 

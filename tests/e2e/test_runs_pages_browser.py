@@ -84,8 +84,8 @@ def test_pages_filter_and_live(served: tuple[ServerProcess, list[str]],
     watched.assert_clean()
 
 
-LINE_ENDS = """(id) => {
-  const link = document.querySelector(`tr[data-run-id="${id}"] td.run-name a`);
+LINE_ENDS = """([id, selector]) => {
+  const link = document.querySelector(`tr[data-run-id="${id}"] ${selector}`);
   const lines = new Map();
   for (const node of link.childNodes) {
     if (node.nodeType !== Node.TEXT_NODE) continue;
@@ -97,7 +97,8 @@ LINE_ENDS = """(id) => {
       lines.set(top, (lines.get(top) ?? '') + node.data[i]);
     }
   }
-  return {text: link.textContent, lines: [...lines.values()]};
+  const clipped = link.scrollWidth > link.clientWidth || link.scrollHeight > link.clientHeight;
+  return {text: link.textContent, lines: [...lines.values()], clipped};
 }"""
 
 
@@ -110,8 +111,29 @@ def test_a_long_run_name_wraps_between_its_parts(served: tuple[ServerProcess, li
     pg = watched.page
     pg.goto(f"{server.url}/")
     pg.wait_for_selector(f'tr[data-run-id="{run_id}"] td.run-name a', timeout=WAIT_MS)
-    seen = pg.evaluate(LINE_ENDS, run_id)
+    seen = pg.evaluate(LINE_ENDS, [run_id, "td.run-name a"])
     assert seen["text"] == name  # copies as written: no invisible characters
     assert "".join(seen["lines"]) == name and len(seen["lines"]) > 1
+    assert [line[-1] for line in seen["lines"][:-1] if line[-1] not in "_-./:"] == []
+    watched.assert_clean()
+
+
+def test_a_long_tag_is_shown_whole(served: tuple[ServerProcess, list[str]],
+                                   watched: Watched) -> None:
+    """A tag wraps between its parts inside its chip: nothing cut, nothing broken mid-word (it
+    was cut with an ellipsis at ~20 characters)."""
+    server, _ = served
+    tag = "tokenizer-sentencepiece_v2.unigram_32k"
+    run_id = new_id()
+    response = httpx.post(f"{server.url}/api/ingest", timeout=30, json=batch(
+        [record(0, with_layers=False)], run_id=run_id, name="tagged", tags=["amp", tag]))
+    assert response.status_code == 200, response.text
+    pg = watched.page
+    pg.goto(f"{server.url}/")
+    chip = 'td.tags .tag:nth-child(2)'
+    pg.wait_for_selector(f'tr[data-run-id="{run_id}"] {chip}', timeout=WAIT_MS)
+    seen = pg.evaluate(LINE_ENDS, [run_id, chip])
+    assert seen["text"] == tag and not seen["clipped"]
+    assert "".join(seen["lines"]) == tag and len(seen["lines"]) > 1
     assert [line[-1] for line in seen["lines"][:-1] if line[-1] not in "_-./:"] == []
     watched.assert_clean()

@@ -161,9 +161,7 @@ function row(run) {
 
   const tags = el('td', 'tags');
   for (const tag of run.tags ?? []) {
-    const chip = el('span', 'tag', tag);
-    chip.title = tag; // cut with an ellipsis when long: the full tag on hover
-    tags.append(chip);
+    tags.append(breakable(el('span', 'tag'), tag)); // wraps between its parts, never cut
   }
 
   const status = el('td');
