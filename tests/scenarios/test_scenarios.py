@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "nan_in_data",
              "activation_overflow", "clip_before_unscale", "fp16_params_no_master", "healthy",
-             "healthy_relu")
+             "healthy_relu", "lr_diverges_in_fp32", "momentum_diverges")
 
 
 class Runs:
@@ -211,7 +212,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # scales 2^40 … 2^20: a range problem, not a data one.
     "init_scale_too_high": ({"calibration_overflow"},
                             {"overflow_storm", "scale_collapse", "nan_not_range"}),
-    "lr_explodes": ({"overflow_storm", "scale_collapse"}, set()),
+    "lr_explodes": ({"divergence", "overflow_storm", "scale_collapse"}, set()),
+    "lr_diverges_in_fp32": ({"divergence", "forward_overflow"}, set()),
+    "momentum_diverges": ({"divergence", "forward_overflow", "overflow_storm"}, set()),
     # The NaN loss persisted in the FP32 re-check: forward_overflow says so; nan_not_range
     # would say it again about the same step (issue #14: two ERRORs, one cause).
     "nan_in_data": ({"forward_overflow"}, {"overflow_storm", "scale_collapse", "nan_not_range"}),
@@ -225,9 +228,11 @@ PRIMARY: dict[str, tuple[str, str] | None] = {
     # scenario: (kind, severity) of the first finding, the root cause to read first
     "tiny_gradient_underflow": ("gradient_underflow", "warning"),
     "init_scale_too_high": ("calibration_overflow", "info"),
-    # The gradients overflow from step 1, the loss only from step 20: the storm (diverging
-    # loss, "lower the learning rate") explains the forward overflow and the collapse.
-    "lr_explodes": ("overflow_storm", "error"),
+    # The loss grows by orders of magnitude (in FP32 too, `TestDoubleTrack`): the divergence
+    # ("lower the learning rate") explains the storm, the forward overflow and the collapse.
+    "lr_explodes": ("divergence", "error"),
+    "lr_diverges_in_fp32": ("divergence", "error"),
+    "momentum_diverges": ("divergence", "error"),
     "nan_in_data": ("forward_overflow", "error"),
     "activation_overflow": ("forward_overflow", "error"),
     "clip_before_unscale": ("amp_misuse", "warning"),
@@ -266,7 +271,8 @@ class TestPrimary:
         findings = runs.findings("lr_explodes")
         assert findings[0]["recommendation"].startswith("Lower the learning rate")
         assert {f["kind"]: f["cause"] for f in findings[1:]} == {
-            "scale_collapse": "overflow_storm", "forward_overflow": "overflow_storm"}
+            "overflow_storm": "divergence", "scale_collapse": "divergence",
+            "forward_overflow": "divergence"}
         # Nowhere the advice to raise the scale while overflows pushed it down.
         assert not any("Raise the loss scale" in f["recommendation"] for f in findings)
 
@@ -317,6 +323,52 @@ class TestFindings:
         assert [f["title"] for f in overflow] == [
             "Forward overflow on 30 step(s): the loss is finite in FP32, non-finite in fp16"]
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0
+
+
+def _diverges(losses: list[float]) -> bool:
+    """Whether a loss trajectory grows by orders of magnitude (or turns non-finite) from its
+    first value: the FP32 twin's truth."""
+    return any(not math.isfinite(loss) or loss >= 100 * losses[0] for loss in losses)
+
+
+class TestDoubleTrack:
+    """Is it the precision or the run? Each case's truth is its FP32 twin (the same model, data
+    and optimizer without autocast or scaling), trained here; the diagnosis of the AMP run must
+    follow it, and no finding may state what the twin contradicts (issue #30)."""
+
+    @pytest.mark.parametrize("name", ["lr_diverges_in_fp32", "momentum_diverges", "lr_explodes",
+                                      "activation_overflow"])
+    def test_the_root_cause_follows_the_fp32_twin(self, runs: Runs, name: str) -> None:
+        common = importlib.import_module("scenarios.common")
+        twin = common.twin_losses(importlib.import_module(f"scenarios.{name}").build)
+        findings = runs.findings(name)
+        root = findings[0]
+        if _diverges(twin):
+            assert (root["kind"], root["severity"]) == ("divergence", "error")
+            assert root["recommendation"].startswith("Lower the learning rate (it is ")
+            assert "will not help" in root["recommendation"]
+            assert all(f["cause"] == "divergence" for f in findings[1:]
+                       if f["severity"] != "info"), [(f["kind"], f["cause"]) for f in findings]
+        else:
+            assert root["kind"] == "forward_overflow"
+            assert "divergence" not in {f["kind"] for f in findings}
+        # "finite in FP32" clears the run only where FP32 stays finite and at its magnitude.
+        saying = [f["kind"] for f in findings if "finite in FP32" in f["title"] + f["explanation"]]
+        assert saying == ([] if _diverges(twin) else ["forward_overflow"])
+
+    @pytest.mark.parametrize("name", ["lr_diverges_in_fp32", "momentum_diverges"])
+    def test_the_fp32_rechecks_are_measured_against_the_runs_own_loss(
+        self, runs: Runs, name: str
+    ) -> None:
+        steps = runs.export(name)["steps"]
+        fp32 = [s["recheck"]["loss"] for s in steps if s["recheck"] is not None]
+        # The run's healthy loss: the median of its first five finite losses.
+        healthy = statistics.median([s["loss"] for s in steps if _finite(s["loss"])][:5])
+        beyond = [loss for loss in fp32 if _finite(loss) and loss >= 100 * healthy]
+        root = runs.findings(name)[0]
+        assert root["evidence"]["fp32_diverged_steps"] == len(beyond) > 0
+        assert root["evidence"]["fp32_loss_peak"] == max(beyond)
+        assert root["title"].endswith("(in FP32 too)")
 
 
 class TestAlerts:

@@ -147,6 +147,10 @@ class RunData:
     swallowed: Sequence[SwallowedSample] = ()
     rechecks: Mapping[int, RecheckStatus] = field(default_factory=dict)
     """{step: outcome of the hook's FP32 re-check of that overflow step} (`mon.recheck`)."""
+    recheck_losses: Mapping[int, float] = field(default_factory=dict)
+    """{step: the FP32 re-check's loss at that step} (NaN/±inf as such), where it gave one:
+    its magnitude against the run's own healthy loss tells a range overflow from a divergence
+    (`findings.divergence`)."""
     name: str = ""
     first_rank: RankStep | None = None
     """A distributed run's first step where a rank went non-finite (None: none, or not a

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from ampscope_server import finding_reads, findings_repository, runs_repository
+from ampscope_server.findings.thresholds import EDGE_STEPS
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import records, troubled_batch
 from tests.server.findings.synthetic import fits_below, scaler_steps
@@ -27,8 +28,10 @@ class TestLoader:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
             data = finding_reads.load_run_data(session, run)
-        # Calibration skips 0-5, the step after the last one, the last step.
-        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
+        # Calibration skips 0-5 and the step after the last one, within the first and last
+        # EDGE_STEPS steps (the run's healthy magnitude and where it is now).
+        edges = EDGE_STEPS
+        assert [p.step for p in data.steps] == [*range(edges), *range(2000 - edges, 2000)]
         assert sorted({s.step for s in data.layer_samples}) == list(range(1920, 2000, 10))
         assert len(data.layer_samples) == finding_reads.RECENT_LAYER_STEPS * 2
 
@@ -42,8 +45,10 @@ class TestLoader:
             data = finding_reads.load_run_data(session, run, for_baseline=True, divergence=1000)
             quiet = finding_reads.load_run_data(session, run, for_baseline=True)
         window = list(range(1000 - finding_reads.BASELINE_WINDOW, 1001))
-        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, *window, 1999]
-        assert [p.step for p in quiet.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
+        edges = EDGE_STEPS
+        first, last = list(range(edges)), list(range(2000 - edges, 2000))
+        assert [p.step for p in data.steps] == [*first, *window, *last]
+        assert [p.step for p in quiet.steps] == [*first, *last]
         assert len({s.step for s in data.layer_samples}) == 200  # all 200 (fewer than 256)
 
     def test_a_baseline_comparison_reads_no_run_whole(
