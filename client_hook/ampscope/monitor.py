@@ -90,6 +90,7 @@ from ampscope import collective, topology, wire, zero
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
 from ampscope.formats import TargetFormat
+from ampscope.misuse import GradWrites
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn
 from ampscope.reductions import GradStats
@@ -229,6 +230,12 @@ class Monitor:
                                 optimizers=optimizers, activation_every=self.activation_every,
                                 on_error=self._internal_error)
         self._cycle.model = model
+        if (self._view.on and engine is None and topo.group is None and not topo.sharded
+                and topology.world_size() == 1):
+            # Exact clip-before-unscale_ counting (misuse.GradWrites) in place of the heuristic;
+            # under torch.distributed DDP writes the gradients after backward itself.
+            self._cycle.writes = GradWrites(self._params, self._internal_error)
+            self._cycle.clip = None
         # DeepSpeed updates its own FP32 partitions, not the parameters the probe would watch.
         self._cycle.swallow = SwallowProbe.for_params(self._params) if engine is None else None
         self._run_info: dict[str, Any] = {

@@ -15,8 +15,9 @@ then read every step):
   steps, by one index probe each on a longer one) and the first at or after the divergence;
 - the non-finite layers of at most NONFINITE_STEPS found_inf steps (evenly spread over them,
   first and last kept), the layer statistics just before at most NAN_CONTEXT_STEPS NaN steps
-  (one index probe each), the first MISUSE_EVENTS misuse events and RECHECKS re-checks (status
-  and FP32 loss), and the swallowed fractions of the last RECENT_LAYER_STEPS steps that carry them.
+  (one index probe each), the first MISUSE_EVENTS misuse events (and each kind's exact count,
+  one grouped read) and RECHECKS re-checks (status and FP32 loss), and the swallowed fractions
+  of the last RECENT_LAYER_STEPS steps that carry them.
 
 Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
 cached per (database, run): a run is analysed again only once it changed and at most every
@@ -266,6 +267,8 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
         misuse=[MisuseEvent(step, kind, detail)
                 for step, kind, detail in findings_repository.misuse_first(
                     session, run.id, MISUSE_EVENTS)],
+        misuse_totals={kind: (steps, first, last) for kind, steps, first, last
+                       in findings_repository.misuse_totals(session, run.id)},
         nan_context=nan_context,
         swallowed=[
             SwallowedSample(step, index, frac)

@@ -181,6 +181,18 @@ def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, s
     return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]
 
 
+def misuse_totals(session: Session, run_id: str) -> list[tuple[str, int, int, int]]:
+    """(kind, steps, first step, last step) per misuse kind of the run: exact counts beyond
+    the first events `misuse_first` reads (a misuse on every step of a long run)."""
+    rows = session.execute(
+        select(MisuseEvent.kind, func.count(func.distinct(Step.step)), func.min(Step.step),
+               func.max(Step.step))
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(Step.run_key == run_key(run_id)).group_by(MisuseEvent.kind)
+        .order_by(MisuseEvent.kind))
+    return [(str(kind), int(n), int(first), int(last)) for kind, n, first, last in rows]
+
+
 # --- exponent histograms for the "what if x k" view (finding_reads.histogram_read) ----------------
 def histogram_steps_last(
     session: Session, run_id: str, limit: int

@@ -163,10 +163,14 @@ class TestPhenomena:
             assert _finite(step["recheck"]["loss"]) and step["recheck"]["layers"] == []
         assert steps[-1]["scale_after"] < 1e-3
 
-    def test_clip_before_unscale_is_reported_as_misuse(self, runs: Runs) -> None:
+    def test_clip_before_unscale_is_reported_on_every_step(self, runs: Runs) -> None:
         steps = runs.export("clip_before_unscale")["steps"]
         kinds = [m["kind"] for step in steps for m in (step["misuse"] or [])]
-        assert kinds == ["clip_before_unscale"]
+        assert kinds == ["clip_before_unscale"] * len(steps)  # the loop clips on every step
+        finding = [f for f in runs.findings("clip_before_unscale") if f["kind"] == "amp_misuse"]
+        assert [(f["title"], f["evidence"]) for f in finding] == [
+            (f"Gradients clipped while still scaled ({len(steps)} step(s))",
+             {"steps": len(steps)})]
         unskipped = [s for s in steps if not s["skipped"] and s["grad_norm"] is not None]
         # Clipped to a *scaled* norm of 1: the true norm is 1 / scale.
         assert all(s["grad_norm"] * s["scale_before"] == pytest.approx(1.0, rel=1e-3)

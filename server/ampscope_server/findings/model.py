@@ -143,6 +143,9 @@ class RunData:
     layer_samples: Sequence[LayerSample] = ()
     nonfinite: Sequence[NonfiniteStep] = ()
     misuse: Sequence[MisuseEvent] = ()
+    misuse_totals: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    """{misuse kind: (steps, first step, last step)} over the whole run, where the loader counted
+    them (`misuse` may hold only the first events); empty: count `misuse`."""
     nan_context: Mapping[int, Sequence[LayerSample]] = field(default_factory=dict)
     swallowed: Sequence[SwallowedSample] = ()
     rechecks: Mapping[int, RecheckStatus] = field(default_factory=dict)
