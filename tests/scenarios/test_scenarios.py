@@ -179,6 +179,10 @@ class TestPhenomena:
     def test_fp16_params_swallow_their_updates(self, runs: Runs) -> None:
         export = runs.export("fp16_params_no_master")
         assert {layer["dtype"] for layer in export["layers"]} == {"float16"}
+        run = runs.get(f"/api/runs/{runs.run_id('fp16_params_no_master')}")
+        n = len(export["layers"])
+        assert (run["target_format"], run["target_format_reason"]) == (
+            "fp16", f"{n} of {n} parameter tensors are FP16")
         measured = [step for step in export["steps"] if step["swallowed"] is not None]
         assert [step["step"] for step in measured] == list(range(0, 40, 5))
         assert all(step["layers"] is not None for step in measured)
