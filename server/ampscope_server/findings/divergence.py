@@ -77,7 +77,7 @@ def magnitude(run: RunData, h: ScaleHistory) -> Magnitude:
     return Magnitude(healthy_loss=healthy, healthy_norm=norm, fp32_losses=fp32)
 
 
-def _fmt_lr(run: RunData, h: ScaleHistory) -> str:
+def _lr_said(h: ScaleHistory) -> str:
     lrs = [lr for p in h.steps if (lr := finite(p.lr)) is not None]
     return f" (it is {lrs[-1]:g})" if lrs else ""
 
@@ -88,8 +88,8 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
     norm (among the last EDGE_STEPS taken steps the snapshot holds)."""
     m = m or magnitude(run, h)
     amp = [(p.step, v) for p in h.steps if (v := finite(p.loss)) is not None]
-    beyond = sorted([(s, v, "amp") for s, v in amp if m.diverged(v)]
-                    + [(s, v, "fp32") for s, v in m.fp32_losses.items() if m.diverged(v)])
+    beyond = sorted([(s, v) for s, v in amp if m.diverged(v)]
+                    + [(s, v) for s, v in m.fp32_losses.items() if m.diverged(v)])
     taken = [(p.step, v) for p in h.steps
              if not p.skipped and (v := finite(p.grad_norm)) is not None][-EDGE_STEPS:]
     norm_peak = max(taken, key=lambda pair: pair[1], default=None)
@@ -128,10 +128,10 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
             f"The gradient norm of the steps taken grew {norm_growth:.3g}x, from "
             f"{m.healthy_norm:.3g} to {norm_peak[1]:.3g} at step {norm_peak[0]}.")
     start = beyond[0][0] if beyond else norm_peak[0] if norm_peak is not None else h.first_step
-    lr = _fmt_lr(run, h)
+    lr = _lr_said(h)
     return [Finding(
         kind="divergence", severity="error",
-        title=(f"Training diverges: the loss reached {m.times(max(v for _, v, _ in beyond)):.3g}"
+        title=(f"Training diverges: the loss reached {m.times(max(v for _, v in beyond)):.3g}"
                f"x its healthy value{' (in FP32 too)' if 'fp32_loss_peak' in evidence else ''}"
                if beyond else f"Training diverges: the gradient norm grew {norm_growth:.3g}x"),
         explanation=(
