@@ -53,7 +53,7 @@ from ampscope.capture import Kind, Taken, take
 from ampscope.collective import Group, Pending, local
 from ampscope.devices import to_device
 from ampscope.histogram import NUM_BINS
-from ampscope.misuse import ClipHeuristic, MisuseTracker
+from ampscope.misuse import ClipHeuristic, GradWrites, MisuseTracker
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn, run_recheck
 from ampscope.record import (
@@ -367,14 +367,16 @@ class StepCycle:
         self.grads_off = grads_off
         # What the monitor wires in (``Monitor.__init__``): the watched optimizers (a capture
         # through one not yet seen adds it), the sampling cadence, the hook's state, the
-        # records' outlet and what rides on a step: misuse, clip heuristic, re-check, swallowed.
+        # records' outlet and what rides on a step: misuse (gradient writes before unscale_, or
+        # the clip heuristic where those are not tracked), re-check, swallowed.
         self.optimizers: list[torch.optim.Optimizer] = optimizers if optimizers is not None else []
         self.activation_every = activation_every
         self.on_error = on_error
         self.state = HookState.ACTIVE
         self.outlet: Outlet | None = None
         self.misuse = MisuseTracker()
-        self.clip = ClipHeuristic()
+        self.writes: GradWrites | None = None
+        self.clip: ClipHeuristic | None = ClipHeuristic()
         self.recheck_fn: RecheckFn | None = None
         self.swallow: SwallowProbe | None = None
         self.model: torch.nn.Module | None = None
@@ -475,6 +477,11 @@ class StepCycle:
                     if self.sharded:  # each rank reads its own shard; the reductions merge
                         grads = list(map(local, grads))
                 scaled, scale = self._view.capture_state(optimizer, optimizers, params)
+                writes = self.writes
+                if writes is not None:
+                    written = writes.written()
+                    if written and (scaled if isinstance(scaled, bool) else all(scaled)):
+                        self.misuse.pending.append(GradWrites.entry(written, len(params)))
                 per_layer = False
                 for n in self._cadence.distinct:
                     if step % n == 0:
@@ -599,7 +606,7 @@ class StepCycle:
         step: int,
         lr: Callable[[torch.device], torch.Tensor | None] | None = None,
         misuse: list[dict[str, str]] | None,
-        clip: ClipHeuristic,
+        clip: ClipHeuristic | None,
         defer: bool = True,
         optimizers: Sequence[torch.optim.Optimizer] = (),
         stepped: frozenset[int] | set[int] = frozenset(),

@@ -12,11 +12,12 @@ Every threshold is derived from ``torch.finfo`` so no number is typed in by hand
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FORMATS", "TargetFormat"]
+__all__ = ["FORMATS", "TargetFormat", "infer"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,29 @@ FORMATS: dict[str, TargetFormat] = {
         ("fp8_e5m2", torch.float8_e5m2),
     )
 }
+
+
+def infer(
+    target_format: str | TargetFormat | None, params: Sequence[torch.Tensor], *, scaling: bool
+) -> tuple[TargetFormat, str]:
+    """The format the gradients are judged against, and why, in the run header's words.
+
+    Given explicitly, it is that. Otherwise from what the model is: FP16 parameters (e.g.
+    ``model.half()``) mean fp16, BF16 parameters bf16 (the more common of the two when both
+    are present, FP16 on a tie: the narrower range); FP32 parameters with a loss scale
+    (``scaling``: an enabled ``GradScaler``, DeepSpeed's FP16) mean an FP16 autocast;
+    without one, a BF16 autocast (or FP32), judged against BF16's range. An FP16 autocast
+    without loss scaling is not seen at ``watch()``: pass ``target_format="fp16"`` for it."""
+    if target_format is not None:
+        fmt = TargetFormat.get(target_format)
+        return fmt, f"given (target_format={fmt.name!r})"
+    half = sum(1 for p in params if p.dtype == torch.float16)
+    brain = sum(1 for p in params if p.dtype == torch.bfloat16)
+    if half or brain:
+        name, count = ("fp16", half) if half >= brain else ("bf16", brain)
+        return FORMATS[name], (f"{count} of {len(params)} parameter tensors are "
+                               f"{name.upper()}")
+    if scaling:
+        return FORMATS["fp16"], "FP32 parameters with a loss scale: an FP16 autocast"
+    return FORMATS["bf16"], ("FP32 parameters without a loss scale: a BF16 autocast (or FP32); "
+                             "pass target_format='fp16' for FP16 without a scaler")

@@ -33,8 +33,9 @@ capture before the first watched optimizer steps, the record once every watched 
 stepped. The loss is what the loop hands to ``Monitor.record_loss``; the record has no scale
 (null), ``found_inf`` says whether a gradient held NaN or ±inf (read from the capture on the
 sender thread) with those layers in backward order, and nothing is ever ``skipped``: the
-optimizer applied the step. The statistics are judged against ``target_format`` (default bf16
-here, fp16 with a scaler) at scale 1.
+optimizer applied the step. The statistics are judged against ``target_format`` at scale 1;
+without one it is inferred from the model (``formats.infer``: FP16/BF16 parameters, else fp16
+with a loss scale and bf16 without) and the run says why (``target_format_reason``).
 
 Under ``torch.distributed`` every rank that calls ``watch`` takes part (``collective.py``): the
 capture also packs this rank's share (``shards.py``) and issues the step's reductions on the
@@ -86,10 +87,11 @@ from typing import Any
 
 import torch
 
-from ampscope import collective, topology, wire, zero
+from ampscope import collective, formats, topology, wire, zero
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
 from ampscope.formats import TargetFormat
+from ampscope.misuse import GradWrites
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn
 from ampscope.reductions import GradStats
@@ -181,9 +183,12 @@ class Monitor:
         self._topology = topo
         enabled, engine, model = topo.enabled, topo.engine, topo.model
         self._layers, self._params = list(topo.layers), list(topo.params)
-        # Without a scaler the run is BF16 (or FP32, judged against BF16's range): FP16 needs one.
-        fp16 = scaler is not None or (engine is not None and engine.fp16)
-        self.fmt = TargetFormat.get(target_format or ("fp16" if fp16 else "bf16"))
+        # From what the model is (formats.infer): its parameters' dtype, else whether the loss
+        # is scaled (FP16 needs it), said in the run header with the reason.
+        scaling = (engine.fp16 if engine is not None
+                   else scaler is not None and bool(scaler.is_enabled()))
+        self.fmt, self.format_reason = formats.infer(target_format, self._params,
+                                                     scaling=scaling)
         self.run_id = run_id or str(uuid.uuid4())
         self.attempt_id = str(uuid.uuid4())
         self.layer_every = layer_every
@@ -229,6 +234,12 @@ class Monitor:
                                 optimizers=optimizers, activation_every=self.activation_every,
                                 on_error=self._internal_error)
         self._cycle.model = model
+        if (self._view.on and engine is None and topo.group is None and not topo.sharded
+                and topology.world_size() == 1):
+            # Exact clip-before-unscale_ counting (misuse.GradWrites) in place of the heuristic;
+            # under torch.distributed DDP writes the gradients after backward itself.
+            self._cycle.writes = GradWrites(self._params, self._internal_error)
+            self._cycle.clip = None
         # DeepSpeed updates its own FP32 partitions, not the parameters the probe would watch.
         self._cycle.swallow = SwallowProbe.for_params(self._params) if engine is None else None
         self._run_info: dict[str, Any] = {
@@ -241,6 +252,7 @@ class Monitor:
             "rank": topo.rank,
             "world_size": topo.world_size,
             "target_format": self.fmt.name,
+            "target_format_reason": self.format_reason,
         }
         self._attempt_info: dict[str, Any] = {
             "id": self.attempt_id, "pid": os.getpid(), "started_at": time.time()}
@@ -534,7 +546,8 @@ def watch(
     often the sender thread wakes to send what is queued: the live latency's main term
     (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s at 0.2) against fewer, larger
     requests and fewer steps slowed by the sender's batch (``transport.DEFAULT_FLUSH_INTERVAL``);
-    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2); ``fused``: the per-layer stats'
+    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2; default: inferred from the parameters'
+    dtype and the loss scaling, ``formats.infer``); ``fused``: the per-layer stats'
     compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
     per-layer step while the exact eager path answers; None (default) takes it for models of at
     least ``reductions.FUSE_MIN_ELEMS`` (2^17) gradient elements, True always, False never

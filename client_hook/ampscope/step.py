@@ -94,12 +94,20 @@ class _Scale(_Wrapper):
 
     def __call__(self, outputs: Any) -> Any:
         cycle = self.source.cycle
-        if cycle.state is ACTIVE:
-            try:
-                cycle.on_scale(outputs)
+        if cycle.state is not ACTIVE:
+            return self.original(outputs)
+        try:
+            cycle.on_scale(outputs)
+        except Exception as exc:
+            cycle.on_error("scale", exc)
+        scaled = self.original(outputs)
+        writes = cycle.writes
+        if writes is not None and isinstance(scaled, torch.Tensor) and scaled.requires_grad:
+            try:  # the end of its backward: where clipping before unscale_ is seen (misuse.py)
+                scaled.register_hook(writes.started)
             except Exception as exc:
                 cycle.on_error("scale", exc)
-        return self.original(outputs)
+        return scaled
 
 
 class _Unscale(_Wrapper):

@@ -25,19 +25,20 @@ NAME = "activation_overflow"
 INPUT_SCALE = 3e4
 
 
-def build(steps: int = 30) -> Scenario:
+def build(steps: int = 30, fp32: bool = False) -> Scenario:
+    """``fp32``: the FP32 twin (a disabled scaler: no autocast, no scaling)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 1))
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=not fp32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
 
-    def step(i: int, mon: Monitor) -> None:
+    def step(i: int, mon: Monitor) -> torch.Tensor:
         x, y = regression_batch(gen)
         x = x * INPUT_SCALE  # raw readings, never normalised
         mon.recheck(lambda: nn.functional.mse_loss(model(x).float(), y))
-        amp_step(model, scaler, optimizer, x, y)
+        return amp_step(model, scaler, optimizer, x, y)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

@@ -3,8 +3,10 @@
 The loop clips right after ``backward()``, while the gradients are still multiplied by the loss
 scale (65536 and up): the scaled norm is always far above the threshold, so every step is
 clipped to a scaled norm of exactly 1.0, i.e. a true gradient norm of 1/scale, and training
-crawls. The correct order is ``scaler.unscale_(opt)`` → clip → ``scaler.step(opt)``. A short
-``growth_interval`` lets the scale change, which is what reveals the constant scaled norm.
+crawls. The correct order is ``scaler.unscale_(opt)`` → clip → ``scaler.step(opt)``. The hook
+sees the gradients written between the end of ``backward()`` and ``unscale_``: the misuse is
+counted on every step it happens, whether or not the scale ever moves (default
+``growth_interval``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ MAX_NORM = 1.0
 
 def build(steps: int = 60) -> Scenario:
     model = mlp()
-    scaler = torch.amp.GradScaler("cpu", growth_interval=20)
+    scaler = torch.amp.GradScaler("cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,9 @@ import ampscope
 from ampscope.monitor import Monitor
 from ampscope.transport import MemorySender, Sender
 
-StepFn = Callable[[int, Monitor], None]
+StepFn = Callable[[int, Monitor], torch.Tensor | None]
+"""One optimizer step of the loop; returns the step's loss (detached) where the scenario
+reports it (`twin_losses`)."""
 
 
 @dataclass
@@ -36,8 +39,9 @@ def amp_step(
     x: torch.Tensor, y: torch.Tensor,
 ) -> torch.Tensor:
     """One ordinary FP16 AMP step on the CPU: autocast forward, MSE loss in FP32, scale,
-    backward, step, update."""
-    with torch.autocast("cpu", dtype=torch.float16):
+    backward, step, update. With a disabled scaler the same step in FP32 (no autocast): the
+    scenario's FP32 twin."""
+    with torch.autocast("cpu", dtype=torch.float16, enabled=scaler.is_enabled()):
         out = model(x)
     loss = nn.functional.mse_loss(out.float(), y)
     scaler.scale(loss).backward()
@@ -63,6 +67,19 @@ def run_scenario(
     finally:
         mon.close()
     return mon
+
+
+def twin_losses(build: Callable[..., Scenario], **options: Any) -> list[float]:
+    """The losses of ``build(fp32=True, **options)``, the scenario's FP32 twin (the same model,
+    data and optimizer without autocast or loss scaling), trained without a hook: the truth a
+    diagnosis of the AMP run is checked against."""
+    scenario = build(fp32=True, **options)
+    mon = ampscope.watch(scenario.model, scenario.scaler, scenario.optimizer, enabled=False)
+    losses = []
+    for i in range(scenario.steps):
+        loss = scenario.step(i, mon)
+        losses.append(math.nan if loss is None else float(loss))
+    return losses
 
 
 def _summary(records: list[dict[str, Any]]) -> str:

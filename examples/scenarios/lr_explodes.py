@@ -24,16 +24,17 @@ NAME = "lr_explodes"
 LR = 3.0
 
 
-def build(steps: int = 60) -> Scenario:
+def build(steps: int = 60, fp32: bool = False) -> Scenario:
+    """``fp32``: the FP32 twin (a disabled scaler: no autocast, no scaling)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
                           nn.Linear(32, 1))
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=not fp32)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     gen = torch.Generator().manual_seed(0)
 
-    def step(i: int, mon: Monitor) -> None:
-        amp_step(model, scaler, optimizer, *regression_batch(gen))
+    def step(i: int, mon: Monitor) -> torch.Tensor:
+        return amp_step(model, scaler, optimizer, *regression_batch(gen))
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

@@ -76,6 +76,8 @@ class Condition:
     recommendation: str
     step_start: int | None = None
     step_end: int | None = None
+    members: tuple[str, ...] = ()
+    """A finding rule's: the identities of the findings grouped under the root `key`."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ def _finding_conditions(rule: RuleSpec, facts: RunFacts) -> list[Condition]:
         out.append(Condition(
             key=root_identity, severity=severity, title=root.title,
             explanation=root.explanation, recommendation=root.recommendation,
-            step_start=min(starts) if starts else None, step_end=max(ends) if ends else None))
+            step_start=min(starts) if starts else None, step_end=max(ends) if ends else None,
+            members=tuple(f.identity for f in members)))
     return out
 
 

@@ -7,6 +7,9 @@ unique in the database, so deciding it twice (two evaluators, a retried transact
 instead of alerting twice. A storm is one alert: an episode lasts while its condition holds,
 and a new episode of the same condition (rule, run, key) within the rule's cooldown after one
 that alerted is recorded but silent. Two root causes of one run are two conditions: both alert.
+One cause, one alert (#30): a live run's diagnosis can find the root later than a consequence
+(a storm that alerted as a root turns out to follow from a divergence); the new root's episode
+takes over the alerted episode of a finding it now groups (`Condition.members`), silently.
 """
 
 from __future__ import annotations
@@ -97,11 +100,14 @@ def apply_rule(session: Session, rule: AlertRule, run: Run, facts: RunFacts,
         if key in open_episodes:
             continue
         last = alerts_repository.last_alerted_at(session, rule.id, run.id, key)
+        # A finding that alerted as a root and now follows from this one: the same cause.
+        taken_over = any(open_episodes[m].alerted for m in condition.members
+                         if m != key and m in open_episodes and m not in holds)
         episode = AlertEpisode(
             rule_id=rule.id, run_id=run.id, key=key,
             ordinal=alerts_repository.next_ordinal(session, rule.id, run.id, key),
             opened_at=now, closed_at=None,
-            alerted=last is None or now - last >= rule.cooldown_s)
+            alerted=not taken_over and (last is None or now - last >= rule.cooldown_s))
         session.add(episode)
         session.flush()
         if episode.alerted:

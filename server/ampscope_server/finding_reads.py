@@ -4,7 +4,8 @@ What one snapshot reads, whatever the run's length (measured before this bound o
 baseline: 0.1 s on SQLite for a run of 100k steps x 200 layers; 1.5 s with a baseline, which
 then read every step):
 - step scalars of the *notable* steps only (skipped or found_inf, scale changes, non-finite
-  loss/grad norm, the step after each skip, first and last): O(events), not O(steps);
+  loss/grad norm, the step after each skip) and of the first and last EDGE_STEPS steps (the
+  run's healthy magnitude and where it is now, `findings.divergence`): O(events), not O(steps);
   with a baseline, also the BASELINE_WINDOW steps up to where the runs part, found by the
   bounded search `GET /api/compare` uses (`divergence_search`: step by step up to 8192 common
   steps, through the rollups beyond), not every step of both runs;
@@ -14,8 +15,9 @@ then read every step):
   steps, by one index probe each on a longer one) and the first at or after the divergence;
 - the non-finite layers of at most NONFINITE_STEPS found_inf steps (evenly spread over them,
   first and last kept), the layer statistics just before at most NAN_CONTEXT_STEPS NaN steps
-  (one index probe each), the first MISUSE_EVENTS misuse events and RECHECKS re-checks, and
-  the swallowed fractions of the last RECENT_LAYER_STEPS steps that carry them.
+  (one index probe each), the first MISUSE_EVENTS misuse events (and each kind's exact count,
+  one grouped read) and RECHECKS re-checks (status and FP32 loss), and the swallowed fractions
+  of the last RECENT_LAYER_STEPS steps that carry them.
 
 Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
 cached per (database, run): a run is analysed again only once it changed and at most every
@@ -77,7 +79,7 @@ from ampscope_server.findings.schemas import (
     HistogramView,
     LayerLossRead,
 )
-from ampscope_server.findings.thresholds import BASELINE_TOLERANCE
+from ampscope_server.findings.thresholds import BASELINE_TOLERANCE, EDGE_STEPS
 from ampscope_server.findings.timeline import history
 from ampscope_server.formats import FORMATS
 from ampscope_server.models import Run
@@ -220,6 +222,10 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
         for layer in runs_repository.get_layers(session, run.id)
     ]
     step_rows = findings_repository.findings_steps(session, run.id, False)
+    notable = {int(row[0]) for row in step_rows}
+    step_rows += [row for row in findings_repository.steps_at_edges(session, run.id, EDGE_STEPS)
+                  if int(row[0]) not in notable]
+    step_rows.sort(key=lambda row: (int(row[1]), int(row[0])))
     if for_baseline and divergence is not None:
         notable = {int(row[0]) for row in step_rows}
         step_rows += [row for row in findings_repository.steps_between(
@@ -246,23 +252,31 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             nan_context[step] = _samples(findings_repository.layer_samples_at(session, before))
 
     rechecks: dict[int, RecheckStatus] = {}
-    for step, status in findings_repository.recheck_statuses(session, run.id, RECHECKS):
+    recheck_losses: dict[int, float] = {}
+    for step, status, loss, loss_class in findings_repository.rechecks_first(
+            session, run.id, RECHECKS):
         known = _recheck_status(status)
         if known is not None:
             rechecks[step] = known
+        value = codec.from_storage(loss, loss_class)
+        if value is not None:
+            recheck_losses[step] = value
     return RunData(
         target_format=run.target_format, layers=layers, steps=points, layer_samples=samples,
         nonfinite=nonfinite,
         misuse=[MisuseEvent(step, kind, detail)
                 for step, kind, detail in findings_repository.misuse_first(
                     session, run.id, MISUSE_EVENTS)],
+        misuse_totals={kind: (steps, first, last) for kind, steps, first, last
+                       in findings_repository.misuse_totals(session, run.id)},
         nan_context=nan_context,
         swallowed=[
             SwallowedSample(step, index, frac)
             for step, index, frac in findings_repository.swallowed_last(
                 session, run.id, RECENT_LAYER_STEPS)
             if frac is not None],
-        rechecks=rechecks, name=run.name, first_rank=_first_rank(session, run),
+        rechecks=rechecks, recheck_losses=recheck_losses, name=run.name,
+        first_rank=_first_rank(session, run),
     )
 
 

@@ -86,6 +86,20 @@ def findings_steps_statement(run_id: str, every_step: bool) -> Select[Unpack[tup
     return select(rows).order_by(rows.c.step, rows.c.id)
 
 
+def steps_at_edges(session: Session, run_id: str, limit: int) -> list[tuple[Any, ...]]:
+    """The step rows of `findings_steps` for the run's first and last `limit` steps, by step
+    then ingest order: two walks of the (run_key, step) index, at most 2 x `limit` rows (the
+    run's healthy start and where it is now, for `findings.divergence`)."""
+    key = run_key(run_id)
+    rows: dict[int, tuple[Any, ...]] = {}
+    for order in ((Step.step, Step.id), (Step.step.desc(), Step.id.desc())):
+        for row in session.execute(
+                select(*_FINDINGS_COLUMNS).where(Step.run_key == key).order_by(*order)
+                .limit(limit)):
+            rows[int(row[0])] = tuple(row)
+    return sorted(rows.values(), key=lambda row: (int(row[1]), int(row[0])))
+
+
 def layer_stat_steps_last(
     session: Session, run_id: str, limit: int, before_step: int | None = None
 ) -> list[int]:
@@ -145,13 +159,16 @@ def swallowed_last(
             for index, frac in enumerate(steps_repository.swallowed_fractions(data))]
 
 
-def recheck_statuses(session: Session, run_id: str, limit: int) -> list[tuple[int, str]]:
-    """(step, status) of the run's first `limit` FP32 re-checks, in step order."""
+def rechecks_first(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, str, float | None, int]]:
+    """(step, status, FP32 loss, its class) of the run's first `limit` FP32 re-checks, in step
+    order."""
     rows = session.execute(
-        select(Step.step, StepRecheck.status)
+        select(Step.step, StepRecheck.status, StepRecheck.loss, StepRecheck.loss_class)
         .join(StepRecheck, StepRecheck.step_id == Step.id)
         .where(Step.run_key == run_key(run_id)).order_by(Step.step, Step.id).limit(limit))
-    return [(int(step), str(status)) for step, status in rows]
+    return [(int(step), str(status), loss, int(cls)) for step, status, loss, cls in rows]
 
 
 def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, str, str]]:
@@ -162,6 +179,18 @@ def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, s
         .where(Step.run_key == run_key(run_id))
         .order_by(Step.step, Step.id, MisuseEvent.position).limit(limit))
     return [(int(step), str(kind), str(detail)) for step, kind, detail in rows]
+
+
+def misuse_totals(session: Session, run_id: str) -> list[tuple[str, int, int, int]]:
+    """(kind, steps, first step, last step) per misuse kind of the run: exact counts beyond
+    the first events `misuse_first` reads (a misuse on every step of a long run)."""
+    rows = session.execute(
+        select(MisuseEvent.kind, func.count(func.distinct(Step.step)), func.min(Step.step),
+               func.max(Step.step))
+        .join(MisuseEvent, MisuseEvent.step_id == Step.id)
+        .where(Step.run_key == run_key(run_id)).group_by(MisuseEvent.kind)
+        .order_by(MisuseEvent.kind))
+    return [(str(kind), int(n), int(first), int(last)) for kind, n, first, last in rows]
 
 
 # --- exponent histograms for the "what if x k" view (finding_reads.histogram_read) ----------------

@@ -84,6 +84,8 @@ class Run(Base):
     host: Mapped[str] = mapped_column(String(255))
     rank: Mapped[int] = mapped_column(Integer)
     target_format: Mapped[str] = mapped_column(String(16))
+    target_format_reason: Mapped[str | None] = mapped_column(String(200))
+    """Why that format (wire `run.target_format_reason`); null from clients before it."""
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)

@@ -162,7 +162,8 @@ def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
     ]
     return RunDetail(
         **summary.model_dump(), host=run.host, rank=run.rank,
-        target_format=run.target_format, attempts=attempts,
+        target_format=run.target_format, target_format_reason=run.target_format_reason,
+        attempts=attempts,
     )
 
 

@@ -160,6 +160,9 @@ class RunDetail(RunSummary):
     host: str
     rank: int
     target_format: str
+    target_format_reason: str | None
+    """Why the run is judged against `target_format` (given, or inferred from the model),
+    null when the client did not say."""
     attempts: list[AttemptRead]
 
 

@@ -50,11 +50,14 @@ V3_RECORD_FIELDS = ("recheck", "swallowed")
 V4_RUN_FIELDS = ("world_size",)
 V4_RECORD_FIELDS = ("ranks", "optimizers")
 PACKED_SINCE = 5
-"""v5 adds no field: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
+"""v5: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
+V5_RUN_FIELDS = ("target_format_reason",)
+"""Optional (issue #30): v5 clients before it do not send it."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
     3: ((), (), V3_RECORD_FIELDS),
     4: ((), V4_RUN_FIELDS, V4_RECORD_FIELDS),
+    5: ((), V5_RUN_FIELDS, ()),
 }
 """Per version: the (batch, run, record) fields it added; a batch of an earlier version may not
 carry them."""
@@ -214,6 +217,9 @@ class RunInfo(WireModel):
                           BeforeValidator(_one_when_null)] = 1
     """The processes of the distributed job (torch.distributed's world size); absent or null:
     1. Kept from the run's first batch, like every run field."""
+    target_format_reason: Text200 | None = None
+    """Why the hook judges against `target_format` (given, or inferred from the parameters'
+    dtype and the loss scaling, issue #30); absent or null from clients before it."""
 
 
 class AttemptInfo(WireModel):

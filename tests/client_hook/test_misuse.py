@@ -116,19 +116,51 @@ class TestMisuse:
         loop.scaler.update()
         assert loop.misuse() == [["unscale_twice"], None]
 
-    def test_clip_before_unscale(self) -> None:
-        loop = Loop()
-        for _ in range(12):
+    def test_clip_before_unscale_is_counted_on_every_step(self) -> None:
+        """Clipped while scaled on 12 of 15 steps, the default growth_interval (the scale
+        never moves, which the norm heuristic needed): exactly those 12 (#30)."""
+        loop = Loop(growth_interval=2000)
+        clipped = [i for i in range(15) if i % 5 != 2]
+        for i in range(15):
             loop.backward()
-            torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1.0)  # on SCALED grads
+            if i in clipped:
+                torch.nn.utils.clip_grad_norm_(loop.model.parameters(), 1.0)  # on SCALED grads
             loop.scaler.step(loop.opt)
             loop.scaler.update()
         rows = loop.misuse()
-        assert kinds(rows) == ["clip_before_unscale"]  # once per streak
-        first = next(i for i, r in enumerate(rows) if r)
-        assert first <= 4
+        assert [i for i, row in enumerate(rows) if row] == clipped
+        assert all(row == ["clip_before_unscale"] for row in rows if row)
         recs = [r for p in loop.sink.payloads() for r in p["records"]]
-        assert "scaled gradient norm stayed at 1" in recs[first]["misuse"][0]["detail"]
+        assert recs[0]["misuse"][0]["detail"].startswith(
+            "4 of 4 gradients were modified between the end of backward() and "
+            "scaler.unscale_() while still scaled")
+
+    def test_clip_value_before_unscale_and_after_an_accumulation(self) -> None:
+        loop = Loop(growth_interval=2000)
+        for _ in range(3):
+            loop.opt.zero_grad(set_to_none=False)  # zero_() writes the gradients: before backward
+            for _ in range(2):  # two micro-batches: the second backward accumulates in place
+                with torch.autocast("cpu", dtype=torch.float16):
+                    out = loop.model(loop.x)
+                loop.scaler.scale(((out.float() - loop.y) ** 2).mean() / 2).backward()
+            torch.nn.utils.clip_grad_value_(loop.model.parameters(), 0.5)
+            loop.scaler.step(loop.opt)
+            loop.scaler.update()
+        assert loop.misuse() == [["clip_before_unscale"]] * 3
+
+    def test_accumulation_and_zeroing_alone_are_no_misuse(self) -> None:
+        loop = Loop(growth_interval=2000)
+        for _ in range(3):
+            loop.opt.zero_grad(set_to_none=False)
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    out = loop.model(loop.x)
+                loop.scaler.scale(((out.float() - loop.y) ** 2).mean() / 2).backward()
+            loop.scaler.unscale_(loop.opt)
+            torch.nn.utils.clip_grad_value_(loop.model.parameters(), 0.5)  # after: correct
+            loop.scaler.step(loop.opt)
+            loop.scaler.update()
+        assert loop.misuse() == [None] * 3
 
 
 class TestClipHeuristic:

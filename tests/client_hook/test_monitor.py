@@ -420,7 +420,8 @@ class TestModes:
         payload = server.payloads()[0]
         assert payload["run"] == {
             "id": "fixed-id", "project": "p", "name": "t", "tags": ["a"], "config": {"lr": 0.05},
-            "host": payload["run"]["host"], "rank": 0, "world_size": 1, "target_format": "fp16"}
+            "host": payload["run"]["host"], "rank": 0, "world_size": 1, "target_format": "fp16",
+            "target_format_reason": "FP32 parameters with a loss scale: an FP16 autocast"}
         assert list(payload["attempt"]) == ["id", "pid", "started_at"]
         assert run.mon.run_id == "fixed-id"
 
@@ -823,6 +824,23 @@ class TestWithoutAScaler:
         assert records[2]["layers"]["l2"] == pytest.approx(l2, rel=1e-12)
         assert run.sender.payloads()[0]["run"]["target_format"] == "bf16"
         assert run.mon.stats() == ampscope.MonitorStats(4, 4, 0, 0, 0, 0)
+
+    def test_fp16_parameters_without_a_scaler_are_judged_as_fp16(self) -> None:
+        """``model.half()`` and no scaler (#30): stored and judged as bf16 before (headroom
+        130.8 bits); FP16 parameters are FP16, said with the reason."""
+        model = make_model().half()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sender = MemorySender()
+        mon = ampscope.watch(model, None, opt, sender=sender, activation_every=0)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).half()
+        mon.record_loss(model(x).float().square().mean()).backward()
+        opt.step()
+        mon.close()
+        assert mon.fmt.name == "fp16"
+        n = len(list(model.parameters()))
+        run = sender.payloads()[0]["run"]
+        assert (run["target_format"], run["target_format_reason"]) == (
+            "fp16", f"{n} of {n} parameter tensors are FP16")
 
     @pytest.mark.parametrize("layer_every", [0, 1])  # the every-step norms, the partials
     def test_a_nonfinite_gradient_is_found_and_the_step_not_skipped(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "nan_in_data",
              "activation_overflow", "clip_before_unscale", "fp16_params_no_master", "healthy",
-             "healthy_relu")
+             "healthy_relu", "lr_diverges_in_fp32", "momentum_diverges")
 
 
 class Runs:
@@ -162,10 +163,14 @@ class TestPhenomena:
             assert _finite(step["recheck"]["loss"]) and step["recheck"]["layers"] == []
         assert steps[-1]["scale_after"] < 1e-3
 
-    def test_clip_before_unscale_is_reported_as_misuse(self, runs: Runs) -> None:
+    def test_clip_before_unscale_is_reported_on_every_step(self, runs: Runs) -> None:
         steps = runs.export("clip_before_unscale")["steps"]
         kinds = [m["kind"] for step in steps for m in (step["misuse"] or [])]
-        assert kinds == ["clip_before_unscale"]
+        assert kinds == ["clip_before_unscale"] * len(steps)  # the loop clips on every step
+        finding = [f for f in runs.findings("clip_before_unscale") if f["kind"] == "amp_misuse"]
+        assert [(f["title"], f["evidence"]) for f in finding] == [
+            (f"Gradients clipped while still scaled ({len(steps)} step(s))",
+             {"steps": len(steps)})]
         unskipped = [s for s in steps if not s["skipped"] and s["grad_norm"] is not None]
         # Clipped to a *scaled* norm of 1: the true norm is 1 / scale.
         assert all(s["grad_norm"] * s["scale_before"] == pytest.approx(1.0, rel=1e-3)
@@ -174,6 +179,10 @@ class TestPhenomena:
     def test_fp16_params_swallow_their_updates(self, runs: Runs) -> None:
         export = runs.export("fp16_params_no_master")
         assert {layer["dtype"] for layer in export["layers"]} == {"float16"}
+        run = runs.get(f"/api/runs/{runs.run_id('fp16_params_no_master')}")
+        n = len(export["layers"])
+        assert (run["target_format"], run["target_format_reason"]) == (
+            "fp16", f"{n} of {n} parameter tensors are FP16")
         measured = [step for step in export["steps"] if step["swallowed"] is not None]
         assert [step["step"] for step in measured] == list(range(0, 40, 5))
         assert all(step["layers"] is not None for step in measured)
@@ -211,7 +220,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     # scales 2^40 … 2^20: a range problem, not a data one.
     "init_scale_too_high": ({"calibration_overflow"},
                             {"overflow_storm", "scale_collapse", "nan_not_range"}),
-    "lr_explodes": ({"overflow_storm", "scale_collapse"}, set()),
+    "lr_explodes": ({"divergence", "overflow_storm", "scale_collapse"}, set()),
+    "lr_diverges_in_fp32": ({"divergence", "forward_overflow"}, set()),
+    "momentum_diverges": ({"divergence", "forward_overflow", "overflow_storm"}, set()),
     # The NaN loss persisted in the FP32 re-check: forward_overflow says so; nan_not_range
     # would say it again about the same step (issue #14: two ERRORs, one cause).
     "nan_in_data": ({"forward_overflow"}, {"overflow_storm", "scale_collapse", "nan_not_range"}),
@@ -225,9 +236,11 @@ PRIMARY: dict[str, tuple[str, str] | None] = {
     # scenario: (kind, severity) of the first finding, the root cause to read first
     "tiny_gradient_underflow": ("gradient_underflow", "warning"),
     "init_scale_too_high": ("calibration_overflow", "info"),
-    # The gradients overflow from step 1, the loss only from step 20: the storm (diverging
-    # loss, "lower the learning rate") explains the forward overflow and the collapse.
-    "lr_explodes": ("overflow_storm", "error"),
+    # The loss grows by orders of magnitude (in FP32 too, `TestDoubleTrack`): the divergence
+    # ("lower the learning rate") explains the storm, the forward overflow and the collapse.
+    "lr_explodes": ("divergence", "error"),
+    "lr_diverges_in_fp32": ("divergence", "error"),
+    "momentum_diverges": ("divergence", "error"),
     "nan_in_data": ("forward_overflow", "error"),
     "activation_overflow": ("forward_overflow", "error"),
     "clip_before_unscale": ("amp_misuse", "warning"),
@@ -266,7 +279,8 @@ class TestPrimary:
         findings = runs.findings("lr_explodes")
         assert findings[0]["recommendation"].startswith("Lower the learning rate")
         assert {f["kind"]: f["cause"] for f in findings[1:]} == {
-            "scale_collapse": "overflow_storm", "forward_overflow": "overflow_storm"}
+            "overflow_storm": "divergence", "scale_collapse": "divergence",
+            "forward_overflow": "divergence"}
         # Nowhere the advice to raise the scale while overflows pushed it down.
         assert not any("Raise the loss scale" in f["recommendation"] for f in findings)
 
@@ -319,10 +333,56 @@ class TestFindings:
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0
 
 
+def _diverges(losses: list[float]) -> bool:
+    """Whether a loss trajectory grows by orders of magnitude (or turns non-finite) from its
+    first value: the FP32 twin's truth."""
+    return any(not math.isfinite(loss) or loss >= 100 * losses[0] for loss in losses)
+
+
+class TestDoubleTrack:
+    """Is it the precision or the run? Each case's truth is its FP32 twin (the same model, data
+    and optimizer without autocast or scaling), trained here; the diagnosis of the AMP run must
+    follow it, and no finding may state what the twin contradicts (issue #30)."""
+
+    @pytest.mark.parametrize("name", ["lr_diverges_in_fp32", "momentum_diverges", "lr_explodes",
+                                      "activation_overflow"])
+    def test_the_root_cause_follows_the_fp32_twin(self, runs: Runs, name: str) -> None:
+        common = importlib.import_module("scenarios.common")
+        twin = common.twin_losses(importlib.import_module(f"scenarios.{name}").build)
+        findings = runs.findings(name)
+        root = findings[0]
+        if _diverges(twin):
+            assert (root["kind"], root["severity"]) == ("divergence", "error")
+            assert root["recommendation"].startswith("Lower the learning rate (it is ")
+            assert "will not help" in root["recommendation"]
+            assert all(f["cause"] == "divergence" for f in findings[1:]
+                       if f["severity"] != "info"), [(f["kind"], f["cause"]) for f in findings]
+        else:
+            assert root["kind"] == "forward_overflow"
+            assert "divergence" not in {f["kind"] for f in findings}
+        # "finite in FP32" clears the run only where FP32 stays finite and at its magnitude.
+        saying = [f["kind"] for f in findings if "finite in FP32" in f["title"] + f["explanation"]]
+        assert saying == ([] if _diverges(twin) else ["forward_overflow"])
+
+    @pytest.mark.parametrize("name", ["lr_diverges_in_fp32", "momentum_diverges"])
+    def test_the_fp32_rechecks_are_measured_against_the_runs_own_loss(
+        self, runs: Runs, name: str
+    ) -> None:
+        steps = runs.export(name)["steps"]
+        fp32 = [s["recheck"]["loss"] for s in steps if s["recheck"] is not None]
+        # The run's healthy loss: the median of its first five finite losses.
+        healthy = statistics.median([s["loss"] for s in steps if _finite(s["loss"])][:5])
+        beyond = [loss for loss in fp32 if _finite(loss) and loss >= 100 * healthy]
+        root = runs.findings(name)[0]
+        assert root["evidence"]["fp32_diverged_steps"] == len(beyond) > 0
+        assert root["evidence"]["fp32_loss_peak"] == max(beyond)
+        assert root["title"].endswith("(in FP32 too)")
+
+
 class TestAlerts:
     """Each scenario, run live into a server alerting on any error (the default rule) and on
     any warning, gets exactly one alert per rule for each root cause its findings hold at that
-    severity, and no other; the healthy runs none."""
+    severity, and no other (one delivery per cause, #30); the healthy runs none."""
 
     @pytest.mark.parametrize("name", SCENARIOS)
     def test_exactly_the_alerts_its_findings_imply(self, runs: Runs, name: str) -> None:
@@ -340,10 +400,13 @@ class TestAlerts:
         runs.hook.wait_for(lambda got: len(mine(got)) >= len(expected))
         time.sleep(2.0)  # ten more evaluation passes: room for a duplicate to show
         prefix = f":{run_id}:"
-        alerted = sorted(
-            (r.headers["X-Ampscope-Delivery"].split(prefix)[0],
-             r.headers["X-Ampscope-Delivery"].split(prefix)[1].rsplit("#", 1)[0])
-            for r in mine(runs.hook.received))
+        # A key that alerted as a root while the run was live and now follows from a root
+        # found later is that root's one alert (#30: one cause, one alert).
+        root_of = {f["identity"]: f["cause"] or f["identity"] for f in findings}
+        keys = [(r.headers["X-Ampscope-Delivery"].split(prefix)[0],
+                 r.headers["X-Ampscope-Delivery"].split(prefix)[1].rsplit("#", 1)[0])
+                for r in mine(runs.hook.received)]
+        alerted = sorted((rule, root_of.get(key, key)) for rule, key in keys)
         assert alerted == expected
         if name.startswith("healthy"):
             assert alerted == []

@@ -53,11 +53,13 @@ def test_a_finding_rule_alerts_once_per_root_cause() -> None:
     # The collapse follows from the storm: one condition for both, spanning both.
     assert got == [
         Condition("overflow_storm", "error", "overflow_storm title", "overflow_storm explained",
-                  "overflow_storm advice", 200, 400),
+                  "overflow_storm advice", 200, 400,
+                  members=("overflow_storm", "scale_collapse")),
         Condition("forward_overflow", "error", "forward_overflow title",
-                  "forward_overflow explained", "forward_overflow advice", 350, 350),
+                  "forward_overflow explained", "forward_overflow advice", 350, 350,
+                  members=("forward_overflow",)),
         Condition("amp_misuse", "warning", "amp_misuse title", "amp_misuse explained",
-                  "amp_misuse advice", 300, 301),
+                  "amp_misuse advice", 300, 301, members=("amp_misuse",)),
     ]
 
 

@@ -27,8 +27,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.faults.support import wait_until
-from tests.server.findings.payloads import healthy_batch, troubled_batch
-from tests.server.wire import batch, new_id, record
+from tests.server.findings.payloads import healthy_batch, records, troubled_batch
+from tests.server.findings.synthetic import scaler_steps
+from tests.server.wire import batch, batch_v2, new_id, record
 from tests.support.app import BASE_URL, app_client
 from tests.support.databases import migrated_database, migrated_sqlite
 from tests.support.ingest import post_batch
@@ -157,6 +158,29 @@ def test_a_run_gets_exactly_the_alerts_its_findings_imply(app: TestClient,
     assert all([(d["status"], d["attempts"], d["destination_id"]) for d in a["deliveries"]]
                == [("delivered", 1, dest["id"])] for a in history)
     assert _history(app, healthy) == []
+
+
+def test_a_root_cause_found_later_does_not_alert_again(app: TestClient, hook: Receiver) -> None:
+    """One cause, one alert (#30): a storm alerts as the root cause; the next batch shows the
+    loss diverging, so the divergence becomes the root and the storm follows from it. Before,
+    the default rule alerted a second time (for the divergence)."""
+    project = f"reroot-{new_id()[:8]}"
+    _destination(app, project, f"{hook.url}/reroot")
+    run_id = new_id()
+    points = scaler_steps(200, lambda s, scale: s % 4 == 0,
+                          loss=lambda s: 1.0 if s < 100 else 10.0 ** ((s - 100) / 20))
+    payload = batch_v2(records(points), run_id=run_id)
+    _ingest(app, dict(payload, records=payload["records"][:100]), project)
+    hook.wait_for(lambda got: len(_of_run(got, run_id)) >= 1)
+    first = _root_causes_with_an_error(app, run_id)
+    assert list(first) == ["overflow_storm"]
+    _ingest(app, dict(payload, records=payload["records"][100:], final=True), project)
+    wait_until(lambda: "divergence" in _root_causes_with_an_error(app, run_id), 30.0)
+    assert list(_root_causes_with_an_error(app, run_id)) == ["divergence"]
+    time.sleep(SETTLE_S)
+    got = _of_run(hook.received, run_id)
+    assert [r.json()["alert"]["title"] for r in got] == list(first.values())
+    assert len(_history(app, run_id)) == 1
 
 
 def _storm(step: int) -> bool:

@@ -186,6 +186,10 @@ class TestValidation:
         (_v3_with("optimizers", None), 3,
          "records[3].optimizers: unknown field in schema_version 3"),
         (_v3_with("world_size", 2), 3, "run.world_size: unknown field in schema_version 3"),
+        (lambda p: p["run"].update(target_format_reason="given"), 4,
+         "run.target_format_reason: unknown field in schema_version 4"),
+        (lambda p: p["run"].update(target_format_reason="x" * 201), 5,
+         "run.target_format_reason: String should have at most 200 characters"),
         (lambda p: None, 2,
          "run.world_size: unknown field in schema_version 2; records[0].recheck: unknown field "
          "in schema_version 2; records[0].swallowed: unknown field in schema_version 2; "

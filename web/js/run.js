@@ -268,6 +268,10 @@ class RunPage {
         shown.title = new Date(run.created_at * 1000).toLocaleString();
       }
       item.append(el('span', 'meta-label', label), shown);
+      if (label === 'format' && run.target_format_reason) {
+        // Why this format (given, or inferred from the model by the hook: #30), as text.
+        item.append(el('span', 'meta-why', `(${run.target_format_reason})`));
+      }
       nodes.push(item);
     }
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));

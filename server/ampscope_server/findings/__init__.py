@@ -31,7 +31,7 @@ from ampscope_server.findings.model import (
 from ampscope_server.findings.stability import Memory
 
 KINDS = (
-    "calibration_overflow", "overflow_storm", "scale_collapse", "forward_overflow",
+    "calibration_overflow", "divergence", "overflow_storm", "scale_collapse", "forward_overflow",
     "nan_not_range", "gradient_underflow", "swallowed_updates", "amp_misuse", "scaler_tuning",
     "baseline_divergence", "rank_nonfinite",
 )

@@ -55,6 +55,12 @@ def _start(finding: Finding) -> int:
 
 
 RULES: tuple[tuple[str, str, Condition], ...] = (
+    # A run that diverges (whatever the precision) overflows, skips, collapses its scale and
+    # turns its loss non-finite as a result: the learning rate comes first.
+    ("divergence", "forward_overflow", _always),
+    ("divergence", "overflow_storm", _always),
+    ("divergence", "scale_collapse", _always),
+    ("divergence", "nan_not_range", _always),
     # The loss is non-finite before any scaling: every step's backward overflows as a result.
     ("forward_overflow", "overflow_storm", _during),
     ("forward_overflow", "scale_collapse", _not_later),
@@ -72,7 +78,7 @@ RULES: tuple[tuple[str, str, Condition], ...] = (
 """(cause kind, consequence kind, when the first explains the second). Scaler tuning is never
 grouped: its advice (init_scale from the calibration descent, growth_interval from probes
 outside storms) holds whatever else happened."""
-KIND_ORDER = ("rank_nonfinite", "forward_overflow", "nan_not_range", "overflow_storm",
+KIND_ORDER = ("rank_nonfinite", "divergence", "forward_overflow", "nan_not_range", "overflow_storm",
               "scale_collapse",
               "amp_misuse", "swallowed_updates", "gradient_underflow", "baseline_divergence",
               "calibration_overflow", "scaler_tuning")

@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ampscope_server.findings import baseline as baseline_mod
-from ampscope_server.findings import causes, gradients, misuse, nonfinite, ranks, scaling
+from ampscope_server.findings import (
+    causes,
+    divergence,
+    gradients,
+    misuse,
+    nonfinite,
+    ranks,
+    scaling,
+)
 from ampscope_server.findings.model import SEVERITY_RANK, Finding, RunData
 from ampscope_server.findings.stability import Memory, track
 from ampscope_server.findings.timeline import history
@@ -31,10 +39,12 @@ def detect(
     h = history(run)
     if h is not None:
         storm = scaling.storm_skips(h)
+        m = divergence.magnitude(run, h)
+        findings += divergence.divergence(run, h, m)
         findings += scaling.calibration_overflow(run, h)
         findings += scaling.overflow_storm(run, h)
         findings += scaling.scale_collapse(run, h)
-        findings += nonfinite.forward_overflow(run, h)
+        findings += nonfinite.forward_overflow(run, h, m)
         findings += nonfinite.nan_not_range(run, h)
         findings += scaling.scaler_tuning(run, h, storm)
     findings += gradients.gradient_underflow(run, holding.get("gradient_underflow", ()))

@@ -47,13 +47,15 @@ def amp_misuse(run: RunData, h: ScaleHistory | None) -> list[Finding]:
             f"AMP misuse: {kind}", "The hook reported an AMP usage error.",
             "See the event details."))
         detail = next((e.detail for e in events if e.detail), "")
+        steps, first, last = run.misuse_totals.get(kind, (
+            len({e.step for e in events}), min(e.step for e in events),
+            max(e.step for e in events)))
         findings.append(Finding(
             kind="amp_misuse", severity="warning",
-            title=f"{title} ({len(events)} step(s))",
+            title=f"{title} ({steps} step(s))",
             explanation=explanation + (f" Hook detail: {detail}" if detail else ""),
             recommendation=recommendation,
-            step_start=min(e.step for e in events), step_end=max(e.step for e in events),
-            evidence={"steps": len({e.step for e in events})}, subject=kind,
+            step_start=first, step_end=last, evidence={"steps": steps}, subject=kind,
         ))
     if h is not None:
         findings.extend(_lr_on_skipped(h))

@@ -143,10 +143,17 @@ class RunData:
     layer_samples: Sequence[LayerSample] = ()
     nonfinite: Sequence[NonfiniteStep] = ()
     misuse: Sequence[MisuseEvent] = ()
+    misuse_totals: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    """{misuse kind: (steps, first step, last step)} over the whole run, where the loader counted
+    them (`misuse` may hold only the first events); empty: count `misuse`."""
     nan_context: Mapping[int, Sequence[LayerSample]] = field(default_factory=dict)
     swallowed: Sequence[SwallowedSample] = ()
     rechecks: Mapping[int, RecheckStatus] = field(default_factory=dict)
     """{step: outcome of the hook's FP32 re-check of that overflow step} (`mon.recheck`)."""
+    recheck_losses: Mapping[int, float] = field(default_factory=dict)
+    """{step: the FP32 re-check's loss at that step} (NaN/±inf as such), where it gave one:
+    its magnitude against the run's own healthy loss tells a range overflow from a divergence
+    (`findings.divergence`)."""
     name: str = ""
     first_rank: RankStep | None = None
     """A distributed run's first step where a rank went non-finite (None: none, or not a

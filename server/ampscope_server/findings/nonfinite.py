@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ampscope_server.findings.divergence import Magnitude, magnitude
 from ampscope_server.findings.model import (
     Finding,
     LayerSample,
@@ -30,23 +31,27 @@ from ampscope_server.findings.timeline import ScaleHistory, culprits, finite
 from ampscope_server.formats import FORMATS
 
 
-def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
+def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> list[Finding]:
     """Error: steps whose loss is NaN or ±inf.
 
     The kind keeps its name whatever the cause: what it asserts is that the loss was non-finite
     before any scaling, so no loss scale can fix it. When the hook re-ran those steps in FP32
     (`mon.recheck`), the outcome names the cause: persisting in FP32 → the data or the model,
-    not the format's range; vanishing → a genuine FP16 range overflow in the forward pass."""
+    not the format's range; vanishing at the run's own magnitude → a genuine FP16 range
+    overflow in the forward pass; vanishing to a loss orders of magnitude above the run's
+    healthy one (`divergence.Magnitude.diverged`) → the run diverges, whatever the format."""
     bad = [p for p in h.steps if is_nonfinite(p.loss)]
     if not bad:
         return []
+    m = m or magnitude(run, h)
     nans = sum(1 for p in bad if is_nan(p.loss))
     infs = len(bad) - nans
     start, end = bad[0].step, bad[-1].step
-    checked = [run.rechecks[p.step] for p in bad if run.rechecks.get(p.step) in
-               ("persisted", "vanished")]
-    persisted = checked.count("persisted")
-    vanished = checked.count("vanished")
+    checked = [p.step for p in bad if run.rechecks.get(p.step) in ("persisted", "vanished")]
+    persisted = sum(1 for step in checked if run.rechecks[step] == "persisted")
+    diverged = [step for step in checked if run.rechecks[step] == "vanished"
+                and m.diverged(run.recheck_losses.get(step))]
+    vanished = len(checked) - persisted - len(diverged)
     evidence: dict[str, float] = {"nonfinite_loss_steps": len(bad), "nan_loss_steps": nans,
                 "inf_loss_steps": infs}
     if checked:
@@ -56,7 +61,24 @@ def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
         "Check the inputs of the first bad step for NaN/inf; keep the overflowing ops "
         "(softmax, large matmuls, exp, norms) in FP32 with autocast(enabled=False) or by "
         "computing the loss in FP32; or train in BF16.")
-    if persisted and not vanished:
+    if diverged:
+        peak = max(run.recheck_losses[step] for step in diverged)
+        evidence |= {"recheck_diverged_steps": len(diverged), "fp32_loss_peak": peak}
+        if m.healthy_loss is not None:
+            evidence["healthy_loss"] = m.healthy_loss
+        title = (f"Non-finite loss on {len(bad)} step(s): FP32 reaches {peak:.3g} there, "
+                 f"{m.times(peak):.3g}x the run's healthy loss (a divergence, not the range)")
+        cause = (f"The FP32 re-check (no autocast, no scaling) of {len(diverged)} of these "
+                 f"steps gave a loss up to {peak:.3g} where the run began at "
+                 f"{m.healthy_loss:.3g}: the weights themselves have diverged, so FP32 is "
+                 "no better off than FP16 there"
+                 + (f" ({vanished} other re-checked step(s) stayed at the run's magnitude)."
+                    if vanished else "."))
+        recommendation = (
+            "Lower the learning rate (or add warm-up, clip the gradients after "
+            "scaler.unscale_()): the training diverges in FP32 too, so neither BF16 nor a "
+            "loss scale fixes it.")
+    elif persisted and not vanished:
         title = (f"Non-finite loss on {len(bad)} step(s), also in FP32: not a range overflow")
         cause = ("The FP32 re-check (no autocast, no scaling) of these steps gave a non-finite "
                  "loss too, so the format's range is not the cause: the inputs or the "
@@ -67,8 +89,9 @@ def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
     elif vanished and not persisted:
         title = (f"Forward overflow on {len(bad)} step(s): the loss is finite in FP32, "
                  f"non-finite in {run.target_format}")
-        cause = ("The FP32 re-check of these steps gave a finite loss: a forward activation or "
-                 "the loss exceeds FP16's range (max 65504) under autocast.")
+        cause = ("The FP32 re-check of these steps gave a finite loss at the run's own "
+                 "magnitude: a forward activation or the loss exceeds FP16's range (max 65504) "
+                 "under autocast.")
         recommendation = (
             "Bring the forward pass into the format's range: normalise the inputs (or scale "
             "the activations down), keep the overflowing ops (the first layers, softmax, exp, "
@@ -83,6 +106,12 @@ def forward_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
     else:
         cause = ("Both NaN and infinite losses: forward activations overflow the format and/or "
                  "the data or computation produces NaN.")
+    if not checked and any(not p.skipped and p.step < start for p in h.steps):
+        # No FP32 evidence: a loss finite and at its healthy magnitude until a step that was
+        # applied may as well be that step diverging as the format's range.
+        cause += (" The loss was finite before step " f"{start}, so the update just before "
+                  "may have diverged (too high a learning rate) as well as overflowed the "
+                  "format: register the FP32 re-check (mon.recheck) to tell them apart.")
     if all(p.scale_before is None for p in bad):
         # No GradScaler (BF16 or FP32): nothing skips these steps, and no scale is involved.
         consequence = ("This run has no loss scale (no GradScaler): nothing skipped these "

@@ -18,7 +18,6 @@ from ampscope_server.findings.thresholds import (
     COLLAPSE_SCALE,
     COLLAPSE_TREND_HALVINGS,
     COLLAPSE_WARN_SCALE,
-    DIVERGENCE_LOSS_FACTOR,
     STORM_MIN_SKIPS,
     STORM_WINDOW_STEPS,
     TUNING_INTERVAL_FACTOR,
@@ -116,23 +115,6 @@ def overflow_storm(run: RunData, h: ScaleHistory) -> list[Finding]:
         evidence["scale_before_storm"] = before
     if after is not None:
         evidence["scale_after_storm"] = after
-    losses = [(p.step, loss) for p in h.steps
-              if p.step <= end and (loss := finite(p.loss)) is not None]
-    diverging = ""
-    advice = ("Find why the gradients blow up: lower the learning rate or add warmup, clip the "
-              "gradients after scaler.unscale_(), and check the layers named here (keep them in "
-              "FP32 with autocast(enabled=False), or train in BF16).")
-    if losses and losses[0][1] > 0:
-        peak_step, peak = max(losses, key=lambda pair: pair[1])
-        growth = peak / losses[0][1]
-        if growth >= DIVERGENCE_LOSS_FACTOR:
-            evidence |= {"loss_first": losses[0][1], "loss_peak": peak, "loss_growth": growth}
-            diverging = (f" The loss rose {growth:.3g}x, from {losses[0][1]:.3g} at step "
-                         f"{losses[0][0]} to {peak:.3g} at step {peak_step}: the training "
-                         "diverges, and the gradients grow with it.")
-            advice = ("Lower the learning rate (or add warmup): the loss diverges, so no loss "
-                      "scale or precision fixes this; clip the gradients after "
-                      "scaler.unscale_() if spikes remain.")
     origin = ""
     if ranked:
         index, first, seen = ranked[0]
@@ -147,8 +129,11 @@ def overflow_storm(run: RunData, h: ScaleHistory) -> list[Finding]:
             f"skipped ({len(lost)} lost in steps {start}-{end}, {len(lost) / span:.1%} of them). "
             "At equilibrium GradScaler skips about one step per growth interval; this many "
             "means the gradients themselves keep exceeding the format's range, and every "
-            f"skipped step is a lost update.{origin}{diverging}"),
-        recommendation=advice,
+            f"skipped step is a lost update.{origin}"),
+        recommendation=(
+            "Find why the gradients blow up: lower the learning rate or add warmup, clip the "
+            "gradients after scaler.unscale_(), and check the layers named here (keep them in "
+            "FP32 with autocast(enabled=False), or train in BF16)."),
         step_start=start, step_end=end, layers=layers, evidence=evidence,
     )]
 

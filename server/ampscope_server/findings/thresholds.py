@@ -33,10 +33,23 @@ iterations "step skipping should occur rarely (once every few hundred or thousan
 iterations)"; five halvings within 100 steps (a factor 32) means the scaler is not finding a
 stable scale."""
 
+# --- divergence (findings/divergence.py) -------------------------------------------------------
 DIVERGENCE_LOSS_FACTOR = 100.0
-"""A loss that rose 100x from its first value by the end of a storm is training diverging (the
-gradients grow with it), not a format problem: the storm's advice then leads with the learning
-rate. Ordinary training noise moves a loss by a few x, never two orders of magnitude."""
+"""A loss (the run's own, or its FP32 re-check's) 100x the run's healthy loss is the training
+diverging, whatever the precision: the learning rate, not the format. Ordinary training noise
+moves a loss by a few x, never two orders of magnitude; a loss that the format's range alone
+makes non-finite stays at the run's magnitude in FP32."""
+DIVERGENCE_NORM_FACTOR = 1e4
+"""A gradient norm of a taken step 10^4 x the run's healthy one: four orders of magnitude, far
+beyond the growth of a healthy run's norm (a few x to ~100x out of initialisation or warm-up)."""
+HEALTHY_STEPS = 5
+"""The run's healthy loss (and gradient norm) is the median of its first 5 finite values: a
+single odd first batch does not set it, and a divergence that takes off within 5 steps still
+leaves it at the run's starting magnitude (the median of 5 needs 3 of them large)."""
+EDGE_STEPS = 32
+"""Steps read at each end of the run (`finding_reads`): the first HEALTHY_STEPS finite values
+are among the first 32 steps unless the run overflowed from the start, and the last 32 are
+where the run is now."""
 
 # --- scale collapse ----------------------------------------------------------------------------
 COLLAPSE_SCALE = 1.0

@@ -77,11 +77,12 @@ def run_data(
     nan_context: Mapping[int, Sequence[LayerSample]] | None = None,
     target_format: str = "fp16", name: str = "",
     swallowed: Sequence[SwallowedSample] = (), rechecks: Mapping[int, RecheckStatus] | None = None,
+    recheck_losses: Mapping[int, float] | None = None,
 ) -> RunData:
     return RunData(
         target_format=target_format, layers=layers, steps=steps, layer_samples=layer_samples,
         nonfinite=nonfinite, misuse=misuse, nan_context=nan_context or {}, name=name,
-        swallowed=swallowed, rechecks=rechecks or {})
+        swallowed=swallowed, rechecks=rechecks or {}, recheck_losses=recheck_losses or {})
 
 
 def nonfinite_at(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -53,7 +54,7 @@ class TestHealthy:
         assert analyze(run_data([])) == []
 
     def test_every_kind_is_listed(self) -> None:
-        assert len(KINDS) == 11
+        assert len(KINDS) == 12
 
 
 class TestCalibration:
@@ -93,17 +94,6 @@ class TestOverflowStorm:
         assert found.evidence["scale_before_storm"] == 1024.0
         assert found.evidence["scale_after_storm"] == 2.0
 
-    def test_a_diverging_loss_leads_with_the_learning_rate(self) -> None:
-        # The loss grows 10x every 10 steps from 1.0 at step 2500 to 1e10 at 2600; the storm
-        # ends at 2596, where it is 10^9.6.
-        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
-                             loss=lambda s: 10.0 ** ((min(max(s, 2500), 2600) - 2500) / 10))
-        found = only(analyze(run_data(steps)), "overflow_storm")
-        assert found.recommendation.startswith("Lower the learning rate (or add warmup)")
-        assert found.evidence["loss_first"] == 1.0
-        assert math.isclose(found.evidence["loss_growth"], 10.0 ** 9.6)
-        assert "the training diverges" in found.explanation
-
     def test_a_steady_loss_keeps_the_generic_advice(self) -> None:
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM)
         found = only(analyze(run_data(steps)), "overflow_storm")
@@ -114,6 +104,94 @@ class TestOverflowStorm:
         storm = {3000, 3020, 3040, 3060}
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in storm)
         assert "overflow_storm" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestDivergence:
+    """Is it the precision or the run: the run's own magnitude decides (findings/divergence)."""
+
+    STORM = TestOverflowStorm.STORM
+
+    def test_a_diverging_loss_is_the_root_cause(self) -> None:
+        # The loss grows 10x every 10 steps from 1.0 at step 2500 to 1e10 at 2600.
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: 10.0 ** ((min(max(s, 2500), 2600) - 2500) / 10))
+        findings = analyze(run_data(steps))
+        assert kinds(findings)[:2] == [("divergence", "error"), ("overflow_storm", "error")]
+        found = findings[0]
+        assert found.cause is None and findings[1].cause == "divergence"
+        assert found.title == "Training diverges: the loss reached 1e+10x its healthy value"
+        assert found.recommendation.startswith("Lower the learning rate (it is 0.001) or add "
+                                               "warm-up, and clip the gradients")
+        assert found.evidence == {"healthy_loss": 1.0, "loss_peak": 1e10, "loss_growth": 1e10}
+        # The first step 100x the healthy loss, and the peak.
+        assert (found.step_start, found.step_end) == (2520, 2600)
+
+    def test_fifty_times_is_no_divergence(self) -> None:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: 50.0 if s >= 2500 else 1.0)
+        assert "divergence" not in [f.kind for f in analyze(run_data(steps))]
+
+    def _overflowing(self, fp32_loss: Callable[[int], float]) -> list[Finding]:
+        """A loss finite at step 0 (0.4), NaN from step 1 on; every step re-checked in FP32,
+        every re-check finite (vanished) at `fp32_loss(step)`."""
+        steps = scaler_steps(40, lambda s, scale: s >= 1,
+                             loss=lambda s: 0.4 if s == 0 else math.nan)
+        bad = range(1, 40)
+        return analyze(run_data(steps, rechecks={s: "vanished" for s in bad},
+                                recheck_losses={s: fp32_loss(s) for s in bad}))
+
+    def test_an_fp32_recheck_orders_of_magnitude_out_is_a_divergence(self) -> None:
+        findings = self._overflowing(lambda s: 4e26 + s * 1e25)
+        assert [(f.kind, f.cause) for f in findings] == [
+            ("divergence", None), ("overflow_storm", "divergence"),
+            ("forward_overflow", "divergence"), ("scale_collapse", "divergence")]
+        root, forward = findings[0], findings[2]
+        assert root.title == ("Training diverges: the loss reached 1.97e+27x its healthy value "
+                              "(in FP32 too)")
+        assert root.evidence["fp32_loss_peak"] == 4e26 + 39 * 1e25
+        assert root.evidence["fp32_diverged_steps"] == 39
+        assert forward.title == ("Non-finite loss on 39 step(s): FP32 reaches 7.9e+26 there, "
+                                 "1.97e+27x the run's healthy loss (a divergence, not the range)")
+        assert forward.evidence["recheck_diverged_steps"] == 39
+        assert forward.evidence["recheck_vanished_steps"] == 0
+        # Nothing says the loss is finite in FP32 as if that cleared the run.
+        assert not any("finite in FP32" in f.title + f.explanation for f in findings)
+
+    def test_an_fp32_recheck_at_the_runs_magnitude_is_the_range(self) -> None:
+        findings = self._overflowing(lambda s: 0.3 + s / 100)
+        assert "divergence" not in [f.kind for f in findings]
+        forward = only(findings, "forward_overflow")
+        assert forward.cause is None
+        assert forward.title == ("Forward overflow on 39 step(s): the loss is finite in FP32, "
+                                 "non-finite in fp16")
+        assert forward.evidence["recheck_vanished_steps"] == 39
+
+    def test_without_a_finite_loss_the_fp32_rechecks_set_the_magnitude(self) -> None:
+        """Non-finite from the first step (activations beyond FP16 from the start): the run's
+        magnitude is the FP32 one, 1e8 here, and 1.5e8 is not a divergence."""
+        steps = scaler_steps(20, lambda s, scale: True, loss=lambda s: math.inf)
+        findings = analyze(run_data(steps, rechecks={s: "vanished" for s in range(20)},
+                                    recheck_losses={s: 1e8 + s * 2.5e6 for s in range(20)}))
+        assert "divergence" not in [f.kind for f in findings]
+        assert findings[0].kind == "forward_overflow"
+
+    def test_a_gradient_norm_ten_thousand_times_the_healthy_one(self) -> None:
+        steps = [dataclasses.replace(p, grad_norm=0.5 if p.step < 900 else 6000.0)
+                 for p in HEALTHY[:1000]]
+        found = only(analyze(run_data(steps)), "divergence")
+        assert found.title == "Training diverges: the gradient norm grew 1.2e+04x"
+        assert found.evidence == {"healthy_loss": 2.0 * math.exp(-2 / 500),
+                                  "healthy_grad_norm": 0.5, "grad_norm_peak": 6000.0,
+                                  "grad_norm_growth": 12000.0}
+
+    def test_a_forward_overflow_after_taken_steps_asks_for_the_recheck(self) -> None:
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in (300, 301),
+                             loss=lambda s: math.inf if s in (300, 301) else 1.0)
+        found = only(analyze(run_data(steps)), "forward_overflow")
+        assert ("The loss was finite before step 300, so the update just before may have "
+                "diverged (too high a learning rate) as well as overflowed the format: "
+                "register the FP32 re-check (mon.recheck) to tell them apart.") in \
+            found.explanation
 
 
 class TestScaleCollapse:

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from ampscope_server import finding_reads, findings_repository, runs_repository
+from ampscope_server.findings import analyze
+from ampscope_server.findings.thresholds import EDGE_STEPS
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import records, troubled_batch
 from tests.server.findings.synthetic import fits_below, scaler_steps
@@ -27,8 +29,10 @@ class TestLoader:
             run = runs_repository.get_run(session, run_id)
             assert run is not None
             data = finding_reads.load_run_data(session, run)
-        # Calibration skips 0-5, the step after the last one, the last step.
-        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
+        # Calibration skips 0-5 and the step after the last one, within the first and last
+        # EDGE_STEPS steps (the run's healthy magnitude and where it is now).
+        edges = EDGE_STEPS
+        assert [p.step for p in data.steps] == [*range(edges), *range(2000 - edges, 2000)]
         assert sorted({s.step for s in data.layer_samples}) == list(range(1920, 2000, 10))
         assert len(data.layer_samples) == finding_reads.RECENT_LAYER_STEPS * 2
 
@@ -42,8 +46,10 @@ class TestLoader:
             data = finding_reads.load_run_data(session, run, for_baseline=True, divergence=1000)
             quiet = finding_reads.load_run_data(session, run, for_baseline=True)
         window = list(range(1000 - finding_reads.BASELINE_WINDOW, 1001))
-        assert [p.step for p in data.steps] == [0, 1, 2, 3, 4, 5, 6, *window, 1999]
-        assert [p.step for p in quiet.steps] == [0, 1, 2, 3, 4, 5, 6, 1999]
+        edges = EDGE_STEPS
+        first, last = list(range(edges)), list(range(2000 - edges, 2000))
+        assert [p.step for p in data.steps] == [*first, *window, *last]
+        assert [p.step for p in quiet.steps] == [*first, *last]
         assert len({s.step for s in data.layer_samples}) == 200  # all 200 (fewer than 256)
 
     def test_a_baseline_comparison_reads_no_run_whole(
@@ -78,6 +84,27 @@ class TestLoader:
         assert [(m.step, m.kind) for m in data.misuse] == [
             (300, "clip_before_unscale"), (301, "clip_before_unscale")]
         assert data.nan_context == {}  # the NaN step's loss is NaN: forward, not a NaN origin
+
+    def test_misuse_is_counted_beyond_the_events_read(
+        self, database: Database, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Clipping before unscale_ on every step: the finding counts every step, also past
+        the first MISUSE_EVENTS events the snapshot reads (#30)."""
+        clip = [{"kind": "clip_before_unscale", "detail": "4 of 4 gradients were modified"}]
+        payload = batch_v2(records(scaler_steps(300, fits_below(2**10)),
+                                   extra=lambda p: {"misuse": clip if p.step >= 20 else []}),
+                           run_id=new_id())
+        run_id = ingest_payload(database.sessions, payload).run_id
+        monkeypatch.setattr(finding_reads, "MISUSE_EVENTS", 10)
+        with database.sessions() as session:
+            run = runs_repository.get_run(session, run_id)
+            assert run is not None
+            data = finding_reads.load_run_data(session, run)
+        assert len(data.misuse) == 10
+        assert data.misuse_totals == {"clip_before_unscale": (280, 20, 299)}
+        found = [f for f in analyze(data) if f.kind == "amp_misuse"]
+        assert [(f.title, f.step_start, f.step_end, f.evidence) for f in found] == [
+            ("Gradients clipped while still scaled (280 step(s))", 20, 299, {"steps": 280})]
 
 
 def test_spread_keeps_first_and_last() -> None:
