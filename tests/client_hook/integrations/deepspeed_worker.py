@@ -12,6 +12,13 @@ Modes (``argv[2]``), ``+``-joined: ``stage0`` (only what ``watch`` says), ``stag
 ``server=URL`` (send to that server instead of a ``MemorySender``). Two micro-batches per step.
 The JSON goes to ``argv[1]`` with ``{}`` replaced by the rank.
 
+Several jobs in one launch: ``argv[2]`` may list modes joined by ``,``; each runs in turn in the
+same two processes (one process group, a barrier between them) and writes to ``argv[1]`` with
+``MODE`` replaced by its mode. A launch costs each rank an interpreter, torch, DeepSpeed and the
+process group (~3 s of CPU): the test module's 12 jobs share two. ``accelerate`` goes last (its
+``AcceleratorState`` is a process-wide singleton), stage 3 in a launch of its own (see
+``test_deepspeed.JOBS``).
+
 FP16: DeepSpeed refuses FP16 on a CPU without AVX-512 FP16 units (``is_fp16_supported``), a
 hardware check of the accelerator, not of the math: torch computes FP16 on any CPU, slowly. The
 worker answers that one check with True; nothing else is replaced.
@@ -53,7 +60,8 @@ def main(out: str, mode: set[str]) -> None:
     stage = next(int(m.removeprefix("stage")) for m in mode if m.startswith("stage"))
     if precision == "fp16":
         type(get_accelerator()).is_fp16_supported = lambda self: True
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="gloo")  # once per process: later calls return
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     config = {
@@ -152,9 +160,11 @@ def main(out: str, mode: set[str]) -> None:
         + [name for name in ("step",) if name in vars(optimizer)],
     }))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], set(sys.argv[2].split("+")))
+    for job in sys.argv[2].split(","):
+        main(sys.argv[1].replace("MODE", job), set(job.split("+")))
+    if dist.is_initialized():
+        dist.destroy_process_group()
     leave()  # the exit status is the work's, not torch's teardown's

@@ -25,10 +25,30 @@ pytestmark = pytest.mark.frameworks
 SHAPES = [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
 
 
-def run_ds(tmp_path: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    launch("tests.client_hook.integrations.deepspeed_worker",
-           [str(tmp_path / "rank{}.json"), mode])
-    zero_, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+FULL = ["stage2+fp32", "stage1+bf16", "stage2+fp16", "stage3+bf16", "stage3+fp16"]
+NAN = ["stage2+fp32", "stage2+fp16", "stage1+bf16", "stage3+fp32"]
+JOBS = [*FULL, *(f"{mode}+nan" for mode in NAN), "stage2+fp32+torchstyle",
+        "stage2+fp32+module", "stage2+fp32+accelerate"]
+"""Every two-rank job of this module, run in turn by two launches (``deepspeed_worker``): a
+launch's interpreters, imports and process group cost more CPU than a job's four steps. ZeRO
+stage 3 jobs get a launch of their own: stage 3 swaps ``torch.nn.functional.linear`` for its
+own autograd function for good, which changes the order in which every later job's gradients
+become ready."""
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("deepspeed")
+    for stage3 in (False, True):
+        launch("tests.client_hook.integrations.deepspeed_worker",
+               [str(folder / "MODE" / "rank{}.json"),
+                ",".join(job for job in JOBS if ("stage3" in job) == stage3)], timeout=600)
+    return folder
+
+
+def run_ds(jobs: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What each rank of the job ``mode`` wrote."""
+    zero_, one = (json.loads((jobs / mode / f"rank{r}.json").read_text()) for r in (0, 1))
     return zero_, one
 
 
@@ -51,11 +71,9 @@ def assert_one_run(zero_: dict[str, Any], one: dict[str, Any]) -> None:
     assert zero_["partitioned"] == [True, False]
 
 
-@pytest.mark.parametrize("mode", ["stage2+fp32", "stage1+bf16", "stage2+fp16", "stage3+bf16",
-                                  "stage3+fp16"])
-def test_the_full_gradients_statistics_from_the_zero_partitions(tmp_path: Path,
-                                                                 mode: str) -> None:
-    zero_, one = run_ds(tmp_path, mode)
+@pytest.mark.parametrize("mode", FULL)
+def test_the_full_gradients_statistics_from_the_zero_partitions(jobs: Path, mode: str) -> None:
+    zero_, one = run_ds(jobs, mode)
     assert_one_run(zero_, one)
     assert_full_statistics(zero_)
     records, truth = zero_["records"], zero_["truth"]
@@ -72,10 +90,9 @@ def test_the_full_gradients_statistics_from_the_zero_partitions(tmp_path: Path,
         assert {r["captured"] for r in records} == {"after_unscale"}
 
 
-@pytest.mark.parametrize("mode", ["stage2+fp32", "stage2+fp16", "stage1+bf16", "stage3+fp32"])
-def test_a_nan_on_one_rank_is_deepspeeds_skip_and_names_the_rank(tmp_path: Path,
-                                                                  mode: str) -> None:
-    zero_, one = run_ds(tmp_path, f"{mode}+nan")
+@pytest.mark.parametrize("mode", NAN)
+def test_a_nan_on_one_rank_is_deepspeeds_skip_and_names_the_rank(jobs: Path, mode: str) -> None:
+    zero_, one = run_ds(jobs, f"{mode}+nan")
     assert one["losses"][1] == "nan" and zero_["losses"][1] != "nan"
     records, truth = zero_["records"], zero_["truth"]
     bad = records[1]
@@ -100,26 +117,25 @@ def test_a_nan_on_one_rank_is_deepspeeds_skip_and_names_the_rank(tmp_path: Path,
     assert [r["found_inf"] for r in records] == [False, True, False, False]
 
 
-def test_torch_style_backward_with_record_loss(tmp_path: Path) -> None:
-    zero_, one = run_ds(tmp_path, "stage2+fp32+torchstyle")
+def test_torch_style_backward_with_record_loss(jobs: Path) -> None:
+    zero_, one = run_ds(jobs, "stage2+fp32+torchstyle")
     assert_one_run(zero_, one)
     assert_full_statistics(zero_)
 
 
-def test_accelerates_deepspeed_plugin_prepares_an_engine_watched_as_it_is(
-        tmp_path: Path) -> None:
-    zero_, one = run_ds(tmp_path, "stage2+fp32+accelerate")
+def test_accelerates_deepspeed_plugin_prepares_an_engine_watched_as_it_is(jobs: Path) -> None:
+    zero_, one = run_ds(jobs, "stage2+fp32+accelerate")
     assert_one_run(zero_, one)
     assert all(r["layers"] is not None and r["grad_norm"] is not None
                for r in zero_["records"])
 
 
 def test_the_module_inside_an_engine_sends_no_gradient_statistics_and_says_why(
-        tmp_path: Path) -> None:
+        jobs: Path) -> None:
     """As a framework's callback would hand it over: the engine's module and its optimizer.
     Its .grad is empty under ZeRO: no layer statistic is sent (never zeros), and one warning
     says to watch the engine."""
-    zero_, one = run_ds(tmp_path, "stage2+fp32+module")
+    zero_, one = run_ds(jobs, "stage2+fp32+module")
     assert (zero_["state"], zero_["errors"], zero_["produced"]) == ("closed", 0, 4)
     assert (one["state"], one["errors"], one["records"]) == ("closed", 0, [])
     assert {(r["layers"] is None, r["grad_norm"], r["histogram"] is None)
