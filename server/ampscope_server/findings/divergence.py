@@ -8,7 +8,9 @@ step: a finite FP32 loss there says nothing about range if it is 10^27 where the
 - its healthy magnitude: the median of its first HEALTHY_STEPS finite losses (and gradient
   norms of taken steps);
 - *divergence*: a loss, the run's or its FP32 re-check's, DIVERGENCE_LOSS_FACTOR x the healthy
-  one, or a taken step's gradient norm DIVERGENCE_NORM_FACTOR x the healthy norm. The learning
+  one, or a taken step's gradient norm DIVERGENCE_NORM_FACTOR x the healthy norm, and the run
+  never comes back (a transient spike followed by losses at the healthy magnitude is not
+  one: its skips are the storm's, and its advice the scaler's). The learning
   rate (warm-up, clipping) is then the cause whatever the precision, and the skips, the
   collapsed scale and the non-finite losses follow from it (`causes.RULES`).
 
@@ -95,7 +97,13 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
     norm_peak = max(taken, key=lambda pair: pair[1], default=None)
     norm_growth = (norm_peak[1] / m.healthy_norm if norm_peak is not None and m.healthy_norm
                    else 0.0)
-    norm_diverged = norm_growth >= DIVERGENCE_NORM_FACTOR
+    # A spike the run comes back from is not a divergence: it ends beyond (no finite loss at the
+    # healthy magnitude after the last one out there; the last taken step's norm still out).
+    if beyond and any(p.step > beyond[-1][0] and (v := finite(p.loss)) is not None
+                      and not m.diverged(v) for p in h.steps):
+        beyond = []
+    norm_diverged = (norm_growth >= DIVERGENCE_NORM_FACTOR and m.healthy_norm is not None
+                     and taken[-1][1] >= m.healthy_norm * DIVERGENCE_NORM_FACTOR)
     if not beyond and not norm_diverged:
         return []
     evidence: dict[str, float] = {}

@@ -129,7 +129,14 @@ def test_with_accelerates_scaler_the_records_follow_the_scaler(tmp_path: Path) -
     skipped = [after < before for before, after in truth]
     assert any(skipped) and not all(skipped)  # 2^127 overflows first, then trains
     assert [r["skipped"] for r in recs] == skipped
-    assert all(r["misuse"] is None for r in recs)  # AcceleratedOptimizer.step is no bypass
+    # AcceleratedOptimizer.step is no bypass. But the Trainer's clip (max_grad_norm 1.0) goes
+    # through Accelerator.clip_grad_norm_, which unscales only with its own native fp16 AMP, not
+    # with a scaler handed over as here: it clips the scaled gradients, on every step, and the
+    # hook says so on every step (its 16 parameter tensors).
+    assert trainer.args.max_grad_norm == 1.0 and not trainer.accelerator.native_amp
+    assert {(m["kind"], m["detail"].split(" gradients")[0]) for r in recs
+            for m in r["misuse"]} == {("clip_before_unscale", "16 of 16")}
+    assert all(len(r["misuse"]) == 1 for r in recs)
     assert [r["loss"] for r in recs if not r["skipped"]] == pytest.approx(
         [x for x, s in zip(log.losses, skipped, strict=True) if not s], rel=1e-3)
 
