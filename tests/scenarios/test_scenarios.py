@@ -7,6 +7,7 @@ One server per module; each scenario runs once (cached) and is read back through
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import statistics
 import sys
@@ -377,6 +378,49 @@ class TestDoubleTrack:
         assert root["evidence"]["fp32_diverged_steps"] == len(beyond) > 0
         assert root["evidence"]["fp32_loss_peak"] == max(beyond)
         assert root["title"].endswith("(in FP32 too)")
+
+
+class TestCalibration:
+    """Calibration told exactly (issue #30): the skips of the descent from init_scale, the scale
+    the run settles at and the advised init_scale, each computed here from the run's own scale
+    history: the lowest scale held before any growth, every skip at a higher scale before it
+    (none at that scale or below), and the advice checked against every step of the run."""
+
+    @pytest.mark.parametrize("init_scale", [2.0**40, 2.0**24])
+    def test_calibration_counts_every_skip_down_to_the_settled_scale(
+        self, runs: Runs, init_scale: float
+    ) -> None:
+        steps = runs.export("init_scale_too_high", init_scale=init_scale)["steps"]
+        assert not any(s["scale_after"] > s["scale_before"] for s in steps)  # no growth
+        settled = min(s["scale_after"] for s in steps)
+        skipped = [s["step"] for s in steps if s["skipped"]]
+        # The run overflowed again after its first back-to-back descent: a count of that
+        # descent alone leaves a skip unexplained and settles one scale too high.
+        assert skipped != list(range(len(skipped)))
+        assert all(s["scale_before"] > settled for s in steps if s["skipped"])
+        findings = {f["kind"]: f for f in runs.findings("init_scale_too_high",
+                                                         init_scale=init_scale)}
+        calibration = findings["calibration_overflow"]
+        assert calibration["title"] == f"Benign overflows: {len(skipped)} calibration skip(s)"
+        assert calibration["evidence"] == {
+            "calibration_skips": len(skipped), "probe_skips": 0, "init_scale": init_scale,
+            "settled_scale": settled}
+        assert (calibration["step_start"], calibration["step_end"]) == (0, skipped[-1])
+        later = [step for previous, step in itertools.pairwise(skipped)
+                 if step - previous > 2]
+        assert later and all(f"step {step} still overflowed at" in calibration["explanation"]
+                             for step in later)
+        assert f"held {settled:g} (2^{int(math.log2(settled))}) from step {skipped[-1] + 1} on." \
+            in calibration["explanation"]
+        # The advice, checked against the history: no step overflowed at the advised scale.
+        tuning = findings["scaler_tuning"]
+        assert tuning["recommendation"] == f"GradScaler(init_scale={settled:g})."
+        still = [s["step"] for s in steps if s["skipped"] and s["scale_before"] <= settled]
+        assert tuning["evidence"] == {
+            "recommended_init_scale": settled, "avoidable_calibration_skips": len(skipped),
+            "remaining_skips_at_init_scale": len(still)} and still == []
+        assert tuning["explanation"].endswith(
+            f"starting there would have avoided all {len(skipped)} of them.")
 
 
 class TestAlerts:

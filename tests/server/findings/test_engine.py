@@ -430,8 +430,11 @@ class TestScalerTuning:
         assert found.recommendation == "GradScaler(init_scale=1024, growth_interval=5000)."
         assert found.evidence == {
             "recommended_init_scale": 1024.0, "avoidable_calibration_skips": 6,
+            "remaining_skips_at_init_scale": 0,
             "observed_growth_interval": 2000.0, "probe_skips": 4, "steps_after_growth": 1.0,
-            "recommended_growth_interval": 5000, "avoidable_probe_skips": 2}
+            # Started at 1024, 5000 clean steps, a growth, a probe: once in the ~9990 steps
+            # after calibration (the 2000 of the run probed 4 times).
+            "recommended_growth_interval": 5000, "avoidable_probe_skips": 3}
 
     def test_nothing_to_tune(self) -> None:
         steps = scaler_steps(1500, fits_below(2**15))  # one calibration skip, no probe yet
