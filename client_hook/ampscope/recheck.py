@@ -20,14 +20,15 @@ values persist without autocast and loss scaling.
 
 Where a forward overflow began: the FP32 re-run arms a forward hook on every submodule of the
 model (removed before ``run_recheck`` returns; never armed on any other step). Each hook notes,
-on the device, whether the module's output is non-finite or beyond the training format's
-largest value (``low``: FP16's 65504, where an autocast forward overflows), and whether its
-inputs were (finite and within that range, or not). The first module in forward order (the order
-the hooks fire: a submodule before the module holding it) whose output was non-finite or beyond
-the range goes into the block's last ``ORIGIN_SIZE`` values ``[found, call index, input finite,
-format code]`` (format: FP32 when the value was NaN/inf in the FP32 re-run itself, else the
-training format it overflows), its qualified name returned beside the block. The server reads
-it only for a step whose loss was non-finite: a forward-born overflow.
+on the device, whether the module's output is non-finite, whether its output or its inputs are
+beyond the training format's largest value (``low``: FP16's 65504, where an autocast forward
+overflows: an input beyond it at the module's own cast), and whether its inputs were finite.
+The first module in forward order (the order the hooks fire: a submodule before the module
+holding it) whose output was non-finite or whose values went beyond the range goes into the
+block's last ``ORIGIN_SIZE`` values ``[found, call index, input finite, format code]``
+(format: FP32 when its output was NaN/inf in the FP32 re-run itself, else the training format
+it overflows), its qualified name returned beside the block. The server reads it only for a
+step whose loss was non-finite: a forward-born overflow.
 
 Cost: nothing unless an overflow step occurs; then one forward and one backward in FP32 (each
 hooked module adds an ``isfinite`` and an ``amax`` reduction of its output and inputs on the
@@ -93,8 +94,8 @@ def run_recheck(
 
 class _Trace:
     """Forward hooks on every submodule, armed only inside ``run_recheck``: per call the
-    module's name and three device bools (output non-finite, output beyond ``low``'s range,
-    input non-finite or beyond it)."""
+    module's name and three device bools (output non-finite, output or input beyond ``low``'s
+    range, input non-finite)."""
 
     def __init__(self, model: torch.nn.Module, low: torch.dtype | None) -> None:
         self.modules = [(name, m) for name, m in model.named_modules() if name]
@@ -134,9 +135,11 @@ class _Trace:
                 if out is None:
                     return
                 into = self._flags(args)
-                in_bad = (torch.zeros_like(out[0]) if into is None
-                          else (into[0] | into[1]).to(out[0].device))
-                self.calls.append((out[0], out[1], in_bad))
+                device = out[0].device
+                in_bad, in_over = ((torch.zeros_like(out[0]),) * 2 if into is None
+                                   else (into[0].to(device), into[1].to(device)))
+                # An input beyond the range overflows at the module's own autocast cast.
+                self.calls.append((out[0], out[1] | in_over, in_bad))
                 self.names.append(name)
             except Exception:  # a hook never breaks the re-check
                 return

@@ -332,9 +332,9 @@ class Histogram(WireModel):
 
 class ForwardOrigin(WireModel):
     """Where a forward overflow began, read in the re-check's re-run: the first module in
-    forward order (a submodule before the module holding it) whose output was NaN/inf, or
-    beyond the training format's range (`format`: that format; `fp32`: non-finite in the FP32
-    re-run itself), and whether its inputs were finite and within that range."""
+    forward order (a submodule before the module holding it) whose output was NaN/inf
+    (`format` `fp32`: in the FP32 re-run itself) or whose output or input was beyond the
+    training format's range (`format`: that format), and whether its inputs held no NaN/inf."""
 
     module: Text500
     input_finite: StrictBool

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -332,6 +333,61 @@ class TestFindings:
         assert [f["title"] for f in overflow] == [
             "Forward overflow on 30 step(s): the loss is finite in FP32, non-finite in fp16"]
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0
+
+
+def _first_overflowing_module(model: Any, x: Any) -> tuple[str, bool]:
+    """The truth for `TestForwardOrigin`: (name, input finite) of the first module in forward
+    order whose output is non-finite when `model(x)` runs under FP16 autocast, as training did;
+    read with the test's own hooks, removed after."""
+    import torch
+
+    seen: list[tuple[str, bool, bool]] = []
+    handles = [module.register_forward_hook(
+        lambda m, args, out, name=name: seen.append(
+            (name, bool(torch.isfinite(out).all()), bool(torch.isfinite(args[0]).all()))))
+        for name, module in model.named_modules() if name]
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    name, _, input_finite = next(entry for entry in seen if not entry[1])
+    return name, input_finite
+
+
+class TestForwardOrigin:
+    """Where a forward overflow began (#30): the scenario's first Linear overflows FP16 under
+    autocast; the truth is read here from the scenario's own model and first batch (every step
+    is skipped, so the weights never change), and the diagnosis must name that module, in
+    forward order, not the last layer that backward order puts first."""
+
+    def test_the_first_module_to_overflow_is_named(self, runs: Runs) -> None:
+        import torch
+
+        scenario = importlib.import_module("scenarios.activation_overflow")
+        model = scenario.build().model
+        gen = torch.Generator().manual_seed(0)
+        x, _ = importlib.import_module("scenarios.common").regression_batch(gen)
+        module, input_finite = _first_overflowing_module(model, x * scenario.INPUT_SCALE)
+        assert (module, input_finite) == ("0", True)  # the scenario is what it says
+        export = runs.export("activation_overflow")
+        assert {json_key(step["recheck"]["origin"]) for step in export["steps"]} == {
+            json_key({"module": module, "input_finite": input_finite, "format": "fp16"})}
+        findings = {f["kind"]: f for f in runs.findings("activation_overflow")}
+        overflow = findings["forward_overflow"]
+        assert overflow["layers"] == [module]
+        assert overflow["evidence"]["forward_origin_steps"] == len(export["steps"])
+        assert (f"The overflow began in {module} (forward) at step 0: the first module in "
+                "forward order whose output went beyond fp16's range; its input was finite "
+                f"({len(export['steps'])} of the {len(export['steps'])} re-checked step(s) "
+                "began there).") in overflow["explanation"]
+        last = export["layers"][-1]["name"]
+        assert all(f"started in {last}" not in f["explanation"] for f in findings.values())
+
+
+def json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _diverges(losses: list[float]) -> bool:

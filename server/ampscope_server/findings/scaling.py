@@ -13,7 +13,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.findings.model import Finding, RunData, is_nonfinite
+from ampscope_server.findings.nonfinite import forward_began
 from ampscope_server.findings.thresholds import (
     CALIBRATION_GAP_STEPS,
     COLLAPSE_SCALE,
@@ -144,8 +145,16 @@ def overflow_storm(run: RunData, h: ScaleHistory) -> list[Finding]:
         evidence["scale_before_storm"] = before
     if after is not None:
         evidence["scale_after_storm"] = after
+    # A forward-born overflow (the loss itself non-finite) is named where the forward hooks saw
+    # it begin; the backward order of the gradients names only a backward-born one (once the
+    # loss is NaN every gradient is, and the first in backward order is the last layer).
+    forward, modules = forward_began(
+        run, [s for s in lost if (p := h.point(s)) is not None and is_nonfinite(p.loss)])
     origin = ""
-    if ranked:
+    if forward:
+        origin = " " + forward
+        layers = modules[:5]
+    elif ranked:
         index, first, seen = ranked[0]
         origin = (f" The overflow started in {run.layer_name(index)} on {first} of these steps "
                   f"(non-finite there on {seen}).")
