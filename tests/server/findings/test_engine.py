@@ -12,8 +12,10 @@ import pytest
 from ampscope_server.findings import (
     KINDS,
     Finding,
+    ForwardOrigin,
     LayerSample,
     MisuseEvent,
+    RunData,
     StepPoint,
     SwallowedSample,
     analyze,
@@ -104,6 +106,50 @@ class TestOverflowStorm:
         storm = {3000, 3020, 3040, 3060}
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in storm)
         assert "overflow_storm" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestForwardOrigin:
+    """Where a forward overflow began (#30): the re-check's forward hooks name the module in
+    forward order; a NaN loss makes every gradient NaN, so backward order would name the last
+    layer. Backward order stays for backward-born overflows (a finite loss)."""
+
+    STORM = TestOverflowStorm.STORM
+    ORIGIN = ForwardOrigin("encoder.0", input_finite=True, format="fp16")
+
+    def storm(self, loss_bad: bool) -> RunData:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: math.inf if loss_bad and s in self.STORM else 1.0)
+        run = run_data(steps, nonfinite=nonfinite_at(self.STORM, (3, "nan"), (1, "nan")))
+        return dataclasses.replace(run, forward_origins={s: self.ORIGIN for s in self.STORM})
+
+    def test_a_forward_born_storm_names_the_module_in_forward_order(self) -> None:
+        found = only(analyze(self.storm(loss_bad=True)), "overflow_storm")
+        assert found.layers == ["encoder.0"]
+        assert found.explanation.endswith(
+            "The overflow began in encoder.0 (forward) at step 2500: the first module in "
+            "forward order whose output went beyond fp16's range; its input was finite (9 of "
+            "the 9 re-checked step(s) began there).")
+        assert "started in fc2.weight" not in found.explanation
+
+    def test_a_backward_born_storm_keeps_the_backward_order(self) -> None:
+        found = only(analyze(self.storm(loss_bad=False)), "overflow_storm")
+        assert found.layers == ["fc2.weight", "fc1.weight"]
+        assert "The overflow started in fc2.weight on 9 of these steps" in found.explanation
+        assert "(forward)" not in found.explanation
+
+    def test_forward_overflow_names_where_it_began(self) -> None:
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in (300, 301),
+                             loss=lambda s: math.nan if s in (300, 301) else 1.0)
+        data = ForwardOrigin("0", input_finite=False, format="fp32")
+        run = dataclasses.replace(run_data(steps), forward_origins={301: data})
+        found = only(analyze(run), "forward_overflow")
+        assert found.layers == ["0"]
+        assert found.evidence["forward_origin_steps"] == 1
+        assert ("The overflow began in 0 (forward) at step 301: the first module in forward "
+                "order whose output went non-finite in FP32 too; its input was already "
+                "non-finite (the data or an earlier op).") in found.explanation
+        without = only(analyze(run_data(steps)), "forward_overflow")
+        assert without.layers == [] and "(forward)" not in without.explanation
 
 
 class TestDivergence:
