@@ -46,10 +46,14 @@ def forward_began(run: RunData, steps: Sequence[int]) -> tuple[str, list[str]]:
              else f"beyond {first.format}'s range")
     inputs = ("its input was finite" if first.input_finite
               else "its input was already non-finite (the data or an earlier op)")
+    share = ""
+    if len(known) > 1:
+        share = f" ({counts[first.module]} of the {len(known)} re-checked step(s) began there"
+        if modules[0] != first.module:
+            share += f", {counts[modules[0]]} in {modules[0]}"
+        share += ")"
     return (f"The overflow began in {first.module} (forward) at step {step}: the first module "
-            f"in forward order whose output went {where}; {inputs}"
-            + (f" ({counts[first.module]} of the {len(known)} re-checked step(s) began there)."
-               if len(known) > 1 else ".")), modules
+            f"in forward order whose output went {where}; {inputs}{share}."), modules
 
 
 def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> list[Finding]:

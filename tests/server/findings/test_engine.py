@@ -151,6 +151,19 @@ class TestForwardOrigin:
         without = only(analyze(run_data(steps)), "forward_overflow")
         assert without.layers == [] and "(forward)" not in without.explanation
 
+    def test_where_most_steps_began_is_said_when_it_is_not_the_first(self) -> None:
+        bad = (300, 301, 302)
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in bad,
+                             loss=lambda s: math.inf if s in bad else 1.0)
+        later = ForwardOrigin("2", input_finite=True, format="fp16")
+        run = dataclasses.replace(
+            run_data(steps), forward_origins={300: self.ORIGIN, 301: later, 302: later})
+        found = only(analyze(run), "forward_overflow")
+        assert found.layers == ["2", "encoder.0"]
+        assert ("The overflow began in encoder.0 (forward) at step 300: the first module in "
+                "forward order whose output went beyond fp16's range; its input was finite "
+                "(1 of the 3 re-checked step(s) began there, 2 in 2).") in found.explanation
+
 
 class TestDivergence:
     """Is it the precision or the run: the run's own magnitude decides (findings/divergence)."""
