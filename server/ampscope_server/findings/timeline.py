@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ampscope_server.findings.model import NonfiniteStep, RunData, StepPoint
@@ -17,6 +17,7 @@ from ampscope_server.findings.thresholds import (
     CALIBRATION_GAP_STEPS,
     CALIBRATION_START_STEPS,
     COLLAPSE_SCALE,
+    MODERATE_SCALE,
     STORM_MIN_SKIPS,
     STORM_WINDOW_STEPS,
 )
@@ -93,13 +94,16 @@ def history(run: RunData) -> ScaleHistory | None:
         return None
     skips = [p.step for p in steps if p.skipped]
     growths = [p.step for p in steps if is_growth(p)]
-    return ScaleHistory(steps, skips, growths, _calibration(steps), _probes(steps))
+    first_kind = {entry.step: entry.layers[0][1] for entry in run.nonfinite if entry.layers}
+    return ScaleHistory(steps, skips, growths, _calibration(steps, first_kind), _probes(steps))
 
 
-def _calibration(steps: Sequence[StepPoint]) -> list[int]:
+def _calibration(steps: Sequence[StepPoint], first_kind: Mapping[int, str]) -> list[int]:
     """The initial descent (`_descent`) and the later skips that carry it on: before the first
     growth, each to a scale lower than any before, with a finite loss (only the scaled
-    gradients overflowed), and too few to be a storm (fewer than STORM_MIN_SKIPS of the skips
+    gradients overflowed), a range overflow by its look (a scale above MODERATE_SCALE, or inf
+    the first non-finite gradient in backward order: a NaN first at a moderate scale is
+    `nan_not_range`'s), and too few to be a storm (fewer than STORM_MIN_SKIPS of the skips
     after the descent in any STORM_WINDOW_STEPS). Such a skip is the scaler finding that the
     scale it came down to is still one step too high for some batch: the run settles at the
     scale after the last of them, the lowest it held before growing, and an `init_scale` there
@@ -119,7 +123,11 @@ def _calibration(steps: Sequence[StepPoint]) -> list[int]:
             continue
         late_skips.append(p.step)
         after, loss = finite(p.scale_after), finite(p.loss)
-        if after is not None and after < lowest and loss is not None and after > COLLAPSE_SCALE:
+        before = finite(p.scale_before)
+        ranged = (before is not None and before > MODERATE_SCALE) or (
+            first_kind.get(p.step) == "inf")
+        if (after is not None and after < lowest and loss is not None and ranged
+                and after > COLLAPSE_SCALE):
             later.append(p.step)
             lowest = after
     lo = 0

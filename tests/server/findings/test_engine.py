@@ -22,6 +22,7 @@ from ampscope_server.findings import (
     most_severe,
 )
 from ampscope_server.findings.model import NonfiniteKind, RecheckStatus
+from ampscope_server.findings.timeline import history
 from tests.server.findings.synthetic import (
     LAYERS,
     fits_below,
@@ -79,6 +80,35 @@ class TestCalibration:
     def test_a_descent_that_never_fits_is_no_calibration(self) -> None:
         findings = analyze(run_data(scaler_steps(200, lambda step, scale: True)))
         assert "calibration_overflow" not in [f.kind for f in findings]
+
+    def test_a_later_skip_to_a_new_low_carries_the_descent_on(self) -> None:
+        """2^24 down to 2^18 back to back, then 2^18 and 2^17 overflow once each on a harder
+        batch (steps 40 and 90): the run settles at 2^16, and an init_scale there avoids all 8
+        (#30: the descent alone said 6 skips, settled at 2^18, and left two unexplained)."""
+        steps = scaler_steps(300, lambda s, scale: scale > 2**18 or (s in (40, 90)
+                                                                     and scale > 2**16),
+                             init=2.0**24)
+        findings = analyze(run_data(steps))
+        calibration = only(findings, "calibration_overflow")
+        assert calibration.evidence == {"calibration_skips": 8, "probe_skips": 0,
+                                        "init_scale": 2.0**24, "settled_scale": 2.0**16}
+        assert ("(steps 0-5; step 40 still overflowed at 262144 (2^18); step 90 still "
+                "overflowed at 131072 (2^17)); the run held 65536 (2^16) from step 91 on."
+                ) in calibration.explanation
+        tuning = only(findings, "scaler_tuning")
+        assert tuning.evidence == {"recommended_init_scale": 2.0**16,
+                                   "avoidable_calibration_skips": 8,
+                                   "remaining_skips_at_init_scale": 0}
+
+    def test_a_nan_at_a_moderate_scale_is_not_calibration(self) -> None:
+        """A later skip at 2^16 whose gradients turned NaN first is no range overflow by its
+        look: nan_not_range's, not the descent's."""
+        steps = scaler_steps(300, lambda s, scale: scale > 2**16 or s == 90, init=2.0**20)
+        nonfinite = nonfinite_at({90}, (1, "nan"))
+        h = history(run_data(steps, nonfinite=nonfinite))
+        assert h is not None and h.calibration == [0, 1, 2, 3] and h.settled_scale == 2.0**16
+        inf_first = history(run_data(steps, nonfinite=nonfinite_at({90}, (1, "inf"))))
+        assert inf_first is not None and inf_first.calibration == [0, 1, 2, 3, 90]
 
 
 class TestOverflowStorm:
