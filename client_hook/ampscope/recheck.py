@@ -150,13 +150,16 @@ class _Trace:
         or beyond the range (on the device: argmax gives the first maximum)."""
         f64 = torch.float64
         if not self.calls:
-            return torch.tensor([0.0, -1.0, 0.0, 0.0], dtype=f64, device=device)
+            return torch.zeros(ORIGIN_SIZE, dtype=f64, device=device)  # found 0: nothing read
         bad, over, in_bad = (torch.stack([c[k].to(device) for c in self.calls]).to(f64)
                              for k in range(3))
         hit = torch.maximum(bad, over)
-        first = torch.argmax(hit)
-        code = torch.where(bad[first] > 0, float(len(ORIGIN_FORMATS) - 1), float(self.code))
-        return torch.stack([hit.max(), first.to(f64), 1.0 - in_bad[first], code])
+        # gather, not ``bad[first]``: indexing by a 0-d tensor reads it on the host (a sync).
+        first = torch.argmax(hit).reshape(1)
+        code = torch.where(bad.gather(0, first) > 0, float(len(ORIGIN_FORMATS) - 1),
+                           float(self.code))
+        return torch.cat([hit.max().reshape(1), first.to(f64), 1.0 - in_bad.gather(0, first),
+                          code])
 
 
 @contextlib.contextmanager
