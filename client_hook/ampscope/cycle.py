@@ -378,6 +378,7 @@ class StepCycle:
         self.writes: GradWrites | None = None
         self.clip: ClipHeuristic | None = ClipHeuristic()
         self.recheck_fn: RecheckFn | None = None
+        self.recheck_low: torch.dtype | None = None  # the training's format: the origin's re-run
         self.swallow: SwallowProbe | None = None
         self.model: torch.nn.Module | None = None
         self.step = 0  # updates so far: the record's step
@@ -401,6 +402,7 @@ class StepCycle:
         self.skipped = False
         self.skip_unknown = False
         self.recheck: torch.Tensor | str | None = None  # the result block, or the error
+        self.recheck_names: tuple[str, ...] = ()  # the hooked calls the block's origin indexes
         self.swallowed: torch.Tensor | None = None
         # This cycle's cross-rank reductions: issued (or an empty share, ``contribute_nothing``)
         # at most once, and what they will reduce into.
@@ -553,7 +555,10 @@ class StepCycle:
             try:
                 if self.recheck_fn is not None and self.model is not None and (
                         self._overflowed(before)):
-                    self.recheck = run_recheck(self.recheck_fn, self.model, self._params)
+                    result = run_recheck(self.recheck_fn, self.model, self._params,
+                                         self.recheck_low)
+                    self.recheck, self.recheck_names = (
+                        (result, ()) if isinstance(result, str) else result)
                 if self.swallow is not None and self._has_block:
                     self.swallowed = self.swallow.block()
                 misuse = self.misuse
@@ -711,6 +716,7 @@ class StepCycle:
                 order.final if order.final is not None else order.order()),
             clip=clip,
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
+            recheck_names=self.recheck_names,
             numels=self._numel_t,
             found_inf_from_grads=not view.present,
             skipped_host=view.host_skip() if view.skips_on_host else None,

@@ -234,6 +234,7 @@ class Monitor:
                                 optimizers=optimizers, activation_every=self.activation_every,
                                 on_error=self._internal_error)
         self._cycle.model = model
+        self._cycle.recheck_low = self.fmt.dtype
         if (self._view.on and engine is None and topo.group is None and not topo.sharded
                 and topology.world_size() == 1):
             # Exact clip-before-unscale_ counting (misuse.GradWrites) in place of the heuristic;

@@ -18,35 +18,59 @@ are restored. Autocast is disabled (also the one accelerate's ``prepare`` builds
 held in FP16 (``model.half()``) keeps its FP16 parameters and the re-check says only whether the
 values persist without autocast and loss scaling.
 
-Cost: nothing unless an overflow step occurs; then one forward and one backward in FP32 plus a
-copy of the buffers. The result stays on the device, stacked into the step's one host copy
-(``cycle.py``). An exception raised by the closure is recorded (``"failed"``), never raised.
+Where a forward overflow began: the FP32 re-run arms a forward hook on every submodule of the
+model (removed before ``run_recheck`` returns; never armed on any other step). Each hook notes,
+on the device, whether the module's output is non-finite, whether its output or its inputs are
+beyond the training format's largest value (``low``: FP16's 65504, where an autocast forward
+overflows: an input beyond it at the module's own cast), and whether its inputs were finite.
+The first module in forward order (the order the hooks fire: a submodule before the module
+holding it) whose output was non-finite or whose values went beyond the range goes into the
+block's last ``ORIGIN_SIZE`` values ``[found, call index, input finite, format code]``
+(format: FP32 when its output was NaN/inf in the FP32 re-run itself, else the training format
+it overflows), its qualified name returned beside the block. The server reads it only for a
+step whose loss was non-finite: a forward-born overflow.
+
+Cost: nothing unless an overflow step occurs; then one forward and one backward in FP32 (each
+hooked module adds an ``isfinite`` and an ``amax`` reduction of its output and inputs on the
+device) plus a copy of the buffers. The result stays on the device, stacked into the step's one
+host copy (``cycle.py``). An exception raised by the closure is recorded (``"failed"``), never
+raised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["INF_CODE", "NAN_CODE", "RecheckFn", "run_recheck"]
+__all__ = ["INF_CODE", "NAN_CODE", "ORIGIN_FORMATS", "ORIGIN_SIZE", "RecheckFn", "run_recheck"]
 
 RecheckFn = Callable[[], Any]
 INF_CODE = 1.0
 NAN_CODE = 2.0
 """Per-layer codes in the result block: 0 finite (or no gradient), 1 inf, 2 NaN (NaN wins)."""
 DETAIL_MAX = 1000
+ORIGIN_SIZE = 4
+"""The forward origin's values at the end of the block: found (0/1), the call's index among the
+returned names, whether its input was finite (0/1), its format (an index into ORIGIN_FORMATS)."""
+ORIGIN_FORMATS = ("fp16", "bf16", "fp32")
+_LOW_FORMATS: dict[torch.dtype | None, int] = {torch.float16: 0, torch.bfloat16: 1}
 
 
 def run_recheck(
-    fn: RecheckFn, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]
-) -> torch.Tensor | str:
+    fn: RecheckFn, model: torch.nn.Module, params: Sequence[torch.nn.Parameter],
+    low: torch.dtype | None = None,
+) -> tuple[torch.Tensor, tuple[str, ...]] | str:
     """Run ``fn`` in FP32 and return the float64 block ``[loss given (0/1), loss, code per
-    parameter]`` (device tensors, no sync), or the error message when ``fn`` or its backward
-    raised."""
+    parameter, forward origin (ORIGIN_SIZE)]`` (device tensors, no sync) with the qualified
+    names of the hooked calls the origin's index points into, or the error message when ``fn``
+    or its backward raised. ``low``: the training's format (FP16 or BF16; another or None
+    judges the outputs by their finiteness alone)."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    trace = _Trace(model, low)
     try:
         with contextlib.ExitStack() as stack:
             cuda = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
@@ -56,13 +80,86 @@ def run_recheck(
                     stack.enter_context(torch.autocast(device_type, enabled=False))
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_forward_without_built_in_autocast(model))
-            return _block(fn(), params)
+            with trace.armed():
+                loss = fn()
+            block = _block(loss, params)
+            return torch.cat([block, trace.origin(block.device)]), tuple(trace.names)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:DETAIL_MAX]
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
+
+
+class _Trace:
+    """Forward hooks on every submodule, armed only inside ``run_recheck``: per call the
+    module's name and three device bools (output non-finite, output or input beyond ``low``'s
+    range, input non-finite)."""
+
+    def __init__(self, model: torch.nn.Module, low: torch.dtype | None) -> None:
+        self.modules = [(name, m) for name, m in model.named_modules() if name]
+        self.code = _LOW_FORMATS.get(low, len(ORIGIN_FORMATS) - 1)
+        self.limit = torch.finfo(low).max if low is not None and low in _LOW_FORMATS else math.inf
+        self.names: list[str] = []
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        handles = []
+        try:
+            for name, module in self.modules:
+                handles.append(module.register_forward_hook(self._hook(name)))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _flags(self, value: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(any NaN/inf, any finite |value| > limit) over the floating tensors in ``value`` (a
+        tensor or a tuple/list of them, one level deep); None when it holds none."""
+        items = value if isinstance(value, tuple | list) else (value,)
+        tensors = [t.detach() for t in items if isinstance(t, torch.Tensor)
+                   and t.is_floating_point() and t.numel()]
+        if not tensors:
+            return None
+        bad = torch.stack([~torch.isfinite(t).all() for t in tensors]).any()
+        over = torch.stack([t.abs().nan_to_num(0.0, 0.0, 0.0).amax().float() > self.limit
+                            for t in tensors]).any()
+        return bad, over
+
+    def _hook(self, name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            try:
+                out = self._flags(output)
+                if out is None:
+                    return
+                into = self._flags(args)
+                device = out[0].device
+                in_bad, in_over = ((torch.zeros_like(out[0]),) * 2 if into is None
+                                   else (into[0].to(device), into[1].to(device)))
+                # An input beyond the range overflows at the module's own autocast cast.
+                self.calls.append((out[0], out[1] | in_over, in_bad))
+                self.names.append(name)
+            except Exception:  # a hook never breaks the re-check
+                return
+        return hook
+
+    def origin(self, device: torch.device) -> torch.Tensor:
+        """``[found, index, input finite, format]`` of the first call whose output was NaN/inf
+        or beyond the range (on the device: argmax gives the first maximum)."""
+        f64 = torch.float64
+        if not self.calls:
+            return torch.zeros(ORIGIN_SIZE, dtype=f64, device=device)  # found 0: nothing read
+        bad, over, in_bad = (torch.stack([c[k].to(device) for c in self.calls]).to(f64)
+                             for k in range(3))
+        hit = torch.maximum(bad, over)
+        # gather, not ``bad[first]``: indexing by a 0-d tensor reads it on the host (a sync).
+        first = torch.argmax(hit).reshape(1)
+        code = torch.where(bad.gather(0, first) > 0, float(len(ORIGIN_FORMATS) - 1),
+                           float(self.code))
+        return torch.cat([hit.max().reshape(1), first.to(f64), 1.0 - in_bad.gather(0, first),
+                          code])
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from ampscope.devices import to_device
 from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
-from ampscope.recheck import NAN_CODE
+from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
 from ampscope.shards import Unpacked, unpack
@@ -64,8 +64,8 @@ class Sections:
     the partials are sent as the wire's per-layer stats (a histogram step without a per-layer
     step takes the partials for its one read but sends only the histogram). ``modules``: M > 0
     when an (8, M) activation block follows. ``swallowed``: L swallowed-update fractions (NaN =
-    not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L values
-    (``recheck.py``).
+    not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L + ORIGIN_SIZE
+    values (``recheck.py``).
     """
 
     num_layers: int
@@ -95,6 +95,7 @@ class StepRecord:
     order: Sequence[int] | None = None  # layer indices in backward order
     clip: ClipHeuristic | None = None
     recheck_error: str | None = None  # the FP32 re-check ran and its closure raised this
+    recheck_names: tuple[str, ...] = ()  # the re-check's hooked calls (its origin's index)
     numels: torch.Tensor | None = None  # float64 (L,): the layers' sizes, for the fractions
     # No scaler (BF16, FP32): found_inf says whether a captured gradient held NaN or ±inf, read
     # from the capture here; nothing skips such a step (the optimizer applies it).
@@ -176,8 +177,9 @@ class StepRecord:
             fractions, pos = v[pos : pos + n], pos + n
             if not skipped:  # a skipped step changes no parameter: nothing was swallowed
                 swallowed = [x if math.isfinite(x) else None for x in fractions]
-        recheck = self._recheck(v[pos : pos + 2 + n] if sec.recheck else None)
-        pos += 2 + n if sec.recheck else 0
+        size = 2 + n + ORIGIN_SIZE
+        recheck = self._recheck(v[pos : pos + size] if sec.recheck else None)
+        pos += size if sec.recheck else 0
         optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
@@ -220,17 +222,28 @@ class StepRecord:
     def _recheck(self, block: list[float] | None) -> dict[str, Any] | None:
         """The wire ``recheck`` of the FP32 re-check's block (or its error); None if not run."""
         if self.recheck_error is not None:
-            return {"status": "failed", "loss": None, "layers": [], "detail": self.recheck_error}
+            return {"status": "failed", "loss": None, "layers": [], "detail": self.recheck_error,
+                    "origin": None}
         if block is None:
             return None
         loss = block[1] if block[0] else None
-        codes = block[2:]
+        codes, origin = block[2:-ORIGIN_SIZE], block[-ORIGIN_SIZE:]
         order = self.order if self.order is not None else range(len(codes))
         layers = [{"layer": i, "kind": "nan" if codes[i] == NAN_CODE else "inf"}
                   for i in order if codes[i] > 0]
         persisted = bool(layers) or (loss is not None and not math.isfinite(loss))
         return {"status": "persisted" if persisted else "vanished",
-                "loss": wire.encode_float(loss), "layers": layers, "detail": None}
+                "loss": wire.encode_float(loss), "layers": layers, "detail": None,
+                "origin": self._origin(origin)}
+
+    def _origin(self, values: list[float]) -> dict[str, Any] | None:
+        """The wire ``recheck.origin``: the first module in forward order whose output was
+        non-finite in a re-run (``recheck.ORIGIN_SIZE``); None when every output was finite."""
+        found, index, input_finite, fmt = values
+        if not found or not 0 <= index < len(self.recheck_names):
+            return None
+        return {"module": self.recheck_names[int(index)], "input_finite": bool(input_finite),
+                "format": ORIGIN_FORMATS[int(fmt)]}
 
     def _nonfinite(self, done: Finished | None) -> list[dict[str, Any]] | None:
         """The non-finite layers in backward order; None when this step measured nothing."""

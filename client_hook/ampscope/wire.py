@@ -175,7 +175,9 @@ def step_record(
     passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
     ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
     ``histogram`` ``{"min_exp", "max_exp", "counts"}``; v3: ``recheck`` ``{"status", "loss"
-    (encoded), "layers", "detail"}``, ``swallowed`` a fraction or None per layer; v4:
+    (encoded), "layers", "detail", "origin"}`` (``origin``, optional in v5: ``{"module",
+    "input_finite", "format"}``, the first module in forward order whose output was
+    non-finite in a re-run, or None), ``swallowed`` a fraction or None per layer; v4:
     ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,
     ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``."""
     if captured is not None and captured not in CAPTURED:

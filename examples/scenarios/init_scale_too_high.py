@@ -29,9 +29,9 @@ NAME = "init_scale_too_high"
 INIT_SCALE = 2.0**40
 
 
-def build(steps: int = 80) -> Scenario:
+def build(init_scale: float = INIT_SCALE, steps: int = 80) -> Scenario:
     model = mlp()
-    scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
 
@@ -41,8 +41,8 @@ def build(steps: int = 80) -> Scenario:
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 
 
-def run(**options: Any) -> Monitor:
-    return run_scenario(build(), **options)
+def run(init_scale: float = INIT_SCALE, **options: Any) -> Monitor:
+    return run_scenario(build(init_scale), **options)
 
 
 if __name__ == "__main__":

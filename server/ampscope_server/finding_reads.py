@@ -52,6 +52,7 @@ from ampscope_server import (
 from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
 from ampscope_server.findings import (
     Finding,
+    ForwardOrigin,
     LayerInfo,
     LayerLoss,
     LayerSample,
@@ -253,8 +254,12 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
 
     rechecks: dict[int, RecheckStatus] = {}
     recheck_losses: dict[int, float] = {}
-    for step, status, loss, loss_class in findings_repository.rechecks_first(
+    origins: dict[int, ForwardOrigin] = {}
+    for step, status, loss, loss_class, origin in findings_repository.rechecks_first(
             session, run.id, RECHECKS):
+        if origin is not None:
+            origins[step] = ForwardOrigin(str(origin["module"]), bool(origin["input_finite"]),
+                                          str(origin["format"]))
         known = _recheck_status(status)
         if known is not None:
             rechecks[step] = known
@@ -275,7 +280,8 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             for step, index, frac in findings_repository.swallowed_last(
                 session, run.id, RECENT_LAYER_STEPS)
             if frac is not None],
-        rechecks=rechecks, recheck_losses=recheck_losses, name=run.name,
+        rechecks=rechecks, recheck_losses=recheck_losses, forward_origins=origins,
+        name=run.name,
         first_rank=_first_rank(session, run),
     )
 

@@ -161,14 +161,16 @@ def swallowed_last(
 
 def rechecks_first(
     session: Session, run_id: str, limit: int
-) -> list[tuple[int, str, float | None, int]]:
-    """(step, status, FP32 loss, its class) of the run's first `limit` FP32 re-checks, in step
-    order."""
+) -> list[tuple[int, str, float | None, int, dict[str, Any] | None]]:
+    """(step, status, FP32 loss, its class, forward origin) of the run's first `limit` FP32
+    re-checks, in step order."""
     rows = session.execute(
-        select(Step.step, StepRecheck.status, StepRecheck.loss, StepRecheck.loss_class)
+        select(Step.step, StepRecheck.status, StepRecheck.loss, StepRecheck.loss_class,
+               StepRecheck.origin)
         .join(StepRecheck, StepRecheck.step_id == Step.id)
         .where(Step.run_key == run_key(run_id)).order_by(Step.step, Step.id).limit(limit))
-    return [(int(step), str(status), loss, int(cls)) for step, status, loss, cls in rows]
+    return [(int(step), str(status), loss, int(cls), origin)
+            for step, status, loss, cls, origin in rows]
 
 
 def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, str, str]]:

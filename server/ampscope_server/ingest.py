@@ -500,6 +500,7 @@ def _recheck_rows(step_id: int, record: StepRecord) -> Rows:
     return [{
         "step_id": step_id, "status": recheck.status, "loss": loss, "loss_class": loss_class,
         "layers": [entry.model_dump() for entry in recheck.layers], "detail": recheck.detail,
+        "origin": None if recheck.origin is None else recheck.origin.model_dump(),
     }]
 
 

@@ -349,6 +349,9 @@ class StepRecheck(Base):
     loss_class: Mapped[int] = mapped_column(SmallInteger)
     layers: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     detail: Mapped[str | None] = mapped_column(String(1000))
+    origin: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The wire's `origin` (`{"module", "input_finite", "format"}`, revision 0023): where the
+    forward overflow began; null when none was read (or before 0023)."""
 
 
 class SwallowedStat(Base):

@@ -42,6 +42,7 @@ from ampscope_server.schemas import (
     ActivationStatsRead,
     AttemptRead,
     ClientAccounting,
+    ForwardOriginRead,
     HistogramRead,
     LayerInfo,
     LayerStatsRead,
@@ -286,6 +287,7 @@ def recheck_read(row: StepRecheck) -> RecheckRead:
         loss=codec.from_storage(row.loss, row.loss_class),
         layers=[NonfiniteLayerRead.model_validate(entry) for entry in row.layers],
         detail=row.detail,
+        origin=None if row.origin is None else ForwardOriginRead.model_validate(row.origin),
     )
 
 

@@ -280,6 +280,14 @@ class HistogramRead(BaseModel):
     counts: list[list[int]]
 
 
+class ForwardOriginRead(BaseModel):
+    """Where a forward overflow began (wire `recheck.origin`)."""
+
+    module: str
+    input_finite: bool
+    format: Literal["fp16", "bf16", "fp32"]
+
+
 class RecheckRead(BaseModel):
     """The FP32 re-check of an overflow step (wire v3 `recheck`)."""
 
@@ -289,6 +297,8 @@ class RecheckRead(BaseModel):
     layers: list[NonfiniteLayerRead]
     """Layers whose FP32 gradient was non-finite, in backward order."""
     detail: str | None
+    origin: ForwardOriginRead | None = None
+    """The first module in forward order whose output overflowed in the re-run."""
 
 
 class StepExport(StepFull):

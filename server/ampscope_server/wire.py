@@ -52,6 +52,8 @@ V4_RECORD_FIELDS = ("ranks", "optimizers")
 PACKED_SINCE = 5
 """v5: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
 V5_RUN_FIELDS = ("target_format_reason",)
+ORIGIN_SINCE = 5
+"""`records[].recheck.origin` (a field inside a v3 object) is v5's."""
 """Optional (issue #30): v5 clients before it do not send it."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
@@ -328,6 +330,17 @@ class Histogram(WireModel):
 
 # --- v3 additions ------------------------------------------------------------------------------
 
+class ForwardOrigin(WireModel):
+    """Where a forward overflow began, read in the re-check's re-run: the first module in
+    forward order (a submodule before the module holding it) whose output was NaN/inf
+    (`format` `fp32`: in the FP32 re-run itself) or whose output or input was beyond the
+    training format's range (`format`: that format), and whether its inputs held no NaN/inf."""
+
+    module: Text500
+    input_finite: StrictBool
+    format: Literal["fp16", "bf16", "fp32"]
+
+
 class Recheck(WireModel):
     """The FP32 re-check of an overflow step: did the NaN/inf persist without autocast and
     scaling (`persisted`: data or model) or not (`vanished`: dynamic range); `failed`: the
@@ -338,6 +351,8 @@ class Recheck(WireModel):
     loss: WireFloat = None
     layers: list[NonfiniteLayer] = Field(default_factory=list)
     detail: Text1000 | None = None
+    origin: ForwardOrigin | None = None
+    """v5, optional: where the forward overflow began (null: every output fit, or not read)."""
 
 
 # --- v4 additions ------------------------------------------------------------------------------
@@ -461,6 +476,11 @@ class IngestBatch(WireModel):
             for name in record_fields
             if name in record.model_fields_set
         ]
+        if version < ORIGIN_SINCE:
+            unknown += [f"records[{position}].recheck.origin"
+                        for position, record in enumerate(self.records)
+                        if record.recheck is not None
+                        and "origin" in record.recheck.model_fields_set]
         if unknown:
             raise PydanticCustomError(
                 "later_version_field",
@@ -539,9 +559,10 @@ def _check_recheck(recheck: Recheck, where: str) -> None:
         seen.add(entry.layer)
     nonfinite_loss = recheck.loss is not None and not math.isfinite(recheck.loss)
     if recheck.status == "failed":
-        if recheck.layers or recheck.loss is not None:
+        if recheck.layers or recheck.loss is not None or recheck.origin is not None:
             raise PydanticCustomError(
-                "recheck_status", "{where}: a failed re-check carries no loss and no layers",
+                "recheck_status",
+                "{where}: a failed re-check carries no loss, no layers and no origin",
                 {"where": where})
         return
     if recheck.detail is not None:

@@ -201,7 +201,7 @@ class TestFailures:
         loop.step(batches(1, seed=2)[0], recheck=False)
         records = loop.records()
         assert records[0]["recheck"] == {
-            "status": "failed", "loss": None, "layers": [], "detail": detail}
+            "status": "failed", "loss": None, "layers": [], "detail": detail, "origin": None}
         assert records[1]["recheck"] is None
         assert loop.mon.stats().internal_errors == 0
 
@@ -290,7 +290,82 @@ class TestAccelerate:
             out: torch.Tensor = model(x)
             return out.square().mean()
 
-        block = run_recheck(loss, model, list(model.parameters()))
-        assert isinstance(block, torch.Tensor) and block[0].item() == 1.0
+        result = run_recheck(loss, model, list(model.parameters()))
+        assert not isinstance(result, str) and result[0][0].item() == 1.0
         assert seen == [torch.bfloat16, torch.float32]
         assert model.forward == prepared
+
+
+class TestForwardOrigin:
+    """Where a forward overflow began (#30): the first module in forward order whose output
+    went non-finite (or beyond FP16's range, where the autocast forward overflowed), read by
+    hooks armed only inside the re-check and removed after it."""
+
+    @staticmethod
+    def hooks(model: nn.Module) -> dict[str, int]:
+        return {name: len(m._forward_hooks) for name, m in model.named_modules()}
+
+    def test_the_first_layer_is_named_when_its_fp16_output_overflows(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        model = mlp()
+        with torch.no_grad():
+            first = model.get_submodule("0")
+            assert isinstance(first, nn.Linear)
+            first.weight.mul_(1e5)  # |x W| ~ 1e5 > 65504: inf in the first Linear
+        before = self.hooks(model)
+        armed: list[int] = []
+        register = nn.Module.register_forward_hook
+
+        def counting(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            armed.append(loop.calls)
+            return register(module, *args, **kwargs)
+
+        monkeypatch.setattr(nn.Module, "register_forward_hook", counting)
+        loop = Loop(model, init_scale=1.0)
+        loop.step(batches(1)[0])
+        records = loop.records()
+        assert records[0]["skipped"] and records[0]["loss"] in ("inf", "nan")
+        assert records[0]["recheck"]["origin"] == {
+            "module": "0", "input_finite": True, "format": "fp16"}
+        assert self.hooks(model) == before  # every handle removed
+        # Armed once per submodule, for the one re-check only.
+        assert armed == [0] * len(list(model.children()))
+
+    def test_nan_in_the_data_begins_in_the_first_module_with_a_non_finite_input(self) -> None:
+        loop = Loop(mlp())
+        x = batches(1)[0]
+        x[0, 0] = math.nan
+        loop.step(x)
+        origin = loop.records()[0]["recheck"]["origin"]
+        assert origin == {"module": "0", "input_finite": False, "format": "fp32"}
+
+    def test_a_later_layer_is_named_when_only_it_overflows(self) -> None:
+        model = mlp()
+        with torch.no_grad():
+            last = model.get_submodule("2")
+            assert isinstance(last, nn.Linear)
+            last.weight.mul_(1e6)
+        loop = Loop(model, init_scale=1.0)
+        loop.step(batches(1)[0])
+        origin = loop.records()[0]["recheck"]["origin"]
+        assert origin == {"module": "2", "input_finite": True, "format": "fp16"}
+
+    def test_no_hook_on_healthy_steps_and_no_origin_for_a_backward_overflow(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        armed: list[nn.Module] = []
+        register = nn.Module.register_forward_hook
+
+        def counting(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            armed.append(module)
+            return register(module, *args, **kwargs)
+
+        monkeypatch.setattr(nn.Module, "register_forward_hook", counting)
+        loop = Loop(mlp(), init_scale=2.0**40)  # the scaled gradients overflow, not the forward
+        for x in batches(3):
+            loop.step(x)
+        records = loop.records()
+        rechecked = [r for r in records if r["recheck"] is not None]
+        assert rechecked and all(r["recheck"]["origin"] is None for r in rechecked)
+        assert len(armed) == len(rechecked) * 3

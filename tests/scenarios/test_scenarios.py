@@ -7,6 +7,8 @@ One server per module; each scenario runs once (cached) and is read back through
 from __future__ import annotations
 
 import importlib
+import itertools
+import json
 import math
 import statistics
 import sys
@@ -333,6 +335,61 @@ class TestFindings:
         assert overflow[0]["evidence"]["recheck_persisted_steps"] == 0
 
 
+def _first_overflowing_module(model: Any, x: Any) -> tuple[str, bool]:
+    """The truth for `TestForwardOrigin`: (name, input finite) of the first module in forward
+    order whose output is non-finite when `model(x)` runs under FP16 autocast, as training did;
+    read with the test's own hooks, removed after."""
+    import torch
+
+    seen: list[tuple[str, bool, bool]] = []
+    handles = [module.register_forward_hook(
+        lambda m, args, out, name=name: seen.append(
+            (name, bool(torch.isfinite(out).all()), bool(torch.isfinite(args[0]).all()))))
+        for name, module in model.named_modules() if name]
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    name, _, input_finite = next(entry for entry in seen if not entry[1])
+    return name, input_finite
+
+
+class TestForwardOrigin:
+    """Where a forward overflow began (#30): the scenario's first Linear overflows FP16 under
+    autocast; the truth is read here from the scenario's own model and first batch (every step
+    is skipped, so the weights never change), and the diagnosis must name that module, in
+    forward order, not the last layer that backward order puts first."""
+
+    def test_the_first_module_to_overflow_is_named(self, runs: Runs) -> None:
+        import torch
+
+        scenario = importlib.import_module("scenarios.activation_overflow")
+        model = scenario.build().model
+        gen = torch.Generator().manual_seed(0)
+        x, _ = importlib.import_module("scenarios.common").regression_batch(gen)
+        module, input_finite = _first_overflowing_module(model, x * scenario.INPUT_SCALE)
+        assert (module, input_finite) == ("0", True)  # the scenario is what it says
+        export = runs.export("activation_overflow")
+        assert {json_key(step["recheck"]["origin"]) for step in export["steps"]} == {
+            json_key({"module": module, "input_finite": input_finite, "format": "fp16"})}
+        findings = {f["kind"]: f for f in runs.findings("activation_overflow")}
+        overflow = findings["forward_overflow"]
+        assert overflow["layers"] == [module]
+        assert overflow["evidence"]["forward_origin_steps"] == len(export["steps"])
+        assert (f"The overflow began in {module} (forward) at step 0: the first module in "
+                "forward order whose output went beyond fp16's range; its input was finite "
+                f"({len(export['steps'])} of the {len(export['steps'])} re-checked step(s) "
+                "began there).") in overflow["explanation"]
+        last = export["layers"][-1]["name"]
+        assert all(f"started in {last}" not in f["explanation"] for f in findings.values())
+
+
+def json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def _diverges(losses: list[float]) -> bool:
     """Whether a loss trajectory grows by orders of magnitude (or turns non-finite) from its
     first value: the FP32 twin's truth."""
@@ -377,6 +434,49 @@ class TestDoubleTrack:
         assert root["evidence"]["fp32_diverged_steps"] == len(beyond) > 0
         assert root["evidence"]["fp32_loss_peak"] == max(beyond)
         assert root["title"].endswith("(in FP32 too)")
+
+
+class TestCalibration:
+    """Calibration told exactly (issue #30): the skips of the descent from init_scale, the scale
+    the run settles at and the advised init_scale, each computed here from the run's own scale
+    history: the lowest scale held before any growth, every skip at a higher scale before it
+    (none at that scale or below), and the advice checked against every step of the run."""
+
+    @pytest.mark.parametrize("init_scale", [2.0**40, 2.0**24])
+    def test_calibration_counts_every_skip_down_to_the_settled_scale(
+        self, runs: Runs, init_scale: float
+    ) -> None:
+        steps = runs.export("init_scale_too_high", init_scale=init_scale)["steps"]
+        assert not any(s["scale_after"] > s["scale_before"] for s in steps)  # no growth
+        settled = min(s["scale_after"] for s in steps)
+        skipped = [s["step"] for s in steps if s["skipped"]]
+        # The run overflowed again after its first back-to-back descent: a count of that
+        # descent alone leaves a skip unexplained and settles one scale too high.
+        assert skipped != list(range(len(skipped)))
+        assert all(s["scale_before"] > settled for s in steps if s["skipped"])
+        findings = {f["kind"]: f for f in runs.findings("init_scale_too_high",
+                                                         init_scale=init_scale)}
+        calibration = findings["calibration_overflow"]
+        assert calibration["title"] == f"Benign overflows: {len(skipped)} calibration skip(s)"
+        assert calibration["evidence"] == {
+            "calibration_skips": len(skipped), "probe_skips": 0, "init_scale": init_scale,
+            "settled_scale": settled}
+        assert (calibration["step_start"], calibration["step_end"]) == (0, skipped[-1])
+        later = [step for previous, step in itertools.pairwise(skipped)
+                 if step - previous > 2]
+        assert later and all(f"step {step} still overflowed at" in calibration["explanation"]
+                             for step in later)
+        assert f"held {settled:g} (2^{int(math.log2(settled))}) from step {skipped[-1] + 1} on." \
+            in calibration["explanation"]
+        # The advice, checked against the history: no step overflowed at the advised scale.
+        tuning = findings["scaler_tuning"]
+        assert tuning["recommendation"] == f"GradScaler(init_scale={settled:g})."
+        still = [s["step"] for s in steps if s["skipped"] and s["scale_before"] <= settled]
+        assert tuning["evidence"] == {
+            "recommended_init_scale": settled, "avoidable_calibration_skips": len(skipped),
+            "remaining_skips_at_init_scale": len(still)} and still == []
+        assert tuning["explanation"].endswith(
+            f"starting there would have avoided all {len(skipped)} of them.")
 
 
 class TestAlerts:

@@ -25,6 +25,15 @@ FAILED: dict[str, Any] = {"status": "failed", "loss": None, "layers": [],
 INF_LOSS: dict[str, Any] = {"status": "persisted", "loss": "inf", "layers": [], "detail": None}
 
 
+ORIGIN: dict[str, Any] = {"module": "encoder.layers.0.linear1", "input_finite": True,
+                          "format": "fp16"}
+
+
+def _read(recheck: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A v3 re-check as read back: the v5 `origin` null (not sent)."""
+    return None if recheck is None else {**recheck, "origin": None}
+
+
 def _v3(seq: int, *, with_layers: bool = True, **overrides: Any) -> dict[str, Any]:
     rec = record_v2(seq, with_layers=with_layers, recheck=None, swallowed=None)
     rec.update(overrides)
@@ -64,7 +73,8 @@ class TestRoundTrip:
         export = _get(api, f"/api/runs/{run_id}/export")
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
                 for got in export["steps"]] == [
-            {**sent, "ranks": None, "optimizers": None} for sent in records]  # v4: not sent
+            {**sent, "ranks": None, "optimizers": None, "recheck": _read(sent["recheck"])}
+            for sent in records]  # v4 and v5 (the re-check's origin): not sent
 
     def test_v2_batches_read_back_with_v3_fields_null(self, api: TestClient) -> None:
         run_id = new_id()
@@ -77,7 +87,8 @@ class TestRoundTrip:
         post_batch(api, _batch(_records(), run_id=run_id))
         events = _get(api, f"/api/runs/{run_id}/events")["events"]
         skipped = {e["step"]: e["recheck"] for e in events if e["kind"] == "skipped"}
-        assert skipped == {1: PERSISTED, 2: VANISHED, 3: FAILED, 4: INF_LOSS}
+        assert skipped == {1: _read(PERSISTED), 2: _read(VANISHED), 3: _read(FAILED),
+                           4: _read(INF_LOSS)}
 
     def test_swallowed_heatmap(self, api: TestClient) -> None:
         run_id = new_id()
@@ -93,6 +104,48 @@ class TestRoundTrip:
         # Contiguous groups of two columns, each cell the group's max (a spike survives).
         assert (down["steps"], down["z"], down["downsampled"]) == (
             [0, 6], [[1.0, None], [0.0, None]], True)
+
+
+class TestOrigin:
+    """Where a forward overflow began (wire v5 `recheck.origin`, #30)."""
+
+    def test_stored_and_read_back_on_the_export_and_the_events(self, api: TestClient) -> None:
+        run_id = new_id()
+        payload = _batch(_records(), run_id=run_id)
+        payload["schema_version"] = 5
+        payload["records"][4]["recheck"] = {**INF_LOSS, "origin": ORIGIN}
+        post_batch(api, payload)
+        export = _get(api, f"/api/runs/{run_id}/export")
+        assert [s["recheck"] and s["recheck"]["origin"] for s in export["steps"]] == [
+            None, None, None, None, ORIGIN, None, None]
+        events = _get(api, f"/api/runs/{run_id}/events")["events"]
+        assert [e["recheck"]["origin"] for e in events
+                if e["kind"] == "skipped" and e["step"] == 4] == [ORIGIN]
+
+    @pytest.mark.parametrize(("origin", "version", "message"), [
+        (ORIGIN, 4, "records[4].recheck.origin: unknown field in schema_version 4"),
+        ({**ORIGIN, "format": "fp8"}, 5,
+         "records[4].recheck.origin.format: Input should be 'fp16', 'bf16' or 'fp32'"),
+        ({**ORIGIN, "module": "m" * 501}, 5,
+         "records[4].recheck.origin.module: String should have at most 500 characters"),
+        ({**ORIGIN, "input_finite": 1}, 5,
+         "records[4].recheck.origin.input_finite: Input should be a valid boolean"),
+        ({"module": "0", "format": "fp16"}, 5,
+         "records[4].recheck.origin.input_finite: field required"),
+    ])
+    def test_refused_with_422(self, api: TestClient, origin: dict[str, Any], version: int,
+                              message: str) -> None:
+        payload = _batch(_records(), run_id=new_id())
+        payload["schema_version"] = version
+        payload["records"][4]["recheck"] = {**INF_LOSS, "origin": origin}
+        assert message in post_batch(api, payload, status=422)["detail"]
+
+    def test_a_failed_recheck_carries_no_origin(self, api: TestClient) -> None:
+        payload = _batch(_records(), run_id=new_id())
+        payload["schema_version"] = 5
+        payload["records"][3]["recheck"] = {**FAILED, "origin": ORIGIN}
+        assert post_batch(api, payload, status=422)["detail"] == (
+            "records[3].recheck: a failed re-check carries no loss, no layers and no origin")
 
 
 def _invalid(mutate: Any, version: int = 3) -> dict[str, Any]:
@@ -113,7 +166,7 @@ class TestValidation:
         (lambda p: p["records"][1].update(recheck={**PERSISTED, "loss": 1.0, "layers": []}), 3,
          "records[1].recheck.status is 'persisted', but the FP32 loss is 1.0 and 0 layers"),
         (lambda p: p["records"][3].update(recheck={**FAILED, "loss": 1.0}), 3,
-         "records[3].recheck: a failed re-check carries no loss and no layers"),
+         "records[3].recheck: a failed re-check carries no loss, no layers and no origin"),
         (lambda p: p["records"][2].update(recheck={**VANISHED, "detail": "x"}), 3,
          "records[2].recheck.detail: only a failed re-check carries a detail"),
         (lambda p: p["records"][1].update(recheck={**PERSISTED, "layers": [

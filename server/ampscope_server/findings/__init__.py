@@ -17,6 +17,7 @@ from ampscope_server.findings.engine import analyze, analyze_live, most_severe
 from ampscope_server.findings.lost import LayerLoss
 from ampscope_server.findings.model import (
     Finding,
+    ForwardOrigin,
     LayerInfo,
     LayerSample,
     MisuseEvent,
@@ -37,8 +38,8 @@ KINDS = (
 )
 
 __all__ = [
-    "KINDS", "Finding", "LayerInfo", "LayerLoss", "LayerSample", "Memory", "MisuseEvent",
-    "NonfiniteStep", "RankStep", "RecheckStatus", "RunData", "Severity", "StepPoint",
+    "KINDS", "Finding", "ForwardOrigin", "LayerInfo", "LayerLoss", "LayerSample", "Memory",
+    "MisuseEvent", "NonfiniteStep", "RankStep", "RecheckStatus", "RunData", "Severity", "StepPoint",
     "SwallowedSample",
     "analyze", "analyze_live", "most_severe", "primary",
 ]

@@ -112,6 +112,17 @@ RecheckStatus = Literal["persisted", "vanished", "failed"]
 
 
 @dataclass(frozen=True)
+class ForwardOrigin:
+    """Where a step's forward overflow began, read by the FP32 re-check's forward hooks: the
+    first module in forward order whose output was NaN/inf (`format` "fp32") or beyond the
+    training format's range (`format` that format), and whether its inputs were finite."""
+
+    module: str
+    input_finite: bool
+    format: str
+
+
+@dataclass(frozen=True)
 class RankStep:
     """The earliest step of a distributed run where some rank went non-finite (wire v4): each
     rank's loss (None: not recorded) and count of layers with a NaN/inf gradient (None:
@@ -154,6 +165,8 @@ class RunData:
     """{step: the FP32 re-check's loss at that step} (NaN/±inf as such), where it gave one:
     its magnitude against the run's own healthy loss tells a range overflow from a divergence
     (`findings.divergence`)."""
+    forward_origins: Mapping[int, ForwardOrigin] = field(default_factory=dict)
+    """{step: where its forward overflow began} (`mon.recheck`'s hooks), where one was read."""
     name: str = ""
     first_rank: RankStep | None = None
     """A distributed run's first step where a rank went non-finite (None: none, or not a

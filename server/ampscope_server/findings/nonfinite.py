@@ -11,6 +11,7 @@ several times, is not cured by a smaller scale.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from ampscope_server.findings.divergence import Magnitude, magnitude
@@ -29,6 +30,30 @@ from ampscope_server.findings.thresholds import (
 )
 from ampscope_server.findings.timeline import ScaleHistory, culprits, finite
 from ampscope_server.formats import FORMATS
+
+
+def forward_began(run: RunData, steps: Sequence[int]) -> tuple[str, list[str]]:
+    """Where the forward overflow of `steps` (steps whose loss was non-finite) began, as read
+    by the re-check's forward hooks: a sentence naming the module of the first such step with
+    an origin ("" when none was read) and the modules, most often first."""
+    known = [(step, run.forward_origins[step]) for step in steps if step in run.forward_origins]
+    if not known:
+        return "", []
+    step, first = known[0]
+    counts = Counter(origin.module for _, origin in known)
+    modules = sorted(counts, key=lambda name: -counts[name])
+    where = ("non-finite in FP32 too" if first.format == "fp32"
+             else f"beyond {first.format}'s range")
+    inputs = ("its input was finite" if first.input_finite
+              else "its input was already non-finite (the data or an earlier op)")
+    share = ""
+    if len(known) > 1:
+        share = f" ({counts[first.module]} of the {len(known)} re-checked step(s) began there"
+        if modules[0] != first.module:
+            share += f", {counts[modules[0]]} in {modules[0]}"
+        share += ")"
+    return (f"The overflow began in {first.module} (forward) at step {step}: the first module "
+            f"in forward order whose output went {where}; {inputs}{share}."), modules
 
 
 def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> list[Finding]:
@@ -122,12 +147,16 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
     else:
         consequence = ("The loss scale only multiplies the backward pass, so no scale can fix "
                        "this: the scaler will skip these steps and back off for nothing.")
+    began, modules = forward_began(run, [p.step for p in bad])
+    if began:
+        cause += " " + began
+        evidence["forward_origin_steps"] = sum(1 for p in bad if p.step in run.forward_origins)
     return [Finding(
         kind="forward_overflow", severity="error",
         title=title,
         explanation=f"{cause} {consequence}",
         recommendation=recommendation,
-        step_start=start, step_end=end,
+        step_start=start, step_end=end, layers=modules[:5],
         evidence=evidence,
     )]
 

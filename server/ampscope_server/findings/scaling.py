@@ -13,8 +13,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.findings.model import Finding, RunData, is_nonfinite
+from ampscope_server.findings.nonfinite import forward_began
 from ampscope_server.findings.thresholds import (
+    CALIBRATION_GAP_STEPS,
     COLLAPSE_SCALE,
     COLLAPSE_TREND_HALVINGS,
     COLLAPSE_WARN_SCALE,
@@ -38,6 +40,30 @@ def _layer_names(run: RunData, steps: set[int], limit: int = 5) -> list[str]:
     return [run.layer_name(i) for i, _, _ in culprits(run.nonfinite, steps)[:limit]]
 
 
+def _descent_text(h: ScaleHistory) -> str:
+    """Where the calibration skips lie: the back-to-back descent, then any later one."""
+    chain = [h.calibration[0]]
+    for step in h.calibration[1:]:
+        if step - chain[-1] > CALIBRATION_GAP_STEPS:
+            break
+        chain.append(step)
+    text = f"steps {chain[0]}-{chain[-1]}" if len(chain) > 1 else f"step {chain[0]}"
+    later = h.calibration[len(chain):]
+    for step in later:
+        point = h.point(step)
+        scale = None if point is None else finite(point.scale_before)
+        text += f"; step {step} still overflowed at {_fmt_scale(scale)}"
+    return text
+
+
+def would_skip(h: ScaleHistory, scale: float) -> list[int]:
+    """Steps the run's own history shows overflowing at `scale` or below: skipped with a
+    scale in effect no higher, probes left out (a scaler started at `scale` probes alike)."""
+    probes = set(h.probes)
+    return [s for s in h.skips if s not in probes and (p := h.point(s)) is not None
+            and (before := finite(p.scale_before)) is not None and before <= scale]
+
+
 def calibration_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
     """Info: the skips that are the scaler doing its job (descent from init_scale, probes)."""
     if not h.calibration and not h.probes:
@@ -49,16 +75,20 @@ def calibration_overflow(run: RunData, h: ScaleHistory) -> list[Finding]:
     if h.calibration:
         first = h.point(h.calibration[0])
         init = None if first is None else finite(first.scale_before)
-        settled = h.scale_at(h.calibration[-1])
+        settled = h.settled_scale
         parts.append(f"{len(h.calibration)} calibration skip(s)")
         if init is not None:
             evidence["init_scale"] = init
         if settled is not None:
             evidence["settled_scale"] = settled
+        descent = _descent_text(h)
         explanation.append(
-            f"The first {len(h.calibration)} skipped step(s) are the scaler coming down from its "
+            f"{len(h.calibration)} skipped step(s) are the scaler coming down from its "
             f"initial scale {_fmt_scale(init)} to {_fmt_scale(settled)}, halving on each "
-            "overflow until the scaled gradients fit the format.")
+            f"overflow until the scaled gradients fit the format ({descent}); the run held "
+            f"{_fmt_scale(settled)} from step {h.calibration[-1] + 1} on"
+            + (" until it grew" if any(g > h.calibration[-1] for g in h.growths) else "")
+            + ".")
     if h.probes:
         parts.append(f"{len(h.probes)} probe skip(s) after growth")
         explanation.append(
@@ -115,8 +145,16 @@ def overflow_storm(run: RunData, h: ScaleHistory) -> list[Finding]:
         evidence["scale_before_storm"] = before
     if after is not None:
         evidence["scale_after_storm"] = after
+    # A forward-born overflow (the loss itself non-finite) is named where the forward hooks saw
+    # it begin; the backward order of the gradients names only a backward-born one (once the
+    # loss is NaN every gradient is, and the first in backward order is the last layer).
+    forward, modules = forward_began(
+        run, [s for s in lost if (p := h.point(s)) is not None and is_nonfinite(p.loss)])
     origin = ""
-    if ranked:
+    if forward:
+        origin = " " + forward
+        layers = modules[:5]
+    elif ranked:
         index, first, seen = ranked[0]
         origin = (f" The overflow started in {run.layer_name(index)} on {first} of these steps "
                   f"(non-finite there on {seen}).")
@@ -233,16 +271,22 @@ def scaler_tuning(run: RunData, h: ScaleHistory, storm: Sequence[int]) -> list[F
     reasons: list[str] = []
     evidence: dict[str, float] = {}
     steps: list[int] = []
-    if len(h.calibration) >= TUNING_MIN_SKIPS:
-        settled = h.scale_at(h.calibration[-1])
-        if settled is not None:
-            advice.append(f"init_scale={settled:g}")
-            reasons.append(
-                f"the run spent its first {len(h.calibration)} steps coming down to {settled:g}: "
-                f"starting there would avoid those {len(h.calibration)} skipped steps")
-            evidence.update(recommended_init_scale=settled,
-                            avoidable_calibration_skips=len(h.calibration))
-            steps.extend(h.calibration)
+    settled = h.settled_scale
+    if len(h.calibration) >= TUNING_MIN_SKIPS and settled is not None:
+        still = would_skip(h, settled)
+        avoidable = [s for s in h.calibration if s not in still]
+        advice.append(f"init_scale={settled:g}")
+        reasons.append(
+            f"the run came down to {settled:g} in {len(h.calibration)} skipped steps and "
+            + ("no step of its history overflowed at that scale or below: starting there "
+               f"would have avoided all {len(avoidable)} of them" if not still else
+               f"{len(still)} step(s) of its history overflowed at that scale or below "
+               f"(step {', '.join(map(str, still[:5]))}): starting there would have avoided "
+               f"{len(avoidable)} of them"))
+        evidence.update(recommended_init_scale=settled,
+                        avoidable_calibration_skips=len(avoidable),
+                        remaining_skips_at_init_scale=len(still))
+        steps.extend(h.calibration)
     probes = [s for s in h.probes if s not in set(storm)]
     gaps = _growth_gaps(h)
     if len(probes) >= TUNING_MIN_SKIPS and gaps:
@@ -252,13 +296,18 @@ def scaler_tuning(run: RunData, h: ScaleHistory, storm: Sequence[int]) -> list[F
             if any(g < s for g in h.growths)]
         lag = statistics.median(after_growth) if after_growth else math.nan
         proposed = _nice(interval * TUNING_INTERVAL_FACTOR)
-        remaining = math.ceil(len(probes) * interval / proposed)
+        # Checked against the run's own span: after calibration each probe costs a clean
+        # growth_interval, the steps until the grown scale overflows, and the skip itself.
+        start = h.calibration[-1] + 1 if h.calibration else h.first_step
+        cycle = proposed + (0 if math.isnan(lag) else int(lag)) + 1
+        remaining = min(len(probes), (h.last_step - start + 1) // cycle)
         avoided = len(probes) - remaining
         advice.append(f"growth_interval={proposed}")
         reasons.append(
             f"it backs off every ~{interval:.0f} steps, {lag:.0f} step(s) after growing "
-            f"({len(probes)} times): a growth_interval of {proposed} would avoid about "
-            f"{avoided} of those skipped steps")
+            f"({len(probes)} times): over the run's {h.last_step - start + 1} steps since "
+            f"calibration a growth_interval of {proposed} would have grown at most {remaining} "
+            f"time(s), avoiding {avoided} of those skipped steps")
         evidence.update(observed_growth_interval=interval, probe_skips=len(probes),
                         steps_after_growth=lag, recommended_growth_interval=proposed,
                         avoidable_probe_skips=avoided)

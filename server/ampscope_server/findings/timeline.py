@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ampscope_server.findings.model import NonfiniteStep, RunData, StepPoint
@@ -17,6 +17,9 @@ from ampscope_server.findings.thresholds import (
     CALIBRATION_GAP_STEPS,
     CALIBRATION_START_STEPS,
     COLLAPSE_SCALE,
+    MODERATE_SCALE,
+    STORM_MIN_SKIPS,
+    STORM_WINDOW_STEPS,
 )
 
 
@@ -44,12 +47,17 @@ class ScaleHistory:
     """Step numbers of skipped steps, ascending."""
     growths: list[int]
     calibration: list[int]
-    """The descent from init_scale: a chain of back-to-back skips from the run's start."""
+    """The descent from init_scale to the scale the run settles at (`_calibration`)."""
     probes: list[int]
     """The first skip after each growth: the scaler probing a higher scale."""
     _by_step: dict[int, StepPoint] = field(init=False, repr=False)
     _scale_steps: list[int] = field(init=False, repr=False)
     _scales: list[float] = field(init=False, repr=False)
+
+    @property
+    def settled_scale(self) -> float | None:
+        """The scale the calibration came down to: in effect after its last skip."""
+        return self.scale_at(self.calibration[-1]) if self.calibration else None
 
     @property
     def first_step(self) -> int:
@@ -86,10 +94,52 @@ def history(run: RunData) -> ScaleHistory | None:
         return None
     skips = [p.step for p in steps if p.skipped]
     growths = [p.step for p in steps if is_growth(p)]
-    return ScaleHistory(steps, skips, growths, _calibration(steps), _probes(steps))
+    first_kind = {entry.step: entry.layers[0][1] for entry in run.nonfinite if entry.layers}
+    return ScaleHistory(steps, skips, growths, _calibration(steps, first_kind), _probes(steps))
 
 
-def _calibration(steps: Sequence[StepPoint]) -> list[int]:
+def _calibration(steps: Sequence[StepPoint], first_kind: Mapping[int, str]) -> list[int]:
+    """The initial descent (`_descent`) and the later skips that carry it on: before the first
+    growth, each to a scale lower than any before, with a finite loss (only the scaled
+    gradients overflowed), a range overflow by its look (a scale above MODERATE_SCALE, or inf
+    the first non-finite gradient in backward order: a NaN first at a moderate scale is
+    `nan_not_range`'s), and too few to be a storm (fewer than STORM_MIN_SKIPS of the skips
+    after the descent in any STORM_WINDOW_STEPS). Such a skip is the scaler finding that the
+    scale it came down to is still one step too high for some batch: the run settles at the
+    scale after the last of them, the lowest it held before growing, and an `init_scale` there
+    would have avoided every one."""
+    chain = _descent(steps)
+    if not chain:
+        return []
+    lowest = finite(next(p for p in steps if p.step == chain[-1]).scale_after)
+    later: list[int] = []
+    late_skips: list[int] = []
+    for p in steps:
+        if p.step <= chain[-1] or lowest is None:
+            continue
+        if is_growth(p):
+            break
+        if not p.skipped:
+            continue
+        late_skips.append(p.step)
+        after, loss = finite(p.scale_after), finite(p.loss)
+        before = finite(p.scale_before)
+        ranged = (before is not None and before > MODERATE_SCALE) or (
+            first_kind.get(p.step) == "inf")
+        if (after is not None and after < lowest and loss is not None and ranged
+                and after > COLLAPSE_SCALE):
+            later.append(p.step)
+            lowest = after
+    lo = 0
+    for hi, step in enumerate(late_skips):
+        while step - late_skips[lo] >= STORM_WINDOW_STEPS:
+            lo += 1
+        if hi - lo + 1 >= STORM_MIN_SKIPS:
+            return chain  # the later skips are a storm, not the scaler settling
+    return chain + later
+
+
+def _descent(steps: Sequence[StepPoint]) -> list[int]:
     """Skips of the initial descent: starting within CALIBRATION_START_STEPS of the first step,
     each within CALIBRATION_GAP_STEPS of the previous, no growth in between. A descent that
     reaches COLLAPSE_SCALE without finding a scale that fits is no calibration at all (that is

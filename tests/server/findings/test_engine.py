@@ -12,14 +12,17 @@ import pytest
 from ampscope_server.findings import (
     KINDS,
     Finding,
+    ForwardOrigin,
     LayerSample,
     MisuseEvent,
+    RunData,
     StepPoint,
     SwallowedSample,
     analyze,
     most_severe,
 )
 from ampscope_server.findings.model import NonfiniteKind, RecheckStatus
+from ampscope_server.findings.timeline import history
 from tests.server.findings.synthetic import (
     LAYERS,
     fits_below,
@@ -78,6 +81,35 @@ class TestCalibration:
         findings = analyze(run_data(scaler_steps(200, lambda step, scale: True)))
         assert "calibration_overflow" not in [f.kind for f in findings]
 
+    def test_a_later_skip_to_a_new_low_carries_the_descent_on(self) -> None:
+        """2^24 down to 2^18 back to back, then 2^18 and 2^17 overflow once each on a harder
+        batch (steps 40 and 90): the run settles at 2^16, and an init_scale there avoids all 8
+        (#30: the descent alone said 6 skips, settled at 2^18, and left two unexplained)."""
+        steps = scaler_steps(300, lambda s, scale: scale > 2**18 or (s in (40, 90)
+                                                                     and scale > 2**16),
+                             init=2.0**24)
+        findings = analyze(run_data(steps))
+        calibration = only(findings, "calibration_overflow")
+        assert calibration.evidence == {"calibration_skips": 8, "probe_skips": 0,
+                                        "init_scale": 2.0**24, "settled_scale": 2.0**16}
+        assert ("(steps 0-5; step 40 still overflowed at 262144 (2^18); step 90 still "
+                "overflowed at 131072 (2^17)); the run held 65536 (2^16) from step 91 on."
+                ) in calibration.explanation
+        tuning = only(findings, "scaler_tuning")
+        assert tuning.evidence == {"recommended_init_scale": 2.0**16,
+                                   "avoidable_calibration_skips": 8,
+                                   "remaining_skips_at_init_scale": 0}
+
+    def test_a_nan_at_a_moderate_scale_is_not_calibration(self) -> None:
+        """A later skip at 2^16 whose gradients turned NaN first is no range overflow by its
+        look: nan_not_range's, not the descent's."""
+        steps = scaler_steps(300, lambda s, scale: scale > 2**16 or s == 90, init=2.0**20)
+        nonfinite = nonfinite_at({90}, (1, "nan"))
+        h = history(run_data(steps, nonfinite=nonfinite))
+        assert h is not None and h.calibration == [0, 1, 2, 3] and h.settled_scale == 2.0**16
+        inf_first = history(run_data(steps, nonfinite=nonfinite_at({90}, (1, "inf"))))
+        assert inf_first is not None and inf_first.calibration == [0, 1, 2, 3, 90]
+
 
 class TestOverflowStorm:
     STORM = frozenset(range(2500, 2600, 12))  # 9 overflows in 100 steps
@@ -104,6 +136,63 @@ class TestOverflowStorm:
         storm = {3000, 3020, 3040, 3060}
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in storm)
         assert "overflow_storm" not in [f.kind for f in analyze(run_data(steps))]
+
+
+class TestForwardOrigin:
+    """Where a forward overflow began (#30): the re-check's forward hooks name the module in
+    forward order; a NaN loss makes every gradient NaN, so backward order would name the last
+    layer. Backward order stays for backward-born overflows (a finite loss)."""
+
+    STORM = TestOverflowStorm.STORM
+    ORIGIN = ForwardOrigin("encoder.0", input_finite=True, format="fp16")
+
+    def storm(self, loss_bad: bool) -> RunData:
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: math.inf if loss_bad and s in self.STORM else 1.0)
+        run = run_data(steps, nonfinite=nonfinite_at(self.STORM, (3, "nan"), (1, "nan")))
+        return dataclasses.replace(run, forward_origins={s: self.ORIGIN for s in self.STORM})
+
+    def test_a_forward_born_storm_names_the_module_in_forward_order(self) -> None:
+        found = only(analyze(self.storm(loss_bad=True)), "overflow_storm")
+        assert found.layers == ["encoder.0"]
+        assert found.explanation.endswith(
+            "The overflow began in encoder.0 (forward) at step 2500: the first module in "
+            "forward order whose output went beyond fp16's range; its input was finite (9 of "
+            "the 9 re-checked step(s) began there).")
+        assert "started in fc2.weight" not in found.explanation
+
+    def test_a_backward_born_storm_keeps_the_backward_order(self) -> None:
+        found = only(analyze(self.storm(loss_bad=False)), "overflow_storm")
+        assert found.layers == ["fc2.weight", "fc1.weight"]
+        assert "The overflow started in fc2.weight on 9 of these steps" in found.explanation
+        assert "(forward)" not in found.explanation
+
+    def test_forward_overflow_names_where_it_began(self) -> None:
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in (300, 301),
+                             loss=lambda s: math.nan if s in (300, 301) else 1.0)
+        data = ForwardOrigin("0", input_finite=False, format="fp32")
+        run = dataclasses.replace(run_data(steps), forward_origins={301: data})
+        found = only(analyze(run), "forward_overflow")
+        assert found.layers == ["0"]
+        assert found.evidence["forward_origin_steps"] == 1
+        assert ("The overflow began in 0 (forward) at step 301: the first module in forward "
+                "order whose output went non-finite in FP32 too; its input was already "
+                "non-finite (the data or an earlier op).") in found.explanation
+        without = only(analyze(run_data(steps)), "forward_overflow")
+        assert without.layers == [] and "(forward)" not in without.explanation
+
+    def test_where_most_steps_began_is_said_when_it_is_not_the_first(self) -> None:
+        bad = (300, 301, 302)
+        steps = scaler_steps(1000, lambda s, scale: scale > 2**10 or s in bad,
+                             loss=lambda s: math.inf if s in bad else 1.0)
+        later = ForwardOrigin("2", input_finite=True, format="fp16")
+        run = dataclasses.replace(
+            run_data(steps), forward_origins={300: self.ORIGIN, 301: later, 302: later})
+        found = only(analyze(run), "forward_overflow")
+        assert found.layers == ["2", "encoder.0"]
+        assert ("The overflow began in encoder.0 (forward) at step 300: the first module in "
+                "forward order whose output went beyond fp16's range; its input was finite "
+                "(1 of the 3 re-checked step(s) began there, 2 in 2).") in found.explanation
 
 
 class TestDivergence:
@@ -430,8 +519,11 @@ class TestScalerTuning:
         assert found.recommendation == "GradScaler(init_scale=1024, growth_interval=5000)."
         assert found.evidence == {
             "recommended_init_scale": 1024.0, "avoidable_calibration_skips": 6,
+            "remaining_skips_at_init_scale": 0,
             "observed_growth_interval": 2000.0, "probe_skips": 4, "steps_after_growth": 1.0,
-            "recommended_growth_interval": 5000, "avoidable_probe_skips": 2}
+            # Started at 1024, 5000 clean steps, a growth, a probe: once in the ~9990 steps
+            # after calibration (the 2000 of the run probed 4 times).
+            "recommended_growth_interval": 5000, "avoidable_probe_skips": 3}
 
     def test_nothing_to_tune(self) -> None:
         steps = scaler_steps(1500, fits_below(2**15))  # one calibration skip, no probe yet
