@@ -215,6 +215,12 @@ class TestDivergence:
         # The first step 100x the healthy loss, and the peak.
         assert (found.step_start, found.step_end) == (2520, 2600)
 
+    def test_a_spike_the_run_comes_back_from_is_no_divergence(self) -> None:
+        # 1e10 for steps 2500-2509, then 1.0 again: a storm, not a divergence.
+        steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
+                             loss=lambda s: 1e10 if 2500 <= s < 2510 else 1.0)
+        assert "divergence" not in [f.kind for f in analyze(run_data(steps))]
+
     def test_fifty_times_is_no_divergence(self) -> None:
         steps = scaler_steps(6000, lambda s, scale: scale > 2**10 or s in self.STORM,
                              loss=lambda s: 50.0 if s >= 2500 else 1.0)
