@@ -46,3 +46,12 @@ def tables(url: str) -> set[str]:
         return set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def columns(url: str, table: str) -> set[str]:
+    """The names of the columns of `table` in the database at `url`."""
+    engine = db.make_engine(url)
+    try:
+        return {column["name"] for column in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()

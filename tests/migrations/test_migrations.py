@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 
 from ampscope_server import db
 from ampscope_server.models import Base
-from tests.migrations.support import tables
+from tests.migrations.support import columns, tables
 
 TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}
 TABLES_0002 = TABLES_0001 | {
@@ -28,51 +28,44 @@ V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
 
 
-def _columns(url: str, table: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return {column["name"] for column in inspect(engine).get_columns(table)}
-    finally:
-        engine.dispose()
-
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert tables(db_url) == TABLES_0020 | {"alembic_version"}
-    assert "world_size" in _columns(db_url, "runs")
+    assert "world_size" in columns(db_url, "runs")
     db.downgrade(db_url, "0019")
     assert tables(db_url) == TABLES_0008 | {"alembic_version"}
-    assert "world_size" not in _columns(db_url, "runs")
-    assert "raw_name" in _columns(db_url, "layers")
+    assert "world_size" not in columns(db_url, "runs")
+    assert "raw_name" in columns(db_url, "layers")
     db.downgrade(db_url, "0017")
-    assert "raw_name" not in _columns(db_url, "layers")
-    assert _columns(db_url, "steps") >= V2_STEP_COLUMNS
-    assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series", "step_count",
+    assert "raw_name" not in columns(db_url, "layers")
+    assert columns(db_url, "steps") >= V2_STEP_COLUMNS
+    assert columns(db_url, "rollups") == {"run_key", "level", "bucket", "series", "step_count",
                                            "skip_count"}
     db.downgrade(db_url, "0012")
-    assert _columns(db_url, "rollups") == {"run_key", "level", "bucket", "series"}
-    assert _columns(db_url, "layer_rollups") == {"run_key", "level", "bucket", "data"}
+    assert columns(db_url, "rollups") == {"run_key", "level", "bucket", "series"}
+    assert columns(db_url, "layer_rollups") == {"run_key", "level", "bucket", "data"}
     db.downgrade(db_url, "0011")
-    assert _columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
-    assert _columns(db_url, "layer_rollups") == {"run_id", "level", "bucket", "data"}
-    assert {"run_key", "attempt"} <= _columns(db_url, "steps")
-    assert _columns(db_url, "histograms") == {
+    assert columns(db_url, "rollups") == {"run_id", "level", "bucket", "series"}
+    assert columns(db_url, "layer_rollups") == {"run_id", "level", "bucket", "data"}
+    assert {"run_key", "attempt"} <= columns(db_url, "steps")
+    assert columns(db_url, "histograms") == {
         "step_id", "run_key", "min_exp", "max_exp", "layers", "data"}
     db.downgrade(db_url, "0010")
-    assert "layer_index" in _columns(db_url, "histograms")
-    assert "module_index" in _columns(db_url, "activation_stats")
+    assert "layer_index" in columns(db_url, "histograms")
+    assert "module_index" in columns(db_url, "activation_stats")
     db.downgrade(db_url, "0009")
-    assert {"run_id", "attempt_id"} <= _columns(db_url, "steps")
-    assert "key" not in _columns(db_url, "runs")
-    assert "run_id" in _columns(db_url, "layer_stats")
+    assert {"run_id", "attempt_id"} <= columns(db_url, "steps")
+    assert "key" not in columns(db_url, "runs")
+    assert "run_id" in columns(db_url, "layer_stats")
     db.downgrade(db_url, "0007")
     assert tables(db_url) == TABLES_0007 | {"alembic_version"}
     db.downgrade(db_url, "0006")
     assert tables(db_url) == TABLES_0006 | {"alembic_version"}
     db.downgrade(db_url, "0005")
     assert tables(db_url) == TABLES_0005 | {"alembic_version"}
-    assert "layer_index" in _columns(db_url, "layer_stats")
-    assert "amax_scaled" in _columns(db_url, "rollups")
+    assert "layer_index" in columns(db_url, "layer_stats")
+    assert "amax_scaled" in columns(db_url, "rollups")
     db.downgrade(db_url, "0004")
     assert tables(db_url) == TABLES_0004 | {"alembic_version"}
     db.downgrade(db_url, "0003")
@@ -81,13 +74,13 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert tables(db_url) == TABLES_0002 | {"alembic_version"}
     db.downgrade(db_url, "0001")
     assert tables(db_url) == TABLES_0001 | {"alembic_version"}
-    assert not V2_STEP_COLUMNS & _columns(db_url, "steps")
-    assert not V2_ATTEMPT_COLUMNS & _columns(db_url, "attempts")
+    assert not V2_STEP_COLUMNS & columns(db_url, "steps")
+    assert not V2_ATTEMPT_COLUMNS & columns(db_url, "attempts")
     db.downgrade(db_url, "base")
     assert tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
     assert tables(db_url) == TABLES_0020 | {"alembic_version"}
-    assert _columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
+    assert columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
 def _execute(url: str, *statements: str) -> None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import inspect
-
 from ampscope_server import db
-from tests.migrations.support import query
+from tests.migrations.support import columns, query
 from tests.server.wire import batch_v2, new_id, record_v2
 from tests.support.ingest import ingest_into
 
@@ -18,13 +16,6 @@ RECHECKS = ("SELECT s.run_key, s.step, r.status, r.loss_class FROM step_rechecks
             "JOIN steps s ON s.id = r.step_id ORDER BY s.run_key, s.step")
 ORIGIN = {"module": "encoder.0", "input_finite": True, "format": "fp16"}
 
-
-def _columns(url: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("step_rechecks")}
-    finally:
-        engine.dispose()
 
 
 def _skipped(recheck: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +40,7 @@ def test_0023_adds_the_origin_and_takes_it_back(db_url: str) -> None:
     rows = query(db_url, RECHECKS)
 
     db.downgrade(db_url, "0022")
-    assert "origin" not in _columns(db_url)
+    assert "origin" not in columns(db_url, "step_rechecks")
     assert query(db_url, RECHECKS) == rows
 
     db.upgrade(db_url)

@@ -3,22 +3,15 @@ before it get empty notes, and a downgrade drops the notes written (its docstrin
 
 from __future__ import annotations
 
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 
 from ampscope_server import db
-from tests.migrations.support import query
+from tests.migrations.support import columns, query
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into
 
 RUN_ROWS = "SELECT id, name, tags, status FROM runs ORDER BY id"
 
-
-def _columns(url: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("runs")}
-    finally:
-        engine.dispose()
 
 
 def _write_notes(url: str, run_id: str, notes: str) -> None:
@@ -40,7 +33,7 @@ def test_0021_adds_empty_notes_and_takes_them_back(db_url: str) -> None:
     rows = query(db_url, RUN_ROWS)
 
     db.downgrade(db_url, "0020")
-    assert "notes" not in _columns(db_url)
+    assert "notes" not in columns(db_url, "runs")
     assert query(db_url, RUN_ROWS) == rows
 
     db.upgrade(db_url)

@@ -4,22 +4,13 @@ the hooks sent (its docstring says so), the formats staying."""
 
 from __future__ import annotations
 
-from sqlalchemy import inspect
-
 from ampscope_server import db
-from tests.migrations.support import query
+from tests.migrations.support import columns, query
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into
 
 RUN_ROWS = "SELECT id, name, target_format FROM runs ORDER BY id"
 
-
-def _columns(url: str) -> set[str]:
-    engine = db.make_engine(url)
-    try:
-        return {c["name"] for c in inspect(engine).get_columns("runs")}
-    finally:
-        engine.dispose()
 
 
 def test_0022_adds_the_reason_and_takes_it_back(db_url: str) -> None:
@@ -36,7 +27,7 @@ def test_0022_adds_the_reason_and_takes_it_back(db_url: str) -> None:
     rows = query(db_url, RUN_ROWS)
 
     db.downgrade(db_url, "0021")
-    assert "target_format_reason" not in _columns(db_url)
+    assert "target_format_reason" not in columns(db_url, "runs")
     assert query(db_url, RUN_ROWS) == rows
 
     db.upgrade(db_url)
