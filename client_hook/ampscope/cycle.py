@@ -53,7 +53,7 @@ from ampscope.capture import Kind, Taken, take
 from ampscope.collective import Group, Pending, local
 from ampscope.devices import to_device
 from ampscope.histogram import NUM_BINS
-from ampscope.misuse import ClipHeuristic, GradWrites, MisuseTracker
+from ampscope.misuse import ClipHeuristic, MisuseTracker
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn, run_recheck
 from ampscope.record import (
@@ -340,7 +340,7 @@ class StepCycle:
         activation_every: int = 0,
         on_error: Callable[[str, Exception], None] = _raise,
     ) -> None:
-        self._params = params
+        self.params = params
         # Where the gradients are read from: ``.grad`` (a DTensor's local shard), or a framework
         # that keeps them elsewhere (DeepSpeed ZeRO's partitions, ``zero.ZeroEngine.reader``).
         self._grads = grads
@@ -375,7 +375,10 @@ class StepCycle:
         self.state = HookState.ACTIVE
         self.outlet: Outlet | None = None
         self.misuse = MisuseTracker()
-        self.writes: GradWrites | None = None
+        # clip_before_unscale counted exactly (misuse.py): each gradient's (id, version) as the
+        # last backward pass left it (``step._Scale.backward_end``), compared at the capture.
+        self.count_writes = False
+        self.after_backward: list[tuple[int, int]] | None = None
         self.clip: ClipHeuristic | None = ClipHeuristic()
         self.recheck_fn: RecheckFn | None = None
         self.recheck_low: torch.dtype | None = None  # the training's format: the origin's re-run
@@ -434,7 +437,7 @@ class StepCycle:
         """(per-layer statistics, histogram): what the capture of ``step`` reads. A DDP peer
         (same gradients as rank 0, sends nothing) reads only the norms its share needs."""
         per_layer = self._cadence.due(step)
-        histogram = bool(self._histogram_every and self._params
+        histogram = bool(self._histogram_every and self.params
                          and step % self._histogram_every == 0)
         if self.pieces_only or (self.group is not None and not self.sends
                                 and not self.sharded):
@@ -447,7 +450,7 @@ class StepCycle:
         if self.group is None:
             return None
         per_layer, histogram = self._reads(step)
-        return Layout(len(self._params), self.group.world_size, self.sharded,
+        return Layout(len(self.params), self.group.world_size, self.sharded,
                       stats=per_layer or histogram, histogram_bins=NUM_BINS if histogram else 0)
 
     def capture(
@@ -471,7 +474,7 @@ class StepCycle:
             if step is None:
                 step = self.step
             if not self.grads_off:
-                params = self._params
+                params = self.params
                 if self._grads is not None:
                     grads = self._grads(params)
                 else:
@@ -479,11 +482,16 @@ class StepCycle:
                     if self.sharded:  # each rank reads its own shard; the reductions merge
                         grads = list(map(local, grads))
                 scaled, scale = self._view.capture_state(optimizer, optimizers, params)
-                writes = self.writes
-                if writes is not None:
-                    written = writes.written()
-                    if written and (scaled if isinstance(scaled, bool) else all(scaled)):
-                        self.misuse.pending.append(GradWrites.entry(written, len(params)))
+                seen, self.after_backward = self.after_backward, None
+                if seen is not None and (scaled if isinstance(scaled, bool) else all(scaled)):
+                    written = 0  # gradients written (in place, or replaced) since backward
+                    for p, (ident, version) in zip(params, seen, strict=True):
+                        g = p.grad
+                        if g is not None and (id(g) != ident or g._version != version):
+                            written += 1
+                    if written:
+                        self.misuse.pending.append(
+                            MisuseTracker.clip_before_unscale(written, len(params)))
                 per_layer = False
                 for n in self._cadence.distinct:
                     if step % n == 0:
@@ -538,7 +546,7 @@ class StepCycle:
         try:
             layout = self.layout(self.step)
             assert layout is not None
-            device = self._params[0].device if self._params else torch.device("cpu")
+            device = self.params[0].device if self.params else torch.device("cpu")
             group.contribute_nothing(layout.sum_size, layout.max_size, device)
         except Exception as exc:
             self.on_error("share", exc)
@@ -555,7 +563,7 @@ class StepCycle:
             try:
                 if self.recheck_fn is not None and self.model is not None and (
                         self._overflowed(before)):
-                    result = run_recheck(self.recheck_fn, self.model, self._params,
+                    result = run_recheck(self.recheck_fn, self.model, self.params,
                                          self.recheck_low)
                     self.recheck, self.recheck_names = (
                         (result, ()) if isinstance(result, str) else result)
@@ -690,7 +698,7 @@ class StepCycle:
             order.end_cycle()
         captured = None
         if taken is not None:
-            captured = ("before_unscale" if self._params and all(taken.scaled)
+            captured = ("before_unscale" if self.params and all(taken.scaled)
                         else "after_unscale")
         return StepRecord(
             seq=seq,
@@ -701,7 +709,7 @@ class StepCycle:
             ready=ready,
             absent=frozenset(absent),
             sections=Sections(
-                num_layers=len(self._params),
+                num_layers=len(self.params),
                 taken=taken,
                 layers=self._has_block,
                 modules=0 if self._acts is None or self.probe is None else len(self.probe.table),

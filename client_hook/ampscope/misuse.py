@@ -8,18 +8,20 @@
 * ``unscale_twice``: a second ``scaler.unscale_(opt)`` for one optimizer within one update cycle.
   It is recorded, then torch's own ``RuntimeError`` propagates unchanged; the record carrying it
   is the cycle's (sent at the next ``update()``, if the loop survives the error).
-* ``clip_before_unscale``, counted on every step it happens (``GradWrites``): the gradients were
-  written between the end of the cycle's last ``backward()`` and the capture at the first
-  ``unscale_``/``step`` while still scaled: ``clip_grad_norm_``/``clip_grad_value_`` (or any
-  in-place change) on *scaled* gradients. A tensor hook on ``scaler.scale``'s output queues a
-  callback at the end of each backward pass that notes each gradient's identity and version
-  counter (``Tensor._version``, bumped by every in-place write); the capture compares. Host
+* ``clip_before_unscale``, counted on every step it happens: the gradients were written between
+  the end of the cycle's last ``backward()`` and the capture at the first ``unscale_``/``step``
+  while still scaled: ``clip_grad_norm_``/``clip_grad_value_`` (or any in-place change) on
+  *scaled* gradients. A tensor hook on ``scaler.scale``'s output queues a callback at the end of
+  each backward pass that notes each gradient's identity and version counter
+  (``Tensor._version``, bumped by every in-place write; ``step._Scale.backward_end``); the
+  capture compares (``cycle.StepCycle.capture``). Both live on the step's own path, not here:
+  they run on every step, and each call into another module is one more to read there. Host
   integers only: no device work, no sync. A correct loop (``unscale_`` → clip → ``step``) is
   captured at ``unscale_``, before the clip, so it never matches; loops that unscale themselves
   are captured ``after_unscale`` and not judged. Off under torch.distributed, where DDP writes
   its reduced buckets into the gradients in its own end-of-backward callback: there the
   heuristic below stands in.
-* ``ClipHeuristic`` (the fallback where ``GradWrites`` is off): gradients clipped while still
+* ``ClipHeuristic`` (the fallback where the version counting is off): gradients clipped while still
   scaled have a *scaled* global norm equal to the clip threshold, whatever the scale. It fires
   when, over ``WINDOW`` consecutive measured steps captured before ``unscale_`` without
   overflow, the scaled global norm (grad_norm · scale_before) stays constant within ``REL``
@@ -32,11 +34,10 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["ClipHeuristic", "GradWrites", "MisuseTracker"]
+__all__ = ["ClipHeuristic", "MisuseTracker"]
 
 
 class MisuseTracker:
@@ -74,52 +75,9 @@ class MisuseTracker:
             "enabled: the gradients are still scaled and an overflow step is not skipped; call "
             "scaler.step(optimizer)")}
 
-
-class GradWrites:
-    """``clip_before_unscale`` on every step it happens; see the module docstring. Training
-    thread only (the autograd engine runs the end-of-backward callback there on the CPU, and
-    on the thread that called ``backward`` on a GPU). Never raises into training: a failure
-    goes to ``on_error`` and the step is not judged."""
-
-    def __init__(self, params: Sequence[torch.nn.Parameter],
-                 on_error: Callable[[str, Exception], None]) -> None:
-        self._params = params
-        self._on_error = on_error
-        self._after_backward: list[tuple[int, int]] | None = None
-
-    def started(self, grad: torch.Tensor) -> None:
-        """The tensor hook on ``scaler.scale``'s output: backward has reached the loss."""
-        try:
-            torch.autograd.Variable._execution_engine.queue_callback(self._ended)
-        except Exception as exc:
-            self._on_error("backward", exc)
-
-    def _ended(self) -> None:
-        try:
-            seen: list[tuple[int, int]] = []
-            for p in self._params:  # a loop, not a comprehension: no Python call per backward
-                g = p.grad
-                seen.append((0, -1) if g is None else (id(g), g._version))
-            self._after_backward = seen
-        except Exception as exc:
-            self._after_backward = None
-            self._on_error("backward", exc)
-
-    def written(self) -> int:
-        """Gradients written (in place, or replaced) since the end of the last backward pass,
-        0 when none was seen; forgets that pass."""
-        seen, self._after_backward = self._after_backward, None
-        if seen is None:
-            return 0
-        count = 0
-        for p, (ident, version) in zip(self._params, seen, strict=True):
-            g = p.grad
-            if g is not None and (id(g) != ident or g._version != version):
-                count += 1
-        return count
-
     @staticmethod
-    def entry(written: int, total: int) -> dict[str, str]:
+    def clip_before_unscale(written: int, total: int) -> dict[str, str]:
+        """The ``clip_before_unscale`` entry: ``written`` of ``total`` gradients changed."""
         return {"kind": "clip_before_unscale", "detail": (
             f"{written} of {total} gradients were modified between the end of backward() and "
             "scaler.unscale_() while still scaled (clip_grad_norm_/clip_grad_value_ before "

@@ -91,7 +91,6 @@ from ampscope import collective, formats, topology, wire, zero
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
 from ampscope.formats import TargetFormat
-from ampscope.misuse import GradWrites
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn
 from ampscope.reductions import GradStats
@@ -237,9 +236,9 @@ class Monitor:
         self._cycle.recheck_low = self.fmt.dtype
         if (self._view.on and engine is None and topo.group is None and not topo.sharded
                 and topology.world_size() == 1):
-            # Exact clip-before-unscale_ counting (misuse.GradWrites) in place of the heuristic;
-            # under torch.distributed DDP writes the gradients after backward itself.
-            self._cycle.writes = GradWrites(self._params, self._internal_error)
+            # Exact clip-before-unscale_ counting (misuse.py) in place of the heuristic; under
+            # torch.distributed DDP writes the gradients after backward itself.
+            self._cycle.count_writes = True
             self._cycle.clip = None
         # DeepSpeed updates its own FP32 partitions, not the parameters the probe would watch.
         self._cycle.swallow = SwallowProbe.for_params(self._params) if engine is None else None

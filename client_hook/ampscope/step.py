@@ -101,13 +101,32 @@ class _Scale(_Wrapper):
         except Exception as exc:
             cycle.on_error("scale", exc)
         scaled = self.original(outputs)
-        writes = cycle.writes
-        if writes is not None and isinstance(scaled, torch.Tensor) and scaled.requires_grad:
+        if cycle.count_writes and isinstance(scaled, torch.Tensor) and scaled.requires_grad:
             try:  # the end of its backward: where clipping before unscale_ is seen (misuse.py)
-                scaled.register_hook(writes.started)
+                scaled.register_hook(self.backward_end)
             except Exception as exc:
                 cycle.on_error("scale", exc)
         return scaled
+
+    def backward_end(self, grad: torch.Tensor | None = None) -> None:
+        """Called twice per backward pass. As the scaled loss's tensor hook (``grad`` given),
+        when backward starts, it queues itself as the autograd engine's end-of-backward callback
+        (which runs on the training thread: on the thread that called ``backward`` on a GPU);
+        called back, it notes each gradient's identity and version for the capture to compare
+        (``StepCycle.capture``). One function for both: two calls of every step's path."""
+        cycle = self.source.cycle
+        try:
+            if grad is not None:
+                torch.autograd.Variable._execution_engine.queue_callback(self.backward_end)
+                return
+            seen: list[tuple[int, int]] = []
+            for p in cycle.params:  # a loop, not a comprehension: no Python call per backward
+                g = p.grad
+                seen.append((0, -1) if g is None else (id(g), g._version))
+            cycle.after_backward = seen
+        except Exception as exc:
+            cycle.after_backward = None  # the step is not judged
+            cycle.on_error("backward", exc)
 
 
 class _Unscale(_Wrapper):
