@@ -38,8 +38,8 @@ from operator import mul
 import torch
 
 from ampscope.histogram import NUM_BINS
-from ampscope.partials import NUM_COLUMNS, finalize_host
-from ampscope.reductions import STAT_NAMES, GradStats
+from ampscope.partials import NUM_COLUMNS, HostStats, finalize_host
+from ampscope.reductions import GradStats
 from ampscope.shards import Layout
 
 __all__ = ["Finished", "Kind", "Parts", "Taken", "finish", "global_norm", "take"]
@@ -127,24 +127,30 @@ def take(
 @dataclass(frozen=True)
 class Finished:
     """A capture's numbers on the host: the global norm (true units), the raw per-layer norms
-    (NORMS kind: only their finiteness is sent) or the stats of ``STAT_NAMES`` (STATS kind, true
-    units), the histogram's rows."""
+    (NORMS kind: only their finiteness is sent) or the stats (STATS kind, true units:
+    ``partials.HostStats``, rows of ``STAT_NAMES``), the histogram's rows."""
 
     grad_norm: float | None
     # NORMS: each layer's raw norm; None where it is finite but unknown (a checked float32
     # read that overflowed).
     norms: list[float | None] | None = None
-    layers: dict[str, list[float]] | None = None
+    layers: HostStats | None = None
     histogram: list[list[int]] | None = None
 
 
 def finish(
-    taken: Taken, values: Sequence[float], numels: torch.Tensor, scale: float | None
+    taken: Taken,
+    values: Sequence[float],
+    numels: torch.Tensor,
+    scale: float | None,
+    table: torch.Tensor | None = None,
 ) -> Finished:
     """The sender thread's half of a capture: ``values`` are the host copy of ``taken.parts``
-    (flattened, in order), ``numels`` the layers' sizes (float64 CPU tensor), ``scale`` the
-    scale in effect at the capture (``scale_before``; None when unknown or when there is no
-    scaler: the norm is then unknown too where a layer was still scaled).
+    (flattened, in order; for STATS, without the partials when ``table`` holds them: their
+    ``(L, 8)`` float64 CPU tensor, read without a float per value), ``numels`` the layers'
+    sizes (float64 CPU tensor), ``scale`` the scale in effect at the capture (``scale_before``;
+    None when unknown or when there is no scaler: the norm is then unknown too where a layer
+    was still scaled).
     """
     n = len(taken.scaled)
     if taken.kind is Kind.NORMS:
@@ -159,20 +165,25 @@ def finish(
                 for x, f in zip(raw, values[n : 2 * n], strict=True)]
             return Finished(None, norms=known)
         return Finished(global_norm(raw, scale, taken.scaled), norms=list(raw))
+    if table is None:
+        table = torch.tensor(values[: NUM_COLUMNS * n], dtype=torch.float64).reshape(
+            n, NUM_COLUMNS)
+        values = values[NUM_COLUMNS * n :]
+    else:
+        table = table.reshape(n, NUM_COLUMNS)
     s = math.nan if scale is None else scale
     inv = 1.0 / s if s != 0.0 else math.inf  # IEEE, as the device's reciprocal
     flags = taken.scaled
-    to_true = ([inv] * n if all(flags) else [1.0] * n if not any(flags)
-               else [inv if f else 1.0 for f in flags])
-    norm, rows = finalize_host(values[: NUM_COLUMNS * n], numels.tolist(), to_true)
-    stats = dict(zip(STAT_NAMES, rows, strict=True))
+    to_true: float | torch.Tensor = inv if all(flags) else 1.0
+    if flags and not all(flags) and any(flags):
+        to_true = torch.where(torch.tensor(flags), torch.tensor(inv, dtype=torch.float64), 1.0)
+    stats = finalize_host(table, numels, to_true)
     histogram = None
     if taken.histogram:
-        pos = NUM_COLUMNS * n
-        histogram = [[round(c) for c in values[pos + i * NUM_BINS : pos + (i + 1) * NUM_BINS]]
+        histogram = [[round(c) for c in values[i * NUM_BINS : (i + 1) * NUM_BINS]]
                      for i in range(n)]
     unknown = scale is None and any(taken.scaled)
-    return Finished(None if unknown else norm, layers=stats, histogram=histogram)
+    return Finished(None if unknown else stats.norm, layers=stats, histogram=histogram)
 
 
 def _div(x: float, s: float) -> float:

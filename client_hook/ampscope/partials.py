@@ -37,11 +37,11 @@ scales, where a float32 product would round.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
-from collections.abc import Sequence
-from itertools import repeat
-from operator import mul, sub, truediv
+from array import array
+from typing import NamedTuple
 
 import torch
 
@@ -60,6 +60,7 @@ __all__ = [
     "NUM_SUMS",
     "SUMSQ",
     "ZERO",
+    "HostStats",
     "absent",
     "finalize",
     "finalize_host",
@@ -189,51 +190,107 @@ def finalize(
     return torch.cat([norm.reshape(1), stats.reshape(-1)])
 
 
+class HostStats(NamedTuple):
+    """``finalize_host``'s answer: the global norm (true units), the ``(8, L)`` float64 stats
+    (rows of ``reductions.STAT_NAMES``, contiguous: each row's bytes are one wire column) and
+    the rows' sums, read for rows 2-6 only (5 and 6: the NaN and inf totals; rows 2-6 hold no
+    NaN or inf iff their sums are finite)."""
+
+    norm: float
+    stats: torch.Tensor
+    sums: list[float]
+
+
+# The partials' columns in the order of ``STAT_NAMES`` (amax, amin_nz, zero_frac, subnormal_frac,
+# underflow_frac, nan_count, inf_count, l2) before the arithmetic: one ``index_select``.
+_ORDER = (AMAX, AMIN, ZERO, LT_NORMAL, LT_UNDER, NAN, INF, SUMSQ)
+_ORDER_T = torch.tensor(_ORDER)
+_IN_TRUE_UNITS = torch.tensor([[True], [True], [False], [False], [False], [False], [False],
+                               [True]])
+"""The rows multiplied by ``to_true``: amax, amin_nz, l2."""
+_factors: dict[float, torch.Tensor] = {}
+_denoms: tuple[torch.Tensor, int, torch.Tensor, bool] | None = None
+
+
+def _row_factors(to_true: float) -> torch.Tensor:
+    """The ``(8, 1)`` factors of one ``to_true`` for every layer: the scale changes rarely, so
+    they are kept (a few; a dict's get and set are atomic, as several senders need)."""
+    fac = _factors.get(to_true) if 0.0 < to_true < math.inf else None  # not -0.0 for 0.0
+    if fac is None:
+        if len(_factors) > 32:
+            _factors.clear()
+        fac = torch.where(_IN_TRUE_UNITS, torch.tensor(to_true, dtype=torch.float64), 1.0)
+        _factors[to_true] = fac
+    return fac
+
+
+def _denominators(numel: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``numel.clamp(min=1)`` (``max`` keeps a NaN numel, as the clamp does) and whether a
+    layer is empty, kept for the one ``numel`` tensor a monitor shares (its version checked)."""
+    global _denoms
+    kept = _denoms
+    if kept is not None and kept[0] is numel and kept[1] == numel._version:
+        return kept[2], kept[3]
+    denom = numel.clamp(min=1.0)
+    empty = bool((numel <= 0).any())
+    _denoms = (numel, numel._version, denom, empty)
+    return denom, empty
+
+
+def _sqrt_(row: torch.Tensor) -> None:
+    """``math.sqrt`` of a contiguous float64 CPU row, in place: C loops only (``map`` over a
+    memoryview of the row, one ``array``, one slice assignment). ATen's float64 ``sqrt`` on the
+    CPU is not correctly rounded (MKL's; ``math.sqrt`` and the device's are)."""
+    n = row.numel()
+    if n:
+        cells = (ctypes.c_char * (8 * n)).from_address(row.data_ptr())
+        view = memoryview(cells).cast("B").cast("d")
+        view[:] = array("d", map(math.sqrt, view))
+
+
 def finalize_host(
-    table: Sequence[float], numel: Sequence[float], to_true: Sequence[float]
-) -> tuple[float, list[list[float]]]:
-    """``finalize`` on host floats: (the global norm, the 8 rows of ``reductions.STAT_NAMES``
-    of L values each), the same numbers bit for bit. ``table`` holds the ``(L, 8)`` partials
-    flattened row by row, ``numel`` and ``to_true`` L floats each.
+    table: torch.Tensor, numel: torch.Tensor, to_true: float | torch.Tensor
+) -> HostStats:
+    """``finalize`` on the host, for the sender thread: the same numbers bit for bit.
 
-    Why a twin: the sender thread runs this for every per-layer record, holding the GIL and a
-    core that training's own threads want; ``finalize``'s two dozen tensor ops on a 34-layer
-    table cost it ~0.4 ms there. Every operation is one float64 IEEE operation, as each of
-    ``finalize``'s elementwise ops is, so the values are identical; the one reduction, the
-    global norm's sum over layers, is left to ``torch.sum`` on the same L squares, so its order
-    of addition is the device's too. (Not ``finalize`` on CPU tensors: ATen's vectorised float64
-    ``sqrt`` is not correctly rounded, ``math.sqrt`` is.)
+    ``table``: the ``(L, 8)`` float64 CPU partials; ``numel``: float64 ``(L,)``; ``to_true``:
+    one factor for every layer (1/scale, or 1.0: nothing is multiplied) or a float64 ``(L,)``
+    tensor of them. The stats are ``finalize``'s rows (``HostStats``): NaN where no element
+    qualified, an overflowed l2 inf.
 
-    Column by column with ``map`` over C functions (``operator``, ``math.sqrt``): no Python
-    frame per layer. Only a column with a case to tell apart (a layer without a finite element,
-    one without a finite non-zero element) takes a per-value expression.
+    Why not ``finalize`` on CPU tensors: ATen's float64 ``sqrt`` is not correctly rounded on the
+    CPU (``_sqrt_`` takes ``math.sqrt`` through C loops), and ``finalize``'s two dozen ops cost
+    the sender thread more than these. Every value is one float64 IEEE operation of the same
+    operands as ``finalize``'s, column by column (``x * 1.0`` and ``x / 1.0`` are exact); the
+    global norm's sum over layers is ``torch.sum`` of the same contiguous L squares. A dozen
+    tensor ops whatever L, and no Python call per value: the sender thread holds the GIL that
+    training's thread wants back after each of its ops.
     """
-    n = len(numel)
-    if len(table) != NUM_COLUMNS * n or len(to_true) != n:
-        raise ValueError(f"got {len(table)} partials and {len(to_true)} factors for {n} layers")
-    col = [table[k::NUM_COLUMNS] for k in range(NUM_COLUMNS)]
-    zero, nans, infs, lt_under, lt_normal = col[ZERO], col[NAN], col[INF], col[LT_UNDER], col[
-        LT_NORMAL]
-    denom = list(map(max, numel, repeat(1.0)))  # numel.clamp(min=1): max keeps numel at 1.0
-    finite = list(map(sub, map(sub, numel, nans), infs))
-    amax = list(map(mul, col[AMAX], to_true))
-    if n and min(finite) <= 0:  # a layer without a finite element: no amax (NaN)
-        amax = [a if f > 0 else math.nan for a, f in zip(amax, finite, strict=True)]
-    amin_col = col[AMIN]
-    if math.inf in amin_col:  # no finite non-zero element: NaN
-        # ``== inf``, not ``math.isinf``: no call per value (amin is >= 0 or +inf, never -inf).
-        amin_nz = [math.nan if a == math.inf else a * t
-                   for a, t in zip(amin_col, to_true, strict=True)]
-    else:
-        amin_nz = list(map(mul, amin_col, to_true))
-    zero_frac = list(map(truediv, zero, denom))
-    sub_frac = list(map(truediv, map(sub, lt_normal, zero), denom))
-    under_frac = list(map(truediv, map(sub, lt_under, zero), denom))
-    l2 = list(map(mul, map(math.sqrt, col[SUMSQ]), to_true))
-    if any(nans):
+    n = numel.shape[0]
+    if table.shape != (n, NUM_COLUMNS) or (isinstance(to_true, torch.Tensor)
+                                           and to_true.shape != (n,)):
+        shape = to_true.shape if isinstance(to_true, torch.Tensor) else ()
+        raise ValueError(f"got partials of shape {tuple(table.shape)} and factors of shape "
+                         f"{tuple(shape)} for {n} layers")
+    out = table.t().index_select(0, _ORDER_T)  # (8, L), contiguous: rows in STAT_NAMES order
+    amin = out[1]
+    amin.masked_fill_(amin == math.inf, math.nan)  # no finite non-zero element (NaN · t: NaN)
+    out[3:5].sub_(table[:, ZERO])  # lt_normal - zero, lt_under - zero
+    _sqrt_(out[7])
+    if isinstance(to_true, torch.Tensor):
+        out.mul_(torch.where(_IN_TRUE_UNITS, to_true, 1.0))
+    elif to_true != 1.0:
+        out.mul_(_row_factors(to_true))
+    denom, empty = _denominators(numel)
+    out[2:5].div_(denom)
+    sums = out.sum(1).tolist()
+    nans, infs = sums[5], sums[6]
+    if nans or infs or empty:  # a layer may hold no finite element: no amax (NaN)
+        out[0].masked_fill_(numel - out[5] - out[6] <= 0, math.nan)
+    if nans:
         norm = math.nan
-    elif any(infs):
+    elif infs:
         norm = math.inf
     else:
-        norm = torch.tensor(l2, dtype=torch.float64).square().sum().sqrt().item()
-    return norm, [amax, amin_nz, zero_frac, sub_frac, under_frac, list(nans), list(infs), l2]
+        norm = out[7].square().sum().sqrt().item()
+    return HostStats(norm, out, sums)

@@ -7,6 +7,7 @@ only place that reads the values).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,12 +16,13 @@ from typing import Any
 import torch
 
 from ampscope import wire
-from ampscope.capture import Finished, Taken, finish
+from ampscope.capture import Finished, Kind, Taken, finish
 from ampscope.collective import Pending
 from ampscope.devices import to_device
 from ampscope.histogram import MAX_EXP, MIN_EXP
 from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
+from ampscope.partials import NUM_COLUMNS, HostStats
 from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
@@ -120,18 +122,24 @@ class StepRecord:
                 self.pending.synchronize()
             except Exception:  # a peer stalled or the group broke: this step goes without
                 reduced = False
-        v: list[Any] = _host_values(self.values)  # read as Any: absent scalars become None
+        sec, pos = self.sections, len(SCALARS)
+        n = sec.num_layers
+        # The capture's partials stay a tensor (``finish`` reads them in a dozen ops, not as
+        # 8·L floats) unless the cross-rank packing mixes them with other values.
+        keep = (NUM_COLUMNS * n if sec.taken is not None and sec.taken.kind is Kind.STATS
+                and sec.taken.layout is None else 0)
+        floats, table = _host_read(self.values, keep)
+        v: list[Any] = floats  # read as Any: absent scalars become None
+        keep = 0 if table is None else keep
         head = dict(zip(SCALARS, v[: len(SCALARS)], strict=True))
         for name in self.absent:
             head[name] = None
         if self.found_inf_from_scale:
             head["found_inf"] = float(head["scale_after"] < head["scale_before"])
-        sec, pos = self.sections, len(SCALARS)
-        n = sec.num_layers
         done = activations = None
         ranks: Unpacked | None = None
         if sec.taken is not None:
-            size = sec.taken.size(n)
+            size = sec.taken.size(n) - keep
             own: list[float] | None = v[pos : pos + size]
             layout = sec.taken.layout
             if layout is not None and own is not None:
@@ -144,7 +152,7 @@ class StepRecord:
                     own = None if layout.sharded else own[:k]
             if own is not None and not self.pieces_only:
                 numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
-                done = finish(sec.taken, own, numels, head["scale_before"])
+                done = finish(sec.taken, own, numels, head["scale_before"], table)
                 head["grad_norm"] = done.grad_norm
             else:  # a rank's piece missing, or FSDP1 flat pieces: unknown, never a part's
                 head["grad_norm"] = None
@@ -188,7 +196,9 @@ class StepRecord:
             if hit is not None:
                 misuse.append(hit)
         growth = head["growth_tracker"]
-        layers = done.layers if done is not None and sec.layers else None
+        layers = None
+        if done is not None and done.layers is not None and sec.layers:
+            layers = _layers_block(done.layers)
         histogram = None
         if done is not None and done.histogram is not None:
             histogram = {"min_exp": MIN_EXP, "max_exp": MAX_EXP, "counts": done.histogram}
@@ -251,10 +261,11 @@ class StepRecord:
         if done is None:
             return None
         if done.layers is not None:
-            for i, (nans, infs) in enumerate(
-                    zip(done.layers["nan_count"], done.layers["inf_count"], strict=True)):
-                if nans > 0 or infs > 0:
-                    kinds[i] = "nan" if nans > 0 else "inf"
+            if done.layers.sums[5] or done.layers.sums[6]:  # else no layer to look for
+                nan_counts, inf_counts = done.layers.stats[5:7].tolist()
+                for i, (nans, infs) in enumerate(zip(nan_counts, inf_counts, strict=True)):
+                    if nans > 0 or infs > 0:
+                        kinds[i] = "nan" if nans > 0 else "inf"
         else:
             for i, x in enumerate(done.norms or ()):
                 if x is not None and not math.isfinite(x):
@@ -276,19 +287,44 @@ def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
              "lr": [wire.encode_float(read(lr)) for lr in o.lr]} for o in slots]
 
 
+def _layers_block(host: HostStats) -> dict[str, Any]:
+    """The wire ``layers`` of a capture's stats: packed straight from the ``(8, L)`` tensor's
+    bytes (one C call per step for every column, ``wire.packed``), the values ``encode_stats``
+    and ``pack_stats`` would give (amax, amin_nz and l2 not finite: null, NaN packed). A
+    fraction or count that is not finite (never from a read; a tag or an error in JSON) takes
+    the JSON arrays, as before."""
+    if math.isfinite(sum(host.sums[2:7])):
+        stats = host.stats.nan_to_num(nan=math.nan, posinf=math.nan, neginf=math.nan)
+        return wire.packed(ctypes.string_at(stats.data_ptr(), stats.nbytes))
+    return wire.encode_stats(dict(zip(STAT_NAMES, host.stats.tolist(), strict=True)))
+
+
 def _host_values(values: torch.Tensor | Parts) -> list[float]:
     """The record's values as one flat list: the host tensor's, or the parts' in order."""
+    return _host_read(values, 0)[0]
+
+
+def _host_read(values: torch.Tensor | Parts, keep: int) -> tuple[list[float], torch.Tensor | None]:
+    """The record's values as one flat list (the host tensor's, or the parts' in order), less
+    the ``keep`` values right after the SCALARS when ``keep`` > 0: those as a float64 tensor."""
+    n = len(SCALARS)
     if isinstance(values, torch.Tensor):
-        return values.tolist()
+        if not keep:
+            return values.tolist(), None
+        return values[:n].tolist() + values[n + keep :].tolist(), values[n : n + keep]
     out: list[float] = []
+    kept = None
     for part in values:
         if isinstance(part, torch.Tensor):
-            out += part.reshape(-1).tolist()
+            if keep and kept is None and len(out) == n and part.numel() == keep:
+                kept = part.reshape(-1).to(F64)
+            else:
+                out += part.reshape(-1).tolist()
             continue
         # One by one: CPU tensors (no device to wait for), on the sender thread; cheaper than a
         # stack of 0-d tensors (~0.15 against ~0.25 µs each) and any dtype, shape or device.
         out += [t.item() for t in part]
-    return out
+    return out, kept  # kept None: no such block, every value is in the list
 
 
 def layer_table(

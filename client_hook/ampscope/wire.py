@@ -21,6 +21,7 @@ import base64
 import json
 import math
 import sys
+import uuid
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
@@ -40,6 +41,7 @@ __all__ = [
     "finite_or_none",
     "jsonable",
     "pack_stats",
+    "packed",
     "step_record",
     "unpack_payload",
     "unpack_stats",
@@ -48,6 +50,9 @@ __all__ = [
 SCHEMA_VERSION = 5
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
+_SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
+"""What ``dumps`` writes in place of a packed block's base64 text and then splices the text in
+for: ``json.dumps`` would scan each of its characters for escapes (~0.1 ms at 500 layers)."""
 
 CAPTURED = ("before_unscale", "after_unscale")
 """Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
@@ -195,17 +200,22 @@ def step_record(
         "grad_norm": encode_float(grad_norm),
         "lr": encode_float(lr),
         "duration": duration,
-        "layers": None if layers is None else encode_stats(layers),
+        "layers": None if layers is None else _block(layers),
         "captured": captured,
         "nonfinite": None if nonfinite is None else [dict(n) for n in nonfinite],
         "misuse": None if misuse is None else [dict(m) for m in misuse],
-        "activations": None if activations is None else encode_stats(activations),
+        "activations": None if activations is None else _block(activations),
         "histogram": None if histogram is None else dict(histogram),
         "recheck": None if recheck is None else dict(recheck),
         "swallowed": None if swallowed is None else list(swallowed),
         "ranks": None if ranks is None else {k: list(v) for k, v in ranks.items()},
         "optimizers": None if optimizers is None else [dict(o) for o in optimizers],
     }
+
+
+def _block(stats: Mapping[str, Any]) -> dict[str, JSON]:
+    """A statistics block of ``step_record``: packed already (``packed``) or encoded here."""
+    return dict(stats) if PACKED in stats else encode_stats(stats)
 
 
 def build_payload(
@@ -230,6 +240,17 @@ def build_payload(
         "client": None if client is None else dict(client),
         "final": final,
     }
+
+
+def packed(columns: bytes) -> dict[str, str]:
+    """A packed statistics block of the eight columns' native float64 bytes, one after the
+    other in ``LAYER_STAT_NAMES`` order (no null: NaN; counts whole): one base64 call."""
+    if sys.byteorder == "big":
+        values = array("d")
+        values.frombytes(columns)
+        values.byteswap()
+        columns = values.tobytes()
+    return {PACKED: base64.b64encode(columns).decode("ascii")}
 
 
 def pack_stats(stats: Mapping[str, Sequence[JSON]]) -> dict[str, str] | None:
@@ -282,18 +303,36 @@ def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
 
 def dumps(payload: Mapping[str, JSON]) -> bytes:
     """Compact UTF-8 JSON, each record's ``layers``/``activations`` packed where they can be
-    (module docstring); raises ``ValueError`` if a bare non-finite float slipped through."""
+    (module docstring); raises ``ValueError`` if a bare non-finite float slipped through.
+
+    A packed block's base64 text is spliced into the encoded body in place of ``_SLOT``, never
+    passed through ``json.dumps``, which would scan it for escapes (base64 needs none)."""
+    texts: list[str] = []
     records = payload.get("records")
     if records:
-        packed_records = []
+        slotted, spelled = [], []
         for record in records:
-            changes = {}
-            for name in ("layers", "activations"):
-                block = record.get(name)
-                if block is not None and PACKED not in block:
-                    packed = pack_stats(block)
-                    if packed is not None:
-                        changes[name] = packed
-            packed_records.append({**record, **changes} if changes else record)
-        payload = {**payload, "records": packed_records}
-    return json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")
+            slots, blocks = {}, {}
+            for name, block in record.items():
+                if (name != "layers" and name != "activations") or block is None:
+                    continue
+                packed = block if PACKED in block else pack_stats(block)
+                if packed is None:  # a tagged string: the JSON arrays
+                    continue
+                texts.append(packed[PACKED])
+                slots[name] = {**packed, PACKED: _SLOT}
+                blocks[name] = packed
+            slotted.append({**record, **slots} if slots else record)
+            spelled.append({**record, **blocks} if blocks else record)
+        payload = {**payload, "records": slotted}
+    body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    if not texts:
+        return body
+    pieces = body.split(_SLOT.encode("ascii"))
+    if len(pieces) != len(texts) + 1:  # the slot's text is elsewhere too (a config): no splice
+        payload = {**payload, "records": spelled}
+        return json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    out = [pieces[0]]
+    for text, piece in zip(texts, pieces[1:], strict=True):
+        out += (text.encode("ascii"), piece)
+    return b"".join(out)

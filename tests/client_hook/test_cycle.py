@@ -13,6 +13,7 @@ from ampscope.misuse import ClipHeuristic
 from ampscope.record import StepRecord
 from ampscope.reductions import STAT_NAMES, GradStats
 from ampscope.selection import Cadence
+from ampscope.wire import unpack_payload
 from tests.client_hook.test_reductions import _CountOps
 
 
@@ -54,7 +55,7 @@ class Loop:
         record = self.cycle.build(before, seq=step, step=step, lr=self.lr, misuse=None,
                                   clip=ClipHeuristic(), defer=defer)
         self.last = record
-        wire = record.to_wire()
+        wire: dict[str, Any] = unpack_payload({"records": [record.to_wire()]})["records"][0]
         self.cycle.reset()
         self.cycle.start(step + 1, 0)
         return wire

@@ -187,11 +187,18 @@ class TestFinalizeHost:
         want = finalize(torch.tensor(rows, dtype=torch.float64).reshape(-1, NUM_COLUMNS),
                         torch.tensor(numel, dtype=torch.float64),
                         torch.tensor(to_true, dtype=torch.float64)).tolist()
-        norm, stats = finalize_host([float(x) for r in rows for x in r], numel, to_true)
-        assert repr(norm) == repr(want[0])
         n = len(layers)
-        assert repr(stats) == repr([want[1 + k * n : 1 + (k + 1) * n]
-                                    for k in range(NUM_COLUMNS)])
+        for factors in (torch.tensor(to_true, dtype=torch.float64), factor):
+            if isinstance(factors, float):  # one factor for every layer
+                to_true = [factor] * n
+                want = finalize(torch.tensor(rows, dtype=torch.float64).reshape(-1, NUM_COLUMNS),
+                                torch.tensor(numel, dtype=torch.float64),
+                                torch.tensor(to_true, dtype=torch.float64)).tolist()
+            got = finalize_host(torch.tensor(rows, dtype=torch.float64).reshape(-1, NUM_COLUMNS),
+                                torch.tensor(numel, dtype=torch.float64), factors)
+            assert repr(got.norm) == repr(want[0])
+            assert repr(got.stats.tolist()) == repr([want[1 + k * n : 1 + (k + 1) * n]
+                                                     for k in range(NUM_COLUMNS)])
 
     @pytest.mark.parametrize("factor", [1.0, 1 / 3, 2.0**-24, math.inf])
     def test_a_wide_table_is_the_layer_by_layer_definition(self, factor: float) -> None:
@@ -204,7 +211,9 @@ class TestFinalizeHost:
                  self.ROWS[i][7]) for k, i in enumerate(kinds)]
         numel = [self.NUMEL[i] for i in kinds]
         to_true = [factor if k % 3 else 1.0 for k in range(len(rows))]
-        _, stats = finalize_host([float(x) for r in rows for x in r], numel, to_true)
+        got = finalize_host(torch.tensor(rows, dtype=torch.float64),
+                            torch.tensor(numel, dtype=torch.float64),
+                            torch.tensor(to_true, dtype=torch.float64))
         want: list[list[float]] = [[] for _ in range(NUM_COLUMNS)]
         for r, size, t in zip(rows, numel, to_true, strict=True):
             denom = size if size >= 1.0 else 1.0
@@ -216,8 +225,18 @@ class TestFinalizeHost:
             want[5].append(float(r[1]))
             want[6].append(float(r[2]))
             want[7].append(math.sqrt(r[5]) * t)
-        assert repr(stats) == repr(want)
+        assert repr(got.stats.tolist()) == repr(want)
+        assert got.sums[5:7] == [sum(want[5]), sum(want[6])]
+        one = finalize_host(torch.tensor(rows, dtype=torch.float64),
+                            torch.tensor(numel, dtype=torch.float64), factor)
+        scaled = finalize_host(torch.tensor(rows, dtype=torch.float64),
+                               torch.tensor(numel, dtype=torch.float64),
+                               torch.full((500,), factor, dtype=torch.float64))
+        assert repr(one.stats.tolist()) == repr(scaled.stats.tolist())
+        assert repr(one.norm) == repr(scaled.norm)
 
     def test_it_refuses_a_table_of_the_wrong_size(self) -> None:
-        with pytest.raises(ValueError, match="got 7 partials and 1 factors for 1 layers"):
-            finalize_host([0.0] * 7, [1.0], [1.0])
+        with pytest.raises(ValueError, match=r"partials of shape \(1, 7\) and factors of "
+                                             r"shape \(1,\) for 1 layers"):
+            finalize_host(torch.zeros(1, 7, dtype=torch.float64),
+                          torch.ones(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
