@@ -2,13 +2,15 @@
 under ``ampscope.watch`` and writes what its monitor recorded, with the truth to check it
 against, as JSON.
 
-Modes (``argv[3]``), ``+``-joined: ``ddp``, ``fsdp2`` (``fully_shard`` per layer and on the
-model), ``fsdp1`` (``FullyShardedDataParallel``, ``use_orig_params=True``) or ``fsdp1flat``
-(``use_orig_params=False``); ``all`` (``all_ranks=True``); ``noscaler`` (no GradScaler:
-``record_loss``) or ``shardedscaler`` (FSDP1's ``ShardedGradScaler``); ``nan`` (rank 1's loss is
-NaN at step 2); ``break`` (rank 1's hook fails in every capture and disables itself); ``alone``
-(rank 1 never calls ``watch()``); ``server=URL`` (send to that server instead of a
-``MemorySender``).
+Jobs (``argv[3]``), ``,``-joined, run one after the other in one pair of processes (each in a
+process group of its own, its output to ``argv[2]`` with ``JOB`` replaced by the job's index): one
+interpreter and one torch import per rank for many jobs. A job's modes, ``+``-joined: ``ddp``,
+``fsdp2`` (``fully_shard`` per layer and on the model), ``fsdp1`` (``FullyShardedDataParallel``,
+``use_orig_params=True``) or ``fsdp1flat`` (``use_orig_params=False``); ``all``
+(``all_ranks=True``); ``noscaler`` (no GradScaler: ``record_loss``) or ``shardedscaler`` (FSDP1's
+``ShardedGradScaler``); ``nan`` (rank 1's loss is NaN at step 2); ``break`` (rank 1's hook fails in
+every capture and disables itself); ``alone`` (rank 1 never calls ``watch()``); ``server=URL``
+(send to that server instead of a ``MemorySender``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,12 @@ def recorded(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(store: str, out: str, mode: set[str]) -> None:
+def main(store: str, out: str, jobs: list[str]) -> None:
+    for i, job in enumerate(jobs):
+        run(f"{store}-{i}", out.replace("JOB", str(i)), set(job.split("+")))
+
+
+def run(store: str, out: str, mode: set[str]) -> None:
     server = next((m.removeprefix("server=") for m in mode if m.startswith("server=")), None)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
@@ -148,5 +155,5 @@ def main(store: str, out: str, mode: set[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], set(sys.argv[3].split("+")))
+    main(sys.argv[1], sys.argv[2], sys.argv[3].split(","))
     leave()  # the exit status is the work's, not torch's teardown's

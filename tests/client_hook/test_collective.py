@@ -12,9 +12,21 @@ import pytest
 import torch
 
 from ampscope import collective
-from tests.support.distributed import run_job
+from tests.support.distributed import run_job, run_jobs
 
 pytestmark = pytest.mark.multiprocess
+
+# The jobs that end cleanly on every rank run in one launch (``jobs``); a rank that never
+# watches (``alone``), a hook that fails (``break``) and a world of one run on their own.
+BATCHED = ["ddp", "ddp+nan", "ddp+all", "fsdp2", "fsdp2+noscaler", "fsdp1",
+           "fsdp1+shardedscaler", "fsdp1flat+nan"]
+Jobs = dict[str, list[dict[str, Any]]]  # what each rank wrote, by job
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Jobs:
+    return run_jobs(tmp_path_factory.mktemp("collective"), BATCHED)
+
 
 LAYERS = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
@@ -24,8 +36,8 @@ def close(a: float | None, b: float | None) -> bool:
 
 
 class TestOneRunPerJob:
-    def test_ddp_rank_zero_sends_every_ranks_loss(self, tmp_path: Path) -> None:
-        zero, one = run_job(tmp_path, "ddp")
+    def test_ddp_rank_zero_sends_every_ranks_loss(self, jobs: Jobs) -> None:
+        zero, one = jobs["ddp"]
         assert (zero["state"], zero["produced"], zero["errors"]) == ("closed", 4, 0)
         assert [r["step"] for r in zero["records"]] == [0, 1, 2, 3]
         assert zero["layers"] == LAYERS  # no "module."
@@ -39,8 +51,8 @@ class TestOneRunPerJob:
             # The job's loss: the mean of the ranks', as the frameworks log it.
             assert record["loss"] == (zero["losses"][step] + one["losses"][step]) / 2
 
-    def test_the_rank_whose_loss_went_nan_is_named(self, tmp_path: Path) -> None:
-        zero, one = run_job(tmp_path, "ddp+nan")
+    def test_the_rank_whose_loss_went_nan_is_named(self, jobs: Jobs) -> None:
+        zero, one = jobs["ddp+nan"]
         assert one["losses"][2] == "nan" and zero["losses"][2] != "nan"
         record = zero["records"][2]
         # DDP averaged rank 1's NaN gradients into everyone's: every layer on both ranks.
@@ -50,8 +62,8 @@ class TestOneRunPerJob:
         assert [r["ranks"]["nonfinite"] for r in zero["records"]] == [
             [0, 0], [0, 0], [4, 4], [0, 0]]
 
-    def test_all_ranks_record_runs_of_their_own(self, tmp_path: Path) -> None:
-        zero, one = run_job(tmp_path, "ddp+all")
+    def test_all_ranks_record_runs_of_their_own(self, jobs: Jobs) -> None:
+        zero, one = jobs["ddp+all"]
         assert [(r["produced"], r["run"]["rank"], r["run"]["world_size"]) for r in (zero, one)
                 ] == [(4, 0, 2), (4, 1, 2)]
         assert all(rec["ranks"] is None for r in (zero, one) for rec in r["records"])
@@ -84,9 +96,9 @@ def assert_full_statistics(zero: dict[str, Any]) -> None:
 
 class TestSharded:
     @pytest.mark.parametrize("mode", ["fsdp2", "fsdp2+noscaler"])
-    def test_the_full_gradients_statistics_from_the_shards(self, tmp_path: Path,
-                                                           mode: str) -> None:
-        zero, one = run_job(tmp_path, mode)
+    def test_the_full_gradients_statistics_from_the_shards(
+            self, jobs: Jobs, mode: str) -> None:
+        zero, one = jobs[mode]
         assert (zero["produced"], zero["errors"], one["produced"], one["errors"]) == (4, 0, 0, 0)
         assert zero["layers"] == LAYERS
         assert zero["truth"] == one["truth"]  # both ranks gathered the same full gradients
@@ -102,13 +114,13 @@ class TestSharded:
         assert all(r["ranks"] is None for r in zero["records"])
 
     @pytest.mark.parametrize("mode", ["fsdp1", "fsdp1+shardedscaler"])
-    def test_fsdp1_pieces_merge_into_the_full_gradients_statistics(self, tmp_path: Path,
-                                                                  mode: str) -> None:
+    def test_fsdp1_pieces_merge_into_the_full_gradients_statistics(
+            self, jobs: Jobs, mode: str) -> None:
         """``FullyShardedDataParallel(use_orig_params=True)``, with a ``GradScaler`` or FSDP1's
         ``ShardedGradScaler``: each parameter is this rank's 1-D piece (rank 0 holds 0.weight
         whole and nothing else, here); the layer table has the real shapes, and the merged
         statistics are those of the gathered gradients."""
-        zero, one = run_job(tmp_path, mode)
+        zero, one = jobs[mode]
         assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
         assert zero["layers"] == LAYERS
         assert zero["shapes"] == [[[16, 8], 128], [[16], 16], [[4, 16], 64], [[4], 4]]
@@ -116,11 +128,11 @@ class TestSharded:
         assert_full_statistics(zero)
 
     def test_fsdp1_flat_parameters_are_never_sent_as_layers_but_the_ranks_are(
-            self, tmp_path: Path) -> None:
+            self, jobs: Jobs) -> None:
         """``use_orig_params=False``: the parameters are flat pieces of whole units, not
         layers. No layer statistics or norm; every rank's loss and its pieces' finiteness
         (rank 1's NaN loss reached both ranks' gradients)."""
-        zero, one = run_job(tmp_path, "fsdp1flat+nan")
+        zero, one = jobs["fsdp1flat+nan"]
         assert (zero["produced"], zero["errors"], one["errors"]) == (4, 0, 0)
         assert all((r["layers"], r["grad_norm"], r["histogram"], r["nonfinite"]) == (
             None, None, None, None) for r in zero["records"])

@@ -18,20 +18,27 @@ from tests.support.servers import free_port
 def run_job(tmp_path: Path, mode: str, world: int = 2) -> list[dict[str, Any]]:
     """``world`` ranks of ``dist_worker`` in ``mode`` (see there), each to its end; what each
     wrote, by rank."""
-    store = tmp_path / "store"
+    return run_jobs(tmp_path, [mode], world)[mode]
+
+
+def run_jobs(tmp_path: Path, modes: list[str], world: int = 2
+             ) -> dict[str, list[dict[str, Any]]]:
+    """Several jobs of ``dist_worker`` one after the other in one launch of ``world`` ranks
+    (an interpreter and a torch import per rank, not per job); what each rank wrote, by job."""
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
                "PYTHONWARNINGS": "ignore"}
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.client_hook.dist_worker", str(store),
-             str(tmp_path / f"rank{rank}.json"), mode],
+            [sys.executable, "-m", "tests.client_hook.dist_worker", str(tmp_path / "store"),
+             str(tmp_path / f"rank{rank}-JOB.json"), ",".join(modes)],
             env=env, cwd=Path(__file__).resolve().parents[2],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for rank, proc in enumerate(procs):
-        out, _ = proc.communicate(timeout=180)
+        out, _ = proc.communicate(timeout=180 * len(modes))
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}: {out[-3000:]}"
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return {mode: [json.loads((tmp_path / f"rank{r}-{i}.json").read_text())
+                   for r in range(world)] for i, mode in enumerate(modes)}
 
 
 def launch(module: str, args: list[str], world: int = 2, timeout: float = 300) -> None:
