@@ -1,4 +1,5 @@
-"""`ampscope token …`, `ampscope runs …` and `serve`'s auth flags, as real processes."""
+"""`ampscope token …`, `ampscope runs …` and `serve`'s auth flags: the commands through `cli.main`
+in this process, the secret's stream and `serve` as real processes."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from sqlalchemy import text
 from ampscope_server import db
 from tests.server.wire import batch, new_id, record
 from tests.support.app import app_client
+from tests.support.cli import cli, in_process
 from tests.support.ingest import post_batch
 from tests.support.servers import free_port
-from tests.support.team import cli
 
 pytestmark = pytest.mark.slow
 
@@ -42,34 +43,38 @@ class TestToken:
         assert row.split()[1:5] == ["ci", "job", "vision", "ingest"] and row.endswith("-")
 
     def test_all_projects_and_the_choices(self, migrated_url: str) -> None:
-        result = cli("token", "create", "--all-projects", "--scope", "admin", "--db", migrated_url)
+        result = in_process("token", "create", "--all-projects", "--scope", "admin",
+                            "--db", migrated_url)
         assert result.returncode == 0
         assert "(admin, every project)" in result.stderr
-        both = cli("token", "create", "--all-projects", "--project", "p", "--scope", "read",
+        both = in_process("token", "create", "--all-projects", "--project", "p", "--scope", "read",
                    "--db", migrated_url)
         assert both.returncode == 2 and "not allowed with argument" in both.stderr
-        scope = cli("token", "create", "--project", "p", "--scope", "write", "--db", migrated_url)
+        scope = in_process("token", "create", "--project", "p", "--scope", "write",
+                           "--db", migrated_url)
         assert scope.returncode == 2 and "invalid choice: 'write'" in scope.stderr
-        name = cli("token", "create", "--project", "a b", "--scope", "read", "--db", migrated_url)
+        name = in_process("token", "create", "--project", "a b", "--scope", "read",
+                          "--db", migrated_url)
         assert name.returncode == 2
         assert name.stderr.startswith("ampscope token create: project name 'a b' is not valid")
 
     def test_revoke(self, migrated_url: str) -> None:
-        cli("token", "create", "--project", "p", "--scope", "read", "--name", "old",
+        in_process("token", "create", "--project", "p", "--scope", "read", "--name", "old",
             "--db", migrated_url)
-        token_id = cli("token", "list", "--db", migrated_url).stdout.splitlines()[1].split()[0]
-        revoked = cli("token", "revoke", token_id, "--db", migrated_url)
+        listed = in_process("token", "list", "--db", migrated_url).stdout
+        token_id = listed.splitlines()[1].split()[0]
+        revoked = in_process("token", "revoke", token_id, "--db", migrated_url)
         assert revoked.returncode == 0 and revoked.stderr == f"ampscope: token {token_id} revoked\n"
-        row = cli("token", "list", "--db", migrated_url).stdout.splitlines()[1]
+        row = in_process("token", "list", "--db", migrated_url).stdout.splitlines()[1]
         assert not row.endswith(" -")
-        unknown = cli("token", "revoke", "ffffffffffff", "--db", migrated_url)
+        unknown = in_process("token", "revoke", "ffffffffffff", "--db", migrated_url)
         assert unknown.returncode == 2
         assert unknown.stderr == "ampscope token revoke: token 'ffffffffffff' not found\n"
 
     def test_an_unmigrated_database(self, tmp_path: Path) -> None:
         (tmp_path / "empty.db").touch()
         url = f"sqlite:///{tmp_path / 'empty.db'}"
-        result = cli("token", "list", "--db", url)
+        result = in_process("token", "list", "--db", url)
         assert result.returncode == 2
         assert "has no ampscope schema" in result.stderr and "ampscope db upgrade" in result.stderr
 
@@ -84,26 +89,26 @@ class TestRuns:
             _age_runs(migrated_url, 7200.0)  # every run's last ingest two hours ago...
             post_batch(api, batch(  # ...but `new` sends again
                 [record(2)], run_id=new, project="p", layers=None))
-            dry = cli("runs", "prune", "--project", "p", "--older-than", "1h", "--dry-run",
+            dry = in_process("runs", "prune", "--project", "p", "--older-than", "1h", "--dry-run",
                       "--db", migrated_url)
             assert dry.returncode == 0
             assert dry.stderr == "ampscope: 2 runs would be deleted (dry run)\n"
             assert old in dry.stdout and new not in dry.stdout
             assert len(api.get("/api/runs").json()) == 3
-            pruned = cli("runs", "prune", "--project", "p", "--older-than", "1h",
+            pruned = in_process("runs", "prune", "--project", "p", "--older-than", "1h",
                          "--db", migrated_url)
             assert pruned.returncode == 0, pruned.stderr
             assert pruned.stderr == "ampscope: 2 runs of project p deleted\n"
             assert [run["id"] for run in api.get("/api/runs").json()] == [new]
-            deleted = cli("runs", "delete", new, "--db", migrated_url)
+            deleted = in_process("runs", "delete", new, "--db", migrated_url)
             assert deleted.returncode == 0
             assert deleted.stderr == f"ampscope: run {new} (project p, 3 steps) deleted\n"
             assert api.get("/api/runs").json() == []
             post_batch(api, batch([record(3)], run_id=new, project="p"), status=410)
-        again = cli("runs", "delete", new, "--db", migrated_url)
+        again = in_process("runs", "delete", new, "--db", migrated_url)
         assert again.returncode == 2 and again.stderr == (
             f"ampscope runs delete: run '{new}' not found\n")
-        bad = cli("runs", "prune", "--project", "p", "--older-than", "30 days",
+        bad = in_process("runs", "prune", "--project", "p", "--older-than", "30 days",
                   "--db", migrated_url)
         assert bad.returncode == 2 and bad.stderr == (
             "ampscope runs prune: age '30 days' is not a whole number followed by d, h, m or s "

@@ -1,4 +1,5 @@
-"""The CLI's one-line errors and the ways it names a run, as real processes."""
+"""The CLI's one-line errors and the ways it names a run (`cli.main` in this process; `serve` as
+a real process)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.server.wire import batch, new_id, record
+from tests.support.cli import cli, in_process
 from tests.support.databases import migrated_sqlite
 from tests.support.ingest import ingest_into
-from tests.support.team import cli
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 class TestDatabaseErrors:
     def test_an_unusable_url(self) -> None:
         for url in ("foo://bar", "not a url"):
-            result = cli("report", "x", "--db", url)
+            result = in_process("report", "x", "--db", url)
             assert result.returncode == 2
             assert result.stderr.startswith(f"ampscope: the database URL {url!r} is not one "
                                             "SQLAlchemy can use")
@@ -27,7 +28,7 @@ class TestDatabaseErrors:
     def test_an_unreachable_postgres(self) -> None:
         url = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
         for command in (["report", "x"], ["token", "list"], ["db", "upgrade"]):
-            result = cli(*command, "--db", url)
+            result = in_process(*command, "--db", url)
             assert result.returncode == 2, result.stderr
             assert result.stderr.startswith(
                 "ampscope: cannot reach the database postgresql+psycopg://postgres@127.0.0.1:1/"
@@ -37,7 +38,7 @@ class TestDatabaseErrors:
     def test_a_read_only_command_creates_nothing(self, tmp_path: Path) -> None:
         missing = tmp_path / "missing" / "dir" / "x.db"
         for command in (["report", "x"], ["token", "list"], ["runs", "delete", "x"]):
-            result = cli(*command, "--db", f"sqlite:///{missing}")
+            result = in_process(*command, "--db", f"sqlite:///{missing}")
             assert result.returncode == 2
             assert result.stderr.endswith(
                 f"no SQLite database at {missing} (`ampscope serve` or `ampscope db upgrade` "
@@ -57,16 +58,16 @@ def test_a_run_is_named_by_id_short_id_or_name(tmp_path: Path) -> None:
     ingest_into(url, *(batch([record(0)], run_id=run_id, name=name)
                        for run_id, name in ((first, "alpha"), (second, "twin"), (third, "twin"))))
     for named in (first, first[:8], "alpha"):
-        result = cli("report", named, "--db", url)
+        result = in_process("report", named, "--db", url)
         assert result.returncode == 0, result.stderr
-    ambiguous = cli("report", "twin", "--db", url)
+    ambiguous = in_process("report", "twin", "--db", url)
     assert ambiguous.returncode == 2
     assert ambiguous.stderr == (
         "ampscope report: more than one run has the name 'twin'; give more of its id\n")
-    short = cli("report", first[:7], "--db", url)  # under 8 characters: not a prefix
+    short = in_process("report", first[:7], "--db", url)  # under 8 characters: not a prefix
     assert short.returncode == 2
     assert short.stderr == f"ampscope report: run '{first[:7]}' not found\n"
-    deleted = cli("runs", "delete", second[:8], "--db", url)
+    deleted = in_process("runs", "delete", second[:8], "--db", url)
     assert deleted.returncode == 0
     assert deleted.stderr.startswith(f"ampscope: run {second} ")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,19 +24,6 @@ TOKENS = (
     ("beta-ingest", "beta", "ingest"),
     ("root", None, "admin"),
 )
-
-
-def cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ampscope_server.cli", *args],
-                          capture_output=True, text=True, timeout=120, env=env)
-
-
-def create_token(db_url: str, project: str | None, scope: str, name: str = "") -> str:
-    """A token made by `ampscope token create`, its secret as the command prints it."""
-    where = ["--all-projects"] if project is None else ["--project", project]
-    result = cli("token", "create", *where, "--scope", scope, "--name", name, "--db", db_url)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
 
 
 def make_tokens(db_url: str,
