@@ -136,7 +136,7 @@ def test_blackholed_server_at_close(sqlite_server: ServerProcess, tmp_path: Path
         proxy.mode = "blackhole"
         produce(t, range(100, 300), pace=0.0005)
         start = time.monotonic()
-        t.close(CLOSE_S)
+        t.close(5.0)  # the bound itself is what is tested here
         elapsed = time.monotonic() - start
     finally:
         proxy.close()
