@@ -16,12 +16,15 @@ Two paths, one result. ``GradStats.layer_stats`` computes each layer's mergeable
   buffer in which each layer is zero-padded to whole ``CHUNK``-element rows (one
   ``torch._foreach_copy_`` into fixed views, or one ``torch.cat`` per group for a layout that
   needs several groups or holds sparse or off-device gradients); each partial is a row reduction
-  over the ``(chunks, CHUNK)`` matrix, folded into layers with one ``index_add_`` and two
-  ``scatter_reduce_``: a constant number of launches however many layers there are. The padding
-  zeros are subtracted again from the counts.
+  over the ``(chunks, CHUNK)`` matrix (the five class counts from one comparison against five
+  bounds and one row sum), folded into layers with one ``index_add`` and two ``scatter_reduce_``,
+  and turned into the table by one ``addmm`` whose constant bias subtracts the padding zeros
+  again: 11 ops per group and 6 for the fold, however many layers there are (17 for a layout
+  in one group, ``_eager_partials``).
 
 Both judge the classes on the bit patterns against ``partials.threshold_bits`` (exact at any
-scale), count exactly (row sums of at most ``CHUNK`` ≤ 2^24 ones in float32, or integer sums),
+scale; the eager path as ``|x| <=`` the float32 one pattern below each bound, the same test),
+count exactly (row sums of at most ``CHUNK`` ≤ 2^24 ones in float32, or integer sums),
 accumulate squares in float64 (squares of scaled float32 gradients overflow float32 from 1.8e19)
 and select max/min exactly, so they agree to the last bit except the sum of squares, which they add
 in different orders (float64 rounding). Float64 gradients take the eager path and are judged as
@@ -45,7 +48,7 @@ from ampscope.devices import device_tensor, to_device
 from ampscope.formats import TargetFormat
 from ampscope.fused import FusedPartials, LayoutState
 from ampscope.histogram import exponent_histogram
-from ampscope.partials import NUM_COLUMNS, NUM_SUMS, finalize, float32_bits, threshold_bits
+from ampscope.partials import NUM_COLUMNS, finalize, float32_bits, threshold_bits
 from ampscope.wire import LAYER_STAT_NAMES
 
 __all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm",
@@ -84,11 +87,39 @@ reduction per gradient from a Python wrapper, and on an H200 (torch 2.11, the sw
 models, ``bench/gpu_check.sh``) it took 1.8-2.4 ms against the eager path's 0.41-0.65 ms from
 0.25 M to 10 M parameters. ``fused=True`` still asks for it."""
 
-# Partial columns (``partials.COLUMNS``): counts and sums first (folded with index_add_), then
-# amax, amin.
+# Partial columns (``partials.COLUMNS``).
 _ZERO, _NAN, _INF, _LT_UNDER, _LT_NORMAL, _SUMSQ, _AMAX, _AMIN = range(8)
 # float32 bit patterns: |x| viewed as int32 is monotonic in x.
 _MAX_FINITE_BITS = 0x7F7FFFFF
+_INF_BITS = 0x7F800000
+# The per-row block the fold reads (``_eager_partials``): amax first, the one column a (rows, 1)
+# index makes ``scatter_reduce_`` read from a wider source, then the five class counts of
+# ``_CLASS_BITS``, then the sum of squares. The counts become the table's through ``_derive``.
+_ROW_COLUMNS = 7
+_ROW_ZERO, _ROW_UNDER, _ROW_NORMAL, _ROW_FINITE, _ROW_NOT_NAN, _ROW_SUMSQ = range(1, 7)
+# The five classes one comparison counts, as ``|x| <= t``: t the float32 whose bit pattern is one
+# below the class's bound (``bits(|x|) < b ⇔ |x| <= float(b - 1)`` for |x| ≥ 0; NaN compares
+# false with every t, as its pattern lies above them all): zero (b = 1), the underflow and
+# min-normal bounds (``_Plan.classes_at``), finite (b = inf's pattern), not NaN (b one above).
+_CLASS_BITS = (1, 0, 0, _INF_BITS, _INF_BITS + 1)
+_KEY_BOUND = 16  # columns after each row's keys that cap its amin (``_build_plan``)
+
+
+def _derive() -> torch.Tensor:
+    """The constant ``(_ROW_COLUMNS, 8)`` map from the folded row block to the table: the counts
+    that are not comparisons (nan = rows·CHUNK - not NaN, inf = not NaN - finite), the sum of
+    squares in its column, zeros into amax and amin (the bias, ``_Plan.table``, carries them).
+    Integer-valued float64 products and sums below 2^53: exact."""
+    d = torch.zeros((_ROW_COLUMNS, NUM_COLUMNS), dtype=torch.float64)
+    d[_ROW_ZERO, _ZERO] = 1.0
+    d[_ROW_NOT_NAN, _NAN] = -1.0
+    d[_ROW_NOT_NAN, _INF] = 1.0
+    d[_ROW_FINITE, _INF] = -1.0
+    d[_ROW_UNDER, _LT_UNDER] = 1.0
+    d[_ROW_NORMAL, _LT_NORMAL] = 1.0
+    d[_ROW_SUMSQ, _SUMSQ] = 1.0
+    return d
+
 
 Grads = Sequence["torch.Tensor | None"]
 
@@ -101,31 +132,35 @@ class _Group:
     layers: list[int]
     pads: list[torch.Tensor | None]
     rows: int
+    start: int = 0  # its first row in the plan's per-row buffers
     flat: torch.Tensor | None = None  # the buffer's first rows·CHUNK elements
     matrix: torch.Tensor | None = None  # the same, (rows, CHUNK)
     bits: torch.Tensor | None = None  # the same as int32 bit patterns
-    scratch: torch.Tensor | None = None  # the scratch buffer's, (rows, CHUNK)
-    key: torch.Tensor | None = None  # the scratch as int32
+    column: torch.Tensor | None = None  # the same as (rows, 1, CHUNK), against (5, 1) bounds
+    classes: torch.Tensor | None = None  # float32 (rows, 5, CHUNK): the comparisons' 0/1
+    finite: torch.Tensor | None = None  # float32 (rows, CHUNK): the finite magnitudes
+    key: torch.Tensor | None = None  # int32 (rows, CHUNK): the amin keys, in ``finite``'s place
+    keyed: torch.Tensor | None = None  # int32 (rows, CHUNK + _KEY_BOUND): keys, their bound
+    counts: torch.Tensor | None = None  # its rows of ``_Plan.row_counts`` (and so on)
+    amax: torch.Tensor | None = None
+    norms: torch.Tensor | None = None
+    amin_key: torch.Tensor | None = None
 
 
 @dataclass
 class _Plan:
-    """Everything about a gradient layout that does not change from step to step."""
+    """Everything about a gradient layout that does not change from step to step, and the
+    persistent buffers its pass writes (one layout's passes run one at a time)."""
 
     device: torch.device
     groups: list[_Group]
     chunk_layer: torch.Tensor  # int64 (rows,): layer index of every chunk row
-    chunk_layer_col: torch.Tensor  # the same as (rows, 1), for the (L, 1) amax/amin targets
-    numel: torch.Tensor  # float64 (L,)
-    # float64 (L, NUM_SUMS): -padding for present layers, +numel for absent ones, in the three
-    # columns that count zeros (ZERO, LT_UNDER, LT_NORMAL); 0 elsewhere.
-    adjust: torch.Tensor
+    chunk_layer_col: torch.Tensor  # the same as (rows, 1), for the amax/amin scatters
     scaled: torch.Tensor  # bool (L,)
-    unscaled_rows: torch.Tensor | None  # bool (rows, 1) when only some layers are unscaled
+    unscaled_rows: torch.Tensor | None  # bool (rows, 1, 1) when only some layers are unscaled
     all_unscaled: bool
     present: list[int]
     buf: torch.Tensor
-    scratch: torch.Tensor
     meta: list[tuple[object, ...] | None]  # _meta() of every gradient: the layout's identity
     flags: list[bool]
     # Single-group layouts of dense on-device gradients: each present layer's fixed view of
@@ -133,6 +168,23 @@ class _Plan:
     views: list[torch.Tensor] | None
     all_present: bool
     thresholds: torch.Tensor  # float64 (2,): the format's underflow and min-normal thresholds
+    classes_at: torch.Tensor  # float32 (5, 1): the class bounds of scaled layers (_CLASS_BITS)
+    # Per-row results, written by the groups' reductions (out=), read by one cat.
+    row_counts: torch.Tensor  # float32 (rows, 5): exact, a row holds CHUNK < 2^24 elements
+    row_amax: torch.Tensor  # float32 (rows, 1)
+    row_norms: torch.Tensor  # float64 (rows, 1), squared in place
+    row_amin_key: torch.Tensor  # int32 (rows, 1)
+    fold_zero: torch.Tensor  # float64 (L, _ROW_COLUMNS) zeros: index_add's out-of-place base
+    # float64 (L, 8): the addmm's bias. Counts: -padding for present layers, +numel in the three
+    # columns that count zeros for layers without rows, rows·CHUNK for NaN; amax and amin
+    # written every step through the two views (0 and +inf for layers without rows).
+    table: torch.Tensor
+    table_amax: torch.Tensor  # table[:, _AMAX:_AMAX + 1]
+    table_amin: torch.Tensor  # table[:, _AMIN:_AMIN + 1]
+    amin_keys: torch.Tensor  # int32 (L, 1): each layer's least key (_MAX_FINITE_BITS if none)
+    amin_keys_f32: torch.Tensor  # the same as float32
+    derive: torch.Tensor  # float64 (_ROW_COLUMNS, 8): _derive()
+    inf: torch.Tensor  # float32 0-d +inf: nextafter's direction
 
 
 _META = operator.attrgetter("shape", "dtype", "device", "layout")
@@ -159,7 +211,10 @@ def _build_plan(
         for i, g in enumerate(grads)
     ]
     present = [i for i, g in enumerate(grads) if g is not None]
-    zero_adjust = [float(n) for n in numel]
+    bias = torch.zeros((len(grads), NUM_COLUMNS), dtype=torch.float64)
+    for k in (_ZERO, _LT_UNDER, _LT_NORMAL):  # layers without rows: all their elements zero
+        bias[:, k] = torch.tensor([float(n) for n in numel], dtype=torch.float64)
+    bias[:, _AMIN] = math.inf
     groups: list[_Group] = []
     chunk_layer: list[int] = []
     unscaled_rows: list[bool] = []
@@ -168,9 +223,12 @@ def _build_plan(
         rows = -(-numel[i] // CHUNK)
         if current.layers and (current.rows + rows) * CHUNK > MAX_GROUP_ELEMS:
             groups.append(current)
-            current = _Group([], [], 0)
+            current = _Group([], [], 0, start=current.start + current.rows)
         pad = rows * CHUNK - numel[i]
-        zero_adjust[i] = -float(pad)
+        if rows:  # the padding zeros are counted in every class at or below zero's
+            for k in (_ZERO, _LT_UNDER, _LT_NORMAL):
+                bias[i, k] = -float(pad)
+            bias[i, _NAN] = float(rows * CHUNK)
         current.layers.append(i)
         current.pads.append(torch.zeros(pad, device=device) if pad else None)
         current.rows += rows
@@ -178,18 +236,38 @@ def _build_plan(
         unscaled_rows.extend([not scaled[i]] * rows)
     if current.layers:
         groups.append(current)
-    max_elems = max((g.rows for g in groups), default=0) * CHUNK
+    total_rows = len(chunk_layer)
+    max_rows = max((g.rows for g in groups), default=0)
     some_unscaled = any(unscaled_rows)
     all_unscaled = some_unscaled and all(unscaled_rows)
-    buf = torch.zeros(max_elems, dtype=torch.float32, device=device)
-    scratch = torch.empty(max_elems, dtype=torch.float32, device=device)
+    f32, f64, i32 = torch.float32, torch.float64, torch.int32
+    buf = torch.zeros(max_rows * CHUNK, dtype=f32, device=device)
+    # One work buffer, row r: the five comparisons' CHUNK-element slots, then _KEY_BOUND columns
+    # that hold _MAX_FINITE_BITS for good (16: the rows stay 64-byte aligned). The comparisons'
+    # last slot and those columns are also the amin keys' row, and the finite magnitudes before
+    # them (each read before the next is written): a row's least key never exceeds the bound,
+    # so a row without a finite non-zero element reads +inf, not a NaN pattern.
+    slots = len(_CLASS_BITS)
+    work = torch.full((max_rows, slots * CHUNK + _KEY_BOUND), _MAX_FINITE_BITS, dtype=i32,
+                      device=device)
+    row_counts = torch.zeros((total_rows, len(_CLASS_BITS)), dtype=f32, device=device)
+    row_amax = torch.zeros((total_rows, 1), dtype=f32, device=device)
+    row_norms = torch.zeros((total_rows, 1), dtype=f64, device=device)
+    row_amin_key = torch.zeros((total_rows, 1), dtype=i32, device=device)
     for group in groups:
-        n = group.rows * CHUNK
+        n, r, rows_of = group.rows * CHUNK, group.rows, slice(group.start, group.start + group.rows)
         group.flat = buf[:n]
-        group.matrix = group.flat.view(group.rows, CHUNK)
-        group.bits = group.matrix.view(torch.int32)
-        group.scratch = scratch[:n].view(group.rows, CHUNK)
-        group.key = group.scratch.view(torch.int32)
+        group.matrix = group.flat.view(r, CHUNK)
+        group.bits = group.matrix.view(i32)
+        group.column = group.matrix.view(r, 1, CHUNK)
+        group.classes = work[:r, : slots * CHUNK].view(f32).view(r, slots, CHUNK)
+        group.keyed = work[:r, (slots - 1) * CHUNK :]
+        group.key = group.keyed[:, :CHUNK]
+        group.finite = group.key.view(f32)
+        group.counts = row_counts[rows_of]
+        group.amax = row_amax[rows_of]
+        group.norms = row_norms[rows_of]
+        group.amin_key = row_amin_key[rows_of]
     views: list[torch.Tensor] | None = None
     dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
     if len(groups) == 1 and dense_here:
@@ -200,38 +278,49 @@ def _build_plan(
             views.append(buf[offset : offset + numel[i]].view(g.shape))
             offset += -(-numel[i] // CHUNK) * CHUNK
     layer_of_row = device_tensor(chunk_layer, torch.int64, device)
+    table = to_device(bias, device)
+    amin_keys = torch.full((len(grads), 1), _MAX_FINITE_BITS, dtype=i32, device=device)
+    class_bits = list(_CLASS_BITS)
+    class_bits[1:3] = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
     return _Plan(
         device=device,
         groups=groups,
         chunk_layer=layer_of_row,
         chunk_layer_col=layer_of_row.unsqueeze(1),
-        numel=device_tensor(numel, torch.float64, device),
-        adjust=_count_adjust(zero_adjust, device),
         scaled=device_tensor(list(scaled), torch.bool, device),
         unscaled_rows=(
-            device_tensor(unscaled_rows, torch.bool, device).unsqueeze(1)
+            device_tensor(unscaled_rows, torch.bool, device).view(-1, 1, 1)
             if some_unscaled and not all_unscaled
             else None
         ),
         all_unscaled=all_unscaled,
         present=present,
         buf=buf,
-        scratch=scratch,
         meta=meta,
         flags=list(scaled),
         views=views,
         all_present=len(present) == len(grads),
-        thresholds=device_tensor([fmt.underflow_threshold, fmt.min_normal], torch.float64,
-                                 device),
+        thresholds=device_tensor([fmt.underflow_threshold, fmt.min_normal], f64, device),
+        classes_at=_class_bounds(device_tensor([b - 1 for b in class_bits], i32, device)),
+        row_counts=row_counts,
+        row_amax=row_amax,
+        row_norms=row_norms,
+        row_amin_key=row_amin_key,
+        fold_zero=torch.zeros((len(grads), _ROW_COLUMNS), dtype=f64, device=device),
+        table=table,
+        table_amax=table[:, _AMAX : _AMAX + 1],
+        table_amin=table[:, _AMIN : _AMIN + 1],
+        amin_keys=amin_keys,
+        amin_keys_f32=amin_keys.view(f32),
+        derive=to_device(_derive(), device),
+        inf=torch.full((), math.inf, dtype=f32, device=device),
     )
 
 
-def _count_adjust(zero_adjust: list[float], device: torch.device) -> torch.Tensor:
-    adjust = torch.zeros((len(zero_adjust), NUM_SUMS), dtype=torch.float64)
-    column = torch.tensor(zero_adjust, dtype=torch.float64)
-    for k in (_ZERO, _LT_UNDER, _LT_NORMAL):
-        adjust[:, k] = column
-    return to_device(adjust, device)
+def _class_bounds(below: torch.Tensor) -> torch.Tensor:
+    """``(5, 1)`` float32 bounds from the int32 patterns one below the classes'
+    (``_CLASS_BITS``)."""
+    return below.view(torch.float32).view(-1, 1)
 
 
 def _flat(g: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -270,41 +359,34 @@ def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
     return group.matrix
 
 
-def _chunk_stats(
-    plan: _Plan, group: _Group, grads: Grads, under: torch.Tensor | int,
-    normal: torch.Tensor | int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One group's per-chunk partials: the sums ``(rows, NUM_SUMS)`` float64 (columns as
-    ``partials.COLUMNS``), amax and amin ``(rows, 1)`` float32 (exact: the elements' own
-    values), kept apart so the fold needs no column selection (``_eager_partials``).
+def _chunk_stats(plan: _Plan, group: _Group, grads: Grads, bounds: torch.Tensor) -> None:
+    """One group's per-chunk partials, written into its rows of the plan's per-row buffers: the
+    five class counts (float32, exact: a row holds CHUNK < 2^24 elements), amax (float32, the
+    elements' own values), the sum of squares (float64) and the amin key (int32).
 
-    ``under``/``normal``: the classes' threshold bit patterns (``partials.threshold_bits``), 0-d
-    or one per row ``(rows, 1)`` when scaled and unscaled layers are mixed."""
+    ``bounds``: the classes' ``(5, 1)`` float32 bounds (``_CLASS_BITS``), or one set per row
+    ``(rows, 5, 1)`` when scaled and unscaled layers are mixed."""
     a = _fill(plan, group, grads).abs_()
-    s, bits, key = group.scratch, group.bits, group.key
-    assert s is not None and bits is not None and key is not None
-    cols: list[torch.Tensor | None] = [None] * NUM_SUMS
-    # Counts go through a float32 scratch: comparison into float plus a float32 row-sum is ~5x
-    # faster on CPU than materialising bool tensors or summing into float64, and exact (a row holds
-    # CHUNK < 2^24 elements). The final stack promotes the float32 columns to float64.
-    cols[_ZERO] = torch.eq(a, 0.0, out=s).sum(1)
-    cols[_NAN] = torch.ne(a, a, out=s).sum(1)
-    cols[_INF] = torch.eq(a, math.inf, out=s).sum(1)
-    # ``bits``: |raw| ≥ 0 as int32, whose pattern orders as the value (NaN above inf).
-    cols[_LT_UNDER] = torch.lt(bits, under, out=s).sum(1)
-    cols[_LT_NORMAL] = torch.lt(bits, normal, out=s).sum(1)
-    torch.nan_to_num(a, nan=0.0, posinf=0.0, out=s)  # finite magnitudes, non-finite → 0
-    amax = s.amax(1, keepdim=True)
+    column, classes, finite, key = group.column, group.classes, group.finite, group.key
+    bits, keyed = group.bits, group.keyed
+    assert column is not None and classes is not None and finite is not None and key is not None
+    assert bits is not None and keyed is not None
+    # All five classes in one comparison and one row sum: float 0/1 into a float32 buffer and a
+    # float32 row sum are ~5x faster on CPU than bool tensors or a float64 sum, and exact. The
+    # float comparison (not the int32 patterns': ~4x slower into float) against the float32 one
+    # pattern below each bound is the same test.
+    torch.le(column, bounds, out=classes)
+    torch.sum(classes, -1, out=group.counts)
+    torch.nan_to_num(a, nan=0.0, posinf=0.0, out=finite)  # finite magnitudes, non-finite → 0
+    torch.amax(finite, 1, keepdim=True, out=group.amax)
     # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19.
-    cols[_SUMSQ] = torch.linalg.vector_norm(s, dim=1, dtype=torch.float64).square()
-    # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to the
-    # largest key and keeps every other magnitude in order, so zeros never win; a row without a
-    # finite non-zero element lands at or above the inf pattern and reads back as +inf.
+    torch.linalg.vector_norm(finite, 2, 1, True, dtype=torch.float64, out=group.norms).pow_(2)
+    # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to
+    # the largest key and keeps every other magnitude in order, so zeros never win; the row's
+    # _KEY_BOUND columns (_MAX_FINITE_BITS) cap a row without a finite non-zero element at the
+    # key that reads back as +inf (``_eager_partials``). Written over ``finite``, read already.
     torch.sub(bits, 1, out=key).bitwise_and_(0x7FFFFFFF)
-    amin_bits = key.amin(1, keepdim=True).clamp_max_(_MAX_FINITE_BITS).add_(1)
-    # The stack promotes the float32 counts to float64 (exact), beside the float64 SUMSQ.
-    sums = torch.stack(cast("list[torch.Tensor]", cols), dim=1)
-    return sums, amax, amin_bits.view(torch.float32)
+    torch.amin(keyed, 1, keepdim=True, out=group.amin_key)
 
 
 def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
@@ -319,8 +401,10 @@ def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
 class GradStats:
     """Computes per-layer stats for a fixed target format, caching layouts and scratch buffers.
 
-    The scratch buffers hold two float32 copies of all gradients (padded); they are kept between
-    calls so steady-state calls allocate only small per-layer tensors.
+    The scratch buffers, kept between calls, hold a float32 copy of the gradients (padded) and
+    a work buffer five times its size (the class comparisons, in which the finite magnitudes
+    and the amin keys are written too), per group of at most ``MAX_GROUP_ELEMS`` elements;
+    steady-state calls allocate only small per-row and per-layer tensors.
     """
 
     def __init__(
@@ -476,43 +560,38 @@ class GradStats:
     def _eager_partials(
         self, plan: _Plan, grads: Grads, scale: torch.Tensor | float
     ) -> torch.Tensor:
-        """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring)."""
-        # Scaled layers are judged as stored: the thresholds' own bit patterns.
-        under: torch.Tensor | int = float32_bits(self.fmt.underflow_threshold)
-        normal: torch.Tensor | int = float32_bits(self.fmt.min_normal)
+        """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring).
+
+        After the groups' passes (``_chunk_stats``), six ops whatever the layer count: one cat
+        of the per-row results into a float64 ``(rows, 7)`` block (amax, the five counts, the sum
+        of squares; the cat promotes float32 exactly), its column sums folded into layers by an
+        out-of-place ``index_add`` (a fresh tensor, no zeroing), its amax column and the amin
+        keys by two ``scatter_reduce_`` (``include_self=False``: every layer with rows is
+        overwritten, the others keep their constants) into persistent targets, the keys turned
+        into amin by one ``nextafter`` (key k is the pattern below the value: k+1, and the cap
+        _MAX_FINITE_BITS gives +inf) written into the bias's amin column, and one ``addmm``: the
+        bias (padding, absent layers, amax, amin) plus the folded block times ``_derive()``.
+        The block is finite (amax, counts, squares of finite values), so no inf·0 reaches the
+        product; amin (+inf possible) only ever lies in the bias."""
+        bounds = plan.classes_at
         if plan.all_unscaled or plan.unscaled_rows is not None:
-            # The scale as a tensor only here: scaled layers never need it (two ops fewer).
+            # Unscaled layers' bounds depend on the scale: a tensor only here (scaled layers are
+            # judged on the thresholds' own patterns, ``_Plan.classes_at``).
             bits = threshold_bits(plan.thresholds, _scale_tensor(scale, plan.device))
-            under, normal = bits[0], bits[1]
-            if plan.unscaled_rows is not None:  # mixed: one threshold per row
-                under = torch.where(plan.unscaled_rows, under, float32_bits(
-                    self.fmt.underflow_threshold))
-                normal = torch.where(plan.unscaled_rows, normal, float32_bits(
-                    self.fmt.min_normal))
-        num_layers = len(grads)
-        f64, f32, dev = torch.float64, torch.float32, plan.device
-        if plan.groups:
-            parts = [_chunk_stats(plan, g, grads, under, normal) for g in plan.groups]
-            if len(parts) == 1:
-                sums_rows, amax_rows, amin_rows = parts[0]
-            else:
-                sums_rows, amax_rows, amin_rows = (torch.cat(p) for p in zip(*parts, strict=True))
-        else:
-            sums_rows = torch.zeros((0, NUM_SUMS), dtype=f64, device=dev)
-            amax_rows = amin_rows = torch.zeros((0, 1), dtype=f32, device=dev)
-        # The fold into layers: one index_add_ and two scatter_reduce_ over (L, ·) targets, the
-        # row→layer index made once (``_Plan.chunk_layer_col``); amax/amin stay float32 (their
-        # elements' own values) until the cat promotes them, exactly, to float64.
-        sums = torch.zeros((num_layers, NUM_SUMS), dtype=f64, device=dev).index_add_(
-            0, plan.chunk_layer, sums_rows
-        )
-        amax = torch.zeros((num_layers, 1), dtype=f32, device=dev).scatter_reduce_(
-            0, plan.chunk_layer_col, amax_rows, "amax"
-        )
-        amin = torch.full((num_layers, 1), math.inf, dtype=f32, device=dev).scatter_reduce_(
-            0, plan.chunk_layer_col, amin_rows, "amin"
-        )
-        return torch.cat([sums.add_(plan.adjust), amax, amin], dim=1)
+            unscaled = torch.cat([bounds[:1], _class_bounds(bits - 1), bounds[3:]])
+            bounds = (unscaled if plan.unscaled_rows is None
+                      else torch.where(plan.unscaled_rows, unscaled, bounds))
+        for group in plan.groups:
+            at = bounds if bounds.dim() == 2 else bounds[group.start : group.start + group.rows]
+            _chunk_stats(plan, group, grads, at)
+        rows = torch.cat([plan.row_amax, plan.row_counts, plan.row_norms], dim=1)
+        sums = torch.index_add(plan.fold_zero, 0, plan.chunk_layer, rows)
+        plan.table_amax.scatter_reduce_(0, plan.chunk_layer_col, rows, "amax",
+                                        include_self=False)
+        plan.amin_keys.scatter_reduce_(0, plan.chunk_layer_col, plan.row_amin_key, "amin",
+                                       include_self=False)
+        torch.nextafter(plan.amin_keys_f32, plan.inf, out=plan.table_amin)
+        return torch.addmm(plan.table, sums, plan.derive)
 
     def raw_norms(self, grads: Grads, *, acc64: bool | None = None) -> torch.Tensor:
         """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):

@@ -93,6 +93,16 @@ class TestAgainstReference:
         raws = [edge_tensor(8.0, torch.float32, True, n) for n in (100, 3000, 600, 5000, 1)]
         check(raws, 8.0, [True] * 5)
 
+    def test_mixed_layers_spanning_several_groups(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each group judges its rows on its own rows' bounds (the 35-op read broadcast all the
+        layout's per-row bounds against one group's rows and raised)."""
+        monkeypatch.setattr(reductions, "MAX_GROUP_ELEMS", 4 * reductions.CHUNK)
+        scale = 2.0**14
+        flags = [True, False, False, True, False]
+        raws = [edge_tensor(scale, torch.float32, f, n)
+                for f, n in zip(flags, (100, 3000, 600, 5000, 1), strict=True)]
+        check(raws, scale, flags)
+
 
 class TestGradNorm:
     def test_nan_wins_over_inf(self) -> None:
