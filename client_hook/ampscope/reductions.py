@@ -61,9 +61,11 @@ CHUNK = 512
 """Elements per reduction row: larger rows waste more padding on small layers, smaller rows make the
 chunk-to-layer fold longer. 512 was fastest on the CPU reference loop."""
 
-MAX_GROUP_ELEMS = 1 << 26
-"""Scratch buffers hold at most this many elements; bigger models are reduced in groups of layers,
-so launches grow with model size / 64M, never with the layer count."""
+MAX_GROUP_ELEMS = 1 << 24
+"""The padded buffer and the work buffer hold one group of at most this many elements (24 bytes
+each: ~400 MB at most, on a GPU); bigger models are reduced in groups of layers, so launches grow
+with model size / 16M (11 per group), never with the layer count. It was 2^26 while the work
+buffer was one float32 copy (512 MB); with five copies 2^26 would hold 1.6 GB of device memory."""
 
 DOT_MIN_ELEMS = 1 << 20
 """``raw_norms`` on the CPU takes one BLAS dot per layer from this many float32 gradient elements
