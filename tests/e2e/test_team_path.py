@@ -45,10 +45,20 @@ def _stored_steps(team: Team, run_id: str) -> list[int]:
     return [step["seq"] for step in body["steps"]]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def team(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Team]:
-    with team_server(request.param, tmp_path / "server") as team:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def team_per_dialect(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    """One team server per dialect for the module: each test trains its own run, and the log
+    assertions hold for the whole log (a refusal counted once, no secret in it)."""
+    with team_server(request.param, tmp_path_factory.mktemp("server")) as team:
         yield team
+
+
+@pytest.fixture
+def team(team_per_dialect: Team) -> Team:
+    if team_per_dialect.server.pid is None:  # a test before stopped it to read its log
+        team_per_dialect.server.start()
+    return team_per_dialect
 
 
 def test_a_token_streams_and_is_never_written_down(team: Team, tmp_path: Path) -> None:
