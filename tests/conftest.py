@@ -68,3 +68,17 @@ def server(migrated_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def module_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A real server over a fresh database of each dialect, shared by one test module."""
+    log_dir = tmp_path_factory.mktemp("server")
+    with migrated_database(request.param, log_dir) as url:
+        proc = ServerProcess(url, log_dir).start()
+        try:
+            yield proc
+        finally:
+            proc.stop()

@@ -33,6 +33,22 @@ FP16 = torch.finfo(torch.float16)
 FP16_MIN_SUBNORMAL = FP16.smallest_normal * FP16.eps  # 2^-24
 
 
+@pytest.fixture
+def server(module_server: ServerProcess) -> ServerProcess:
+    """One real server per dialect for the module; each test trains a run of its own and reads
+    back the runs it added (``added_runs``)."""
+    return module_server
+
+
+def run_ids(server: ServerProcess) -> set[str]:
+    return {r["id"] for r in strict_json(httpx.get(f"{server.url}/api/runs"))}
+
+
+def added_runs(server: ServerProcess, before: set[str]) -> list[dict[str, Any]]:
+    """The runs on the server that were not there in ``before``."""
+    return [r for r in strict_json(httpx.get(f"{server.url}/api/runs")) if r["id"] not in before]
+
+
 def reject_constant(token: str) -> float:
     raise AssertionError(f"bare {token} in a JSON body: browsers reject it")
 
@@ -136,11 +152,12 @@ class TestFullPath:
     def test_api_returns_what_the_scaler_and_gradients_produced(
         self, server: ServerProcess
     ) -> None:
+        before = run_ids(server)
         run_id, names, truth = train_watched(server.url)
         skipped = [a < b for a, b in zip(truth.scales_after, truth.scales_before, strict=True)]
         assert any(skipped) and not all(skipped)  # the scenario really overflows, then trains
 
-        runs = strict_json(httpx.get(f"{server.url}/api/runs"))
+        runs = added_runs(server, before)
         assert [r["id"] for r in runs] == [run_id]
         assert runs[0]["num_steps"] == STEPS
         assert runs[0]["skipped_steps"] == sum(skipped)
@@ -233,11 +250,11 @@ def test_a_ddp_job_is_one_run_that_names_the_rank_that_went_nan(
         server: ServerProcess, tmp_path: Path) -> None:
     """Two real DDP ranks (gloo) into a real server: one run of world size 2, every step once
     with both ranks' losses, and rank 1's NaN loss at step 2 named by ``/ranks``."""
+    before = run_ids(server)
     zero, one = run_job(tmp_path, f"ddp+nan+server={server.url}")
     assert (zero["produced"], zero["acknowledged"], one["produced"]) == (4, 4, 0)
     run_id = zero["run_id"]
-    listed = strict_json(httpx.get(f"{server.url}/api/runs"))
-    runs = listed["runs"] if isinstance(listed, dict) else listed
+    runs = added_runs(server, before)
     assert [(r["id"], r["world_size"]) for r in runs] == [(run_id, 2)]
     steps = strict_json(httpx.get(f"{server.url}/api/runs/{run_id}/export",
                                   params={"format": "json"}))["steps"]

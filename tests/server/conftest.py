@@ -1,6 +1,6 @@
 """Server-test fixtures: the app in this process per dialect per test module (`api`), one real
 `ampscope serve` per dialect per module for the tests whose subject is the process
-(`module_server`, `served_api`), and sessions.
+(`served_api`, over the root conftest's `module_server`), and sessions.
 
 Tests that share a module's app or server isolate themselves by using fresh run ids
 (`wire.new_id()`).
@@ -38,20 +38,6 @@ def api(module_app: TestClient) -> TestClient:
     """A client of the module's app, with no cookie left by an earlier test."""
     module_app.cookies.clear()
     return module_app
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def module_server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    """A real server over a fresh database of each dialect, shared by one test module."""
-    log_dir = tmp_path_factory.mktemp("server")
-    with migrated_database(request.param, log_dir) as url:
-        proc = ServerProcess(url, log_dir).start()
-        try:
-            yield proc
-        finally:
-            proc.stop()
 
 
 @pytest.fixture
