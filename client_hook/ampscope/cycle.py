@@ -400,7 +400,7 @@ class StepCycle:
         self._taken: Taken | None = None
         self._has_block = False
         self._acts: torch.Tensor | None = None
-        self._loss_sum: torch.Tensor | None = None
+        self.loss_sum: torch.Tensor | None = None
         # Host-side knowledge of the skip (``Monitor.recheck``): set after each ``scaler.step``.
         self.skipped = False
         self.skip_unknown = False
@@ -426,12 +426,13 @@ class StepCycle:
             self.probe.arm()
 
     def on_scale(self, outputs: Any) -> None:
-        """A loss of this cycle (``scaler.scale``, ``record_loss``, the engine's backward)."""
+        """A loss of this cycle (``record_loss``, the engine's backward; ``scaler.scale``'s
+        wrapper, ``step._Scale``, does the same inline)."""
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             # A copy even of a float64 loss: on the CPU the record reads it later (``build``).
             # Any shape of one element; ``build`` makes it 0-d where it stacks on the device.
             loss = outputs.detach().to(torch.float64, copy=True)
-            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
 
     def _reads(self, step: int) -> tuple[bool, bool]:
         """(per-layer statistics, histogram): what the capture of ``step`` reads. A DDP peer
@@ -522,7 +523,7 @@ class StepCycle:
                 if self.group is not None:
                     layout = self.layout(step)
                     assert layout is not None
-                    kept, sums, maxes = pack(parts, layout, self.group.rank, self._loss_sum)
+                    kept, sums, maxes = pack(parts, layout, self.group.rank, self.loss_sum)
                     # Before issuing: a failure must not make it issue twice.
                     self.contributed = True
                     self.pending = self.group.reduce(sums, maxes)
@@ -647,10 +648,10 @@ class StepCycle:
         (scale_before, scale_after, growth, found_inf), absent, from_scale = (
             view.after_update(before, device, snapshot=host))
         loss = nan
-        if self._loss_sum is None:
+        if self.loss_sum is None:
             absent.add("loss")
         else:
-            loss = self._loss_sum
+            loss = self.loss_sum
         if taken is None:
             absent.add("grad_norm")
         if lr is not None:
