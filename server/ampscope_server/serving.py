@@ -171,6 +171,14 @@ def log_config(level: str = "info") -> dict[str, Any]:
     return config
 
 
+WORKER_HEALTHCHECK_S = 60
+"""How long uvicorn's supervisor waits for a worker to answer its ping before it kills and
+replaces it (uvicorn's default: 5 s). A worker answers from a thread that needs the GIL, so a
+worker decoding a large body, or one still booting on a loaded host, stays silent for seconds
+while healthy: at 5 s a 2-core host at load 12 killed booting workers in a loop and the server
+never came up (CI, 2026-12-06)."""
+
+
 def run(settings: Settings, log_level: str, workers: int = 1) -> None:
     """Serve `create_app(settings)`; with several workers each process builds its own app from
     the environment, so `settings` is handed over as AMPSCOPE_* variables first."""
@@ -191,6 +199,7 @@ def run(settings: Settings, log_level: str, workers: int = 1) -> None:
         settings = settings.model_copy(update={"workers": workers})
         for name, value in settings.model_dump().items():
             os.environ[f"AMPSCOPE_{name.upper()}"] = str(value)
-        uvicorn.run("ampscope_server.app:create_app", factory=True, workers=workers, **options)
+        uvicorn.run("ampscope_server.app:create_app", factory=True, workers=workers,
+                    timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
     else:
         uvicorn.run(create_app(settings), **options)

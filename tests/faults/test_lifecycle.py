@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -75,15 +74,15 @@ def test_exit_without_close_flushes_and_exits_cleanly(
         print(mon.run_id)
         # no mon.close(): the atexit hook must flush and let the interpreter exit
     """)
-    started = time.monotonic()
+    # A hang at exit fails on the timeout; it is a bound, not a speed (60 s was exceeded by a
+    # healthy run on a 2-core host at load 12).
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=False)
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     run_id = done.stdout.strip()
     assert steps_by_attempt(sqlite_server.url, run_id) == {1: [(i, i) for i in range(25)]}
     assert httpx.get(f"{sqlite_server.url}/api/runs/{run_id}").json()["status"] == "finished"
-    assert time.monotonic() - started < 60
 
 
 class _Batches(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -40,7 +40,9 @@ class ServerProcess:
         self._log_path = log_dir / f"server-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+    def start(self, timeout_s: float = 120.0) -> ServerProcess:
+        """Start it and wait until it answers; ``timeout_s`` is only the bound (it returns as
+        soon as it answers): 30 s was too short for a boot on a 2-core host at load 12."""
         cmd = [sys.executable, "-m", "ampscope_server.cli", "serve",
                "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db_url, *self.args]
         log = open(self._log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
