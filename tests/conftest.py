@@ -8,14 +8,26 @@ import pytest
 from tests.support.databases import TEMPLATES, Dialect, empty_database, migrated_database
 from tests.support.servers import ServerProcess
 
+HEAVY = ("browser", "multiprocess", "compile", "frameworks", "slow")
+"""The tiers `make test-fast` leaves out: their files are the long ones."""
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test run on Postgres (any fixture parametrized "postgres") carries the `postgres`
-    marker, so `-m "not postgres"` names the SQLite half of the suite."""
+    marker, so `-m "not postgres"` names the SQLite half of the suite.
+
+    Files with a test of a heavy tier go first, each file's tests kept together and in order:
+    pytest-xdist (`--dist loadfile`) hands out whole files in this order, so the long ones start
+    early and the short ones fill the workers' ends, rather than one worker finishing a long
+    file alone."""
+    heavy_files: set[str] = set()
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "postgres" in callspec.params.values():
             item.add_marker(pytest.mark.postgres)
+        if any(item.get_closest_marker(name) for name in HEAVY):
+            heavy_files.add(item.nodeid.split("::")[0])
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy_files)  # stable
 
 
 @pytest.fixture(autouse=True, scope="session")
