@@ -25,6 +25,7 @@ CONFIGS: list[dict[str, Any]] = [
     {"lr": 0.1, "optimizer": {"name": "sgd"}, "amp": True},
     {},
 ]
+REASON = f"an fp16 autocast {HOSTILE}"
 RUN_PAGE_ROWS = [[HOSTILE, HOSTILE], ["batch_size", "64"], ["lr", "0.0003"],
                  ["optimizer.betas", "[0.9,0.95]"], ["optimizer.name", "adamw"]]
 
@@ -39,12 +40,23 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             run_id = new_id()
             payload = batch([record(s) for s in range(20)], run_id=run_id, name=f"run-{i}",
                             config=config, final=True)
+            if i == 0:  # why the hook judged this format (wire v5, #30)
+                payload["schema_version"] = 5
+                payload["run"]["target_format_reason"] = REASON
             response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=60)
             assert response.status_code == 200, response.text
             ids.append(run_id)
         yield server, ids
     finally:
         server.stop()
+
+
+def _format_item(watched: Watched) -> list[str]:
+    """The run header's format item, its parts' text (label, value, why)."""
+    parts: list[str] = watched.js("""() => [...[...document.querySelectorAll(
+      '#run-meta .meta-item')].find((item) => item.firstChild.textContent === 'format')
+      .children].map((part) => part.textContent)""")
+    return parts
 
 
 def _rows(watched: Watched, selector: str) -> list[list[str]]:
@@ -62,6 +74,9 @@ def test_the_run_page_lists_the_hyperparameters(
     assert _rows(watched, "#config-body tr") == RUN_PAGE_ROWS
     assert pg.inner_text("#config-note") == "5 keys"
     assert pg.locator("#config-panel img").count() == 0
+    # The header says which format the run is judged in, and why (as text).
+    assert _format_item(watched) == ["format", "fp16", f"({REASON})"]
+    assert pg.locator("#run-meta img").count() == 0
     watched.screenshot("run-config-page.png", full_page=False)
     # A run without config says how to send one.
     pg.goto(f"{server.url}/runs/{ids[2]}")
@@ -69,6 +84,8 @@ def test_the_run_page_lists_the_hyperparameters(
                          timeout=WAIT_MS)
     assert pg.locator("#config-body tr").count() == 0
     assert pg.inner_text("#config-note").startswith("none sent: ampscope.watch(..., config=")
+    # A run from a client before #30 sent no reason: the format alone.
+    assert _format_item(watched) == ["format", "fp16"]
     watched.assert_clean()
 
 
