@@ -19,10 +19,11 @@ $(BIN)/python:
 
 # setuptools announces every editable install with a boxed "be careful with folders named like
 # your package" note (an InformationOnly warning, not a problem): filtered so `make demo` is quiet.
-# The demo needs the server and torch; the tests add their toolchain and the frameworks.
+# The demo needs the server and torch (with numpy, without which every `import torch` warns
+# "Failed to initialize NumPy"); the tests add their toolchain and the frameworks.
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" numpy -e ".[server]"
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
