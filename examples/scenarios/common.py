@@ -34,16 +34,19 @@ class Scenario:
     """Options for ``ampscope.watch`` beyond the run name and the destination."""
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def amp_step(
     model: nn.Module, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
-    x: torch.Tensor, y: torch.Tensor,
+    x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn = nn.functional.mse_loss,
 ) -> torch.Tensor:
-    """One ordinary FP16 AMP step on the CPU: autocast forward, MSE loss in FP32, scale,
-    backward, step, update. With a disabled scaler the same step in FP32 (no autocast): the
-    scenario's FP32 twin."""
+    """One ordinary FP16 AMP step on the CPU: autocast forward, the loss (MSE unless
+    ``loss_fn``) in FP32, scale, backward, step, update. With a disabled scaler the same step
+    in FP32 (no autocast): the scenario's FP32 twin."""
     with torch.autocast("cpu", dtype=torch.float16, enabled=scaler.is_enabled()):
         out = model(x)
-    loss = nn.functional.mse_loss(out.float(), y)
+    loss = loss_fn(out.float(), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
