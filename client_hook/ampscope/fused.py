@@ -19,8 +19,12 @@ answer now:
   got none this step) is part of the layout: its row is a constant of the kernel;
 * its kernel is still compiling: the first call of a layout starts the compile on a background
   thread, on placeholder tensors of the same layout, so the training thread never waits for it
-  (it competes for the GIL and a core while it runs: measured 4.5-23 s on a cold inductor cache
-  and 1-8 s on a warm one, on 2 cores at load 4-7; once per process and layout);
+  (once per process and layout). A cold compile (~75 s for the 4M bench model's 34 gradients,
+  of which ~18 s of Python holding the GIL) competes for the GIL. With ``COMPILE_IN_CHILD`` (off
+  by default) it first runs in a child process (``_compile_child``), which fills inductor's
+  on-disk caches; the thread then compiles from them, holding the GIL ~4-5 s (dynamo's trace,
+  the caches' load), and otherwise only waits. Where the child fails, the compile is done
+  in-process from scratch;
 * the compile failed (no C++ compiler, no inductor, any error): logged once, eager from then on.
 
 Calls run under ``torch.compiler.set_stance("fail_on_recompile")``: a gradient that differs from
@@ -46,14 +50,15 @@ from typing import Any
 
 import torch
 
+from ampscope import _compile_child
 from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
 from ampscope.transport import lower_thread_priority
 
-__all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "compile_options",
-           "layout_key"]
+__all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "build_kernel",
+           "compile_options", "layout_key"]
 
 logger = logging.getLogger("ampscope")
 
@@ -97,7 +102,9 @@ class LayoutState(enum.Enum):
 class _Layout:
     state: LayoutState = LayoutState.COMPILING
     kernel: Kernel | None = None
-    compile_s: float | None = None
+    compile_s: float | None = None  # wall time from the compile's start to READY or FAILED
+    child_s: float | None = None  # of which the child's (``_compile_child``), when there was one
+    compile_cpu_s: float | None = None  # the compile thread's CPU time: ~ its hold of the GIL
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -112,7 +119,28 @@ COMPILE_NICENESS = 19
 """The compile thread's nice value increment (Linux, per thread; the compiler processes it
 starts inherit it): the compile takes only the CPU that training leaves idle."""
 
+COMPILE_IN_CHILD = False
+"""Whether a CPU layout's compile runs first in a child process (``_compile_child``). Off by
+default until the stalls seen in ``bench/cold_start.py`` are understood: in 5 of 6 two-minute
+runs with the child the whole process (the no-hook copy too) ran 0.09-1.8 s steps for a minute
+against ~40-100 ms, never in the 6 runs with the compile in-process; but a run whose child only
+slept, and one with no compile at all, stalled the same way (``docs/hook-cost.md``, session
+12): so far the stall looks like the process's own when no compile thread is busy, not the
+child's."""
+CHILD_TIMEOUT_S = 900.0
+"""How long the compile thread waits for its child; past it the child is killed and the compile
+runs in-process, as when the child fails."""
+
 _RUNNING: set[threading.Thread] = set()
+_EXITING = threading.Event()
+
+
+def _at_exit() -> None:
+    """At interpreter exit: kill the compile children (the compile threads waiting for them
+    then give up, compiling nothing), then wait for the threads (``_finish_compiles``)."""
+    _EXITING.set()
+    _compile_child.kill_all()
+    _finish_compiles()
 
 
 def _finish_compiles(timeout: float = EXIT_WAIT_S) -> bool:
@@ -131,7 +159,7 @@ def _finish_compiles(timeout: float = EXIT_WAIT_S) -> bool:
     return not any(t.is_alive() for t in running)
 
 
-atexit.register(_finish_compiles)
+atexit.register(_at_exit)
 
 
 def _make_kernel(
@@ -211,44 +239,76 @@ def compile_options(device: torch.device) -> list[Options]:
     return [{"cpp.threads": 1, "cpp_wrapper": True}, {"cpp.threads": 1}]
 
 
+def _disk_caches() -> bool:
+    """Whether inductor's on-disk FX graph cache is on here (the default): else what the child
+    compiled would not reach this process. (The AOTAutograd cache, on by default too, spares
+    the parent AOT's trace as well.)"""
+    from torch._inductor import config as inductor_config
+
+    return bool(inductor_config.fx_graph_cache) and not inductor_config.force_disable_caches
+
+
+def build_kernel(key: LayoutKey, under: int, normal: int,
+                 attempts: Sequence[Options]) -> tuple[Kernel, int]:
+    """Compile the layout's kernel with the first of ``attempts`` that works and run it once on
+    placeholders: (kernel, that attempt's index). The in-process compile and the child's
+    (``_compile_child``) are this one function, so that both trace the same graph."""
+    bits = device_tensor([under, normal], torch.int32, key.device)
+    hist = device_tensor([1, 0], torch.int32, key.device)
+    for k, options in enumerate(attempts):
+        try:
+            # A fresh function (code object) per attempt: a failed one leaves no cache entry.
+            kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram,
+                                                key.absent),
+                                   dynamic=False, fullgraph=True, options=options)
+            with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
+                kernel(_placeholders(key), bits[0], bits[1], hist)
+        except Exception as exc:
+            if k == len(attempts) - 1:
+                raise
+            logger.info("ampscope: the fused reduction did not compile with %s (%s: %s); "
+                        "trying %s", options, type(exc).__name__, exc, attempts[k + 1])
+            continue
+        return kernel, k
+    raise ValueError("no compile options to try")
+
+
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
-    """Background thread: compile the layout's kernel and run it once on placeholders, at the
-    lowest priority (``COMPILE_NICENESS``)."""
+    """Background thread: compile the layout's kernel and run it once on placeholders. On the
+    CPU, with ``COMPILE_IN_CHILD``, the cold compile runs first in a child process at the lowest
+    priority (``COMPILE_NICENESS``), and this thread, holding the GIL only to load the kernel
+    from the caches the child filled, compiles after it; when the child fails, the compile is
+    done here from scratch at the lowest priority, as it would be without it."""
     global _LOGGED_FAILURE
-    start = time.perf_counter()
-    lower_thread_priority(COMPILE_NICENESS)
+    start, cpu = time.perf_counter(), time.thread_time()
     try:
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
-        bits = device_tensor([under, normal], torch.int32, key.device)
-        hist = device_tensor([1, 0], torch.int32, key.device)
         attempts = compile_options(key.device)
-        for k, options in enumerate(attempts):
-            try:
-                # A fresh function (code object) per attempt: a failed one leaves no cache entry.
-                kernel = torch.compile(_make_kernel(key.scaled, under, normal, key.histogram,
-                                                    key.absent),
-                                       dynamic=False, fullgraph=True, options=options)
-                with torch.no_grad():  # as every call: grad mode is one of the kernel's guards
-                    kernel(_placeholders(key), bits[0], bits[1], hist)
-            except Exception as exc:
-                if k == len(attempts) - 1:
-                    raise
-                logger.info("ampscope: the fused reduction did not compile with %s (%s: %s); "
-                            "trying %s", options, type(exc).__name__, exc, attempts[k + 1])
-                continue
-            layout.kernel = kernel
-            break
-        layout.compile_s = time.perf_counter() - start
+        attempt = None
+        if COMPILE_IN_CHILD and key.device.type == "cpu" and _disk_caches():
+            attempt = _compile_child.run(key, under, normal, COMPILE_NICENESS, CHILD_TIMEOUT_S)
+            layout.child_s = time.perf_counter() - start
+            if _EXITING.is_set():
+                raise RuntimeError("the interpreter is exiting")
+        if attempt is not None and 0 <= attempt < len(attempts):
+            attempts = attempts[attempt:]  # those that failed there would fail here
+        else:
+            # A cold compile here: its compiler processes take only idle CPU. Not for the
+            # load from the child's caches: seconds of Python holding the GIL, which a thread
+            # at nice 19 on a busy machine would keep while descheduled, stalling training.
+            lower_thread_priority(COMPILE_NICENESS)
+        layout.kernel = build_kernel(key, under, normal, attempts)[0]
         layout.state = LayoutState.READY
     except Exception as exc:  # no compiler, no inductor, anything: the eager path stays exact
         layout.error = f"{type(exc).__name__}: {exc}"
-        layout.compile_s = time.perf_counter() - start
         layout.state = LayoutState.FAILED
-        if not _LOGGED_FAILURE:
+        if not _LOGGED_FAILURE and not _EXITING.is_set():
             _LOGGED_FAILURE = True
             logger.warning("ampscope: the fused reduction did not compile (%s); per-layer stats "
                            "take the eager path", layout.error)
     finally:
+        layout.compile_s = time.perf_counter() - start
+        layout.compile_cpu_s = time.thread_time() - cpu
         layout.done.set()
 
 
