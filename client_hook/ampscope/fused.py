@@ -120,13 +120,10 @@ COMPILE_NICENESS = 19
 starts inherit it): the compile takes only the CPU that training leaves idle."""
 
 COMPILE_IN_CHILD = False
-"""Whether a CPU layout's compile runs first in a child process (``_compile_child``). Off by
-default until the stalls seen in ``bench/cold_start.py`` are understood: in 5 of 6 two-minute
-runs with the child the whole process (the no-hook copy too) ran 0.09-1.8 s steps for a minute
-against ~40-100 ms, never in the 6 runs with the compile in-process; but a run whose child only
-slept, and one with no compile at all, stalled the same way (``docs/hook-cost.md``, session
-12): so far the stall looks like the process's own when no compile thread is busy, not the
-child's."""
+"""Whether a CPU layout's compile runs first in a child process (``_compile_child``). Off: with
+training's OpenMP team on every core, a child at nice +19 gets almost no CPU and did not finish
+in five minutes, where the in-process compile finished in 2-4 (``docs/hook-cost.md``, session
+13)."""
 CHILD_TIMEOUT_S = 900.0
 """How long the compile thread waits for its child; past it the child is killed and the compile
 runs in-process, as when the child fails."""
