@@ -9,7 +9,9 @@ import os
 # against 21 with 1 (112 against 50 s wall, same 99 tests, 2026-12-06).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from collections.abc import Iterator
+import itertools
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,44 @@ from tests.support.servers import ServerProcess
 
 HEAVY = ("browser", "multiprocess", "compile", "frameworks", "slow")
 """The tiers `make test-fast` leaves out: their files are the long ones."""
+
+
+_FILE_MARKS = re.compile(r"^pytestmark = (.*)$", re.MULTILINE)
+_EXPRESSION_WORDS = re.compile(r"[A-Za-z_]\w*")
+
+
+def _has(present: set[str]) -> Callable[..., bool]:
+    """`-m`'s matcher for a test carrying exactly `present`."""
+    def matches(name: str, /, **_: str | int | bool | None) -> bool:
+        return name in present
+    return matches
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test file whose module-level `pytestmark` puts every test in a tier that `-m` leaves
+    out is not imported at all: `make test-fast` would deselect each of its tests anyway, and
+    importing them cost every xdist process seconds (Lightning's import alone ~2.5 s).
+
+    Read from the source, not the module; ignored only when `-m` is false whatever other marker
+    a test of the file may carry besides the file's (so `-m "browser and postgres"` still
+    collects a browser file)."""
+    expression = config.option.markexpr
+    if not expression or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py":
+        return None
+    found = _FILE_MARKS.search(collection_path.read_text(encoding="utf-8"))
+    marks = set(re.findall(r"pytest\.mark\.(\w+)", found.group(1))) if found else set()
+    if not marks & set(HEAVY):
+        return None
+    from _pytest.mark.expression import Expression  # pytest's own `-m` grammar
+
+    compiled = Expression.compile(expression)
+    others = sorted(set(_EXPRESSION_WORDS.findall(expression)) - {"and", "or", "not"} - marks)
+    for extra in itertools.chain.from_iterable(
+            itertools.combinations(others, n) for n in range(len(others) + 1)):
+        if compiled.evaluate(_has(marks | set(extra))):
+            return None
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,10 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ampscope_server import db
 from tests.migrations.support import delete_run, query
 from tests.server.wire import activations, batch_v2, histogram, layer_stats, new_id, record_v2
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 NONFINITE = [{"layer": 1, "kind": "inf"}, {"layer": 0, "kind": "nan"}]
 MISUSE = [{"kind": "unscale_twice", "detail": "unscale_ called twice\nbefore step"}]

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ampscope_server import db
 from tests.migrations.support import query
 from tests.server.wire import LAYERS, batch, new_id, record
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 LAYER_ROWS = ("SELECT r.id, l.\"index\", l.name, l.shape, l.dtype, l.numel, l.module_type "
               "FROM layers l JOIN runs r ON r.id = l.run_id ORDER BY r.id, l.\"index\"")

@@ -9,12 +9,18 @@ import math
 import random
 import struct
 
+import pytest
 from sqlalchemy import text
 
 from ampscope_server import db, rollups, stat_packing
 from tests.migrations.support import query
 from tests.migrations.test_rollup_run_keys import ingest_steps
 from tests.server.wire import new_id
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 ROWS = 1200  # more than the migration's 500 rows a round trip
 LAYERS = 7

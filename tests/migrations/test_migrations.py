@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -29,6 +30,7 @@ V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
 
 
 
+@pytest.mark.slow
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
     assert tables(db_url) == TABLES_0020 | {"alembic_version"}
@@ -166,6 +168,7 @@ _STEP = ("INSERT INTO steps (run_id, attempt_id, seq, step, wall_time, loss, los
          "grad_norm_class, lr_class, duration_class) VALUES ")
 
 
+@pytest.mark.slow
 def test_0007_backfills_run_counters_from_stored_steps(db_url: str) -> None:
     """Counters of every run with steps, the last step by ingest order (its scale and loss,
     non-finite ones kept by their class), none for a run without steps; summaries left stale."""

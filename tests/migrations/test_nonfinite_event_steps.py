@@ -3,11 +3,17 @@ both dialects, and back: the index's condition is the one `models.STEP_IS_EVENT`
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy.engine import make_url
 
 from ampscope_server import db
 from ampscope_server.models import STEP_IS_EVENT
 from tests.migrations.support import query
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 INDEX = "ix_steps_run_key_event_step"
 

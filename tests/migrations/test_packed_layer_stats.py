@@ -12,10 +12,16 @@ import math
 import random
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import db, rollups, rollups_repository, steps_repository
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 STEPS = 300
 LAYERS = 3

@@ -7,10 +7,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from ampscope_server import db
 from tests.migrations.support import columns, query
 from tests.server.wire import batch_v2, new_id, record_v2
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 RECHECKS = ("SELECT s.run_key, s.step, r.status, r.loss_class FROM step_rechecks r "
             "JOIN steps s ON s.id = r.step_id ORDER BY s.run_key, s.step")

@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ampscope_server import db
 from tests.migrations.support import delete_run, query
 from tests.server.wire import batch, layer_stats, new_id, record
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 SCALES: dict[int, Any] = {70: "inf", 140: "nan", 210: "-inf", 230: None, 260: 2.0**-3}
 LOSSES: dict[int, Any] = {9: "nan", 300: "inf", 301: "-inf"}

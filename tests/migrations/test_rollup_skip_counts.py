@@ -12,9 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ampscope_server import db, rollups
 from tests.migrations.support import decoded, query
 from tests.migrations.test_rollup_run_keys import ingest_runs, snapshot
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 
 def _brute_force(url: str) -> dict[tuple[Any, int, int], tuple[int, int]]:

@@ -3,12 +3,18 @@ before it get empty notes, and a downgrade drops the notes written (its docstrin
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from ampscope_server import db
 from tests.migrations.support import columns, query
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 RUN_ROWS = "SELECT id, name, tags, status FROM runs ORDER BY id"
 

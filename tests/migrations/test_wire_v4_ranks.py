@@ -6,10 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ampscope_server import db
 from tests.migrations.support import delete_run, query, tables
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into
+
+# One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
+# leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-
+# schema check in the fast tier).
+pytestmark = pytest.mark.slow
 
 RUNS = "SELECT id, name, host, rank, target_format FROM runs ORDER BY id"
 STEPS = ("SELECT r.id, s.seq, s.step, s.loss, s.loss_class FROM steps s "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import ClauseElement
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -38,6 +39,7 @@ def _step_row(key: int | None, seq: int, step: int, **fields: Any) -> dict[str, 
     }
 
 
+@pytest.mark.slow
 def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session]) -> None:
     payload = batch([], run_id=new_id())
     with sessions() as session, session.begin():
@@ -68,6 +70,7 @@ def _kind(step: int) -> str:
     return "nan" if step % 3 == 0 else "inf"
 
 
+@pytest.mark.slow
 def test_pages_of_40k_skipped_steps_each_with_its_layers(
     sessions: sessionmaker[Session],
 ) -> None:

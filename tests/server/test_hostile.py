@@ -121,6 +121,7 @@ class TestLimits:
         assert response.json()["detail"].startswith(
             "records: List should have at most 10000 items")
 
+    @pytest.mark.slow
     def test_a_full_batch_spread_over_many_buckets_is_stored(self, api: TestClient) -> None:
         """10,000 records with layers and steps far apart: every rollup level has thousands of
         buckets, which one IN list could not carry (StatementTooComplex on Postgres)."""
@@ -238,6 +239,7 @@ def _served(url: str, log_dir: Path, auth: bool) -> Iterator[httpx.Client]:
         server.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-required"])
 def test_a_database_that_refuses_connections_is_503(tmp_path: Path, auth: bool) -> None:
     """Through the error handler (auth off) and through the gate's token lookup (auth on); an

@@ -122,6 +122,7 @@ class TestIngest:
             "records[0].layers: packed statistics need schema_version 5, not 4")}
 
 
+@pytest.mark.slow
 def test_the_server_decodes_packed_batches_without_torch() -> None:
     """The server never imports torch (DESIGN.md §1): its packed decoding is `array` and
     `base64`. A fresh interpreter imports the app and validates a packed v5 batch."""

@@ -146,6 +146,7 @@ def _check_against_brute_force(sessions: sessionmaker[Session], run_id: str) -> 
 
 
 class TestMaintainedAtIngest:
+    @pytest.mark.slow
     def test_equal_to_brute_force_with_nonfinite_out_of_order_and_resumed_steps(
         self, sessions: sessionmaker[Session]
     ) -> None:
@@ -161,6 +162,7 @@ class TestMaintainedAtIngest:
         ingest_payload(sessions, batch(resumed, run_id=run_id, attempt_id=new_id()))
         _check_against_brute_force(sessions, run_id)
 
+    @pytest.mark.slow
     def test_sparse_cadence_and_resumes_into_closed_buckets(
         self, sessions: sessionmaker[Session]
     ) -> None:
@@ -256,6 +258,7 @@ ZOOMS = [(None, None, 2000), (None, None, 7), (0, 19_999, 300), (13_000, 13_700,
          (13_330, 13_345, 4), (SPIKE, SPIKE, 10), (1, 19_998, 1000), (9_999, 15_003, 3)]
 
 
+@pytest.mark.slow
 class TestSpikeSurvivesEveryZoom:
     def test_series_and_heatmaps(self, sessions: sessionmaker[Session], long_run: str) -> None:
         for start, end, max_points in ZOOMS:
@@ -295,6 +298,7 @@ class TestSpikeSurvivesEveryZoom:
 
 
 class TestBackfill:
+    @pytest.mark.slow
     def test_upgrade_backfills_what_ingest_maintains(
         self, sessions: sessionmaker[Session], migrated_url: str
     ) -> None:

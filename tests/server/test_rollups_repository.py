@@ -66,6 +66,7 @@ def test_get_layer_rollups_reads_exactly_the_stored_keys(
 STORED_RANGES = [(6, 0, 8), (8, 0, 1)]  # the closed buckets of the fixture's run: stored rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [None, [1, 0], [1, 40]], ids=["all", "picked", "past"])
 @pytest.mark.parametrize("names", [["amax"], ["inf_count", "l2", "amin_nz"],
                                    list(rollups.ROLLUP_STATS)])

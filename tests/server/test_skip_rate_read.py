@@ -135,6 +135,7 @@ def _narrow_points(flags: list[tuple[int, bool]], window: int, first: int, last:
 ZOOMS = [(None, None), (20_000, 43_000), (31_500, 42_900), (2000, 12_500)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [7, 16, 40, 100, 1000])
 @pytest.mark.parametrize("max_points", [2000, 50, 100_000])
 def test_long_ranges_match_a_brute_force(long_run: tuple[sessionmaker[Session], str],

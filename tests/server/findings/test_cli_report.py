@@ -60,6 +60,7 @@ def test_markdown_post_mortem(database: Database,
         "1. [ERROR", "2. [ERROR", "3. [WARNING", "4. [info"]  # root causes only
 
 
+@pytest.mark.slow
 def test_baseline_and_html(database: Database,
                            tmp_path: Path) -> None:
     troubled, healthy = _seed(database.sessions)
