@@ -42,6 +42,7 @@ class SendResult:
     retry_after: float | None = None
     detail: str = ""
     body: bytes = b""
+    """The whole answer of a 2xx or a refusal (``detail`` is its first 500 characters)."""
 
 
 class Sender(Protocol):
@@ -126,7 +127,7 @@ class HttpSender:
             return SendResult(Outcome.RETRY, status, after, detail)
         if status in DENIED_STATUSES:
             return SendResult(Outcome.DENIED, status, detail=detail)
-        return SendResult(Outcome.REJECTED, status, detail=detail)
+        return SendResult(Outcome.REJECTED, status, detail=detail, body=data)
 
     def __repr__(self) -> str:
         scheme = "https" if self._https else "http"

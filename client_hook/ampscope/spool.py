@@ -3,7 +3,9 @@
 When the server is away the sender thread appends each batch body (the exact bytes of a
 ``POST /api/ingest``, always with the layer table, so every frame stands alone) to the spool, and
 replays the spool in order once the server answers again; ``ampscope sync`` uploads what a process
-left behind. The server makes re-sending harmless: ingest is idempotent by (run, attempt, seq).
+left behind. A frame is kept as encoded, at the hook's newest wire version: whoever sends it to an
+older server rewrites it then (``ampscope.negotiate``), so no frame is tied to one server. The
+server makes re-sending harmless: ingest is idempotent by (run, attempt, seq).
 
 File set. Each ``Spool`` (one per ``Transport``, hence per attempt) writes its own files, so
 concurrent processes never share one::

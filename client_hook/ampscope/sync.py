@@ -2,7 +2,9 @@
 
 Every complete frame not yet acknowledged (the ``.ack`` cursor a transport leaves beside its file)
 is POSTed as it is, oldest file first. The server ingests idempotently by (run, attempt, seq), so
-running sync twice inserts nothing new: the second run counts duplicates. Damaged stretches (a
+running sync twice inserts nothing new: the second run counts duplicates. An older server that
+refuses the frames' wire version gets them one version lower, as the transport does
+(``ampscope.negotiate``); the spool is left as written. Damaged stretches (a
 truncated tail after a kill, a corrupt frame) are reported and skipped; the frames around them are
 still sent. Sync never modifies the spool: delete it once the summary says everything arrived.
 """
@@ -14,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from ampscope.negotiate import Negotiation
 from ampscope.senders import HttpSender, Outcome, Sender
 from ampscope.spool import Damage, acknowledged_offset, scan, spool_files
 
@@ -75,6 +78,7 @@ def sync(
             raise ValueError("sync needs a server URL or a sender")
         sender = HttpSender(server, token=token)
     report = SyncReport()
+    negotiation = Negotiation()
     files = spool_files(path)
     try:
         for file in files:
@@ -92,17 +96,21 @@ def sync(
                 if report.undelivered:
                     report.undelivered.append(f"{file}@{item.offset}")
                     continue
-                _send(sender, item.body, f"{file}@{item.offset}", report, timeout, attempts)
+                _send(sender, item.body, f"{file}@{item.offset}", report, timeout, attempts,
+                      negotiation)
     finally:
         sender.close()
     return report
 
 
 def _send(sender: Sender, body: bytes, where: str, report: SyncReport, timeout: float,
-          attempts: int) -> None:
-    for attempt in range(attempts):
+          attempts: int, negotiation: Negotiation) -> None:
+    body = negotiation.prepare(body)
+    attempt = 0
+    while attempt < attempts:
         result = sender.send(body, timeout)
         if result.outcome is Outcome.ACKED:
+            negotiation.accepted()
             report.frames_sent += 1
             try:
                 answer = json.loads(result.body or result.detail)
@@ -112,6 +120,10 @@ def _send(sender: Sender, body: bytes, where: str, report: SyncReport, timeout: 
                 pass
             return
         if result.outcome is Outcome.REJECTED:
+            lower = negotiation.refused(body, result)
+            if lower is not None:  # an older server: the same frame one version lower
+                body = lower
+                continue
             report.rejected.append(f"{where}: HTTP {result.status} {result.detail}")
             return
         if result.outcome is Outcome.DENIED:
@@ -120,5 +132,6 @@ def _send(sender: Sender, body: bytes, where: str, report: SyncReport, timeout: 
         if attempt + 1 < attempts:
             time.sleep(min(60.0, result.retry_after) if result.retry_after is not None
                        else min(5.0, 0.2 * 2**attempt))
+        attempt += 1
     report.undelivered.append(f"{where} ({result.status or 'no answer'}: {result.detail})")
 

@@ -9,7 +9,10 @@ full batch is queued), turns queued items into wire records, and hands encoded b
 * ``Outcome.RETRY`` (connection error, timeout, 5xx, 408, 429): the same batch is sent again after a
   capped exponential backoff with jitter, or after ``Retry-After`` when the server gives one.
 * ``Outcome.REJECTED`` (any other 4xx): the batch is dropped and counted; the first rejection is
-  logged, later ones only counted, so a misconfigured client cannot flood the log.
+  logged, later ones only counted, so a misconfigured client cannot flood the log. A 422 that
+  refuses the batch's ``schema_version`` (an older server) is not a rejection: the same batch is
+  sent again one wire version lower, and every later one at the version it took
+  (``ampscope.negotiate``).
 * ``Outcome.DENIED`` (401, 403, 410: no or a revoked token, another project's run, a deleted run):
   sending stops for good (no retry storm) with one warning; the transport turns ``SPOOLING``
   and never probes again, so every record still reaches the disk spool for a later
@@ -52,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ampscope.negotiate import Negotiation
 from ampscope.senders import HttpSender, MemorySender, Outcome, Sender, SendResult
 from ampscope.spool import Spool, default_spool_dir
 
@@ -222,6 +226,9 @@ class Transport:
         self._denied = False
         self._announced = False
         self._layers_acked = False
+        # The spool keeps bodies as encoded (the newest version): a downgrade learnt here
+        # rewrites each one as it is sent, a fresh batch and a replayed frame alike.
+        self._negotiation = Negotiation()
         self._closed = False
         self._forked = False
         self._thread: threading.Thread | None = None
@@ -390,6 +397,7 @@ class Transport:
             remaining = self._send_deadline - time.monotonic()
             if remaining <= 0:
                 return
+            body = self._negotiation.prepare(body)
             result = self._sender.send(body, min(self._request_timeout, remaining))
             if result.outcome is Outcome.ACKED:
                 with self._lock:
@@ -399,9 +407,13 @@ class Transport:
                     c.replayed += n
                 self._layers_acked = True  # every spooled frame carries the layer table
                 self._probe_failures = 0
+                self._negotiation.accepted()
                 continue
             with self._lock:
                 c.failed_requests += 1
+            if (result.outcome is Outcome.REJECTED
+                    and self._negotiation.refused(body, result) is not None):
+                continue  # the same frame again, one version lower (``prepare``)
             if result.outcome is Outcome.REJECTED:
                 with self._lock:
                     self._spool.ack()
@@ -457,7 +469,7 @@ class Transport:
         c = self._c
         records = self._wire(batch)
         include_layers = not self._layers_acked
-        body = self._encode(records, include_layers, final)
+        body = self._negotiation.prepare(self._encode(records, include_layers, final))
         started = time.monotonic()
         tries = 0
         while True:
@@ -470,10 +482,15 @@ class Transport:
                 with self._lock:
                     c.acknowledged += len(records)
                 self._layers_acked = self._layers_acked or include_layers
+                self._negotiation.accepted()
                 return
             with self._lock:
                 c.failed_requests += 1
             if result.outcome is Outcome.REJECTED:
+                lower = self._negotiation.refused(body, result)
+                if lower is not None:  # an older server: at once, one version lower
+                    body = lower
+                    continue
                 with self._lock:
                     c.dropped_sender += len(records)
                 self._log_rejection(len(records), result)

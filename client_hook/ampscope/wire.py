@@ -1,4 +1,4 @@
-"""Wire format v5 (docs/contracts.md "Wire v2" to "Wire v5"): the ingest payload and its JSON codec.
+"""Wire format v6 (docs/contracts.md "Wire v2" to "Wire v6"): the ingest payload and its JSON codec.
 
 This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
 can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
@@ -47,7 +47,9 @@ __all__ = [
     "unpack_stats",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+"""v6 (issue #30): ``run.target_format_reason`` and ``recheck.origin``; an older server gets
+batches one version lower (``ampscope.negotiate``)."""
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
 _SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
@@ -180,7 +182,7 @@ def step_record(
     passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
     ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
     ``histogram`` ``{"min_exp", "max_exp", "counts"}``; v3: ``recheck`` ``{"status", "loss"
-    (encoded), "layers", "detail", "origin"}`` (``origin``, optional in v5: ``{"module",
+    (encoded), "layers", "detail", "origin"}`` (``origin``, optional, v6: ``{"module",
     "input_finite", "format"}``, the first module in forward order whose output was
     non-finite in a re-run, or None), ``swallowed`` a fraction or None per layer; v4:
     ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,

@@ -1,4 +1,4 @@
-"""The wire, client → server: docs/contracts.md "Wire v1" … "v4", as strict pydantic models.
+"""The wire, client → server: docs/contracts.md "Wire v1" … "v6", as strict pydantic models.
 
 Strict means no string → number coercion and unknown fields refused, so that a client drifting
 from the contract fails loudly in the contract tests. Each version is the previous one plus
@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from ampscope_server import codec
 
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -51,18 +51,19 @@ V4_RUN_FIELDS = ("world_size",)
 V4_RECORD_FIELDS = ("ranks", "optimizers")
 PACKED_SINCE = 5
 """v5: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
-V5_RUN_FIELDS = ("target_format_reason",)
-ORIGIN_SINCE = 5
-"""`records[].recheck.origin` (a field inside a v3 object) is v5's."""
-"""Optional (issue #30): v5 clients before it do not send it."""
+V6_RUN_FIELDS = ("target_format_reason",)
+ORIGIN_SINCE = 6
+"""`records[].recheck.origin` (a field inside a v3 object) is v6's."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
     3: ((), (), V3_RECORD_FIELDS),
     4: ((), V4_RUN_FIELDS, V4_RECORD_FIELDS),
-    5: ((), V5_RUN_FIELDS, ()),
+    6: ((), V6_RUN_FIELDS, ()),
 }
 """Per version: the (batch, run, record) fields it added; a batch of an earlier version may not
-carry them."""
+carry them. v6 (issue #30) holds two optional fields first shipped inside v5: a server built
+before them refuses them as unknown fields in a v5 batch, so they are a version of their own,
+which such a server refuses by its `schema_version` alone (the hook then sends v5 without them)."""
 MAX_WORLD_SIZE = 65536
 MAX_OPTIMIZERS = 64
 MAX_PARAM_GROUPS = 1024
@@ -219,6 +220,7 @@ class RunInfo(WireModel):
                           BeforeValidator(_one_when_null)] = 1
     """The processes of the distributed job (torch.distributed's world size); absent or null:
     1. Kept from the run's first batch, like every run field."""
+    # v6
     target_format_reason: Text200 | None = None
     """Why the hook judges against `target_format` (given, or inferred from the parameters'
     dtype and the loss scaling, issue #30); absent or null from clients before it."""
@@ -352,7 +354,7 @@ class Recheck(WireModel):
     layers: list[NonfiniteLayer] = Field(default_factory=list)
     detail: Text1000 | None = None
     origin: ForwardOrigin | None = None
-    """v5, optional: where the forward overflow began (null: every output fit, or not read)."""
+    """v6, optional: where the forward overflow began (null: every output fit, or not read)."""
 
 
 # --- v4 additions ------------------------------------------------------------------------------
@@ -430,7 +432,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2, 3, 4, 5]
+    schema_version: Literal[1, 2, 3, 4, 5, 6]
     run: RunInfo
     attempt: AttemptInfo
     layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None

@@ -32,7 +32,8 @@ class TestHttpSender:
     def test_other_4xx_is_rejected_with_the_servers_reason(self) -> None:
         with StubServer([Reply(422, body=b'{"detail": "bad record"}')]) as server:
             result = HttpSender(server.url).send(b"{}", 5.0)
-        assert result == SendResult(Outcome.REJECTED, 422, detail='{"detail": "bad record"}')
+        assert result == SendResult(Outcome.REJECTED, 422, detail='{"detail": "bad record"}',
+                                    body=b'{"detail": "bad record"}')
 
     def test_a_server_that_closes_gets_a_fresh_connection(self) -> None:
         with StubServer() as server:  # HTTP/1.0: the server closes after every answer

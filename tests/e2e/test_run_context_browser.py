@@ -40,8 +40,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
             run_id = new_id()
             payload = batch([record(s) for s in range(20)], run_id=run_id, name=f"run-{i}",
                             config=config, final=True)
-            if i == 0:  # why the hook judged this format (wire v5, #30)
-                payload["schema_version"] = 5
+            if i == 0:  # why the hook judged this format (wire v6, #30)
+                payload["schema_version"] = 6
                 payload["run"]["target_format_reason"] = REASON
             response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=60)
             assert response.status_code == 200, response.text

@@ -40,7 +40,7 @@ def test_0023_adds_the_origin_and_takes_it_back(db_url: str) -> None:
     before = dict(batch_v2([_skipped(old)], run_id=new_id()), schema_version=3)
     ingest_into(db_url, before)
     after = dict(batch_v2([_skipped({**old, "origin": ORIGIN})], run_id=new_id()),
-                 schema_version=5)
+                 schema_version=6)
     ingest_into(db_url, after)
     origins = _origins(db_url)
     assert [None if o is None else db_json(o) for o in origins] == [None, ORIGIN]

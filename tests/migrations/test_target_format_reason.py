@@ -27,7 +27,7 @@ def test_0022_adds_the_reason_and_takes_it_back(db_url: str) -> None:
     after = new_id()
     payload = batch([record(0)], run_id=after, name="after", target_format="bf16",
                     target_format_reason="32 of 32 parameter tensors are BF16")
-    ingest_into(db_url, dict(payload, schema_version=5))
+    ingest_into(db_url, dict(payload, schema_version=6))
     reasons = "SELECT id, target_format_reason FROM runs ORDER BY id"
     assert query(db_url, reasons) == sorted(
         [(before, None), (after, "32 of 32 parameter tensors are BF16")])

@@ -30,7 +30,7 @@ ORIGIN: dict[str, Any] = {"module": "encoder.layers.0.linear1", "input_finite": 
 
 
 def _read(recheck: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A v3 re-check as read back: the v5 `origin` null (not sent)."""
+    """A v3 re-check as read back: the v6 `origin` null (not sent)."""
     return None if recheck is None else {**recheck, "origin": None}
 
 
@@ -74,7 +74,7 @@ class TestRoundTrip:
         assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
                 for got in export["steps"]] == [
             {**sent, "ranks": None, "optimizers": None, "recheck": _read(sent["recheck"])}
-            for sent in records]  # v4 and v5 (the re-check's origin): not sent
+            for sent in records]  # v4 and v6 (the re-check's origin): not sent
 
     def test_v2_batches_read_back_with_v3_fields_null(self, api: TestClient) -> None:
         run_id = new_id()
@@ -107,12 +107,12 @@ class TestRoundTrip:
 
 
 class TestOrigin:
-    """Where a forward overflow began (wire v5 `recheck.origin`, #30)."""
+    """Where a forward overflow began (wire v6 `recheck.origin`, #30)."""
 
     def test_stored_and_read_back_on_the_export_and_the_events(self, api: TestClient) -> None:
         run_id = new_id()
         payload = _batch(_records(), run_id=run_id)
-        payload["schema_version"] = 5
+        payload["schema_version"] = 6
         payload["records"][4]["recheck"] = {**INF_LOSS, "origin": ORIGIN}
         post_batch(api, payload)
         export = _get(api, f"/api/runs/{run_id}/export")
@@ -124,13 +124,14 @@ class TestOrigin:
 
     @pytest.mark.parametrize(("origin", "version", "message"), [
         (ORIGIN, 4, "records[4].recheck.origin: unknown field in schema_version 4"),
-        ({**ORIGIN, "format": "fp8"}, 5,
+        (ORIGIN, 5, "records[4].recheck.origin: unknown field in schema_version 5"),
+        ({**ORIGIN, "format": "fp8"}, 6,
          "records[4].recheck.origin.format: Input should be 'fp16', 'bf16' or 'fp32'"),
-        ({**ORIGIN, "module": "m" * 501}, 5,
+        ({**ORIGIN, "module": "m" * 501}, 6,
          "records[4].recheck.origin.module: String should have at most 500 characters"),
-        ({**ORIGIN, "input_finite": 1}, 5,
+        ({**ORIGIN, "input_finite": 1}, 6,
          "records[4].recheck.origin.input_finite: Input should be a valid boolean"),
-        ({"module": "0", "format": "fp16"}, 5,
+        ({"module": "0", "format": "fp16"}, 6,
          "records[4].recheck.origin.input_finite: field required"),
     ])
     def test_refused_with_422(self, api: TestClient, origin: dict[str, Any], version: int,
@@ -142,7 +143,7 @@ class TestOrigin:
 
     def test_a_failed_recheck_carries_no_origin(self, api: TestClient) -> None:
         payload = _batch(_records(), run_id=new_id())
-        payload["schema_version"] = 5
+        payload["schema_version"] = 6
         payload["records"][3]["recheck"] = {**FAILED, "origin": ORIGIN}
         assert post_batch(api, payload, status=422)["detail"] == (
             "records[3].recheck: a failed re-check carries no loss, no layers and no origin")

@@ -188,7 +188,9 @@ class TestValidation:
         (_v3_with("world_size", 2), 3, "run.world_size: unknown field in schema_version 3"),
         (lambda p: p["run"].update(target_format_reason="given"), 4,
          "run.target_format_reason: unknown field in schema_version 4"),
-        (lambda p: p["run"].update(target_format_reason="x" * 201), 5,
+        (lambda p: p["run"].update(target_format_reason="given"), 5,
+         "run.target_format_reason: unknown field in schema_version 5"),
+        (lambda p: p["run"].update(target_format_reason="x" * 201), 6,
          "run.target_format_reason: String should have at most 200 characters"),
         (lambda p: None, 2,
          "run.world_size: unknown field in schema_version 2; records[0].recheck: unknown field "

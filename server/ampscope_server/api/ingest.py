@@ -1,4 +1,4 @@
-"""POST /api/ingest: one wire batch (docs/contracts.md, "Wire v1" … "v3").
+"""POST /api/ingest: one wire batch (docs/contracts.md, "Wire v1" … "v6").
 
 The body is read on the event loop (capped by `limits.BodyLimit`), then parsed, validated and
 stored in the threadpool: an 8 MiB batch never holds up other requests (/api/health). The body

@@ -1,0 +1,152 @@
+"""Negotiating the wire version down with an older server (issue #30): never a step lost to it.
+
+A server accepts the wire versions it was built with and answers any other ``schema_version``
+with a 422 whose detail names that location first (``schema_version: Input should be 1, 2, 3, 4
+or 5; …``). Dropping such a batch as rejected would lose its steps, so the sender thread
+(``Transport``, ``ampscope sync``) re-encodes the same batch at the next lower version it speaks
+and sends it again; the version the server accepts is kept for the rest of the run, so the
+downgrade happens once, not once per batch. What a lower version cannot carry is dropped field
+by field and said once, at WARNING, when the server first takes a downgraded batch:
+
+* v6 → v5: ``run.target_format_reason`` and ``records[].recheck.origin`` are not sent;
+* v5 → v4: the statistics travel as JSON arrays instead of packed ``{"f64le": …}`` blocks (the
+  same values, bit for bit: nothing is lost).
+
+v4 is the floor: v3 would lose the ranks and the per-optimizer steps. A 422 for any other reason
+is a rejection as before.
+
+Bodies, not records. The spool keeps each batch as the exact bytes of a request (a frame stands
+alone on disk, for a replay or for ``ampscope sync`` to whatever server it reaches later), so a
+downgrade rewrites the JSON envelope of a body already encoded (``rewrite``) instead of encoding
+records again: one path for a fresh batch, a spooled one and a synced one. It costs a parse and a
+dump of each body on the sender thread, only after a downgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from ampscope import wire
+from ampscope.senders import SendResult
+
+__all__ = ["LOWEST_VERSION", "Negotiation", "lower_version", "refuses_version", "rewrite"]
+
+logger = logging.getLogger("ampscope")
+
+LOWEST_VERSION = 4
+"""The lowest version the hook falls back to (v3 has no ranks and no per-optimizer steps)."""
+
+_DROPPED = {
+    6: "target_format_reason and recheck origins are not sent",
+    5: "statistics travel as JSON arrays",
+}
+"""Per version: what re-encoding below it leaves out (for the warning)."""
+
+
+def refuses_version(result: SendResult) -> bool:
+    """A 422 whose detail names the location ``schema_version``: the server does not accept the
+    batch's version (any other 422 is about the batch itself).
+
+    The server's body is ``{"detail": "<location>: <message>; …"}`` (``handlers.format_errors``),
+    the fields in model order, ``schema_version`` first; FastAPI's default body, a list of errors
+    with a ``loc``, is read too."""
+    if result.status != 422:
+        return False
+    try:
+        detail = json.loads(result.body).get("detail")
+    except (ValueError, AttributeError):
+        return False
+    if isinstance(detail, str):
+        return any(part.startswith("schema_version:") for part in detail.split("; "))
+    if isinstance(detail, list):
+        return any(isinstance(error, dict)
+                   and error.get("loc") in (["body", "schema_version"], ["schema_version"])
+                   for error in detail)
+    return False
+
+
+def lower_version(version: int) -> int | None:
+    """The next version below ``version`` that the hook speaks, None below ``LOWEST_VERSION``."""
+    lower = min(version, wire.SCHEMA_VERSION + 1) - 1
+    return lower if lower >= LOWEST_VERSION else None
+
+
+def _version(payload: Any) -> int | None:
+    version = payload.get("schema_version") if isinstance(payload, dict) else None
+    return version if type(version) is int else None
+
+
+def rewrite(body: bytes, version: int) -> bytes | None:
+    """``body`` (one ingest batch) at ``version``: the fields of later versions dropped, and
+    below v5 the packed blocks unpacked (``wire.unpack_payload``). ``body`` itself when it is
+    at ``version`` or below; None when it is not a batch that can be rewritten."""
+    try:
+        payload = json.loads(body)
+        current = _version(payload)
+        if current is None:
+            return None
+        if current <= version:
+            return body
+        payload["schema_version"] = version
+        if version < 6:
+            run = payload.get("run")
+            if isinstance(run, dict):
+                run.pop("target_format_reason", None)
+            for record in payload.get("records") or ():
+                recheck = record.get("recheck")
+                if isinstance(recheck, dict):
+                    recheck.pop("origin", None)
+        if version < 5:
+            wire.unpack_payload(payload)
+            return json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        return wire.dumps(payload)
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+class Negotiation:
+    """The version the server accepts, learnt from its refusals; one per sender thread.
+
+    ``prepare`` puts each body at that version before it is sent; ``refused`` turns a refusal of
+    a body's version into the same body one version lower (None: not such a refusal, or no
+    version left); ``accepted`` says once what the accepted version leaves out.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        """None until a refusal: bodies go as encoded."""
+        self._top: int | None = None
+        self._announced: int | None = None
+
+    def prepare(self, body: bytes) -> bytes:
+        if self.version is None:
+            return body
+        rewritten = rewrite(body, self.version)
+        return body if rewritten is None else rewritten
+
+    def refused(self, body: bytes, result: SendResult) -> bytes | None:
+        if not refuses_version(result):
+            return None
+        try:
+            current = _version(json.loads(body))
+        except ValueError:
+            return None
+        lower = None if current is None else lower_version(current)
+        rewritten = None if lower is None else rewrite(body, lower)
+        if lower is None or rewritten is None:
+            return None
+        if self._top is None:
+            self._top = current
+        self.version = lower
+        return rewritten
+
+    def accepted(self) -> None:
+        version, top = self.version, self._top
+        if version is None or top is None or self._announced == version:
+            return
+        self._announced = version
+        dropped = [_DROPPED[v] for v in range(top, version, -1) if v in _DROPPED]
+        logger.warning("ampscope server accepts wire v%d, not v%d%s", version, top,
+                       f": {'; '.join(dropped)}" if dropped else "; nothing is left out")
