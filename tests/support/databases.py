@@ -6,6 +6,12 @@ test process migrates one template per dialect, once, and every migrated databas
 a file copy for SQLite, `CREATE DATABASE ... TEMPLATE` for Postgres (polar migrates once per
 session too). The migration tests themselves still run every revision, on empty databases.
 
+A Postgres copy costs ~220 ms (the catalogs are copied through the WAL, with fsync), more than
+most of the tests that use one, so a returned copy is emptied and kept for the next test of the
+process instead of dropped: its connections ended, every row deleted, its sequences restarted,
+which is the template's state again (3-6 ms). A copy whose schema or settings a test changed is
+dropped, as before (`_Templates.recycle`).
+
 Postgres is required, never optional: when it does not answer on 127.0.0.1:5432 the tests that
 need it fail with a message saying how to start it (CI's `.ci/run` starts it first).
 """
@@ -49,12 +55,11 @@ def _admin() -> psycopg.Connection[tuple[object, ...]]:
 
 
 @contextmanager
-def postgres_database(template: str | None = None) -> Iterator[str]:
-    """Create a database (empty, or a copy of `template`), yield its SQLAlchemy URL, drop it."""
+def postgres_database() -> Iterator[str]:
+    """Create an empty database, yield its SQLAlchemy URL, drop it."""
     name = f"{DB_PREFIX}{uuid.uuid4().hex[:12]}"
     with _admin() as admin:
-        copy = "" if template is None else f' TEMPLATE "{template}"'
-        admin.execute(f'CREATE DATABASE "{name}"{copy}')
+        admin.execute(f'CREATE DATABASE "{name}"')
     try:
         yield postgres_url(name)
     finally:
@@ -62,13 +67,43 @@ def postgres_database(template: str | None = None) -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+_SHAPE = """
+SELECT md5(coalesce(string_agg(item, ',' ORDER BY item), '')) FROM (
+  SELECT concat_ws(':', c.relname, c.relkind, a.attname, a.atttypid, a.attnotnull) AS item
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+   WHERE n.nspname = 'public'
+  UNION ALL
+  SELECT concat_ws(':', conname, pg_get_constraintdef(oid)) FROM pg_constraint
+   WHERE connamespace = 'public'::regnamespace
+  UNION ALL
+  SELECT concat_ws(':', 'db', datallowconn, datconnlimit) FROM pg_database
+   WHERE datname = current_database()
+  UNION ALL
+  SELECT concat_ws(':', 'setting', array_to_string(setconfig, ',')) FROM pg_db_role_setting s
+    JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database()
+) shape
+"""
+"""One digest of a database's tables, columns, indexes, constraints, sequences and database-level
+settings: a copy is recycled only while it equals the template's."""
+
+
+def _connect(name: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(f"host={PG_HOST} port={PG_PORT} user=postgres dbname={name} "
+                           "connect_timeout=5", autocommit=True)
+
+
 class _Templates:
-    """This process's migrated templates, made on first use and dropped by `drop()`."""
+    """This process's migrated templates, made on first use, and the emptied Postgres copies
+    kept for reuse; all dropped by `drop()`."""
 
     def __init__(self) -> None:
         self._folder: Path | None = None
         self._sqlite: Path | None = None
         self._postgres: str | None = None
+        self._shape: object = None
+        self._tables: list[str] = []
+        self._spare: list[str] = []
 
     def sqlite(self) -> Path:
         if self._sqlite is None:
@@ -91,16 +126,56 @@ class _Templates:
             with _admin() as admin:
                 admin.execute(f'CREATE DATABASE "{name}"')
             # A template must have no connection open while it is copied: `upgrade` disposes of
-            # its engine before returning.
+            # its engine before returning, and the connection below closes before any copy.
             db.upgrade(postgres_url(name))
+            with _connect(name) as connection:
+                self._shape = connection.execute(_SHAPE).fetchone()
+                self._tables = [str(row[0]) for row in connection.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                    "AND tablename <> 'alembic_version' ORDER BY tablename")]
             self._postgres = name
         return self._postgres
+
+    def postgres_copy(self) -> str:
+        """The name of a database in the template's state: a kept copy, or a new one."""
+        if self._spare:
+            return self._spare.pop()
+        name = f"{DB_PREFIX}{uuid.uuid4().hex[:12]}"
+        with _admin() as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.postgres()}"')
+        return name
+
+    def recycle(self, name: str) -> None:
+        """Give a copy back: emptied and kept when its shape is still the template's (every
+        row deleted, the sequences restarted: the template has rows only in
+        `alembic_version`), else dropped."""
+        with _admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            try:
+                with _connect(name) as connection:
+                    if connection.execute(_SHAPE).fetchone() == self._shape:
+                        with connection.transaction():
+                            # Foreign keys unchecked: every table is emptied in this transaction.
+                            connection.execute("SET LOCAL session_replication_role = replica")
+                            for table in self._tables:
+                                connection.execute(f'DELETE FROM "{table}"')
+                            connection.execute(
+                                "SELECT setval(format('%I.%I', schemaname, sequencename), "
+                                "start_value, false) FROM pg_sequences "
+                                "WHERE schemaname = 'public'")
+                        self._spare.append(name)
+                        return
+            except psycopg.OperationalError:
+                pass  # it refuses connections (a test's doing): dropped below
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def drop(self) -> None:
         if self._postgres is not None:
             with _admin() as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{self._postgres}" WITH (FORCE)')
-            self._postgres = None
+                for name in [*self._spare, self._postgres]:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._postgres, self._spare = None, []
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = self._sqlite = None
@@ -118,12 +193,15 @@ def migrated_sqlite(directory: Path) -> str:
 
 @contextmanager
 def migrated_database(dialect: Dialect, directory: Path) -> Iterator[str]:
-    """A database of `dialect` at the Alembic head, dropped (Postgres) after the block."""
+    """A database of `dialect` at the Alembic head, given back (Postgres) after the block."""
     if dialect == "sqlite":
         yield migrated_sqlite(directory)
     else:
-        with postgres_database(template=TEMPLATES.postgres()) as url:
-            yield url
+        name = TEMPLATES.postgres_copy()
+        try:
+            yield postgres_url(name)
+        finally:
+            TEMPLATES.recycle(name)
 
 
 @contextmanager
