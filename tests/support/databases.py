@@ -136,9 +136,10 @@ class _Templates:
             self._postgres = name
         return self._postgres
 
-    def postgres_copy(self) -> str:
-        """The name of a database in the template's state: a kept copy, or a new one."""
-        if self._spare:
+    def postgres_copy(self, fresh: bool = False) -> str:
+        """The name of a database in the template's state: a kept copy, or (none kept, or
+        `fresh`) a new one."""
+        if self._spare and not fresh:
             return self._spare.pop()
         name = f"{DB_PREFIX}{uuid.uuid4().hex[:12]}"
         with _admin() as admin:
@@ -192,12 +193,16 @@ def migrated_sqlite(directory: Path) -> str:
 
 
 @contextmanager
-def migrated_database(dialect: Dialect, directory: Path) -> Iterator[str]:
-    """A database of `dialect` at the Alembic head, given back (Postgres) after the block."""
+def migrated_database(dialect: Dialect, directory: Path, fresh: bool = False) -> Iterator[str]:
+    """A database of `dialect` at the Alembic head, given back (Postgres) after the block.
+
+    `fresh`: a Postgres copy no test has used. A kept copy has no rows, but the planner's
+    statistics and the dead rows of its last use are still there: a test of a query's plan
+    needs a fresh one."""
     if dialect == "sqlite":
         yield migrated_sqlite(directory)
     else:
-        name = TEMPLATES.postgres_copy()
+        name = TEMPLATES.postgres_copy(fresh)
         try:
             yield postgres_url(name)
         finally:
