@@ -155,7 +155,8 @@ def finish(
     n = len(taken.scaled)
     if taken.kind is Kind.NORMS:
         raw = list(values[:n])
-        if taken.checked and any(
+        # ``in`` first: a C scan of the list, where the generator is a Python step per layer.
+        if taken.checked and math.inf in raw and any(
                 x == math.inf and not inf_element for x, inf_element in zip(
                     raw, values[n : 2 * n], strict=True)):
             # A float32 sum of squares overflowed where no element was inf: those layers'

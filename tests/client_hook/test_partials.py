@@ -7,6 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from ampscope import partials
 from ampscope.formats import FORMATS
 from ampscope.partials import (
     COLUMNS,
@@ -165,6 +166,31 @@ class TestFinalize:
         assert out[3:].tolist() == [0.0, 0.0, 0.0, 2.0, 0.0, 0.0]
 
 
+@pytest.fixture(params=["numpy", "math.sqrt"])
+def sqrt_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The host square root with numpy (where torch has it) and without (the hook's fallback)."""
+    if request.param == "math.sqrt":
+        monkeypatch.setattr(partials, "_np", None)
+    else:
+        assert partials._np is not None
+    path: str = request.param
+    return path
+
+
+@pytest.mark.usefixtures("sqrt_path")
+def test_the_host_square_root_is_correctly_rounded() -> None:
+    """``_sqrt_`` equals ``math.sqrt`` bit for bit over every exponent (subnormals, zeros of
+    both signs, inf, NaN), where ATen's CPU float64 ``sqrt`` is 1 ulp off now and then."""
+    gen = torch.Generator().manual_seed(5)
+    mantissas = torch.rand(100_000, generator=gen, dtype=torch.float64) + 1.0
+    exponents = torch.randint(-1074, 1024, (100_000,), generator=gen)
+    values = [*torch.ldexp(mantissas, exponents.to(torch.float64)).tolist(),
+              0.0, -0.0, 5e-324, 2.0**-1022, 1.7976931348623157e308, math.inf, math.nan]
+    row = torch.tensor(values, dtype=torch.float64)
+    partials._sqrt_(row)
+    assert [repr(x) for x in row.tolist()] == [repr(math.sqrt(x)) for x in values]
+
+
 class TestFinalizeHost:
     ROWS = (
         (1, 0, 0, 2, 3, 16.0, 4.0, 0.5),  # 4 elements, scaled
@@ -200,6 +226,7 @@ class TestFinalizeHost:
             assert repr(got.stats.tolist()) == repr([want[1 + k * n : 1 + (k + 1) * n]
                                                      for k in range(NUM_COLUMNS)])
 
+    @pytest.mark.usefixtures("sqrt_path")
     @pytest.mark.parametrize("factor", [1.0, 1 / 3, 2.0**-24, math.inf])
     def test_a_wide_table_is_the_layer_by_layer_definition(self, factor: float) -> None:
         """500 layers of every kind above, columns computed with ``map`` (no frame per
