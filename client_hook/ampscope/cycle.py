@@ -66,6 +66,7 @@ from ampscope.record import (
 )
 from ampscope.reductions import GradStats
 from ampscope.selection import Cadence
+from ampscope.shadow import Shadow, run_shadow, snapshot
 from ampscope.shards import Layout, pack
 from ampscope.swallowed import SwallowProbe
 
@@ -382,6 +383,10 @@ class StepCycle:
         self.clip: ClipHeuristic | None = ClipHeuristic()
         self.recheck_fn: RecheckFn | None = None
         self.recheck_low: torch.dtype | None = None  # the training's format: the origin's re-run
+        # The sampled FP32 shadow step (``shadow.py``): every ``shadow_every``-th applied step
+        # (0: off); ``taken_steps`` counts the applied steps while it is on.
+        self.shadow_every = 0
+        self.taken_steps = 0
         self.swallow: SwallowProbe | None = None
         self.model: torch.nn.Module | None = None
         self.step = 0  # updates so far: the record's step
@@ -407,6 +412,9 @@ class StepCycle:
         self.recheck: torch.Tensor | str | None = None  # the result block, or the error
         self.recheck_names: tuple[str, ...] = ()  # the hooked calls the block's origin indexes
         self.swallowed: torch.Tensor | None = None
+        self.counted = False  # this cycle's step was counted as applied (``taken``)
+        self.shadow_amp: list[torch.Tensor | None] | None = None  # the capture's copy, if due
+        self.shadow: Shadow | None = None  # the shadow step's block and absent layers, or error
         # This cycle's cross-rank reductions: issued (or an empty share, ``contribute_nothing``)
         # at most once, and what they will reduce into.
         self.contributed = False
@@ -483,6 +491,8 @@ class StepCycle:
                     if self.sharded:  # each rank reads its own shard; the reductions merge
                         grads = list(map(local, grads))
                 scaled, scale = self._view.capture_state(optimizer, optimizers, params)
+                if self.shadow_every and (self.taken_steps + 1) % self.shadow_every == 0:
+                    self._snapshot(optimizer, optimizers, grads, scaled, scale)
                 seen, self.after_backward = self.after_backward, None
                 if seen is not None and (scaled if isinstance(scaled, bool) else all(scaled)):
                     written = 0  # gradients written (in place, or replaced) since backward
@@ -536,6 +546,37 @@ class StepCycle:
             self.on_error("capture", exc)
         if self.group is not None and not self.contributed:
             self.contribute_nothing()  # the capture did not get as far as its share
+
+    def _snapshot(
+        self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
+        grads: Sequence[torch.Tensor | None], scaled: bool | list[bool],
+        scale: torch.Tensor | float,
+    ) -> None:
+        """A capture whose step is the shadow step if applied: the gradients in true units
+        (``shadow.snapshot``), unless no closure is registered or the optimizer applies
+        ``found_inf`` itself (its skip is not known on the host: no shadow step)."""
+        if self.recheck_fn is None or self.model is None or (
+                self._view.on and getattr(optimizer, "_step_supports_amp_scaling", False)):
+            return
+        self.shadow_amp = snapshot(grads, self.params, scaled, scale, optimizers, self._view.on)
+
+    def taken(self) -> None:
+        """The cycle's step is being applied and no weight has changed yet (``step.py``: torch
+        calls the optimizer inside ``scaler.step`` only when found_inf was 0; without a scaler,
+        before the first optimizer steps): counted once per cycle, and on every
+        ``shadow_every``-th the FP32 shadow step runs here (``shadow.py``). Never raises."""
+        if self.counted or self.skipped or self.state is not HookState.ACTIVE:
+            return
+        self.counted = True
+        self.taken_steps += 1
+        amp, self.shadow_amp = self.shadow_amp, None
+        fn, model = self.recheck_fn, self.model
+        if amp is None or fn is None or model is None or self.taken_steps % self.shadow_every:
+            return
+        try:
+            self.shadow = run_shadow(fn, model, self.params, amp)
+        except Exception as exc:
+            self.on_error("shadow", exc)
 
     def contribute_nothing(self) -> None:
         """Issue this cycle's reductions with an empty share unless it issued its own: a rank
@@ -680,6 +721,10 @@ class StepCycle:
         recheck_block = self.recheck if isinstance(self.recheck, torch.Tensor) else None
         if recheck_block is not None:
             parts.append(recheck_block)
+        shadow = self.shadow
+        shadow_block = shadow[0] if isinstance(shadow, tuple) else None
+        if shadow_block is not None:
+            parts.append(shadow_block)
         several = len(optimizers) > 1
         for opt in optimizers:
             several = several or len(opt.param_groups) > 1
@@ -716,6 +761,7 @@ class StepCycle:
                 modules=0 if self._acts is None or self.probe is None else len(self.probe.table),
                 swallowed=self.swallowed is not None,
                 recheck=recheck_block is not None,
+                shadow=shadow_block is not None,
                 optimizer_values=len(opt_values),
             ),
             found_inf_from_scale=from_scale,
@@ -726,6 +772,8 @@ class StepCycle:
             clip=clip,
             recheck_error=self.recheck if isinstance(self.recheck, str) else None,
             recheck_names=self.recheck_names,
+            shadow_error=shadow if isinstance(shadow, str) else None,
+            shadow_absent=shadow[1] if isinstance(shadow, tuple) else frozenset(),
             numels=self._numel_t,
             found_inf_from_grads=not view.present,
             skipped_host=view.host_skip() if view.skips_on_host else None,

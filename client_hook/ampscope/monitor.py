@@ -54,10 +54,12 @@ parameter groups' lrs.
 AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
 
 Optional, wire v3: ``recheck(fn)`` re-runs an overflow step's batch in FP32 inside ``update()``
-(``recheck.py``; how the overflow is known without a sync: ``Monitor.recheck``), and for models
+(``recheck.py``; how the overflow is known without a sync: ``Monitor.recheck``); with
+``shadow_every=N`` (wire v6) the same closure runs every N-th applied step in FP32 before the
+optimizer moves a weight, compared per layer with the AMP gradients (``shadow.py``); and for models
 with FP16/BF16 parameters ``scaler.step`` is bracketed on layer-stat steps to count swallowed
-updates (``swallowed.py``); both add their device blocks to the step's one host copy, and a
-model without low-precision parameters that registers no closure pays for neither.
+updates (``swallowed.py``); each adds its device block to the step's one host copy, and a
+model without low-precision parameters that registers no closure pays for none of them.
 
 Syncs: none added on the training thread when ``scaler._scale`` and ``_per_optimizer_states`` exist
 (feature-checked). Without them the public fallback calls ``get_scale()`` (a sync) per step.
@@ -176,6 +178,7 @@ class Monitor:
         fused: bool | None = None,
         all_ranks: bool = False,
         dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
+        shadow_every: int = 0,
     ) -> None:
         topo = topology.resolve(model, scaler, enabled=enabled, all_ranks=all_ranks,
                                 dist_timeout_s=dist_timeout_s, include=include, exclude=exclude)
@@ -234,6 +237,7 @@ class Monitor:
                                 on_error=self._internal_error)
         self._cycle.model = model
         self._cycle.recheck_low = self.fmt.dtype
+        self._cycle.shadow_every = max(0, shadow_every)
         if (self._view.on and engine is None and topo.group is None and not topo.sharded
                 and topology.world_size() == 1):
             # Exact clip-before-unscale_ counting (misuse.py) in place of the heuristic; under
@@ -532,6 +536,7 @@ def watch(
     fused: bool | None = None,
     all_ranks: bool = False,
     dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
+    shadow_every: int = 0,
 ) -> Monitor:
     """Start monitoring ``model`` trained through ``scaler``; returns the ``Monitor``.
 
@@ -564,8 +569,10 @@ def watch(
     never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the
     ``include``/``exclude`` glob patterns; the exponent histogram every ``histogram_every`` steps
     (default 100, 0 = never); module ``grad_output`` stats every ``activation_every`` steps
-    (default 50, 0 = never; hooks exist only during the sampled step). ``enabled=False``
-    returns an inert monitor.
+    (default 50, 0 = never; hooks exist only during the sampled step); ``shadow_every`` (default
+    0 = never): while a re-check closure is registered (``Monitor.recheck``), every N-th applied
+    step is run once more in FP32 from the same weights and batch, each layer's gradient compared
+    with the AMP step's (``ampscope.shadow``). ``enabled=False`` returns an inert monitor.
     """
     return Monitor(
         model, scaler, optimizer, run=run, server=server, project=project, tags=tags,
@@ -574,4 +581,4 @@ def watch(
         histogram_every=histogram_every, enabled=enabled, close_timeout_s=close_timeout_s,
         sender=sender, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
         max_errors=max_errors, flush_interval=flush_interval, token=token, fused=fused,
-        all_ranks=all_ranks, dist_timeout_s=dist_timeout_s)
+        all_ranks=all_ranks, dist_timeout_s=dist_timeout_s, shadow_every=shadow_every)

@@ -8,7 +8,8 @@ and sends it again; the version the server accepts is kept for the rest of the r
 downgrade happens once, not once per batch. What a lower version cannot carry is dropped field
 by field and said once, at WARNING, when the server first takes a downgraded batch:
 
-* v6 → v5: ``run.target_format_reason`` and ``records[].recheck.origin`` are not sent;
+* v6 → v5: ``run.target_format_reason``, ``records[].recheck.origin`` and
+  ``records[].shadow`` (the FP32 shadow steps) are not sent;
 * v5 → v4: the statistics travel as JSON arrays instead of packed ``{"f64le": …}`` blocks (the
   same values, bit for bit: nothing is lost).
 
@@ -39,7 +40,7 @@ LOWEST_VERSION = 4
 """The lowest version the hook falls back to (v3 has no ranks and no per-optimizer steps)."""
 
 _DROPPED = {
-    6: "target_format_reason and recheck origins are not sent",
+    6: "target_format_reason, recheck origins and shadow steps are not sent",
     5: "statistics travel as JSON arrays",
 }
 """Per version: what re-encoding below it leaves out (for the warning)."""
@@ -95,6 +96,7 @@ def rewrite(body: bytes, version: int) -> bytes | None:
             if isinstance(run, dict):
                 run.pop("target_format_reason", None)
             for record in payload.get("records") or ():
+                record.pop("shadow", None)
                 recheck = record.get("recheck")
                 if isinstance(recheck, dict):
                     recheck.pop("origin", None)

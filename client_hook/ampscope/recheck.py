@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["INF_CODE", "NAN_CODE", "ORIGIN_FORMATS", "ORIGIN_SIZE", "RecheckFn", "run_recheck"]
+__all__ = ["INF_CODE", "NAN_CODE", "ORIGIN_FORMATS", "ORIGIN_SIZE", "RecheckFn", "failure",
+           "fp32_grads", "fp32_run", "run_recheck"]
 
 RecheckFn = Callable[[], Any]
 INF_CODE = 1.0
@@ -69,8 +70,30 @@ def run_recheck(
     names of the hooked calls the origin's index points into, or the error message when ``fn``
     or its backward raised. ``low``: the training's format (FP16 or BF16; another or None
     judges the outputs by their finiteness alone)."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     trace = _Trace(model, low)
+    try:
+        with fp32_run(model, params):
+            with trace.armed():
+                loss = fn()
+            block = _block(loss, params)
+            return torch.cat([block, trace.origin(block.device)]), tuple(trace.names)
+    except Exception as exc:
+        return failure(exc)
+
+
+def failure(exc: Exception) -> str:
+    """What a recorded failure of the closure says (at most ``DETAIL_MAX`` characters)."""
+    return f"{type(exc).__name__}: {exc}"[:DETAIL_MAX]
+
+
+@contextlib.contextmanager
+def fp32_run(model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> Iterator[None]:
+    """The user's closure as an FP32 re-run (the re-check's, and ``shadow.py``'s): autocast off
+    on the CPU and on the parameters' devices (also the one accelerate builds into the
+    model's ``forward``), gradients enabled, the RNG forked (the closure's draws do not shift
+    training's), and the model's buffers (BatchNorm statistics) put back on the way out,
+    whatever the closure did or raised."""
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with contextlib.ExitStack() as stack:
             cuda = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
@@ -80,12 +103,7 @@ def run_recheck(
                     stack.enter_context(torch.autocast(device_type, enabled=False))
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_forward_without_built_in_autocast(model))
-            with trace.armed():
-                loss = fn()
-            block = _block(loss, params)
-            return torch.cat([block, trace.origin(block.device)]), tuple(trace.names)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:DETAIL_MAX]
+            yield
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:
@@ -181,25 +199,36 @@ def _forward_without_built_in_autocast(model: torch.nn.Module) -> Iterator[None]
             module.forward = forward  # type: ignore[union-attr]
 
 
-def _block(loss: Any, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+def fp32_grads(loss: Any, params: Sequence[torch.nn.Parameter]
+               ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """The closure's loss as a detached 0-d tensor and each parameter's gradient of it, from
+    ``torch.autograd.grad`` (``.grad`` is not touched; None: no gradient reaches it, or it
+    does not require one). Raises TypeError unless ``loss`` is a scalar tensor."""
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         got = type(loss).__name__ if not isinstance(loss, torch.Tensor) else (
             f"a tensor of shape {tuple(loss.shape)}")
         raise TypeError(f"the recheck closure must return a scalar loss tensor, got {got}")
-    device = loss.device
-    f64 = torch.float64
-    codes = torch.zeros(len(params), dtype=f64, device=device)
+    grads: list[torch.Tensor | None] = [None] * len(params)
     wanted = [i for i, p in enumerate(params) if p.requires_grad]
     if loss.requires_grad and wanted:
-        grads = torch.autograd.grad(
+        found = torch.autograd.grad(
             loss.reshape(()), [params[i] for i in wanted], allow_unused=True)
-        for i, grad in zip(wanted, grads, strict=True):
-            if grad is None:
-                continue
-            code = torch.where(
-                torch.isnan(grad).any(), NAN_CODE, torch.where(torch.isinf(grad).any(), INF_CODE,
-                                                               0.0))
-            codes[i] = code.to(device=device, dtype=f64)
-    head = torch.stack([torch.ones((), dtype=f64, device=device),
-                        loss.detach().reshape(()).to(f64)])
+        for i, grad in zip(wanted, found, strict=True):
+            grads[i] = grad
+    return loss.detach().reshape(()), grads
+
+
+def _block(loss: Any, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    value, grads = fp32_grads(loss, params)
+    device = value.device
+    f64 = torch.float64
+    codes = torch.zeros(len(params), dtype=f64, device=device)
+    for i, grad in enumerate(grads):
+        if grad is None:
+            continue
+        code = torch.where(
+            torch.isnan(grad).any(), NAN_CODE, torch.where(torch.isinf(grad).any(), INF_CODE,
+                                                           0.0))
+        codes[i] = code.to(device=device, dtype=f64)
+    head = torch.stack([torch.ones((), dtype=f64, device=device), value.to(f64)])
     return torch.cat([head, codes])

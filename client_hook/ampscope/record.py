@@ -26,6 +26,7 @@ from ampscope.partials import NUM_COLUMNS, HostStats
 from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
+from ampscope.shadow import block_size
 from ampscope.shards import Unpacked, unpack
 
 F64 = torch.float64
@@ -67,7 +68,8 @@ class Sections:
     step takes the partials for its one read but sends only the histogram). ``modules``: M > 0
     when an (8, M) activation block follows. ``swallowed``: L swallowed-update fractions (NaN =
     not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L + ORIGIN_SIZE
-    values (``recheck.py``).
+    values (``recheck.py``). ``shadow``: the FP32 shadow step's block, 1 + 2·L values
+    (``shadow.py``).
     """
 
     num_layers: int
@@ -76,6 +78,7 @@ class Sections:
     modules: int = 0
     swallowed: bool = False
     recheck: bool = False
+    shadow: bool = False
     optimizer_values: int = 0  # the last section: 0-d values the ``OptimizerSlots`` point to
 
 
@@ -98,6 +101,8 @@ class StepRecord:
     clip: ClipHeuristic | None = None
     recheck_error: str | None = None  # the FP32 re-check ran and its closure raised this
     recheck_names: tuple[str, ...] = ()  # the re-check's hooked calls (its origin's index)
+    shadow_error: str | None = None  # the shadow step ran and its closure raised this
+    shadow_absent: frozenset[int] = frozenset()  # layers without a gradient on either side
     numels: torch.Tensor | None = None  # float64 (L,): the layers' sizes, for the fractions
     # No scaler (BF16, FP32): found_inf says whether a captured gradient held NaN or ±inf, read
     # from the capture here; nothing skips such a step (the optimizer applies it).
@@ -188,6 +193,9 @@ class StepRecord:
         size = 2 + n + ORIGIN_SIZE
         recheck = self._recheck(v[pos : pos + size] if sec.recheck else None)
         pos += size if sec.recheck else 0
+        size = block_size(n)
+        shadow = self._shadow(v[pos : pos + size] if sec.shadow else None)
+        pos += size if sec.shadow else 0
         optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
@@ -222,6 +230,7 @@ class StepRecord:
             activations=activations,
             histogram=histogram,
             recheck=recheck,
+            shadow=shadow,
             swallowed=swallowed,
             optimizers=optimizers,
             ranks=None if ranks is None else {
@@ -245,6 +254,23 @@ class StepRecord:
         return {"status": "persisted" if persisted else "vanished",
                 "loss": wire.encode_float(loss), "layers": layers, "detail": None,
                 "origin": self._origin(origin)}
+
+    def _shadow(self, block: list[float] | None) -> dict[str, Any] | None:
+        """The wire ``shadow`` of the FP32 shadow step's block (or its error); None if not run."""
+        if self.shadow_error is not None:
+            return {"status": "failed", "loss": None, "rel_err": None, "cosine": None,
+                    "detail": self.shadow_error}
+        if block is None:
+            return None
+        n = self.sections.num_layers
+        absent = self.shadow_absent
+        rel, cosine = block[1 : 1 + n], block[1 + n :]
+        return {"status": "ok", "loss": wire.encode_float(block[0]),
+                "rel_err": [None if i in absent else wire.encode_float(x)
+                            for i, x in enumerate(rel)],
+                "cosine": [None if i in absent else wire.encode_float(x)
+                           for i, x in enumerate(cosine)],
+                "detail": None}
 
     def _origin(self, values: list[float]) -> dict[str, Any] | None:
         """The wire ``recheck.origin``: the first module in forward order whose output was

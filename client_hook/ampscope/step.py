@@ -260,6 +260,9 @@ class ScalerSource:
         def _bypass(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             if self.in_step:
                 self.stepped = True
+                if cycle.shadow_every and not (
+                        view.on and getattr(opt, "_step_supports_amp_scaling", False)):
+                    cycle.taken()  # applied, not yet stepped: the shadow step's point
             elif cycle.state is ACTIVE and view.on:
                 cycle.misuse.pending.append(MisuseTracker.bypass(opt))
             return original(*args, **kwargs)
@@ -330,6 +333,8 @@ class OptimizerSource:
         cycle = self.cycle
         if not cycle.captured:
             cycle.capture(optimizer)
+        if cycle.shadow_every:
+            cycle.taken()  # nothing skips a step without a scaler
         if cycle.swallow is not None and cycle.has_block and cycle.state is ACTIVE:
             try:
                 self._snapshot = cycle.swallow.before_step(optimizer)

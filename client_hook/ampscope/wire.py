@@ -48,8 +48,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 6
-"""v6 (issue #30): ``run.target_format_reason`` and ``recheck.origin``; an older server gets
-batches one version lower (``ampscope.negotiate``)."""
+"""v6 (issue #30): ``run.target_format_reason``, ``recheck.origin`` and ``shadow``; an older
+server gets batches one version lower (``ampscope.negotiate``)."""
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
 _SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
@@ -173,6 +173,7 @@ def step_record(
     activations: Mapping[str, Sequence[float]] | None = None,
     histogram: Mapping[str, JSON] | None = None,
     recheck: Mapping[str, JSON] | None = None,
+    shadow: Mapping[str, JSON] | None = None,
     swallowed: Sequence[float | None] | None = None,
     ranks: Mapping[str, Sequence[JSON]] | None = None,
     optimizers: Sequence[Mapping[str, JSON]] | None = None,
@@ -186,7 +187,9 @@ def step_record(
     "input_finite", "format"}``, the first module in forward order whose output was
     non-finite in a re-run, or None), ``swallowed`` a fraction or None per layer; v4:
     ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,
-    ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``."""
+    ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``; v6:
+    ``shadow`` ``{"status", "loss", "rel_err", "cosine", "detail"}`` (the FP32 shadow step,
+    ``ampscope.shadow``), sent only when given: a step without one carries no key."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
@@ -212,7 +215,7 @@ def step_record(
         "swallowed": None if swallowed is None else list(swallowed),
         "ranks": None if ranks is None else {k: list(v) for k, v in ranks.items()},
         "optimizers": None if optimizers is None else [dict(o) for o in optimizers],
-    }
+    } | ({} if shadow is None else {"shadow": dict(shadow)})
 
 
 def _block(stats: Mapping[str, Any]) -> dict[str, JSON]:

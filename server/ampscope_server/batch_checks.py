@@ -72,6 +72,7 @@ def check_records(
         _check_activations(record, where, run_id, num_modules)
         _check_recheck(record, where, run_id, layer_numels)
         _check_swallowed(record, where, run_id, layer_numels)
+        _check_shadow(record, where, run_id, layer_numels)
 
 
 def _no_layer_table(where: str, what: str, run_id: str) -> LayerTableMissing:
@@ -173,6 +174,21 @@ def _check_recheck(
     if record.recheck is not None:
         _check_layer_entries(record.recheck.layers, f"{where}.recheck.layers",
                              "re-check layers", where, run_id, layer_numels)
+
+
+def _check_shadow(
+    record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
+) -> None:
+    shadow = record.shadow
+    if shadow is None or shadow.rel_err is None:
+        return
+    if layer_numels is None:
+        raise _no_layer_table(where, "a shadow step's layers", run_id)
+    if len(shadow.rel_err) != len(layer_numels):
+        raise InvalidPayload(
+            f"{where}.shadow.rel_err has {len(shadow.rel_err)} entries, but the run's layer "
+            f"table has {len(layer_numels)} layers"
+        )
 
 
 def _check_swallowed(

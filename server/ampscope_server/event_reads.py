@@ -77,7 +77,11 @@ def events_page(session: Session, run: Run, start: int | None, end: int | None,
     names = runs_repository.layer_names(session, run.id)
     rechecks = {recheck.step_id: runs.recheck_read(recheck)
                 for recheck in steps_repository.rechecks_of(session, skipped)}
-    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks),
+    applied = [row.step_id for row in steps if row.found_inf and not row.skipped]
+    shadows = {shadow.step_id: runs.shadow_read(shadow)
+               for shadow in steps_repository.shadows_of(session, applied)}
+    return EventsRead(events=events.build_events(steps, misuse, bad_layers, names, rechecks,
+                                                 shadows),
                       next_start=next_start)
 
 

@@ -19,6 +19,7 @@ from ampscope_server.schemas import (
     MisuseEventRead,
     NonfiniteEventRead,
     RecheckRead,
+    ShadowRead,
     SkippedEventRead,
 )
 
@@ -57,6 +58,7 @@ def build_events(
     bad_layers: Mapping[int, Sequence[tuple[int, str]]],
     layer_names: Sequence[str],
     rechecks: Mapping[int, RecheckRead] | None = None,
+    shadows: Mapping[int, ShadowRead] | None = None,
 ) -> list[AnyEventRead]:
     """Merge step events and misuse events, both given in (step, step id) order.
 
@@ -64,16 +66,19 @@ def build_events(
     step without an entry lists no layers (not measured, or none). A `found_inf` step that was
     not skipped (no scaler: the optimizer applied it) is a `nonfinite` event with the same
     details. `rechecks` maps a step id to
-    its FP32 re-check (wire v3), carried by the step's `skipped` event.
+    its FP32 re-check (wire v3), carried by the step's `skipped` event; `shadows` to its FP32
+    shadow step (wire v6: only ever an applied step), carried by its `nonfinite` event.
     """
     rechecks = rechecks or {}
+    shadows = shadows or {}
     keyed: list[tuple[tuple[int, int, int], AnyEventRead]] = []
     for row in steps:
         if row.found_inf and not row.skipped:
             keyed.append(((row.step, row.step_id, 0), NonfiniteEventRead(
                 step=row.step, kind="nonfinite", scale_before=row.scale_before,
                 scale_after=row.scale_after, loss_finite=loss_finite(row.loss),
-                layers=_layers(bad_layers.get(row.step_id, ()), layer_names))))
+                layers=_layers(bad_layers.get(row.step_id, ()), layer_names),
+                shadow=shadows.get(row.step_id))))
         for event in series_math.scale_events(
             [(row.step, row.skipped, row.scale_before, row.scale_after)]
         ):

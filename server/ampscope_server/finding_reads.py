@@ -16,8 +16,9 @@ then read every step):
 - the non-finite layers of at most NONFINITE_STEPS found_inf steps (evenly spread over them,
   first and last kept), the layer statistics just before at most NAN_CONTEXT_STEPS NaN steps
   (one index probe each), the first MISUSE_EVENTS misuse events (and each kind's exact count,
-  one grouped read) and RECHECKS re-checks (status and FP32 loss), and the swallowed fractions
-  of the last RECENT_LAYER_STEPS steps that carry them.
+  one grouped read) and RECHECKS re-checks (status and FP32 loss), the swallowed fractions
+  of the last RECENT_LAYER_STEPS steps that carry them, and the last SHADOW_STEPS FP32 shadow
+  steps that ran (loss and per-layer rel_err).
 
 Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
 cached per (database, run): a run is analysed again only once it changed and at most every
@@ -47,6 +48,7 @@ from ampscope_server import (
     ranks_repository,
     rollups_repository,
     runs_repository,
+    stat_packing,
     steps_repository,
 )
 from ampscope_server.errors import InvalidPayload, NotFound, RunNotFound
@@ -62,6 +64,7 @@ from ampscope_server.findings import (
     RankStep,
     RecheckStatus,
     RunData,
+    ShadowSample,
     StepPoint,
     SwallowedSample,
     analyze,
@@ -96,6 +99,7 @@ NONFINITE_STEPS = 1000
 NAN_CONTEXT_STEPS = 16
 MISUSE_EVENTS = 10_000
 RECHECKS = 1000
+SHADOW_STEPS = 64
 CACHE_RUNS = 512
 HISTOGRAM_STEPS = 50
 """The "what if x k" view offers the run's last 50 sampled steps (every 100 steps by default)."""
@@ -281,6 +285,11 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
                 session, run.id, RECENT_LAYER_STEPS)
             if frac is not None],
         rechecks=rechecks, recheck_losses=recheck_losses, forward_origins=origins,
+        shadows=[
+            ShadowSample(step, codec.from_storage(loss, loss_class),
+                         tuple(stat_packing.unpack(data)[0]))
+            for step, loss, loss_class, data in findings_repository.shadows_last(
+                session, run.id, SHADOW_STEPS)],
         name=run.name,
         first_rank=_first_rank(session, run),
     )

@@ -23,6 +23,7 @@ from ampscope_server.models import (
     MisuseEvent,
     Step,
     StepRecheck,
+    StepShadow,
     SwallowedStat,
 )
 from ampscope_server.sql_support import run_key
@@ -171,6 +172,23 @@ def rechecks_first(
         .where(Step.run_key == run_key(run_id)).order_by(Step.step, Step.id).limit(limit))
     return [(int(step), str(status), loss, int(cls), origin)
             for step, status, loss, cls, origin in rows]
+
+
+def shadows_last(
+    session: Session, run_id: str, limit: int
+) -> list[tuple[int, float | None, int, bytes]]:
+    """(step, FP32 loss, its class, packed rel_err and cosine) of the run's last `limit` FP32
+    shadow steps that ran (ingest order), in step order."""
+    last = (select(Step.id).join(StepShadow, StepShadow.step_id == Step.id)
+            .where(Step.run_key == run_key(run_id), StepShadow.data.is_not(None))
+            .order_by(Step.id.desc()).limit(limit))
+    rows = session.execute(
+        select(Step.step, StepShadow.loss, StepShadow.loss_class, StepShadow.data)
+        .join(StepShadow, StepShadow.step_id == Step.id)
+        .where(Step.id.in_(last))
+        .order_by(Step.step, Step.id))
+    return [(int(step), loss, int(cls), bytes(data)) for step, loss, cls, data in rows
+            if data is not None]
 
 
 def misuse_first(session: Session, run_id: str, limit: int) -> list[tuple[int, str, str]]:

@@ -45,6 +45,7 @@ from ampscope_server.models import (
     CLIENT_FIELDS,
     LAYER_STAT_KINDS,
     LAYER_STAT_NAMES,
+    SHADOW_KINDS,
     ActivationStat,
     Attempt,
     Base,
@@ -55,6 +56,7 @@ from ampscope_server.models import (
     StepOptimizers,
     StepRanks,
     StepRecheck,
+    StepShadow,
     SwallowedStat,
 )
 from ampscope_server.principal import ANONYMOUS, Principal
@@ -512,6 +514,21 @@ def _swallowed_row(record: StepRecord) -> dict[str, Any] | None:
             "data": stat_packing.pack([record.swallowed], stat_packing.FLOAT)}
 
 
+def _shadow_row(record: StepRecord) -> dict[str, Any] | None:
+    """The record's FP32 shadow step for `step_shadows`: rel_err and cosine packed (NaN, ±inf
+    and None kept), the loss as value + class; or None."""
+    shadow = record.shadow
+    if shadow is None:
+        return None
+    loss, loss_class = codec.to_storage(shadow.loss)
+    rel_err, cosine = shadow.rel_err, shadow.cosine
+    return {"status": shadow.status, "loss": loss, "loss_class": loss_class,
+            "layers": len(rel_err) if rel_err is not None else 0,
+            "data": stat_packing.pack([rel_err, cosine], SHADOW_KINDS)
+            if rel_err is not None and cosine is not None else None,
+            "detail": shadow.detail}
+
+
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
@@ -524,6 +541,7 @@ _PACKED: Sequence[tuple[type[Base], Callable[[StepRecord], dict[str, Any] | None
     (ActivationStat, _activation_row),
     (Histogram, _histogram_row),
     (SwallowedStat, _swallowed_row),
+    (StepShadow, _shadow_row),
     (StepRanks, rank_packing.ranks_row),
     (StepOptimizers, rank_packing.optimizers_row),
 )

@@ -374,6 +374,36 @@ class SwallowedStat(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+# --- wire v6 (revision 0024) -------------------------------------------------------------------
+
+class StepShadow(Base):
+    """The sampled FP32 shadow step of an applied step (wire v6 `shadow`); no row = none ran.
+
+    `data` is `stat_packing` of two float64 columns of `layers` values (`SHADOW_KINDS`), in
+    layer order: each layer's `rel_err` and cosine (the float64 bits: NaN and ±inf kept
+    exactly; None where the layer had no gradient to compare); null for a `failed` shadow step,
+    whose `detail` says why. The FP32 loss as value + class, like `step_rechecks.loss`."""
+
+    __tablename__ = "step_shadows"
+    __table_args__ = (Index("ix_step_shadows_run_key_step_id", "run_key", "step_id"),)
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
+    )
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))
+    loss: Mapped[float | None] = mapped_column(Double)
+    loss_class: Mapped[int] = mapped_column(SmallInteger)
+    layers: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes | None] = mapped_column(LargeBinary)
+    detail: Mapped[str | None] = mapped_column(String(1000))
+
+
+SHADOW_KINDS = "dd"
+"""`stat_packing` kinds of `step_shadows.data`: rel_err, cosine (float64)."""
+
+
 # --- wire v4 (revision 0020) -------------------------------------------------------------------
 
 RANKS_NONFINITE = "nonfinite_ranks > 0"

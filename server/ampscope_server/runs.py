@@ -21,6 +21,7 @@ from ampscope_server import (
     run_counters_repository,
     runs_list,
     runs_repository,
+    stat_packing,
     steps_repository,
     summary_cache,
 )
@@ -35,6 +36,7 @@ from ampscope_server.models import (
     RunCounters,
     Step,
     StepRecheck,
+    StepShadow,
 )
 from ampscope_server.principal import ANONYMOUS, Principal
 from ampscope_server.runs_list import RunsQuery
@@ -53,6 +55,7 @@ from ampscope_server.schemas import (
     RunStatus,
     RunSummary,
     RunUpdate,
+    ShadowRead,
     StepExport,
     StepLive,
     StepRead,
@@ -278,7 +281,22 @@ def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
         fields[step_id]["swallowed"] = fractions
     for step_id, v4 in rank_reads.step_fields(session, run_id, ids).items():
         fields[step_id].update(v4)
+    for shadow in steps_repository.shadows_of(session, ids):
+        fields[shadow.step_id]["shadow"] = shadow_read(shadow)
     return fields
+
+
+def shadow_read(row: StepShadow) -> ShadowRead:
+    rel_err = cosine = None
+    if row.data is not None:
+        rel_err, cosine = (
+            [None if x is None else float(x) for x in column]
+            for column in stat_packing.unpack(row.data))
+    return ShadowRead(
+        status=row.status,  # type: ignore[arg-type]  # stored from the wire's Literal
+        loss=codec.from_storage(row.loss, row.loss_class),
+        rel_err=rel_err, cosine=cosine, detail=row.detail,
+    )
 
 
 def recheck_read(row: StepRecheck) -> RecheckRead:

@@ -301,6 +301,23 @@ class RecheckRead(BaseModel):
     """The first module in forward order whose output overflowed in the re-run."""
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class ShadowRead(BaseModel):
+    """The sampled FP32 shadow step of an applied step (wire v6 `shadow`)."""
+
+    status: Literal["ok", "failed"]
+    loss: Tagged | None
+    """The FP32 loss of the step's batch from the step's weights."""
+    rel_err: list[Tagged | None] | None
+    """Per layer: ||g_amp - g_fp32|| / ||g_fp32|| (null: no gradient to compare)."""
+    cosine: list[Tagged | None] | None
+    """Per layer: the cosine similarity of the two gradients (null: no gradient)."""
+    detail: str | None
+
+
 class StepExport(StepFull):
     """A step with everything stored for it (wire v2 … v4 fields null when not measured)."""
 
@@ -315,6 +332,8 @@ class StepExport(StepFull):
     unchanged (parameters held in FP16/BF16); null entries: not measured for that layer."""
     ranks: RanksRead | None
     optimizers: list[OptimizerRead] | None
+    shadow: ShadowRead | None = Field(default=None, exclude_if=_absent)
+    """Wire v6: the FP32 shadow step; left out of a step without one, as the hook sends it."""
 
 
 class StepsPage(BaseModel):
@@ -409,6 +428,8 @@ class NonfiniteEventRead(BaseModel):
     """False: the loss itself was NaN/inf (forward); True: only gradients were; null: no loss."""
     layers: list[EventLayerRead]
     """In backward order (first bad layer first); [] when not measured."""
+    shadow: ShadowRead | None = Field(default=None, exclude_if=_absent)
+    """The FP32 shadow step of this applied step (wire v6); left out when none ran."""
 
 
 AnyEventRead = SkippedEventRead | NonfiniteEventRead | EventRead | MisuseEventRead

@@ -37,6 +37,7 @@ from ampscope_server.models import (
     Step,
     StepNonfinite,
     StepRecheck,
+    StepShadow,
     SwallowedStat,
 )
 from ampscope_server.sql_support import (
@@ -483,6 +484,20 @@ def rechecks_of(session: Session, step_ids: Sequence[int]) -> list[StepRecheck]:
             select(StepRecheck)
             .where(in_ids(session, StepRecheck.step_id, ids[first:first + KEYS_PER_STATEMENT]))
             .order_by(StepRecheck.step_id)
+        ))
+    return out
+
+
+def shadows_of(session: Session, step_ids: Sequence[int]) -> list[StepShadow]:
+    """The FP32 shadow steps of the given steps (most steps have none), by step id;
+    KEYS_PER_STATEMENT ids a statement (see `nonfinite_of`)."""
+    ids = sorted(set(step_ids))
+    out: list[StepShadow] = []
+    for first in range(0, len(ids), KEYS_PER_STATEMENT):
+        out.extend(session.scalars(
+            select(StepShadow)
+            .where(in_ids(session, StepShadow.step_id, ids[first:first + KEYS_PER_STATEMENT]))
+            .order_by(StepShadow.step_id)
         ))
     return out
 

@@ -52,18 +52,20 @@ V4_RECORD_FIELDS = ("ranks", "optimizers")
 PACKED_SINCE = 5
 """v5: a record's `layers`/`activations` may arrive packed (`codec.unpack_stats`)."""
 V6_RUN_FIELDS = ("target_format_reason",)
+V6_RECORD_FIELDS = ("shadow",)
 ORIGIN_SINCE = 6
 """`records[].recheck.origin` (a field inside a v3 object) is v6's."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
     3: ((), (), V3_RECORD_FIELDS),
     4: ((), V4_RUN_FIELDS, V4_RECORD_FIELDS),
-    6: ((), V6_RUN_FIELDS, ()),
+    6: ((), V6_RUN_FIELDS, V6_RECORD_FIELDS),
 }
 """Per version: the (batch, run, record) fields it added; a batch of an earlier version may not
 carry them. v6 (issue #30) holds two optional fields first shipped inside v5: a server built
 before them refuses them as unknown fields in a v5 batch, so they are a version of their own,
-which such a server refuses by its `schema_version` alone (the hook then sends v5 without them)."""
+which such a server refuses by its `schema_version` alone (the hook then sends v5 without them);
+and the FP32 shadow step (`records[].shadow`)."""
 MAX_WORLD_SIZE = 65536
 MAX_OPTIMIZERS = 64
 MAX_PARAM_GROUPS = 1024
@@ -357,6 +359,19 @@ class Recheck(WireModel):
     """v6, optional: where the forward overflow began (null: every output fit, or not read)."""
 
 
+class Shadow(WireModel):
+    """The sampled FP32 shadow step (v6): the user's closure re-run in FP32 from the same
+    weights and batch as an applied AMP step, each layer's gradient compared with the AMP one
+    (`rel_err = ||g_amp - g_fp32|| / ||g_fp32||`, the cosine; null: no gradient to compare);
+    `failed`: the closure raised (`detail`), nothing else carried."""
+
+    status: Literal["ok", "failed"]
+    loss: WireFloat = None
+    rel_err: Annotated[list[WireFloat], Field(max_length=MAX_TABLE)] | None = None
+    cosine: Annotated[list[WireFloat], Field(max_length=MAX_TABLE)] | None = None
+    detail: Text1000 | None = None
+
+
 # --- v4 additions ------------------------------------------------------------------------------
 
 class RankValues(WireModel):
@@ -419,6 +434,8 @@ class StepRecord(WireModel):
     ranks: RankValues | None = None
     optimizers: Annotated[list[OptimizerStep],
                           Field(min_length=1, max_length=MAX_OPTIMIZERS)] | None = None
+    # v6
+    shadow: Shadow | None = None
 
 
 def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None:
@@ -526,6 +543,8 @@ class IngestBatch(WireModel):
                 seen.add(entry.layer)
             if record.recheck is not None:
                 _check_recheck(record.recheck, f"{where}.recheck")
+            if record.shadow is not None:
+                _check_shadow(record.shadow, f"{where}.shadow")
             if record.ranks is not None:
                 _check_ranks(record.ranks, f"{where}.ranks", self.run.world_size)
             histogram = record.histogram
@@ -547,6 +566,35 @@ class IngestBatch(WireModel):
                          "max_exp": histogram.max_exp, "bins": histogram.num_bins},
                     )
         return self
+
+
+def _check_shadow(shadow: Shadow, where: str) -> None:
+    """A failed shadow step carries its detail and nothing else; a run one carries both
+    per-layer arrays, equally long, and no detail."""
+    if shadow.status == "failed":
+        if shadow.loss is not None or shadow.rel_err is not None or shadow.cosine is not None:
+            raise PydanticCustomError(
+                "shadow_status",
+                "{where}: a failed shadow step carries no loss, rel_err or cosine",
+                {"where": where})
+        if shadow.detail is None:
+            raise PydanticCustomError(
+                "shadow_status", "{where}.detail: a failed shadow step says why",
+                {"where": where})
+        return
+    if shadow.detail is not None:
+        raise PydanticCustomError(
+            "shadow_status", "{where}.detail: only a failed shadow step carries a detail",
+            {"where": where})
+    if shadow.rel_err is None or shadow.cosine is None:
+        raise PydanticCustomError(
+            "shadow_status", "{where}: a shadow step that ran carries rel_err and cosine",
+            {"where": where})
+    if len(shadow.rel_err) != len(shadow.cosine):
+        raise PydanticCustomError(
+            "shadow_lengths",
+            "{where}.rel_err has {n} entries and cosine {m}: one per layer each",
+            {"where": where, "n": len(shadow.rel_err), "m": len(shadow.cosine)})
 
 
 def _check_recheck(recheck: Recheck, where: str) -> None:

@@ -33,7 +33,7 @@ REASON = "32 of 32 parameter tensors are FP16"
 ORIGIN: dict[str, Any] = {"module": "encoder.layers.0.linear1", "input_finite": True,
                           "format": "fp16"}
 N = 10
-LEFT_OUT = "target_format_reason and recheck origins are not sent"
+LEFT_OUT = "target_format_reason, recheck origins and shadow steps are not sent"
 WARNING_V5 = f"ampscope server accepts wire v5, not v6: {LEFT_OUT}"
 WARNING_V4 = (f"ampscope server accepts wire v4, not v6: {LEFT_OUT}; statistics travel as JSON "
               "arrays")
@@ -48,7 +48,8 @@ def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _record(seq: int) -> dict[str, Any]:
     """A record whose values test the codecs: -0.0, NaN, ±inf, a NaN amin_nz (null), and on
-    every odd step an overflow with an FP32 re-check that found where it began."""
+    every odd step an overflow with an FP32 re-check that found where it began, on every
+    step 2 mod 4 an FP32 shadow step (v6) with NaN, ±inf and a layer without a gradient."""
     nan, inf = math.nan, math.inf
     odd = seq % 2 == 1
     return wire.step_record(
@@ -62,6 +63,8 @@ def _record(seq: int) -> dict[str, Any]:
                 "inf_count": [0.0, float(2**40)], "l2": [1.7976931348623157e308, nan]},
         recheck={"status": "persisted", "loss": "inf", "layers": [], "detail": None,
                  "origin": ORIGIN} if odd else None,
+        shadow={"status": "ok", "loss": 0.25 + seq, "rel_err": ["nan", 2.0**-1074 * seq],
+                "cosine": ["-inf", None], "detail": None} if seq % 4 == 2 else None,
     )
 
 
@@ -102,6 +105,8 @@ def _refusal(payload: dict[str, Any], newest: int) -> bytes:
     parts += [f"records[{i}].recheck.origin: unknown field"
               for i, record in enumerate(payload["records"])
               if newest < 6 and "origin" in (record.get("recheck") or {})]
+    parts += [f"records[{i}].shadow: unknown field"
+              for i, record in enumerate(payload["records"]) if newest < 6 and "shadow" in record]
     return json.dumps({"detail": "; ".join(parts)}).encode()
 
 
@@ -159,6 +164,8 @@ def _sent(seqs: range, *, v6: bool) -> list[dict[str, Any]]:
     for record in out:
         if record["recheck"] is not None and not v6:
             record["recheck"]["origin"] = None
+        if not v6:
+            record.pop("shadow", None)
     return out
 
 
@@ -212,7 +219,7 @@ class TestRefusesVersion:
 
 class TestRewrite:
     def _body(self) -> bytes:
-        return Encoder()([_record(0), _record(1)], True, False)
+        return Encoder()([_record(0), _record(1), _record(2)], True, False)
 
     def test_v5_drops_the_v6_fields_and_keeps_the_blocks_packed(self) -> None:
         body = self._body()
@@ -225,7 +232,9 @@ class TestRewrite:
         assert [r["layers"] for r in got["records"]] == [
             r["layers"] for r in original["records"]]
         assert set(got["records"][0]["layers"]) == {wire.PACKED}
+        assert "shadow" not in got["records"][2] and "shadow" in original["records"][2]
         del original["run"]["target_format_reason"], original["records"][1]["recheck"]["origin"]
+        del original["records"][2]["shadow"]
         assert got == {**original, "schema_version": 5}  # nothing else changed
 
     def test_v4_unpacks_the_blocks_into_arrays(self) -> None:
@@ -234,7 +243,7 @@ class TestRewrite:
         got = json.loads(rewritten)
         assert got["schema_version"] == 4
         assert [r["layers"] for r in got["records"]] == [
-            r["layers"] for r in _sent(range(2), v6=False)]
+            r["layers"] for r in _sent(range(3), v6=False)]
 
     def test_a_body_at_the_version_or_below_is_itself(self) -> None:
         body = rewrite(self._body(), 5)

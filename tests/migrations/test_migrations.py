@@ -24,6 +24,7 @@ TABLES_0007 = TABLES_0006 | {"run_counters"}
 TABLES_0008 = TABLES_0007 | {"alert_rules", "alert_destinations", "alert_defaults",
                              "alert_episodes", "alerts", "alert_deliveries"}
 TABLES_0020 = TABLES_0008 | {"step_ranks", "step_optimizers"}
+TABLES_0024 = TABLES_0020 | {"step_shadows"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -33,6 +34,8 @@ V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
 @pytest.mark.slow
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
+    assert tables(db_url) == TABLES_0024 | {"alembic_version"}
+    db.downgrade(db_url, "0023")
     assert tables(db_url) == TABLES_0020 | {"alembic_version"}
     assert "world_size" in columns(db_url, "runs")
     db.downgrade(db_url, "0019")
@@ -81,7 +84,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert tables(db_url) == TABLES_0020 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0024 | {"alembic_version"}
     assert columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -210,7 +213,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0023"
+            assert context.get_current_revision() == db.head_revision() == "0024"
     finally:
         engine.dispose()
 

@@ -135,7 +135,8 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
     sessions: sessionmaker[Session],
 ) -> None:
     """Wire v3 from a real `Monitor`: an FP32 re-check of an overflow step caused by a NaN in the
-    data, and swallowed fractions of an FP16-held model, stored and exported unchanged."""
+    data, and swallowed fractions of an FP16-held model, stored and exported unchanged; with
+    v6's FP32 shadow step every 2nd applied step."""
     import torch
 
     import ampscope
@@ -147,7 +148,7 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     sink = MemorySender()
     mon = ampscope.watch(model, scaler, optimizer, run="contract-v3", server=None, sender=sink,
-                         layer_every=1)
+                         layer_every=1, shadow_every=2)
     for i in range(4):
         x = torch.randn(16, 4)
         if i == 2:
@@ -187,5 +188,8 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
     rechecked = [r["recheck"] for body in sink.payloads() for r in body["records"]]
     assert [None if r is None else r["status"] for r in rechecked] == [
         None, None, "persisted", None]
+    # Steps 0, 1 and 3 were applied (2 overflowed): the 2nd is step 1.
+    shadows = [r.get("shadow") for body in sink.payloads() for r in body["records"]]
+    assert [None if s is None else s["status"] for s in shadows] == [None, "ok", None, None]
     swallowed = [r["swallowed"] for body in half_sink.payloads() for r in body["records"]]
     assert all(s is not None and len(s) == 4 for s in swallowed)

@@ -26,6 +26,7 @@ from ampscope_server.findings.model import (
     RecheckStatus,
     RunData,
     Severity,
+    ShadowSample,
     StepPoint,
     SwallowedSample,
 )
@@ -34,12 +35,12 @@ from ampscope_server.findings.stability import Memory
 KINDS = (
     "calibration_overflow", "divergence", "overflow_storm", "scale_collapse", "forward_overflow",
     "nan_not_range", "gradient_underflow", "swallowed_updates", "amp_misuse", "scaler_tuning",
-    "baseline_divergence", "rank_nonfinite",
+    "baseline_divergence", "rank_nonfinite", "precision_sensitive",
 )
 
 __all__ = [
     "KINDS", "Finding", "ForwardOrigin", "LayerInfo", "LayerLoss", "LayerSample", "Memory",
-    "MisuseEvent", "NonfiniteStep", "RankStep", "RecheckStatus", "RunData", "Severity", "StepPoint",
-    "SwallowedSample",
+    "MisuseEvent", "NonfiniteStep", "RankStep", "RecheckStatus", "RunData", "Severity",
+    "ShadowSample", "StepPoint", "SwallowedSample",
     "analyze", "analyze_live", "most_severe", "primary",
 ]

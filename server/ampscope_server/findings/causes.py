@@ -80,8 +80,8 @@ grouped: its advice (init_scale from the calibration descent, growth_interval fr
 outside storms) holds whatever else happened."""
 KIND_ORDER = ("rank_nonfinite", "divergence", "forward_overflow", "nan_not_range", "overflow_storm",
               "scale_collapse",
-              "amp_misuse", "swallowed_updates", "gradient_underflow", "baseline_divergence",
-              "calibration_overflow", "scaler_tuning")
+              "amp_misuse", "precision_sensitive", "swallowed_updates", "gradient_underflow",
+              "baseline_divergence", "calibration_overflow", "scaler_tuning")
 """Ties between roots of equal severity and first step: the more fundamental kind first."""
 
 

@@ -14,6 +14,12 @@ step: a finite FP32 loss there says nothing about range if it is 10^27 where the
   rate (warm-up, clipping) is then the cause whatever the precision, and the skips, the
   collapsed scale and the non-finite losses follow from it (`causes.RULES`).
 
+The FP32 shadow steps (`watch(shadow_every=N)`, wire v6) run applied steps' batches in FP32
+from the same weights: a shadow loss DIVERGENCE_LOSS_FACTOR x the healthy one is the weights
+diverging (evidence for it, like a re-check's); a shadow loss at the healthy magnitude at or
+after the AMP loss went out there says the weights are fine and the AMP computation is not, so
+the AMP loss alone no longer makes it a divergence.
+
     magnitude(run, h) -> Magnitude     the healthy loss and norm, what the re-checks measured
     divergence(run, h) -> [Finding]    error: the training diverges
 """
@@ -23,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ampscope_server.findings.model import Finding, RunData
 from ampscope_server.findings.thresholds import (
@@ -57,6 +63,8 @@ class Magnitude:
     """The median of the first HEALTHY_STEPS finite gradient norms of taken steps."""
     fp32_losses: dict[int, float]
     """{step: the FP32 re-check's finite loss}."""
+    shadow_losses: dict[int, float] = field(default_factory=dict)
+    """{step: the FP32 shadow step's finite loss} (applied steps, sampled)."""
 
     def diverged(self, loss: float | None) -> bool:
         """Whether a finite `loss` is DIVERGENCE_LOSS_FACTOR x the healthy loss or more."""
@@ -76,7 +84,9 @@ def magnitude(run: RunData, h: ScaleHistory) -> Magnitude:
     if healthy is None:
         healthy = _healthy(fp32.values())
     norm = _healthy(p.grad_norm for p in h.steps if not p.skipped)
-    return Magnitude(healthy_loss=healthy, healthy_norm=norm, fp32_losses=fp32)
+    shadow = {s.step: v for s in run.shadows if (v := finite(s.loss)) is not None}
+    return Magnitude(healthy_loss=healthy, healthy_norm=norm, fp32_losses=fp32,
+                     shadow_losses=dict(sorted(shadow.items())))
 
 
 def _lr_said(h: ScaleHistory) -> str:
@@ -90,8 +100,15 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
     norm (among the last EDGE_STEPS taken steps the snapshot holds)."""
     m = m or magnitude(run, h)
     amp = [(p.step, v) for p in h.steps if (v := finite(p.loss)) is not None]
-    beyond = sorted([(s, v) for s, v in amp if m.diverged(v)]
-                    + [(s, v) for s, v in m.fp32_losses.items() if m.diverged(v)])
+    amp_beyond = [(s, v) for s, v in amp if m.diverged(v)]
+    if amp_beyond and (late := [v for s, v in m.shadow_losses.items()
+                                if s >= amp_beyond[0][0]]) and not m.diverged(late[-1]):
+        # FP32 on the same weights is at the healthy magnitude since: not the weights diverging.
+        amp_beyond = []
+        amp = [(s, v) for s, v in amp if not m.diverged(v)]
+    beyond = sorted(amp_beyond
+                    + [(s, v) for s, v in m.fp32_losses.items() if m.diverged(v)]
+                    + [(s, v) for s, v in m.shadow_losses.items() if m.diverged(v)])
     taken = [(p.step, v) for p in h.steps
              if not p.skipped and (v := finite(p.grad_norm)) is not None][-EDGE_STEPS:]
     norm_peak = max(taken, key=lambda pair: pair[1], default=None)
@@ -128,6 +145,18 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
             f"In FP32 too: the FP32 re-check (no autocast, no scaling) gave a loss of "
             f"{fp32_peak[1]:.3g} at step {fp32_peak[0]}, {m.times(fp32_peak[1]):.3g}x the "
             f"healthy loss ({fp32_beyond} re-checked step(s) that far out).")
+    shadow_peak = max(m.shadow_losses.items(), key=lambda pair: pair[1], default=None)
+    if shadow_peak is not None and m.diverged(shadow_peak[1]):
+        shadow_beyond = sum(1 for v in m.shadow_losses.values() if m.diverged(v))
+        evidence |= {"shadow_loss_peak": shadow_peak[1],
+                     "shadow_loss_growth": m.times(shadow_peak[1]),
+                     "shadow_diverged_steps": shadow_beyond}
+        steps.append(shadow_peak[0])
+        sentences.append(
+            f"In FP32 too: the FP32 shadow step (the same weights and batch, no autocast, no "
+            f"scaling) gave a loss of {shadow_peak[1]:.3g} at step {shadow_peak[0]}, "
+            f"{m.times(shadow_peak[1]):.3g}x the healthy loss ({shadow_beyond} shadow step(s) "
+            "that far out).")
     if norm_diverged and norm_peak is not None and m.healthy_norm is not None:
         evidence |= {"healthy_grad_norm": m.healthy_norm, "grad_norm_peak": norm_peak[1],
                      "grad_norm_growth": norm_growth}
@@ -136,11 +165,12 @@ def divergence(run: RunData, h: ScaleHistory, m: Magnitude | None = None) -> lis
             f"The gradient norm of the steps taken grew {norm_growth:.3g}x, from "
             f"{m.healthy_norm:.3g} to {norm_peak[1]:.3g} at step {norm_peak[0]}.")
     start = beyond[0][0] if beyond else norm_peak[0] if norm_peak is not None else h.first_step
+    in_fp32 = "fp32_loss_peak" in evidence or "shadow_loss_peak" in evidence
     lr = _lr_said(h)
     return [Finding(
         kind="divergence", severity="error",
         title=(f"Training diverges: the loss reached {m.times(max(v for _, v in beyond)):.3g}"
-               f"x its healthy value{' (in FP32 too)' if 'fp32_loss_peak' in evidence else ''}"
+               f"x its healthy value{' (in FP32 too)' if in_fp32 else ''}"
                if beyond else f"Training diverges: the gradient norm grew {norm_growth:.3g}x"),
         explanation=(
             " ".join(sentences) + " A loss or norm that grows by orders of magnitude is the "

@@ -19,6 +19,7 @@ from ampscope_server.findings import (
     gradients,
     misuse,
     nonfinite,
+    precision,
     ranks,
     scaling,
 )
@@ -49,6 +50,7 @@ def detect(
         findings += scaling.scaler_tuning(run, h, storm)
     findings += gradients.gradient_underflow(run, holding.get("gradient_underflow", ()))
     findings += gradients.swallowed_updates(run, holding.get("swallowed_updates", ()))
+    findings += precision.precision_sensitive(run)
     findings += misuse.amp_misuse(run, h)
     findings += ranks.rank_nonfinite(run)
     if baseline is not None:

@@ -98,6 +98,17 @@ class MisuseEvent:
 
 
 @dataclass(frozen=True)
+class ShadowSample:
+    """The hook's FP32 shadow step at one applied step (wire v6 `shadow`, status ok): the FP32
+    loss of the step's batch from the step's weights, and per layer
+    `||g_amp - g_fp32|| / ||g_fp32||` (None: no gradient to compare; NaN: FP32's is 0)."""
+
+    step: int
+    loss: float | None
+    rel_err: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
 class SwallowedSample:
     """The hook's measured swallowed-update fraction of one layer at one step (wire v3): among
     the elements with a finite non-zero gradient, the share whose low-precision value the
@@ -167,6 +178,9 @@ class RunData:
     (`findings.divergence`)."""
     forward_origins: Mapping[int, ForwardOrigin] = field(default_factory=dict)
     """{step: where its forward overflow began} (`mon.recheck`'s hooks), where one was read."""
+    shadows: Sequence[ShadowSample] = ()
+    """The run's recent FP32 shadow steps (`watch(shadow_every=N)`) in step order; empty when
+    the hook ran none."""
     name: str = ""
     first_rank: RankStep | None = None
     """A distributed run's first step where a rank went non-finite (None: none, or not a

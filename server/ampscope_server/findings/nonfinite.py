@@ -64,7 +64,11 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
     (`mon.recheck`), the outcome names the cause: persisting in FP32 → the data or the model,
     not the format's range; vanishing at the run's own magnitude → a genuine FP16 range
     overflow in the forward pass; vanishing to a loss orders of magnitude above the run's
-    healthy one (`divergence.Magnitude.diverged`) → the run diverges, whatever the format."""
+    healthy one (`divergence.Magnitude.diverged`) → the run diverges, whatever the format.
+    Without a re-check, the FP32 shadow steps (`watch(shadow_every=N)`) in the overflow's span
+    and the last one before it are the FP32 evidence: one 100x the healthy loss → divergence;
+    all at the healthy magnitude → the weights are fine, so an infinite loss is the format's
+    range, and no sentence says the update may have diverged."""
     bad = [p for p in h.steps if is_nonfinite(p.loss)]
     if not bad:
         return []
@@ -131,7 +135,45 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
     else:
         cause = ("Both NaN and infinite losses: forward activations overflow the format and/or "
                  "the data or computation produces NaN.")
-    if not checked and any(not p.skipped and p.step < start for p in h.steps):
+    near = [(s, v) for s, v in m.shadow_losses.items() if start <= s <= end]
+    near = [(s, v) for s, v in m.shadow_losses.items() if s < start][-1:] + near
+    shadow_diverged = [(s, v) for s, v in near if m.diverged(v)]
+    shadow_healthy = [(s, v) for s, v in near if not m.diverged(v)]
+    if not checked and shadow_diverged:
+        step, peak = max(shadow_diverged, key=lambda pair: pair[1])
+        evidence |= {"shadow_diverged_steps": len(shadow_diverged), "fp32_loss_peak": peak}
+        if m.healthy_loss is not None:
+            evidence["healthy_loss"] = m.healthy_loss
+        title = (f"Non-finite loss on {len(bad)} step(s): FP32 reaches {peak:.3g} there, "
+                 f"{m.times(peak):.3g}x the run's healthy loss (a divergence, not the range)")
+        cause = (f"The FP32 shadow step at step {step} (the same weights and batch, no "
+                 f"autocast, no scaling) gave a loss of {peak:.3g} where the run began at "
+                 f"{m.healthy_loss:.3g}: the weights themselves have diverged, so FP32 is no "
+                 "better off than the low-precision format there.")
+        recommendation = (
+            "Lower the learning rate (or add warm-up, clip the gradients after "
+            "scaler.unscale_()): the training diverges in FP32 too, so neither BF16 nor a "
+            "loss scale fixes it.")
+    elif not checked and shadow_healthy:
+        steps_said = ", ".join(str(s) for s, _ in shadow_healthy[:5])
+        losses = [v for _, v in shadow_healthy]
+        evidence |= {"shadow_healthy_steps": len(shadow_healthy),
+                     "shadow_loss_max": max(losses)}
+        if m.healthy_loss is not None:
+            evidence["healthy_loss"] = m.healthy_loss
+        said = (f"The FP32 shadow step(s) at step(s) {steps_said} (the same weights and batch, "
+                f"no autocast, no scaling) gave losses up to {max(losses):.3g}, at the run's "
+                "healthy magnitude: the weights have not diverged.")
+        if infs and not nans:
+            title = (f"Forward overflow on {len(bad)} step(s): the loss is finite in FP32, "
+                     f"non-finite in {run.target_format}")
+            cause = (f"{said} An infinite loss with the weights at their healthy magnitude is "
+                     "a forward activation or the loss exceeding the format's range (FP16 max "
+                     "65504) under autocast.")
+        else:
+            cause += " " + said
+    if not checked and not near and any(not p.skipped and p.step < start for p in h.steps):
+
         # No FP32 evidence: a loss finite and at its healthy magnitude until a step that was
         # applied may as well be that step diverging as the format's range.
         cause += (" The loss was finite before step " f"{start}, so the update just before "

@@ -33,6 +33,12 @@ iterations "step skipping should occur rarely (once every few hundred or thousan
 iterations)"; five halvings within 100 steps (a factor 32) means the scaler is not finding a
 stable scale."""
 
+# --- precision-sensitive layers (findings/precision.py) -----------------------------------------
+SHADOW_REL_ERR_WARN = 0.1
+"""A layer whose median FP32 shadow rel_err (`||g_amp - g_fp32|| / ||g_fp32||`) over the recent
+shadow steps is 10 % or more computes a gradient the low-precision format gets materially
+wrong: keep it in FP32 (or BF16, whose range FP16 lacks)."""
+
 # --- divergence (findings/divergence.py) -------------------------------------------------------
 DIVERGENCE_LOSS_FACTOR = 100.0
 """A loss (the run's own, or its FP32 re-check's) 100x the run's healthy loss is the training

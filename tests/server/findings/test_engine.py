@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -16,6 +16,7 @@ from ampscope_server.findings import (
     LayerSample,
     MisuseEvent,
     RunData,
+    ShadowSample,
     StepPoint,
     SwallowedSample,
     analyze,
@@ -57,7 +58,7 @@ class TestHealthy:
         assert analyze(run_data([])) == []
 
     def test_every_kind_is_listed(self) -> None:
-        assert len(KINDS) == 12
+        assert len(KINDS) == 13
 
 
 class TestCalibration:
@@ -621,3 +622,103 @@ class TestRechecksAndMeasuredSwallowing:
         found = only(analyze(run_data(HEALTHY, swallowed=swallowed)), "swallowed_updates")
         assert found.layers == ["fc2.weight"]
         assert found.evidence == {"layers_flagged": 1, "swallowed_frac": 0.8}
+
+
+def shadows(losses: dict[int, float], rel_err: tuple[float | None, ...] = (1e-3,) * 4
+            ) -> list[ShadowSample]:
+    return [ShadowSample(step, loss, rel_err) for step, loss in sorted(losses.items())]
+
+
+class TestPrecisionSensitive:
+    """The FP32 shadow steps' per-layer rel_err (findings/precision.py): a layer whose median
+    over the recent shadow steps is 10 % or more is named."""
+
+    ERRS = ((1e-3, 0.2, math.nan, 0.1), (2e-3, 0.3, math.nan, 0.12),
+            (1e-3, 0.25, 0.05, 0.09))
+
+    def _findings(self, errs: Sequence[tuple[float | None, ...]]) -> list[Finding]:
+        samples = [ShadowSample(100 * (i + 1), 1.0, e) for i, e in enumerate(errs)]
+        return analyze(dataclasses.replace(run_data(HEALTHY, layer_samples=RECENT),
+                                           shadows=samples))
+
+    def test_the_layers_at_ten_percent_or_more_worst_first(self) -> None:
+        found = only(self._findings(self.ERRS), "precision_sensitive")
+        assert found.severity == "warning" and found.cause is None
+        # fc1.bias: NaN twice (FP32's gradient 0: no measurement) and 0.05: not named.
+        assert found.layers == ["fc1.weight", "fc2.weight"]
+        assert found.title == ("2 layer(s) compute a gradient 25% off FP32's: keep fc1.weight, "
+                               "fc2.weight in FP32/BF16")
+        assert found.evidence == {"shadow_steps": 3, "max_median_rel_err": 0.25,
+                                  "sensitive_layers": 2, "threshold": 0.1}
+        assert (found.step_start, found.step_end) == (100, 300)
+        assert "fc1.weight (0.25), fc2.weight (0.1)" in found.explanation
+        assert found.recommendation.startswith("Keep fc1.weight, fc2.weight in FP32/BF16")
+
+    def test_below_ten_percent_or_without_shadow_steps_nothing(self) -> None:
+        below = [(1e-3, 0.099, None, 0.05)] * 3
+        assert "precision_sensitive" not in [f.kind for f in self._findings(below)]
+        assert "precision_sensitive" not in [f.kind for f in self._findings([])]
+
+
+class TestShadowEvidence:
+    """The FP32 shadow losses as evidence for range or divergence (findings/divergence.py,
+    nonfinite.py), and no finding saying what they contradict."""
+
+    def _overflowing(self, shadow_loss: float) -> list[Finding]:
+        """A loss of 1.0 until step 19, +inf from step 20 (every step skipped); FP32 shadow
+        steps at 9 and 19 (applied steps), the one at 19 giving `shadow_loss`."""
+        steps = scaler_steps(40, lambda s, scale: s >= 20,
+                             loss=lambda s: 1.0 if s < 20 else math.inf)
+        return analyze(dataclasses.replace(
+            run_data(steps), shadows=shadows({9: 1.0, 19: shadow_loss})))
+
+    def test_a_shadow_loss_at_the_healthy_magnitude_while_amp_overflows_is_the_range(
+        self
+    ) -> None:
+        findings = self._overflowing(1.1)
+        assert "divergence" not in [f.kind for f in findings]
+        forward = only(findings, "forward_overflow")
+        assert forward.cause is None
+        assert forward.title == ("Forward overflow on 20 step(s): the loss is finite in FP32, "
+                                 "non-finite in fp16")
+        assert forward.evidence == {"nonfinite_loss_steps": 20, "nan_loss_steps": 0,
+                                    "inf_loss_steps": 20, "shadow_healthy_steps": 1,
+                                    "shadow_loss_max": 1.1, "healthy_loss": 1.0}
+        assert forward.explanation.startswith(
+            "The FP32 shadow step(s) at step(s) 19 (the same weights and batch, no autocast, "
+            "no scaling) gave losses up to 1.1, at the run's healthy magnitude: the weights "
+            "have not diverged.")
+        # The shadow step rules out the divergence the finding would otherwise leave open.
+        assert "may have diverged" not in forward.explanation
+
+    def test_a_shadow_loss_a_hundred_times_the_healthy_one_is_a_divergence(self) -> None:
+        findings = self._overflowing(500.0)
+        assert [(f.kind, f.cause) for f in findings] == [
+            ("divergence", None), ("overflow_storm", "divergence"),
+            ("forward_overflow", "divergence"), ("scale_collapse", "divergence")]
+        root, forward = findings[0], findings[2]
+        assert root.title == ("Training diverges: the loss reached 500x its healthy value "
+                              "(in FP32 too)")
+        assert root.evidence == {"healthy_loss": 1.0, "shadow_loss_peak": 500.0,
+                                 "shadow_loss_growth": 500.0, "shadow_diverged_steps": 1}
+        assert (root.step_start, root.step_end) == (19, 19)
+        assert forward.title == ("Non-finite loss on 20 step(s): FP32 reaches 500 there, 500x "
+                                 "the run's healthy loss (a divergence, not the range)")
+        assert not any("finite in FP32" in f.title + f.explanation for f in findings)
+
+    def test_an_amp_loss_out_there_that_fp32_keeps_healthy_is_no_divergence(self) -> None:
+        """The AMP loss 1000x the healthy one from step 2500, FP32 on the same weights at 1.0
+        after it: the weights did not diverge; the AMP computation is what went wrong."""
+        steps = scaler_steps(3000, fits_below(2**10),
+                             loss=lambda s: 1e3 if s >= 2500 else 1.0)
+        amp_only = analyze(run_data(steps))
+        assert only(amp_only, "divergence").title == (
+            "Training diverges: the loss reached 1e+03x its healthy value")
+        healthy = analyze(dataclasses.replace(run_data(steps),
+                                              shadows=shadows({2400: 1.0, 2600: 1.0})))
+        assert "divergence" not in [f.kind for f in healthy]
+        out = only(analyze(dataclasses.replace(
+            run_data(steps), shadows=shadows({2400: 1.0, 2600: 900.0}))), "divergence")
+        assert out.title == "Training diverges: the loss reached 1e+03x its healthy value " \
+                            "(in FP32 too)"
+        assert out.evidence["shadow_loss_peak"] == 900.0

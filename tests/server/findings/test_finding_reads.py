@@ -107,6 +107,34 @@ class TestLoader:
             ("Gradients clipped while still scaled (280 step(s))", 20, 299, {"steps": 280})]
 
 
+    def test_the_last_shadow_steps_that_ran_bit_exact(self, database: Database) -> None:
+        """Wire v6 shadows: the failed one is not read; NaN and None rel_err come back as
+        sent, and only the last SHADOW_STEPS are read."""
+        payload = _long_run(new_id(), 200)
+        payload["schema_version"] = 6
+        for i, record in enumerate(payload["records"]):
+            if i % 2:
+                record["shadow"] = {"status": "ok", "loss": 1.0 + i,
+                                    "rel_err": [0.25, "nan" if i % 4 == 1 else None],
+                                    "cosine": [0.9, None], "detail": None}
+        payload["records"][199]["shadow"] = {
+            "status": "failed", "loss": None, "rel_err": None, "cosine": None,
+            "detail": "ValueError: bad batch"}
+        run_id = ingest_payload(database.sessions, payload).run_id
+        with database.sessions() as session:
+            run = runs_repository.get_run(session, run_id)
+            assert run is not None
+            data = finding_reads.load_run_data(session, run)
+        n = finding_reads.SHADOW_STEPS
+        assert [s.step for s in data.shadows] == list(range(197 - 2 * (n - 1), 199, 2))
+        assert data.shadows[-1].loss == 198.0
+        assert data.shadows[-2].rel_err == (0.25, None)  # step 195
+        nan = data.shadows[-1].rel_err  # step 197 (199's failed)
+        assert nan[0] == 0.25 and nan[1] is not None and nan[1] != nan[1]
+        found = [f for f in analyze(data) if f.kind == "precision_sensitive"]
+        assert [f.layers for f in found] == [["fc1.weight"]]
+
+
 def test_spread_keeps_first_and_last() -> None:
     assert finding_reads._spread(list(range(10)), 4) == [0, 3, 6, 9]
     assert finding_reads._spread([1, 2], 4) == [1, 2]

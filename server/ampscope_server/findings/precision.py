@@ -1,0 +1,69 @@
+"""Layers whose gradient the low-precision format gets wrong, measured (wire v6 `shadow`).
+
+The hook's FP32 shadow step (`watch(shadow_every=N)`) re-runs an applied step's batch in FP32
+from the same weights and compares each layer's gradient with the AMP one:
+`rel_err = ||g_amp - g_fp32|| / ||g_fp32||`. FP16's 11-bit significand alone leaves a few 1e-4
+to 1e-3 of it; a layer at SHADOW_REL_ERR_WARN (10 %) or more in the median of the recent
+shadow steps computes something the format cannot hold (an overflowing or cancelling op, a
+reduction that underflows): that layer, not the whole model, belongs in FP32 (or BF16).
+
+Only finite rel_err values count: NaN says FP32's own gradient was 0 (or non-finite), which
+is not a precision measurement.
+
+    precision_sensitive(run) -> [Finding]    warning: these layers need FP32/BF16
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.findings.thresholds import SHADOW_REL_ERR_WARN
+
+
+def layer_medians(run: RunData) -> dict[int, float]:
+    """{layer: its median finite rel_err over the snapshot's shadow steps} for every layer
+    with at least one."""
+    values: dict[int, list[float]] = {}
+    for shadow in run.shadows:
+        for layer, err in enumerate(shadow.rel_err):
+            if err is not None and math.isfinite(err):
+                values.setdefault(layer, []).append(err)
+    return {layer: statistics.median(errs) for layer, errs in values.items()}
+
+
+def precision_sensitive(run: RunData) -> list[Finding]:
+    """Warning: the layers whose median shadow rel_err is SHADOW_REL_ERR_WARN or more, worst
+    first."""
+    if not run.shadows:
+        return []
+    medians = layer_medians(run)
+    flagged = sorted((layer for layer, err in medians.items() if err >= SHADOW_REL_ERR_WARN),
+                     key=lambda layer: (-medians[layer], layer))
+    if not flagged:
+        return []
+    names = [run.layer_name(layer) for layer in flagged]
+    worst = medians[flagged[0]]
+    steps = [s.step for s in run.shadows]
+    listed = ", ".join(f"{run.layer_name(layer)} ({medians[layer]:.3g})" for layer in flagged)
+    keep = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [Finding(
+        kind="precision_sensitive", severity="warning",
+        title=(f"{len(flagged)} layer(s) compute a gradient {worst:.0%} off FP32's: keep "
+               f"{keep} in FP32/BF16"),
+        explanation=(
+            f"The FP32 shadow steps ({len(steps)} from step {steps[0]} to {steps[-1]}: the same "
+            f"weights and batch without autocast or scaling) put the {run.target_format} "
+            f"gradient's relative error (||g_amp - g_fp32|| / ||g_fp32||, median over those "
+            f"steps) at {listed}, where the format's rounding alone gives about 1e-3. These "
+            "layers' forward or backward loses what the format cannot hold; the rest of the "
+            "model does not."),
+        recommendation=(
+            f"Keep {keep} in FP32/BF16: run it under torch.autocast(enabled=False) with FP32 "
+            "inputs (or autocast to bfloat16 there), and leave the rest of the model in "
+            f"{run.target_format}."),
+        step_start=steps[0], step_end=steps[-1], layers=names,
+        evidence={"shadow_steps": len(steps), "max_median_rel_err": worst,
+                  "sensitive_layers": len(flagged), "threshold": SHADOW_REL_ERR_WARN},
+    )]
