@@ -68,7 +68,7 @@ class Sections:
     step takes the partials for its one read but sends only the histogram). ``modules``: M > 0
     when an (8, M) activation block follows. ``swallowed``: L swallowed-update fractions (NaN =
     not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L + ORIGIN_SIZE
-    values (``recheck.py``). ``shadow``: the FP32 shadow step's block, 1 + 2·L values
+    values (``recheck.py``). ``shadow``: the FP32 shadow step's block, 1 + 3·L values
     (``shadow.py``).
     """
 
@@ -259,17 +259,18 @@ class StepRecord:
         """The wire ``shadow`` of the FP32 shadow step's block (or its error); None if not run."""
         if self.shadow_error is not None:
             return {"status": "failed", "loss": None, "rel_err": None, "cosine": None,
-                    "detail": self.shadow_error}
+                    "norm": None, "detail": self.shadow_error}
         if block is None:
             return None
         n = self.sections.num_layers
         absent = self.shadow_absent
-        rel, cosine = block[1 : 1 + n], block[1 + n :]
+        rel, cosine, norm = block[1 : 1 + n], block[1 + n : 1 + 2 * n], block[1 + 2 * n :]
+
+        def per_layer(values: list[float]) -> list[Any]:
+            return [None if i in absent else wire.encode_float(x) for i, x in enumerate(values)]
+
         return {"status": "ok", "loss": wire.encode_float(block[0]),
-                "rel_err": [None if i in absent else wire.encode_float(x)
-                            for i, x in enumerate(rel)],
-                "cosine": [None if i in absent else wire.encode_float(x)
-                           for i, x in enumerate(cosine)],
+                "rel_err": per_layer(rel), "cosine": per_layer(cosine), "norm": per_layer(norm),
                 "detail": None}
 
     def _origin(self, values: list[float]) -> dict[str, Any] | None:

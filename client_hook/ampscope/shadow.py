@@ -9,6 +9,9 @@ AMP step's:
   difference is not; 0 when both are 0): how far the low-precision step's gradient is from what
   FP32 computes, in the layer's own units;
 * the cosine similarity of the two (1 when both are 0; NaN when one is);
+* ``||g_fp32||_2`` itself: the server judges a layer's rel_err only where this norm is not
+  negligible beside the other layers' (a layer whose true gradient is 0, a bias before a
+  BatchNorm, has an FP32 norm of rounding noise, and any AMP difference is huge beside it);
 * the FP32 loss, beside the step's AMP loss.
 
 Which gradients. ``g_amp`` is the gradient the capture read (``StepCycle.capture``, at the
@@ -33,8 +36,8 @@ objects.
 
 Cost: nothing on other steps (an int compare at the capture and in the optimizer's wrapper); on
 a shadow step one copy of the gradients at the capture, one FP32 forward and backward, and per
-layer four float64 reductions on the device. The block stays on the device and joins the step's
-one host copy (``cycle.StepCycle.build``).
+layer four float64 reductions on the device (the FP32 norm sent is one of them). The block stays
+on the device and joins the step's one host copy (``cycle.StepCycle.build``).
 """
 
 from __future__ import annotations
@@ -51,13 +54,15 @@ F64 = torch.float64
 
 
 def block_size(num_layers: int) -> int:
-    """The shadow block's values: the FP32 loss, then rel_err and cosine per layer."""
-    return 1 + 2 * num_layers
+    """The shadow block's values: the FP32 loss, then rel_err, cosine and the FP32 norm per
+    layer."""
+    return 1 + 3 * num_layers
 
 
 Shadow = tuple[torch.Tensor, frozenset[int]] | str
-"""A shadow step's result: the float64 device block ``[loss, rel_err ... (L), cosine ... (L)]``
-and the layers compared on neither side (no gradient: null on the wire), or the closure's error."""
+"""A shadow step's result: the float64 device block ``[loss, rel_err ... (L), cosine ... (L),
+norm ... (L)]`` and the layers compared on neither side (no gradient: null on the wire), or the
+closure's error."""
 
 
 def snapshot(
@@ -109,8 +114,9 @@ def compare(
     loss: torch.Tensor, amp: Sequence[torch.Tensor | None],
     fp32: Sequence[torch.Tensor | None],
 ) -> tuple[torch.Tensor, frozenset[int]]:
-    """``[loss, rel_err ... (L), cosine ... (L)]`` in float64 on ``loss``'s device, and the layers
-    missing a gradient on either side (their entries are 0 in the block)."""
+    """``[loss, rel_err ... (L), cosine ... (L), ||g_fp32|| ... (L)]`` in float64 on ``loss``'s
+    device, and the layers missing a gradient on either side (their entries are 0 in the
+    block)."""
     device = loss.device
     absent: set[int] = set()
     rows: list[torch.Tensor] = []
@@ -135,4 +141,4 @@ def compare(
     rel = torch.where(norm32 > 0, diff / norm32, torch.where(diff == 0, 0.0, nan))
     both_zero = (norm32 == 0) & (norm_amp == 0)
     cosine = torch.where(both_zero, 1.0, (dot / (norm32 * norm_amp)).clamp(-1.0, 1.0))
-    return torch.cat([loss.to(F64).reshape(1), rel, cosine]), frozenset(absent)
+    return torch.cat([loss.to(F64).reshape(1), rel, cosine, norm32]), frozenset(absent)

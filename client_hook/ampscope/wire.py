@@ -188,7 +188,7 @@ def step_record(
     non-finite in a re-run, or None), ``swallowed`` a fraction or None per layer; v4:
     ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,
     ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``; v6:
-    ``shadow`` ``{"status", "loss", "rel_err", "cosine", "detail"}`` (the FP32 shadow step,
+    ``shadow`` ``{"status", "loss", "rel_err", "cosine", "norm", "detail"}`` (the FP32 shadow step,
     ``ampscope.shadow``), sent only when given: a step without one carries no key."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")

@@ -64,7 +64,8 @@ def _record(seq: int) -> dict[str, Any]:
         recheck={"status": "persisted", "loss": "inf", "layers": [], "detail": None,
                  "origin": ORIGIN} if odd else None,
         shadow={"status": "ok", "loss": 0.25 + seq, "rel_err": ["nan", 2.0**-1074 * seq],
-                "cosine": ["-inf", None], "detail": None} if seq % 4 == 2 else None,
+                "cosine": ["-inf", None], "norm": [0.5, None], "detail": None}
+        if seq % 4 == 2 else None,
     )
 
 

@@ -17,8 +17,8 @@ from ampscope.shadow import compare
 from ampscope.transport import MemorySender
 
 REL_TOL = 1e-12
-"""The hook's rel_err and cosine against the test's own: the same FP32 gradients, the norms in
-float64 both ways (only the order of the float64 sums may differ)."""
+"""The hook's rel_err, cosine and FP32 norm against the test's own: the same FP32 gradients,
+the norms in float64 both ways (only the order of the float64 sums may differ)."""
 
 
 class Loop:
@@ -164,7 +164,7 @@ class TwoAndUnused(nn.Module):
 
 
 class TestValues:
-    def test_rel_err_cosine_and_loss_equal_the_reference_at_the_same_point(self) -> None:
+    def test_rel_err_cosine_norm_and_loss_equal_the_reference_at_the_same_point(self) -> None:
         loop = Loop(mlp(), shadow_every=2)
         xs = batches(4)
         refs: dict[int, dict[str, Any]] = {}
@@ -181,6 +181,10 @@ class TestValues:
                                                   strict=True)):
                 assert shadow["rel_err"][i] == pytest.approx(rel_err(a, g32), rel=REL_TOL)
                 assert shadow["cosine"][i] == pytest.approx(cosine(a, g32), rel=REL_TOL)
+                # The FP32 gradient's own norm, in true units (no scale anywhere in FP32).
+                assert shadow["norm"][i] == pytest.approx(float(g32.double().norm()),
+                                                          rel=REL_TOL)
+                assert shadow["norm"][i] > 0
                 # What the shadow measures is fp16's error: FP32's own (against float64) is
                 # four orders smaller, so the float64 model's rel_err is the same to 1e-6.
                 assert 1e-5 < shadow["rel_err"][i] < 1e-1
@@ -198,9 +202,12 @@ class TestValues:
         loop.step(batches(1)[0])
         shadow, ref = loop.records()[0]["shadow"], refs[0]
         assert shadow["rel_err"][4:] == [None, None] and shadow["cosine"][4:] == [None, None]
+        assert shadow["norm"][4:] == [None, None]
         for i in range(4):
             assert shadow["rel_err"][i] == pytest.approx(
                 rel_err(ref["amp"][i], ref["g32"][i]), rel=REL_TOL)
+            assert shadow["norm"][i] == pytest.approx(float(ref["g32"][i].double().norm()),
+                                                      rel=REL_TOL)
             assert shadow["rel_err"][i] < 1e-1
 
 
@@ -263,7 +270,7 @@ class TestFailures:
         assert len(records) == 4 and not any(r["skipped"] for r in records)
         assert [r["step"] for r in records if "shadow" in r] == [1, 3]
         assert records[1]["shadow"] == {"status": "failed", "loss": None, "rel_err": None,
-                                        "cosine": None, "detail": detail}
+                                        "cosine": None, "norm": None, "detail": detail}
         assert loop.mon.stats().internal_errors == 0
 
 
@@ -279,8 +286,9 @@ class TestCompare:
         block, absent = compare(torch.tensor(2.5), amp, fp32)
         values = block.tolist()
         assert values[0] == 2.5
-        rel, cos = values[1:7], values[7:]
+        rel, cos, norm = values[1:7], values[7:13], values[13:]
         assert absent == frozenset({4})
+        assert norm[:5] == [0.0, 0.0, 5.0, 1.0, 0.0] and math.isnan(norm[5])
         assert math.isnan(rel[0]) and rel[1:4] == [0.0, 0.0, 1.0] and math.isnan(rel[5])
         assert math.isnan(cos[0]) and cos[1:3] == [1.0, 1.0] and math.isnan(cos[3])
         assert math.isnan(cos[5])
