@@ -6,10 +6,10 @@ Create Date: 2026-12-06
 
 Wire v6 `records[].shadow`: on a sampled applied step the hook re-ran the user's closure in
 FP32 and compared each layer's gradient with the AMP one. One row per such step with the run's
-key, like the other packed per-step tables (revision 0011): `data` is `stat_packing` of two
-float64 columns, each layer's rel_err and cosine (null for a failed shadow step, `detail`
-saying why), the FP32 loss as value + class like `step_rechecks.loss`. A new leaf table:
-nothing stored before it changes. Nothing here imports application code.
+key, like the other packed per-step tables (revision 0011): `data` is `stat_packing` of three
+float64 columns, each layer's rel_err, cosine and FP32 gradient norm (null for a failed shadow
+step, `detail` saying why), the FP32 loss as value + class like `step_rechecks.loss`. A new leaf
+table: nothing stored before it changes. Nothing here imports application code.
 """
 
 from __future__ import annotations

@@ -515,17 +515,17 @@ def _swallowed_row(record: StepRecord) -> dict[str, Any] | None:
 
 
 def _shadow_row(record: StepRecord) -> dict[str, Any] | None:
-    """The record's FP32 shadow step for `step_shadows`: rel_err and cosine packed (NaN, ±inf
-    and None kept), the loss as value + class; or None."""
+    """The record's FP32 shadow step for `step_shadows`: rel_err, cosine and the FP32 norm packed
+    (NaN, ±inf and None kept), the loss as value + class; or None."""
     shadow = record.shadow
     if shadow is None:
         return None
     loss, loss_class = codec.to_storage(shadow.loss)
-    rel_err, cosine = shadow.rel_err, shadow.cosine
+    rel_err, cosine, norm = shadow.rel_err, shadow.cosine, shadow.norm
     return {"status": shadow.status, "loss": loss, "loss_class": loss_class,
             "layers": len(rel_err) if rel_err is not None else 0,
-            "data": stat_packing.pack([rel_err, cosine], SHADOW_KINDS)
-            if rel_err is not None and cosine is not None else None,
+            "data": stat_packing.pack([rel_err, cosine, norm], SHADOW_KINDS)
+            if rel_err is not None and cosine is not None and norm is not None else None,
             "detail": shadow.detail}
 
 

@@ -379,10 +379,11 @@ class SwallowedStat(Base):
 class StepShadow(Base):
     """The sampled FP32 shadow step of an applied step (wire v6 `shadow`); no row = none ran.
 
-    `data` is `stat_packing` of two float64 columns of `layers` values (`SHADOW_KINDS`), in
-    layer order: each layer's `rel_err` and cosine (the float64 bits: NaN and ±inf kept
-    exactly; None where the layer had no gradient to compare); null for a `failed` shadow step,
-    whose `detail` says why. The FP32 loss as value + class, like `step_rechecks.loss`."""
+    `data` is `stat_packing` of three float64 columns of `layers` values (`SHADOW_KINDS`), in
+    layer order: each layer's `rel_err`, cosine and FP32 gradient norm (the float64 bits: NaN
+    and ±inf kept exactly; None where the layer had no gradient to compare); null for a
+    `failed` shadow step, whose `detail` says why. The FP32 loss as value + class, like
+    `step_rechecks.loss`."""
 
     __tablename__ = "step_shadows"
     __table_args__ = (Index("ix_step_shadows_run_key_step_id", "run_key", "step_id"),)
@@ -400,8 +401,8 @@ class StepShadow(Base):
     detail: Mapped[str | None] = mapped_column(String(1000))
 
 
-SHADOW_KINDS = "dd"
-"""`stat_packing` kinds of `step_shadows.data`: rel_err, cosine (float64)."""
+SHADOW_KINDS = "ddd"
+"""`stat_packing` kinds of `step_shadows.data`: rel_err, cosine, FP32 norm (float64)."""
 
 
 # --- wire v4 (revision 0020) -------------------------------------------------------------------

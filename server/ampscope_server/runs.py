@@ -287,15 +287,15 @@ def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
 
 
 def shadow_read(row: StepShadow) -> ShadowRead:
-    rel_err = cosine = None
+    rel_err = cosine = norm = None
     if row.data is not None:
-        rel_err, cosine = (
+        rel_err, cosine, norm = (
             [None if x is None else float(x) for x in column]
             for column in stat_packing.unpack(row.data))
     return ShadowRead(
         status=row.status,  # type: ignore[arg-type]  # stored from the wire's Literal
         loss=codec.from_storage(row.loss, row.loss_class),
-        rel_err=rel_err, cosine=cosine, detail=row.detail,
+        rel_err=rel_err, cosine=cosine, norm=norm, detail=row.detail,
     )
 
 

@@ -315,6 +315,8 @@ class ShadowRead(BaseModel):
     """Per layer: ||g_amp - g_fp32|| / ||g_fp32|| (null: no gradient to compare)."""
     cosine: list[Tagged | None] | None
     """Per layer: the cosine similarity of the two gradients (null: no gradient)."""
+    norm: list[Tagged | None] | None
+    """Per layer: ||g_fp32||, the FP32 gradient's norm in true units (null: no gradient)."""
     detail: str | None
 
 

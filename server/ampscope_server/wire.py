@@ -362,13 +362,15 @@ class Recheck(WireModel):
 class Shadow(WireModel):
     """The sampled FP32 shadow step (v6): the user's closure re-run in FP32 from the same
     weights and batch as an applied AMP step, each layer's gradient compared with the AMP one
-    (`rel_err = ||g_amp - g_fp32|| / ||g_fp32||`, the cosine; null: no gradient to compare);
-    `failed`: the closure raised (`detail`), nothing else carried."""
+    (`rel_err = ||g_amp - g_fp32|| / ||g_fp32||`, the cosine, `||g_fp32||` itself in true
+    units; null: no gradient to compare); `failed`: the closure raised (`detail`), nothing else
+    carried."""
 
     status: Literal["ok", "failed"]
     loss: WireFloat = None
     rel_err: Annotated[list[WireFloat], Field(max_length=MAX_TABLE)] | None = None
     cosine: Annotated[list[WireFloat], Field(max_length=MAX_TABLE)] | None = None
+    norm: Annotated[list[WireFloat], Field(max_length=MAX_TABLE)] | None = None
     detail: Text1000 | None = None
 
 
@@ -569,13 +571,14 @@ class IngestBatch(WireModel):
 
 
 def _check_shadow(shadow: Shadow, where: str) -> None:
-    """A failed shadow step carries its detail and nothing else; a run one carries both
+    """A failed shadow step carries its detail and nothing else; a run one carries the three
     per-layer arrays, equally long, and no detail."""
+    arrays = (shadow.rel_err, shadow.cosine, shadow.norm)
     if shadow.status == "failed":
-        if shadow.loss is not None or shadow.rel_err is not None or shadow.cosine is not None:
+        if shadow.loss is not None or any(a is not None for a in arrays):
             raise PydanticCustomError(
                 "shadow_status",
-                "{where}: a failed shadow step carries no loss, rel_err or cosine",
+                "{where}: a failed shadow step carries no loss, rel_err, cosine or norm",
                 {"where": where})
         if shadow.detail is None:
             raise PydanticCustomError(
@@ -586,15 +589,16 @@ def _check_shadow(shadow: Shadow, where: str) -> None:
         raise PydanticCustomError(
             "shadow_status", "{where}.detail: only a failed shadow step carries a detail",
             {"where": where})
-    if shadow.rel_err is None or shadow.cosine is None:
+    if shadow.rel_err is None or shadow.cosine is None or shadow.norm is None:
         raise PydanticCustomError(
-            "shadow_status", "{where}: a shadow step that ran carries rel_err and cosine",
+            "shadow_status", "{where}: a shadow step that ran carries rel_err, cosine and norm",
             {"where": where})
-    if len(shadow.rel_err) != len(shadow.cosine):
-        raise PydanticCustomError(
-            "shadow_lengths",
-            "{where}.rel_err has {n} entries and cosine {m}: one per layer each",
-            {"where": where, "n": len(shadow.rel_err), "m": len(shadow.cosine)})
+    for name, values in (("cosine", shadow.cosine), ("norm", shadow.norm)):
+        if len(values) != len(shadow.rel_err):
+            raise PydanticCustomError(
+                "shadow_lengths",
+                "{where}.rel_err has {n} entries and {name} {m}: one per layer each",
+                {"where": where, "n": len(shadow.rel_err), "name": name, "m": len(values)})
 
 
 def _check_recheck(recheck: Recheck, where: str) -> None:

@@ -19,7 +19,8 @@ from tests.support.ingest import ingest_into
 pytestmark = pytest.mark.slow
 
 SHADOW: dict[str, Any] = {"status": "ok", "loss": "-inf", "rel_err": [2.0**-1074, "nan"],
-                          "cosine": [None, "inf"], "detail": None}
+                          "cosine": [None, "inf"], "norm": [0.0, 2.0**-1074],
+                          "detail": None}
 STEPS = "SELECT run_key, step, seq FROM steps ORDER BY run_key, step"
 SHADOWS = "SELECT status, loss, loss_class, layers, data, detail FROM step_shadows"
 
@@ -31,9 +32,10 @@ def test_0024_adds_step_shadows_and_takes_them_back(db_url: str) -> None:
     (status, loss, loss_class, layers, data, detail), = query(db_url, SHADOWS)
     assert (status, layers, detail) == ("ok", 2, None)
     assert (loss, loss_class) == (None, codec.FloatClass.NEG_INF)
-    rel_err, cosine = stat_packing.unpack(bytes(data))
+    rel_err, cosine, norm = stat_packing.unpack(bytes(data))
     assert rel_err[0] == 2.0**-1074 and rel_err[1] != rel_err[1]
     assert cosine == [None, float("inf")]
+    assert norm == [0.0, 2.0**-1074]
     steps = query(db_url, STEPS)
     assert len(steps) == 2
 

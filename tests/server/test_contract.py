@@ -191,5 +191,6 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
     # Steps 0, 1 and 3 were applied (2 overflowed): the 2nd is step 1.
     shadows = [r.get("shadow") for body in sink.payloads() for r in body["records"]]
     assert [None if s is None else s["status"] for s in shadows] == [None, "ok", None, None]
+    assert shadows[1] is not None and len(shadows[1]["norm"]) == 4
     swallowed = [r["swallowed"] for body in half_sink.payloads() for r in body["records"]]
     assert all(s is not None and len(s) == 4 for s in swallowed)

@@ -1,6 +1,7 @@
 """Wire v6 `records[].shadow` (#30), on both dialects: the FP32 shadow step of an applied step
-is stored and read back bit for bit through `/export` and a `nonfinite` event's `shadow`; a v5
-batch carrying one is refused by name; the per-layer arrays must match the layer table."""
+(rel_err, cosine and the FP32 norm per layer) is stored and read back bit for bit through
+`/export` and a `nonfinite` event's `shadow`; a v5 batch carrying one is refused by name; the
+per-layer arrays must match each other and the layer table."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from tests.support.ingest import post_batch
 TINY = 2.0**-1074
 SHADOW: dict[str, Any] = {"status": "ok", "loss": 0.6931471805599453,
                           "rel_err": [1.0000000000000002e-3, "nan"], "cosine": [-0.0, None],
-                          "detail": None}
+                          "norm": [0.30000000000000004, 0.0], "detail": None}
 EXTREMES: dict[str, Any] = {"status": "ok", "loss": "-inf", "rel_err": [TINY, "inf"],
-                            "cosine": [None, 1.7976931348623157e308], "detail": None}
+                            "cosine": [None, 1.7976931348623157e308],
+                            "norm": [TINY, "nan"], "detail": None}
 FAILED: dict[str, Any] = {"status": "failed", "loss": None, "rel_err": None, "cosine": None,
-                          "detail": "ValueError: bad batch"}
+                          "norm": None, "detail": "ValueError: bad batch"}
 
 
 def _batch(version: int, *shadows: dict[str, Any] | None, **record: Any) -> dict[str, Any]:
@@ -57,6 +59,8 @@ class TestStored:
         # -0.0 == 0.0 and the smallest subnormal: compare the float64 bits too.
         assert _bits(steps[1]["shadow"]["cosine"]) == _bits([-0.0, None])
         assert _bits(steps[2]["shadow"]["rel_err"]) == _bits([TINY, "inf"])
+        assert _bits(steps[1]["shadow"]["norm"]) == _bits([0.30000000000000004, 0.0])
+        assert _bits(steps[2]["shadow"]["norm"]) == _bits([TINY, "nan"])
         assert math.copysign(1.0, steps[1]["shadow"]["cosine"][0]) == -1.0
 
     def test_an_applied_non_finite_step_carries_its_shadow_in_its_event(
@@ -84,15 +88,24 @@ class TestRefused:
         ({**SHADOW, "rel_err": [0.5]},
          "records[0].shadow.rel_err has 1 entries and cosine 2: "
          "one per layer each"),
+        ({**SHADOW, "norm": [0.5, 0.5, 0.5]},
+         "records[0].shadow.rel_err has 2 entries and norm 3: "
+         "one per layer each"),
         ({**SHADOW, "detail": "why"},
          "records[0].shadow.detail: only a failed shadow step "
          "carries a detail"),
         ({**FAILED, "loss": 1.0},
          "records[0].shadow: a failed shadow step carries no "
-         "loss, rel_err or cosine"),
+         "loss, rel_err, cosine or norm"),
+        ({**FAILED, "norm": [1.0, 1.0]},
+         "records[0].shadow: a failed shadow step carries no "
+         "loss, rel_err, cosine or norm"),
         ({**SHADOW, "cosine": None},
          "records[0].shadow: a shadow step that ran carries "
-         "rel_err and cosine"),
+         "rel_err, cosine and norm"),
+        ({key: value for key, value in SHADOW.items() if key != "norm"},
+         "records[0].shadow: a shadow step that ran carries "
+         "rel_err, cosine and norm"),
         ({**SHADOW, "rel_err": [0.5, "nan?"]},
          'records[0].shadow.rel_err[1]: expected a number or one of "nan", "inf", "-inf", got '
          "the string 'nan?'"),
@@ -105,7 +118,8 @@ class TestRefused:
         assert post_batch(api, _batch(6, shadow), status=422) == {"detail": detail}
 
     def test_arrays_longer_than_the_layer_table_are_422(self, api: TestClient) -> None:
-        shadow = {**SHADOW, "rel_err": [0.1, 0.2, 0.3], "cosine": [1.0, 1.0, 1.0]}
+        shadow = {**SHADOW, "rel_err": [0.1, 0.2, 0.3], "cosine": [1.0, 1.0, 1.0],
+                  "norm": [1.0, 1.0, 1.0]}
         assert post_batch(api, _batch(6, shadow), status=422) == {
             "detail": "records[0].shadow.rel_err has 3 entries, but the run's layer table has "
                       "2 layers"}

@@ -116,9 +116,11 @@ class TestLoader:
             if i % 2:
                 record["shadow"] = {"status": "ok", "loss": 1.0 + i,
                                     "rel_err": [0.25, "nan" if i % 4 == 1 else None],
-                                    "cosine": [0.9, None], "detail": None}
+                                    "cosine": [0.9, None],
+                                    "norm": [1.0, 0.0 if i % 4 == 1 else None],
+                                    "detail": None}
         payload["records"][199]["shadow"] = {
-            "status": "failed", "loss": None, "rel_err": None, "cosine": None,
+            "status": "failed", "loss": None, "rel_err": None, "cosine": None, "norm": None,
             "detail": "ValueError: bad batch"}
         run_id = ingest_payload(database.sessions, payload).run_id
         with database.sessions() as session:
