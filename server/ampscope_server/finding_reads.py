@@ -18,7 +18,7 @@ then read every step):
   (one index probe each), the first MISUSE_EVENTS misuse events (and each kind's exact count,
   one grouped read) and RECHECKS re-checks (status and FP32 loss), the swallowed fractions
   of the last RECENT_LAYER_STEPS steps that carry them, and the last SHADOW_STEPS FP32 shadow
-  steps that ran (loss and per-layer rel_err).
+  steps that ran (loss, per-layer rel_err and FP32 norm).
 
 Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
 cached per (database, run): a run is analysed again only once it changed and at most every
@@ -286,13 +286,18 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             if frac is not None],
         rechecks=rechecks, recheck_losses=recheck_losses, forward_origins=origins,
         shadows=[
-            ShadowSample(step, codec.from_storage(loss, loss_class),
-                         tuple(stat_packing.unpack(data)[0]))
+            _shadow_sample(step, codec.from_storage(loss, loss_class), data)
             for step, loss, loss_class, data in findings_repository.shadows_last(
                 session, run.id, SHADOW_STEPS)],
         name=run.name,
         first_rank=_first_rank(session, run),
     )
+
+
+def _shadow_sample(step: int, loss: float | None, data: bytes) -> ShadowSample:
+    """A stored shadow step's rel_err and FP32 norm columns (`SHADOW_KINDS`; cosine unused)."""
+    rel_err, _cosine, norm = stat_packing.unpack(data)
+    return ShadowSample(step, loss, tuple(rel_err), tuple(norm))
 
 
 def _first_rank(session: Session, run: Run) -> RankStep | None:

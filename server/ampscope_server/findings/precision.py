@@ -8,7 +8,11 @@ shadow steps computes something the format cannot hold (an overflowing or cancel
 reduction that underflows): that layer, not the whole model, belongs in FP32 (or BF16).
 
 Only finite rel_err values count: NaN says FP32's own gradient was 0 (or non-finite), which
-is not a precision measurement.
+is not a precision measurement. Nor does a layer whose FP32 gradient is negligible at that
+shadow step: its norm below SHADOW_NEGLIGIBLE_NORM_FRAC of the largest layer's. A bias followed
+by BatchNorm has a true gradient of 0; FP32 leaves rounding noise there (~1e-8 of the largest
+layer's), and any AMP difference is then thousands of times "its" gradient while the layer
+does not move the update at all. A layer's median is over the shadow steps where it was judged.
 
     precision_sensitive(run) -> [Finding]    warning: these layers need FP32/BF16
 """
@@ -17,28 +21,43 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData
-from ampscope_server.findings.thresholds import SHADOW_REL_ERR_WARN
+from ampscope_server.findings.model import Finding, RunData, ShadowSample
+from ampscope_server.findings.thresholds import SHADOW_NEGLIGIBLE_NORM_FRAC, SHADOW_REL_ERR_WARN
 
 
-def layer_medians(run: RunData) -> dict[int, float]:
-    """{layer: its median finite rel_err over the snapshot's shadow steps} for every layer
-    with at least one."""
+def judged(shadow: ShadowSample) -> dict[int, float]:
+    """{layer: rel_err} of the layers judged at this shadow step: a finite rel_err and an FP32
+    norm above 0 and at least SHADOW_NEGLIGIBLE_NORM_FRAC of the step's largest finite one."""
+    largest = max((n for n in shadow.norm if n is not None and math.isfinite(n)), default=0.0)
+    floor = SHADOW_NEGLIGIBLE_NORM_FRAC * largest
+    return {layer: err for layer, (err, norm) in enumerate(zip(shadow.rel_err, shadow.norm,
+                                                               strict=True))
+            if err is not None and math.isfinite(err)
+            and norm is not None and math.isfinite(norm) and norm > 0 and norm >= floor}
+
+
+def layer_medians(shadows: Sequence[ShadowSample]) -> tuple[dict[int, float], int]:
+    """({layer: its median rel_err over the shadow steps where it was judged}, how many layers
+    had a finite rel_err but were negligible at every shadow step, so never judged)."""
     values: dict[int, list[float]] = {}
-    for shadow in run.shadows:
-        for layer, err in enumerate(shadow.rel_err):
-            if err is not None and math.isfinite(err):
-                values.setdefault(layer, []).append(err)
-    return {layer: statistics.median(errs) for layer, errs in values.items()}
+    measured: set[int] = set()
+    for shadow in shadows:
+        measured.update(layer for layer, err in enumerate(shadow.rel_err)
+                        if err is not None and math.isfinite(err))
+        for layer, err in judged(shadow).items():
+            values.setdefault(layer, []).append(err)
+    medians = {layer: statistics.median(errs) for layer, errs in values.items()}
+    return medians, len(measured - medians.keys())
 
 
 def precision_sensitive(run: RunData) -> list[Finding]:
-    """Warning: the layers whose median shadow rel_err is SHADOW_REL_ERR_WARN or more, worst
-    first."""
+    """Warning: the layers whose median shadow rel_err, where their FP32 gradient is not
+    negligible, is SHADOW_REL_ERR_WARN or more, worst first."""
     if not run.shadows:
         return []
-    medians = layer_medians(run)
+    medians, negligible = layer_medians(run.shadows)
     flagged = sorted((layer for layer, err in medians.items() if err >= SHADOW_REL_ERR_WARN),
                      key=lambda layer: (-medians[layer], layer))
     if not flagged:
@@ -48,6 +67,10 @@ def precision_sensitive(run: RunData) -> list[Finding]:
     steps = [s.step for s in run.shadows]
     listed = ", ".join(f"{run.layer_name(layer)} ({medians[layer]:.3g})" for layer in flagged)
     keep = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    left_out = (
+        f" {negligible} layer(s) whose FP32 gradient was below {SHADOW_NEGLIGIBLE_NORM_FRAC:g} "
+        "of the largest layer's at every shadow step (a true gradient of ~0, rounding noise in "
+        "FP32 too) were not judged." if negligible else "")
     return [Finding(
         kind="precision_sensitive", severity="warning",
         title=(f"{len(flagged)} layer(s) compute a gradient {worst:.0%} off FP32's: keep "
@@ -58,12 +81,14 @@ def precision_sensitive(run: RunData) -> list[Finding]:
             f"gradient's relative error (||g_amp - g_fp32|| / ||g_fp32||, median over those "
             f"steps) at {listed}, where the format's rounding alone gives about 1e-3. These "
             "layers' forward or backward loses what the format cannot hold; the rest of the "
-            "model does not."),
+            f"model does not.{left_out}"),
         recommendation=(
             f"Keep {keep} in FP32/BF16: run it under torch.autocast(enabled=False) with FP32 "
             "inputs (or autocast to bfloat16 there), and leave the rest of the model in "
             f"{run.target_format}."),
         step_start=steps[0], step_end=steps[-1], layers=names,
         evidence={"shadow_steps": len(steps), "max_median_rel_err": worst,
-                  "sensitive_layers": len(flagged), "threshold": SHADOW_REL_ERR_WARN},
+                  "sensitive_layers": len(flagged), "negligible_layers": negligible,
+                  "threshold": SHADOW_REL_ERR_WARN,
+                  "negligible_norm_frac": SHADOW_NEGLIGIBLE_NORM_FRAC},
     )]

@@ -38,6 +38,17 @@ SHADOW_REL_ERR_WARN = 0.1
 """A layer whose median FP32 shadow rel_err (`||g_amp - g_fp32|| / ||g_fp32||`) over the recent
 shadow steps is 10 % or more computes a gradient the low-precision format gets materially
 wrong: keep it in FP32 (or BF16, whose range FP16 lacks)."""
+SHADOW_NEGLIGIBLE_NORM_FRAC = 1e-3
+"""A layer is judged at a shadow step only where its FP32 gradient norm is at least 1e-3 of the
+largest layer's at that step. Below it the gradient does not matter for the update and its
+rel_err measures nothing: a layer whose true gradient is 0 (a bias followed by BatchNorm, whose
+mean subtraction cancels it exactly) has an FP32 norm of rounding noise, so any AMP difference
+is a "huge" rel_err. 1e-3 is about twice FP16's unit roundoff 2^-11: the AMP backward rounds the
+values it carries, of the size of the largest gradients, to that relative precision, so a whole
+gradient smaller than it is within the format's own rounding of the rest of the model. Of the
+largest layer's norm, not the total's: the total grows with the number of layers (up to sqrt(L)
+x the largest), so a deep model would leave out layers a shallow one judges; the largest layer
+is the scale of the update at any depth."""
 
 # --- divergence (findings/divergence.py) -------------------------------------------------------
 DIVERGENCE_LOSS_FACTOR = 100.0

@@ -626,18 +626,23 @@ class TestRechecksAndMeasuredSwallowing:
 
 def shadows(losses: dict[int, float], rel_err: tuple[float | None, ...] = (1e-3,) * 4
             ) -> list[ShadowSample]:
-    return [ShadowSample(step, loss, rel_err) for step, loss in sorted(losses.items())]
+    return [ShadowSample(step, loss, rel_err, (1.0,) * len(rel_err))
+            for step, loss in sorted(losses.items())]
 
 
 class TestPrecisionSensitive:
     """The FP32 shadow steps' per-layer rel_err (findings/precision.py): a layer whose median
-    over the recent shadow steps is 10 % or more is named."""
+    over the recent shadow steps where its FP32 gradient is not negligible (1e-3 of the largest
+    layer's at the step) is 10 % or more is named."""
 
     ERRS = ((1e-3, 0.2, math.nan, 0.1), (2e-3, 0.3, math.nan, 0.12),
             (1e-3, 0.25, 0.05, 0.09))
 
-    def _findings(self, errs: Sequence[tuple[float | None, ...]]) -> list[Finding]:
-        samples = [ShadowSample(100 * (i + 1), 1.0, e) for i, e in enumerate(errs)]
+    def _findings(self, errs: Sequence[tuple[float | None, ...]],
+                  norms: Sequence[tuple[float | None, ...]] | None = None) -> list[Finding]:
+        norms = norms or [(1.0,) * len(e) for e in errs]
+        samples = [ShadowSample(100 * (i + 1), 1.0, e, n)
+                   for i, (e, n) in enumerate(zip(errs, norms, strict=True))]
         return analyze(dataclasses.replace(run_data(HEALTHY, layer_samples=RECENT),
                                            shadows=samples))
 
@@ -649,7 +654,9 @@ class TestPrecisionSensitive:
         assert found.title == ("2 layer(s) compute a gradient 25% off FP32's: keep fc1.weight, "
                                "fc2.weight in FP32/BF16")
         assert found.evidence == {"shadow_steps": 3, "max_median_rel_err": 0.25,
-                                  "sensitive_layers": 2, "threshold": 0.1}
+                                  "sensitive_layers": 2, "negligible_layers": 0,
+                                  "threshold": 0.1, "negligible_norm_frac": 1e-3}
+        assert "not judged" not in found.explanation
         assert (found.step_start, found.step_end) == (100, 300)
         assert "fc1.weight (0.25), fc2.weight (0.1)" in found.explanation
         assert found.recommendation.startswith("Keep fc1.weight, fc2.weight in FP32/BF16")
@@ -658,6 +665,46 @@ class TestPrecisionSensitive:
         below = [(1e-3, 0.099, None, 0.05)] * 3
         assert "precision_sensitive" not in [f.kind for f in self._findings(below)]
         assert "precision_sensitive" not in [f.kind for f in self._findings([])]
+
+    def test_a_layer_with_a_negligible_fp32_gradient_is_not_judged(self) -> None:
+        """embed.weight: rel_err 1000 on an FP32 norm of 1e-8 beside fc1.bias's 2.0 (like a
+        bias before BatchNorm: a true gradient of 0, rounding noise in FP32): left out.
+        fc1.weight at a real norm with rel_err 0.3 is named; fc2.weight at exactly 1e-3 of the
+        largest is judged (0.01, not named)."""
+        errs = [(1000.0, 0.3, 1e-3, 0.01)] * 3
+        norms = [(1e-8, 0.5, 2.0, 2e-3)] * 3
+        found = only(self._findings(errs, norms), "precision_sensitive")
+        assert found.layers == ["fc1.weight"]
+        assert found.title == ("1 layer(s) compute a gradient 30% off FP32's: keep fc1.weight "
+                               "in FP32/BF16")
+        assert found.evidence == {"shadow_steps": 3, "max_median_rel_err": 0.3,
+                                  "sensitive_layers": 1, "negligible_layers": 1,
+                                  "threshold": 0.1, "negligible_norm_frac": 1e-3}
+        assert found.explanation.endswith(
+            " 1 layer(s) whose FP32 gradient was below 0.001 of the largest layer's at every "
+            "shadow step (a true gradient of ~0, rounding noise in FP32 too) were not judged.")
+
+    def test_the_median_is_over_the_steps_where_a_layer_was_judged(self) -> None:
+        """embed.weight is negligible at two of four steps (rel_err 500 there) and at 0.2 and
+        0.4 where judged: median 0.3, not 350. A layer negligible at one step is judged at the
+        others, so it is not counted as left out."""
+        errs = [(500.0, 1e-3, 1e-3, 1e-3), (0.2, 1e-3, 1e-3, 1e-3),
+                (500.0, 1e-3, 1e-3, 1e-3), (0.4, 1e-3, 1e-3, 1e-3)]
+        norms = [(1e-9, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0),
+                 (1e-9, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0)]
+        found = only(self._findings(errs, norms), "precision_sensitive")
+        assert found.layers == ["embed.weight"]
+        assert found.evidence["max_median_rel_err"] == pytest.approx(0.3)
+        assert found.evidence["negligible_layers"] == 0
+
+    def test_every_layer_negligible_or_zero_nothing(self) -> None:
+        """All norms 0 (rel_err 0 where both gradients are 0) or a single non-zero layer whose
+        rel_err is small: nothing to name."""
+        zero = [(0.0, 0.0, 0.0, 0.0)] * 3
+        assert "precision_sensitive" not in [f.kind for f in self._findings(zero, zero)]
+        errs = [(5.0, 5.0, 5.0, 1e-3)] * 3
+        norms = [(1e-7, 0.0, None, 1.0)] * 3
+        assert "precision_sensitive" not in [f.kind for f in self._findings(errs, norms)]
 
 
 class TestShadowEvidence:
