@@ -237,7 +237,9 @@ class Monitor:
                                 on_error=self._internal_error)
         self._cycle.model = model
         self._cycle.recheck_low = self.fmt.dtype
-        self._cycle.shadow_every = max(0, shadow_every)
+        self.shadow_every = max(0, shadow_every)
+        """Every N-th applied step is an FP32 shadow step (0: off; ``ampscope.shadow``)."""
+        self._cycle.shadow_every = self.shadow_every
         if (self._view.on and engine is None and topo.group is None and not topo.sharded
                 and topology.world_size() == 1):
             # Exact clip-before-unscale_ counting (misuse.py) in place of the heuristic; under

@@ -40,10 +40,16 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def amp_step(
     model: nn.Module, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer,
     x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn = nn.functional.mse_loss,
+    mon: Monitor | None = None,
 ) -> torch.Tensor:
     """One ordinary FP16 AMP step on the CPU: autocast forward, the loss (MSE unless
     ``loss_fn``) in FP32, scale, backward, step, update. With a disabled scaler the same step
-    in FP32 (no autocast): the scenario's FP32 twin."""
+    in FP32 (no autocast): the scenario's FP32 twin. ``mon`` with its FP32 shadow step on
+    (``run_scenario(shadow_every=N)``): the step's closure is registered with it first
+    (``mon.recheck``), so the shadow step re-runs this batch; without it none is, and the
+    scenario's other runs keep no re-check."""
+    if mon is not None and mon.shadow_every:
+        mon.recheck(lambda: loss_fn(model(x).float(), y))
     with torch.autocast("cpu", dtype=torch.float16, enabled=scaler.is_enabled()):
         out = model(x)
     loss = loss_fn(out.float(), y)
@@ -56,11 +62,13 @@ def amp_step(
 
 def run_scenario(
     scenario: Scenario, *, server: str | None = None, sender: Sender | None = None,
-    run_name: str | None = None, **watch: Any,
+    run_name: str | None = None, shadow_every: int = 0, **watch: Any,
 ) -> Monitor:
     """Train ``scenario`` under a real hook sending to ``server`` (or ``sender``); closes the
-    hook (every record flushed) and returns it."""
-    options = {**scenario.watch, **watch}
+    hook (every record flushed) and returns it. ``shadow_every=N``: every N-th applied step is
+    an FP32 shadow step, on the batch whose closure ``amp_step(..., mon=mon)`` registers (a
+    scenario whose step does not pass ``mon`` gets none)."""
+    options = {**scenario.watch, **watch, "shadow_every": shadow_every}
     mon = ampscope.watch(scenario.model, scenario.scaler, scenario.optimizer,
                          run=run_name or scenario.name, server=server, sender=sender,
                          tags=["scenario", scenario.name], **options)

@@ -55,7 +55,7 @@ def build(steps: int = 60, fp32: bool = False) -> Scenario:
 
     def step(i: int, mon: Monitor) -> torch.Tensor:
         return amp_step(model, scaler, optimizer, *quadrant_batch(gen),
-                        loss_fn=nn.functional.cross_entropy)
+                        loss_fn=nn.functional.cross_entropy, mon=mon)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

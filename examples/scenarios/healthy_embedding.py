@@ -60,7 +60,7 @@ def build(steps: int = 120, fp32: bool = False) -> Scenario:
         tokens = torch.multinomial(weights, BATCH * LENGTH, replacement=True,
                                    generator=gen).view(BATCH, LENGTH)
         y = score[tokens].mean(dim=1, keepdim=True)
-        return amp_step(model, scaler, optimizer, tokens, y)
+        return amp_step(model, scaler, optimizer, tokens, y, mon=mon)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

@@ -68,7 +68,7 @@ def build(steps: int = 120, fp32: bool = False) -> Scenario:
                                   generator=gen).view(BATCH, HISTORY)
         rating = (true_users[users] * true_items[items].mean(dim=1)).sum(dim=1, keepdim=True)
         x = torch.cat([users.unsqueeze(1), items], dim=1)
-        return amp_step(model, scaler, optimizer, x, rating)
+        return amp_step(model, scaler, optimizer, x, rating, mon=mon)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

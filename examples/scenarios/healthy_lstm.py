@@ -58,7 +58,7 @@ def build(steps: int = 60, fp32: bool = False) -> Scenario:
     gen = torch.Generator().manual_seed(0)
 
     def step(i: int, mon: Monitor) -> torch.Tensor:
-        return amp_step(model, scaler, optimizer, *sequence_batch(gen))
+        return amp_step(model, scaler, optimizer, *sequence_batch(gen), mon=mon)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

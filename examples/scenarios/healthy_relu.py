@@ -40,7 +40,7 @@ def build(steps: int = 120) -> Scenario:
     gen = torch.Generator().manual_seed(0)
 
     def step(i: int, mon: Monitor) -> None:
-        amp_step(model, scaler, optimizer, *regression_batch(gen))
+        amp_step(model, scaler, optimizer, *regression_batch(gen), mon=mon)
 
     return Scenario(NAME, model, scaler, optimizer, step, steps)
 

@@ -20,6 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from ampscope_server.findings.model import ShadowSample
+from ampscope_server.findings.precision import judged
+from ampscope_server.findings.thresholds import SHADOW_REL_ERR_WARN
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import Receiver, receiver
@@ -39,6 +42,10 @@ SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "n
              "activation_overflow", "clip_before_unscale", "fp16_params_no_master",
              "lr_diverges_in_fp32", "momentum_diverges", *HEALTHY)
 
+
+SHADOW_EVERY = 5
+"""The healthy models run again with an FP32 shadow step every 5th applied step
+(`run_scenario(shadow_every=5)`: each step registers its batch's closure)."""
 
 SETTLE_S = 2.0
 """Ten of the module server's alert evaluation passes."""
@@ -222,6 +229,45 @@ class TestPhenomena:
         assert all(step["layers"]["subnormal_frac"][first] == 0.0
                    for step in _layer_steps(export))
 
+    @pytest.mark.parametrize("name", HEALTHY)
+    def test_healthy_shadow_steps_judge_no_layer_sensitive(self, runs: Runs, name: str) -> None:
+        """Every shadow step ran; among the layers `precision_sensitive` judges (FP32 norm at
+        least 1e-3 of the step's largest) the worst median rel_err is fp16 rounding, far
+        below 10 %. Only healthy_cnn_bn leaves layers out (the next test)."""
+        export = runs.export(name, shadow_every=SHADOW_EVERY)
+        sent = [step["shadow"] for step in export["steps"] if "shadow" in step]
+        applied = [step for step in export["steps"] if not step["skipped"]]
+        assert len(sent) == len(applied) // SHADOW_EVERY > 0
+        assert all(shadow["status"] == "ok" for shadow in sent)
+        samples = [ShadowSample(0, None, tuple(s["rel_err"]), tuple(s["norm"])) for s in sent]
+        errs: dict[int, list[float]] = {}
+        for sample in samples:
+            for layer, err in judged(sample).items():
+                errs.setdefault(layer, []).append(err)
+        worst = max(statistics.median(values) for values in errs.values())
+        assert worst < 0.01 < SHADOW_REL_ERR_WARN
+        left_out = set(range(len(export["layers"]))) - errs.keys()
+        assert bool(left_out) == (name == "healthy_cnn_bn")
+
+    def test_the_biases_before_batchnorm_have_a_gradient_of_rounding_noise(
+        self, runs: Runs
+    ) -> None:
+        """healthy_cnn_bn: BatchNorm subtracts the batch mean, so the conv biases before it
+        have a true gradient of 0; FP32's norm there is rounding noise (< 1e-6 of the largest
+        layer's at every shadow step), and against it the AMP difference is a rel_err in the
+        hundreds: what made `precision_sensitive` name them before it judged by the norm."""
+        export = runs.export("healthy_cnn_bn", shadow_every=SHADOW_EVERY)
+        names = [layer["name"] for layer in export["layers"]]
+        sent = [step["shadow"] for step in export["steps"] if "shadow" in step]
+        for shadow in sent:
+            largest = max(shadow["norm"])
+            assert [names[i] for i, norm in enumerate(shadow["norm"])
+                    if norm < 1e-6 * largest] == ["0.bias", "3.bias"]
+            assert min(shadow["norm"][i] for i, name in enumerate(names)
+                       if name not in ("0.bias", "3.bias")) > 1e-3 * largest
+        for bias in ("0.bias", "3.bias"):
+            assert statistics.median(s["rel_err"][names.index(bias)] for s in sent) > 10
+
     def test_healthy_run_is_clean(self, runs: Runs) -> None:
         steps = runs.export("healthy")["steps"]
         assert not any(step["skipped"] for step in steps)
@@ -332,6 +378,13 @@ class TestFindings:
     @pytest.mark.parametrize("name", HEALTHY)
     def test_healthy_run_gets_no_finding(self, runs: Runs, name: str) -> None:
         findings = runs.findings(name)
+        assert [(f["kind"], f["severity"], f["title"]) for f in findings] == []
+
+    @pytest.mark.parametrize("name", HEALTHY)
+    def test_healthy_run_with_shadow_steps_gets_no_finding(self, runs: Runs, name: str) -> None:
+        """The same with an FP32 shadow step every 5th applied step: no `precision_sensitive`
+        (the biases before BatchNorm are negligible, not sensitive), nor anything else."""
+        findings = runs.findings(name, shadow_every=SHADOW_EVERY)
         assert [(f["kind"], f["severity"], f["title"]) for f in findings] == []
 
     def test_tiny_gradient_at_65536_has_no_underflow_finding(self, runs: Runs) -> None:
