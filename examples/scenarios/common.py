@@ -62,13 +62,15 @@ def amp_step(
 
 def run_scenario(
     scenario: Scenario, *, server: str | None = None, sender: Sender | None = None,
-    run_name: str | None = None, shadow_every: int = 0, **watch: Any,
+    run_name: str | None = None, shadow_every: int | None = None, **watch: Any,
 ) -> Monitor:
     """Train ``scenario`` under a real hook sending to ``server`` (or ``sender``); closes the
     hook (every record flushed) and returns it. ``shadow_every=N``: every N-th applied step is
     an FP32 shadow step, on the batch whose closure ``amp_step(..., mon=mon)`` registers (a
-    scenario whose step does not pass ``mon`` gets none)."""
-    options = {**scenario.watch, **watch, "shadow_every": shadow_every}
+    scenario whose step does not pass ``mon`` gets none); None: the scenario's own setting."""
+    options = {**scenario.watch, **watch}
+    if shadow_every is not None:
+        options["shadow_every"] = shadow_every
     mon = ampscope.watch(scenario.model, scenario.scaler, scenario.optimizer,
                          run=run_name or scenario.name, server=server, sender=sender,
                          tags=["scenario", scenario.name], **options)

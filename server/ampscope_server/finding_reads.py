@@ -295,9 +295,9 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
 
 
 def _shadow_sample(step: int, loss: float | None, data: bytes) -> ShadowSample:
-    """A stored shadow step's rel_err and FP32 norm columns (`SHADOW_KINDS`; cosine unused)."""
-    rel_err, _cosine, norm = stat_packing.unpack(data)
-    return ShadowSample(step, loss, tuple(rel_err), tuple(norm))
+    """A stored shadow step's rel_err, cosine and FP32 norm columns (`SHADOW_KINDS`)."""
+    rel_err, cosine, norm = stat_packing.unpack(data)
+    return ShadowSample(step, loss, tuple(rel_err), tuple(norm), tuple(cosine))
 
 
 def _first_rank(session: Session, run: Run) -> RankStep | None:

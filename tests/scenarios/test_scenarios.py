@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from ampscope_server.findings.model import ShadowSample
-from ampscope_server.findings.precision import judged
-from ampscope_server.findings.thresholds import SHADOW_REL_ERR_WARN
+from ampscope_server.findings.precision import layer_medians
+from ampscope_server.findings.thresholds import SHADOW_COHERENT_COSINE, SHADOW_REL_ERR_WARN
 from tests.support.databases import migrated_sqlite
 from tests.support.servers import ServerProcess
 from tests.support.webhooks import Receiver, receiver
@@ -40,7 +41,7 @@ EMBEDDING_TABLES = {"healthy_embedding": ["embedding.weight"],
 
 SCENARIOS = ("tiny_gradient_underflow", "init_scale_too_high", "lr_explodes", "nan_in_data",
              "activation_overflow", "clip_before_unscale", "fp16_params_no_master",
-             "lr_diverges_in_fp32", "momentum_diverges", *HEALTHY)
+             "lr_diverges_in_fp32", "momentum_diverges", "subnormal_inputs", *HEALTHY)
 
 
 SHADOW_EVERY = 5
@@ -239,14 +240,11 @@ class TestPhenomena:
         applied = [step for step in export["steps"] if not step["skipped"]]
         assert len(sent) == len(applied) // SHADOW_EVERY > 0
         assert all(shadow["status"] == "ok" for shadow in sent)
-        samples = [ShadowSample(0, None, tuple(s["rel_err"]), tuple(s["norm"])) for s in sent]
-        errs: dict[int, list[float]] = {}
-        for sample in samples:
-            for layer, err in judged(sample).items():
-                errs.setdefault(layer, []).append(err)
-        worst = max(statistics.median(values) for values in errs.values())
-        assert worst < 0.01 < SHADOW_REL_ERR_WARN
-        left_out = set(range(len(export["layers"]))) - errs.keys()
+        samples = [ShadowSample(0, None, tuple(s["rel_err"]), tuple(s["norm"]),
+                                tuple(s["cosine"])) for s in sent]
+        medians, _ = layer_medians(samples)
+        assert max(medians.values()) < 0.01 < SHADOW_REL_ERR_WARN
+        left_out = set(range(len(export["layers"]))) - medians.keys()
         assert bool(left_out) == (name == "healthy_cnn_bn")
 
     def test_the_biases_before_batchnorm_have_a_gradient_of_rounding_noise(
@@ -267,6 +265,9 @@ class TestPhenomena:
                        if name not in ("0.bias", "3.bias")) > 1e-3 * largest
         for bias in ("0.bias", "3.bias"):
             assert statistics.median(s["rel_err"][names.index(bias)] for s in sent) > 10
+            # ... in no steady direction: rounding noise, not a small real gradient
+            assert statistics.median(s["cosine"][names.index(bias)]
+                                     for s in sent) < SHADOW_COHERENT_COSINE
 
     def test_healthy_run_is_clean(self, runs: Runs) -> None:
         steps = runs.export("healthy")["steps"]
@@ -292,6 +293,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "activation_overflow": ({"forward_overflow"}, {"nan_not_range"}),
     "clip_before_unscale": ({"amp_misuse"}, {"overflow_storm", "scale_collapse"}),
     "fp16_params_no_master": ({"swallowed_updates"}, {"overflow_storm"}),
+    # Subnormal inputs lose bits, not range: no gradient underflows, no step is skipped.
+    "subnormal_inputs": ({"precision_sensitive"},
+                         {"gradient_underflow", "overflow_storm", "forward_overflow"}),
 }
 
 
@@ -308,6 +312,7 @@ PRIMARY: dict[str, tuple[str, str] | None] = {
     "activation_overflow": ("forward_overflow", "error"),
     "clip_before_unscale": ("amp_misuse", "warning"),
     "fp16_params_no_master": ("swallowed_updates", "warning"),
+    "subnormal_inputs": ("precision_sensitive", "warning"),
     **dict.fromkeys(HEALTHY),
 }
 
@@ -509,6 +514,36 @@ class TestDoubleTrack:
         assert root["evidence"]["fp32_diverged_steps"] == len(beyond) > 0
         assert root["evidence"]["fp32_loss_peak"] == max(beyond)
         assert root["title"].endswith("(in FP32 too)")
+
+
+class TestPrecisionSensitive:
+    """A layer the format gets wrong without any overflow (issue #30's shadow step): the truth is
+    each layer's gradient under FP16 autocast against FP32, from the same weights and batch,
+    computed here without the hook."""
+
+    def test_the_layer_fp16_computes_wrong_is_named_and_no_other(self, runs: Runs) -> None:
+        module = importlib.import_module("scenarios.subnormal_inputs")
+        scenario = module.build()
+        x, y = module.batch(torch.Generator().manual_seed(0))
+        grads = {}
+        for low in (True, False):
+            scenario.model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.float16, enabled=low):
+                out = scenario.model(x)
+            torch.nn.functional.mse_loss(out.float(), y).backward()
+            grads[low] = {n: p.grad.double() for n, p in scenario.model.named_parameters()
+                          if p.grad is not None}
+        truth = {n: float((grads[True][n] - grads[False][n]).norm() / grads[False][n].norm())
+                 for n in grads[False]}
+        wrong = sorted(n for n, err in truth.items() if err >= SHADOW_REL_ERR_WARN)
+        assert wrong == ["0.weight"], truth
+        assert max(err for n, err in truth.items() if n not in wrong) < 0.01, truth
+        [finding] = [f for f in runs.findings("subnormal_inputs")
+                     if f["kind"] == "precision_sensitive"]
+        assert finding["layers"] == wrong
+        assert finding["recommendation"].startswith("Keep 0.weight in FP32/BF16")
+        assert finding["evidence"]["shadow_steps"] == 12  # every 5th of 60 applied steps
+        assert not any(s["skipped"] for s in runs.export("subnormal_inputs")["steps"])
 
 
 class TestCalibration:

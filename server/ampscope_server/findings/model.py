@@ -102,12 +102,14 @@ class ShadowSample:
     """The hook's FP32 shadow step at one applied step (wire v6 `shadow`, status ok): the FP32
     loss of the step's batch from the step's weights, and per layer
     `||g_amp - g_fp32|| / ||g_fp32||` (None: no gradient to compare; NaN: FP32's is 0) and
-    `||g_fp32||` (None: no gradient), as long as `rel_err`."""
+    `||g_fp32||` (None: no gradient), and the two gradients' cosine (None: no gradient; NaN:
+    one of them is 0), each as long as `rel_err`."""
 
     step: int
     loss: float | None
     rel_err: tuple[float | None, ...]
     norm: tuple[float | None, ...]
+    cosine: tuple[float | None, ...]
 
 
 @dataclass(frozen=True)

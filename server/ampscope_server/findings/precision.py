@@ -9,10 +9,12 @@ reduction that underflows): that layer, not the whole model, belongs in FP32 (or
 
 Only finite rel_err values count: NaN says FP32's own gradient was 0 (or non-finite), which
 is not a precision measurement. Nor does a layer whose FP32 gradient is negligible at that
-shadow step: its norm below SHADOW_NEGLIGIBLE_NORM_FRAC of the largest layer's. A bias followed
-by BatchNorm has a true gradient of 0; FP32 leaves rounding noise there (~1e-8 of the largest
-layer's), and any AMP difference is then thousands of times "its" gradient while the layer
-does not move the update at all. A layer's median is over the shadow steps where it was judged.
+shadow step: its norm below SHADOW_NEGLIGIBLE_NORM_FRAC of the largest layer's, unless its AMP
+and FP32 gradients keep one direction there (median cosine ≥ SHADOW_COHERENT_COSINE: a small but
+real gradient, as from inputs subnormal in FP16). A bias followed by BatchNorm has a true
+gradient of 0; FP32 leaves rounding noise there (~1e-8 of the largest layer's, in no particular
+direction), and any AMP difference is then thousands of times "its" gradient. A layer's median
+is over the shadow steps where it was judged.
 
     precision_sensitive(run) -> [Finding]    warning: these layers need FP32/BF16
 """
@@ -24,30 +26,53 @@ import statistics
 from collections.abc import Sequence
 
 from ampscope_server.findings.model import Finding, RunData, ShadowSample
-from ampscope_server.findings.thresholds import SHADOW_NEGLIGIBLE_NORM_FRAC, SHADOW_REL_ERR_WARN
+from ampscope_server.findings.thresholds import (
+    SHADOW_COHERENT_COSINE,
+    SHADOW_NEGLIGIBLE_NORM_FRAC,
+    SHADOW_REL_ERR_WARN,
+)
 
 
-def judged(shadow: ShadowSample) -> dict[int, float]:
-    """{layer: rel_err} of the layers judged at this shadow step: a finite rel_err and an FP32
-    norm above 0 and at least SHADOW_NEGLIGIBLE_NORM_FRAC of the step's largest finite one."""
+def judged(shadow: ShadowSample) -> tuple[dict[int, float], dict[int, tuple[float, float]]]:
+    """At this shadow step, ({layer: rel_err} of the layers with a finite rel_err and an FP32
+    norm above 0 and at least SHADOW_NEGLIGIBLE_NORM_FRAC of the step's largest finite one},
+    {layer: (rel_err, cosine)} of those with a finite rel_err and a norm above 0 below it)."""
     largest = max((n for n in shadow.norm if n is not None and math.isfinite(n)), default=0.0)
     floor = SHADOW_NEGLIGIBLE_NORM_FRAC * largest
-    return {layer: err for layer, (err, norm) in enumerate(zip(shadow.rel_err, shadow.norm,
-                                                               strict=True))
-            if err is not None and math.isfinite(err)
-            and norm is not None and math.isfinite(norm) and norm > 0 and norm >= floor}
+    judged_now: dict[int, float] = {}
+    faint: dict[int, tuple[float, float]] = {}
+    for layer, (err, norm, cosine) in enumerate(zip(shadow.rel_err, shadow.norm, shadow.cosine,
+                                                    strict=True)):
+        if err is None or not math.isfinite(err) or norm is None or not math.isfinite(norm) \
+                or norm <= 0:
+            continue
+        if norm >= floor:
+            judged_now[layer] = err
+        else:
+            faint[layer] = (err, math.nan if cosine is None else cosine)
+    return judged_now, faint
 
 
 def layer_medians(shadows: Sequence[ShadowSample]) -> tuple[dict[int, float], int]:
     """({layer: its median rel_err over the shadow steps where it was judged}, how many layers
-    had a finite rel_err but were negligible at every shadow step, so never judged)."""
+    had a finite rel_err but were never judged). Below the norm floor a layer is judged when
+    the median of its cosines there is SHADOW_COHERENT_COSINE or more (a small but real
+    gradient), else its rel_err there measures rounding noise and is left out."""
     values: dict[int, list[float]] = {}
+    faint: dict[int, list[tuple[float, float]]] = {}
     measured: set[int] = set()
     for shadow in shadows:
         measured.update(layer for layer, err in enumerate(shadow.rel_err)
                         if err is not None and math.isfinite(err))
-        for layer, err in judged(shadow).items():
+        judged_now, faint_now = judged(shadow)
+        for layer, err in judged_now.items():
             values.setdefault(layer, []).append(err)
+        for layer, pair in faint_now.items():
+            faint.setdefault(layer, []).append(pair)
+    for layer, pairs in faint.items():
+        cosines = [cosine for _, cosine in pairs if math.isfinite(cosine)]
+        if cosines and statistics.median(cosines) >= SHADOW_COHERENT_COSINE:
+            values.setdefault(layer, []).extend(err for err, _ in pairs)
     medians = {layer: statistics.median(errs) for layer, errs in values.items()}
     return medians, len(measured - medians.keys())
 
@@ -69,8 +94,8 @@ def precision_sensitive(run: RunData) -> list[Finding]:
     keep = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     left_out = (
         f" {negligible} layer(s) whose FP32 gradient was below {SHADOW_NEGLIGIBLE_NORM_FRAC:g} "
-        "of the largest layer's at every shadow step (a true gradient of ~0, rounding noise in "
-        "FP32 too) were not judged." if negligible else "")
+        "of the largest layer's at every shadow step, in no steady direction (a true gradient "
+        "of ~0, rounding noise in FP32 too), were not judged." if negligible else "")
     return [Finding(
         kind="precision_sensitive", severity="warning",
         title=(f"{len(flagged)} layer(s) compute a gradient {worst:.0%} off FP32's: keep "

@@ -38,6 +38,13 @@ SHADOW_REL_ERR_WARN = 0.1
 """A layer whose median FP32 shadow rel_err (`||g_amp - g_fp32|| / ||g_fp32||`) over the recent
 shadow steps is 10 % or more computes a gradient the low-precision format gets materially
 wrong: keep it in FP32 (or BF16, whose range FP16 lacks)."""
+SHADOW_COHERENT_COSINE = 0.9
+"""A layer below SHADOW_NEGLIGIBLE_NORM_FRAC at its shadow steps is still judged there when the
+median cosine of its AMP and FP32 gradients over those steps is 0.9 or more: a small but real
+gradient keeps its direction in the low-precision step (inputs of 5e-8, subnormal in FP16:
+norm 1e-7 of the largest layer's, cosine 0.93-0.99, rel_err 0.25), where rounding noise has
+none (the conv biases before BatchNorm in `healthy_cnn_bn`: norm 3-4e-8, cosines -0.74 to
+0.87, median about 0.3)."""
 SHADOW_NEGLIGIBLE_NORM_FRAC = 1e-3
 """A layer is judged at a shadow step only where its FP32 gradient norm is at least 1e-3 of the
 largest layer's at that step. Below it the gradient does not matter for the update and its

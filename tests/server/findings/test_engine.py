@@ -626,7 +626,7 @@ class TestRechecksAndMeasuredSwallowing:
 
 def shadows(losses: dict[int, float], rel_err: tuple[float | None, ...] = (1e-3,) * 4
             ) -> list[ShadowSample]:
-    return [ShadowSample(step, loss, rel_err, (1.0,) * len(rel_err))
+    return [ShadowSample(step, loss, rel_err, (1.0,) * len(rel_err), (1.0,) * len(rel_err))
             for step, loss in sorted(losses.items())]
 
 
@@ -639,10 +639,12 @@ class TestPrecisionSensitive:
             (1e-3, 0.25, 0.05, 0.09))
 
     def _findings(self, errs: Sequence[tuple[float | None, ...]],
-                  norms: Sequence[tuple[float | None, ...]] | None = None) -> list[Finding]:
+                  norms: Sequence[tuple[float | None, ...]] | None = None,
+                  cosines: Sequence[tuple[float | None, ...]] | None = None) -> list[Finding]:
         norms = norms or [(1.0,) * len(e) for e in errs]
-        samples = [ShadowSample(100 * (i + 1), 1.0, e, n)
-                   for i, (e, n) in enumerate(zip(errs, norms, strict=True))]
+        cosines = cosines or [(1.0,) * len(e) for e in errs]
+        samples = [ShadowSample(100 * (i + 1), 1.0, e, n, c)
+                   for i, (e, n, c) in enumerate(zip(errs, norms, cosines, strict=True))]
         return analyze(dataclasses.replace(run_data(HEALTHY, layer_samples=RECENT),
                                            shadows=samples))
 
@@ -673,7 +675,8 @@ class TestPrecisionSensitive:
         largest is judged (0.01, not named)."""
         errs = [(1000.0, 0.3, 1e-3, 0.01)] * 3
         norms = [(1e-8, 0.5, 2.0, 2e-3)] * 3
-        found = only(self._findings(errs, norms), "precision_sensitive")
+        cosines = [(0.87, 1.0, 1.0, 1.0), (-0.4, 1.0, 1.0, 1.0), (0.3, 1.0, 1.0, 1.0)]
+        found = only(self._findings(errs, norms, cosines), "precision_sensitive")
         assert found.layers == ["fc1.weight"]
         assert found.title == ("1 layer(s) compute a gradient 30% off FP32's: keep fc1.weight "
                                "in FP32/BF16")
@@ -682,7 +685,23 @@ class TestPrecisionSensitive:
                                   "threshold": 0.1, "negligible_norm_frac": 1e-3}
         assert found.explanation.endswith(
             " 1 layer(s) whose FP32 gradient was below 0.001 of the largest layer's at every "
-            "shadow step (a true gradient of ~0, rounding noise in FP32 too) were not judged.")
+            "shadow step, in no steady direction (a true gradient of ~0, rounding noise in FP32 "
+            "too), were not judged.")
+
+    def test_a_small_real_gradient_keeps_its_direction_and_is_judged(self) -> None:
+        """embed.weight's FP32 norm is 1e-7 of the largest (inputs subnormal in FP16), but the
+        AMP gradient points the same way (median cosine 0.97 >= 0.9): a real gradient computed
+        from too few bits, rel_err 0.25, named. At a median cosine of 0.89 it is left out."""
+        errs = [(0.3, 1e-3, 1e-3, 1e-3), (0.25, 1e-3, 1e-3, 1e-3), (0.2, 1e-3, 1e-3, 1e-3)]
+        norms = [(1e-7, 1.0, 1.0, 1.0)] * 3
+        coherent = [(0.93, 1.0, 1.0, 1.0), (0.97, 1.0, 1.0, 1.0), (0.99, 1.0, 1.0, 1.0)]
+        found = only(self._findings(errs, norms, coherent), "precision_sensitive")
+        assert found.layers == ["embed.weight"]
+        assert found.evidence["max_median_rel_err"] == 0.25
+        assert found.evidence["negligible_layers"] == 0
+        wavering = [(0.99, 1.0, 1.0, 1.0), (0.89, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0)]
+        assert "precision_sensitive" not in [
+            f.kind for f in self._findings(errs, norms, wavering)]
 
     def test_the_median_is_over_the_steps_where_a_layer_was_judged(self) -> None:
         """embed.weight is negligible at two of four steps (rel_err 500 there) and at 0.2 and
@@ -692,7 +711,9 @@ class TestPrecisionSensitive:
                 (500.0, 1e-3, 1e-3, 1e-3), (0.4, 1e-3, 1e-3, 1e-3)]
         norms = [(1e-9, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0),
                  (1e-9, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0)]
-        found = only(self._findings(errs, norms), "precision_sensitive")
+        cosines = [(0.1, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0),
+                   (-0.6, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0)]  # noise where negligible
+        found = only(self._findings(errs, norms, cosines), "precision_sensitive")
         assert found.layers == ["embed.weight"]
         assert found.evidence["max_median_rel_err"] == pytest.approx(0.3)
         assert found.evidence["negligible_layers"] == 0
@@ -704,7 +725,9 @@ class TestPrecisionSensitive:
         assert "precision_sensitive" not in [f.kind for f in self._findings(zero, zero)]
         errs = [(5.0, 5.0, 5.0, 1e-3)] * 3
         norms = [(1e-7, 0.0, None, 1.0)] * 3
-        assert "precision_sensitive" not in [f.kind for f in self._findings(errs, norms)]
+        cosines = [(0.2, math.nan, None, 1.0)] * 3
+        assert "precision_sensitive" not in [
+            f.kind for f in self._findings(errs, norms, cosines)]
 
 
 class TestShadowEvidence:
