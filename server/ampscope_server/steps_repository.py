@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from sqlalchemy import (
     Float,
@@ -476,28 +476,29 @@ def named_layer_stats(
 
 def rechecks_of(session: Session, step_ids: Sequence[int]) -> list[StepRecheck]:
     """The FP32 re-checks of the given steps (steps that were not re-checked have none), by
-    step id; KEYS_PER_STATEMENT ids a statement (see `nonfinite_of`)."""
-    ids = sorted(set(step_ids))
-    out: list[StepRecheck] = []
-    for first in range(0, len(ids), KEYS_PER_STATEMENT):
-        out.extend(session.scalars(
-            select(StepRecheck)
-            .where(in_ids(session, StepRecheck.step_id, ids[first:first + KEYS_PER_STATEMENT]))
-            .order_by(StepRecheck.step_id)
-        ))
-    return out
+    step id."""
+    return _rows_of(session, StepRecheck, step_ids)
 
 
 def shadows_of(session: Session, step_ids: Sequence[int]) -> list[StepShadow]:
-    """The FP32 shadow steps of the given steps (most steps have none), by step id;
+    """The FP32 shadow steps of the given steps (most steps have none), by step id."""
+    return _rows_of(session, StepShadow, step_ids)
+
+
+_StepChild = TypeVar("_StepChild", StepRecheck, StepShadow)
+
+
+def _rows_of(session: Session, model: type[_StepChild],
+             step_ids: Sequence[int]) -> list[_StepChild]:
+    """`model`'s rows (one per step at most) of the given steps, by step id;
     KEYS_PER_STATEMENT ids a statement (see `nonfinite_of`)."""
     ids = sorted(set(step_ids))
-    out: list[StepShadow] = []
+    out: list[_StepChild] = []
     for first in range(0, len(ids), KEYS_PER_STATEMENT):
         out.extend(session.scalars(
-            select(StepShadow)
-            .where(in_ids(session, StepShadow.step_id, ids[first:first + KEYS_PER_STATEMENT]))
-            .order_by(StepShadow.step_id)
+            select(model)
+            .where(in_ids(session, model.step_id, ids[first:first + KEYS_PER_STATEMENT]))
+            .order_by(model.step_id)
         ))
     return out
 
