@@ -12,40 +12,9 @@ from torch import nn
 
 import ampscope
 from ampscope.transport import MemorySender
+from tests.client_hook.amp_loop import AmpLoop
 
-
-class Loop:
-    """fp16 autocast, GradScaler on the CPU; `x_at(i)` gives the batch of step i."""
-
-    def __init__(self, model: nn.Module, *, init_scale: float = 2.0**8, **watch: Any) -> None:
-        self.model = model
-        self.opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-        self.sink = MemorySender()
-        self.mon = ampscope.watch(model, self.scaler, self.opt, server=None, sender=self.sink,
-                                  layer_every=1, **watch)
-        self.calls = 0
-
-    def loss_of(self, x: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = self.model(x).float().pow(2).mean()
-        return loss
-
-    def step(self, x: torch.Tensor, recheck: bool = True) -> None:
-        if recheck:
-            def fn() -> torch.Tensor:
-                self.calls += 1
-                return self.loss_of(x)
-            self.mon.recheck(fn)
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = self.loss_of(x)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.opt.zero_grad()
-
-    def records(self) -> list[dict[str, Any]]:
-        self.mon.close()
-        return [r for body in self.sink.payloads() for r in body["records"]]
+Loop = AmpLoop  # its defaults: SGD at 1e-3 without momentum, initial scale 2^8
 
 
 def mlp(seed: int = 0, scale: float = 1.0) -> nn.Module:
@@ -110,7 +79,7 @@ class TestOffByDefault:
         xs = batches(2)
         xs[1][0, 0] = math.nan
         for x in xs:
-            loop.step(x, recheck=False)
+            loop.step(x, closure=False)
         assert [r["recheck"] for r in loop.records()] == [None, None]
 
     def test_none_turns_it_off(self) -> None:
@@ -119,7 +88,7 @@ class TestOffByDefault:
         x[0, 0] = math.nan
         loop.step(x)
         loop.mon.recheck(None)
-        loop.step(x, recheck=False)
+        loop.step(x, closure=False)
         assert [r["recheck"] is None for r in loop.records()] == [False, True]
 
     def test_registered_adds_no_host_read_on_healthy_steps(
@@ -136,11 +105,11 @@ class TestOffByDefault:
         for registered in (False, True):
             loop = Loop(mlp())
             xs = batches(3)
-            loop.step(xs[0], recheck=registered)  # warm-up outside the count
+            loop.step(xs[0], closure=registered)  # warm-up outside the count
             monkeypatch.setattr(torch.Tensor, "item", counting)
             reads.clear()
             for x in xs[1:]:
-                loop.step(x, recheck=registered)
+                loop.step(x, closure=registered)
             counts.append(len(reads))
             monkeypatch.setattr(torch.Tensor, "item", original)
             loop.records()
@@ -197,8 +166,8 @@ class TestFailures:
         x = batches(1)[0]
         x[0, 0] = math.nan
         loop.mon.recheck(fn)
-        loop.step(x, recheck=False)
-        loop.step(batches(1, seed=2)[0], recheck=False)
+        loop.step(x, closure=False)
+        loop.step(batches(1, seed=2)[0], closure=False)
         records = loop.records()
         assert records[0]["recheck"] == {
             "status": "failed", "loss": None, "layers": [], "detail": detail, "origin": None}

@@ -15,49 +15,20 @@ from torch import nn
 import ampscope
 from ampscope.shadow import compare
 from ampscope.transport import MemorySender
+from tests.client_hook.amp_loop import AmpLoop
 
 REL_TOL = 1e-12
 """The hook's rel_err, cosine and FP32 norm against the test's own: the same FP32 gradients,
 the norms in float64 both ways (only the order of the float64 sums may differ)."""
 
 
-class Loop:
-    """fp16 autocast, GradScaler on the CPU, SGD with momentum; ``step(x)`` is one training
-    step on batch ``x`` with the closure registered (``closure=False``: none)."""
+class Loop(AmpLoop):
+    """The shared loop (``amp_loop.AmpLoop``) with momentum, so a shadow step that moved a
+    weight or a buffer would show in the next steps."""
 
     def __init__(self, model: nn.Module, *, opt_params: Any = None, **watch: Any) -> None:
-        self.model = model
-        params = model.parameters() if opt_params is None else opt_params
-        self.opt = torch.optim.SGD(params, lr=1e-2, momentum=0.9)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-        self.sink = MemorySender()
-        self.mon = ampscope.watch(model, self.scaler, self.opt, server=None, sender=self.sink,
-                                  layer_every=1, **watch)
-        self.calls = 0
-        self.before_step: Callable[[torch.Tensor], object] | None = None
-
-    def loss_of(self, x: torch.Tensor) -> torch.Tensor:
-        loss: torch.Tensor = self.model(x).float().pow(2).mean()
-        return loss
-
-    def step(self, x: torch.Tensor, closure: bool = True) -> None:
-        if closure:
-            def fn() -> torch.Tensor:
-                self.calls += 1
-                return self.loss_of(x)
-            self.mon.recheck(fn)
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = self.loss_of(x)
-        self.scaler.scale(loss).backward()
-        if self.before_step is not None:
-            self.before_step(x)
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.opt.zero_grad()
-
-    def records(self) -> list[dict[str, Any]]:
-        self.mon.close()
-        return [r for body in self.sink.payloads() for r in body["records"]]
+        super().__init__(model, lr=1e-2, momentum=0.9, init_scale=2.0**10,
+                         opt_params=opt_params, **watch)
 
 
 def mlp(seed: int = 0) -> nn.Module:
