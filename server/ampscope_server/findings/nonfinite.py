@@ -92,11 +92,8 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
         "computing the loss in FP32; or train in BF16.")
     if diverged:
         peak = max(run.recheck_losses[step] for step in diverged)
-        evidence |= {"recheck_diverged_steps": len(diverged), "fp32_loss_peak": peak}
-        if m.healthy_loss is not None:
-            evidence["healthy_loss"] = m.healthy_loss
-        title = (f"Non-finite loss on {len(bad)} step(s): FP32 reaches {peak:.3g} there, "
-                 f"{m.times(peak):.3g}x the run's healthy loss (a divergence, not the range)")
+        evidence |= {"recheck_diverged_steps": len(diverged)}
+        title = _fp32_diverged(len(bad), peak, m, evidence)
         cause = (f"The FP32 re-check (no autocast, no scaling) of {len(diverged)} of these "
                  f"steps gave a loss up to {peak:.3g} where the run began at "
                  f"{m.healthy_loss:.3g}: the weights themselves have diverged, so FP32 is "
@@ -141,11 +138,8 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
     shadow_healthy = [(s, v) for s, v in near if not m.diverged(v)]
     if not checked and shadow_diverged:
         step, peak = max(shadow_diverged, key=lambda pair: pair[1])
-        evidence |= {"shadow_diverged_steps": len(shadow_diverged), "fp32_loss_peak": peak}
-        if m.healthy_loss is not None:
-            evidence["healthy_loss"] = m.healthy_loss
-        title = (f"Non-finite loss on {len(bad)} step(s): FP32 reaches {peak:.3g} there, "
-                 f"{m.times(peak):.3g}x the run's healthy loss (a divergence, not the range)")
+        evidence |= {"shadow_diverged_steps": len(shadow_diverged)}
+        title = _fp32_diverged(len(bad), peak, m, evidence)
         cause = (f"The FP32 shadow step at step {step} (the same weights and batch, no "
                  f"autocast, no scaling) gave a loss of {peak:.3g} where the run began at "
                  f"{m.healthy_loss:.3g}: the weights themselves have diverged, so FP32 is no "
@@ -201,6 +195,16 @@ def forward_overflow(run: RunData, h: ScaleHistory, m: Magnitude | None = None) 
         step_start=start, step_end=end, layers=modules[:5],
         evidence=evidence,
     )]
+
+
+def _fp32_diverged(bad: int, peak: float, m: Magnitude, evidence: dict[str, float]) -> str:
+    """The title of a forward overflow whose FP32 run (re-check or shadow step) reached `peak`,
+    orders of magnitude above the healthy loss; the peak and that loss go into `evidence`."""
+    evidence["fp32_loss_peak"] = peak
+    if m.healthy_loss is not None:
+        evidence["healthy_loss"] = m.healthy_loss
+    return (f"Non-finite loss on {bad} step(s): FP32 reaches {peak:.3g} there, "
+            f"{m.times(peak):.3g}x the run's healthy loss (a divergence, not the range)")
 
 
 def _nan_origin_steps(run: RunData, h: ScaleHistory) -> list[int]:
