@@ -102,6 +102,10 @@ def main() -> None:
 
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+    # Not its shared-memory all-reduce: a C++ build on a machine's first run (~60 s of CPU) for
+    # inference only; ZeRO trains through torch.distributed either way.
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
     deepspeed.init_distributed(dist_backend="gloo")
     params = sum(p.numel() for p in mlp(args.width).parameters())
     print(f"DeepSpeed {deepspeed.__version__}, torch {torch.__version__}, {params / 1e6:.2f}M "

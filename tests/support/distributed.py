@@ -58,6 +58,18 @@ def launch(module: str, args: list[str], world: int = 2, timeout: float = 300) -
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}: {out[-3000:]}"
 
 
+def without_deepspeed_shm_build() -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce, a C++ extension compiled on
+    the first ``init_distributed`` of a machine (47 s and ~60 s of CPU here, cold). Only its
+    ``inference_all_reduce`` uses it; ZeRO's training collectives go through
+    ``torch.distributed`` (gloo) either way. DeepSpeed reads ``__compatible_ops__`` to decide
+    and keeps the dict it probed, so an op marked incompatible there is never built."""
+    import deepspeed
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 def leave() -> NoReturn:
     """End a worker now that its work is done and its output written, skipping the interpreter's
     teardown. torch 2.13's gloo teardown sometimes aborts a process there ("terminate called

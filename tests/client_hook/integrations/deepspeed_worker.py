@@ -47,7 +47,7 @@ import ampscope
 from ampscope import wire, zero
 from ampscope.transport import MemorySender
 from tests.client_hook.dist_worker import recorded, reference
-from tests.support.distributed import capture_logs, leave
+from tests.support.distributed import capture_logs, leave, without_deepspeed_shm_build
 
 STEPS = 4
 MICRO = 2
@@ -60,6 +60,7 @@ def main(out: str, mode: set[str]) -> None:
     stage = next(int(m.removeprefix("stage")) for m in mode if m.startswith("stage"))
     if precision == "fp16":
         type(get_accelerator()).is_fp16_supported = lambda self: True
+    without_deepspeed_shm_build()
     deepspeed.init_distributed(dist_backend="gloo")  # once per process: later calls return
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

@@ -150,7 +150,14 @@ def test_the_example_runs_offline_into_the_spool(tmp_path: Path) -> None:
     env = {**os.environ, "AMPSCOPE_MODE": "offline", "AMPSCOPE_SPOOL_DIR": str(spool),
            "PYTHONWARNINGS": "ignore", "MASTER_PORT": str(free_port())}
     example = Path(__file__).resolve().parents[3] / "examples/integrations/deepspeed_zero.py"
-    done = subprocess.run([sys.executable, str(example), "--steps", "12"], env=env, cwd=tmp_path,
+    # The example as a user runs it (``runpy``, as ``__main__``), without DeepSpeed's
+    # shared-memory all-reduce build, as every DeepSpeed job here (``without_deepspeed_shm_build``).
+    run = ("import runpy, sys; from tests.support.distributed import without_deepspeed_shm_build; "
+           "without_deepspeed_shm_build(); sys.argv = sys.argv[1:]; "
+           "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", run, str(example), "--steps", "12"],
+                          env={**env, "PYTHONPATH": os.pathsep.join(
+                              [str(example.parents[2]), env.get("PYTHONPATH", "")])}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     records = [r for path in spool_files(spool) for f in scan(path) if isinstance(f, Frame)

@@ -20,7 +20,7 @@ import torch
 from ampscope.integrations.transformers import AmpscopeCallback, attach
 from ampscope.transport import MemorySender
 from tests.client_hook.integrations.test_transformers import make_trainer
-from tests.support.distributed import capture_logs, leave
+from tests.support.distributed import capture_logs, leave, without_deepspeed_shm_build
 
 DEEPSPEED = {
     "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
@@ -30,6 +30,7 @@ DEEPSPEED = {
 
 
 def main(out: Path, how: str) -> None:
+    without_deepspeed_shm_build()
     trainer, log = make_trainer(out / "trainer", accumulate=2, bf16=True, deepspeed=DEEPSPEED)
     sender = MemorySender()
     options: dict[str, Any] = {"sender": sender, "activation_every": 0, "layer_every": 2,
