@@ -25,6 +25,11 @@ from ampscope_server.sql_support import run_key
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 
+# A data-volume module: its one run of 43,000 steps takes 4-7 s to store per dialect. The fast
+# tier reads skip rates through the API (test_event_reads) and checks their maths
+# (test_skip_rates).
+pytestmark = pytest.mark.slow
+
 STEPS = 43_000
 BURSTS = [(7, 7), (7, 13), (16, 16), (16, 31), (100, 100), (100, 199), (1000, 1000),
           (1000, 1999)]
@@ -135,7 +140,6 @@ def _narrow_points(flags: list[tuple[int, bool]], window: int, first: int, last:
 ZOOMS = [(None, None), (20_000, 43_000), (31_500, 42_900), (2000, 12_500)]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("window", [7, 16, 40, 100, 1000])
 @pytest.mark.parametrize("max_points", [2000, 50, 100_000])
 def test_long_ranges_match_a_brute_force(long_run: tuple[sessionmaker[Session], str],
