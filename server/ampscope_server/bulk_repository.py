@@ -20,19 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, LargeBinary, Table
+from sqlalchemy import JSON, Table
 from sqlalchemy.orm import Session
 
 
 def supported(table: Table, names: Sequence[str]) -> bool:
     """Whether rows of these columns can go through `copy`."""
     return not any(isinstance(table.c[name].type, JSON) for name in names)
-
-
-def unnestable(table: Table, names: Sequence[str]) -> bool:
-    """Whether rows of these columns can go through `insert`."""
-    return supported(table, names) and not any(
-        isinstance(table.c[name].type, LargeBinary) for name in names)
 
 
 def _type_name(session: Session, table: Table, name: str) -> str:

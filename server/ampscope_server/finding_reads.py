@@ -71,12 +71,10 @@ from ampscope_server.findings import (
     analyze_live,
     gradients,
     markdown,
-    primary,
 )
 from ampscope_server.findings.engine import last_step
 from ampscope_server.findings.model import NonfiniteKind
 from ampscope_server.findings.schemas import (
-    FindingBrief,
     FindingRead,
     FindingsRead,
     FormatLimits,
@@ -429,21 +427,6 @@ def findings_read(session: Session, run: Run, baseline_id: str | None) -> Findin
     return FindingsRead(
         run=run.id, baseline=None, findings=[FindingRead.of(f) for f in view.findings],
         step=view.step, worst_loss=None if view.worst is None else LayerLossRead.of(view.worst))
-
-
-def top_findings(session: Session, runs: Sequence[Run]) -> dict[str, FindingBrief | None]:
-    """{run id: its root-cause finding (the first of `live_view`) or None}, for the runs list."""
-    out: dict[str, FindingBrief | None] = {}
-    for run in runs:
-        top = primary(live_view(session, run).findings)
-        out[run.id] = None if top is None else FindingBrief(
-            kind=top.kind, severity=top.severity, title=top.title)
-    return out
-
-
-def worst_losses(session: Session, runs: Sequence[Run]) -> dict[str, LayerLoss | None]:
-    """{run id: the layer losing most to the format}, as the run page's card shows it."""
-    return {run.id: live_view(session, run).worst for run in runs}
 
 
 def report_markdown(

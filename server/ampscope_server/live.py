@@ -123,7 +123,3 @@ class Hub:
         for run_id in run_ids:
             self.publish(run_id)
         self.publish(ALL_RUNS)  # a runs list woken for "*" reads every run again
-
-    def subscriber_count(self, run_id: str) -> int:
-        with self._lock:
-            return len(self._subscribers.get(run_id, ()))

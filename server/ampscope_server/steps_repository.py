@@ -128,16 +128,6 @@ def step_aggregates(
     }
 
 
-def last_scales(session: Session, step_ids: Iterable[int]) -> dict[str, tuple[float | None, int]]:
-    """{run_id: (scale_after, scale_after_class)} of the given (last) steps."""
-    rows = session.execute(
-        select(Run.id, Step.scale_after, Step.scale_after_class)
-        .join(Run, Run.key == Step.run_key)
-        .where(Step.id.in_(list(step_ids)))
-    )
-    return {run_id: (value, cls) for run_id, value, cls in rows}
-
-
 def steps_after(
     session: Session, run_id: str, after_id: int, limit: int
 ) -> Sequence[Row[Step, int]]:
@@ -501,16 +491,6 @@ def _rows_of(session: Session, model: type[_StepChild],
             .order_by(model.step_id)
         ))
     return out
-
-
-def run_rechecks(session: Session, run_id: str) -> Sequence[Row[int, int, StepRecheck]]:
-    """(step id, step, re-check) of every re-checked step of the run, in step order."""
-    return session.execute(
-        select(Step.id, Step.step, StepRecheck)
-        .join(StepRecheck, StepRecheck.step_id == Step.id)
-        .where(Step.run_key == run_key(run_id))
-        .order_by(Step.step, Step.id)
-    ).all()
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,13 +158,6 @@ the floor are a gap in the distribution, not its tail: a dead ReLU unit, an unus
 row (structural). 5 % because a healthy layer under dynamic loss scaling has next to no
 subnormal values (the scaler grows the scale until the next overflow)."""
 
-# --- headroom (docs/findings.md) -----------------------------------------------------------------
-HEADROOM_EXPECTED_BITS = 2.0
-"""Dynamic loss scaling grows the scale until the next overflow and then halves it, so the layer
-closest to overflow normally sits 0 to ~2 doublings below the format's max: little headroom is
-the scaler working, not a warning. Headroom is judged bad only when it is gone (below 0: the
-step overflowed) or, for underflow advice, when there is not enough of it to raise the scale."""
-
 # --- stability (findings/stability.py) -----------------------------------------------------------
 HOLD_STEPS = 200
 """A finding the detectors no longer raise stays shown (marked as no longer seen) until it has
