@@ -56,7 +56,7 @@ class RunFacts:
 
     run_id: str
     status: str
-    """Derived: `active`, `finished` or `crashed` (runs.derive_status)."""
+    """Derived: `active`, `finished` or `crashed` (runs_list.derive_status)."""
     last_ingest_at: float
     now: float
     crash_timeout_s: float

@@ -26,7 +26,7 @@ from ampscope_server.db import unit_of_work
 from ampscope_server.findings import Finding
 from ampscope_server.findings.model import SEVERITY_RANK
 from ampscope_server.models import Alert, AlertDestination, AlertEpisode, AlertRule, Run
-from ampscope_server.runs import derive_status
+from ampscope_server.runs_list import crash_cutoff, derive_status
 
 log = logging.getLogger("ampscope_server.alerts")
 
@@ -64,7 +64,8 @@ def facts_of(session: Session, run: Run, rules: Sequence[RuleSpec], now: float,
         view = finding_reads.live_view(session, run)  # shared with the run page: the same findings
         findings, worst = view.findings, view.worst
     return RunFacts(
-        run_id=run.id, status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
+        run_id=run.id, status=derive_status(run.status, run.updated_at,
+                                              crash_cutoff(now, crash_timeout_s)),
         last_ingest_at=run.updated_at, now=now, crash_timeout_s=crash_timeout_s,
         target_format=run.target_format, findings=findings, worst=worst, recent=recent)
 

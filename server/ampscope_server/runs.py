@@ -39,7 +39,7 @@ from ampscope_server.models import (
     StepShadow,
 )
 from ampscope_server.principal import ANONYMOUS, Principal
-from ampscope_server.runs_list import RunsQuery
+from ampscope_server.runs_list import RunsQuery, crash_cutoff, derive_status
 from ampscope_server.schemas import (
     ActivationStatsRead,
     AttemptRead,
@@ -61,13 +61,6 @@ from ampscope_server.schemas import (
     StepRead,
     StepsPage,
 )
-
-
-def derive_status(stored: str, updated_at: float, now: float, crash_timeout_s: float) -> RunStatus:
-    if stored == RunStatus.ACTIVE.value and now - updated_at > crash_timeout_s:
-        return RunStatus.CRASHED
-    return RunStatus(stored)
-
 
 RUN_ID_MAX = 64
 LIVE_ACTIVE_RUNS = 500
@@ -113,7 +106,8 @@ def summaries(
         skipped = 0 if row is None else row.skipped_steps
         result.append(RunSummary(
             id=run.id, project=run.project, name=run.name, tags=run.tags,
-            status=derive_status(run.status, run.updated_at, now, crash_timeout_s),
+            status=derive_status(run.status, run.updated_at,
+                                 crash_cutoff(now, crash_timeout_s)),
             created_at=run.created_at, updated_at=run.updated_at,
             num_steps=num_steps, last_step=None if row is None else row.last_step,
             last_id=None if row is None else row.last_id,
@@ -144,7 +138,7 @@ def list_page(
 ) -> SummaryPage:
     """One page of the runs list (`runs_list.page`), summarised."""
     now = time.time() if now is None else now
-    found = runs_list.page(session, query, viewer.project, now - crash_timeout_s)
+    found = runs_list.page(session, query, viewer.project, crash_cutoff(now, crash_timeout_s))
     return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory,
                                       found.counters),
                        next_cursor=found.next_cursor, total=found.total)
@@ -356,7 +350,8 @@ def live_update(
         run = runs_repository.get_run(session, run_id)
         if run is None or not viewer.sees(run.project):
             return None
-        status = derive_status(run.status, run.updated_at, time.time(), crash_timeout_s)
+        status = derive_status(run.status, run.updated_at,
+                               crash_cutoff(time.time(), crash_timeout_s))
         return live_steps(session, run_id, after_id, limit), status
 
 
@@ -375,7 +370,8 @@ def live_summaries(
             return SummaryPage(runs=summaries(session, found, crash_timeout_s, factory=factory),
                                next_cursor=None, total=None)
         now = time.time()
-        first = runs_list.page(session, RunsQuery(), viewer.project, now - crash_timeout_s)
+        first = runs_list.page(session, RunsQuery(), viewer.project,
+                               crash_cutoff(now, crash_timeout_s))
         shown = {run.id for run in first.runs}
         active = [run for run in runs_repository.get_runs(
             session, run_counters_repository.active_run_ids(session, viewer.project,

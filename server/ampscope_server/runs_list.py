@@ -27,6 +27,7 @@ from ampscope_server import run_counters_repository
 from ampscope_server.errors import InvalidPayload
 from ampscope_server.models import Run, RunCounters
 from ampscope_server.run_counters_repository import SORT_KEYS, ListedKey, SortKey
+from ampscope_server.schemas import RunStatus
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -101,11 +102,19 @@ class Listed(Protocol):
     def tags(self) -> list[Any]: ...
 
 
-def status_of(run: Listed, crashed_before: float) -> str:
-    """The derived status (`runs.derive_status`) as the filter reads it."""
-    if run.status == "active" and run.updated_at < crashed_before:
-        return "crashed"
-    return run.status
+def crash_cutoff(now: float, crash_timeout_s: float) -> float:
+    """The crash rule's one bound: an active run last updated before it has crashed (nothing
+    ingested for `crash_timeout_s`). `derive_status` applies it to a run, the status sort
+    (`run_counters_repository`) to the column, with the same comparison."""
+    return now - crash_timeout_s
+
+
+def derive_status(stored: str, updated_at: float, crashed_before: float) -> RunStatus:
+    """A run's status as every read shows it: `crashed` for an active run last updated before
+    `crashed_before`, else the stored one."""
+    if stored == RunStatus.ACTIVE.value and updated_at < crashed_before:
+        return RunStatus.CRASHED
+    return RunStatus(stored)
 
 
 def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Listed], bool] | None:
@@ -117,7 +126,8 @@ def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Listed], bo
         raise InvalidPayload(f"q: at most {FILTER_MAX} characters")
 
     def fields(run: Listed) -> list[str]:
-        return [run.name, run.project, run.id, status_of(run, crashed_before),
+        status = derive_status(run.status, run.updated_at, crashed_before).value
+        return [run.name, run.project, run.id, status,
                 *(str(tag) for tag in run.tags)]
 
     if regex:

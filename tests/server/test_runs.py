@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from ampscope_server import runs, summary_cache
 from ampscope_server.formats import FORMATS
+from ampscope_server.runs_list import crash_cutoff, derive_status
 from ampscope_server.schemas import RunStatus
 from tests.server.wire import (
     batch,
@@ -147,9 +148,10 @@ class TestExport:
 
 class TestStatus:
     def test_derive_status(self) -> None:
-        assert runs.derive_status("active", 100.0, 150.0, 60.0) is RunStatus.ACTIVE
-        assert runs.derive_status("active", 100.0, 161.0, 60.0) is RunStatus.CRASHED
-        assert runs.derive_status("finished", 100.0, 1e9, 60.0) is RunStatus.FINISHED
+        assert derive_status("active", 100.0, crash_cutoff(150.0, 60.0)) is RunStatus.ACTIVE
+        assert derive_status("active", 100.0, crash_cutoff(160.0, 60.0)) is RunStatus.ACTIVE
+        assert derive_status("active", 100.0, crash_cutoff(161.0, 60.0)) is RunStatus.CRASHED
+        assert derive_status("finished", 100.0, 1e9) is RunStatus.FINISHED
 
     def test_silent_active_run_reads_as_crashed(self, sessions: sessionmaker[Session]) -> None:
         payload = batch([record(0)], run_id=new_id())
