@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from ampscope.devices import device_tensor
+from ampscope.partials import INF_BITS
 
 __all__ = ["GROUP_ELEMS", "MAX_EXP", "MIN_EXP", "NUM_BINS", "exponent_histogram", "scale_bits",
            "tensor_histogram"]
@@ -89,7 +90,6 @@ def _frexp_scale(
 
 _MANT_BITS = 23
 _HALF_BITS = 126 << _MANT_BITS  # float32 0.5: frexp's mantissas lie in [0.5, 1)
-_INF_BITS = 0x7F800000
 _SUBNORMAL_LIFT = 64  # 2^-149 · 2^64 is a normal float32: the multiplication is exact
 
 
@@ -125,7 +125,7 @@ def tensor_histogram(
     exp = (lifted >> _MANT_BITS) - torch.where(sub, 126 + _SUBNORMAL_LIFT, 126)
     below = ((lifted & ((1 << _MANT_BITS) - 1)) < mb).to(torch.int32)
     k = (exp - es - below - (min_exp - 3)).clamp(2, bins - 1)
-    k = torch.where(b == 0, 0, torch.where(b >= _INF_BITS, 1, k))  # NaN's pattern is above inf
+    k = torch.where(b == 0, 0, torch.where(b >= INF_BITS, 1, k))  # NaN's pattern is above inf
     idx = k.reshape(-1).to(torch.int64)
     return torch.zeros(bins, dtype=count, device=grad.device).scatter_add_(
         0, idx, torch.ones_like(idx, dtype=count))

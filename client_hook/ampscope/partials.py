@@ -64,6 +64,7 @@ __all__ = [
     "INF_BITS",
     "LT_NORMAL",
     "LT_UNDER",
+    "MAX_FINITE_BITS",
     "NAN",
     "NUM_COLUMNS",
     "NUM_SUMS",
@@ -87,7 +88,7 @@ NUM_SUMS = 6
 
 INF_BITS = 0x7F800000
 """float32 +inf as an int32 bit pattern; every NaN's magnitude pattern is larger."""
-_MAX_FINITE_BITS = 0x7F7FFFFF
+MAX_FINITE_BITS = 0x7F7FFFFF
 _INT32_LIMIT = 2**31
 _FLOAT32_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -146,7 +147,7 @@ def tensor_partials(
         fb.amax().view(torch.float32).to(f64),
         # (b - 1) & 0x7fffffff sends 0 to the largest key and keeps every other magnitude in
         # order, so zeros never win; no finite non-zero element reads back as +inf.
-        ((b - 1) & 0x7FFFFFFF).amin().clamp_max(_MAX_FINITE_BITS).add(1)
+        ((b - 1) & 0x7FFFFFFF).amin().clamp_max(MAX_FINITE_BITS).add(1)
         .view(torch.float32).to(f64),
     ])
 

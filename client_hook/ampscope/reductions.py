@@ -48,7 +48,22 @@ from ampscope.devices import device_tensor, to_device
 from ampscope.formats import TargetFormat
 from ampscope.fused import FusedPartials, LayoutState
 from ampscope.histogram import exponent_histogram
-from ampscope.partials import NUM_COLUMNS, finalize, float32_bits, threshold_bits
+from ampscope.partials import (
+    AMAX,
+    AMIN,
+    INF,
+    INF_BITS,
+    LT_NORMAL,
+    LT_UNDER,
+    MAX_FINITE_BITS,
+    NAN,
+    NUM_COLUMNS,
+    SUMSQ,
+    ZERO,
+    finalize,
+    float32_bits,
+    threshold_bits,
+)
 from ampscope.wire import LAYER_STAT_NAMES
 
 __all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm",
@@ -89,11 +104,6 @@ reduction per gradient from a Python wrapper, and on an H200 (torch 2.11, the sw
 models, ``bench/gpu_check.sh``) it took 1.8-2.4 ms against the eager path's 0.41-0.65 ms from
 0.25 M to 10 M parameters. ``fused=True`` still asks for it."""
 
-# Partial columns (``partials.COLUMNS``).
-_ZERO, _NAN, _INF, _LT_UNDER, _LT_NORMAL, _SUMSQ, _AMAX, _AMIN = range(8)
-# float32 bit patterns: |x| viewed as int32 is monotonic in x.
-_MAX_FINITE_BITS = 0x7F7FFFFF
-_INF_BITS = 0x7F800000
 # The per-row block the fold reads (``_eager_partials``): amax first, the one column a (rows, 1)
 # index makes ``scatter_reduce_`` read from a wider source, then the five class counts of
 # ``_CLASS_BITS``, then the sum of squares. The counts become the table's through ``_derive``.
@@ -103,7 +113,7 @@ _ROW_ZERO, _ROW_UNDER, _ROW_NORMAL, _ROW_FINITE, _ROW_NOT_NAN, _ROW_SUMSQ = rang
 # below the class's bound (``bits(|x|) < b ⇔ |x| <= float(b - 1)`` for |x| ≥ 0; NaN compares
 # false with every t, as its pattern lies above them all): zero (b = 1), the underflow and
 # min-normal bounds (``_Plan.classes_at``), finite (b = inf's pattern), not NaN (b one above).
-_CLASS_BITS = (1, 0, 0, _INF_BITS, _INF_BITS + 1)
+_CLASS_BITS = (1, 0, 0, INF_BITS, INF_BITS + 1)
 _KEY_BOUND = 16  # columns after each row's keys that cap its amin (``_build_plan``)
 
 
@@ -113,13 +123,13 @@ def _derive() -> torch.Tensor:
     squares in its column, zeros into amax and amin (the bias, ``_Plan.table``, carries them).
     Integer-valued float64 products and sums below 2^53: exact."""
     d = torch.zeros((_ROW_COLUMNS, NUM_COLUMNS), dtype=torch.float64)
-    d[_ROW_ZERO, _ZERO] = 1.0
-    d[_ROW_NOT_NAN, _NAN] = -1.0
-    d[_ROW_NOT_NAN, _INF] = 1.0
-    d[_ROW_FINITE, _INF] = -1.0
-    d[_ROW_UNDER, _LT_UNDER] = 1.0
-    d[_ROW_NORMAL, _LT_NORMAL] = 1.0
-    d[_ROW_SUMSQ, _SUMSQ] = 1.0
+    d[_ROW_ZERO, ZERO] = 1.0
+    d[_ROW_NOT_NAN, NAN] = -1.0
+    d[_ROW_NOT_NAN, INF] = 1.0
+    d[_ROW_FINITE, INF] = -1.0
+    d[_ROW_UNDER, LT_UNDER] = 1.0
+    d[_ROW_NORMAL, LT_NORMAL] = 1.0
+    d[_ROW_SUMSQ, SUMSQ] = 1.0
     return d
 
 
@@ -181,9 +191,9 @@ class _Plan:
     # columns that count zeros for layers without rows, rows·CHUNK for NaN; amax and amin
     # written every step through the two views (0 and +inf for layers without rows).
     table: torch.Tensor
-    table_amax: torch.Tensor  # table[:, _AMAX:_AMAX + 1]
-    table_amin: torch.Tensor  # table[:, _AMIN:_AMIN + 1]
-    amin_keys: torch.Tensor  # int32 (L, 1): each layer's least key (_MAX_FINITE_BITS if none)
+    table_amax: torch.Tensor  # table[:, AMAX:AMAX + 1]
+    table_amin: torch.Tensor  # table[:, AMIN:AMIN + 1]
+    amin_keys: torch.Tensor  # int32 (L, 1): each layer's least key (MAX_FINITE_BITS if none)
     amin_keys_f32: torch.Tensor  # the same as float32
     derive: torch.Tensor  # float64 (_ROW_COLUMNS, 8): _derive()
     inf: torch.Tensor  # float32 0-d +inf: nextafter's direction
@@ -214,9 +224,9 @@ def _build_plan(
     ]
     present = [i for i, g in enumerate(grads) if g is not None]
     bias = torch.zeros((len(grads), NUM_COLUMNS), dtype=torch.float64)
-    for k in (_ZERO, _LT_UNDER, _LT_NORMAL):  # layers without rows: all their elements zero
+    for k in (ZERO, LT_UNDER, LT_NORMAL):  # layers without rows: all their elements zero
         bias[:, k] = torch.tensor([float(n) for n in numel], dtype=torch.float64)
-    bias[:, _AMIN] = math.inf
+    bias[:, AMIN] = math.inf
     groups: list[_Group] = []
     chunk_layer: list[int] = []
     unscaled_rows: list[bool] = []
@@ -228,9 +238,9 @@ def _build_plan(
             current = _Group([], [], 0, start=current.start + current.rows)
         pad = rows * CHUNK - numel[i]
         if rows:  # the padding zeros are counted in every class at or below zero's
-            for k in (_ZERO, _LT_UNDER, _LT_NORMAL):
+            for k in (ZERO, LT_UNDER, LT_NORMAL):
                 bias[i, k] = -float(pad)
-            bias[i, _NAN] = float(rows * CHUNK)
+            bias[i, NAN] = float(rows * CHUNK)
         current.layers.append(i)
         current.pads.append(torch.zeros(pad, device=device) if pad else None)
         current.rows += rows
@@ -245,12 +255,12 @@ def _build_plan(
     f32, f64, i32 = torch.float32, torch.float64, torch.int32
     buf = torch.zeros(max_rows * CHUNK, dtype=f32, device=device)
     # One work buffer, row r: the five comparisons' CHUNK-element slots, then _KEY_BOUND columns
-    # that hold _MAX_FINITE_BITS for good (16: the rows stay 64-byte aligned). The comparisons'
+    # that hold MAX_FINITE_BITS for good (16: the rows stay 64-byte aligned). The comparisons'
     # last slot and those columns are also the amin keys' row, and the finite magnitudes before
     # them (each read before the next is written): a row's least key never exceeds the bound,
     # so a row without a finite non-zero element reads +inf, not a NaN pattern.
     slots = len(_CLASS_BITS)
-    work = torch.full((max_rows, slots * CHUNK + _KEY_BOUND), _MAX_FINITE_BITS, dtype=i32,
+    work = torch.full((max_rows, slots * CHUNK + _KEY_BOUND), MAX_FINITE_BITS, dtype=i32,
                       device=device)
     row_counts = torch.zeros((total_rows, len(_CLASS_BITS)), dtype=f32, device=device)
     row_amax = torch.zeros((total_rows, 1), dtype=f32, device=device)
@@ -281,7 +291,7 @@ def _build_plan(
             offset += -(-numel[i] // CHUNK) * CHUNK
     layer_of_row = device_tensor(chunk_layer, torch.int64, device)
     table = to_device(bias, device)
-    amin_keys = torch.full((len(grads), 1), _MAX_FINITE_BITS, dtype=i32, device=device)
+    amin_keys = torch.full((len(grads), 1), MAX_FINITE_BITS, dtype=i32, device=device)
     class_bits = list(_CLASS_BITS)
     class_bits[1:3] = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
     return _Plan(
@@ -310,8 +320,8 @@ def _build_plan(
         row_amin_key=row_amin_key,
         fold_zero=torch.zeros((len(grads), _ROW_COLUMNS), dtype=f64, device=device),
         table=table,
-        table_amax=table[:, _AMAX : _AMAX + 1],
-        table_amin=table[:, _AMIN : _AMIN + 1],
+        table_amax=table[:, AMAX : AMAX + 1],
+        table_amin=table[:, AMIN : AMIN + 1],
         amin_keys=amin_keys,
         amin_keys_f32=amin_keys.view(f32),
         derive=to_device(_derive(), device),
@@ -385,7 +395,7 @@ def _chunk_stats(plan: _Plan, group: _Group, grads: Grads, bounds: torch.Tensor)
     torch.linalg.vector_norm(finite, 2, 1, True, dtype=torch.float64, out=group.norms).pow_(2)
     # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to
     # the largest key and keeps every other magnitude in order, so zeros never win; the row's
-    # _KEY_BOUND columns (_MAX_FINITE_BITS) cap a row without a finite non-zero element at the
+    # _KEY_BOUND columns (MAX_FINITE_BITS) cap a row without a finite non-zero element at the
     # key that reads back as +inf (``_eager_partials``). Written over ``finite``, read already.
     torch.sub(bits, 1, out=key).bitwise_and_(0x7FFFFFFF)
     torch.amin(keyed, 1, keepdim=True, out=group.amin_key)
@@ -571,7 +581,7 @@ class GradStats:
         keys by two ``scatter_reduce_`` (``include_self=False``: every layer with rows is
         overwritten, the others keep their constants) into persistent targets, the keys turned
         into amin by one ``nextafter`` (key k is the pattern below the value: k+1, and the cap
-        _MAX_FINITE_BITS gives +inf) written into the bias's amin column, and one ``addmm``: the
+        MAX_FINITE_BITS gives +inf) written into the bias's amin column, and one ``addmm``: the
         bias (padding, absent layers, amax, amin) plus the folded block times ``_derive()``.
         The block is finite (amax, counts, squares of finite values), so no inf·0 reaches the
         product; amin (+inf possible) only ever lies in the bias."""
