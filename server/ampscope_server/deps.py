@@ -13,7 +13,7 @@ from ampscope_server import runs
 from ampscope_server.config import Settings
 from ampscope_server.db import session_scope
 from ampscope_server.errors import Forbidden, Unauthorized
-from ampscope_server.gate import principal_of
+from ampscope_server.gate import principal_in_state
 from ampscope_server.live import Hub
 from ampscope_server.models import Run
 from ampscope_server.principal import Principal, Scope
@@ -49,7 +49,7 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 def get_principal(connection: HTTPConnection) -> Principal:
     """Who the gate admitted; a public path reached without credentials has nobody."""
-    principal = principal_of(connection.scope.get("state", {}))
+    principal = principal_in_state(connection.scope.get("state", {}))
     if principal is None:
         raise Unauthorized("authentication required")
     return principal

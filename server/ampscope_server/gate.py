@@ -222,6 +222,7 @@ class Gate:
         await response(scope, receive, send)
 
 
-def principal_of(state: dict[str, Any]) -> Principal | None:
+def principal_in_state(state: dict[str, Any]) -> Principal | None:
+    """The principal the gate stored in a request's state (None where it stored none)."""
     principal = state.get("principal")
     return principal if isinstance(principal, Principal) else None

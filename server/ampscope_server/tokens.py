@@ -100,6 +100,7 @@ def revoke_token(session: Session, token_id: str, now: float | None = None,
 
 
 def principal_of(token: ApiToken, via: Via, csrf: str | None = None) -> Principal:
+    """Who a live token acts as, presented `via` a bearer header or a browser session."""
     return Principal(scope=Scope(token.scope), project=token.project, via=via,
                      name=token.name or token.id, token_id=token.id, csrf=csrf)
 
