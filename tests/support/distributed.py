@@ -41,16 +41,19 @@ def run_jobs(tmp_path: Path, modes: list[str], world: int = 2
                    for r in range(world)] for i, mode in enumerate(modes)}
 
 
-def launch(module: str, args: list[str], world: int = 2, timeout: float = 300) -> None:
+def launch(module: str, args: list[str], world: int = 2, timeout: float = 300,
+           env: dict[str, str] | None = None) -> None:
     """``world`` ranks of ``python -m module *args`` started as ``torchrun`` starts them
     (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` on a free local
-    port), each to its end; an assertion names the rank that failed, with its output."""
+    port; ``env`` added to the environment), each to its end; an assertion names the rank that
+    failed, with its output."""
     port = free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+        env={**os.environ, **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
+             "WORLD_SIZE": str(world),
              "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port), "PYTHONWARNINGS": "ignore"}) for rank in range(world)]
     for rank, proc in enumerate(procs):

@@ -39,11 +39,20 @@ become ready."""
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("deepspeed")
+    extensions = folder / "extensions"  # where torch would build a C++ extension
+    extensions.mkdir()
     for stage3 in (False, True):
         launch("tests.client_hook.integrations.deepspeed_worker",
                [str(folder / "MODE" / "rank{}.json"),
-                ",".join(job for job in JOBS if ("stage3" in job) == stage3)], timeout=600)
+                ",".join(job for job in JOBS if ("stage3" in job) == stage3)], timeout=600,
+               env={"TORCH_EXTENSIONS_DIR": str(extensions)})
     return folder
+
+
+def test_no_job_builds_deepspeeds_shared_memory_all_reduce(jobs: Path) -> None:
+    """``without_deepspeed_shm_build`` holds for every job (a DeepSpeed that decides otherwise
+    would build it into the launches' extensions folder: ~60 s of CPU per cold machine)."""
+    assert list((jobs / "extensions").iterdir()) == []
 
 
 def run_ds(jobs: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
