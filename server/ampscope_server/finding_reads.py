@@ -446,9 +446,7 @@ def report_markdown(
 def histogram_read(session: Session, run: Run, step: int | None) -> HistogramView:
     """The exponent histograms of one sampled step (the newest, or `step`; 404 when the run
     has no histogram at that step), with the scale in effect and the format's limits."""
-    fmt = FORMATS[run.target_format]
-    limits = FormatLimits(name=fmt.name, max=fmt.max, min_normal=fmt.min_normal,
-                          min_subnormal=fmt.min_subnormal)
+    limits = FormatLimits.of(FORMATS[run.target_format])
     sampled = findings_repository.histogram_steps_last(session, run.id, HISTOGRAM_STEPS)
     steps = [number for _, number, _, _ in sampled]
     if step is None and not sampled:

@@ -26,6 +26,8 @@ from ampscope_server import (
     summary_cache,
 )
 from ampscope_server.errors import AmbiguousRun, RunNotFound
+from ampscope_server.findings.schemas import FormatLimits
+from ampscope_server.formats import FORMATS
 from ampscope_server.models import (
     CLASSED_ACTIVATION_STATS,
     CLASSED_STEP_FLOATS,
@@ -161,7 +163,7 @@ def detail(session: Session, run: Run, crash_timeout_s: float) -> RunDetail:
     return RunDetail(
         **summary.model_dump(), host=run.host, rank=run.rank,
         target_format=run.target_format, target_format_reason=run.target_format_reason,
-        attempts=attempts,
+        target_format_limits=FormatLimits.of(FORMATS[run.target_format]), attempts=attempts,
     )
 
 

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from ampscope_server import codec
-from ampscope_server.findings.schemas import FindingBrief
+from ampscope_server.findings.schemas import FindingBrief, FormatLimits
 from ampscope_server.wire import MAX_TAGS, Captured, MisuseKind, NonfiniteKind, RecheckStatus
 from ampscope_server.wire import SCHEMA_VERSION as SCHEMA_VERSION
 from ampscope_server.wire import SCHEMA_VERSIONS as SCHEMA_VERSIONS
@@ -163,6 +163,9 @@ class RunDetail(RunSummary):
     target_format_reason: str | None
     """Why the run is judged against `target_format` (given, or inferred from the model),
     null when the client did not say."""
+    target_format_limits: FormatLimits
+    """`target_format`'s limits, for what the pages compute from live steps (the heatmap's
+    headroom divides by `max`): the web holds no copy of them."""
     attempts: list[AttemptRead]
 
 

@@ -420,6 +420,8 @@ class TestRunPage:
                 watched.page.select_option("#stat-select", stat)
                 watched.wait_for(f"() => window.ampscope.heatmap.stat === '{stat}'")
         assert watched.js(HEATMAP_ROWS) == layer_names(live_server, training.run_id)
+        # Live headroom divides by the format's max as the run detail gives it (FP16 here).
+        assert watched.js("() => window.ampscope.heatmap.formatMax") == 65504.0
 
         # The run finishes while the page is open: the socket says so.
         training.finish()

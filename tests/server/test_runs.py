@@ -75,6 +75,11 @@ class TestRunDetail:
         detail = _get(api, f"/api/runs/{run_id}")
         assert detail["config"] == {"lr": 0.001, "nested": {"a": [1, 2]}}
         assert (detail["host"], detail["rank"], detail["target_format"]) == ("gpu-7", 3, "bf16")
+        # torch.finfo(torch.bfloat16)'s max and tiny, and its smallest subnormal, 2^-133: the
+        # pages compute the live heatmap's headroom from these, holding no copy of their own.
+        assert detail["target_format_limits"] == {
+            "name": "bf16", "max": 3.3895313892515355e38, "min_normal": 2.0**-126,
+            "min_subnormal": 2.0**-133}
         assert len(detail["attempts"]) == 1
         attempt = detail["attempts"][0]
         assert (attempt["ordinal"], attempt["pid"], attempt["started_at"]) == (1, 1234,

@@ -6,15 +6,6 @@ import { CONFIG, Plotly, THEME, finiteOrNull, plotText, stepChartMargin, themedL
 
 const MAX_COLUMNS = 5000;
 
-// Largest finite value of each target format (torch.finfo(...).max), for headroom_bits of live
-// steps; the read API computes the same on the server.
-const FORMAT_MAX = Object.freeze({
-  fp16: 65504,
-  bf16: 3.3895313892515355e38,
-  fp8_e4m3fn: 448,
-  fp8_e5m2: 57344,
-});
-
 // Small fractions matter (1% of a layer's gradient lost is already a finding), so the fraction
 // colour scale spends most of its range near zero.
 const FRACTION_SCALE = [
@@ -62,8 +53,10 @@ export const STATS = Object.freeze({
   },
 });
 
-/** One step's column of `stat` from its live per-layer arrays (null when the step has none). */
-export function columnOf(step, stat, targetFormat) {
+/** One step's column of `stat` from its live per-layer arrays (null when the step has none).
+ * `formatMax`: the target format's largest finite value (the run's `target_format_limits.max`,
+ * from the server's formats), for headroom_bits as the read API computes it. */
+export function columnOf(step, stat, formatMax) {
   const layers = step.layers;
   if (!layers) return null;
   if (layers[stat]) return layers[stat];
@@ -72,10 +65,9 @@ export function columnOf(step, stat, targetFormat) {
       ? null : z + layers.underflow_frac[i]));
   }
   if (stat === 'headroom_bits' && layers.amax) {
-    const fmax = FORMAT_MAX[targetFormat] ?? FORMAT_MAX.fp16;
     return layers.amax.map((a) => {
       if (a === null) return null;
-      return a === 0 ? Infinity : Math.log2(fmax / (a * step.scale_before));
+      return a === 0 ? Infinity : Math.log2(formatMax / (a * step.scale_before));
     });
   }
   return null;
@@ -117,11 +109,11 @@ function drawLegend(legend, spec, zmin, zmax) {
 }
 
 export class LayerHeatmap {
-  constructor(div, legend, runId, targetFormat) {
+  constructor(div, legend, runId, formatMax) {
     this.div = div;
     this.legend = legend;
     this.runId = runId;
-    this.targetFormat = targetFormat;
+    this.formatMax = formatMax;
     this.stat = 'lost_frac';
     this.source = 'param';
     this.lastStep = -Infinity;
@@ -210,7 +202,7 @@ export class LayerHeatmap {
     const z = [];
     for (const step of steps) {
       if (step.step <= this.lastStep) continue;
-      const column = columnOf(step, this.stat, this.targetFormat);
+      const column = columnOf(step, this.stat, this.formatMax);
       if (!column) continue;
       x.push(step.step);
       z.push(column.map((v) => this.cell(v)));

@@ -24,14 +24,14 @@ function cellText(value, kind) {
 }
 
 export class LayerTable {
-  constructor(thead, tbody, stepNode, { layerNames, rawNames, targetFormat }) {
+  constructor(thead, tbody, stepNode, { layerNames, rawNames, formatMax }) {
     this.tbody = tbody;
     this.stepNode = stepNode;
     this.layerNames = layerNames;
     // The model's own names (wrappers' `module.`, `_orig_mod.` kept), shown on hover where
     // they differ from the canonical name the table lists.
     this.rawNames = rawNames ?? layerNames;
-    this.targetFormat = targetFormat;
+    this.formatMax = formatMax;
     this.step = null;
     this.values = {}; // stat → [value per layer]
     this.timer = null;
@@ -68,7 +68,7 @@ export class LayerTable {
       const step = this.pendingStep;
       this.pendingStep = null;
       this.step = step.step;
-      for (const [stat] of COLUMNS) this.values[stat] = columnOf(step, stat, this.targetFormat);
+      for (const [stat] of COLUMNS) this.values[stat] = columnOf(step, stat, this.formatMax);
       this.render();
     }, REFRESH_MS);
   }

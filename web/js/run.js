@@ -143,7 +143,8 @@ class RunPage {
     this.rawNames = layers.map((l) => l.raw_name ?? l.name);
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
-    this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId, this.run.target_format);
+    this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId,
+      this.run.target_format_limits.max);
     this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss,
       log: this.view.lossAxis === 'log' });
     this.gradNorm = new LineChart($('gradnorm-chart'), { runId: this.runId, field: 'grad_norm', label: 'grad norm',
@@ -172,7 +173,8 @@ class RunPage {
         { max_points: maxPoints, layers: layer }),
     });
     this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
-      { layerNames: this.layerNames, rawNames: this.rawNames, targetFormat: this.run.target_format });
+      { layerNames: this.layerNames, rawNames: this.rawNames,
+        formatMax: this.run.target_format_limits.max });
     if (this.view.smoothing !== null) {
       $('smoothing').value = String(this.view.smoothing);
       $('smoothing-value').textContent = this.view.smoothing.toFixed(2);

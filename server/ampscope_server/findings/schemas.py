@@ -10,6 +10,7 @@ from pydantic import BaseModel, PlainSerializer
 from ampscope_server import codec
 from ampscope_server.findings.lost import LayerLoss
 from ampscope_server.findings.model import Finding, Severity
+from ampscope_server.formats import FloatFormat
 
 Tagged = Annotated[float, PlainSerializer(codec.encode, return_type=float | str | None)]
 
@@ -87,6 +88,11 @@ class FormatLimits(BaseModel):
     max: float
     min_normal: float
     min_subnormal: float
+
+    @classmethod
+    def of(cls, fmt: FloatFormat) -> FormatLimits:
+        return cls(name=fmt.name, max=fmt.max, min_normal=fmt.min_normal,
+                   min_subnormal=fmt.min_subnormal)
 
 
 class HistogramView(BaseModel):
