@@ -1,6 +1,7 @@
 """The hook's GPU check (#13), one process: sync-free, its cost, its copy path, FSDP2.
 
-On a CUDA machine, from the repository root (the hook needs torch alone)::
+On a CUDA machine, from the repository root (the hook needs torch alone; the FSDP2 check's
+truth, ``tests/client_hook/reference.py``, imports NumPy and pytest too)::
 
     PYTHONPATH=client_hook python bench/gpu_check.py --out OUT.json
 
@@ -39,14 +40,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests' twins
+
 import torch
 from hook_overhead import Block  # type: ignore[import-not-found]
 from hook_sweep import strict_sync  # type: ignore[import-not-found]
 from torch import nn
 
 import ampscope
-from ampscope.reductions import layer_stats, unpack
 from ampscope.transport import MemorySender
+from tests.client_hook.reference import layer_stats, unpack
 
 
 class Gpt(nn.Module):

@@ -36,9 +36,13 @@ import io
 import os
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests' twins
 
 import torch
 from hook_overhead import make_model  # type: ignore[import-not-found]
@@ -49,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampscope
 from ampscope.transport import MemorySender
+from tests.client_hook.reference import scaled_flags
 
 
 def med_us(fn: Callable[[], Any], reps: int) -> float:
@@ -117,7 +122,7 @@ def parts(args: argparse.Namespace) -> None:
          med_us(lambda: stats.partials(grads, scale, flags, histogram=True), max(10, r // 10))),
         ("raw_norms (every-step capture)", med_us(lambda: stats.raw_norms(grads), r)),
         ("scaled_flags (stage lookup)",
-         med_us(lambda: view.scaled_flags(opt, mon._cycle.optimizers, params), r)),
+         med_us(lambda: scaled_flags(view, opt, mon._cycle.optimizers, params), r)),
         ("before_update (scale copy, found_inf)", med_us(view.before_update, r)),
     ]
 

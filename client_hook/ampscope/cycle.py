@@ -165,23 +165,14 @@ class ScalerView:
             return "READY"
         return getattr(state.get("stage"), "name", None)
 
-    def scaled_flags(
-        self,
-        optimizer: torch.optim.Optimizer,
-        optimizers: Sequence[torch.optim.Optimizer],
-        params: Sequence[torch.nn.Parameter],
-    ) -> list[bool]:
-        """Per watched parameter: is its ``.grad`` still multiplied by the scale?"""
-        flags = self.scaled_state(optimizer, optimizers, params)
-        return [flags] * len(params) if isinstance(flags, bool) else flags
-
     def scaled_state(
         self,
         optimizer: torch.optim.Optimizer,
         optimizers: Sequence[torch.optim.Optimizer],
         params: Sequence[torch.nn.Parameter],
     ) -> bool | list[bool]:
-        """``scaled_flags`` as one bool when every parameter shares it (no per-step list)."""
+        """Per watched parameter, whether its ``.grad`` is still multiplied by the scale: one
+        bool when every parameter shares it (no per-step list), else one flag per parameter."""
         if not params:
             return []
         if not self.on:

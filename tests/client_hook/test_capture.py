@@ -15,9 +15,9 @@ from ampscope.capture import Kind, finish, global_norm, take
 from ampscope.fused import LayoutState
 from ampscope.histogram import NUM_BINS, exponent_histogram
 from ampscope.partials import NUM_COLUMNS
-from ampscope.reductions import STAT_NAMES, GradStats, unpack
+from ampscope.reductions import STAT_NAMES, GradStats
 from ampscope.transport import MemorySender
-from tests.client_hook.reference import FP16, assert_same, edge_tensor, reference
+from tests.client_hook.reference import FP16, assert_same, edge_tensor, reference, unpack
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -132,7 +132,7 @@ class TestFinish:
         self, raw: list[float], scale: float | None, want: float | None
     ) -> None:
         got = global_norm(raw, scale, [True] * len(raw))
-        if scale is not None:  # the device twin: GradStats.grad_norms' arithmetic
+        if scale is not None:  # the device twin: reference.grad_norms' arithmetic
             v = torch.tensor(raw, dtype=torch.float64)
             device = (torch.dot(v, v).sqrt() / scale).item()
             assert repr(got) == repr(device)

@@ -13,7 +13,7 @@ import torch
 from ampscope.devices import device_tensor, to_device
 from ampscope.formats import FORMATS
 from ampscope.reductions import GradStats
-from tests.client_hook.reference import DEVICE, FP16, edge_tensor, reference
+from tests.client_hook.reference import DEVICE, FP16, edge_tensor, grad_norms, reference
 
 
 @contextmanager
@@ -67,7 +67,7 @@ def test_a_first_eager_read_builds_its_plan_without_a_host_sync(histogram: bool)
     with no_host_sync():
         table, counts = stats.partials(grads, scale, flags, histogram=histogram)
         out = stats.layer_stats(grads, scale, flags)
-        norms = stats.grad_norms(grads, scale, flags)
+        norms = grad_norms(stats, grads, scale, flags)
     assert (counts is not None) is histogram and table.shape == (3, 8)
     want_norm, _ = reference(grads, [g.numel() for g in grads], 2.0**10, flags, FP16)
     assert out[0].item() == pytest.approx(want_norm, rel=1e-12)

@@ -30,8 +30,8 @@ from ampscope.formats import FORMATS
 from ampscope.fused import FusedPartials, LayoutState, layout_key
 from ampscope.histogram import exponent_histogram, tensor_histogram
 from ampscope.partials import COLUMNS, NUM_COLUMNS
-from ampscope.reductions import STAT_NAMES, GradStats, unpack
-from tests.client_hook.reference import DEVICE, FP16, edge_tensor, reference
+from ampscope.reductions import STAT_NAMES, GradStats
+from tests.client_hook.reference import DEVICE, FP16, edge_tensor, reference, unpack
 from tests.client_hook.test_histogram import exact_reference
 
 # Inductor imports a module that calls torch's own deprecated API; under ``filterwarnings=error``

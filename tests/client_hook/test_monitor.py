@@ -18,9 +18,10 @@ import ampscope
 import ampscope.cycle
 from ampscope.formats import FORMATS
 from ampscope.monitor import HookState
-from ampscope.reductions import STAT_NAMES, layer_stats, unpack
+from ampscope.reductions import STAT_NAMES
 from ampscope.transport import MemorySender
 from tests.client_hook.httpstub import StubServer
+from tests.client_hook.reference import layer_stats, unpack
 
 
 class Tiny(nn.Module):

