@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import ClauseElement
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import (
@@ -23,7 +22,7 @@ from ampscope_server import (
 from ampscope_server.models import StepNonfinite
 from ampscope_server.schemas import AnyEventRead, IngestBatch, SkippedEventRead
 from tests.server.wire import batch, batch_v2, new_id, record, record_v2
-from tests.support.databases import Dialect, migrated_database
+from tests.support.databases import Dialect, migrated_database, query_plan
 from tests.support.ingest import ingest_payload
 
 SKIPPED = 33_000
@@ -113,9 +112,8 @@ def test_pages_of_40k_skipped_steps_each_with_its_layers(
 
 @pytest.fixture
 def migrated_url(dialect: Dialect, tmp_path: Path) -> Iterator[str]:
-    """This file's databases are fresh copies: its plan tests read the planner's choice, which
-    the statistics and dead rows an earlier test left in a kept copy can change (a sort over
-    another index instead of the partial one, seen once in a full run)."""
+    """This file's databases are fresh copies: its plan tests read the planner's choice
+    (`query_plan` says why)."""
     with migrated_database(dialect, tmp_path, fresh=True) as url:
         yield url
 
@@ -131,20 +129,8 @@ def test_event_steps_are_read_from_their_partial_index(sessions: sessionmaker[Se
     with sessions() as session, session.begin():
         assert [row.step for row in steps_repository.event_rows(session, run_id)] == [
             5, 15, 25, 35]
-        plan = _plan(session, steps_repository.event_rows_statement(run_id, limit=1000))
+        plan = query_plan(session, steps_repository.event_rows_statement(run_id, limit=1000))
     assert any("ix_steps_run_key_event_step" in line for line in plan), plan
-
-
-def _plan(session: Session, statement: ClauseElement) -> list[str]:
-    """The dialect's query plan of `statement`, a line per step."""
-    connection = session.connection()
-    sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
-    if connection.dialect.name == "postgresql":
-        # A 40-step table is a sequential scan at any cost model: take that off the table to
-        # see whether the planner can prove the index's condition from the query's.
-        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
-        return [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
-    return [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
 
 
 def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[Session]) -> None:
@@ -159,5 +145,5 @@ def test_misuse_steps_are_read_from_their_partial_index(sessions: sessionmaker[S
     with sessions() as session, session.begin():
         assert [(row.step, row.detail) for row in steps_repository.misuse_rows(
             session, run_id, 10, 30)] == [(17, "step 17"), (27, "step 27")]
-        plan = _plan(session, steps_repository.misuse_rows_statement(run_id, 10, 30))
+        plan = query_plan(session, steps_repository.misuse_rows_statement(run_id, 10, 30))
     assert any("ix_steps_run_key_misuse_step" in line for line in plan), plan

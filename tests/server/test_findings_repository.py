@@ -3,13 +3,25 @@ partial index (revision 0017), not from a scan of every step of the run."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server import findings_repository
 from ampscope_server.codec import FloatClass
-from tests.server.test_events_window import _plan
 from tests.server.wire import batch, new_id, record
+from tests.support.databases import Dialect, migrated_database, query_plan
 from tests.support.ingest import ingest_payload
+
+
+@pytest.fixture
+def migrated_url(dialect: Dialect, tmp_path: Path) -> Iterator[str]:
+    """Fresh copies: a test here reads the planner's choice (`query_plan` says why)."""
+    with migrated_database(dialect, tmp_path, fresh=True) as url:
+        yield url
+
 
 SKIPPED = (5, 6, 15)  # two in a row: the step after the first is also skipped
 
@@ -50,5 +62,5 @@ def test_notable_steps_are_read_from_their_partial_index(
 ) -> None:
     run_id = _run(sessions)
     with sessions() as session, session.begin():
-        plan = _plan(session, findings_repository.findings_steps_statement(run_id, False))
+        plan = query_plan(session, findings_repository.findings_steps_statement(run_id, False))
     assert any("ix_steps_run_key_notable_step" in line for line in plan), plan

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
+from sqlalchemy import ClauseElement
+from sqlalchemy.orm import Session
 
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432
@@ -104,6 +106,7 @@ class _Templates:
         self._shape: object = None
         self._tables: list[str] = []
         self._spare: list[str] = []
+        self._kept: set[str] = set()  # every copy recycled once: not fresh when handed out again
 
     def sqlite(self) -> Path:
         if self._sqlite is None:
@@ -166,10 +169,16 @@ class _Templates:
                                 "start_value, false) FROM pg_sequences "
                                 "WHERE schemaname = 'public'")
                         self._spare.append(name)
+                        self._kept.add(name)
                         return
             except psycopg.OperationalError:
                 pass  # it refuses connections (a test's doing): dropped below
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def kept(self, name: str) -> bool:
+        """Whether the copy `name` was given back and kept before (``postgres_copy``'s
+        ``fresh`` never hands out such a one)."""
+        return name in self._kept
 
     def drop(self) -> None:
         if self._postgres is not None:
@@ -207,6 +216,26 @@ def migrated_database(dialect: Dialect, directory: Path, fresh: bool = False) ->
             yield postgres_url(name)
         finally:
             TEMPLATES.recycle(name)
+
+
+def query_plan(session: Session, statement: ClauseElement) -> list[str]:
+    """The dialect's query plan of `statement`, a line per step. On Postgres only on a fresh
+    copy (`migrated_database(fresh=True)`): a kept one holds the planner statistics and dead
+    rows of its earlier tests, which can change the plan (a sort over another index instead of
+    the partial one, seen in two files' full runs). Reading one there is refused, always, rather
+    than failing now and then."""
+    connection = session.connection()
+    sql = str(statement.compile(connection, compile_kwargs={"literal_binds": True}))
+    if connection.dialect.name == "postgresql":
+        name = connection.engine.url.database
+        if name is None or TEMPLATES.kept(name):
+            raise AssertionError(f"query_plan on {name!r}, a kept copy: take "
+                                 "migrated_database(dialect, directory, fresh=True)")
+        # A 40-step table is a sequential scan at any cost model: take that off the table to
+        # see whether the planner can prove the index's condition from the query's.
+        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        return [row[0] for row in connection.exec_driver_sql(f"EXPLAIN {sql}")]
+    return [row[3] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")]
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The recycled Postgres copies (`tests.support.databases`): each use starts in the template's
-state, whatever the last one left, and a copy a test changed the shape of is never handed out
-again."""
+state, whatever the last one left, a copy a test changed the shape of is never handed out
+again, and no query plan is read on a kept one."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, create_engine, select, text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
+from ampscope_server.models import Run
 from tests.server.wire import batch, new_id, record
-from tests.support.databases import PG_ADMIN_DSN, TEMPLATES, migrated_database
+from tests.support.databases import PG_ADMIN_DSN, TEMPLATES, migrated_database, query_plan
 from tests.support.ingest import ingest_into
 
 pytestmark = pytest.mark.postgres
@@ -82,3 +84,28 @@ def test_a_copy_that_refuses_connections_is_dropped(tmp_path: Path) -> None:
         assert admin.execute("SELECT count(*) FROM pg_database WHERE datname = %s",
                              (name,)).fetchone() == (0,)
     assert TEMPLATES.postgres()  # the template itself is untouched
+
+
+def test_a_query_plan_is_read_only_on_a_fresh_copy(tmp_path: Path) -> None:
+    """`query_plan` refuses a kept copy, whose planner statistics and dead rows are an earlier
+    test's, every time: a plan test on one fails at once, not now and then."""
+    statement = select(Run.id).where(Run.project == "p")
+    with migrated_database("postgres", tmp_path) as url:
+        first = url
+    with migrated_database("postgres", tmp_path) as url:
+        assert url == first  # kept
+        engine = create_engine(url)
+        try:
+            with Session(engine) as session, session.begin(), pytest.raises(
+                    AssertionError, match="a kept copy: take migrated_database"):
+                query_plan(session, statement)
+        finally:
+            engine.dispose()
+    with migrated_database("postgres", tmp_path, fresh=True) as url:
+        assert url != first and not TEMPLATES.kept(url.rsplit("/", 1)[1])
+        engine = create_engine(url)
+        try:
+            with Session(engine) as session, session.begin():
+                assert any("runs" in line for line in query_plan(session, statement))
+        finally:
+            engine.dispose()
