@@ -30,8 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ampscope_server import db, ingest, rollups
-from ampscope_server.wire import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
+from ampscope_server.store import db, rollups
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find bench.*
 from bench.query import _batch

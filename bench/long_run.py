@@ -50,7 +50,7 @@ import psycopg
 from sqlalchemy import text
 
 from ampscope import wire
-from ampscope_server import db
+from ampscope_server.store import db
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find bench.*
 from bench import layer_values, query_reads, storage

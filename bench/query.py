@@ -40,20 +40,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, Table, func, insert, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import (
-    chart_reads,
-    comparison_reads,
-    db,
-    event_reads,
-    ingest,
-    rollups,
-    rollups_repository,
-    steps_repository,
-)
-from ampscope_server.app import create_app
+from ampscope_server.api.app import create_app
+from ampscope_server.charts import event_reads
+from ampscope_server.charts import reads as chart_reads
+from ampscope_server.compare import reads as comparison_reads
 from ampscope_server.config import Settings
-from ampscope_server.models import Attempt, Layer, LayerRollup, LayerStat, Rollup, Run, Step
-from ampscope_server.wire import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
+from ampscope_server.store import db, rollups, rollups_repository, steps_repository
+from ampscope_server.store.models import Attempt, Layer, LayerRollup, LayerStat, Rollup, Run, Step
 
 ROWS = {"n": 0}
 

@@ -35,8 +35,9 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 
 from ampscope import wire
-from ampscope_server import db, ingest
-from ampscope_server.wire import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
+from ampscope_server.store import db
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find bench.*
 from bench import layer_values

@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 
 from ampscope_server.config import Settings
-from ampscope_server.db import make_engine
-from ampscope_server.models import Base
+from ampscope_server.store.db import make_engine
+from ampscope_server.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -72,7 +72,7 @@ def test_the_server_runs_with_auth_and_says_how_to_make_the_first_token() -> Non
     assert command in header
     assert command in (ROOT / "README.md").read_text()
     # The command the header names is one this CLI takes.
-    from ampscope_server.cli import _parser
+    from ampscope_server.cli.main import _parser
 
     args = _parser().parse_args(command.split("ampscope ", 1)[1].split())
     assert (args.command, args.token_command, args.all_projects, args.scope) == (

@@ -17,7 +17,7 @@ stripped only at the start: inside a path it is an ordinary attribute name in us
 parameter's own name and always stays. The function is idempotent (a canonical name is its own
 canonical name).
 
-The server keeps a copy of this module (``ampscope_server.layer_names``), since neither side
+The server keeps a copy of this module (``ampscope_server.runs.layer_names``), since neither side
 imports the other; a test checks that both give the same result on a shared list of cases.
 Pure: no torch, no I/O.
 """

@@ -9,7 +9,7 @@ import pytest
 from ampscope.spool import Spool, spool_files
 from ampscope.sync import sync
 from ampscope.transport import MemorySender, Outcome, SendResult
-from ampscope_server.cli import main as cli_main
+from ampscope_server.cli.main import main as cli_main
 from tests.client_hook.httpstub import Reply, StubServer
 
 

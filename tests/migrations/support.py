@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import inspect, text
 
-from ampscope_server import db, stat_packing
+from ampscope_server.store import db, stat_packing
 
 
 def query(url: str, sql: str) -> list[tuple[Any, ...]]:

@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import codec, db, rollups, rollups_repository
-from ampscope_server.models import Step
-from ampscope_server.sql_support import run_key
+from ampscope_server.store import db, rollups, rollups_repository
+from ampscope_server.store.float_storage import from_storage
+from ampscope_server.store.models import Step
+from ampscope_server.store.sql_support import run_key
 from tests.server.wire import batch, layer_stats, new_id, record
 from tests.support.ingest import ingest_into
 
@@ -81,7 +82,7 @@ def _brute_force(session: Session, run_id: str) -> dict[tuple[int, int], rollups
         if not found:
             continue
         assert len(found) == 1
-        arrays = rollups.step_layers(found[0][1], codec.from_storage(
+        arrays = rollups.step_layers(found[0][1], from_storage(
             step.scale_before, step.scale_before_class))
         for level in rollups.LAYER_LEVELS:
             key = (level, step.step >> level)

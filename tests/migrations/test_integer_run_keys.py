@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.migrations.support import delete_run, query
 from tests.server.wire import activations, batch_v2, histogram, layer_stats, new_id, record_v2
 from tests.support.ingest import ingest_into

@@ -12,7 +12,7 @@ import struct
 import pytest
 from sqlalchemy import text
 
-from ampscope_server import db, rollups, stat_packing
+from ampscope_server.store import db, rollups, stat_packing
 from tests.migrations.support import query
 from tests.migrations.test_rollup_run_keys import ingest_steps
 from tests.server.wire import new_id

@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from ampscope_server import db
-from ampscope_server.models import Base
+from ampscope_server.store import db
+from ampscope_server.store.models import Base
 from tests.migrations.support import columns, tables
 
 TABLES_0001 = {"runs", "attempts", "layers", "steps", "layer_stats"}

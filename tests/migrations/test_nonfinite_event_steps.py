@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import make_url
 
-from ampscope_server import db
-from ampscope_server.models import STEP_IS_EVENT
+from ampscope_server.store import db
+from ampscope_server.store.models import STEP_IS_EVENT
 from tests.migrations.support import query
 
 # One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db, rollups, rollups_repository, steps_repository
+from ampscope_server.store import db, rollups, rollups_repository, steps_repository
 
 # One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`
 # leaves it to whoever touches the migrations (test_migrations.py keeps the models-against-

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
-from ampscope_server import db, steps_repository
+from ampscope_server.store import db, steps_repository
 from tests.migrations.test_integer_run_keys import ingest_runs
 
 # One revision's data kept both ways on both dialects: `make test` runs it; `make test-fast`

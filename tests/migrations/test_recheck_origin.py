@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.migrations.support import columns, query
 from tests.server.wire import batch_v2, new_id, record_v2
 from tests.support.ingest import ingest_into

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import db, rollups
+from ampscope_server.store import db, rollups
 from tests.migrations.support import decoded, query
 from tests.migrations.test_rollup_run_keys import ingest_runs, snapshot
 

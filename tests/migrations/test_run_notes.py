@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.migrations.support import columns, query
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import codec, db, stat_packing
+from ampscope_server.store import db, stat_packing
+from ampscope_server.store.float_storage import FloatClass
 from tests.migrations.support import query, tables
 from tests.server.wire import batch_v2, new_id, record_v2
 from tests.support.ingest import ingest_into
@@ -31,7 +32,7 @@ def test_0024_adds_step_shadows_and_takes_them_back(db_url: str) -> None:
     ingest_into(db_url, dict(batch_v2(records, run_id=new_id()), schema_version=6))
     (status, loss, loss_class, layers, data, detail), = query(db_url, SHADOWS)
     assert (status, layers, detail) == ("ok", 2, None)
-    assert (loss, loss_class) == (None, codec.FloatClass.NEG_INF)
+    assert (loss, loss_class) == (None, FloatClass.NEG_INF)
     rel_err, cosine, norm = stat_packing.unpack(bytes(data))
     assert rel_err[0] == 2.0**-1074 and rel_err[1] != rel_err[1]
     assert cosine == [None, float("inf")]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.migrations.support import delete_run, query, tables
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_into

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from ampscope_server.findings.model import ShadowSample
+from ampscope_server.findings.facts import ShadowSample
 from ampscope_server.findings.precision import layer_medians
 from ampscope_server.findings.thresholds import SHADOW_COHERENT_COSINE, SHADOW_REL_ERR_WARN
 from tests.support.databases import migrated_sqlite

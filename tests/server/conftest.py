@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import db
-from ampscope_server.live import Hub
+from ampscope_server.live.hub import Hub
+from ampscope_server.store import db
 from tests.support.app import app_client
 from tests.support.databases import migrated_database
 from tests.support.servers import ServerProcess

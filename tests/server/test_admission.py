@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from ampscope_server.admission import (
+from ampscope_server.access.admission import (
     CredentialLimit,
     RequestLimit,
     SignInThrottle,
     credential_of,
 )
+from ampscope_server.access.principal import ANONYMOUS, Principal, Via
+from ampscope_server.access.principal import Scope as TokenScope
 from ampscope_server.config import Settings
 from ampscope_server.errors import RateLimited
-from ampscope_server.principal import ANONYMOUS, Principal, Via
-from ampscope_server.principal import Scope as TokenScope
 
 
 class Held:

@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 
-from ampscope_server.alert_payloads import (
+from ampscope_server.alerts.payloads import (
     AlertMessage,
     encode,
     headers,

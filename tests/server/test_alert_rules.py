@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ampscope_server.alert_rules import (
+from ampscope_server.alerts.rules import (
     Condition,
     RuleSpec,
     RunFacts,
@@ -15,7 +15,7 @@ from ampscope_server.alert_rules import (
     stall_after_s,
 )
 from ampscope_server.findings import Finding, LayerLoss
-from ampscope_server.findings.model import Severity
+from ampscope_server.findings.facts import Severity
 
 NOW = 1_000_000.0
 

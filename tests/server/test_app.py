@@ -6,7 +6,7 @@ import asyncio
 import gc
 from pathlib import Path
 
-from ampscope_server.app import create_app
+from ampscope_server.api.app import create_app
 from ampscope_server.config import Settings
 from tests.support.databases import migrated_sqlite
 

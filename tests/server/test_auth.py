@@ -15,10 +15,11 @@ from fastapi.routing import APIRoute, APIWebSocketRoute, iter_route_contexts
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
-from ampscope_server import db, tokens
-from ampscope_server.app import create_app
+from ampscope_server.access import tokens
+from ampscope_server.access.principal import Scope
+from ampscope_server.api.app import create_app
 from ampscope_server.config import Settings
-from ampscope_server.principal import Scope
+from ampscope_server.store import db
 from tests.server.wire import batch, new_id, record
 from tests.support.app import BASE_URL, WS_BASE_URL, TeamApp, team_app
 from tests.support.databases import migrated_database

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from ampscope_server import cli, db
+from ampscope_server.cli import main as cli
 from ampscope_server.config import DEFAULT_DB_URL, Settings
 from ampscope_server.errors import SchemaNotCurrent
-from ampscope_server.models import Base
+from ampscope_server.store import db
+from ampscope_server.store.models import Base
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.server.wire import batch, new_id, record
 from tests.support.app import app_client
 from tests.support.cli import cli, in_process

@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import comparison_reads, divergence_search, steps_repository
-from ampscope_server.comparison_math import (
+from ampscope_server.compare import divergence_search
+from ampscope_server.compare import reads as comparison_reads
+from ampscope_server.compare.diffs import (
     Divergence,
     LayerAt,
     LayerDiff,
@@ -24,7 +25,8 @@ from ampscope_server.comparison_math import (
     relative_difference,
     suspect_buckets,
 )
-from ampscope_server.rollups import SeriesAcc
+from ampscope_server.store import steps_repository
+from ampscope_server.store.rollups import SeriesAcc
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record, strict_json
 from tests.support.ingest import ingest_payload, post_batch
 

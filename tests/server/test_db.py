@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from ampscope_server import db
+from ampscope_server.store import db
 
 
 class TestPostgresEngine:

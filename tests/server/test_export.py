@@ -14,8 +14,10 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import export_report, export_report_html, export_streams
-from ampscope_server.models import Run
+from ampscope_server.export import report as export_report
+from ampscope_server.export import report_html as export_report_html
+from ampscope_server.export import streams as export_streams
+from ampscope_server.store.models import Run
 from tests.server.wire import (
     LAYERS,
     activations,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import findings_repository
-from ampscope_server.codec import FloatClass
+from ampscope_server.store import findings_repository
+from ampscope_server.store.float_storage import FloatClass
 from tests.server.wire import batch, new_id, record
 from tests.support.databases import Dialect, migrated_database, query_plan
 from tests.support.ingest import ingest_payload

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampscope_server.formats import FORMATS
+from ampscope_server.findings.formats import FORMATS
 
 
 @pytest.mark.parametrize(("name", "max_", "min_normal", "min_subnormal"), [

@@ -7,9 +7,9 @@ import socket
 import pytest
 from starlette.datastructures import Headers
 
+from ampscope_server.access.gate import Policy, bearer_of, cookie_of, is_public
 from ampscope_server.config import Settings, auth_required, is_loopback
 from ampscope_server.errors import Unauthorized
-from ampscope_server.gate import Policy, bearer_of, cookie_of, is_public
 
 
 class TestHosts:

@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 from starlette.requests import Request
 
-from ampscope_server.handlers import database_error_handler, is_disk_full
+from ampscope_server.api.handlers import database_error_handler, is_disk_full
 
 
 def _full(path: Path) -> OperationalError:

@@ -12,12 +12,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import ingest
-from ampscope_server.db import session_scope
 from ampscope_server.errors import InvalidPayload, LayerTableConflict, LayerTableMissing
-from ampscope_server.live import Hub
-from ampscope_server.models import LayerStat, Run, Step
-from ampscope_server.schemas import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.live.hub import Hub
+from ampscope_server.runs.schemas import IngestBatch
+from ampscope_server.store.db import session_scope
+from ampscope_server.store.models import LayerStat, Run, Step
 from tests.server.wire import (
     LAYERS,
     batch,

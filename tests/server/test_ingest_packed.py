@@ -1,4 +1,4 @@
-"""Wire v5: packed statistics (`{"f64le": base64}`) decoded by `codec.unpack_stats`, stored as
+"""Wire v5: packed statistics (`{"f64le": base64}`) decoded by `json_floats.unpack_stats`, stored as
 their JSON form would be; NaN, inf and -0.0 kept bit for bit by the decoding; the 422s."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any, cast
 import pytest
 from starlette.testclient import TestClient
 
-from ampscope_server import codec
+from ampscope_server.runs import json_floats
 from tests.server.wire import activations, batch_v2, layer_stats, new_id, record_v2, strict_json
 from tests.support.ingest import post_batch
 
-NAMES = codec.STAT_COLUMNS
+NAMES = json_floats.STAT_COLUMNS
 
 
 def pack(columns: dict[str, list[float]]) -> dict[str, str]:
@@ -48,7 +48,7 @@ class TestDecoding:
     def test_nan_inf_and_negative_zero_keep_their_bits(self) -> None:
         raw = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308]
         text = base64.b64encode(struct.pack("<6d", *raw)).decode()
-        got = codec.unpack_floats(text)
+        got = json_floats.unpack_floats(text)
         assert math.isnan(got[0]) and got[1:3] == [math.inf, -math.inf]
         assert math.copysign(1.0, got[3]) == -1.0 and got[3] == 0.0
         assert got[4:] == raw[4:]
@@ -56,14 +56,15 @@ class TestDecoding:
     def test_the_json_form_of_a_block(self) -> None:
         columns = {**as_floats(layer_stats(n=3)), "zero_frac": [-0.0, 0.5, 1.0],
                    "amax": [math.nan, 0.25, 2.0**-149]}
-        got = codec.unpack_stats(pack(columns))
+        got = json_floats.unpack_stats(pack(columns))
         assert got["amax"] == [None, 0.25, 2.0**-149]  # NaN in amax: no element qualified
         assert got["amin_nz"] == [1e-9, None, 1e-7]
         assert got["nan_count"] == [0, 3, 0] and type(got["nan_count"][1]) is int
         assert [math.copysign(1.0, cast(float, x)) for x in got["zero_frac"]] == [-1.0, 1.0, 1.0]
 
     def test_an_empty_model(self) -> None:
-        assert codec.unpack_stats(pack({name: [] for name in NAMES})) == {n: [] for n in NAMES}
+        empty = pack({name: [] for name in NAMES})
+        assert json_floats.unpack_stats(empty) == {n: [] for n in NAMES}
 
 
 class TestIngest:
@@ -130,7 +131,7 @@ def test_the_server_decodes_packed_batches_without_torch() -> None:
     script = (
         "import sys\n"
         "from ampscope_server import app\n"
-        "from ampscope_server.schemas import IngestBatch\n"
+        "from ampscope_server.runs.schemas import IngestBatch\n"
         "batch = IngestBatch.model_validate_json(sys.stdin.read())\n"
         "assert batch.records[0].layers is not None\n"
         "print(batch.records[0].layers.nan_count, 'torch' in sys.modules)\n")

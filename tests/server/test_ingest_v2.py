@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from ampscope_server.errors import InvalidPayload, ModuleTableMissing
-from ampscope_server.models import (
+from ampscope_server.store.models import (
     ActivationStat,
     Base,
     Histogram,

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from ampscope_server.errors import InvalidPayload, LayerTableMissing
-from ampscope_server.models import StepRecheck, SwallowedStat
+from ampscope_server.store.models import StepRecheck, SwallowedStat
 from tests.server.wire import batch_v2, new_id, record_v2, strict_json
 from tests.support.ingest import ingest_payload, post_batch
 

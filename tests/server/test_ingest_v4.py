@@ -12,8 +12,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import lifecycle, runs
-from ampscope_server.models import StepOptimizers, StepRanks
+from ampscope_server.runs import lifecycle
+from ampscope_server.runs import reads as runs
+from ampscope_server.store.models import StepOptimizers, StepRanks
 from tests.server.wire import batch_v2, new_id, record_v2, strict_json
 from tests.support.ingest import ingest_payload, post_batch
 

@@ -1,13 +1,13 @@
-"""The server's copy of the canonical layer names (`ampscope_server.layer_names`) gives what the
-hook's (`ampscope.names`) gives, on the shared cases: the two sides cannot import each other,
-and a drift would make the server match a run's layers by other names than the hook sent."""
+"""The server's copy of the canonical layer names (`ampscope_server.runs.layer_names`) gives
+what the hook's (`ampscope.names`) gives, on the shared cases: the two sides cannot import each
+other, and a drift would make the server match a run's layers by other names than the hook sent."""
 
 from __future__ import annotations
 
 import pytest
 
 from ampscope import names as hook_names
-from ampscope_server import layer_names
+from ampscope_server.runs import layer_names
 from tests.support.layer_names import CASES, COLLIDING
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from ampscope_server import limits
+from ampscope_server.access import limits
+from ampscope_server.access.limits import LARGE_BODY, BodyBudget, BodyLimit
 from ampscope_server.errors import ServiceUnavailable
-from ampscope_server.limits import LARGE_BODY, BodyBudget, BodyLimit
 
 
 async def _budget() -> None:

@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db, ingest, open_buckets, rollups, rollups_repository
-from ampscope_server.models import LayerRollup, Run, Step
-from ampscope_server.sql_support import run_key
-from ampscope_server.wire import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
+from ampscope_server.store import db, open_buckets, rollups, rollups_repository
+from ampscope_server.store.models import LayerRollup, Run, Step
+from ampscope_server.store.sql_support import run_key
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 

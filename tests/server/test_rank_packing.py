@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ampscope_server import rank_packing
-from ampscope_server.wire import StepRecord
+from ampscope_server.ingest.wire import StepRecord
+from ampscope_server.store import rank_packing
 
 
 def _record(**fields: Any) -> StepRecord:

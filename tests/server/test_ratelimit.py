@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ampscope_server.ratelimit import RateLimiter
+from ampscope_server.access.ratelimit import RateLimiter
 
 
 class Clock:

@@ -10,16 +10,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import (
-    chart_reads,
-    codec,
-    db,
-    rollups,
-    rollups_repository,
-    steps_repository,
-)
-from ampscope_server.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
-from ampscope_server.sql_support import run_key
+from ampscope_server.charts import reads as chart_reads
+from ampscope_server.store import db, rollups, rollups_repository, steps_repository
+from ampscope_server.store.float_storage import from_storage
+from ampscope_server.store.models import LAYER_STAT_NAMES, LayerRollup, Rollup, Run, Step
+from ampscope_server.store.sql_support import run_key
 from tests.server.wire import LAYERS, batch, layer_stats, new_id, record
 from tests.support.ingest import ingest_payload
 
@@ -73,7 +68,7 @@ def _brute_force(session: Session, run_id: str) -> dict[Key, rollups.Bucket]:
     ).scalars().all()
     out: dict[Key, rollups.Bucket] = {}
     for step in steps:
-        values = [codec.from_storage(getattr(step, name), getattr(step, f"{name}_class"))
+        values = [from_storage(getattr(step, name), getattr(step, f"{name}_class"))
                   for name in rollups.SERIES]
         stats = steps_repository.layer_stats_of(session, [step.id])
         for level in rollups.LEVELS:

@@ -7,9 +7,9 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import rollups, rollups_repository, stat_packing
-from ampscope_server.models import LayerRollup, Rollup
-from ampscope_server.sql_support import run_key
+from ampscope_server.store import rollups, rollups_repository, stat_packing
+from ampscope_server.store.models import LayerRollup, Rollup
+from ampscope_server.store.sql_support import run_key
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 

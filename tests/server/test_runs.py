@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import runs, summary_cache
-from ampscope_server.formats import FORMATS
-from ampscope_server.runs_list import crash_cutoff, derive_status
-from ampscope_server.schemas import RunStatus
+from ampscope_server.findings.formats import FORMATS
+from ampscope_server.runs import reads as runs
+from ampscope_server.runs import summary_cache
+from ampscope_server.runs.listing import crash_cutoff, derive_status
+from ampscope_server.runs.schemas import RunStatus
 from tests.server.wire import (
     batch,
     layer_stats,

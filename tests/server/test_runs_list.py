@@ -16,8 +16,8 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import runs_list
 from ampscope_server.errors import InvalidPayload
+from ampscope_server.runs import listing as runs_list
 from tests.server.wire import batch, new_id, record, strict_json
 from tests.support.app import WS_BASE_URL
 from tests.support.ingest import ingest_payload

@@ -23,7 +23,7 @@ from schemathesis.engine import Status, events
 from schemathesis.engine.statistic import Statistic
 from schemathesis.python import asgi
 
-from ampscope_server.app import create_app
+from ampscope_server.api.app import create_app
 from ampscope_server.config import Settings
 from tests.support.app import BASE_URL
 from tests.support.databases import Dialect, migrated_database

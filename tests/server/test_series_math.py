@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from ampscope_server.formats import FORMATS
-from ampscope_server.series_math import (
+from ampscope_server.charts.series_math import (
     ScaleEvent,
     SeriesPoint,
     bucket_bounds,
@@ -14,6 +13,7 @@ from ampscope_server.series_math import (
     lost_frac,
     scale_events,
 )
+from ampscope_server.findings.formats import FORMATS
 
 
 class TestBucketBounds:

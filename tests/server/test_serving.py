@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from ampscope_server.serving import Redact, log_config
+from ampscope_server.cli.serving import Redact, log_config
 from tests.support.team import Team, make_tokens, team_server
 
 pytestmark = pytest.mark.slow

@@ -19,9 +19,10 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db, event_reads, rollups, skip_rates
-from ampscope_server.models import Rollup, Run
-from ampscope_server.sql_support import run_key
+from ampscope_server.charts import event_reads, skip_rates
+from ampscope_server.store import db, rollups
+from ampscope_server.store.models import Rollup, Run
+from ampscope_server.store.sql_support import run_key
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ampscope_server import skip_rates
+from ampscope_server.charts import skip_rates
 
 
 class TestRollingSkips:

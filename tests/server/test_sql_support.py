@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import sql_support
-from ampscope_server.models import Step
+from ampscope_server.store import sql_support
+from ampscope_server.store.models import Step
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 

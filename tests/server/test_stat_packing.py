@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from ampscope_server import stat_packing
+from ampscope_server.store import stat_packing
 
 
 def _bits(value: object) -> object:

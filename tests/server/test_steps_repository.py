@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import ingest, runs_repository, steps_repository
-from ampscope_server.models import Step
-from ampscope_server.schemas import IngestBatch
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.runs.schemas import IngestBatch
+from ampscope_server.store import runs_repository, steps_repository
+from ampscope_server.store.models import Step
 from tests.server.wire import batch, new_id
 
 FIELDS = ("seq", "step", "loss", "grad_norm", "found_inf", "skipped", "nonfinite_count",

@@ -8,9 +8,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import run_counters_repository, runs, summary_cache
-from ampscope_server.codec import FloatClass
-from ampscope_server.wire import StepRecord
+from ampscope_server.ingest.wire import StepRecord
+from ampscope_server.runs import reads as runs
+from ampscope_server.runs import summary_cache
+from ampscope_server.store import run_counters_repository
+from ampscope_server.store.float_storage import FloatClass
 from tests.server.wire import batch, new_id, record
 from tests.support.ingest import ingest_payload
 

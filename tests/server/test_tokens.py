@@ -6,10 +6,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import tokens
+from ampscope_server.access import tokens
+from ampscope_server.access.principal import Scope, Via
 from ampscope_server.errors import Forbidden, InvalidPayload, NotFound, Unauthorized
-from ampscope_server.models import ApiToken, BrowserSession, Project
-from ampscope_server.principal import Scope, Via
+from ampscope_server.store.models import ApiToken, BrowserSession, Project
 
 
 def _create(sessions: sessionmaker[Session], scope: Scope = Scope.READ,

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from ampscope_server.app import create_app
+from ampscope_server.api.app import create_app
 from ampscope_server.config import Settings
 from tests.support.team import make_tokens
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from ampscope_server import cli as cli_module
+from ampscope_server.cli import main as cli_module
 
 
 def cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:

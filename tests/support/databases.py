@@ -110,7 +110,7 @@ class _Templates:
 
     def sqlite(self) -> Path:
         if self._sqlite is None:
-            from ampscope_server import db
+            from ampscope_server.store import db
 
             self._folder = Path(tempfile.mkdtemp(prefix="ampscope-template-"))
             db.upgrade(sqlite_url(self._folder))
@@ -123,7 +123,7 @@ class _Templates:
 
     def postgres(self) -> str:
         if self._postgres is None:
-            from ampscope_server import db
+            from ampscope_server.store import db
 
             name = f"{DB_PREFIX}template_{uuid.uuid4().hex[:12]}"
             with _admin() as admin:

@@ -15,8 +15,9 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from ampscope_server import db, ingest
-from ampscope_server.schemas import IngestBatch, IngestResult
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.runs.schemas import IngestBatch, IngestResult
+from ampscope_server.store import db
 from tests.server.wire import strict_json
 
 

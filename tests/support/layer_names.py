@@ -1,5 +1,5 @@
 """Layer names and their canonical forms, for the hook's `ampscope.names` and the server's copy
-`ampscope_server.layer_names`: both are tested on these same cases, so the two cannot drift."""
+`ampscope_server.runs.layer_names`: both are tested on these same cases, so the two cannot drift."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from typing import cast, get_args
 
 import httpx
 
-from ampscope_server import db, tokens
-from ampscope_server.principal import Scope
+from ampscope_server.access import tokens
+from ampscope_server.access.principal import Scope
+from ampscope_server.store import db
 from tests.support.databases import Dialect, migrated_database
 from tests.support.servers import ServerProcess
 

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, create_engine, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from ampscope_server.models import Run
+from ampscope_server.store.models import Run
 from tests.server.wire import batch, new_id, record
 from tests.support.databases import PG_ADMIN_DSN, TEMPLATES, migrated_database, query_plan
 from tests.support.ingest import ingest_into

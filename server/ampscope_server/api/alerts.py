@@ -17,8 +17,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import alert_settings
-from ampscope_server.alert_schemas import (
+from ampscope_server.access.principal import Scope
+from ampscope_server.alerts import settings as alert_settings
+from ampscope_server.alerts.schemas import (
     AlertRead,
     AlertsPage,
     DestinationCreate,
@@ -28,10 +29,9 @@ from ampscope_server.alert_schemas import (
     RuleRead,
     RuleUpdate,
 )
-from ampscope_server.alert_settings import HISTORY_PAGE_MAX, HistoryQuery
-from ampscope_server.deps import HexId, PrincipalDep, RunDep, SessionDep, requires
-from ampscope_server.principal import Scope
-from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody
+from ampscope_server.alerts.settings import HISTORY_PAGE_MAX, HistoryQuery
+from ampscope_server.api.deps import HexId, PrincipalDep, RunDep, SessionDep, requires
+from ampscope_server.runs.schemas import AUTH_RESPONSES, ErrorBody
 
 router = APIRouter(prefix="/api", tags=["alerts"], responses=AUTH_RESPONSES)
 ADMIN = [requires(Scope.ADMIN)]

@@ -11,15 +11,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from ampscope_server import tokens
-from ampscope_server.admission import SignInThrottle
+from ampscope_server.access import tokens
+from ampscope_server.access.admission import SignInThrottle
+from ampscope_server.access.gate import SESSION_COOKIE, cookie_of
+from ampscope_server.access.principal import Principal, Via
+from ampscope_server.api.deps import PrincipalDep, SessionDep, SettingsDep
 from ampscope_server.api.pages import page
 from ampscope_server.config import auth_required
-from ampscope_server.deps import PrincipalDep, SessionDep, SettingsDep
 from ampscope_server.errors import Unauthorized
-from ampscope_server.gate import SESSION_COOKIE, cookie_of
-from ampscope_server.principal import Principal, Via
-from ampscope_server.schemas import AUTH_RESPONSES
+from ampscope_server.runs.schemas import AUTH_RESPONSES
 
 router = APIRouter(tags=["auth"])
 

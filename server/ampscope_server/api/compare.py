@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import comparison_reads
-from ampscope_server.deps import PrincipalDep, SessionDep, SettingsDep, requires
-from ampscope_server.principal import Scope
-from ampscope_server.schemas import AUTH_RESPONSES, CompareRead, ErrorBody
+from ampscope_server.access.principal import Scope
+from ampscope_server.api.deps import PrincipalDep, SessionDep, SettingsDep, requires
+from ampscope_server.compare import reads as comparison_reads
+from ampscope_server.runs.schemas import AUTH_RESPONSES, CompareRead, ErrorBody
 
 router = APIRouter(prefix="/api", tags=["compare"], dependencies=[requires(Scope.READ)],
                    responses=AUTH_RESPONSES)

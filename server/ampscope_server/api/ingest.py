@@ -14,14 +14,14 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from ampscope_server import ingest
-from ampscope_server.db import unit_of_work
-from ampscope_server.deps import PrincipalDep, SessionFactoryDep, requires
+from ampscope_server.access.principal import Principal, Scope
+from ampscope_server.access.ratelimit import RateLimiter
+from ampscope_server.api.deps import PrincipalDep, SessionFactoryDep, requires
+from ampscope_server.api.handlers import format_errors
 from ampscope_server.errors import InvalidPayload, RateLimited, UnsupportedMediaType
-from ampscope_server.handlers import format_errors
-from ampscope_server.principal import Principal, Scope
-from ampscope_server.ratelimit import RateLimiter
-from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody, IngestBatch, IngestResult
+from ampscope_server.ingest import batches as ingest
+from ampscope_server.runs.schemas import AUTH_RESPONSES, ErrorBody, IngestBatch, IngestResult
+from ampscope_server.store.db import unit_of_work
 
 router = APIRouter(prefix="/api", tags=["ingest"], dependencies=[requires(Scope.INGEST)])
 PATH = "/api/ingest"

@@ -31,11 +31,11 @@ from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
-from ampscope_server import runs
-from ampscope_server.deps import HubDep, PrincipalDep, SessionFactoryDep, SettingsDep
-from ampscope_server.live import ALL_RUNS
-from ampscope_server.principal import Principal, Scope
-from ampscope_server.schemas import LiveRuns, LiveStatus, LiveSteps
+from ampscope_server.access.principal import Principal, Scope
+from ampscope_server.api.deps import HubDep, PrincipalDep, SessionFactoryDep, SettingsDep
+from ampscope_server.live.hub import ALL_RUNS
+from ampscope_server.runs import reads as runs
+from ampscope_server.runs.schemas import LiveRuns, LiveStatus, LiveSteps
 
 router = APIRouter(prefix="/api", tags=["live"])
 

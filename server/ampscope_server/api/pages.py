@@ -19,10 +19,10 @@ from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ampscope_server import runs
-from ampscope_server.deps import PrincipalDep, SessionDep, requires
+from ampscope_server.access.principal import Scope as TokenScope
+from ampscope_server.api.deps import PrincipalDep, SessionDep, requires
 from ampscope_server.errors import NotFound, RunNotFound
-from ampscope_server.principal import Scope as TokenScope
+from ampscope_server.runs import reads as runs
 
 # blob: in img-src: plotly's "Download plot as a png" draws the chart's SVG through a blob: image
 # made by the page itself (nothing is fetched from elsewhere); without it the export did nothing.

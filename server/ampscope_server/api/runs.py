@@ -8,15 +8,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from ampscope_server import (
-    export_report,
-    export_streams,
-    lifecycle,
-    rank_reads,
-    runs,
-    runs_list,
-)
-from ampscope_server.deps import (
+from ampscope_server.access.principal import Scope
+from ampscope_server.api.deps import (
     PrincipalDep,
     RunDep,
     SessionDep,
@@ -24,10 +17,13 @@ from ampscope_server.deps import (
     SettingsDep,
     requires,
 )
-from ampscope_server.principal import Scope
-from ampscope_server.run_counters_repository import SortKey
-from ampscope_server.runs_list import RunsQuery
-from ampscope_server.schemas import (
+from ampscope_server.export import report as export_report
+from ampscope_server.export import streams as export_streams
+from ampscope_server.runs import lifecycle, rank_reads
+from ampscope_server.runs import listing as runs_list
+from ampscope_server.runs import reads as runs
+from ampscope_server.runs.listing import RunsQuery
+from ampscope_server.runs.schemas import (
     AUTH_RESPONSES,
     DeletedRead,
     ErrorBody,
@@ -39,6 +35,7 @@ from ampscope_server.schemas import (
     RunUpdate,
     StepsPage,
 )
+from ampscope_server.store.run_counters_repository import SortKey
 
 router = APIRouter(prefix="/api", tags=["runs"], dependencies=[requires(Scope.READ)],
                    responses=AUTH_RESPONSES)

@@ -7,11 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from ampscope_server import chart_reads, event_reads, optimizer_reads
+from ampscope_server.access.principal import Scope
+from ampscope_server.api.deps import RunDep, SessionDep, requires
 from ampscope_server.api.runs import NOT_FOUND
-from ampscope_server.deps import RunDep, SessionDep, requires
-from ampscope_server.principal import Scope
-from ampscope_server.schemas import (
+from ampscope_server.charts import event_reads, optimizer_reads
+from ampscope_server.charts import reads as chart_reads
+from ampscope_server.runs.schemas import (
     AUTH_RESPONSES,
     EventsRead,
     HeatmapRead,

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ampscope_server import tokens
-from ampscope_server.deps import HexId, PrincipalDep, SessionDep, requires
-from ampscope_server.principal import Scope
-from ampscope_server.schemas import AUTH_RESPONSES, ErrorBody, TokenCreate, TokenCreated, TokenRead
+from ampscope_server.access import tokens
+from ampscope_server.access.principal import Scope
+from ampscope_server.api.deps import HexId, PrincipalDep, SessionDep, requires
+from ampscope_server.runs.schemas import (
+    AUTH_RESPONSES,
+    ErrorBody,
+    TokenCreate,
+    TokenCreated,
+    TokenRead,
+)
 
 router = APIRouter(prefix="/api", tags=["tokens"], dependencies=[requires(Scope.ADMIN)],
                    responses=AUTH_RESPONSES)

@@ -1,7 +1,7 @@
 """The findings engine: why a mixed-precision run is unstable, and what to change.
 
 Pure functions over a plain snapshot of a run (`RunData`); no database, no torch. The service
-that loads a snapshot from the database is `ampscope_server.finding_reads`.
+that loads a snapshot from the database is `ampscope_server.findings.reads`.
 
     analyze(run: RunData, baseline: RunData | None = None) -> list[Finding]
     analyze_live(run: RunData, memory: Memory | None) -> tuple[list[Finding], Memory]
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from ampscope_server.findings.causes import primary
 from ampscope_server.findings.engine import analyze, analyze_live, most_severe
-from ampscope_server.findings.lost import LayerLoss
-from ampscope_server.findings.model import (
+from ampscope_server.findings.facts import (
     Finding,
     ForwardOrigin,
     LayerInfo,
@@ -30,6 +29,7 @@ from ampscope_server.findings.model import (
     StepPoint,
     SwallowedSample,
 )
+from ampscope_server.findings.lost import LayerLoss
 from ampscope_server.findings.stability import Memory
 
 KINDS = (

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ampscope_server import comparison_math, layer_names
-from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.compare import diffs as comparison_math
+from ampscope_server.findings.facts import Finding, RunData
 from ampscope_server.findings.thresholds import BASELINE_MAX_LAYERS, BASELINE_TOLERANCE
 from ampscope_server.findings.timeline import ordered
+from ampscope_server.runs import layer_names
 
 
 def _series(run: RunData, metric: comparison_math.Metric) -> dict[int, float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ampscope_server.findings.model import SEVERITY_RANK, Finding
+from ampscope_server.findings.facts import SEVERITY_RANK, Finding
 
 Condition = Callable[[Finding, Finding], bool]
 

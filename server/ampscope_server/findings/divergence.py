@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ampscope_server.findings.model import Finding, RunData
+from ampscope_server.findings.facts import Finding, RunData
 from ampscope_server.findings.thresholds import (
     DIVERGENCE_LOSS_FACTOR,
     DIVERGENCE_NORM_FACTOR,

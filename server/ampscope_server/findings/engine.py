@@ -23,7 +23,7 @@ from ampscope_server.findings import (
     ranks,
     scaling,
 )
-from ampscope_server.findings.model import SEVERITY_RANK, Finding, RunData
+from ampscope_server.findings.facts import SEVERITY_RANK, Finding, RunData
 from ampscope_server.findings.stability import Memory, track
 from ampscope_server.findings.timeline import history
 

@@ -19,8 +19,9 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
+from ampscope_server.findings.facts import Finding, LayerInfo, LayerSample, RunData
+from ampscope_server.findings.formats import FORMATS, FloatFormat
 from ampscope_server.findings.lost import LayerLoss, lost_to_format, structural_zeros
-from ampscope_server.findings.model import Finding, LayerInfo, LayerSample, RunData
 from ampscope_server.findings.nonfinite import min_headroom
 from ampscope_server.findings.thresholds import (
     HEADROOM_MARGIN_BITS,
@@ -34,7 +35,6 @@ from ampscope_server.findings.thresholds import (
     UNDERFLOW_RECENT_SAMPLES,
 )
 from ampscope_server.findings.timeline import finite
-from ampscope_server.formats import FORMATS, FloatFormat
 
 
 def recent_samples(run: RunData) -> tuple[list[int], dict[int, list[LayerSample]]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ampscope_server.findings.model import LayerInfo, LayerSample
+from ampscope_server.findings.facts import LayerInfo, LayerSample
 from ampscope_server.findings.thresholds import FLOOR_PRESSURE_FRAC, SPARSE_MODULE_TYPES
 
 

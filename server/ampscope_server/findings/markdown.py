@@ -13,8 +13,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from ampscope_server.findings.facts import Finding, LayerInfo, LayerSample, RunData
 from ampscope_server.findings.lost import lost_to_format, structural_zeros
-from ampscope_server.findings.model import Finding, LayerInfo, LayerSample, RunData
 from ampscope_server.findings.nonfinite import min_headroom
 from ampscope_server.findings.timeline import history
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ampscope_server.findings.model import Finding, MisuseEvent, RunData, Severity
+from ampscope_server.findings.facts import Finding, MisuseEvent, RunData, Severity
 from ampscope_server.findings.thresholds import LR_SKIP_WARN_FRACTION
 from ampscope_server.findings.timeline import ScaleHistory, finite
 

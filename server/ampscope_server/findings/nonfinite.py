@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ampscope_server.findings.divergence import Magnitude, magnitude
-from ampscope_server.findings.model import (
+from ampscope_server.findings.facts import (
     Finding,
     LayerSample,
     RunData,
@@ -23,13 +23,13 @@ from ampscope_server.findings.model import (
     is_nan,
     is_nonfinite,
 )
+from ampscope_server.findings.formats import FORMATS
 from ampscope_server.findings.thresholds import (
     AMPLE_HEADROOM_BITS,
     MODERATE_SCALE,
     NAN_PERSIST_HALVINGS,
 )
 from ampscope_server.findings.timeline import ScaleHistory, culprits, finite
-from ampscope_server.formats import FORMATS
 
 
 def forward_began(run: RunData, steps: Sequence[int]) -> tuple[str, list[str]]:

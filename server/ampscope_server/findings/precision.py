@@ -25,7 +25,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData, ShadowSample
+from ampscope_server.findings.facts import Finding, RunData, ShadowSample
 from ampscope_server.findings.thresholds import (
     SHADOW_COHERENT_COSINE,
     SHADOW_NEGLIGIBLE_NORM_FRAC,

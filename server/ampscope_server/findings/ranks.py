@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ampscope_server.findings.model import Finding, RunData, is_nonfinite
+from ampscope_server.findings.facts import Finding, RunData, is_nonfinite
 
 LISTED = 8
 """Ranks named one by one in a title or explanation; past that, "and N more"."""

@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ampscope_server.findings.model import Finding, RunData, is_nonfinite
+from ampscope_server.findings.facts import Finding, RunData, is_nonfinite
 from ampscope_server.findings.nonfinite import forward_began
 from ampscope_server.findings.thresholds import (
     CALIBRATION_GAP_STEPS,

@@ -7,12 +7,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, PlainSerializer
 
-from ampscope_server import codec
+from ampscope_server.findings.facts import Finding, Severity
+from ampscope_server.findings.formats import FloatFormat
 from ampscope_server.findings.lost import LayerLoss
-from ampscope_server.findings.model import Finding, Severity
-from ampscope_server.formats import FloatFormat
+from ampscope_server.runs import json_floats
 
-Tagged = Annotated[float, PlainSerializer(codec.encode, return_type=float | str | None)]
+Tagged = Annotated[float, PlainSerializer(json_floats.encode, return_type=float | str | None)]
 
 
 class FindingRead(BaseModel):

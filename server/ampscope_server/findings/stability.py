@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ampscope_server.findings.model import Finding
+from ampscope_server.findings.facts import Finding
 from ampscope_server.findings.thresholds import HOLD_STEPS
 
 

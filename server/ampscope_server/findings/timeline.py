@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ampscope_server.findings.model import NonfiniteStep, RunData, StepPoint
+from ampscope_server.findings.facts import NonfiniteStep, RunData, StepPoint
 from ampscope_server.findings.thresholds import (
     CALIBRATION_GAP_STEPS,
     CALIBRATION_START_STEPS,

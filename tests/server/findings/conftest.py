@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import db
+from ampscope_server.store import db
 from tests.support.databases import migrated_database
 
 

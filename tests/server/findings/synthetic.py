@@ -16,7 +16,7 @@ from ampscope_server.findings import (
     StepPoint,
     SwallowedSample,
 )
-from ampscope_server.findings.model import NonfiniteKind
+from ampscope_server.findings.facts import NonfiniteKind
 
 LAYERS = [
     LayerInfo("embed.weight", "float32", (100, 16), 1600, "Embedding"),

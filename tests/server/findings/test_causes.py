@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ampscope_server.findings import Finding, primary
 from ampscope_server.findings.causes import group
-from ampscope_server.findings.model import Severity
+from ampscope_server.findings.facts import Severity
 
 
 def _f(kind: str, start: int, end: int, severity: Severity = "error",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope_server import cli
+from ampscope_server.cli import main as cli
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import healthy_batch, troubled_batch
 from tests.server.wire import new_id

@@ -22,7 +22,7 @@ from ampscope_server.findings import (
     analyze,
     most_severe,
 )
-from ampscope_server.findings.model import NonfiniteKind, RecheckStatus
+from ampscope_server.findings.facts import NonfiniteKind, RecheckStatus
 from ampscope_server.findings.timeline import history
 from tests.server.findings.synthetic import (
     LAYERS,

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from ampscope_server import finding_reads, findings_repository, runs_repository
 from ampscope_server.findings import analyze
+from ampscope_server.findings import reads as finding_reads
 from ampscope_server.findings.thresholds import EDGE_STEPS
+from ampscope_server.store import findings_repository, runs_repository
 from tests.server.findings.conftest import Database
 from tests.server.findings.payloads import records, troubled_batch
 from tests.server.findings.synthetic import fits_below, scaler_steps

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 from starlette.testclient import TestClient
 
-from ampscope_server import rank_packing
 from ampscope_server.findings import RankStep, RunData, analyze
 from ampscope_server.findings.ranks import rank_nonfinite
+from ampscope_server.store import rank_packing
 from tests.server.findings.synthetic import run_data
 from tests.server.wire import batch, new_id, record, strict_json
 

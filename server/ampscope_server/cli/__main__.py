@@ -1,0 +1,5 @@
+"""`python -m ampscope_server.cli`: the `ampscope` command."""
+
+from ampscope_server.cli.main import main
+
+main()
