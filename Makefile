@@ -43,6 +43,7 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	bash scripts/ensure-system.sh
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy client_hook server tests examples bench
 	$(PYTEST) -n $(WORKERS)
 
@@ -53,6 +54,7 @@ test-fast: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy client_hook server tests examples bench
 
 bench: $(VENV)/.installed-test

@@ -15,14 +15,17 @@
     ├── RateLimited (429)       a token over its ingest rate (with Retry-After)
     └── ServiceUnavailable (503) ── SchemaNotCurrent, DatabaseUnavailable (with Retry-After)
 
-Each carries its own status code (and headers); `handlers.py` renders every one as
-`{"detail": message}`.
+Each carries its own status code (and headers); `error_response` renders every one as
+`{"detail": message}`, for the API's handlers and for the middleware that answers before
+any route.
 """
 
 from __future__ import annotations
 
 import math
 from typing import ClassVar
+
+from starlette.responses import JSONResponse
 
 
 class AmpscopeError(Exception):
@@ -140,3 +143,8 @@ class DatabaseMissing(NotFound):
 class DatabaseUnavailable(ServiceUnavailable):
     """The database refused or dropped the connection, or has no space left."""
 
+
+def error_response(exc: AmpscopeError) -> JSONResponse:
+    """The response of an error, also for the middleware that answers before any route."""
+    return JSONResponse({"detail": exc.message}, status_code=exc.status_code,
+                        headers=exc.headers)

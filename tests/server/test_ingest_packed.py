@@ -130,7 +130,7 @@ def test_the_server_decodes_packed_batches_without_torch() -> None:
     payload = batch_v5([record_v2(0, layers=pack(as_floats(layer_stats())))], new_id())
     script = (
         "import sys\n"
-        "from ampscope_server import app\n"
+        "from ampscope_server.api import app\n"
         "from ampscope_server.runs.schemas import IngestBatch\n"
         "batch = IngestBatch.model_validate_json(sys.stdin.read())\n"
         "assert batch.records[0].layers is not None\n"

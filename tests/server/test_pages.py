@@ -9,7 +9,8 @@ import httpx2
 import pytest
 from starlette.testclient import TestClient
 
-from ampscope_server.api.pages import CSP, csp, plotly_js, swagger_ui_dir, web_root
+from ampscope_server.api.pages import CSP, csp, swagger_ui_dir
+from ampscope_server.export.assets import plotly_js, web_root
 from tests.server.wire import batch, new_id, record
 from tests.support.app import app_client
 from tests.support.ingest import post_batch

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
 
 import pytest
 
-from ampscope_server.ingest.wire import StepRecord
 from ampscope_server.store import rank_packing
-
-
-def _record(**fields: Any) -> StepRecord:
-    return StepRecord.model_validate({"seq": 0, "step": 7, "wall_time": 1.0, "found_inf": False,
-                                      "skipped": False, **fields})
 
 
 def _bits(values: list[float | None]) -> list[bytes | None]:
@@ -24,20 +17,15 @@ def _bits(values: list[float | None]) -> list[bytes | None]:
 
 class TestRanks:
     def test_round_trip_bit_for_bit(self) -> None:
-        loss = [1.5, "nan", "inf", "-inf", None, -0.0, 5e-324, 1.7976931348623157e308]
+        loss = [1.5, math.nan, math.inf, -math.inf, None, -0.0, 5e-324, 1.7976931348623157e308]
         nonfinite = [0, 3, None, 0, 2**63 - 1, 0, 0, 1]
-        row = rank_packing.ranks_row(_record(ranks={"loss": loss, "nonfinite": nonfinite}))
-        assert row is not None
+        row = rank_packing.ranks_row(7, loss, nonfinite)
         assert (row["step"], row["ranks"], row["nonfinite_ranks"]) == (7, 8, 5)
         got = rank_packing.unpack_ranks(row["data"])
         expected = [1.5, math.nan, math.inf, -math.inf, None, -0.0, 5e-324,
                     1.7976931348623157e308]
         assert _bits(got.loss) == _bits(expected)
         assert got.nonfinite == nonfinite
-
-    def test_none_without_ranks(self) -> None:
-        assert rank_packing.ranks_row(_record()) is None
-        assert rank_packing.optimizers_row(_record()) is None
 
     @pytest.mark.parametrize(("loss", "nonfinite", "ranks"), [
         ([1.0, 2.0], [0, 0], []),
@@ -54,18 +42,14 @@ class TestRanks:
 
 class TestOptimizers:
     def test_round_trip(self) -> None:
-        optimizers = [{"skipped": True, "lr": [0.1, None, "nan"]},
-                      {"skipped": None, "lr": []},
-                      {"skipped": False, "lr": ["-inf"]}]
-        row = rank_packing.optimizers_row(_record(optimizers=optimizers))
-        assert row is not None and row["optimizers"] == 3
+        optimizers = [(True, [0.1, None, math.nan]), (None, []), (False, [-math.inf])]
+        row = rank_packing.optimizers_row(optimizers)
+        assert row["optimizers"] == 3
         got = rank_packing.unpack_optimizers(row["data"], row["lr"])
         assert [(o.skipped, _bits(o.lr)) for o in got] == [
             (True, _bits([0.1, None, math.nan])), (None, []), (False, _bits([-math.inf]))]
 
     def test_every_group_without_lr(self) -> None:
-        row = rank_packing.optimizers_row(_record(optimizers=[{"skipped": None,
-                                                               "lr": [None, None]}]))
-        assert row is not None
+        row = rank_packing.optimizers_row([(None, [None, None])])
         got = rank_packing.unpack_optimizers(row["data"], row["lr"])
         assert [(o.skipped, o.lr) for o in got] == [(None, [None, None])]

@@ -23,9 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ampscope_server.access.principal import Principal, Via
 from ampscope_server.access.ratelimit import RateLimiter
-from ampscope_server.api.handlers import error_response
 from ampscope_server.config import Settings
-from ampscope_server.errors import RateLimited, ServiceUnavailable
+from ampscope_server.errors import RateLimited, ServiceUnavailable, error_response
 
 EXEMPT_PATHS = frozenset({"/api/health"})
 CLOSE_TRY_AGAIN_LATER = 1013

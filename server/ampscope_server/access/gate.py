@@ -35,7 +35,6 @@ from ampscope_server.access import tokens
 from ampscope_server.access.admission import SignInThrottle
 from ampscope_server.access.principal import ANONYMOUS, Principal, Via
 from ampscope_server.access.principal import Scope as TokenScope
-from ampscope_server.api.handlers import error_response
 from ampscope_server.config import LOOPBACK_NAMES, Settings, auth_required, split_list
 from ampscope_server.errors import (
     AmpscopeError,
@@ -44,6 +43,7 @@ from ampscope_server.errors import (
     Forbidden,
     HostNotAllowed,
     Unauthorized,
+    error_response,
 )
 
 SESSION_COOKIE = "ampscope_session"

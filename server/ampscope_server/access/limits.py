@@ -26,9 +26,13 @@ from collections.abc import Callable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ampscope_server.api.handlers import error_response
 from ampscope_server.config import MiB
-from ampscope_server.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable
+from ampscope_server.errors import (
+    PayloadTooLarge,
+    RequestTimeout,
+    ServiceUnavailable,
+    error_response,
+)
 
 LARGE_BODY = 1 * MiB
 

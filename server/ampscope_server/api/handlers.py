@@ -17,15 +17,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.requests import ClientDisconnect
 
-from ampscope_server.errors import AmpscopeError, DatabaseUnavailable
+from ampscope_server.errors import AmpscopeError, DatabaseUnavailable, error_response
 
 logger = logging.getLogger("ampscope_server")
-
-
-def error_response(exc: AmpscopeError) -> JSONResponse:
-    """The response of an error, also for the middleware that answers before any route."""
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code,
-                        headers=exc.headers)
 
 
 def ampscope_error_handler(_request: Request, exc: Exception) -> JSONResponse:

@@ -9,7 +9,6 @@ response.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ampscope_server.access.principal import Scope as TokenScope
 from ampscope_server.api.deps import PrincipalDep, SessionDep, requires
 from ampscope_server.errors import NotFound, RunNotFound
+from ampscope_server.export.assets import plotly_js, web_root
 from ampscope_server.runs import reads as runs
 
 # blob: in img-src: plotly's "Download plot as a png" draws the chart's SVG through a blob: image
@@ -48,36 +48,6 @@ CSP = csp()
 router = APIRouter(include_in_schema=False, dependencies=[requires(TokenScope.READ)])
 assets = APIRouter(include_in_schema=False)
 """Files every page needs before sign-in (the login page's too): public, under /static/."""
-
-
-def package_dir(name: str) -> Path | None:
-    """Where an installed (possibly namespace) package's files are, without importing it."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def web_root() -> Path:
-    found = package_dir("ampscope_server._web")
-    if found is None:
-        raise RuntimeError("the dashboard files (ampscope_server._web) are not installed; "
-                           "reinstall ampscope with its [server] extra")
-    return found
-
-
-PLOTLY_BUNDLE = "plotly-cartesian.min.js"
-"""plotly.js's official "cartesian" partial bundle (npm `plotly.js-cartesian-dist-min`, MIT,
-web/vendor/plotly-LICENSE.txt): every trace type the dashboard draws (scatter, heatmap) in
-1.5 MB instead of the full bundle's 4.8 MB. A browser parses and runs it before the first
-chart: on this project's 2-core machine the full bundle alone took ~3 s of a cold run page."""
-
-
-def plotly_js() -> Path:
-    return web_root() / "vendor" / PLOTLY_BUNDLE
 
 
 def page(name: str, status_code: int = 200) -> FileResponse:

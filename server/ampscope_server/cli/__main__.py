@@ -2,4 +2,4 @@
 
 from ampscope_server.cli.main import main
 
-main()
+raise SystemExit(main())

@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ampscope_server.api.pages import plotly_js, web_root
 from ampscope_server.charts import reads as chart_reads
 from ampscope_server.charts import series_math
 from ampscope_server.export import report_html as export_report_html
+from ampscope_server.export.assets import plotly_js, web_root
 from ampscope_server.findings import Finding
 from ampscope_server.findings import reads as finding_reads
 from ampscope_server.findings.schemas import FindingRead

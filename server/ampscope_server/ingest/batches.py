@@ -537,13 +537,25 @@ _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
 """Each table a step's row-per-entry children go to, with the function that builds a step's
 rows for it."""
 
+def _ranks_row(record: StepRecord) -> dict[str, Any] | None:
+    ranks = record.ranks
+    return None if ranks is None else rank_packing.ranks_row(record.step, ranks.loss,
+                                                             ranks.nonfinite)
+
+
+def _optimizers_row(record: StepRecord) -> dict[str, Any] | None:
+    if record.optimizers is None:
+        return None
+    return rank_packing.optimizers_row([(opt.skipped, opt.lr) for opt in record.optimizers])
+
+
 _PACKED: Sequence[tuple[type[Base], Callable[[StepRecord], dict[str, Any] | None]]] = (
     (ActivationStat, _activation_row),
     (Histogram, _histogram_row),
     (SwallowedStat, _swallowed_row),
     (StepShadow, _shadow_row),
-    (StepRanks, rank_packing.ranks_row),
-    (StepOptimizers, rank_packing.optimizers_row),
+    (StepRanks, _ranks_row),
+    (StepOptimizers, _optimizers_row),
 )
 """The tables that take one packed row per step with the run's key (besides `layer_stats`,
 packed before the transaction), with the function that packs a record's row (None: the record

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ampscope_server.ingest.wire import OptimizerStep, RankValues, StepRecord
 from ampscope_server.store import stat_packing
 from ampscope_server.store.models import RANK_KINDS
 
@@ -53,14 +52,12 @@ def origin_ranks(loss: Sequence[float | None], nonfinite: Sequence[int | None]) 
     return own or nonfinite_ranks(loss, nonfinite)
 
 
-def ranks_row(record: StepRecord) -> dict[str, Any] | None:
-    """The record's `step_ranks` row (without step_id and run_key), or None without ranks."""
-    ranks: RankValues | None = record.ranks
-    if ranks is None:
-        return None
-    return {"step": record.step, "ranks": len(ranks.loss),
-            "nonfinite_ranks": len(nonfinite_ranks(ranks.loss, ranks.nonfinite)),
-            "data": stat_packing.pack([ranks.loss, ranks.nonfinite], RANK_KINDS)}
+def ranks_row(step: int, loss: Sequence[float | None],
+              nonfinite: Sequence[int | None]) -> dict[str, Any]:
+    """A step's `step_ranks` row (without step_id and run_key): rank r's values at index r."""
+    return {"step": step, "ranks": len(loss),
+            "nonfinite_ranks": len(nonfinite_ranks(loss, nonfinite)),
+            "data": stat_packing.pack([list(loss), list(nonfinite)], RANK_KINDS)}
 
 
 def unpack_ranks(data: bytes) -> Ranks:
@@ -69,14 +66,13 @@ def unpack_ranks(data: bytes) -> Ranks:
                  nonfinite=[None if count is None else int(count) for count in nonfinite])
 
 
-def optimizers_row(record: StepRecord) -> dict[str, Any] | None:
-    """The record's `step_optimizers` row (without step_id and run_key), or None."""
-    optimizers: list[OptimizerStep] | None = record.optimizers
-    if optimizers is None:
-        return None
-    skipped = [None if opt.skipped is None else int(opt.skipped) for opt in optimizers]
-    groups = [len(opt.lr) for opt in optimizers]
-    flat = [lr for opt in optimizers for lr in opt.lr]
+def optimizers_row(optimizers: Sequence[tuple[bool | None, Sequence[float | None]]]
+                   ) -> dict[str, Any]:
+    """A step's `step_optimizers` row (without step_id and run_key), from each optimizer's
+    (skip flag, every group's lr)."""
+    skipped = [None if flag is None else int(flag) for flag, _ in optimizers]
+    groups = [len(lr) for _, lr in optimizers]
+    flat = [value for _, lr in optimizers for value in lr]
     return {"optimizers": len(optimizers),
             "data": stat_packing.pack([skipped, groups], stat_packing.INT * 2),
             "lr": stat_packing.pack([flat], stat_packing.FLOAT)}
