@@ -42,7 +42,8 @@ class TestRanks:
 
 class TestOptimizers:
     def test_round_trip(self) -> None:
-        optimizers = [(True, [0.1, None, math.nan]), (None, []), (False, [-math.inf])]
+        optimizers: list[tuple[bool | None, list[float | None]]] = [
+            (True, [0.1, None, math.nan]), (None, []), (False, [-math.inf])]
         row = rank_packing.optimizers_row(optimizers)
         assert row["optimizers"] == 3
         got = rank_packing.unpack_optimizers(row["data"], row["lr"])
