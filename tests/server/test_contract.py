@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ampscope import wire
 from ampscope_server.export import streams as export_streams
 from ampscope_server.ingest import batches as ingest
-from ampscope_server.runs.schemas import SCHEMA_VERSION, IngestBatch
+from ampscope_server.ingest.wire import SCHEMA_VERSION, IngestBatch
 from ampscope_server.store.models import LAYER_STAT_NAMES
 from tests.server.wire import LAYERS, strict_json
 

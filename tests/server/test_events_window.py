@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server.charts import event_reads
 from ampscope_server.charts import reads as chart_reads
+from ampscope_server.charts.schemas import AnyEventRead, SkippedEventRead
 from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import AnyEventRead, IngestBatch, SkippedEventRead
 from ampscope_server.store import runs_repository, steps_repository
 from ampscope_server.store.models import StepNonfinite
 from tests.server.wire import batch, batch_v2, new_id, record, record_v2

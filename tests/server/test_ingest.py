@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from ampscope_server.errors import InvalidPayload, LayerTableConflict, LayerTableMissing
 from ampscope_server.ingest import batches as ingest
+from ampscope_server.ingest.wire import IngestBatch
 from ampscope_server.live.hub import Hub
-from ampscope_server.runs.schemas import IngestBatch
 from ampscope_server.store.db import session_scope
 from ampscope_server.store.models import LayerStat, Run, Step
 from tests.server.wire import (

@@ -10,7 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ampscope_server.charts import optimizer_reads
-from ampscope_server.runs.schemas import OptimizerGroupRead, OptimizersRead, SeriesPointRead
+from ampscope_server.charts.schemas import OptimizerGroupRead, OptimizersRead, SeriesPointRead
 from ampscope_server.store.rank_packing import Optimizer
 from tests.server.wire import batch, new_id, record, strict_json
 

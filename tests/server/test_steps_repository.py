@@ -12,7 +12,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server.ingest import batches as ingest
-from ampscope_server.runs.schemas import IngestBatch
+from ampscope_server.ingest.wire import IngestBatch
 from ampscope_server.store import runs_repository, steps_repository
 from ampscope_server.store.models import Step
 from tests.server.wire import batch, new_id

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from ampscope_server.ingest import batches as ingest
-from ampscope_server.runs.schemas import IngestBatch, IngestResult
+from ampscope_server.ingest.schemas import IngestResult
+from ampscope_server.ingest.wire import IngestBatch
 from ampscope_server.store import db
 from tests.server.wire import strict_json
 

@@ -31,7 +31,7 @@ from ampscope_server.alerts.schemas import (
 )
 from ampscope_server.alerts.settings import HISTORY_PAGE_MAX, HistoryQuery
 from ampscope_server.api.deps import HexId, PrincipalDep, RunDep, SessionDep, requires
-from ampscope_server.runs.schemas import AUTH_RESPONSES, ErrorBody
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 
 router = APIRouter(prefix="/api", tags=["alerts"], responses=AUTH_RESPONSES)
 ADMIN = [requires(Scope.ADMIN)]

@@ -45,11 +45,11 @@ from ampscope_server.api.handlers import (
     internal_error_handler,
     validation_error_handler,
 )
+from ampscope_server.api.schemas import ErrorBody
 from ampscope_server.config import Settings, split_list
 from ampscope_server.errors import AmpscopeError
 from ampscope_server.live import postgres as live_pg
 from ampscope_server.live.hub import Hub
-from ampscope_server.runs.schemas import ErrorBody
 from ampscope_server.store.db import is_sqlite, make_engine, make_session_factory, verify_schema
 
 

@@ -17,9 +17,9 @@ from ampscope_server.access.gate import SESSION_COOKIE, cookie_of
 from ampscope_server.access.principal import Principal, Via
 from ampscope_server.api.deps import PrincipalDep, SessionDep, SettingsDep
 from ampscope_server.api.pages import page
+from ampscope_server.api.schemas import AUTH_RESPONSES
 from ampscope_server.config import auth_required
 from ampscope_server.errors import Unauthorized
-from ampscope_server.runs.schemas import AUTH_RESPONSES
 
 router = APIRouter(tags=["auth"])
 

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Query
 
 from ampscope_server.access.principal import Scope
 from ampscope_server.api.deps import PrincipalDep, SessionDep, SettingsDep, requires
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 from ampscope_server.compare import reads as comparison_reads
-from ampscope_server.runs.schemas import AUTH_RESPONSES, CompareRead, ErrorBody
+from ampscope_server.compare.schemas import CompareRead
 
 router = APIRouter(prefix="/api", tags=["compare"], dependencies=[requires(Scope.READ)],
                    responses=AUTH_RESPONSES)

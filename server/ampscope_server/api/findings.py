@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query
 
 from ampscope_server.access.principal import Scope
 from ampscope_server.api.deps import PrincipalDep, RunDep, SessionDep, requires
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 from ampscope_server.findings import reads as finding_reads
 from ampscope_server.findings.schemas import FindingsRead, HistogramView
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import AUTH_RESPONSES, ErrorBody
 
 router = APIRouter(prefix="/api", tags=["findings"], dependencies=[requires(Scope.READ)],
                    responses=AUTH_RESPONSES)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ampscope_server.runs.schemas import Health
+from ampscope_server.api.schemas import Health
 
 router = APIRouter(prefix="/api", tags=["health"])
 

@@ -18,9 +18,11 @@ from ampscope_server.access.principal import Principal, Scope
 from ampscope_server.access.ratelimit import RateLimiter
 from ampscope_server.api.deps import PrincipalDep, SessionFactoryDep, requires
 from ampscope_server.api.handlers import format_errors
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 from ampscope_server.errors import InvalidPayload, RateLimited, UnsupportedMediaType
 from ampscope_server.ingest import batches as ingest
-from ampscope_server.runs.schemas import AUTH_RESPONSES, ErrorBody, IngestBatch, IngestResult
+from ampscope_server.ingest.schemas import IngestResult
+from ampscope_server.ingest.wire import IngestBatch
 from ampscope_server.store.db import unit_of_work
 
 router = APIRouter(prefix="/api", tags=["ingest"], dependencies=[requires(Scope.INGEST)])

@@ -34,8 +34,8 @@ from starlette.concurrency import run_in_threadpool
 from ampscope_server.access.principal import Principal, Scope
 from ampscope_server.api.deps import HubDep, PrincipalDep, SessionFactoryDep, SettingsDep
 from ampscope_server.live.hub import ALL_RUNS
+from ampscope_server.live.schemas import LiveRuns, LiveStatus, LiveSteps
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import LiveRuns, LiveStatus, LiveSteps
 
 router = APIRouter(prefix="/api", tags=["live"])
 

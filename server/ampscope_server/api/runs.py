@@ -17,18 +17,17 @@ from ampscope_server.api.deps import (
     SettingsDep,
     requires,
 )
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 from ampscope_server.export import report as export_report
 from ampscope_server.export import streams as export_streams
+from ampscope_server.export.schemas import ExportRead
+from ampscope_server.ingest.wire import LayerInfo
 from ampscope_server.runs import lifecycle, rank_reads
 from ampscope_server.runs import listing as runs_list
 from ampscope_server.runs import reads as runs
 from ampscope_server.runs.listing import RunsQuery
 from ampscope_server.runs.schemas import (
-    AUTH_RESPONSES,
     DeletedRead,
-    ErrorBody,
-    ExportRead,
-    LayerInfo,
     RanksSummaryRead,
     RunDetail,
     RunSummary,

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Query
 from ampscope_server.access.principal import Scope
 from ampscope_server.api.deps import RunDep, SessionDep, requires
 from ampscope_server.api.runs import NOT_FOUND
+from ampscope_server.api.schemas import AUTH_RESPONSES
 from ampscope_server.charts import event_reads, optimizer_reads
 from ampscope_server.charts import reads as chart_reads
-from ampscope_server.runs.schemas import (
-    AUTH_RESPONSES,
+from ampscope_server.charts.schemas import (
     EventsRead,
     HeatmapRead,
     HeatmapSource,

@@ -11,14 +11,9 @@ from fastapi import APIRouter
 
 from ampscope_server.access import tokens
 from ampscope_server.access.principal import Scope
+from ampscope_server.access.schemas import TokenCreate, TokenCreated, TokenRead
 from ampscope_server.api.deps import HexId, PrincipalDep, SessionDep, requires
-from ampscope_server.runs.schemas import (
-    AUTH_RESPONSES,
-    ErrorBody,
-    TokenCreate,
-    TokenCreated,
-    TokenRead,
-)
+from ampscope_server.api.schemas import AUTH_RESPONSES, ErrorBody
 
 router = APIRouter(prefix="/api", tags=["tokens"], dependencies=[requires(Scope.ADMIN)],
                    responses=AUTH_RESPONSES)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from ampscope_server.charts import events, skip_rates
+from ampscope_server.charts.schemas import EventsRead, SkipRatePoint, SkipRateRead
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import EventsRead, SkipRatePoint, SkipRateRead
 from ampscope_server.store import rollups, rollups_repository, runs_repository, steps_repository
 from ampscope_server.store.float_storage import from_storage
 from ampscope_server.store.models import Run

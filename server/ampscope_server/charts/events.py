@@ -12,16 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ampscope_server.charts import series_math
-from ampscope_server.runs.schemas import (
+from ampscope_server.charts.schemas import (
     AnyEventRead,
     EventLayerRead,
     EventRead,
     MisuseEventRead,
     NonfiniteEventRead,
-    RecheckRead,
-    ShadowRead,
     SkippedEventRead,
 )
+from ampscope_server.runs.schemas import RecheckRead, ShadowRead
 
 
 @dataclass(frozen=True)

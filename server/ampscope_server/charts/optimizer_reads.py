@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from ampscope_server.charts import series_math
-from ampscope_server.runs.schemas import (
+from ampscope_server.charts.schemas import (
     OptimizerGroupRead,
     OptimizersRead,
     OptimizerTrackRead,

@@ -17,9 +17,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from ampscope_server.charts import event_reads, series_math
-from ampscope_server.errors import InvalidPayload
-from ampscope_server.findings.formats import FORMATS
-from ampscope_server.runs.schemas import (
+from ampscope_server.charts.schemas import (
     EventsRead,
     HeatmapRead,
     HeatmapSource,
@@ -28,6 +26,8 @@ from ampscope_server.runs.schemas import (
     SeriesPointRead,
     SeriesRead,
 )
+from ampscope_server.errors import InvalidPayload
+from ampscope_server.findings.formats import FORMATS
 from ampscope_server.store import rollups, rollups_repository, runs_repository, steps_repository
 from ampscope_server.store.float_storage import from_storage
 from ampscope_server.store.models import CLASSED_ACTIVATION_STATS, Run

@@ -33,15 +33,15 @@ from ampscope_server.compare.divergence_search import (
     divergences_raw,
     level_for,
 )
-from ampscope_server.errors import InvalidPayload
-from ampscope_server.runs import layer_names
-from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import (
+from ampscope_server.compare.schemas import (
     CompareRead,
     ComparisonRead,
     DivergenceRead,
     LayerDiffRead,
 )
+from ampscope_server.errors import InvalidPayload
+from ampscope_server.runs import layer_names
+from ampscope_server.runs import reads as runs
 from ampscope_server.store import rollups, rollups_repository, runs_repository, steps_repository
 from ampscope_server.store.models import Run
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from ampscope_server.charts import reads as chart_reads
 from ampscope_server.charts import series_math
+from ampscope_server.charts.schemas import SeriesName
 from ampscope_server.export import report_html as export_report_html
 from ampscope_server.export.assets import plotly_js, web_root
 from ampscope_server.findings import Finding
@@ -24,7 +25,6 @@ from ampscope_server.findings import reads as finding_reads
 from ampscope_server.findings.schemas import FindingRead
 from ampscope_server.runs import json_floats
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import SeriesName
 from ampscope_server.store.models import Run
 
 MAX_COLUMNS = 2000

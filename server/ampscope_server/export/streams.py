@@ -21,9 +21,9 @@ from collections.abc import Iterator, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ampscope_server.ingest.wire import ModuleInfo
 from ampscope_server.runs import json_floats
 from ampscope_server.runs import reads as runs
-from ampscope_server.runs.schemas import ModuleInfo
 from ampscope_server.store import runs_repository, steps_repository
 from ampscope_server.store.float_storage import from_storage
 from ampscope_server.store.models import CLASSED_ACTIVATION_STATS, LAYER_STAT_NAMES, Run, Step

@@ -3,16 +3,12 @@ engine's dataclasses. Evidence values may be NaN/±inf and are tagged like every
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BaseModel, PlainSerializer
+from pydantic import BaseModel
 
 from ampscope_server.findings.facts import Finding, Severity
 from ampscope_server.findings.formats import FloatFormat
 from ampscope_server.findings.lost import LayerLoss
-from ampscope_server.runs import json_floats
-
-Tagged = Annotated[float, PlainSerializer(json_floats.encode, return_type=float | str | None)]
+from ampscope_server.runs.json_floats import Tagged
 
 
 class FindingRead(BaseModel):

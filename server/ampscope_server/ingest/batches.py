@@ -28,10 +28,11 @@ from ampscope_server.errors import (
     RunNotFound,
 )
 from ampscope_server.ingest import batch_checks
+from ampscope_server.ingest.schemas import IngestResult
 from ampscope_server.ingest.wire import ClientAccounting, IngestBatch, StepRecord
 from ampscope_server.live import hub as live
 from ampscope_server.runs import summary_cache
-from ampscope_server.runs.schemas import IngestResult, RunStatus
+from ampscope_server.runs.schemas import RunStatus
 from ampscope_server.store import (
     access_repository,
     open_buckets,

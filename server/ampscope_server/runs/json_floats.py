@@ -19,7 +19,9 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Annotated, cast
+
+from pydantic import PlainSerializer
 
 PACKED = "f64le"
 STAT_COLUMNS = ("amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac",
@@ -138,3 +140,10 @@ def unpack_stats(value: Mapping[str, object]) -> dict[str, list[Encoded | int]]:
             out[name] = [encode(x) for x in column]
     return out
 
+
+Tagged = Annotated[float, PlainSerializer(encode, return_type=float | str | None)]
+"""An output float: finite → number, non-finite → "nan" / "inf" / "-inf"."""
+TaggedRows = Annotated[list[list[float | None]], PlainSerializer(
+    encode_rows, return_type=list[list[int | float | str | None]])]
+"""A matrix of `Tagged | None`, encoded a row at a time (`encode_rows`) rather than a Python
+call per value."""

@@ -19,16 +19,15 @@ from ampscope_server.access.principal import ANONYMOUS, Principal
 from ampscope_server.errors import AmbiguousRun, RunNotFound
 from ampscope_server.findings.formats import FORMATS
 from ampscope_server.findings.schemas import FormatLimits
+from ampscope_server.ingest.wire import ClientAccounting, LayerInfo
 from ampscope_server.runs import listing as runs_list
 from ampscope_server.runs import rank_reads, summary_cache
 from ampscope_server.runs.listing import RunsQuery, crash_cutoff, derive_status
 from ampscope_server.runs.schemas import (
     ActivationStatsRead,
     AttemptRead,
-    ClientAccounting,
     ForwardOriginRead,
     HistogramRead,
-    LayerInfo,
     LayerStatsRead,
     MisuseRead,
     NonfiniteLayerRead,

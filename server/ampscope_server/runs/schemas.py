@@ -1,8 +1,7 @@
-"""Pydantic models of the API output (docs/contracts.md "Read API"), plus the wire's names.
+"""A run's read API (docs/contracts.md "Read API"): its summary, detail, steps and export.
 
-The wire models live in `wire.py`; the names re-exported here keep `schemas` the one import for
-routers and tools. Every output float that may be non-finite is `Tagged`: finite → number,
-non-finite → "nan" / "inf" / "-inf", so that a browser's `JSON.parse` always succeeds.
+Every output float that may be non-finite is `Tagged`: finite → number, non-finite → "nan" /
+"inf" / "-inf", so that a browser's `JSON.parse` always succeeds.
 """
 
 from __future__ import annotations
@@ -10,50 +9,24 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    StringConstraints,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from ampscope_server.findings.schemas import FindingBrief, FormatLimits
-from ampscope_server.ingest.wire import MAX_TAGS, Captured, MisuseKind, NonfiniteKind, RecheckStatus
-from ampscope_server.ingest.wire import SCHEMA_VERSION as SCHEMA_VERSION
-from ampscope_server.ingest.wire import SCHEMA_VERSIONS as SCHEMA_VERSIONS
-from ampscope_server.ingest.wire import ClientAccounting as ClientAccounting
-from ampscope_server.ingest.wire import IngestBatch as IngestBatch
-from ampscope_server.ingest.wire import LayerInfo as LayerInfo
-from ampscope_server.ingest.wire import ModuleInfo as ModuleInfo
-from ampscope_server.ingest.wire import StepRecord as StepRecord
-from ampscope_server.runs import json_floats
+from ampscope_server.ingest.wire import (
+    MAX_TAGS,
+    Captured,
+    ClientAccounting,
+    MisuseKind,
+    NonfiniteKind,
+    RecheckStatus,
+)
+from ampscope_server.runs.json_floats import Tagged
 
-Tagged = Annotated[float, PlainSerializer(json_floats.encode, return_type=float | str | None)]
-TaggedRows = Annotated[list[list[float | None]], PlainSerializer(
-    json_floats.encode_rows, return_type=list[list[int | float | str | None]])]
-"""A matrix of `Tagged | None`, encoded a row at a time (`json_floats.encode_rows`) rather than a
-Python call per value."""
-"""An output float: finite → number, non-finite → "nan" / "inf" / "-inf"."""
-
-
-# --- API output --------------------------------------------------------------------------------
 
 class RunStatus(str, Enum):
     ACTIVE = "active"
     FINISHED = "finished"
     CRASHED = "crashed"
-
-
-class ErrorBody(BaseModel):
-    detail: str
-
-
-AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "No credentials, or not valid ones"},
-    403: {"model": ErrorBody, "description": "The token's scope does not allow this"},
-}
 
 
 class DeletedRead(BaseModel):
@@ -62,46 +35,6 @@ class DeletedRead(BaseModel):
     deleted_at: float
     steps: int
     """How many steps were deleted with the run."""
-
-
-class TokenRead(BaseModel):
-    """An API token as listed: never its secret."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    id: str
-    name: str
-    project: str | None
-    """null: every project."""
-    scope: Literal["read", "ingest", "admin"]
-    created_at: float
-    last_used_at: float | None
-    revoked_at: float | None
-
-
-class TokenCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    project: str | None = Field(max_length=200)
-    """null: every project (an all-projects admin only)."""
-    scope: Literal["read", "ingest", "admin"]
-    name: str = Field("", max_length=200)
-
-
-class TokenCreated(TokenRead):
-    secret: str
-    """Shown in this answer only; the server keeps its hash."""
-
-
-class Health(BaseModel):
-    status: Literal["ok"] = "ok"
-
-
-class IngestResult(BaseModel):
-    run_id: str
-    attempt: int
-    accepted: int
-    duplicates: int
 
 
 class WorstLayer(BaseModel):
@@ -304,7 +237,8 @@ class RecheckRead(BaseModel):
     """The first module in forward order whose output overflowed in the re-run."""
 
 
-def _absent(value: object) -> bool:
+def absent(value: object) -> bool:
+    """`exclude_if` of an optional field left out of the output when it is None."""
     return value is None
 
 
@@ -337,7 +271,7 @@ class StepExport(StepFull):
     unchanged (parameters held in FP16/BF16); null entries: not measured for that layer."""
     ranks: RanksRead | None
     optimizers: list[OptimizerRead] | None
-    shadow: ShadowRead | None = Field(default=None, exclude_if=_absent)
+    shadow: ShadowRead | None = Field(default=None, exclude_if=absent)
     """Wire v6: the FP32 shadow step; left out of a step without one, as the hook sends it."""
 
 
@@ -366,241 +300,3 @@ class RanksSummaryRead(BaseModel):
     world_size: int
     first_nonfinite: FirstNonfiniteRead | None
     """null: no rank's loss or gradient was ever non-finite (or no step carried ranks)."""
-
-
-SeriesName = Literal["scale", "loss", "grad_norm", "lr", "duration"]
-
-
-class SeriesPointRead(BaseModel):
-    step: int
-    min: Tagged | None
-    max: Tagged | None
-    last: Tagged | None
-
-
-class SeriesRead(BaseModel):
-    name: SeriesName
-    downsampled: bool
-    points: list[SeriesPointRead]
-
-
-class EventRead(BaseModel):
-    step: int
-    kind: Literal["backoff", "growth"]
-    scale_before: Tagged | None
-    scale_after: Tagged | None
-
-
-class EventLayerRead(BaseModel):
-    """A layer that held non-finite gradients in a skipped step."""
-
-    index: int
-    name: str
-    kind: NonfiniteKind
-
-
-class SkippedEventRead(BaseModel):
-    step: int
-    kind: Literal["skipped"]
-    scale_before: Tagged | None
-    scale_after: Tagged | None
-    loss_finite: bool | None
-    """False: the loss itself overflowed (forward); True: only gradients did; null: no loss."""
-    layers: list[EventLayerRead]
-    """In backward order (first bad layer first); [] when not measured."""
-    recheck: RecheckRead | None = None
-    """The FP32 re-check of this step (wire v3), null when it was not re-checked."""
-
-
-class MisuseEventRead(BaseModel):
-    step: int
-    kind: Literal["misuse"]
-    scale_before: Tagged | None
-    scale_after: Tagged | None
-    misuse_kind: MisuseKind
-    detail: str
-
-
-class NonfiniteEventRead(BaseModel):
-    """A step whose gradients held NaN or ±inf and that was NOT skipped: a run without a
-    GradScaler (BF16, FP32), where the optimizer applies such a step."""
-
-    step: int
-    kind: Literal["nonfinite"]
-    scale_before: Tagged | None
-    scale_after: Tagged | None
-    loss_finite: bool | None
-    """False: the loss itself was NaN/inf (forward); True: only gradients were; null: no loss."""
-    layers: list[EventLayerRead]
-    """In backward order (first bad layer first); [] when not measured."""
-    shadow: ShadowRead | None = Field(default=None, exclude_if=_absent)
-    """The FP32 shadow step of this applied step (wire v6); left out when none ran."""
-
-
-AnyEventRead = SkippedEventRead | NonfiniteEventRead | EventRead | MisuseEventRead
-
-
-class EventsRead(BaseModel):
-    events: list[AnyEventRead]
-    next_start: int | None = None
-    """More events follow from this step on: pass it as `start` for the next page."""
-
-
-class SkipRatePoint(BaseModel):
-    step: int
-    """The first step of the bucket."""
-    rate: float
-    """The highest rolling skip rate in the bucket."""
-
-
-class SkipRateRead(BaseModel):
-    """The rolling skip rate: the share of skipped steps among the last `window` step numbers,
-    bucket maxima (a burst is never averaged away)."""
-
-    window: int
-    downsampled: bool
-    points: list[SkipRatePoint]
-    tail: list[tuple[int, bool]]
-    """(step, skipped) of the last window's steps, oldest first: to continue the rate live."""
-
-
-class OptimizerGroupRead(BaseModel):
-    """One parameter group's lr over the steps: min/max/last per bucket (NaN and ±inf kept)."""
-
-    group: int
-    downsampled: bool
-    points: list[SeriesPointRead]
-
-
-class OptimizerTrackRead(BaseModel):
-    """One watched optimizer (by its watch order) over the steps that carried it."""
-
-    optimizer: int
-    steps: int
-    """How many steps carried this optimizer."""
-    skipped: int
-    """How many of them it skipped (its update not applied: GradScaler found inf)."""
-    unknown: int
-    """How many of them did not say whether it skipped."""
-    skipped_steps: list[int]
-    """The skipped steps, ascending: every one, or the first `OPTIMIZER_SKIPS_LISTED`."""
-    groups: int
-    """Its most parameter groups at any step."""
-    lr: list[OptimizerGroupRead]
-    """The lr of each of its first `OPTIMIZER_GROUPS_CHARTED` groups that ever had one."""
-
-
-class OptimizersRead(BaseModel):
-    """`GET /api/runs/{id}/optimizers`: wire v4's per-optimizer skips and learning rates
-    (sent only by runs with several optimizers or parameter groups; empty otherwise)."""
-
-    optimizers: list[OptimizerTrackRead]
-    last_step: int | None
-    """The last step read (null: none): live steps after it continue the charts."""
-
-
-HeatmapStat = Literal[
-    "amax", "amin_nz", "zero_frac", "subnormal_frac", "underflow_frac", "nan_count", "inf_count",
-    "l2", "lost_frac", "headroom_bits", "swallowed_frac",
-]
-
-
-HeatmapSource = Literal["param", "activation"]
-
-
-class HeatmapRead(BaseModel):
-    stat: HeatmapStat
-    source: HeatmapSource
-    """`layers` names the layer table (param) or the module table (activation)."""
-    layers: list[str]
-    steps: list[int]
-    z: TaggedRows
-    downsampled: bool = False
-    rows: list[int] | None = None
-    """The table indices of `layers` and of z's rows when the read picked some (`layers=`);
-    null when every row is there, in table order."""
-
-
-class ExportRead(BaseModel):
-    run: RunDetail
-    layers: list[LayerInfo]
-    modules: list[ModuleInfo]
-    steps: list[StepExport]
-
-
-class LiveSteps(BaseModel):
-    type: Literal["steps"] = "steps"
-    run_id: str
-    steps: list[StepLive]
-    last_id: int
-
-
-class LiveStatus(BaseModel):
-    type: Literal["status"] = "status"
-    status: RunStatus
-
-
-class LiveRuns(BaseModel):
-    """WS /api/runs/live: run summaries, merged by id. `full` = the snapshot: the first page of
-    `GET /api/runs` (newest first) with the cursor of the next page, and apart the other runs
-    stored as active; else the runs that changed."""
-
-    type: Literal["runs"] = "runs"
-    full: bool
-    runs: list[RunSummary]
-    next_cursor: str | None = None
-    """With `full`: the cursor of `GET /api/runs` after the list's first page (null: no more)."""
-    total: int | None = None
-    """With `full`: how many runs the viewer has."""
-    active: list[RunSummary] = []
-    """With `full`: the other runs stored as active, beyond the first page (to update)."""
-
-
-# --- comparison (GET /api/compare; comparison_math has the definitions) --------------------
-
-class DivergenceRead(BaseModel):
-    metric: Literal["loss", "grad_norm"]
-    step: int
-    reference_value: Tagged
-    value: Tagged
-    relative: Tagged
-
-
-class LayerDiffRead(BaseModel):
-    layer: str
-    steps: int
-    l2_ratio: Tagged | None
-    ratio_steps: int
-    lost_frac_reference: float | None
-    lost_frac: float | None
-    underflow_only_in: str | None
-    """The id of the only run whose median lost_frac is above the threshold, else null."""
-    nonfinite_steps: int = 0
-    """Common steps where the layer held NaN or inf in either run: left out of the ratio and the
-    lost medians (its norm is over finite elements only, its zeros born of the NaN)."""
-
-
-class ComparisonRead(BaseModel):
-    run: str
-    reference: str
-    common_steps: int
-    layer_steps: int
-    divergence: DivergenceRead | None
-    """The earlier of `loss_divergence` and `grad_norm_divergence` (loss on a tie)."""
-    loss_divergence: DivergenceRead | None
-    grad_norm_divergence: DivergenceRead | None
-    layers: list[LayerDiffRead]
-    divergence_exact: bool
-    """False when a long common range was searched through rollups (comparison_reads)."""
-    layer_bucket_width: int
-    """1: the per-layer medians are over steps; k > 1: over rollup buckets of k steps, each
-    standing for its largest l2 and lost_frac (then `steps`, `ratio_steps` and `layer_steps`
-    count buckets)."""
-
-
-class CompareRead(BaseModel):
-    tolerance: float
-    underflow_threshold: float
-    reference: str
-    runs: list[RunSummary]
-    comparisons: list[ComparisonRead]
