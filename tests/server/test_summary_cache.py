@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ampscope_server.ingest import counters
 from ampscope_server.ingest.wire import StepRecord
 from ampscope_server.runs import reads as runs
 from ampscope_server.runs import summary_cache
@@ -73,11 +74,11 @@ class TestCountersAtIngest:
         assert (summary.num_steps, summary.skip_rate, summary.summary_step) == (0, None, None)
 
     def test_pure_delta(self) -> None:
-        assert summary_cache.counters_delta([]) is None
+        assert counters.counters_delta([]) is None
         records = [StepRecord.model_validate(record(i, skipped=i == 0, found_inf=i == 0))
                    for i in range(3)]
-        delta = summary_cache.counters_delta([(12, records[2]), (10, records[0]),
-                                              (11, records[1])])
+        delta = counters.counters_delta([(12, records[2]), (10, records[0]),
+                                         (11, records[1])])
         assert delta is not None
         assert (delta.num_steps, delta.skipped_steps, delta.nonfinite_steps, delta.last_step,
                 delta.last_id) == (3, 1, 1, 2, 12)

@@ -27,11 +27,10 @@ from ampscope_server.errors import (
     RunDeleted,
     RunNotFound,
 )
-from ampscope_server.ingest import batch_checks
+from ampscope_server.ingest import batch_checks, counters
 from ampscope_server.ingest.schemas import IngestResult
 from ampscope_server.ingest.wire import ClientAccounting, IngestBatch, StepRecord
 from ampscope_server.live import hub as live
-from ampscope_server.runs import summary_cache
 from ampscope_server.runs.schemas import RunStatus
 from ampscope_server.store import (
     access_repository,
@@ -106,7 +105,7 @@ def ingest_batch(
             {"step_id": step_id, "run_key": key, **row}
             for step_id, record in new if (row := packed_of(record)) is not None])
     _update_rollups(session, run_id, key, new, None if extent is None else extent[1])
-    summary_cache.count_new_steps(session, run_id, new)
+    counters.count_new_steps(session, run_id, new)
     if batch.client is not None and is_newer(batch.client, stored_client(attempt)):
         runs_repository.set_attempt_client(session, attempt.id, {
             f"client_{name}": getattr(batch.client, name) for name in CLIENT_FIELDS

@@ -1,7 +1,7 @@
 """Service: a run's summary for the runs list, kept as counters at ingest plus a cached analysis.
 
 Two halves (DESIGN.md §8: `GET /api/runs` with 2,000 runs ≤ 150 ms, whatever their length):
-- **Counters** (`count_new_steps`), maintained in each batch's transaction: steps, skips,
+- **Counters** (`ingest.counters`), maintained in each batch's transaction: steps, skips,
   non-finite steps, the last step, its scale and loss. Exact at every commit.
 - **The cached analysis** (top finding, the layer losing most to the format, the layer closest
   to overflow), stored beside the counters and keyed by their `version`. The analysis reads a
@@ -31,13 +31,11 @@ from ampscope_server.findings import primary
 from ampscope_server.findings import reads as finding_reads
 from ampscope_server.findings.formats import FORMATS, FloatFormat
 from ampscope_server.findings.schemas import FindingBrief
-from ampscope_server.ingest.wire import StepRecord
 from ampscope_server.live import hub as live
 from ampscope_server.runs.schemas import WorstLayer
 from ampscope_server.store import run_counters_repository, runs_repository, steps_repository
 from ampscope_server.store.float_storage import from_storage, to_storage
 from ampscope_server.store.models import Run, RunCounters
-from ampscope_server.store.run_counters_repository import CountersDelta
 
 SYNC_REFRESH = 4
 """Stale runs one read analyses itself (the rest: the Refresher). A handful: a list of a few
@@ -46,32 +44,6 @@ REFRESH_BATCH = 100
 """Runs the Refresher analyses per round (one session)."""
 
 log = logging.getLogger(__name__)
-
-
-# --- counters at ingest --------------------------------------------------------------------------
-
-def counters_delta(new: Sequence[tuple[int, StepRecord]]) -> CountersDelta | None:
-    """What a batch's newly stored (step id, record) add to the run's counters; None: nothing."""
-    if not new:
-        return None
-    newest_id, newest = max(new, key=lambda item: item[0])
-    return CountersDelta(
-        num_steps=len(new),
-        skipped_steps=sum(1 for _, record in new if record.skipped),
-        nonfinite_steps=sum(1 for _, record in new if record.found_inf),
-        last_step=max(record.step for _, record in new),
-        last_id=newest_id,
-        last_scale=to_storage(newest.scale_after),
-        last_loss=to_storage(newest.loss),
-    )
-
-
-def count_new_steps(session: Session, run_id: str, new: Sequence[tuple[int, StepRecord]]) -> None:
-    """Fold a batch's newly stored steps (never duplicates) into the run's counters, in the
-    batch's transaction."""
-    delta = counters_delta(new)
-    if delta is not None:
-        run_counters_repository.add_steps(session, run_id, delta)
 
 
 # --- the cached analysis -------------------------------------------------------------------------

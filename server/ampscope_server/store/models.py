@@ -566,7 +566,7 @@ class DeletedRun(Base):
 # --- run counters (revision 0007) ----------------------------------------------------------------
 
 class RunCounters(Base):
-    """A run's summary kept as counters at ingest (`summary_cache.count_new_steps`, in the
+    """A run's summary kept as counters at ingest (`ingest.counters.count_new_steps`, in the
     batch's transaction), so the runs list reads one row per run, never the run's steps.
 
     `version` grows by one with every batch that stored new steps. The `summary_*` block is a
