@@ -1,7 +1,7 @@
 """Target low-precision formats, derived from their bit layouts (the server never imports torch).
 
 The values equal `torch.finfo(dtype)` (fp16 max 65504, min normal 2^-14, min subnormal 2^-24;
-e4m3fn max 448; e5m2 max 57344); tests/server/test_formats.py pins them.
+e4m3fn max 448; e5m2 max 57344); tests/server/findings/test_formats.py pins them.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from tests.support.webhooks import Received, Receiver, receiver
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAST = {"AMPSCOPE_ALERT_INTERVAL_S": "0.2"}
 SETTLE_S = 2.0  # ten evaluation passes: long enough for a duplicate to show up
 

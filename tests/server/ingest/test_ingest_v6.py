@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server.test_ingest_packed import as_floats, pack
+from tests.server.ingest.test_ingest_packed import as_floats, pack
 from tests.server.wire import batch_v2, layer_stats, new_id, record_v2, strict_json
 from tests.support.ingest import post_batch
 

@@ -15,7 +15,7 @@ from tests.server.wire import batch, new_id, record
 from tests.support.app import app_client
 from tests.support.ingest import post_batch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _assert_secure(response: httpx2.Response) -> None:
