@@ -31,7 +31,7 @@ class Settings(BaseSettings):
 
     # --- alerts -----------------------------------------------------------------------------
     alerts: bool = True
-    """Evaluate alert rules and deliver alerts (alert_worker.py); off: rules are kept, unused."""
+    """Evaluate alert rules and deliver alerts (alerts.worker); off: rules are kept, unused."""
     alert_interval_s: float = 1.0
     """How often the alerts leader evaluates the rules and sends what is due."""
     public_url: str = ""

@@ -100,7 +100,7 @@ def message_of(alert: Alert, run_name: str | None, public_url: str) -> AlertMess
 
 def request_of(destination: AlertDestination, message: AlertMessage) -> Request:
     kind = destination.kind
-    body = alert_payloads.encode(kind, message)  # type: ignore[arg-type]
+    body = alert_payloads.request_body(kind, message)  # type: ignore[arg-type]
     return Request(url=destination.url, body=body, headers=alert_payloads.headers(
         kind, message, body, destination.signing_secret))  # type: ignore[arg-type]
 

@@ -1,6 +1,6 @@
 """Deciding alerts: evaluate the rules of each project over its runs that changed (or may have
 stalled), open and close episodes, and write each alert with its deliveries (the outbox) in one
-transaction per run. Sending is alert_delivery.py's; the loop that calls both is alert_worker.py.
+transaction per run. Sending is alerts.delivery's; the loop that calls both is alerts.worker.
 
 Exactly once in effect: an episode's alert has the dedup key (rule, run, key, ordinal, event),
 unique in the database, so deciding it twice (two evaluators, a retried transaction) fails

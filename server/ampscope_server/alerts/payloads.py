@@ -125,7 +125,7 @@ def webhook_body(m: AlertMessage) -> dict[str, Any]:
     return {"type": "ampscope.alert", "alert": asdict(m)}
 
 
-def encode(kind: DestinationKind, message: AlertMessage) -> bytes:
+def request_body(kind: DestinationKind, message: AlertMessage) -> bytes:
     body = {"slack": slack_body, "discord": discord_body, "webhook": webhook_body}[kind](message)
     # allow_nan=False: an alert carries no number a strict JSON parser would refuse.
     return json.dumps(body, ensure_ascii=False, allow_nan=False,

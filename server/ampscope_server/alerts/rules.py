@@ -17,7 +17,7 @@ Three kinds of rule (`AlertRule.kind`, its `params`):
              finished        the run finished
 
 A condition carries a `key` (what it holds for: a finding's identity, a state) and what the
-alert says. alerting.py turns the appearance of a key into an episode and an alert.
+alert says. alerts.evaluation turns the appearance of a key into an episode and an alert.
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ class HistoryQuery:
     limit: int = 50
 
 
-def history(session: Session, viewer: Principal, query: HistoryQuery) -> AlertsPage:
+def alert_history(session: Session, viewer: Principal, query: HistoryQuery) -> AlertsPage:
     """Alerts newest first, of the viewer's projects (or one project, or one run)."""
     if not 1 <= query.limit <= HISTORY_PAGE_MAX:
         raise InvalidPayload(f"limit: 1 to {HISTORY_PAGE_MAX}")

@@ -1,5 +1,5 @@
 """The alert loop of one server process: every `alert_interval_s`, if this process is the
-alerts leader, evaluate (alerting.py) and deliver (alert_delivery.py).
+alerts leader, evaluate (alerts.evaluation) and deliver (alerts.delivery).
 
 One leader among all workers and instances on one database: on Postgres the process that holds
 the session-level advisory lock LEADER_LOCK on a connection of its own; when that process dies
@@ -19,7 +19,7 @@ import psycopg
 from sqlalchemy.orm import Session, sessionmaker
 
 from ampscope_server.alerts import delivery as alert_delivery
-from ampscope_server.alerts import evaluation as alerting
+from ampscope_server.alerts import evaluation
 from ampscope_server.config import Settings
 from ampscope_server.live.postgres import conninfo
 from ampscope_server.store.db import is_sqlite
@@ -96,7 +96,7 @@ class AlertWorker:
             try:
                 if not self._leadership.held():
                     continue
-                alerting.evaluate(self._factory, now=time.time(),
+                evaluation.evaluate(self._factory, now=time.time(),
                                   crash_timeout_s=self._settings.crash_timeout_s)
                 alert_delivery.deliver_due(self._factory, now=time.time,
                                            public_url=self.public_url())

@@ -95,7 +95,7 @@ def test_destination(destination_id: HexId, session: SessionDep, principal: Prin
 @router.get("/alerts", dependencies=READ, responses=NOT_FOUND)
 def list_alerts(session: SessionDep, principal: PrincipalDep, project: ProjectQuery = None,
                 before: Before = None, limit: Limit = 50) -> AlertsPage:
-    return alert_settings.history(session, principal, HistoryQuery(
+    return alert_settings.alert_history(session, principal, HistoryQuery(
         project=project, before=before, limit=limit))
 
 
@@ -104,5 +104,5 @@ def run_alerts(run: RunDep, session: SessionDep, principal: PrincipalDep, before
                limit: Limit = 50) -> AlertsPage:
     # The run is the viewer's to see (RunDep): its project needs no second check, which would
     # refuse the runs of a project whose name the alert settings cannot take (`a b`).
-    return alert_settings.history(session, principal, HistoryQuery(
+    return alert_settings.alert_history(session, principal, HistoryQuery(
         run_id=run.id, before=before, limit=limit))

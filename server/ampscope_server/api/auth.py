@@ -83,6 +83,6 @@ def post_logout(request: Request, session: SessionDep, principal: PrincipalDep) 
 
 
 @router.get("/api/session", responses=AUTH_RESPONSES)
-def get_session(principal: PrincipalDep, settings: SettingsDep) -> SessionRead:
+def get_auth_session(principal: PrincipalDep, settings: SettingsDep) -> SessionRead:
     """Who this request acts as."""
     return session_read(principal, auth_required(settings))

@@ -233,7 +233,7 @@ def _history(args: argparse.Namespace, session: Session) -> int:
     from ampscope_server.runs import reads as runs
 
     run_id = None if args.run is None else runs.resolve_run(session, args.run).id
-    page = alert_settings.history(session, OPERATOR, HistoryQuery(
+    page = alert_settings.alert_history(session, OPERATOR, HistoryQuery(
         project=args.project, run_id=run_id, limit=args.limit))
     rows = [("ID", "WHEN", "EVENT", "LEVEL", "RUN", "STEPS", "TITLE", "DELIVERED")]
     for a in page.alerts:

@@ -1,9 +1,9 @@
 """`ampscope serve [--host --port --db]`, `ampscope db upgrade [--db]`,
 `ampscope report RUN [--baseline RUN] [--db URL] [--html PATH]` (the Markdown post-mortem of
-`finding_reads`, optionally the HTML report with findings) and
+`findings.reads`, optionally the HTML report with findings) and
 `ampscope sync PATH [--server URL] [--token]` (uploads a client's disk spool; the logic is the
 client's, `ampscope.sync`, imported lazily and torch-free), and the team-mode commands
-`ampscope token …` and `ampscope runs …` (`cli_admin`), and `ampscope alerts …` (`cli_alerts`).
+`ampscope token …` and `ampscope runs …` (`cli.admin`), and `ampscope alerts …` (`cli.alerts`).
 
 `serve --auth auto` (the default) requires a token unless the server binds to loopback only;
 binding beyond loopback without auth takes `--insecure-no-auth` and says so loudly.

@@ -5,7 +5,7 @@
   connection whose request headers are not complete `header_timeout_s` after it opened or
   after its previous response.
 - `--workers N` runs N uvicorn processes on one socket (Postgres only: live updates cross them
-  through LISTEN/NOTIFY, `live_pg`).
+  through LISTEN/NOTIFY, `live.postgres`).
 - Idle sockets never hold a place a request needs (uvicorn's `limit_concurrency` counts idle
   keep-alive sockets, so 600 idle ones made every request 503): past `max_connections`, or
   `max_connections_per_client` from one address, a new connection closes the longest-idle

@@ -2,17 +2,17 @@
 
 A common range of at most `SCALAR_RAW_STEPS` steps is compared step by step. A longer one is
 searched through the rollups of the finest level with at most `SCALAR_BUCKETS` buckets: only
-the buckets where the runs may part (`comparison_math.suspect_buckets`) are read raw, each with the
+the buckets where the runs may part (`maths.suspect_buckets`) are read raw, each with the
 bucket before it, and the first step found beyond the tolerance there is the answer (not
-guaranteed the very first: `exact` False). Used by `GET /api/compare` (`comparison_reads`) and by
-the findings against a baseline (`finding_reads`), so both judge divergence alike.
+guaranteed the very first: `exact` False). Used by `GET /api/compare` (`compare.reads`) and by
+the findings against a baseline (`findings.reads`), so both judge divergence alike.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ampscope_server.compare import diffs as comparison_math
+from ampscope_server.compare import maths
 from ampscope_server.store import rollups, rollups_repository, steps_repository
 from ampscope_server.store.float_storage import from_storage
 
@@ -23,7 +23,7 @@ SCALAR_BUCKETS = 1024
 MAX_REFINE = 16
 """Most suspect buckets read raw before the search gives up (no divergence reported)."""
 
-METRICS: tuple[comparison_math.Metric, ...] = ("loss", "grad_norm")
+METRICS: tuple[maths.Metric, ...] = ("loss", "grad_norm")
 _SERIES_INDEX = {name: rollups.SERIES.index(name) for name in METRICS}
 
 
@@ -42,21 +42,21 @@ def _scalars(
     divergence. The baseline finding counts it (an overflow the baseline had not is news)."""
     rows = steps_repository.series_rows(session, run_id, metric, start, end,
                                   applied_only=taken_only and metric == "grad_norm")
-    return comparison_math.by_step(
+    return maths.by_step(
         (int(step), from_storage(value, value_class)) for step, value, value_class in rows)
 
 
 def divergences_raw(
     session: Session, a: str, b: str, start: int, end: int, tolerance: float,
     taken_only: bool = True,
-) -> tuple[dict[str, comparison_math.Divergence | None], int]:
+) -> tuple[dict[str, maths.Divergence | None], int]:
     """Each metric's first divergence over every step of [start, end], and the common steps."""
-    found: dict[str, comparison_math.Divergence | None] = {}
+    found: dict[str, maths.Divergence | None] = {}
     steps: list[set[int]] = [set(), set()]
     for metric in METRICS:
         ref = _scalars(session, a, metric, start, end, taken_only)
         other = _scalars(session, b, metric, start, end, taken_only)
-        found[metric] = comparison_math.first_divergence(metric, ref, other, tolerance)
+        found[metric] = maths.first_divergence(metric, ref, other, tolerance)
         steps[0] |= ref.keys()
         steps[1] |= other.keys()
     return found, len(steps[0] & steps[1])
@@ -65,7 +65,7 @@ def divergences_raw(
 def divergences_bucketed(
     session: Session, a: str, b: str, start: int, end: int, tolerance: float,
     taken_only: bool = True,
-) -> tuple[dict[str, comparison_math.Divergence | None], int]:
+) -> tuple[dict[str, maths.Divergence | None], int]:
     """As `divergences_raw`, searched through rollups; the common steps are estimated per
     bucket as the smaller of the two runs' counts."""
     level = level_for(start, end, SCALAR_BUCKETS)
@@ -81,15 +81,15 @@ def divergences_bucketed(
     for bucket in per_metric["loss"][0].keys() & per_metric["loss"][1].keys():
         common += min(max(accs[side][bucket].n for accs in per_metric.values())
                       for side in (0, 1))
-    found: dict[str, comparison_math.Divergence | None] = {}
+    found: dict[str, maths.Divergence | None] = {}
     for metric in _SERIES_INDEX:
         reference, other = per_metric[metric]
-        suspects = comparison_math.suspect_buckets(reference, other, tolerance)
+        suspects = maths.suspect_buckets(reference, other, tolerance)
         found[metric] = None
         for bucket in suspects[:MAX_REFINE]:
             # With the bucket before: a drift is often first seen one bucket late.
             lo, hi = max(start, (bucket - 1) << level), min(end, ((bucket + 1) << level) - 1)
-            found[metric] = comparison_math.first_divergence(
+            found[metric] = maths.first_divergence(
                 metric, _scalars(session, a, metric, lo, hi, taken_only),
                 _scalars(session, b, metric, lo, hi, taken_only), tolerance)
             if found[metric] is not None:
@@ -97,10 +97,10 @@ def divergences_bucketed(
     return found, common
 
 
-def first_divergence(
+def search(
     session: Session, reference_id: str, other_id: str, tolerance: float,
     taken_only: bool = True,
-) -> comparison_math.Divergence | None:
+) -> maths.Divergence | None:
     """The earliest divergence in loss or grad norm of `other_id` from `reference_id` over the
     steps both runs have, within the bounds above (`taken_only`: see `_scalars`)."""
     ref, other = (rollups_repository.step_extent(session, run_id)
@@ -112,4 +112,4 @@ def first_divergence(
         return None
     search = divergences_raw if end - start + 1 <= SCALAR_RAW_STEPS else divergences_bucketed
     found, _ = search(session, reference_id, other_id, start, end, tolerance, taken_only)
-    return comparison_math.earliest(*(found[metric] for metric in METRICS))
+    return maths.earliest(*(found[metric] for metric in METRICS))

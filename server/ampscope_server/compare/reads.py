@@ -1,6 +1,6 @@
 """Comparison reads (GET /api/compare): fetch each run's rows, call the math, shape the response.
 
-The math is in `comparison_math.py` (pure). The first run given is the reference; every other run is
+The math is in `maths.py` (pure). The first run given is the reference; every other run is
 compared with it over the steps both runs have (`common range`).
 
 The reads stay bounded whatever the runs' length (DESIGN.md §8: 150 ms on 100k steps x 200
@@ -25,8 +25,7 @@ from sqlalchemy.orm import Session
 
 from ampscope_server.access.principal import ANONYMOUS, Principal
 from ampscope_server.charts import series_math
-from ampscope_server.compare import diffs as comparison_math
-from ampscope_server.compare import divergence_search
+from ampscope_server.compare import divergence_search, maths
 from ampscope_server.compare.divergence_search import (
     METRICS,
     divergences_bucketed,
@@ -52,7 +51,7 @@ LAYER_BUCKETS = 128
 """Most rollup buckets the per-layer medians are taken over on a longer range."""
 
 
-LayerMap = dict[str, dict[int, comparison_math.LayerAt]]
+LayerMap = dict[str, dict[int, maths.LayerAt]]
 
 
 def parse_run_ids(text: str) -> list[str]:
@@ -81,7 +80,7 @@ def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap
         ["l2", "zero_frac", "underflow_frac", "nan_count", "inf_count"], start, end,
     ):
         if index < len(side.order):
-            layers[side.order[index]][int(step)] = comparison_math.LayerAt(
+            layers[side.order[index]][int(step)] = maths.LayerAt(
                 l2=l2, lost_frac=series_math.lost_frac(zero, underflow),
                 nonfinite=bool(nans) or bool(infs))
     return layers
@@ -89,10 +88,10 @@ def _layers_raw(session: Session, side: _Side, start: int, end: int) -> LayerMap
 
 def _layers_bucketed(
     session: Session, side: _Side, level: int, start: int, end: int
-) -> dict[int, comparison_math.LayerColumns]:
+) -> dict[int, maths.LayerColumns]:
     """{bucket's first step: (largest l2, largest lost_frac, any NaN/inf) per layer} from one
     rollup level; buckets without layer statistics are left out."""
-    out: dict[int, comparison_math.LayerColumns] = {}
+    out: dict[int, maths.LayerColumns] = {}
     for bucket, l2, lost, nans, infs in rollups_repository.rollup_rows(
         session, side.run.id, level, start >> level, end >> level,
         ["l2", "lost_frac", "nan_count", "inf_count"],
@@ -107,7 +106,7 @@ def _layers_bucketed(
     return out
 
 
-def _divergence(found: comparison_math.Divergence | None) -> DivergenceRead | None:
+def _divergence(found: maths.Divergence | None) -> DivergenceRead | None:
     if found is None:
         return None
     return DivergenceRead(metric=found.metric, step=found.step, reference_value=found.reference,
@@ -117,11 +116,11 @@ def _divergence(found: comparison_math.Divergence | None) -> DivergenceRead | No
 def _comparison(
     session: Session, ref: _Side, other: _Side, tolerance: float, threshold: float
 ) -> ComparisonRead:
-    found: dict[str, comparison_math.Divergence | None] = dict.fromkeys(METRICS)
+    found: dict[str, maths.Divergence | None] = dict.fromkeys(METRICS)
     common_steps, exact, width = 0, True, 1
     ref_layers: LayerMap = {name: {} for name in ref.order}
     other_layers: LayerMap = {name: {} for name in other.order}
-    diffs: list[comparison_math.LayerDiff] | None = None
+    diffs: list[maths.LayerDiff] | None = None
     if ref.extent is not None and other.extent is not None:
         start, end = max(ref.extent[0], other.extent[0]), min(ref.extent[1], other.extent[1])
         if start <= end:
@@ -137,11 +136,11 @@ def _comparison(
                 width = 1 << level
                 ref_buckets = _layers_bucketed(session, ref, level, start, end)
                 other_buckets = _layers_bucketed(session, other, level, start, end)
-                diffs = comparison_math.bucket_layer_diffs(ref_buckets, ref.order, other_buckets,
+                diffs = maths.bucket_layer_diffs(ref_buckets, ref.order, other_buckets,
                                                    other.order, threshold)
                 layer_steps = len(ref_buckets.keys() & other_buckets.keys())
     if diffs is None:
-        diffs = comparison_math.layer_diffs(ref_layers, other_layers, ref.order, threshold)
+        diffs = maths.layer_diffs(ref_layers, other_layers, ref.order, threshold)
         layer_steps = len(set().union(*ref_layers.values()) & set().union(*other_layers.values()))
     side = {"reference": ref.run.id, "other": other.run.id}
     layers = [
@@ -157,7 +156,7 @@ def _comparison(
     return ComparisonRead(
         run=other.run.id, reference=ref.run.id, common_steps=common_steps,
         layer_steps=layer_steps,
-        divergence=_divergence(comparison_math.earliest(loss, grad_norm)),
+        divergence=_divergence(maths.earliest(loss, grad_norm)),
         loss_divergence=_divergence(loss), grad_norm_divergence=_divergence(grad_norm),
         layers=layers, divergence_exact=exact, layer_bucket_width=width,
     )

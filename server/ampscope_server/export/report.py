@@ -3,7 +3,7 @@
 The report must stay a file one can mail, whatever the run's length: series come downsampled
 (min/max/last per bucket, `series_math.downsample`), the lost-fraction heatmap is cut to at most
 `MAX_COLUMNS` columns by `bucket_max`, events are all kept (never downsampled). The findings
-(`finding_reads`) come first in the page, from the same bounded snapshot as the API's.
+(`findings.reads`) come first in the page, from the same bounded snapshot as the API's.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def plotly_attribute_styles(plotly_js: str) -> list[str]:
     return ["".join(f"{name}: {value}; " for name, value in declarations)]
 
 
-def csp(scripts: list[str], styles: list[str], attribute_styles: list[str]) -> str:
+def report_csp(scripts: list[str], styles: list[str], attribute_styles: list[str]) -> str:
     """The policy of the report: its own inline scripts and styles, nothing else.
 
     Style attributes are refused except the exact ones listed (by hash, which CSP allows for
@@ -87,7 +87,7 @@ def render(data: dict[str, Any], plotly_js: str, plotly_css: str) -> tuple[str, 
     plotly = inline_script(plotly_js)
     renderer = inline_script((TEMPLATES / "report.js").read_text(encoding="utf-8"))
     style = (TEMPLATES / "report.css").read_text(encoding="utf-8") + "\n" + plotly_css
-    policy = csp([plotly, renderer], [style], plotly_attribute_styles(plotly_js))
+    policy = report_csp([plotly, renderer], [style], plotly_attribute_styles(plotly_js))
     run = data.get("run", {})
     values = {
         "csp": html.escape(policy),

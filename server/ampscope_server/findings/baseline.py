@@ -1,5 +1,5 @@
 """Divergence from a baseline (e.g. the same training in FP32), reusing the rules of
-`comparison_math`: the first common step where loss or grad norm departs by more than
+`compare.maths`: the first common step where loss or grad norm departs by more than
 BASELINE_TOLERANCE, and the layers whose gradient norm departs most at the first common
 layer-stat step at or after it. Layers are matched by canonical name (`layer_names`), so a
 wrapped run (`module.`, `_orig_mod.`, …) has a plain baseline's layers, and the finding names
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ampscope_server.compare import diffs as comparison_math
+from ampscope_server.compare import maths
 from ampscope_server.findings.facts import Finding, RunData
 from ampscope_server.findings.thresholds import BASELINE_MAX_LAYERS, BASELINE_TOLERANCE
 from ampscope_server.findings.timeline import ordered
 from ampscope_server.runs import layer_names
 
 
-def _series(run: RunData, metric: comparison_math.Metric) -> dict[int, float]:
-    return comparison_math.by_step((p.step, getattr(p, metric)) for p in ordered(run.steps))
+def _series(run: RunData, metric: maths.Metric) -> dict[int, float]:
+    return maths.by_step((p.step, getattr(p, metric)) for p in ordered(run.steps))
 
 
 def _canonical(run: RunData) -> list[str]:
@@ -36,10 +36,10 @@ def _l2(run: RunData) -> dict[int, dict[str, float]]:
 
 
 def baseline_divergence(run: RunData, baseline: RunData) -> list[Finding]:
-    found = comparison_math.earliest(
-        comparison_math.first_divergence("loss", _series(baseline, "loss"), _series(run, "loss"),
+    found = maths.earliest(
+        maths.first_divergence("loss", _series(baseline, "loss"), _series(run, "loss"),
                                  BASELINE_TOLERANCE),
-        comparison_math.first_divergence("grad_norm", _series(baseline, "grad_norm"),
+        maths.first_divergence("grad_norm", _series(baseline, "grad_norm"),
                                  _series(run, "grad_norm"), BASELINE_TOLERANCE),
     )
     if found is None:
@@ -50,7 +50,7 @@ def baseline_divergence(run: RunData, baseline: RunData) -> list[Finding]:
     if at is not None:
         for name, value in mine[at].items():
             if name in theirs[at]:
-                relative = comparison_math.relative_difference(theirs[at][name], value)
+                relative = maths.relative_difference(theirs[at][name], value)
                 if relative > BASELINE_TOLERANCE:
                     departures.append((relative, name))
     departures.sort(key=lambda pair: -pair[0])

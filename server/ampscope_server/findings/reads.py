@@ -411,7 +411,7 @@ def findings_of(session: Session, run: Run, baseline_id: str | None) -> list[Fin
 
 def _with_baseline(session: Session, run: Run, baseline: Run) -> tuple[RunData, RunData]:
     """Both snapshots of a baseline comparison: bounded, around where the runs part."""
-    found = divergence_search.first_divergence(session, baseline.id, run.id, BASELINE_TOLERANCE,
+    found = divergence_search.search(session, baseline.id, run.id, BASELINE_TOLERANCE,
                                                taken_only=False)
     divergence = None if found is None else found.step
     return (load_run_data(session, run, for_baseline=True, divergence=divergence),

@@ -71,7 +71,7 @@ HEALTHY_STEPS = 5
 single odd first batch does not set it, and a divergence that takes off within 5 steps still
 leaves it at the run's starting magnitude (the median of 5 needs 3 of them large)."""
 EDGE_STEPS = 32
-"""Steps read at each end of the run (`finding_reads`): the first HEALTHY_STEPS finite values
+"""Steps read at each end of the run (`findings.reads`): the first HEALTHY_STEPS finite values
 are among the first 32 steps unless the run overflowed from the start, and the last 32 are
 where the run is now."""
 

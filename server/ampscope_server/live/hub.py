@@ -1,7 +1,7 @@
 """The live hub: "run X has new rows" from the ingest threads to the WebSocket tasks.
 
 A notification carries only the run id; subscribers then read what is new from the database.
-On Postgres the notifications travel through LISTEN/NOTIFY (`live_pg`), so that every worker
+On Postgres the notifications travel through LISTEN/NOTIFY (`live.postgres`), so that every worker
 and instance hears every ingest; the hub then only fans them out within its process.
 A subscription to `ALL_RUNS` (the runs list) is woken for every run and collects the
 ids it was woken for, so its reader re-reads only those runs.
@@ -77,7 +77,7 @@ class Hub:
 
     def install(self, factory: sessionmaker[Session], local: bool = True) -> None:
         """Forget the runs a session marked when it commits or rolls back; with `local`,
-        publish them on commit (off when LISTEN/NOTIFY brings them back, `live_pg`)."""
+        publish them on commit (off when LISTEN/NOTIFY brings them back, `live.postgres`)."""
         self._local = local
         event.listen(factory, "after_commit", self._after_commit)
         event.listen(factory, "after_soft_rollback", self._after_rollback)

@@ -19,7 +19,7 @@ canonical name).
 
 This is the server's copy of the hook's ``ampscope.names`` (the server never imports the hook
 nor torch); a test checks that both give the same result on a shared list of cases. The server
-matches layers across runs by these names (``comparison_reads``, the baseline finding), and
+matches layers across runs by these names (``compare.reads``, the baseline finding), and
 canonicalises stored names itself because runs stored before the hook sent canonical names
 carry raw ones. Pure: no I/O.
 """

@@ -140,7 +140,7 @@ def matcher(q: str, regex: bool, crashed_before: float) -> Callable[[Listed], bo
     return lambda run: all(word in " ".join(fields(run)).lower() for word in words)
 
 
-def page(session: Session, query: RunsQuery, project: str | None, crashed_before: float
+def runs_page(session: Session, query: RunsQuery, project: str | None, crashed_before: float
          ) -> RunsPage:
     """The runs of one page of the list (of `project`, when given)."""
     if query.sort not in SORT_KEYS:

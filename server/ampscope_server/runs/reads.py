@@ -136,9 +136,9 @@ def list_page(
     session: Session, crash_timeout_s: float, query: RunsQuery, viewer: Principal = ANONYMOUS,
     factory: sessionmaker[Session] | None = None, now: float | None = None,
 ) -> SummaryPage:
-    """One page of the runs list (`runs_list.page`), summarised."""
+    """One page of the runs list (`runs_list.runs_page`), summarised."""
     now = time.time() if now is None else now
-    found = runs_list.page(session, query, viewer.project, crash_cutoff(now, crash_timeout_s))
+    found = runs_list.runs_page(session, query, viewer.project, crash_cutoff(now, crash_timeout_s))
     return SummaryPage(runs=summaries(session, found.runs, crash_timeout_s, now, factory,
                                       found.counters),
                        next_cursor=found.next_cursor, total=found.total)
@@ -370,7 +370,7 @@ def live_summaries(
             return SummaryPage(runs=summaries(session, found, crash_timeout_s, factory=factory),
                                next_cursor=None, total=None)
         now = time.time()
-        first = runs_list.page(session, RunsQuery(), viewer.project,
+        first = runs_list.runs_page(session, RunsQuery(), viewer.project,
                                crash_cutoff(now, crash_timeout_s))
         shown = {run.id for run in first.runs}
         active = [run for run in runs_repository.get_runs(

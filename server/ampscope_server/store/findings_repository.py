@@ -1,4 +1,4 @@
-"""Repository: the bounded reads of a run's findings snapshot (`finding_reads`) and of the
+"""Repository: the bounded reads of a run's findings snapshot (`findings.reads`) and of the
 exponent histograms for the "what if x k" view. Functions take a Session and never commit."""
 
 from __future__ import annotations

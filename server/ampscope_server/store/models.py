@@ -609,7 +609,7 @@ class RunCounters(Base):
 # --- alerts (revision 0008) ---------------------------------------------------------------------
 
 class AlertRule(Base):
-    """When to alert, per project (alert_rules.py says what each kind and its `params` mean).
+    """When to alert, per project (alerts.rules says what each kind and its `params` mean).
     `severity`: the least severe finding a `finding` rule reacts to; the level of the alerts a
     `series` or `state` rule raises. `builtin`: which shipped default this is (None: made by a
     user); a default can be turned off, and is not made again."""

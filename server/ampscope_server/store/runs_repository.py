@@ -45,7 +45,7 @@ def touch_run(session: Session, values: dict[str, Any], now: float) -> int:
     ).scalar_one())
 
 
-def run_key(session: Session, run_id: str) -> int | None:
+def key_of(session: Session, run_id: str) -> int | None:
     """The run's integer key (`runs.key`), None for an unknown run."""
     key = session.scalar(select(Run.key).where(Run.id == run_id))
     return None if key is None else int(key)

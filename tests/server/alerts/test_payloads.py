@@ -8,8 +8,8 @@ import json
 
 from ampscope_server.alerts.payloads import (
     AlertMessage,
-    encode,
     headers,
+    request_body,
     run_link,
     signature,
 )
@@ -33,7 +33,7 @@ def test_the_link_zooms_to_the_steps_with_context() -> None:
 
 
 def test_slack_block_kit() -> None:
-    body = json.loads(encode("slack", MESSAGE))
+    body = json.loads(request_body("slack", MESSAGE))
     heading = "🔴 ERROR: Overflow storm: 6 optimizer steps skipped between steps 200 and 250"
     assert body["text"] == heading
     assert [b["type"] for b in body["blocks"]] == ["header", "section", "context", "actions"]
@@ -46,22 +46,22 @@ def test_slack_block_kit() -> None:
 
 
 def test_discord_embed_is_coloured_by_level_and_pings_nobody() -> None:
-    body = json.loads(encode("discord", MESSAGE))
+    body = json.loads(request_body("discord", MESSAGE))
     assert body["allowed_mentions"] == {"parse": []}
     [embed] = body["embeds"]
     assert (embed["color"], embed["url"]) == (0xDC2626, MESSAGE.link)
     assert embed["title"].startswith("ERROR: Overflow storm")
     assert embed["fields"][0] == {"name": "What to do", "value": "Lower the learning rate."}
-    warning = json.loads(encode("discord", AlertMessage(**{**MESSAGE.__dict__,
+    warning = json.loads(request_body("discord", AlertMessage(**{**MESSAGE.__dict__,
                                                            "severity": "warning"})))
-    recovered = json.loads(encode("discord", AlertMessage(**{**MESSAGE.__dict__,
+    recovered = json.loads(request_body("discord", AlertMessage(**{**MESSAGE.__dict__,
                                                              "event": "recovered"})))
     assert (warning["embeds"][0]["color"], recovered["embeds"][0]["color"]) == (
         0xF59E0B, 0x16A34A)
 
 
 def test_the_generic_webhook_is_signed_over_the_exact_body() -> None:
-    body = encode("webhook", MESSAGE)
+    body = request_body("webhook", MESSAGE)
     sent = headers("webhook", MESSAGE, body, "s3cret-signing-key-0123")
     expected = hmac.new(b"s3cret-signing-key-0123", body, hashlib.sha256).hexdigest()
     assert sent == {"Content-Type": "application/json",
@@ -79,5 +79,5 @@ def test_a_message_about_no_run_names_none() -> None:
     "run no run")."""
     test = AlertMessage(**{**MESSAGE.__dict__, "run_id": None, "run_name": None,
                            "step_start": None, "step_end": None})
-    body = json.loads(encode("slack", test))
+    body = json.loads(request_body("slack", test))
     assert body["blocks"][2]["elements"][0]["text"] == "project vision"

@@ -44,7 +44,7 @@ def test_events_of_a_run_with_33k_skipped_steps(sessions: sessionmaker[Session])
     payload = batch([], run_id=new_id())
     with sessions() as session, session.begin():
         ingest.ingest_batch(session, IngestBatch.model_validate(payload))
-        key = runs_repository.run_key(session, payload["run"]["id"])
+        key = runs_repository.key_of(session, payload["run"]["id"])
         rows = [_step_row(key, i, i, loss=None, loss_class=1) for i in range(SKIPPED)]
         ids = steps_repository.insert_steps(session, rows)
         steps_repository.insert_rows(session, StepNonfinite, [
@@ -77,7 +77,7 @@ def test_pages_of_40k_skipped_steps_each_with_its_layers(
     payload = batch([], run_id=new_id())
     with sessions() as session, session.begin():
         ingest.ingest_batch(session, IngestBatch.model_validate(payload))
-        key = runs_repository.run_key(session, payload["run"]["id"])
+        key = runs_repository.key_of(session, payload["run"]["id"])
         rows = [_step_row(key, i, 2 * i, found_inf=i % 2 == 0, skipped=i % 2 == 0,
                           nonfinite_count=1 if i % 2 == 0 else None)
                 for i in range(2 * PAGED_SKIPS)]  # every other step skipped, steps 0, 2, 4, ...

@@ -1,5 +1,6 @@
-"""Per-optimizer charts (`optimizer_reads`, `GET /api/runs/{id}/optimizers`): each optimizer's
-skips (count and steps) and each parameter group's lr, NaN/±inf kept, on both dialects."""
+"""Per-optimizer charts (`charts.optimizer_reads`, `GET /api/runs/{id}/optimizers`): each
+optimizer's skips (count and steps) and each parameter group's lr, NaN/±inf kept, on both
+dialects."""
 
 from __future__ import annotations
 

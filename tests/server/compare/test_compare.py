@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from ampscope_server.compare import divergence_search
 from ampscope_server.compare import reads as comparison_reads
-from ampscope_server.compare.diffs import (
+from ampscope_server.compare.maths import (
     Divergence,
     LayerAt,
     LayerDiff,

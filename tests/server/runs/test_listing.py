@@ -220,7 +220,7 @@ class TestPageReads:
             ingest_payload(sessions, payload)
             ids.append(run_id)
         with sessions() as session:
-            found = runs_list.page(session, runs_list.RunsQuery(limit=3, q=project), None,
+            found = runs_list.runs_page(session, runs_list.RunsQuery(limit=3, q=project), None,
                                    crashed_before=0.0)
             assert [run.id for run in found.runs] == ids[::-1][:3]
             assert all("config" in sa_inspect(run).unloaded for run in found.runs)

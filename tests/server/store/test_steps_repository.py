@@ -40,7 +40,7 @@ def _row(key: int, seq: int) -> dict[str, Any]:
 def _run_key(session: Session) -> int:
     payload = batch([], run_id=new_id())
     ingest.ingest_batch(session, IngestBatch.model_validate(payload))
-    key = runs_repository.run_key(session, payload["run"]["id"])
+    key = runs_repository.key_of(session, payload["run"]["id"])
     assert key is not None
     return key
 
