@@ -1,36 +1,15 @@
 """The fused kernel's cold compile in a child interpreter, off the training process's GIL.
 
-A cold ``torch.compile`` of the fused kernel is minutes of Python work (dynamo, AOT autograd,
-inductor's lowering, scheduling and code generation). On a background thread of the training
-process it holds the GIL for most of that time, and the training thread waits for it: a nice
-value does not help against the GIL (#29: per-layer stats every step cost 1.37x the median step
-over the first 2.5 minutes of a fresh process, ~1.05x afterwards).
-
-So ``fused._compile`` first runs the same compile here, in ``python -m ampscope._compile_child``:
-the child rebuilds the layout from its JSON (``encode``/``decode``), compiles the kernel with the
-same options and runs it once on placeholders, which fills inductor's on-disk caches (the FX
-graph cache and the AOTAutograd cache, both on by default, keyed by the traced graph, the
-inductor config and the torch version: not by the Python function). The parent's compile of the
-same layout then loads from those caches, which holds its GIL for seconds instead of minutes
-(``docs/hook-cost.md``, session 12).
-
-The child: runs at the compile's nice value; shares the parent's environment and inductor cache
-directory (``TORCHINDUCTOR_CACHE_DIR``, set to the parent's ``cache_dir()``) and finds ``ampscope``
-where the parent found it; never imports the user's script (``-m``, and ``-P``: no script or
-working directory on its path); leads its own process group, so that ``kill_all`` (the
-interpreter's exit, ``fused._at_exit``) ends it with the compiler processes it started; and ends
-itself the same way when its stdin closes, i.e. when the parent died without an exit. A process
-group, not a session (``setsid``): where the kernel groups CPU time by session (Linux's
-autogroup, on by default on desktops and on this machine), a new session is scheduled against
-the training process as an equal, whatever its nice value.
-
-The compile thread waits for the child in one blocking ``waitpid`` (``Popen.wait()`` without a
-timeout; the child's own ``alarm`` bounds it), at its normal priority: ``Popen.wait(timeout)``
-would poll, taking the GIL up to 20 times a second for the minutes of the child's compile.
-
-Its result, one JSON line on stdout: ``{"attempt": k}``, the index in ``compile_options`` of the
-options that compiled. ``run`` returns it, or None when the child failed, could not start or ran
-past its time; the caller then compiles in-process as before.
+A cold ``torch.compile`` is minutes of Python holding the GIL the training thread waits for (no
+nice value helps), so ``fused._compile`` can first run it in ``python -m
+ampscope._compile_child``, filling inductor's on-disk caches (keyed by the traced graph); the
+parent then only loads from them (docs/hook-cost.md#the-fused-kernels-compile). The child runs
+at the compile's nice value with the parent's environment and cache directory, never imports the
+user's script (``-m``, ``-P``) and leads its own process group, not a session (autogroup would
+schedule a session as training's equal), so ``kill_all`` ends it with its compilers, as does
+its stdin closing (the parent died). The parent waits in one blocking ``waitpid`` (no GIL;
+``Popen.wait(timeout)`` would poll). Its answer, one JSON line ``{"attempt": k}`` (the index in
+``compile_options``), or None from ``run``: the caller then compiles in-process.
 """
 
 from __future__ import annotations
@@ -88,8 +67,7 @@ def command() -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    """The parent's environment, with its inductor cache directory and ``ampscope``'s parent
-    directory first on ``PYTHONPATH`` (the user may have put it on ``sys.path`` by hand)."""
+    """The parent's environment, with its inductor cache and ``ampscope``'s root on the path."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     import ampscope
@@ -146,9 +124,8 @@ def run(key: LayoutKey, under: int, normal: int, niceness: int, timeout: float) 
 
 
 def _renice(pid: int, niceness: int) -> None:
-    """Raise the child's nice value by ``niceness`` (up to 19), from here: the compile thread
-    itself stays at its priority (``fused._compile``). Before the child starts any thread or
-    process, which inherit it; the few milliseconds before are at the thread's priority."""
+    """Raise the child's nice value by ``niceness`` (up to 19) from here, before it starts any
+    thread or process (they inherit it); the compile thread keeps its own priority."""
     if niceness > 0 and hasattr(os, "setpriority"):
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, pid,
@@ -156,8 +133,7 @@ def _renice(pid: int, niceness: int) -> None:
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """End the child's process group (the child, inductor's compile workers, the C++ compiler)
-    and reap the child; its stdin pipe is closed."""
+    """End the child's process group (its compilers too) and reap the child."""
     with contextlib.suppress(OSError):  # the group is gone already
         os.killpg(proc.pid, signal.SIGKILL)
     try:
@@ -185,8 +161,7 @@ def _orphan_watch() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The child: ``argv`` is its time limit in seconds; the layout's JSON comes on stdin. Past
-    the limit SIGALRM's default action ends it (the parent then kills its process group)."""
+    """The child: ``argv`` its time limit (SIGALRM past it), the layout's JSON on stdin."""
     from ampscope import fused
 
     if argv and hasattr(signal, "alarm"):

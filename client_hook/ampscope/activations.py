@@ -1,46 +1,17 @@
 """The ``activation`` source (DESIGN.md §3): sampled statistics of each module's ``grad_output``.
 
-Under ``torch.autocast`` the master weights and their ``.grad`` are FP32; FP16 underflow happens in
-the activation gradients flowing through the autocast ops. On a sampled step the probe registers a
-forward hook on every leaf module (a module without children); the first forward of each module
-registers a tensor hook on its output (the first output tensor that requires grad), which sees the
-gradient with respect to that output as it flowed, in its own dtype, still multiplied by the scale.
-``collect`` removes the forward hooks (the tensor hooks die with the graph, and any that fires late
-is ignored), so nothing stays registered between samples.
-
-The forward hook is ONE process-wide hook (``register_module_forward_hook``) that answers only for
-the watched leaf modules, not a hook stored on each module: a model pickled, deep-copied or
-``torch.save``d during a sampled step (a checkpoint every N steps lands on one) carries nothing of
-the probe, whose closures could not be pickled. While armed it costs every module call in the
-process one dict lookup, on the sampled steps only.
-
-``torch.compile``: the hook stays out of compiled regions (it returns at once while dynamo
-traces, ``torch.compiler.is_dynamo_compiling``, so it adds no graph break; modules run inside a
-compiled graph are not sampled; a compile running on another thread changes nothing). A
-compiled graph guards on the global hooks, so each arm would recompile it: after a sampled step
-in which no watched module reached the hook, the probe arms no more (one recompile in all). torch
-warns at every call of a ``torch.compile(module)`` wrapper while a global module hook exists,
-because the hook also fires for the wrapper; ours ignores it (not a leaf of the watched model), so
-that one message is filtered out (``_quiet_compile_warning``) rather than raised into a loop run
-under ``-W error``.
-
-Units: ``amax``/``amin_nz``/``l2`` in true units (divided by the scale in effect); fractions are
-judged on the flowing values, i.e. at the scale, against the target format. A module that received
-no gradient in the sampled backward (not called, or its output does not reach the loss) reports a
-zero gradient, as PyTorch defines a missing gradient: ``zero_frac`` 1, ``amax`` 0, ``amin_nz``
-null, ``l2`` 0. No host sync: every statistic is a device tensor until the step's single copy.
-
-Cost. Reducing each gradient in its own hook takes ~20 kernels per module: about 5.5 ms per
-sampled step on the CPU reference loop, where the activation gradients are small and every kernel
-is mostly launch overhead. So a tensor hook only keeps a reference to a small gradient, and the
-kept ones are reduced together, ``GradStats.layer_stats`` style (one copy into a padded buffer, a
-constant number of row reductions), whenever they reach ``FLUSH_ELEMS`` elements and at
-``collect``. A gradient of ``FLUSH_ELEMS`` elements or more (say an LLM's logits) is reduced alone
-in its hook, as before, where launch overhead is negligible: nothing large is kept, and the fused
-path's scratch buffers stay below 2·``FLUSH_ELEMS`` float32 elements each. Keeping a reference
-never costs correctness: autograd only accumulates into a gradient buffer in place when it holds
-the last reference to it and to its storage (``InputBuffer::accumulate``), so a kept gradient is
-never written after its hook ran.
+Under autocast FP16 underflow happens in the activation gradients, not in the FP32 ``.grad``. On
+a sampled step ONE process-wide forward hook answers for the watched leaf modules and hooks each
+one's first output, which sees the gradient as it flowed (its dtype, still scaled). ``collect``
+removes it: nothing stays registered or is stored on a module (a model pickled mid-sample
+carries no closure); while armed each module call pays a dict lookup. The hook returns at once
+under dynamo (compiled modules are not sampled); since compiled graphs guard on global hooks, a
+sample that saw no module stops the probe, and torch's warning about global hooks is filtered.
+Magnitudes in true units, fractions at the scale; a module without a gradient reports PyTorch's zero
+gradient. No host sync. Per-hook reductions would be launch-bound
+(docs/hook-cost.md#the-activation-probes-cost): small gradients are kept by reference and reduced
+together (autograd writes in place only into a buffer it holds the last reference to, so a kept one
+never changes).
 """
 
 from __future__ import annotations
@@ -65,14 +36,13 @@ logger = logging.getLogger("ampscope")
 _AMAX, _AMIN, _L2 = 0, 1, 7
 
 FLUSH_ELEMS = 1 << 20
-"""Kept gradient elements that trigger a fused reduction during backward, and the size from which
-a gradient is reduced alone: bounds what a sample holds (4 MiB of references' worth in float32,
+"""Kept gradient elements that trigger a reduction during backward, and the size from which a
+gradient is reduced alone: bounds what a sample holds (4 MiB of references' worth in float32,
 16 MiB of scratch kept between samples)."""
 
 
 def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
-    """The eight stats of one flowing gradient in *raw* units: float64 ``(8,)`` on its device,
-    rows as ``STAT_NAMES``; ``amax``/``amin_nz`` NaN when no element qualifies."""
+    """The eight stats of one flowing gradient in raw units, float64 ``(8,)`` on its device."""
     a = grad.detach().reshape(-1).abs().to(torch.float32)
     f64 = torch.float64
     n = max(a.numel(), 1)
@@ -94,9 +64,8 @@ def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
 
 
 def _quiet_compile_warning() -> None:
-    """Filter out torch's warning about global module hooks and ``torch.compile(module)``
-    (module docstring); added at each arm, so a ``catch_warnings`` block that reset the filters
-    since (pytest's, per test) gets it again. That message only."""
+    """Filter out torch's warning on global hooks with ``torch.compile(module)``, at each arm
+    (``catch_warnings`` blocks, pytest's, reset the filters)."""
     warnings.filterwarnings("ignore", category=UserWarning,
                             message=r"Using `torch\.compile\(module\)` when there are global hooks")
 
@@ -223,8 +192,7 @@ class ActivationProbe:
             self._results[index] = column
 
     def collect(self, scale: torch.Tensor | float, device: torch.device) -> torch.Tensor | None:
-        """Remove the hooks; the sampled stats as float64 ``(8·M,)`` rows of ``STAT_NAMES`` in
-        true units, or None when no module saw a gradient."""
+        """Remove the hooks; the sampled ``(8·M,)`` stats in true units (None: no gradient seen)."""
         self._flush()
         results = self._results
         self._results = {}

@@ -1,30 +1,14 @@
 """The one capture shape: what the training thread takes from the gradients, and how the sender
-thread turns it into numbers.
+thread turns it into numbers (docs/hook-cost.md#one-capture-shape).
 
-At the capture (the first ``unscale_``/``step`` of a cycle, ``cycle.StepCycle.capture``) the
-training thread makes ONE call, ``take``, which launches one read of the gradients and returns
-raw device tensors, never finalized there:
-
-========== =================================================================== ==================
-kind       device tensors (raw: as stored, times the scale where scaled)       when
-========== =================================================================== ==================
-``NORMS``  L per-layer L2 norms (``GradStats.raw_norms``: one read)            every other step
-``STATS``  the ``(L, 8)`` partials (``partials.py``) and, on histogram steps,  per-layer steps
-           the ``(L, NUM_BINS)`` exponent histogram, from ONE fused read        and histogram
-           (``fused.py``; the exact eager fallback otherwise)                   steps
-========== =================================================================== ==================
-
-The step's record carries these tensors as they are (on a GPU: stacked with the scalars into the
-step's one host copy; on the CPU: handed over unstacked, ``record.Parts``), and ``finish`` does
-every piece of arithmetic that is not a read on the sender thread, on host floats: the division
-by the scale, the global norm, the fractions (``partials.finalize_host``: the host-float twin of
-``partials.finalize``, which the device path ``GradStats.layer_stats`` runs, giving the same
-numbers bit for bit, at a fifth of the sender thread's time). That is why the
-training thread's work per step is the read and nothing else: on the CPU each extra tensor op
-costs it microseconds, on a GPU a launch.
-
-``Taken`` says how to read the tensors back: the kind, whether a histogram follows, each layer's
-scaled flag (raw = g·s) and whether the norms were accumulated in float32.
+At the cycle's first ``unscale_``/``step`` the training thread makes ONE call, ``take``: one read
+of the gradients returning raw device tensors (as stored, times the scale where scaled), never
+finalized there: ``NORMS``, the L per-layer L2 norms (``GradStats.raw_norms``), or on per-layer
+and histogram steps ``STATS``, the ``(L, 8)`` partials and the ``(L, NUM_BINS)`` histogram from
+the same read. ``finish`` does all other arithmetic (scale division, global norm, fractions:
+``partials.finalize_host``) on the sender thread, on host floats: on the training thread each
+extra op would cost microseconds on the CPU, a launch on a GPU. ``Taken`` says how to read the
+tensors back.
 """
 
 from __future__ import annotations
@@ -51,14 +35,12 @@ class Kind(enum.Enum):
 
 
 Parts = list[torch.Tensor]
-"""A capture's device tensors, in this order: the ``(L,)`` norms, or the ``(L, 8)`` partials,
-then the ``(L, NUM_BINS)`` histogram if any."""
+"""A capture's device tensors: the ``(L,)`` norms, or the partials then the histogram."""
 
 
 @dataclass(frozen=True)
 class Taken:
-    """How to read back what one capture took (``finish``); the record keeps this, not the
-    device tensors (a queued GPU record holds host memory only)."""
+    """How to read a capture back; a queued GPU record keeps this, not the device tensors."""
 
     kind: Kind
     device: torch.device
@@ -77,8 +59,7 @@ class Taken:
         return all(self.scaled)
 
     def size(self, num_layers: int) -> int:
-        """How many float values the capture's parts hold, flattened (packed for the
-        cross-rank reductions when there is a ``layout``)."""
+        """Float values in the capture's parts, flattened (packed with a ``layout``)."""
         own = self.own_size(num_layers)
         if self.layout is None:
             return own
@@ -102,10 +83,8 @@ def take(
     histogram: bool,
     checked: bool = False,
 ) -> tuple[Parts, Taken]:
-    """The capture's one read. ``per_layer`` or ``histogram``: the partials (and the histogram,
-    in the same fused read when the kernel is ready); otherwise the raw norms, with ``checked``
-    (no ``found_inf`` to tell an overflow from an inf) through ``GradStats.checked_norms``. No
-    host sync."""
+    """The capture's one read, no host sync: the partials (and histogram) on ``per_layer`` or
+    ``histogram`` steps, else the raw norms (``checked``: ``GradStats.checked_norms``)."""
     flags = tuple([scaled] * len(grads) if isinstance(scaled, bool) else scaled)
     if per_layer or histogram:
         table, counts = stats.partials(grads, scale, flags, histogram)
@@ -126,9 +105,7 @@ def take(
 
 @dataclass(frozen=True)
 class Finished:
-    """A capture's numbers on the host: the global norm (true units), the raw per-layer norms
-    (NORMS kind: only their finiteness is sent) or the stats (STATS kind, true units:
-    ``partials.HostStats``, rows of ``STAT_NAMES``), the histogram's rows."""
+    """A capture's numbers on the host: the global norm, raw norms or stats, histogram rows."""
 
     grad_norm: float | None
     # NORMS: each layer's raw norm; None where it is finite but unknown (a checked float32
@@ -145,13 +122,8 @@ def finish(
     scale: float | None,
     table: torch.Tensor | None = None,
 ) -> Finished:
-    """The sender thread's half of a capture: ``values`` are the host copy of ``taken.parts``
-    (flattened, in order; for STATS, without the partials when ``table`` holds them: their
-    ``(L, 8)`` float64 CPU tensor, read without a float per value), ``numels`` the layers'
-    sizes (float64 CPU tensor), ``scale`` the scale in effect at the capture (``scale_before``;
-    None when unknown or when there is no scaler: the norm is then unknown too where a layer
-    was still scaled).
-    """
+    """The sender thread's half of a capture: ``values`` the parts' host copy (partials apart in
+    ``table``), ``scale`` ``scale_before`` (None: unknown, and so is a scaled layer's norm)."""
     n = len(taken.scaled)
     if taken.kind is Kind.NORMS:
         raw = list(values[:n])
@@ -194,9 +166,8 @@ def _div(x: float, s: float) -> float:
 
 
 def global_norm(raw: Sequence[float], scale: float | None, scaled: Sequence[bool]) -> float | None:
-    """sqrt(Σ (raw_i / s_i)²) in float64, s_i the scale where layer i is scaled, else 1: NaN if
-    a layer's norm is NaN, else +inf if one is inf (the squares are ≥ 0, so a sum cannot make NaN
-    from infs); None when a scaled layer needs the scale and it is unknown."""
+    """sqrt(Σ (raw_i / s_i)²) in float64 (s_i the scale where layer i is scaled, else 1): NaN if
+    a norm is NaN, else +inf if one is; None when a scaled layer needs an unknown scale."""
     # ``map(mul, raw, raw)``: the same squares summed in the same order, without a Python frame
     # per layer (the sender thread runs this for every record).
     if not any(scaled):

@@ -1,37 +1,17 @@
 """The ranks of one distributed job as one run: who takes part, the hook's own process group and
 its asynchronous reductions (a service).
 
-Under ``torch.distributed`` every rank's monitor takes part in one run: rank 0 sends the records,
-every rank contributes its share of each step through collectives: its loss and its non-finite
-layers (the ``ranks`` block, ``shards.py``) and, when the gradients are sharded (FSDP2 DTensor
-shards), the per-layer partials of its shard, merged into the full gradient's. Per captured step
-that is ONE ``SUM`` all-reduce, plus ONE ``MAX`` on steps with per-layer statistics; a step that
-captures nothing reduces nothing. FSDP1 with ``use_orig_params=True`` merges as FSDP2 does, its
-pieces being disjoint parts of each layer (``flat_shards``); with flat parameters only, a rank's
-share is its loss and its pieces' finiteness.
+Rank 0 sends; every rank contributes its share of each captured step (``shards.py``: loss,
+non-finite layers, and its shard's partials when sharded): ONE ``SUM`` all-reduce, plus ONE
+``MAX`` on per-layer steps, on the hook's own process group, since collectives of one group must
+be issued in the same order on every rank and training's must never meet the hook's. ``join``
+is a rendezvous first (``new_group`` is collective: a rank that never calls ``watch()`` would
+block the others): rank 0 decides through the store within ``timeout_s``, else records alone.
 
-Why a process group of its own. Collectives on one group must be issued in the same order on every
-rank; training's own (DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters) must never
-meet one of the hook's. The hook's group (``new_group``, the default group's backend: gloo for CPU
-tensors, NCCL for CUDA ones) keeps the two streams apart: whatever happens to the hook's
-collectives, training's are untouched.
-
-Why a rendezvous (``join``). ``new_group`` is itself collective: a rank that never calls
-``watch()`` (a loop that watches on rank 0 only, as ampscope's own docs once said) would leave the
-others blocked in it. ``join`` first asks, through the default group's key-value store and within
-``timeout_s``, whether every rank is there; rank 0 decides and publishes the decision, so all ranks
-act on one answer. Without it, rank 0 records alone, as before.
-
-Why the training thread never waits. ``all_reduce(async_op=True)`` returns at once: gloo runs it on
-its own threads, NCCL on its own stream. The sender thread waits for it (``Pending.synchronize``,
-bounded: a reduction that does not finish leaves that step without its reduced blocks, never a
-lost record); on CUDA the step's one host copy is queued behind it (``Pending.wait_stream``: the
-stream waits, the host does not).
-
-A rank whose hook disabled itself (internal errors) keeps contributing: ``Group.contribute_nothing``
-issues the step's collectives with an empty share, so its peers never wait for it; its column of
-the ranks block then says "no share" (``shards.RANK_ROWS``), and such a step's sharded statistics
-are sent as unknown rather than as a wrong number.
+The training thread never waits (``async_op=True``); the sender thread does, bounded (a stuck
+reduction costs the step its reduced blocks, never the record), and on CUDA the host copy queues
+behind it. A disabled rank keeps issuing empty shares so its peers never wait; that step's
+sharded statistics are then sent as unknown, never wrong.
 """
 
 from __future__ import annotations
@@ -55,14 +35,12 @@ DEFAULT_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 60.0
 """How long the sender thread waits for one step's reduction before sending it without."""
 _RETAINED = 64
-"""Issued reductions a contributing rank keeps referenced until they finish (gloo, NCCL keep the
-buffers alive through the work; the bound keeps a stalled peer from growing the list)."""
+"""Issued reductions a contributing rank keeps referenced until done (bounded)."""
 _WATCHES = itertools.count()  # the n-th watch() of this process: the same n on every rank
 
 
 def sharded(params: list[torch.nn.Parameter]) -> bool:
-    """Whether any parameter is a DTensor (FSDP2 ``fully_shard``, tensor parallel): its
-    gradient is then this rank's shard of the full one."""
+    """Whether any parameter is a DTensor (FSDP2, tensor parallel): its gradient is a shard."""
     if not torch.distributed.is_available():
         return False
     try:
@@ -74,21 +52,16 @@ def sharded(params: list[torch.nn.Parameter]) -> bool:
 
 @dataclass(frozen=True)
 class FlatShards:
-    """FSDP1 (``FullyShardedDataParallel``) in a model. With ``use_orig_params=True`` each
-    original parameter is a 1-D view of this rank's piece of it (possibly empty, its gradient
-    then None): pieces of one layer on different ranks are disjoint, so they merge as FSDP2's
-    shards do, and ``full`` gives each one's real shape and size (id of the parameter → shape,
-    numel) for the layer table. ``flat_only``: some unit keeps its flat parameters
-    (``use_orig_params=False``): there are no layers to merge."""
+    """FSDP1 in a model: with ``use_orig_params=True`` each parameter is a 1-D view of this
+    rank's disjoint piece, merged as FSDP2's shards; ``full``: id → (real shape, numel).
+    ``flat_only``: some unit keeps flat parameters (no layers to merge)."""
 
     full: dict[int, tuple[list[int], int]]
     flat_only: bool
 
 
 def flat_shards(model: torch.nn.Module) -> FlatShards | None:
-    """The FSDP1 units of ``model`` (None: there are none), read from their flat parameters'
-    ``_params``/``_shapes``/``_numels`` (private, feature-checked: a unit without them counts as
-    ``flat_only``)."""
+    """The FSDP1 units of ``model`` (None: none), from flat parameters' private fields."""
     if not torch.distributed.is_available():
         return None
     try:
@@ -128,8 +101,7 @@ class Pending:
     works: list[Any] = field(default_factory=list)
 
     def synchronize(self, timeout_s: float = WAIT_TIMEOUT_S) -> None:
-        """Block (the sender thread) until the reductions finished; ``TimeoutError`` after
-        ``timeout_s``. On CUDA the buffers are then read by a blocking copy."""
+        """Block the sender thread until the reductions are done (or ``TimeoutError``)."""
         deadline = time.monotonic() + timeout_s
         for work in self.works:
             while not work.is_completed():
@@ -177,8 +149,7 @@ class Group:
         self._retained.append(pending)
 
     def release(self, timeout_s: float) -> None:
-        """At ``close``: let the retained reductions finish (up to ``timeout_s``), then drop
-        them, so that no pending work outlives the monitor into the interpreter's exit."""
+        """At ``close``: let retained reductions finish (up to ``timeout_s``), then drop them."""
         deadline = time.monotonic() + timeout_s
         while self._retained and not all(p.done() for p in self._retained):
             if time.monotonic() > deadline:
@@ -195,9 +166,8 @@ class Group:
 
 
 def join(rank: int, world_size: int, device: torch.device, timeout_s: float) -> Group | None:
-    """The hook's group when every rank of the default group calls ``watch()`` within
-    ``timeout_s`` (rank 0 decides, module docstring); None otherwise, or when the default group
-    has no store to ask. Called once per ``watch()``, on every rank that calls it."""
+    """The hook's group when every rank calls ``watch()`` within ``timeout_s`` (rank 0
+    decides); None otherwise or without a store. Once per ``watch()``, on every such rank."""
     import torch.distributed as dist
 
     n = next(_WATCHES)

@@ -1,40 +1,14 @@
 """One update cycle on the training thread: what it reads from the scaler and the gradients, and
 the step record it becomes.
 
-The three step sources (``step.py``: GradScaler wrappers, optimizer step hooks, the DeepSpeed
-engine) drive one ``StepCycle`` through the same few methods: ``on_scale`` (a loss), ``capture``
-(the gradients are final: the one read, at most once per cycle), ``end`` (the record, then the
-next cycle). ``ScalerView`` reads the ``GradScaler`` without adding a host sync.
-
-``StepCycle`` holds the device tensors of the cycle: the remembered loss, the capture (ONE read
-of the gradients at the first ``unscale_``/``step``, ``capture.take``: raw norms, or the raw
-partials and on histogram steps the exponent histogram from the same read), the sampled
-activation block, the swallowed fractions and the FP32 re-check block. At ``update()``
-(``build``) they go into the record with the scaler's scalars as one list of parts,
-unfinalized: every division, norm and fraction is computed on the sender thread
-(``capture.finish``). See ``ampscope.monitor`` for the lifecycle and the sync guarantees; nothing
-here reads a device value.
-
-One shape, two transfers. On a GPU the parts are stacked into ONE float64 tensor and copied to
-the host once (``non_blocking``, an event for the sender thread). On the CPU there is no copy to
-make, only kernels to launch, each costing the training thread microseconds: the parts go to the
-record as they are (``record.Parts``) and the sender thread reads them. The training thread
-copies only what the loop may change in place afterwards (the scale and growth tracker
-``update()`` rewrites; the loss and a tensor lr are taken as copies from the start); every other
-part is a tensor this cycle created. Past a backlog of queued records (``DEFER_MAX``) the CPU
-stacks too, as a GPU does: memory stays bounded.
-
-Why the plain path is written out inline (no comprehension, no property, no small helper): every
-Python call on it is training-thread time on a GPU-bound step, and ``tests/client_hook/
-test_step.py`` counts them (a plain GradScaler step: <= 15 hook functions in <= 4 modules).
-
-ScalerView. Private attributes (``_scale``, ``_growth_tracker``, ``_per_optimizer_states`` with
-their ``stage`` and ``found_inf_per_device``) are read behind feature checks: when they exist,
-every value stays a device tensor; without them the public fallback calls ``get_scale()`` (a
-sync) and infers ``found_inf`` from a scale decrease. ``enabled=False`` scalers read as scale 1,
-no overflow. No scaler at all (``None``: BF16 or FP32 training) reads as no scale: the scale and
-growth tracker are absent, and ``found_inf`` is read from the captured gradients on the sender
-thread (``record.StepRecord.to_wire``).
+The step sources (``step.py``) drive one ``StepCycle``: ``on_scale``, ``capture`` (the one read,
+once per cycle), ``end`` (the record). It holds device tensors and never reads one; the sender
+thread does the arithmetic. On a GPU they are stacked and copied to the host once; on the CPU
+(no copy to save) handed over as they are, up to ``DEFER_MAX`` queued records. The plain path is
+written inline (each Python call is training-thread time; ``tests/client_hook/test_step.py``
+counts them). ``ScalerView`` reads the scaler's private state behind feature checks, keeping
+values on the device; without it ``get_scale()`` syncs and ``found_inf`` is inferred from a
+scale decrease; no scaler: no scale, ``found_inf`` from the gradients.
 """
 
 from __future__ import annotations
@@ -86,8 +60,7 @@ class HookState(enum.Enum):
 
 
 class Outlet(Protocol):
-    """Where finished records go (``transport.Transport``): ``put`` never blocks and answers
-    the backlog, which decides whether the next CPU record is stacked (``DEFER_MAX``)."""
+    """Where records go: ``put`` never blocks and returns the backlog (``DEFER_MAX``)."""
 
     def put(self, item: Any) -> int: ...
 
@@ -97,9 +70,7 @@ def _raise(where: str, exc: Exception) -> None:
 
 
 def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The torch optimizer inside a framework's wrapper (accelerate's ``AcceleratedOptimizer``
-    holds it as ``.optimizer``): the one ``scaler.step`` steps, so the hook's view of a step and
-    of a bypassed scaler is the same as for a plain loop."""
+    """The torch optimizer inside a framework's wrapper (accelerate's ``.optimizer``)."""
     seen = 0
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
         optimizer, seen = optimizer.optimizer, seen + 1  # type: ignore[attr-defined]
@@ -107,12 +78,9 @@ def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 class ScalerView:
-    """The scaler as the step cycle reads it. Plain attributes where a property would do (each
-    is read on every step, and a property is a Python call on the training thread's path):
-    ``present``, whether there is a scaler at all (an ``enabled=False`` one is present); ``on``,
-    whether it scales (``GradScaler`` fixes ``enabled`` at construction); ``skips_on_host``,
-    whether ``host_skip`` knows the skip (DeepSpeed's optimizer does, a ``GradScaler`` does not).
-    """
+    """The scaler as the step cycle reads it, in plain attributes (a property is a Python call
+    per step): ``present`` (even disabled), ``on`` (it scales), ``skips_on_host``
+    (``host_skip`` knows the skip: DeepSpeed's, not a GradScaler's)."""
 
     def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
         self.scaler = scaler
@@ -131,8 +99,7 @@ class ScalerView:
         optimizers: Sequence[torch.optim.Optimizer],
         params: Sequence[torch.nn.Parameter],
     ) -> tuple[bool | list[bool], torch.Tensor | float]:
-        """(``scaled_state``, ``scale_in_effect``) in one call: what a capture needs. One
-        optimizer on a scaler with its private state, the common case, is read here inline."""
+        """(``scaled_state``, ``scale_in_effect``); the common case inline."""
         scaler = self.scaler
         if scaler is None or not self.on or not params:
             return ([] if not params else False), 1.0
@@ -171,8 +138,7 @@ class ScalerView:
         optimizers: Sequence[torch.optim.Optimizer],
         params: Sequence[torch.nn.Parameter],
     ) -> bool | list[bool]:
-        """Per watched parameter, whether its ``.grad`` is still multiplied by the scale: one
-        bool when every parameter shares it (no per-step list), else one flag per parameter."""
+        """Per watched parameter, whether its ``.grad`` is still scaled (one bool when shared)."""
         if not params:
             return []
         if not self.on:
@@ -199,17 +165,14 @@ class ScalerView:
         return flags
 
     def host_skip(self) -> bool | None:
-        """After the step: whether it was skipped, when the host knows it without a read of a
-        device value (a ``GradScaler`` does not say; DeepSpeed's optimizer does, ``zero.py``)."""
+        """After the step: whether it was skipped, if the host knows (DeepSpeed), else None."""
         return None
 
     def before_update(
         self, each: bool | Sequence[torch.optim.Optimizer] = False
     ) -> dict[str, Any]:
-        """What must be read before ``update()``: the scale (a device copy) and ``found_inf``;
-        with ``each``, every optimizer's own found_inf too (``found_inf_each``). ``each`` given
-        as the watched optimizers: when there are several, or several parameter groups
-        (decided here inline: no call on the one-optimizer path)."""
+        """What must be read before ``update()`` rewrites it: the scale (a device copy),
+        ``found_inf`` and, with several optimizers or groups (``each``), each one's own."""
         before: dict[str, Any] = {}
         scaler = self.scaler
         if scaler is None or not self.on:
@@ -265,14 +228,9 @@ class ScalerView:
     def after_update(
         self, before: Mapping[str, Any], device: torch.device, snapshot: bool = False
     ) -> tuple[list[torch.Tensor], set[str], bool]:
-        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d device tensors in the
-        scaler's own dtypes (the record's one ``stack`` promotes them to float64), the names to
-        send as null, and whether found_inf must be inferred from the scale.
-
-        By default scale_after and growth_tracker are views of the scaler's state, good until
-        the next ``update()``. ``snapshot``: the scaler is on the CPU (``device``) and the
-        values are read later, on the sender thread: copies of those two and nothing else, no
-        conversion, no move (each op is microseconds of the training thread there)."""
+        """(scale_before, scale_after, growth_tracker, found_inf) as 0-d device tensors, the
+        names sent as null, and whether found_inf comes from the scale. The after values are
+        views of the scaler's state until the next ``update()`` (``snapshot``: copies)."""
         f64 = torch.float64
 
         def const(x: float) -> torch.Tensor:
@@ -308,8 +266,7 @@ class ScalerView:
 
 
 class StepCycle:
-    """One update cycle at a time (module docstring). The sources call ``on_scale``,
-    ``capture`` and ``end``; ``build`` is ``end``'s record (tests call it alone)."""
+    """One update cycle at a time; ``build`` is ``end``'s record (tests call it alone)."""
 
     def __init__(
         self,
@@ -417,16 +374,14 @@ class StepCycle:
         return self._has_block
 
     def start(self, step: int, activation_every: int) -> None:
-        """After ``update()``: stop learning the backward order, arm a sampled step's probe
-        (``end`` does the same inline)."""
+        """After ``update()``: stop learning the backward order, arm a sampled step's probe."""
         if self.order is not None and self.order.learning:
             self.order.end_cycle()
         if self.probe is not None and activation_every and step % activation_every == 0:
             self.probe.arm()
 
     def on_scale(self, outputs: Any) -> None:
-        """A loss of this cycle (``record_loss``, the engine's backward; ``scaler.scale``'s
-        wrapper, ``step._Scale``, does the same inline)."""
+        """A loss of this cycle (``step._Scale`` does the same inline)."""
         if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             # A copy even of a float64 loss: on the CPU the record reads it later (``build``).
             # Any shape of one element; ``build`` makes it 0-d where it stacks on the device.
@@ -434,8 +389,8 @@ class StepCycle:
             self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
 
     def _reads(self, step: int) -> tuple[bool, bool]:
-        """(per-layer statistics, histogram): what the capture of ``step`` reads. A DDP peer
-        (same gradients as rank 0, sends nothing) reads only the norms its share needs."""
+        """(per-layer statistics, histogram) read at ``step``'s capture; a DDP peer (the same
+        gradients as rank 0, sends nothing) reads only its share's norms."""
         per_layer = self._cadence.due(step)
         histogram = bool(self._histogram_every and self.params
                          and step % self._histogram_every == 0)
@@ -445,8 +400,7 @@ class StepCycle:
         return per_layer, histogram
 
     def layout(self, step: int) -> Layout | None:
-        """The shape of this step's share of the reductions (None outside a group): the same
-        on every rank, which is what keeps their collectives matched."""
+        """This step's share of the reductions (None outside a group): the same on every rank."""
         if self.group is None:
             return None
         per_layer, histogram = self._reads(step)
@@ -457,12 +411,9 @@ class StepCycle:
         self, optimizer: torch.optim.Optimizer,
         optimizers: Sequence[torch.optim.Optimizer] | None = None, step: int | None = None,
     ) -> None:
-        """The gradients are final: the training thread's whole capture, once per cycle (a
-        failure counts as the attempt). One read of the gradients (the norms, or
-        ``capture.take``'s partials on per-layer and histogram steps), this rank's share of the
-        cross-rank reductions when in a group (issued, never waited for), and the sampled
-        activation block when the probe is armed. ``optimizers``/``step`` default to the
-        cycle's own. An exception goes to ``on_error``, never to training."""
+        """The gradients are final: the whole capture, once per cycle (a failure counts): one
+        read (``capture.take``), this rank's share of the reductions (issued, never waited for)
+        and the armed probe's block. Exceptions go to ``on_error``, never to training."""
         self.captured = True
         try:
             if optimizers is None:
@@ -543,19 +494,16 @@ class StepCycle:
         grads: Sequence[torch.Tensor | None], scaled: bool | list[bool],
         scale: torch.Tensor | float,
     ) -> None:
-        """A capture whose step is the shadow step if applied: the gradients in true units
-        (``shadow.snapshot``), unless no closure is registered or the optimizer applies
-        ``found_inf`` itself (its skip is not known on the host: no shadow step)."""
+        """Keep the gradients in true units if this may be the shadow step; not without a
+        closure, nor for an optimizer applying ``found_inf`` itself (skip unknown on the host)."""
         if self.recheck_fn is None or self.model is None or (
                 self._view.on and getattr(optimizer, "_step_supports_amp_scaling", False)):
             return
         self.shadow_amp = snapshot(grads, self.params, scaled, scale, optimizers, self._view.on)
 
     def taken(self) -> None:
-        """The cycle's step is being applied and no weight has changed yet (``step.py``: torch
-        calls the optimizer inside ``scaler.step`` only when found_inf was 0; without a scaler,
-        before the first optimizer steps): counted once per cycle, and on every
-        ``shadow_every``-th the FP32 shadow step runs here (``shadow.py``). Never raises."""
+        """The step is being applied and no weight has changed yet (``step.py``): counted once
+        per cycle; every ``shadow_every``-th runs the FP32 shadow step here. Never raises."""
         if self.counted or self.skipped or self.state is not HookState.ACTIVE:
             return
         self.counted = True
@@ -570,8 +518,7 @@ class StepCycle:
             self.on_error("shadow", exc)
 
     def contribute_nothing(self) -> None:
-        """Issue this cycle's reductions with an empty share unless it issued its own: a rank
-        whose capture failed or whose hook is off never leaves its peers waiting."""
+        """Issue this cycle's reductions with an empty share unless it issued its own."""
         group = self.group
         if group is None or self.contributed or self.state is HookState.CLOSED:
             return
@@ -585,8 +532,7 @@ class StepCycle:
             self.on_error("share", exc)
 
     def end(self, before: Mapping[str, Any] | None) -> None:
-        """The cycle's record (``before``: what ``ScalerView.before_update`` read; None when
-        that failed: no record), then the next cycle. Never raises."""
+        """The cycle's record (none when ``before`` is None), then the next cycle; never raises."""
         state = self.state
         due = before is not None and state is HookState.ACTIVE
         if due and not self.sends:  # a contributing rank: its share is all it makes
@@ -657,11 +603,9 @@ class StepCycle:
         optimizers: Sequence[torch.optim.Optimizer] = (),
         stepped: frozenset[int] | set[int] = frozenset(),
     ) -> StepRecord:
-        """The cycle's record, after the original ``update()`` ran: the scalars and the blocks
-        in one list (``record.Parts``), stacked into ONE float64 tensor and copied to the host
-        once on a GPU, handed over as they are on the CPU (``defer``; False stacks there too).
-        ``lr``: the record's lr on ``device`` (default: the first watched optimizer's first
-        group's)."""
+        """The cycle's record after ``update()``: scalars and blocks as one list, stacked and
+        copied once on a GPU, handed over on the CPU (``defer``; False stacks). ``lr``: the
+        record's lr on ``device`` (default: the first optimizer's first group's)."""
         now = time.perf_counter()
         duration = None if self._last_update is None else now - self._last_update
         self._last_update = now
@@ -776,8 +720,7 @@ class StepCycle:
     def _lr(
         self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer]
     ) -> torch.Tensor | None:
-        """The first watched optimizer's first group's lr as a float64 0-d tensor on ``device``
-        (a float lr cached until the schedule changes it)."""
+        """The first optimizer's first group's lr, a float64 0-d tensor on ``device`` (cached)."""
         if not optimizers:
             return None
         groups = optimizers[0].param_groups

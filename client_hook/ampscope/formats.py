@@ -1,13 +1,9 @@
 """Target formats: the low-precision dtypes a gradient is judged against.
 
-Every threshold is derived from ``torch.finfo`` so no number is typed in by hand:
-
-* ``max``: the largest finite value (fp16: 65504).
-* ``min_normal``: the smallest positive normal value, ``finfo.tiny`` (fp16: 2^-14). Below it a value
-  is subnormal and loses mantissa bits.
-* ``min_subnormal``: the smallest positive subnormal value, ``tiny * eps`` (the normal spacing at
-  ``tiny`` divided by ``2^mantissa_bits``; fp16: 2^-14 * 2^-10 = 2^-24). Round-to-nearest sends any
-  magnitude below ``min_subnormal / 2`` to zero: that is the underflow threshold.
+Every threshold comes from ``torch.finfo``, none typed by hand: ``max`` (fp16: 65504),
+``min_normal`` = ``finfo.tiny`` (fp16: 2^-14; below it a value is subnormal) and ``min_subnormal``
+= ``tiny * eps`` (fp16: 2^-24). Round-to-nearest sends magnitudes below ``min_subnormal / 2`` to
+zero: the underflow threshold.
 """
 
 from __future__ import annotations
@@ -72,14 +68,9 @@ FORMATS: dict[str, TargetFormat] = {
 def infer(
     target_format: str | TargetFormat | None, params: Sequence[torch.Tensor], *, scaling: bool
 ) -> tuple[TargetFormat, str]:
-    """The format the gradients are judged against, and why, in the run header's words.
-
-    Given explicitly, it is that. Otherwise from what the model is: FP16 parameters (e.g.
-    ``model.half()``) mean fp16, BF16 parameters bf16 (the more common of the two when both
-    are present, FP16 on a tie: the narrower range); FP32 parameters with a loss scale
-    (``scaling``: an enabled ``GradScaler``, DeepSpeed's FP16) mean an FP16 autocast;
-    without one, a BF16 autocast (or FP32), judged against BF16's range. An FP16 autocast
-    without loss scaling is not seen at ``watch()``: pass ``target_format="fp16"`` for it."""
+    """The format judged against, and why. Given, it is that; else FP16/BF16 parameters mean
+    that format (the more common; FP16 on a tie), FP32 ones an FP16 autocast with a loss scale
+    (``scaling``), else BF16. FP16 autocast without scaling: pass ``target_format="fp16"``."""
     if target_format is not None:
         fmt = TargetFormat.get(target_format)
         return fmt, f"given (target_format={fmt.name!r})"

@@ -1,39 +1,14 @@
 """The fused per-layer reduction: one compiled kernel that reads every gradient once.
 
-``torch.compile`` (inductor: single-threaded C++ with a C++ wrapper on the CPU, Triton on CUDA;
-``compile_options``) turns ``partials.tensor_partials`` over a model's gradient list into one
-loop per gradient that computes all eight partials in a single read, straight from the ``.grad``
-tensors (no packing copy), and stacks them into one ``(L, 8)`` float64 tensor. On the
-4 M-parameter bench model that measured 1.5 ms where the eager padded-buffer path took 11.7 ms
-(``bench/hook_sweep.py``, 2-core CPU at load ~5; ``docs/hook-cost.md``). Below ~0.5 M
-parameters the fixed cost per gradient (~10 µs with the Python wrapper: the kernel call, its
-outputs) makes it no faster than eager.
-
-A *layout* is what a compiled kernel is specialised on: device, and per gradient its shape,
-strides and dtype, and whether it is still scaled. ``FusedPartials.__call__`` returns None, and
-the caller takes the exact eager path (``reductions.GradStats``), whenever the fused one cannot
-answer now:
-
-* the layout is unsupported (a sparse or float64 gradient, several devices, no gradient at all,
-  a ``None`` one without the layers' sizes): never compiled. A ``None`` gradient (a layer that
-  got none this step) is part of the layout: its row is a constant of the kernel;
-* its kernel is still compiling: the first call of a layout starts the compile on a background
-  thread, on placeholder tensors of the same layout, so the training thread never waits for it
-  (once per process and layout). A cold compile (~75 s for the 4M bench model's 34 gradients,
-  of which ~18 s of Python holding the GIL) competes for the GIL. With ``COMPILE_IN_CHILD`` (off
-  by default) it first runs in a child process (``_compile_child``), which fills inductor's
-  on-disk caches; the thread then compiles from them, holding the GIL ~4-5 s (dynamo's trace,
-  the caches' load), and otherwise only waits. Where the child fails, the compile is done
-  in-process from scratch;
-* the compile failed (no C++ compiler, no inductor, any error): logged once, eager from then on.
-
-Calls run under ``torch.compiler.set_stance("fail_on_recompile")``: a gradient that differs from
-its layout in something the key does not see (a guard miss) raises instead of compiling on the
-training thread, and the layout is dropped to eager. Compiled kernels live in a process-wide
-registry (``MAX_LAYOUTS``), so every monitor of a layout shares one compile.
-
-No host sync: the thresholds are device tensors (``partials.threshold_bits``) and the kernel's
-output stays on the gradients' device.
+``torch.compile`` turns ``partials.tensor_partials`` over a model's gradients into one loop per
+gradient computing all eight partials in one read from ``.grad`` (cost:
+docs/hook-cost.md#when-the-fused-kernel-is-taken). Kernels are specialised on a *layout* (device;
+per gradient shape, strides, dtype, scaled flag) and kept process-wide (``MAX_LAYOUTS``).
+``FusedPartials.__call__`` returns None, and the caller takes the exact eager path, while the
+layout is unsupported, still compiling (in the background: training never waits;
+docs/hook-cost.md#the-fused-kernels-compile) or failed. Calls run under
+``set_stance("fail_on_recompile")``: a guard miss falls back to eager instead of compiling on the
+training thread. No host sync: thresholds are device tensors, the output stays on the device.
 """
 
 from __future__ import annotations
@@ -68,10 +43,8 @@ MAX_LAYOUTS = 16
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 HISTOGRAM_MAX_ELEMS = 2**31
-"""Layers from this size get no fused histogram: there inductor materialises the int64 bin index
-of the scatter (8 bytes per element; measured: 23 GiB resident for a 2^31-element layer) instead
-of keeping it in registers. The partials stay fused; the histogram takes the eager path's bounded
-groups (``histogram.GROUP_ELEMS``)."""
+"""Layers from this size get no fused histogram (inductor materialises the scatter's int64 bin
+index there); the histogram takes the eager path's bounded groups."""
 
 Kernel = Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Spec = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]  # shape, stride, dtype
@@ -116,36 +89,28 @@ _LOGGED_FAILURE = False
 EXIT_WAIT_S = 120.0
 """How long the interpreter's exit waits for a compile still running (``_finish_compiles``)."""
 COMPILE_NICENESS = 19
-"""The compile thread's nice value increment (Linux, per thread; the compiler processes it
-starts inherit it): the compile takes only the CPU that training leaves idle."""
+"""The compile thread's nice increment (Linux; its compilers inherit it): idle CPU only."""
 
 COMPILE_IN_CHILD = False
-"""Whether a CPU layout's compile runs first in a child process (``_compile_child``). Off: with
-training's OpenMP team on every core, a child at nice +19 gets almost no CPU and did not finish
-in five minutes, where the in-process compile finished in 2-4 (``docs/hook-cost.md``, session
-13)."""
+"""Whether a CPU compile runs first in a child process (``_compile_child``). Off: at nice +19,
+beside training's OpenMP team, it ends far later (docs/hook-cost.md#the-fused-kernels-compile)."""
 CHILD_TIMEOUT_S = 900.0
-"""How long the compile thread waits for its child; past it the child is killed and the compile
-runs in-process, as when the child fails."""
+"""How long the compile thread waits for its child before killing it and compiling in-process."""
 
 _RUNNING: set[threading.Thread] = set()
 _EXITING = threading.Event()
 
 
 def _at_exit() -> None:
-    """At interpreter exit: kill the compile children (the compile threads waiting for them
-    then give up, compiling nothing), then wait for the threads (``_finish_compiles``)."""
+    """At interpreter exit: kill the compile children, then wait for the threads."""
     _EXITING.set()
     _compile_child.kill_all()
     _finish_compiles()
 
 
 def _finish_compiles(timeout: float = EXIT_WAIT_S) -> bool:
-    """At interpreter exit: wait (up to ``timeout`` s in all) for the compile threads still
-    running; True when none is left. Why: a daemon thread inside inductor's C++ when the
-    interpreter finalizes is unwound through ``noexcept`` frames as it tries to take the GIL
-    back, and the process aborts (exit status 134, "terminate called without an active
-    exception") after the run's data was complete: 2 of 6 runs of a 20-step script did."""
+    """At exit, wait up to ``timeout`` s for running compile threads; True when none is left.
+    Why: a daemon thread inside inductor's C++ at finalization aborts the process (status 134)."""
     with _LOCK:
         running = [t for t in _RUNNING if t.is_alive()]
     if running:
@@ -163,9 +128,7 @@ def _make_kernel(
     flags: tuple[bool, ...], under: int, normal: int, histogram: bool,
     absent: tuple[tuple[int, int], ...] = (),
 ) -> Kernel:
-    """The function ``torch.compile`` traces for one layout; ``flags``, the scaled layers'
-    thresholds, whether the exponent histogram rides along and the absent layers' sizes are
-    constants of its closure."""
+    """The function ``torch.compile`` traces for one layout (its constants in the closure)."""
     missing = dict(absent)
 
     def layer_partials(
@@ -216,30 +179,17 @@ def _placeholders(key: LayoutKey) -> list[torch.Tensor]:
 
 
 def compile_options(device: torch.device) -> list[Options]:
-    """The inductor options to try for a kernel on ``device``, in order; the first that compiles
-    is kept.
-
-    On the CPU: one thread, and the generated wrapper in C++. One thread because the kernel is
-    short and launched from the training thread between ATen's own parallel ops: an OpenMP team
-    per gradient means a barrier per gradient, and on a busy machine one descheduled thread stalls
-    it (4M bench model at load 7 on 2 cores: 12.4 ms with 2 threads, 1.4 ms with 1). The C++
-    wrapper because inductor's Python one allocates and aliases every reduction's output, nine
-    buffers per gradient, one Python call each, on the training thread and holding the GIL
-    (~575 calls per 34-tensor call); in C++ the call of the 4M bench model's kernel took
-    ~1.5 ms less of the training thread's CPU (5.0 → 3.5 ms at load 3.3; 0.25M: 1.7 → 1.0 ms at
-    load 6.3; ``docs/hook-cost.md``). Its compile is longer (a C++ wrapper to build, ~14 against
-    ~7 s from a warm cache), paid once per layout in the background; where it fails to build,
-    the Python wrapper is tried before giving up.
-    """
+    """The inductor options to try on ``device``, in order; the first that compiles is kept. CPU:
+    one thread (an OpenMP team is a barrier per gradient, stalled by any descheduled thread) and
+    a C++ wrapper (the Python one calls Python per output buffer), else the Python wrapper
+    (docs/hook-cost.md#the-fused-kernels-compile)."""
     if device.type != "cpu":
         return [{}]
     return [{"cpp.threads": 1, "cpp_wrapper": True}, {"cpp.threads": 1}]
 
 
 def _disk_caches() -> bool:
-    """Whether inductor's on-disk FX graph cache is on here (the default): else what the child
-    compiled would not reach this process. (The AOTAutograd cache, on by default too, spares
-    the parent AOT's trace as well.)"""
+    """Whether inductor's on-disk FX graph cache is on, through which a child's compile arrives."""
     from torch._inductor import config as inductor_config
 
     return bool(inductor_config.fx_graph_cache) and not inductor_config.force_disable_caches
@@ -247,9 +197,8 @@ def _disk_caches() -> bool:
 
 def build_kernel(key: LayoutKey, under: int, normal: int,
                  attempts: Sequence[Options]) -> tuple[Kernel, int]:
-    """Compile the layout's kernel with the first of ``attempts`` that works and run it once on
-    placeholders: (kernel, that attempt's index). The in-process compile and the child's
-    (``_compile_child``) are this one function, so that both trace the same graph."""
+    """Compile with the first of ``attempts`` that works, run once: (kernel, attempt index).
+    The in-process and the child's compile both call it, so both trace the same graph."""
     bits = device_tensor([under, normal], torch.int32, key.device)
     hist = device_tensor([1, 0], torch.int32, key.device)
     for k, options in enumerate(attempts):
@@ -271,11 +220,9 @@ def build_kernel(key: LayoutKey, under: int, normal: int,
 
 
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
-    """Background thread: compile the layout's kernel and run it once on placeholders. On the
-    CPU, with ``COMPILE_IN_CHILD``, the cold compile runs first in a child process at the lowest
-    priority (``COMPILE_NICENESS``), and this thread, holding the GIL only to load the kernel
-    from the caches the child filled, compiles after it; when the child fails, the compile is
-    done here from scratch at the lowest priority, as it would be without it."""
+    """Background thread: compile the layout's kernel and run it once on placeholders. With
+    ``COMPILE_IN_CHILD`` (CPU) a child compiles first and this thread then loads from the caches
+    it filled; otherwise, or when the child fails, a cold compile here at ``COMPILE_NICENESS``."""
     global _LOGGED_FAILURE
     start, cpu = time.perf_counter(), time.thread_time()
     try:
@@ -321,8 +268,7 @@ def layout_key(
     grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat,
     histogram: bool = False, numels: Sequence[int] | None = None,
 ) -> LayoutKey | None:
-    """The layout of these gradients, or None when the fused path cannot take them. A ``None``
-    gradient is taken when ``numels`` gives its layer's size (its row is a constant)."""
+    """The layout of these gradients, or None when the fused path cannot take them."""
     first = next((g for g in grads if g is not None), None)
     if first is None:
         return None
@@ -380,8 +326,7 @@ class FusedPartials:
         self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], timeout: float,
         histogram: bool = False,
     ) -> LayoutState | None:
-        """Start (if needed) and wait for the compile of this layout; its state, or None when
-        the layout is unsupported. For tests and benchmarks: training never waits."""
+        """Start this layout's compile and wait; its state (None: unsupported). Tests only."""
         key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None
@@ -390,8 +335,7 @@ class FusedPartials:
         return entry.state
 
     def compiles(self, timeout: float = 0.0) -> list[tuple[LayoutState, float | None, str | None]]:
-        """(state, compile seconds, error) of every layout this instance has met, after waiting
-        up to ``timeout`` s for each to finish compiling. For benchmarks and diagnostics."""
+        """(state, compile seconds, error) of every layout met, waiting up to ``timeout`` s each."""
         out = []
         for entry in list(self._seen.values()):
             entry.done.wait(timeout)
@@ -402,9 +346,8 @@ class FusedPartials:
         self, grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], scale: torch.Tensor,
         histogram: bool = False,
     ) -> torch.Tensor | None:
-        """``(L, 8)`` partials, or ``(L, 8 + NUM_BINS)`` with ``histogram``: the partials and
-        then the exponent histogram's counts (``histogram.exponent_histogram``'s rows, exact).
-        ``scale``: the float64 0-d device tensor in effect (the unscaled layers' factor)."""
+        """``(L, 8)`` partials, then with ``histogram`` the ``(L, NUM_BINS)`` counts. ``scale``:
+        the float64 0-d device tensor in effect (the unscaled layers' factor)."""
         key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
         if key is None:
             return None

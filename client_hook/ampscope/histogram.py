@@ -1,36 +1,16 @@
 """The sampled exponent histogram of the ``param`` gradients (DESIGN.md §3, contract "Wire v2").
 
-Per layer, counts of |g| (true units) by power of two over ``[2^MIN_EXP, 2^(MAX_EXP+1))`` plus four
-edge bins. Row layout, ``NUM_BINS = MAX_EXP - MIN_EXP + 5`` entries:
+Per layer, counts of |g| (true units) by power of two, ``NUM_BINS`` entries: ``[0]`` |g| = 0,
+``[1]`` NaN or ±inf, ``[2]`` 0 < |g| < 2^MIN_EXP, ``[3 + k]`` 2^(MIN_EXP+k) ≤ |g| < 2^(MIN_EXP+k+1)
+for k = 0 … MAX_EXP - MIN_EXP, ``[last]`` |g| ≥ 2^(MAX_EXP+1).
 
-* ``[0]`` |g| = 0, ``[1]`` non-finite (NaN or ±inf), ``[2]`` 0 < |g| < 2^MIN_EXP,
-* ``[3 + k]`` 2^(MIN_EXP+k) ≤ |g| < 2^(MIN_EXP+k+1) for k = 0 … MAX_EXP - MIN_EXP,
-* ``[last]`` |g| ≥ 2^(MAX_EXP+1).
-
-Exactness. True units are g = raw / s for a gradient captured before ``unscale_`` (raw = g·s).
-The bin is computed from ``frexp`` of raw and of s without dividing: with raw = m·2^e and
-s = ms·2^es (mantissas in [0.5, 1)), floor(log2 |g|) = e - es - (1 if |m| < ms else 0). This is
-the exact floor of the mathematical quotient for any scale, so no value near a bin edge (or a
-raw subnormal that the division would flush) lands in the wrong bin. The mantissas are compared
-in the gradients' own precision (float32 for float32/float16/bfloat16 gradients): ms is replaced
-by the smallest float32 at or above it, which decides ``m < ms`` identically for every float32 m
-(a scale that is itself a float32, as ``GradScaler``'s always is, is its own bound).
-
-Cost. All layers of a group are copied once into one flat buffer (float32, or float64 when a
-gradient is float64); the bin of every element is about ten elementwise kernels in float32/int32
-(``frexp``, one comparison, two subtractions, a clamp, two ``where``), and the per-layer counts are
-one ``index_add_`` over ``layer * NUM_BINS + bin``, whose per-element layer offsets are built once
-per layout and cached: a constant number of launches per group of at most ``GROUP_ELEMS``
-elements, never one per layer. No host sync (``bincount`` is avoided on purpose: on CUDA it reads
-the maximum back to size its output).
-
-The fused read (``fused.py``) computes the same bins from the bit pattern of |raw| instead
-(``tensor_histogram``): the float32 exponent field and mantissa bits are ``frexp``'s exponent and
-mantissa, a subnormal raw value is first made normal by an exact multiplication by 2^64, and
-``m < ms`` becomes an integer compare of mantissa bits against ``scale_bits``. Integer ops only,
-which inductor compiles into the partials' kernel call (torch 2.13 emits them as a second loop
-over each gradient beside the partials' loop; ``docs/hook-cost.md``, session 4); ``torch.frexp``
-and ``torch.bucketize`` are not lowered there on the CPU: they would be extern calls, more passes.
+Exact without dividing: with raw = g·s = m·2^e and s = ms·2^es (mantissas in [0.5, 1)),
+floor(log2 |g|) = e - es - (1 if |m| < ms else 0) for any scale, so nothing near a bin edge (or a
+subnormal a division would flush) is misbinned; ``ms`` rounded up to the gradients' precision
+decides ``m < ms`` alike. Eager (``exponent_histogram``): per group of ``GROUP_ELEMS`` one copy,
+~ten elementwise kernels and one ``index_add_`` (no ``bincount``: it syncs on CUDA), never a
+launch per layer. Fused (``tensor_histogram``): the same bins from |raw|'s bit pattern, integer
+ops inside the partials' kernel call (docs/hook-cost.md#the-histogram-in-the-fused-read).
 """
 
 from __future__ import annotations
@@ -56,8 +36,7 @@ Grads = Sequence["torch.Tensor | None"]
 
 
 _LAYOUTS: dict[tuple[object, ...], torch.Tensor] = {}
-"""Per-element ``layer * NUM_BINS`` offsets by (device, layer indices, sizes): a training run has
-one or two layouts, so a handful of entries; cleared when it would grow past ``_MAX_LAYOUTS``."""
+"""Per-element ``layer * NUM_BINS`` offsets per layout (a handful; cleared past the cap)."""
 _MAX_LAYOUTS = 8
 
 
@@ -94,10 +73,8 @@ _SUBNORMAL_LIFT = 64  # 2^-149 · 2^64 is a normal float32: the multiplication i
 
 
 def scale_bits(scale: torch.Tensor) -> torch.Tensor:
-    """int32 ``(2,)`` device tensor ``[es, mb]`` of a scale (0-d float64 device tensor): its
-    ``frexp`` exponent, and the mantissa bound as mantissa bits, such that for a float32 mantissa
-    ``m = 0.5·(1 + k/2^23)``, ``m < ms ⇔ k < mb`` (``ms`` rounded up to float32 as
-    ``_frexp_scale`` does, so both paths decide alike). No host sync."""
+    """int32 ``[es, mb]`` of a 0-d float64 device scale: its ``frexp`` exponent and mantissa bound
+    as bits (``m < ms ⇔ k < mb`` for ``m = 0.5·(1 + k/2^23)``, as ``_frexp_scale``). No sync."""
     bound, exp = _frexp_scale(scale, scale.device, torch.float32)
     bits = bound.view(torch.int32) - _HALF_BITS
     # bound > 1 (an infinite scale): every m is below it; < 0.5 (0, negative) or NaN: none is.
@@ -109,13 +86,9 @@ def tensor_histogram(
     grad: torch.Tensor, es: torch.Tensor | int, mb: torch.Tensor | int,
     min_exp: int = MIN_EXP, max_exp: int = MAX_EXP,
 ) -> torch.Tensor:
-    """One non-empty float32/float16/bfloat16 tensor's row of ``exponent_histogram``: counts
-    ``(max_exp - min_exp + 5,)`` (int32, int64 from 2^31 elements) of |raw / s| by power of two,
-    ``es``/``mb`` being ``scale_bits`` of s (1 and 0 for s = 1: a gradient in true units).
-
-    Written to be fused (``fused.py``): integer arithmetic on the bit pattern, one scatter-add
-    into the bins; eagerly it is the same arithmetic, one kernel per line.
-    """
+    """One non-empty float32/float16/bfloat16 tensor's counts of |raw / s| by power of two
+    (int32; int64 from 2^31 elements), ``es``/``mb`` from ``scale_bits`` (1, 0: true units).
+    Written to be fused; eagerly a kernel per line."""
     bins = max_exp - min_exp + 5
     count = torch.int32 if grad.numel() < 2**31 else torch.int64
     y = grad.to(torch.float32).abs()
@@ -139,11 +112,8 @@ def exponent_histogram(
     min_exp: int = MIN_EXP,
     max_exp: int = MAX_EXP,
 ) -> torch.Tensor:
-    """Counts as a float64 device tensor of shape ``(L, max_exp - min_exp + 5)`` (exact integers).
-
-    ``scaled[i]``: gradient i is still multiplied by ``scale`` (divided out here, exactly). A
-    ``None`` gradient counts as ``numels[i]`` zeros (PyTorch's meaning of a missing gradient).
-    """
+    """Float64 device counts ``(L, max_exp - min_exp + 5)``; ``scaled[i]``: gradient i is still
+    scaled (divided out exactly); a ``None`` gradient counts as ``numels[i]`` zeros."""
     flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
     bins = max_exp - min_exp + 5
     device = next((g.device for g in grads if g is not None), None)

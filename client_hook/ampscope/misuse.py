@@ -1,32 +1,15 @@
 """AMP usage errors, recorded in a step record's ``misuse`` and never raised (contract "Wire v2").
 
-* ``step_bypassed_scaler``: ``optimizer.step()`` called directly while the scaler is enabled. The
-  optimizer's ``step`` is wrapped per instance (a bound method, so an ``LRScheduler`` created later
-  can wrap it again; ``step.ScalerSource``), which marks the time spent inside ``scaler.step``,
-  and a call outside it is the misuse: the gradients are still scaled and an overflow step is not
-  skipped.
-* ``unscale_twice``: a second ``scaler.unscale_(opt)`` for one optimizer within one update cycle.
-  It is recorded, then torch's own ``RuntimeError`` propagates unchanged; the record carrying it
-  is the cycle's (sent at the next ``update()``, if the loop survives the error).
-* ``clip_before_unscale``, counted on every step it happens: the gradients were written between
-  the end of the cycle's last ``backward()`` and the capture at the first ``unscale_``/``step``
-  while still scaled: ``clip_grad_norm_``/``clip_grad_value_`` (or any in-place change) on
-  *scaled* gradients. A tensor hook on ``scaler.scale``'s output queues a callback at the end of
-  each backward pass that notes each gradient's identity and version counter
-  (``Tensor._version``, bumped by every in-place write; ``step._Scale.backward_end``); the
-  capture compares (``cycle.StepCycle.capture``). Both live on the step's own path, not here:
-  they run on every step, and each call into another module is one more to read there. Host
-  integers only: no device work, no sync. A correct loop (``unscale_`` → clip → ``step``) is
-  captured at ``unscale_``, before the clip, so it never matches; loops that unscale themselves
-  are captured ``after_unscale`` and not judged. Off under torch.distributed, where DDP writes
-  its reduced buckets into the gradients in its own end-of-backward callback: there the
-  heuristic below stands in.
-* ``ClipHeuristic`` (the fallback where the version counting is off): gradients clipped while still
-  scaled have a *scaled* global norm equal to the clip threshold, whatever the scale. It fires
-  when, over ``WINDOW`` consecutive measured steps captured before ``unscale_`` without
-  overflow, the scaled global norm (grad_norm · scale_before) stays constant within ``REL``
-  while the scale is not the same on all of them: once per streak, after a scale change. The
-  judgement needs host values, so it runs on the sender thread, in record order.
+* ``step_bypassed_scaler``: ``optimizer.step()`` outside ``scaler.step`` with the scaler on:
+  gradients still scaled, an overflow step not skipped.
+* ``unscale_twice``: a second ``unscale_(opt)`` in a cycle; recorded, then torch's error propagates.
+* ``clip_before_unscale``: gradients written while still scaled, between the last ``backward()``
+  and the capture (``clip_grad_norm_`` on *scaled* gradients): each backward's end notes every
+  gradient's id and ``_version``, the capture compares (host integers, no sync); a correct loop
+  is captured at ``unscale_``, before its clip. Under torch.distributed (DDP writes the gradients
+  at backward's end) ``ClipHeuristic`` stands in: a scaled global norm constant within ``REL``
+  over ``WINDOW`` pre-``unscale_`` steps while the scale changed is a clip threshold (once per
+  streak, on the sender thread).
 """
 
 from __future__ import annotations
@@ -41,9 +24,7 @@ __all__ = ["ClipHeuristic", "MisuseTracker"]
 
 
 class MisuseTracker:
-    """This cycle's misuse list (training thread only). The wrappers that see the misuse live
-    with the step source that owns them (``step.ScalerSource``); ``pending`` and ``unscaled``
-    are plain attributes the step cycle reads inline (``cycle.StepCycle.end``)."""
+    """This cycle's misuse list (training thread only; the step cycle reads it inline)."""
 
     def __init__(self) -> None:
         self.pending: list[dict[str, str]] = []

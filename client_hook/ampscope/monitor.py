@@ -1,76 +1,26 @@
 """``Monitor``: wraps one ``GradScaler`` instance and turns each optimizer step into a wire record.
 
-Lifecycle of a step cycle (everything between two ``scaler.update()`` calls):
+A step cycle runs from one ``scaler.update()`` to the next. ``scaler.scale(loss)`` keeps the
+detached loss (summed over gradient accumulation: the step's mean when each micro-batch's loss is
+divided by their number). The *first* ``unscale_``/``step`` captures the watched gradients, once
+(``unscale_`` → clip → ``step`` and k backward passes still give one capture): still scaled when
+the optimizer's stage is READY, else as the loop left them (``captured``: "before_unscale" or
+"after_unscale"), in ONE read (``capture.take``: raw norms, or on sampled steps the partials and
+histogram), plus sampled activation stats. ``update()`` adds the scales, ``found_inf`` and the
+growth tracker; on a GPU all is stacked and copied to the host once, on the CPU handed over as
+is, and the sender thread does the arithmetic and encodes.
 
-1. ``scaler.scale(loss)``: the detached loss is remembered (no sync); with gradient accumulation
-   the record carries the sum of the losses scaled since the previous ``update()``: the mean loss
-   of the step when the loop divides each micro-batch's loss by their number, as the PyTorch
-   docs and the frameworks do (a loop that does not gets k times its mean).
-2. The *first* ``scaler.unscale_(opt)`` or ``scaler.step(opt)`` of the cycle captures the
-   gradients of every watched parameter that has a ``.grad``: before ``unscale_`` when the
-   optimizer's stage is READY (the grads are still scaled), or as they are when the loop already
-   unscaled them (stage UNSCALED/STEPPED: true units). The capture is ONE read of the gradients
-   (``capture.take``): every layer's raw norm on plain steps (for the global grad norm and each
-   layer's finiteness, the overflow event's layers in backward order, ``order.py``), the raw
-   per-layer partials on the steps ``layer_every`` makes due (``selection.py``), with the
-   exponent histogram in the same read every ``histogram_every`` steps; nothing is finalized on
-   the training thread. The sampled activation stats of the cycle are collected here too
-   (``activations.py``). Later calls in the cycle capture nothing, so ``unscale_`` → clip →
-   ``step`` and k backward passes per step both give exactly one capture. The record's
-   ``captured`` says "before_unscale" when every watched gradient was still scaled, else
-   "after_unscale" (a disabled scaler included: the grads are true units as they are).
-3. ``scaler.update()``: the scale before (a device copy), ``found_inf`` (the sum of the scaler's
-   per-optimizer ``found_inf_per_device`` tensors), the original ``update()``, then the scale after
-   and the growth tracker. On a GPU all scalars and the capture's tensors are stacked into ONE
-   float64 device tensor and copied to the host once (``non_blocking`` into pinned memory plus an
-   event the sender thread waits on); on the CPU they are handed over unstacked. The training
-   thread then only enqueues; the sender thread divides by the scale, computes the norms and
-   fractions (``capture.finish``) and encodes.
+Without a scaler (BF16, FP32: ``watch(model, None, optimizer)``) the optimizers' step hooks make
+the cycle, the loss comes from ``record_loss``, ``found_inf`` says whether a gradient was
+non-finite, nothing is ``skipped`` and the stats are judged at scale 1. ``target_format`` is
+inferred when not given (``formats.infer``). Distributed jobs: one run, rank 0 sends
+(``collective.py``); DeepSpeed: ``zero.py``. Misuse (``misuse.py``) is recorded, never raised;
+the extras (``recheck``, ``shadow_every``, swallowed updates) cost nothing when off.
 
-Without a scaler (``watch(model, None, optimizer)``: BF16 or FP32 training) the cycle comes from
-the optimizers' own step hooks (``register_step_pre_hook``/``register_step_post_hook``): the
-capture before the first watched optimizer steps, the record once every watched optimizer has
-stepped. The loss is what the loop hands to ``Monitor.record_loss``; the record has no scale
-(null), ``found_inf`` says whether a gradient held NaN or ±inf (read from the capture on the
-sender thread) with those layers in backward order, and nothing is ever ``skipped``: the
-optimizer applied the step. The statistics are judged against ``target_format`` at scale 1;
-without one it is inferred from the model (``formats.infer``: FP16/BF16 parameters, else fp16
-with a loss scale and bf16 without) and the run says why (``target_format_reason``).
-
-Under ``torch.distributed`` every rank that calls ``watch`` takes part (``collective.py``): the
-capture also packs this rank's share (``shards.py``) and issues the step's reductions on the
-hook's own process group, asynchronously; rank 0's record waits for them on the sender thread;
-the other ranks send nothing. A rank whose hook is off keeps issuing empty shares.
-
-A DeepSpeed engine (``watch(engine)``, ``zero.py``) has no ``GradScaler``: the engine's
-``backward`` gives the loss, its ZeRO optimizer's ``step`` is the cycle (the capture before it,
-the record after it, with DeepSpeed's own skip decision and, in FP16, its loss scale), and each
-rank reads its partition's pieces of the gradients, merged across the ranks as FSDP's shards are.
-
-With several optimizers or parameter groups every record names each watched optimizer's own
-skip (the scaler's per-optimizer ``found_inf``, read before ``update()`` clears it) and its
-parameter groups' lrs.
-
-AMP misuse (``misuse.py``) is recorded in the cycle's record, never raised.
-
-Optional, wire v3: ``recheck(fn)`` re-runs an overflow step's batch in FP32 inside ``update()``
-(``recheck.py``; how the overflow is known without a sync: ``Monitor.recheck``); with
-``shadow_every=N`` (wire v6) the same closure runs every N-th applied step in FP32 before the
-optimizer moves a weight, compared per layer with the AMP gradients (``shadow.py``); and for models
-with FP16/BF16 parameters ``scaler.step`` is bracketed on layer-stat steps to count swallowed
-updates (``swallowed.py``); each adds its device block to the step's one host copy, and a
-model without low-precision parameters that registers no closure pays for none of them.
-
-Syncs: none added on the training thread when ``scaler._scale`` and ``_per_optimizer_states`` exist
-(feature-checked). Without them the public fallback calls ``get_scale()`` (a sync) per step.
-
-Where a step enters the hook is one seam (``step.py``): a ``StepSource`` (the scaler's methods
-wrapped per instance, never the class; the optimizers' step hooks; the DeepSpeed engine) driving
-one ``cycle.StepCycle``. Where the gradients live (single process, DDP, FSDP, ZeRO) is resolved
-once into a ``topology.Topology``. Every wrapper runs the original exactly once and lets its
-exceptions through, but an exception in the hook's own code never reaches training: it is
-counted and, after ``max_errors`` of them, the hook disables itself with one
-``AmpscopeWarning``.
+Syncs: none on the training thread while ``scaler._scale`` and ``_per_optimizer_states`` exist
+(feature-checked); otherwise ``get_scale()`` syncs once per step. Every wrapper (``step.py``)
+runs the original exactly once and lets its exceptions through; the hook's own exceptions never
+reach training: counted, and after ``max_errors`` the hook disables itself (``AmpscopeWarning``).
 """
 
 from __future__ import annotations
@@ -114,9 +64,7 @@ class AmpscopeWarning(RuntimeWarning):
 
 @dataclass(frozen=True)
 class MonitorStats:
-    """Record accounting: ``produced == acknowledged + spooled + dropped + pending`` always holds
-    (``pending``: in memory; ``spooled``: on disk, not yet acknowledged; ``replayed``: acknowledged
-    from the spool, included in ``acknowledged``)."""
+    """Record accounting: ``produced == acknowledged + spooled + dropped + pending``."""
 
     produced: int
     acknowledged: int
@@ -146,8 +94,7 @@ def _local_numel(p: torch.nn.Parameter) -> int:
 
 
 class Monitor:
-    """Watches one model + ``torch.amp.GradScaler`` instance; see the module docstring and
-    ``watch`` for the options."""
+    """Watches one model and ``GradScaler``; the options are ``watch``'s."""
 
     def __init__(
         self,
@@ -311,12 +258,12 @@ class Monitor:
     # -- public ----------------------------------------------------------------------------------
     @property
     def layers(self) -> list[dict[str, Any]]:
-        """The layer table as sent on the wire."""
+        """The layer table, as sent."""
         return [dict(layer) for layer in self._layers]
 
     @property
     def modules(self) -> list[dict[str, Any]] | None:
-        """The activation source's module table as sent on the wire (None when it is off)."""
+        """The activation module table, as sent (None when off)."""
         return None if self._probe is None else [dict(m) for m in self._probe.table]
 
     @property
@@ -329,33 +276,15 @@ class Monitor:
         return self._state
 
     def recheck(self, fn: RecheckFn | None) -> None:
-        """Register the FP32 re-check closure (``None`` turns it off; off by default).
+        """Register the FP32 re-check closure (``None``, the default, turns it off).
 
-        ``fn()`` must return the scalar loss of the *current* batch: register a new closure
-        each step (``mon.recheck(lambda: loss_fn(model(x), y))``, only a reference is kept) or
-        once, reading the batch from a variable the loop updates. When a step overflows, the
-        hook runs it inside ``scaler.update()`` with autocast off and no scaling, and the step's
-        record says whether the NaN/inf persisted in FP32 (data or model) or vanished (dynamic
-        range), with the FP32 loss and the layers whose FP32 gradient was non-finite
-        (``ampscope.recheck`` has the details and what it leaves untouched).
-
-        How the hook knows a step overflowed, without a sync: ``scaler.step`` already reads
-        ``found_inf`` on the host (torch's ``.item()``) and calls ``optimizer.step()`` only when
-        it is 0; the hook sees that call through its optimizer wrapper, so a skipped step is
-        known on the training thread for free, and steps that did not overflow cost one flag.
-        The trade-off: an optimizer that applies the scaler's ``found_inf`` itself (fused or
-        capturable Adam on CUDA, ``_step_supports_amp_scaling``) is always called, torch does
-        not sync, and the hook does not add one either: its overflow steps are re-checked only
-        when ``found_inf`` lives on the CPU (readable without a device sync); on CUDA they are
-        not re-checked (``recheck`` null). Deciding on the sender thread instead would need the
-        batch and the pre-step weights kept alive until the host copy lands, and the model run
-        off the training thread; at the next step boundary the weights could have moved on.
-
-        Cost when registered: nothing on steps that do not overflow; on an overflow step one
-        FP32 forward and backward on the training thread. Exceptions from ``fn`` are recorded
-        (``status: "failed"``), never raised. Without a scaler no step is skipped, so nothing
-        is re-checked.
-        """
+        ``fn()`` returns the *current* batch's scalar loss; on an overflow step the hook reruns
+        it inside ``scaler.update()`` without autocast or scaling, and records whether the NaN/inf
+        persisted in FP32 or vanished (``ampscope.recheck``). No sync: ``scaler.step`` calls the
+        optimizer only when ``found_inf`` was 0, so a skip is known for free; an optimizer applying
+        ``found_inf`` itself is re-checked only with ``found_inf`` on the CPU
+        (docs/hook-cost.md#why-the-re-check-decides-on-the-training-thread). Cost: an FP32
+        forward and backward per overflow step; ``fn``'s errors are recorded, never raised."""
         if fn is not None and self._topology.engine is not None:
             logger.warning("ampscope: recheck() is off for DeepSpeed engines (the FP32 re-run "
                            "would go through the engine's own scaling and collectives)")
@@ -369,12 +298,9 @@ class Monitor:
         self._cycle.recheck_fn = fn
 
     def record_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Take ``loss`` as this step's (detached, no sync) and return it unchanged:
-        ``mon.record_loss(loss).backward()``. For loops without a ``GradScaler``, where the hook
-        has no ``scaler.scale(loss)`` to read it from; called more than once in a step (gradient
-        accumulation), the step's loss is the sum, as for ``scale``. With a scaler the losses
-        come from ``scaler.scale`` and this is ignored (a warning, once): both would count
-        every loss twice."""
+        """Take ``loss`` as this step's (detached, no sync) and return it, for loops without a
+        ``GradScaler``: ``mon.record_loss(loss).backward()``; a step's calls add up. With a scaler
+        it is ignored (one warning): the losses come from ``scaler.scale``."""
         if self._state is not HookState.ACTIVE:
             return loss
         source = self._source
@@ -417,23 +343,15 @@ class Monitor:
         )
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until every record of the steps so far has been sent (acknowledged by the
-        server), spooled or counted dropped; False if ``timeout`` seconds (default
-        ``close_timeout_s``) pass first, or the monitor is closed or was made with
-        ``enabled=False``. For the end of a phase (an epoch, an evaluation, a benchmark's
-        segment): it waits for the sender thread, so not inside a training step. Records keep
-        flowing afterwards."""
+        """Block until every record so far is acknowledged, spooled or dropped; False after
+        ``timeout`` s (default ``close_timeout_s``) or when closed or disabled. Never in a step."""
         if self._transport is None or self._state is HookState.CLOSED:
             return False
         return self._transport.flush(self.close_timeout_s if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Unwrap the scaler and optimizers, remove every hook, flush and send the final batch
-        (``"final": true``).
-
-        Returns within ``timeout`` seconds (default ``close_timeout_s``) even when the server is
-        unreachable; what could not be sent by then is counted as dropped. Idempotent.
-        """
+        """Unwrap and unhook, flush and send the final batch, within ``timeout`` s (default
+        ``close_timeout_s``) even if the server is unreachable (the rest dropped). Idempotent."""
         if self._state is HookState.CLOSED:
             return
         self._state = HookState.CLOSED
@@ -480,8 +398,7 @@ class Monitor:
                 logger.warning("ampscope disabled after %d internal errors", self._errors)
 
     def _encode(self, records: list[dict[str, Any]], include_layers: bool, final: bool) -> bytes:
-        """One request body. The module table rides along with the layer table and with every
-        batch that carries activation stats, so the server always has it before it needs it."""
+        """One request body; the module table rides with the layer table and activation stats."""
         modules = None
         if self._probe is not None and (
                 include_layers or any(r.get("activations") is not None for r in records)):
@@ -542,39 +459,22 @@ def watch(
 ) -> Monitor:
     """Start monitoring ``model`` trained through ``scaler``; returns the ``Monitor``.
 
-    Options (keywords only, the same as ``Monitor``'s): ``run``, ``project``, ``tags``,
-    ``config``, ``run_id``;
-    ``server`` (default ``http://127.0.0.1:8765``; ``None``, or ``AMPSCOPE_MODE=offline`` in the
-    environment, sends nothing and spools only, when a spool exists); ``sender`` replaces the HTTP
-    sender (tests, embedding); ``spool_dir``/``spool_max_bytes`` bound the disk spool;
-    ``token`` (default ``$AMPSCOPE_TOKEN``) is the server's ingest token, sent as
-    ``Authorization: Bearer``; a server that refuses it (401/403/410) stops the sending with one
-    warning and the records go to the spool; ``flush_interval`` (seconds, default 0.5) is how
-    often the sender thread wakes to send what is queued: the live latency's main term
-    (``bench/live_latency.py``: p95 ~0.5 s at 0.5, ~0.23 s at 0.2) against fewer, larger
-    requests and fewer steps slowed by the sender's batch (``transport.DEFAULT_FLUSH_INTERVAL``);
-    ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2; default: inferred from the parameters'
-    dtype and the loss scaling, ``formats.infer``); ``fused``: the per-layer stats'
-    compiled one-read kernel (``ampscope.fused``), compiled in the background on the first
-    per-layer step while the exact eager path answers; None (default) takes it for models of at
-    least ``reductions.FUSE_MIN_ELEMS`` (2^17) gradient elements, True always, False never
-    (nothing is compiled). Under ``torch.distributed`` (``WORLD_SIZE`` > 1, a process group
-    initialized) call it on every rank: the job is one run, global rank 0 sends it and every
-    rank contributes its loss, its non-finite layers and, for DTensor (FSDP2) gradients, its
-    shard's partials through the hook's own group (``ampscope.collective``); when not every
-    rank calls it within ``dist_timeout_s`` (default 30, waited once, here) rank 0 records
-    alone. ``all_ranks=True`` records each rank as a run of its own. A DeepSpeed ZeRO engine is
-    watched as itself, ``watch(engine)``, on every rank: no scaler or optimizer to pass
-    (``ampscope.zero``).
+    Keyword options: ``run``, ``project``, ``tags``, ``config``, ``run_id``; ``server`` (default
+    ``http://127.0.0.1:8765``; None or ``AMPSCOPE_MODE=offline``: spool only) or a ``sender``;
+    ``spool_dir``/``spool_max_bytes``; ``token`` (default ``$AMPSCOPE_TOKEN``; a refusal,
+    401/403/410, stops sending with one warning, records go to the spool); ``flush_interval``
+    (s: the live latency's main term); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2;
+    default inferred); ``fused`` (the compiled one-read kernel, ``ampscope.fused``: None from
+    ``reductions.FUSE_MIN_ELEMS`` gradient elements, True always, False never). Under
+    ``torch.distributed`` call it on every rank: one run, rank 0 sends, ranks missing after
+    ``dist_timeout_s`` leave rank 0 alone (``all_ranks=True``: a run per rank). A DeepSpeed
+    engine: ``watch(engine)`` on every rank.
 
-    What is measured: scalars every step; per-layer stats per ``layer_every`` (an int N, 0 =
-    never, or ``{pattern: N}``; see ``ampscope.selection``) over the parameters selected by the
-    ``include``/``exclude`` glob patterns; the exponent histogram every ``histogram_every`` steps
-    (default 100, 0 = never); module ``grad_output`` stats every ``activation_every`` steps
-    (default 50, 0 = never; hooks exist only during the sampled step); ``shadow_every`` (default
-    0 = never): while a re-check closure is registered (``Monitor.recheck``), every N-th applied
-    step is run once more in FP32 from the same weights and batch, each layer's gradient compared
-    with the AMP step's (``ampscope.shadow``). ``enabled=False`` returns an inert monitor.
+    Measured: scalars every step; per-layer stats per ``layer_every`` (N, 0 = never, or
+    ``{pattern: N}``) over the ``include``/``exclude`` selection; the exponent histogram every
+    ``histogram_every`` steps; module ``grad_output`` stats every ``activation_every`` steps
+    (hooks only during that step); with a re-check closure, every ``shadow_every``-th applied step
+    again in FP32, compared per layer (``ampscope.shadow``). ``enabled=False``: an inert monitor.
     """
     return Monitor(
         model, scaler, optimizer, run=run, server=server, project=project, tags=tags,

@@ -1,25 +1,11 @@
 """Canonical layer names: parameter names without the components that wrappers insert.
 
-Wrapping a model renames its parameters: ``DistributedDataParallel``/``DataParallel`` prefix
-``module.``, ``torch.compile`` prefixes ``_orig_mod.``, FSDP1 inserts ``_fsdp_wrapped_module.``
-and activation checkpointing ``_checkpoint_wrapped_module.`` in front of each wrapped
-submodule's parameters. The same model then has other names wrapped and plain, and runs compared
-by name (``/api/compare``) would match no layer. The canonical name drops those components:
-
-- any wrapper component, ``module`` included, at the start of the path, repeatedly
-  (``_orig_mod.module.fc.weight`` → ``fc.weight``);
-- ``_orig_mod``, ``_fsdp_wrapped_module`` and ``_checkpoint_wrapped_module`` anywhere inside it
-  (``layers.0._checkpoint_wrapped_module.attn.weight`` → ``layers.0.attn.weight``).
-
-Only whole dotted components go, never substrings (``my_module.weight`` stays). ``module`` is
-stripped only at the start: inside a path it is an ordinary attribute name in user models
-(``self.module = ...``), and DDP wraps whole models, not submodules. The last component is the
-parameter's own name and always stays. The function is idempotent (a canonical name is its own
-canonical name).
-
-The server keeps a copy of this module (``ampscope_server.runs.layer_names``), since neither side
-imports the other; a test checks that both give the same result on a shared list of cases.
-Pure: no torch, no I/O.
+Wrappers rename parameters (DDP's ``module.``, ``torch.compile``'s ``_orig_mod.``, FSDP1's and
+checkpointing's ``_fsdp_wrapped_module.``/``_checkpoint_wrapped_module.``), so wrapped and plain
+runs would compare no layer. The canonical name drops wrapper components at the start of the
+path, repeatedly, and the last three anywhere: whole components only, the last always kept
+(``module`` inside a path is a user's attribute). Idempotent, pure; the server keeps a copy
+(``ampscope_server.runs.layer_names``), checked against this one by a test.
 """
 
 from __future__ import annotations
@@ -50,13 +36,9 @@ def canonical_name(raw: str) -> str:
 
 
 def canonical_names(raws: Sequence[str]) -> list[str]:
-    """The canonical name of each of one model's parameters, except where two of them would get
-    the same one (a top-level ``weight`` beside a child called ``module`` holding another): those
-    keep their raw names, so that no two layers of a run ever merge into one.
-
-    Distinct inputs give distinct outputs: the canonical names kept are unique, and a raw name
-    kept either is canonical (one per collision at most) or equals no canonical name at all.
-    """
+    """The canonical name of each of one model's parameters, except where two would get the same
+    one: those keep their raw names, so no two layers of a run ever merge (distinct inputs give
+    distinct outputs)."""
     canonical = [canonical_name(raw) for raw in raws]
     counts = Counter(canonical)
     return [name if counts[name] == 1 else raw for raw, name in zip(raws, canonical, strict=True)]

@@ -1,26 +1,11 @@
 """Negotiating the wire version down with an older server (issue #30): never a step lost to it.
 
-A server accepts the wire versions it was built with and answers any other ``schema_version``
-with a 422 whose detail names that location first (``schema_version: Input should be 1, 2, 3, 4
-or 5; …``). Dropping such a batch as rejected would lose its steps, so the sender thread
-(``Transport``, ``ampscope sync``) re-encodes the same batch at the next lower version it speaks
-and sends it again; the version the server accepts is kept for the rest of the run, so the
-downgrade happens once, not once per batch. What a lower version cannot carry is dropped field
-by field and said once, at WARNING, when the server first takes a downgraded batch:
-
-* v6 → v5: ``run.target_format_reason``, ``records[].recheck.origin`` and
-  ``records[].shadow`` (the FP32 shadow steps) are not sent;
-* v5 → v4: the statistics travel as JSON arrays instead of packed ``{"f64le": …}`` blocks (the
-  same values, bit for bit: nothing is lost).
-
-v4 is the floor: v3 would lose the ranks and the per-optimizer steps. A 422 for any other reason
-is a rejection as before.
-
-Bodies, not records. The spool keeps each batch as the exact bytes of a request (a frame stands
-alone on disk, for a replay or for ``ampscope sync`` to whatever server it reaches later), so a
-downgrade rewrites the JSON envelope of a body already encoded (``rewrite``) instead of encoding
-records again: one path for a fresh batch, a spooled one and a synced one. It costs a parse and a
-dump of each body on the sender thread, only after a downgrade.
+An older server answers an unknown ``schema_version`` with a 422 naming it; rather than lose the
+batch, the sender (``Transport``, ``ampscope sync``) resends it one version lower and keeps the
+accepted version for the run, warning once what is lost (v6 → v5: ``target_format_reason``,
+``recheck.origin``, ``shadow``; v5 → v4: nothing, the packed blocks go as JSON arrays). v4 is
+the floor. A downgrade rewrites an encoded body's JSON (``rewrite``), since the spool keeps exact
+request bytes: one path for fresh, spooled and synced batches.
 """
 
 from __future__ import annotations
@@ -47,12 +32,9 @@ _DROPPED = {
 
 
 def refuses_version(result: SendResult) -> bool:
-    """A 422 whose detail names the location ``schema_version``: the server does not accept the
-    batch's version (any other 422 is about the batch itself).
-
-    The server's body is ``{"detail": "<location>: <message>; …"}`` (``handlers.format_errors``),
-    the fields in model order, ``schema_version`` first; FastAPI's default body, a list of errors
-    with a ``loc``, is read too."""
+    """A 422 whose detail names ``schema_version`` first: the server does not accept the
+    batch's version (any other 422 is about the batch). Reads the server's ``{"detail":
+    "<location>: <message>; …"}`` and FastAPI's default list of errors with a ``loc``."""
     if result.status != 422:
         return False
     try:
@@ -80,9 +62,8 @@ def _version(payload: Any) -> int | None:
 
 
 def rewrite(body: bytes, version: int) -> bytes | None:
-    """``body`` (one ingest batch) at ``version``: the fields of later versions dropped, and
-    below v5 the packed blocks unpacked (``wire.unpack_payload``). ``body`` itself when it is
-    at ``version`` or below; None when it is not a batch that can be rewritten."""
+    """``body`` (one ingest batch) at ``version``: later fields dropped, below v5 the packed
+    blocks unpacked; ``body`` itself at ``version`` or below; None when it cannot be rewritten."""
     try:
         payload = json.loads(body)
         current = _version(payload)
@@ -109,12 +90,9 @@ def rewrite(body: bytes, version: int) -> bytes | None:
 
 
 class Negotiation:
-    """The version the server accepts, learnt from its refusals; one per sender thread.
-
-    ``prepare`` puts each body at that version before it is sent; ``refused`` turns a refusal of
-    a body's version into the same body one version lower (None: not such a refusal, or no
-    version left); ``accepted`` says once what the accepted version leaves out.
-    """
+    """The version the server accepts, learnt from its refusals; one per sender thread:
+    ``prepare`` puts a body at that version, ``refused`` turns a refusal into the same body one
+    version lower (None: not one, or no version left), ``accepted`` says once what is lost."""
 
     def __init__(self) -> None:
         self.version: int | None = None

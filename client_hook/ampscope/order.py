@@ -1,11 +1,8 @@
 """The order in which the watched parameters' gradients become ready in the backward pass.
 
-Learned once: a ``register_post_accumulate_grad_hook`` on every watched parameter records the
-first time each one's ``.grad`` is accumulated during the first update cycle that runs a
-backward; then the hooks are removed, so later steps pay nothing. Overflow events list the
-non-finite layers in this order (first bad layer first). Layers that got no gradient while
-learning, and every layer when the hook API is missing, follow in reverse model order (the
-backward order of a plain sequential model).
+Learned once, by ``register_post_accumulate_grad_hook``s during the first cycle that runs a
+backward, then removed (later steps pay nothing). Overflow events list non-finite layers in this
+order; layers not seen (or all, without the hook API) follow in reverse model order.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
 """Mergeable per-layer partials: what one read of a gradient yields, and the stats they become.
 
-A *partial* is a float64 row of ``NUM_COLUMNS`` values over some set of elements of one layer:
-
-=================  ==================================================================  =========
-column             over the elements                                                   merge
-=================  ==================================================================  =========
-``ZERO``           count of raw == 0                                                   sum
-``NAN``            count of NaN                                                        sum
-``INF``            count of ±inf                                                       sum
-``LT_UNDER``       count of |raw|·m < fmt.underflow_threshold (zeros included)          sum
-``LT_NORMAL``      count of |raw|·m < fmt.min_normal (zeros included)                   sum
-``SUMSQ``          Σ raw² over finite elements, accumulated in float64                  sum
-``AMAX``           max |raw| over finite elements (0 when none)                         max
-``AMIN``           min |raw| over finite non-zero elements (+inf when none)             min
-=================  ==================================================================  =========
-
-``raw`` is the gradient as stored and ``m`` the factor that turns it into the value the target
-format would hold at the step's scale: 1 for a gradient still scaled (captured before
-``unscale_``), the scale for one already in true units. Partials of disjoint pieces of a layer
-merge column by column (``merge``) into the partials of the whole, so a sharded run combines its
-ranks' rows with one sum and one max/min collective (#9), provided every rank used the same scale
-(``GradScaler`` keeps it identical across ranks) and the same scaled/unscaled state.
-``finalize`` turns a layer table of partials into the wire's stats (true units, DESIGN.md §3);
-``finalize_host`` is the same arithmetic on host floats, for the sender thread.
-
-Why bit patterns (``tensor_partials``). For float32 x ≥ 0 the int32 bit pattern is monotonic in x,
-+inf is ``INF_BITS`` and every NaN lies above it. So one integer view of |raw| answers every class
-with integer compares (exact, and cheap in a vectorised loop): zero is ``b == 0``, NaN ``b > INF``,
-the finite maximum an integer max, and the thresholds become bit patterns. The threshold of a
-gradient judged at ``m`` is the smallest float32 ``x`` with ``x·m ≥ thr`` (``threshold_bits``), so
-``b < t`` decides ``|raw|·m < thr`` as the exact real product would: the same answer as a float64
-NumPy reference for float32/float16/bfloat16 gradients (all exact in float32) and any scale with at
-most 29 significant bits (every ``GradScaler`` scale is a float32), including non-power-of-two
-scales, where a float32 product would round.
+A *partial* is a float64 row over some elements of one layer: counts of raw == 0, NaN, ±inf, and
+of |raw|·m below the format's underflow threshold and min normal (zeros included); Σ raw² over
+finite elements; max |raw| over finite elements (0 if none) and min over finite non-zero ones
+(+inf if none). ``m`` is 1 for a gradient still scaled, else the scale: |raw|·m is what the
+format would hold. Pieces of a layer merge column by column (``merge``), so sharded ranks combine
+with one sum and one max/min collective (#9). ``finalize`` gives the wire's stats. Why bit
+patterns: for float32 x ≥ 0 the int32 pattern is monotonic (+inf is ``INF_BITS``, NaNs above),
+so integer compares decide every class exactly, a threshold being the pattern of the smallest
+float32 ``x`` with ``x·m ≥ thr`` (``threshold_bits``): exact at any scale.
 """
 
 from __future__ import annotations
@@ -103,16 +79,10 @@ def float32_bits(value: float) -> int:
 
 
 def threshold_bits(thr: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
-    """Int32 bit patterns ``t``, one per threshold of the float64 ``(k,)`` device tensor ``thr``,
-    with ``x·mult < thr ⇔ bits(x) < t`` for every float32 ``x ≥ 0``, the product taken exactly; a
-    ``(k,)`` device tensor, no host sync (callers keep ``thr`` on the device).
-
-    ``t`` is the smallest float32 ``x`` with ``x·mult ≥ thr``: float32(thr / mult) is that value
-    or the one below it (rounding to nearest twice cannot land above it), and the float64 product
-    of a float32 and a ≤29-bit ``mult`` is exact, so one compare decides. A ``mult`` that is 0,
-    ±inf or NaN makes no element "0 < |x·mult| < thr": ``t`` is then 1 (only zero lies below it,
-    and zeros are subtracted from these counts).
-    """
+    """Int32 patterns ``t`` of the float64 ``(k,)`` device thresholds ``thr``, such that
+    ``x·mult < thr ⇔ bits(x) < t`` for every float32 ``x ≥ 0`` (exact product), no host sync:
+    float32(thr / mult) or the next one up, decided by an exact float64 product (``mult`` has at
+    most 29 bits). A ``mult`` of 0, ±inf or NaN gives ``t`` = 1."""
     m = mult.detach().to(torch.float64).reshape(1)
     c = (thr / m).to(torch.float32)
     c = torch.where(c.to(torch.float64) * m >= thr, c, torch.nextafter(c, c.new_full((), math.inf)))
@@ -123,13 +93,9 @@ def threshold_bits(thr: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
 def tensor_partials(
     grad: torch.Tensor, under_bits: torch.Tensor | int, normal_bits: torch.Tensor | int
 ) -> torch.Tensor:
-    """The partials row of one non-empty float32/float16/bfloat16 tensor: float64 ``(8,)``.
-
-    Written to be fused: ``torch.compile`` turns the body into one loop that reads each element
-    once (``fused.py``); called eagerly it is the same arithmetic, one kernel per line. Counts
-    accumulate in int32 below 2^31 elements (half the vector width of int64) and in int64 above;
-    the choice depends on the static size only, so it is fixed when the kernel is traced.
-    """
+    """The float64 ``(8,)`` partials row of one non-empty float32/float16/bfloat16 tensor.
+    Written to be fused (one loop, one read, ``fused.py``); eagerly a kernel per line. Counts
+    are int32 below 2^31 elements (half int64's vector width), fixed at trace time."""
     if grad.dtype not in _FLOAT32_DTYPES:
         raise TypeError(f"tensor_partials takes float32/float16/bfloat16, not {grad.dtype}")
     count = torch.int32 if grad.numel() < _INT32_LIMIT else torch.int64
@@ -169,15 +135,9 @@ def merge(parts: torch.Tensor) -> torch.Tensor:
 def finalize(
     partials: torch.Tensor, numel: torch.Tensor, to_true: torch.Tensor
 ) -> torch.Tensor:
-    """The stats of a layer table: float64 ``(1 + 8·L,)``, no host sync.
-
-    ``partials``: ``(L, 8)``; ``numel``: float64 ``(L,)``; ``to_true``: float64 ``(L,)``, the
-    factor from raw to true units (1/scale for scaled layers, 1 otherwise). ``out[0]`` is the
-    global L2 norm in true units (NaN if any element is NaN, else +inf if any is ±inf);
-    ``out[1:].view(8, L)`` holds the rows of ``reductions.STAT_NAMES``. ``amax``/``amin_nz`` are
-    NaN when no element qualifies (sent as null); fractions are of ``numel`` (0 for an empty
-    layer).
-    """
+    """A layer table's stats, float64 ``(1 + 8·L,)``, no host sync: ``out[0]`` the global L2 norm
+    (NaN, else +inf, if any element is), then the ``(8, L)`` rows of ``STAT_NAMES`` (amax/amin_nz
+    NaN when nothing qualifies). ``to_true``: 1/scale for scaled layers, else 1."""
     zero, nans, infs = partials[:, ZERO], partials[:, NAN], partials[:, INF]
     nan = torch.full((), math.nan, dtype=torch.float64, device=partials.device)
     denom = numel.clamp(min=1.0)
@@ -201,10 +161,8 @@ def finalize(
 
 
 class HostStats(NamedTuple):
-    """``finalize_host``'s answer: the global norm (true units), the ``(8, L)`` float64 stats
-    (rows of ``reductions.STAT_NAMES``, contiguous: each row's bytes are one wire column) and
-    the rows' sums, read for rows 2-6 only (5 and 6: the NaN and inf totals; rows 2-6 hold no
-    NaN or inf iff their sums are finite)."""
+    """``finalize_host``'s answer: the global norm, the contiguous ``(8, L)`` stats (each row's
+    bytes a wire column) and the rows' sums (5, 6: the NaN and inf totals)."""
 
     norm: float
     stats: torch.Tensor
@@ -223,8 +181,7 @@ _denoms: tuple[torch.Tensor, int, torch.Tensor, bool] | None = None
 
 
 def _row_factors(to_true: float) -> torch.Tensor:
-    """The ``(8, 1)`` factors of one ``to_true`` for every layer: the scale changes rarely, so
-    they are kept (a few; a dict's get and set are atomic, as several senders need)."""
+    """The ``(8, 1)`` factors of one ``to_true``, kept (a dict: atomic for several senders)."""
     fac = _factors.get(to_true) if 0.0 < to_true < math.inf else None  # not -0.0 for 0.0
     if fac is None:
         if len(_factors) > 32:
@@ -235,8 +192,7 @@ def _row_factors(to_true: float) -> torch.Tensor:
 
 
 def _denominators(numel: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``numel.clamp(min=1)`` (``max`` keeps a NaN numel, as the clamp does) and whether a
-    layer is empty, kept for the one ``numel`` tensor a monitor shares (its version checked)."""
+    """``numel.clamp(min=1)`` and whether a layer is empty, cached per shared ``numel``."""
     global _denoms
     kept = _denoms
     if kept is not None and kept[0] is numel and kept[1] == numel._version:
@@ -248,11 +204,9 @@ def _denominators(numel: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def _sqrt_(row: torch.Tensor) -> None:
-    """The correctly rounded square root of a contiguous float64 CPU row, in place. ATen's
-    float64 ``sqrt`` on the CPU is not correctly rounded (MKL's; the device's is): numpy's is
-    (the SIMD instruction; 0 of 200,000 values differ from ``math.sqrt``), ~2 µs for 500 values;
-    without numpy, ``math.sqrt`` through C loops (``map`` over a memoryview of the row, one
-    ``array``, one slice assignment), ~28 µs."""
+    """The correctly rounded square root of a contiguous float64 CPU row, in place: ATen's CPU
+    float64 ``sqrt`` (MKL's) is not correctly rounded; numpy's is, and without numpy
+    ``math.sqrt`` through C loops. Cost: docs/hook-cost.md#the-sender-threads-arithmetic."""
     n = row.numel()
     if n and _np is not None:  # a sum of squares: never negative, so never numpy's warning
         values = row.numpy()
@@ -266,21 +220,9 @@ def _sqrt_(row: torch.Tensor) -> None:
 def finalize_host(
     table: torch.Tensor, numel: torch.Tensor, to_true: float | torch.Tensor
 ) -> HostStats:
-    """``finalize`` on the host, for the sender thread: the same numbers bit for bit.
-
-    ``table``: the ``(L, 8)`` float64 CPU partials; ``numel``: float64 ``(L,)``; ``to_true``:
-    one factor for every layer (1/scale, or 1.0: nothing is multiplied) or a float64 ``(L,)``
-    tensor of them. The stats are ``finalize``'s rows (``HostStats``): NaN where no element
-    qualified, an overflowed l2 inf.
-
-    Why not ``finalize`` on CPU tensors: ATen's float64 ``sqrt`` is not correctly rounded on the
-    CPU (``_sqrt_`` takes ``math.sqrt`` through C loops), and ``finalize``'s two dozen ops cost
-    the sender thread more than these. Every value is one float64 IEEE operation of the same
-    operands as ``finalize``'s, column by column (``x * 1.0`` and ``x / 1.0`` are exact); the
-    global norm's sum over layers is ``torch.sum`` of the same contiguous L squares. A dozen
-    tensor ops whatever L, and no Python call per value: the sender thread holds the GIL that
-    training's thread wants back after each of its ops.
-    """
+    """``finalize`` on host floats for the sender thread, bit for bit (one IEEE operation per
+    value): ATen's CPU ``sqrt`` is not correctly rounded, and a dozen ops whatever L hold the GIL
+    training wants for less time. ``to_true``: one factor or ``(L,)``."""
     n = numel.shape[0]
     if table.shape != (n, NUM_COLUMNS) or (isinstance(to_true, torch.Tensor)
                                            and to_true.shape != (n,)):

@@ -1,40 +1,15 @@
 """The optional FP32 re-check of an overflow step (``Monitor.recheck``; contract "Wire v3").
 
-When a step's gradients overflowed (the scaler skipped it), the user's closure is run once more
-for that batch with autocast off and no loss scaling, and its loss and parameter gradients are
-checked for NaN/inf:
-
-* they **persist** in FP32 → the data or the computation produces them (a NaN in the batch, a
-  log of 0, a division by zero): no loss scale or format can fix it;
-* they **vanish** → the overflow was a dynamic-range problem of the low-precision format.
-
-The closure returns the scalar loss of the current batch (``lambda: loss_fn(model(x), y)``).
-It runs on the training thread inside ``scaler.update()``, after the skipped ``step`` (so the
-parameters are exactly those the overflowing forward used) and leaves the training state as it
-was: gradients come from ``torch.autograd.grad`` (``.grad`` is not touched), the RNG state is
-forked (dropout draws do not shift training's), and the model's buffers (BatchNorm statistics)
-are restored. Autocast is disabled (also the one accelerate's ``prepare`` builds into the model's
-``forward``), so a model whose parameters are FP32 runs in FP32; a model
-held in FP16 (``model.half()``) keeps its FP16 parameters and the re-check says only whether the
-values persist without autocast and loss scaling.
-
-Where a forward overflow began: the FP32 re-run arms a forward hook on every submodule of the
-model (removed before ``run_recheck`` returns; never armed on any other step). Each hook notes,
-on the device, whether the module's output is non-finite, whether its output or its inputs are
-beyond the training format's largest value (``low``: FP16's 65504, where an autocast forward
-overflows: an input beyond it at the module's own cast), and whether its inputs were finite.
-The first module in forward order (the order the hooks fire: a submodule before the module
-holding it) whose output was non-finite or whose values went beyond the range goes into the
-block's last ``ORIGIN_SIZE`` values ``[found, call index, input finite, format code]``
-(format: FP32 when its output was NaN/inf in the FP32 re-run itself, else the training format
-it overflows), its qualified name returned beside the block. The server reads it only for a
-step whose loss was non-finite: a forward-born overflow.
-
-Cost: nothing unless an overflow step occurs; then one forward and one backward in FP32 (each
-hooked module adds an ``isfinite`` and an ``amax`` reduction of its output and inputs on the
-device) plus a copy of the buffers. The result stays on the device, stacked into the step's one
-host copy (``cycle.py``). An exception raised by the closure is recorded (``"failed"``), never
-raised.
+When the scaler skipped a step, the user's closure (the batch's scalar loss) runs again inside
+``scaler.update()``, after the skipped ``step`` (the same parameters), with autocast and scaling
+off: NaN/inf that **persist** in FP32 come from the data or the computation; ones that **vanish**
+were the format's dynamic range (a model held in FP16 keeps its FP16 parameters). ``fp32_run``
+leaves training's state as it was. During the re-run only, a forward hook on every submodule notes
+on the device whether its output is non-finite or its output or inputs exceed the training format's
+range; the first such module in forward order is the block's origin, its format fp32 when the FP32
+run itself went non-finite (read by the server only for a non-finite loss). Cost: nothing until an
+overflow step, then one FP32 forward and backward, on the device until the step's one host copy.
+Closure errors are recorded (``"failed"``), never raised.
 """
 
 from __future__ import annotations
@@ -55,8 +30,7 @@ NAN_CODE = 2.0
 """Per-layer codes in the result block: 0 finite (or no gradient), 1 inf, 2 NaN (NaN wins)."""
 DETAIL_MAX = 1000
 ORIGIN_SIZE = 4
-"""The forward origin's values at the end of the block: found (0/1), the call's index among the
-returned names, whether its input was finite (0/1), its format (an index into ORIGIN_FORMATS)."""
+"""The origin's values: found, call index, input finite, format (ORIGIN_FORMATS index)."""
 ORIGIN_FORMATS = ("fp16", "bf16", "fp32")
 _LOW_FORMATS: dict[torch.dtype | None, int] = {torch.float16: 0, torch.bfloat16: 1}
 
@@ -65,11 +39,9 @@ def run_recheck(
     fn: RecheckFn, model: torch.nn.Module, params: Sequence[torch.nn.Parameter],
     low: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, tuple[str, ...]] | str:
-    """Run ``fn`` in FP32 and return the float64 block ``[loss given (0/1), loss, code per
-    parameter, forward origin (ORIGIN_SIZE)]`` (device tensors, no sync) with the qualified
-    names of the hooked calls the origin's index points into, or the error message when ``fn``
-    or its backward raised. ``low``: the training's format (FP16 or BF16; another or None
-    judges the outputs by their finiteness alone)."""
+    """Run ``fn`` in FP32: the float64 device block ``[loss given, loss, code per parameter,
+    origin]`` and the hooked calls' names, or the error message. ``low``: the training's format
+    (FP16/BF16; otherwise outputs are judged by finiteness alone). No sync."""
     trace = _Trace(model, low)
     try:
         with fp32_run(model, params):
@@ -88,11 +60,8 @@ def failure(exc: Exception) -> str:
 
 @contextlib.contextmanager
 def fp32_run(model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> Iterator[None]:
-    """The user's closure as an FP32 re-run (the re-check's, and ``shadow.py``'s): autocast off
-    on the CPU and on the parameters' devices (also the one accelerate builds into the
-    model's ``forward``), gradients enabled, the RNG forked (the closure's draws do not shift
-    training's), and the model's buffers (BatchNorm statistics) put back on the way out,
-    whatever the closure did or raised."""
+    """The closure as an FP32 re-run (re-check and shadow step): autocast off (accelerate's
+    built-in too), gradients on, the RNG forked and the buffers put back, whatever happened."""
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with contextlib.ExitStack() as stack:
@@ -111,9 +80,8 @@ def fp32_run(model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> It
 
 
 class _Trace:
-    """Forward hooks on every submodule, armed only inside ``run_recheck``: per call the
-    module's name and three device bools (output non-finite, output or input beyond ``low``'s
-    range, input non-finite)."""
+    """Forward hooks on every submodule, armed only inside ``run_recheck``: per call a name and
+    three device bools (output non-finite, beyond ``low``'s range, input non-finite)."""
 
     def __init__(self, model: torch.nn.Module, low: torch.dtype | None) -> None:
         self.modules = [(name, m) for name, m in model.named_modules() if name]
@@ -134,8 +102,7 @@ class _Trace:
                 handle.remove()
 
     def _flags(self, value: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(any NaN/inf, any finite |value| > limit) over the floating tensors in ``value`` (a
-        tensor or a tuple/list of them, one level deep); None when it holds none."""
+        """(any NaN/inf, any finite |value| > limit) over ``value``'s float tensors, or None."""
         items = value if isinstance(value, tuple | list) else (value,)
         tensors = [t.detach() for t in items if isinstance(t, torch.Tensor)
                    and t.is_floating_point() and t.numel()]
@@ -164,8 +131,7 @@ class _Trace:
         return hook
 
     def origin(self, device: torch.device) -> torch.Tensor:
-        """``[found, index, input finite, format]`` of the first call whose output was NaN/inf
-        or beyond the range (on the device: argmax gives the first maximum)."""
+        """``[found, index, input finite, format]`` of the first NaN/inf or out-of-range call."""
         f64 = torch.float64
         if not self.calls:
             return torch.zeros(ORIGIN_SIZE, dtype=f64, device=device)  # found 0: nothing read
@@ -182,10 +148,8 @@ class _Trace:
 
 @contextlib.contextmanager
 def _forward_without_built_in_autocast(model: torch.nn.Module) -> Iterator[None]:
-    """accelerate's ``prepare`` builds autocast into the model's ``forward`` (an instance
-    attribute over the saved ``_original_forward``), and an outer ``autocast(enabled=False)``
-    cannot turn an inner one off: the re-check runs the saved forward instead (of the model,
-    or of the module a DDP wrapper holds), and puts the prepared one back."""
+    """Run the saved ``_original_forward`` under accelerate's ``prepare`` (its built-in autocast
+    defeats an outer ``autocast(enabled=False)``), also inside a DDP wrapper; then restore."""
     swapped = []
     for module in (model, getattr(model, "module", None)):
         own = vars(module) if isinstance(module, torch.nn.Module) else {}
@@ -201,9 +165,7 @@ def _forward_without_built_in_autocast(model: torch.nn.Module) -> Iterator[None]
 
 def fp32_grads(loss: Any, params: Sequence[torch.nn.Parameter]
                ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """The closure's loss as a detached 0-d tensor and each parameter's gradient of it, from
-    ``torch.autograd.grad`` (``.grad`` is not touched; None: no gradient reaches it, or it
-    does not require one). Raises TypeError unless ``loss`` is a scalar tensor."""
+    """The detached 0-d loss and each parameter's ``autograd.grad`` (None: none reaches it)."""
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         got = type(loss).__name__ if not isinstance(loss, torch.Tensor) else (
             f"a tensor of shape {tuple(loss.shape)}")

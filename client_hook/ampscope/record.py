@@ -42,17 +42,14 @@ Parts = list[list[torch.Tensor] | torch.Tensor]
 
 @dataclass(frozen=True)
 class Slot:
-    """A value read from the record's optimizer section (its index there): a device tensor
-    at build time, a 0-d copy of a tensor lr or an optimizer's own found_inf."""
+    """An index into the record's optimizer section (a tensor lr's or found_inf's 0-d copy)."""
 
     index: int
 
 
 @dataclass(frozen=True)
 class OptimizerSlots:
-    """One watched optimizer's part of the wire's ``optimizers``: whether its step was skipped
-    (a ``Slot`` holding its found_inf, or known on the host: False when it stepped without a
-    scaler, None when it did not step or nothing tells), and each parameter group's lr."""
+    """One optimizer's ``optimizers`` entry: its skip (``Slot``, host bool, None: unknown), lrs."""
 
     skipped: Slot | bool | None
     lr: tuple[Slot | float | None, ...]
@@ -60,16 +57,10 @@ class OptimizerSlots:
 
 @dataclass(frozen=True)
 class Sections:
-    """Which blocks follow the scalars in a step's host values, in this order.
-
-    ``taken``: the capture's raw blocks (``capture.Taken``: L raw norms, or the (L, 8) partials
-    and the (L, NUM_BINS) histogram when sampled); None when nothing was captured. ``layers``:
-    the partials are sent as the wire's per-layer stats (a histogram step without a per-layer
-    step takes the partials for its one read but sends only the histogram). ``modules``: M > 0
-    when an (8, M) activation block follows. ``swallowed``: L swallowed-update fractions (NaN =
-    not measured; ``swallowed.py``). ``recheck``: the FP32 re-check block, 2 + L + ORIGIN_SIZE
-    values (``recheck.py``). ``shadow``: the FP32 shadow step's block, 1 + 3·L values
-    (``shadow.py``).
+    """Which blocks follow the scalars in a step's host values, in this order: ``taken`` (the
+    capture's), ``modules`` (an (8, M) activation block), ``swallowed`` (L), ``recheck``
+    (2 + L + ORIGIN_SIZE), ``shadow`` (1 + 3·L), the optimizer values. ``layers``: the partials
+    are sent as per-layer stats (a histogram-only step sends only the histogram).
     """
 
     num_layers: int
@@ -274,8 +265,7 @@ class StepRecord:
                 "detail": None}
 
     def _origin(self, values: list[float]) -> dict[str, Any] | None:
-        """The wire ``recheck.origin``: the first module in forward order whose output was
-        non-finite in a re-run (``recheck.ORIGIN_SIZE``); None when every output was finite."""
+        """The wire ``recheck.origin``; None when no module's output went non-finite."""
         found, index, input_finite, fmt = values
         if not found or not 0 <= index < len(self.recheck_names):
             return None
@@ -315,11 +305,8 @@ def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
 
 
 def _layers_block(host: HostStats) -> dict[str, Any]:
-    """The wire ``layers`` of a capture's stats: packed straight from the ``(8, L)`` tensor's
-    bytes (one C call per step for every column, ``wire.packed``), the values ``encode_stats``
-    and ``pack_stats`` would give (amax, amin_nz and l2 not finite: null, NaN packed). A
-    fraction or count that is not finite (never from a read; a tag or an error in JSON) takes
-    the JSON arrays, as before."""
+    """The wire ``layers`` of a capture's stats, packed straight from the ``(8, L)`` tensor's
+    bytes in one C call; a non-finite fraction or count (never from a read) goes as JSON."""
     if math.isfinite(sum(host.sums[2:7])):
         stats = host.stats.nan_to_num(nan=math.nan, posinf=math.nan, neginf=math.nan)
         return wire.packed(ctypes.string_at(stats.data_ptr(), stats.nbytes))
@@ -332,8 +319,7 @@ def _host_values(values: torch.Tensor | Parts) -> list[float]:
 
 
 def _host_read(values: torch.Tensor | Parts, keep: int) -> tuple[list[float], torch.Tensor | None]:
-    """The record's values as one flat list (the host tensor's, or the parts' in order), less
-    the ``keep`` values right after the SCALARS when ``keep`` > 0: those as a float64 tensor."""
+    """``_host_values`` less the ``keep`` values after the SCALARS, those as a tensor."""
     n = len(SCALARS)
     if isinstance(values, torch.Tensor):
         if not keep:
@@ -349,7 +335,8 @@ def _host_read(values: torch.Tensor | Parts, keep: int) -> tuple[list[float], to
                 out += part.reshape(-1).tolist()
             continue
         # One by one: CPU tensors (no device to wait for), on the sender thread; cheaper than a
-        # stack of 0-d tensors (~0.15 against ~0.25 µs each) and any dtype, shape or device.
+        # stack of 0-d tensors, and any dtype, shape or device
+        # (docs/hook-cost.md#the-sender-threads-arithmetic).
         out += [t.item() for t in part]
     return out, kept  # kept None: no such block, every value is in the list
 
@@ -360,14 +347,9 @@ def layer_table(
     exclude: Sequence[str] | None = None,
     full: Mapping[int, tuple[list[int], int]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[torch.nn.Parameter]]:
-    """The watched parameters (``selection.selected``) and their wire table, in model order.
-
-    Each layer's ``name`` is canonical (``names.canonical_names``: no ``module.``, ``_orig_mod.``
-    or FSDP/checkpoint wrapper components, so a wrapped and a plain run of one model compare
-    layer for layer), ``raw_name`` the parameter's name as the model gives it. ``include`` and
-    ``exclude`` match the canonical name, the one the dashboard shows. ``full``: the real shape
-    and size of parameters that are this rank's pieces (FSDP1, ``collective.flat_shards``), by
-    id."""
+    """The watched parameters and their wire table, in model order: ``name`` canonical
+    (``names.canonical_names``; what ``include``/``exclude`` match), ``raw_name`` the model's.
+    ``full``: real shapes and sizes of this rank's FSDP1 pieces, by id."""
     owner: dict[int, str] = {}
     for _, module in model.named_modules():
         for _, p in module.named_parameters(recurse=False):
@@ -397,11 +379,8 @@ def optimizer_slots(
     view: Any, before: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
     stepped: frozenset[int] | set[int], device: torch.device,
 ) -> tuple[tuple[OptimizerSlots, ...] | None, list[torch.Tensor]]:
-    """Each watched optimizer's skip and every parameter group's lr (the wire's
-    ``optimizers``): host floats where the loop keeps them so (no op), 0-d copies of tensor
-    lrs and the scaler's per-optimizer found_inf (no copy: ``ScalerView.before_update``),
-    read on the sender thread. Called only with several optimizers or parameter groups;
-    ``view``: the cycle's ``ScalerView``."""
+    """Each optimizer's skip and every group's lr (the wire's ``optimizers``, for several
+    optimizers or groups): host floats where the loop keeps them so, else 0-d copies read later."""
     each: Mapping[int, torch.Tensor] = before.get("found_inf_each", {})
     values: list[torch.Tensor] = []
 
@@ -433,9 +412,8 @@ def optimizer_slots(
 
 
 def one_copy(parts: Parts, device: torch.device) -> tuple[torch.Tensor, Any]:
-    """Every part stacked into ONE float64 tensor (promoting the scaler's float32/int32 scalars
-    and the float32 norms: no conversion op per part), then ONE host copy: on CUDA
-    ``non_blocking`` into pinned memory, with the event the sender thread waits on."""
+    """Every part stacked into ONE float64 tensor (the stack promotes: no conversion op per
+    part), then ONE host copy; on CUDA ``non_blocking`` into pinned memory, with an event."""
     flat = [(p if isinstance(p, torch.Tensor) else
              torch.stack([t.reshape(()).to(device) for t in p])).reshape(-1).to(device)
             for p in parts]

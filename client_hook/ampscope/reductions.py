@@ -1,37 +1,14 @@
 """Per-layer gradient statistics as tensor math: one read per gradient, no host sync.
 
-Units. The caller passes the raw ``.grad`` tensors, the scale ``s`` in effect for the step, and for
-each gradient whether it is still *scaled* (captured before ``unscale_``: raw = g·s) or already in
-*true units* (captured after ``unscale_``: raw = g). Every magnitude statistic comes back in **true
-units** (g), while the subnormal/underflow classes are judged on |g·s|, the value the target format
-would hold at that scale. A layer is one named parameter.
-
-Two paths, one result. ``GradStats.layer_stats`` computes each layer's mergeable partials
-(``partials.py``: counts, sum of squares, max, min) and turns them into the wire's stats with
-``partials.finalize``:
-
-* **fused** (``fused.py``): a ``torch.compile``d kernel reads each gradient once, in place, for all
-  eight partials. Taken when the layout is supported and compiled (in the background);
-* **eager**, exact and always available: every gradient is copied once into a persistent float32
-  buffer in which each layer is zero-padded to whole ``CHUNK``-element rows (one
-  ``torch._foreach_copy_`` into fixed views, or one ``torch.cat`` per group for a layout that
-  needs several groups or holds sparse or off-device gradients); each partial is a row reduction
-  over the ``(chunks, CHUNK)`` matrix (the five class counts from one comparison against five
-  bounds and one row sum), folded into layers with one ``index_add`` and two ``scatter_reduce_``,
-  and turned into the table by one ``addmm`` whose constant bias subtracts the padding zeros
-  again: 11 ops per group and 6 for the fold, however many layers there are (17 for a layout
-  in one group, ``_eager_partials``).
-
-Both judge the classes on the bit patterns against ``partials.threshold_bits`` (exact at any
-scale; the eager path as ``|x| <=`` the float32 one pattern below each bound, the same test),
-count exactly (row sums of at most ``CHUNK`` ≤ 2^24 ones in float32, or integer sums),
-accumulate squares in float64 (squares of scaled float32 gradients overflow float32 from 1.8e19)
-and select max/min exactly, so they agree to the last bit except the sum of squares, which they add
-in different orders (float64 rounding). Float64 gradients take the eager path and are judged as
-their float32 rounding there.
-
-A gradient that is ``None`` is treated as PyTorch defines it, an all-zero gradient of the
-parameter's size (``zero_frac`` 1, ``amax`` 0): the parameter received no gradient this step.
+Callers pass the raw ``.grad`` tensors, the step's scale ``s`` and, per gradient, whether it is
+still scaled (raw = g·s) or in true units; magnitudes come back in true units, the underflow
+classes judged on |g·s|, what the target format would hold. A ``None`` gradient is PyTorch's
+all-zero one. ``GradStats.partials`` takes the **fused** kernel (``fused.py``) once compiled, or
+the always-available **eager** path: one copy into a padded ``(chunks, CHUNK)`` float32 buffer,
+row reductions folded into layers, a fixed number of ops per group of layers, never one per
+layer. Both decide classes on bit patterns (``partials.threshold_bits``: exact at any scale),
+sum squares in float64 (scaled float32 squares overflow from 1.8e19) and agree to the last bit
+but for the sum of squares' order; float64 gradients go eager, judged as their float32 rounding.
 """
 
 from __future__ import annotations
@@ -69,39 +46,25 @@ from ampscope.wire import LAYER_STAT_NAMES
 __all__ = ["CHUNK", "DOT_MIN_ELEMS", "FUSE_MIN_ELEMS", "STAT_NAMES", "GradStats"]
 
 STAT_NAMES: tuple[str, ...] = LAYER_STAT_NAMES
-"""Rows of the stats block, in wire order; see DESIGN.md §3 for the definitions."""
+"""Rows of the stats block, in wire order (DESIGN.md §3)."""
 
 CHUNK = 512
-"""Elements per reduction row: larger rows waste more padding on small layers, smaller rows make the
-chunk-to-layer fold longer. 512 was fastest on the CPU reference loop."""
+"""Elements per reduction row: longer rows waste padding on small layers, shorter ones lengthen
+the fold. Why 512: docs/hook-cost.md#the-eager-reads-constants."""
 
 MAX_GROUP_ELEMS = 1 << 24
-"""The padded buffer and the work buffer hold one group of at most this many elements (24 bytes
-each: ~400 MB at most, on a GPU); bigger models are reduced in groups of layers, so launches grow
-with model size / 16M (11 per group), never with the layer count. It was 2^26 while the work
-buffer was one float32 copy (512 MB); with five copies 2^26 would hold 1.6 GB of device memory."""
+"""The padded and work buffers hold one group of at most this many elements (24 bytes each:
+~400 MB on a GPU); bigger models are reduced group by group, so launches grow with model size,
+never with the layer count."""
 
 DOT_MIN_ELEMS = 1 << 20
-"""``raw_norms`` on the CPU takes one BLAS dot per layer from this many float32 gradient elements
-(all layers together); below it one ``torch._foreach_norm``. The dot reads memory about twice as
-fast as ATen's norm kernel, but each is a Python-level op: on the sweep's 34-tensor models the
-dots cost 103 against 62 µs at 0.25 M parameters, about the same at 1 M, 270 against 332 µs at
-4 M (``docs/hook-cost.md``, session 5)."""
+"""From this many float32 gradient elements ``raw_norms`` on the CPU takes a BLAS dot per layer,
+not one ``_foreach_norm``: faster, a Python op each (docs/hook-cost.md#the-every-step-norms)."""
 
 FUSE_MIN_ELEMS = 1 << 17
-"""With ``fused=None`` (auto), layouts of at least this many gradient elements get the compiled
-kernel. It was 2^19 while inductor's Python wrapper cost ~10 µs per gradient (0.55 against
-0.49 ms eager at 0.25 M parameters); with the C++ wrapper (session 3) the fused read is the
-faster one on the 34-tensor bench layouts measured in session 6 (thread CPU, median of 30 round
-minima, one process, load 5-7): 1.07 against 1.61 ms eager at 252,874 elements (the 0.25 M
-model), 0.38 against 0.46 ms at 65,002. Below 2^17 a whole per-layer read costs well under a
-millisecond while a compile takes the GIL and a core from training for seconds to minutes (a
-cold 65k layout: 243 s at load 6): those stay eager.
-
-On CUDA the auto mode never takes the kernel: there inductor's Triton code is one launch per
-reduction per gradient from a Python wrapper, and on an H200 (torch 2.11, the sweep's 34-tensor
-models, ``bench/gpu_check.sh``) it took 1.8-2.4 ms against the eager path's 0.41-0.65 ms from
-0.25 M to 10 M parameters. ``fused=True`` still asks for it."""
+"""``fused=None`` takes the compiled kernel for CPU layouts of this many gradient elements; below
+it eager is as cheap and a compile takes the GIL and a core for minutes. Never auto on CUDA
+(slower there). Why: docs/hook-cost.md#when-the-fused-kernel-is-taken."""
 
 # The per-row block the fold reads (``_eager_partials``): amax first, the one column a (rows, 1)
 # index makes ``scatter_reduce_`` read from a wider source, then the five class counts of
@@ -117,10 +80,7 @@ _KEY_BOUND = 16  # columns after each row's keys that cap its amin (``_build_pla
 
 
 def _derive() -> torch.Tensor:
-    """The constant ``(_ROW_COLUMNS, 8)`` map from the folded row block to the table: the counts
-    that are not comparisons (nan = rows·CHUNK - not NaN, inf = not NaN - finite), the sum of
-    squares in its column, zeros into amax and amin (the bias, ``_Plan.table``, carries them).
-    Integer-valued float64 products and sums below 2^53: exact."""
+    """The constant map from the folded row block to the table (exact integers below 2^53)."""
     d = torch.zeros((_ROW_COLUMNS, NUM_COLUMNS), dtype=torch.float64)
     d[_ROW_ZERO, ZERO] = 1.0
     d[_ROW_NOT_NAN, NAN] = -1.0
@@ -137,8 +97,7 @@ Grads = Sequence["torch.Tensor | None"]
 
 @dataclass
 class _Group:
-    """Layers reduced together in one pass over a scratch buffer. The views of the plan's
-    buffers a pass works in are made once (``_build_plan``): each would be an op per step."""
+    """Layers reduced together in one pass; its buffer views are made once, not per step."""
 
     layers: list[int]
     pads: list[torch.Tensor | None]
@@ -160,8 +119,7 @@ class _Group:
 
 @dataclass
 class _Plan:
-    """Everything about a gradient layout that does not change from step to step, and the
-    persistent buffers its pass writes (one layout's passes run one at a time)."""
+    """A gradient layout's constants and the persistent buffers of its (sequential) passes."""
 
     device: torch.device
     groups: list[_Group]
@@ -329,8 +287,7 @@ def _build_plan(
 
 
 def _class_bounds(below: torch.Tensor) -> torch.Tensor:
-    """``(5, 1)`` float32 bounds from the int32 patterns one below the classes'
-    (``_CLASS_BITS``)."""
+    """``(5, 1)`` float32 bounds from the patterns one below the classes' (``_CLASS_BITS``)."""
     return below.view(torch.float32).view(-1, 1)
 
 
@@ -371,21 +328,17 @@ def _fill(plan: _Plan, group: _Group, grads: Grads) -> torch.Tensor:
 
 
 def _chunk_stats(plan: _Plan, group: _Group, grads: Grads, bounds: torch.Tensor) -> None:
-    """One group's per-chunk partials, written into its rows of the plan's per-row buffers: the
-    five class counts (float32, exact: a row holds CHUNK < 2^24 elements), amax (float32, the
-    elements' own values), the sum of squares (float64) and the amin key (int32).
-
-    ``bounds``: the classes' ``(5, 1)`` float32 bounds (``_CLASS_BITS``), or one set per row
-    ``(rows, 5, 1)`` when scaled and unscaled layers are mixed."""
+    """One group's per-row partials into the plan's buffers: five class counts (float32, exact
+    below 2^24 per row), amax, the float64 sum of squares and the amin key. ``bounds``: the
+    ``(5, 1)`` class bounds, or ``(rows, 5, 1)`` when scaled and unscaled layers mix."""
     a = _fill(plan, group, grads).abs_()
     column, classes, finite, key = group.column, group.classes, group.finite, group.key
     bits, keyed = group.bits, group.keyed
     assert column is not None and classes is not None and finite is not None and key is not None
     assert bits is not None and keyed is not None
     # All five classes in one comparison and one row sum: float 0/1 into a float32 buffer and a
-    # float32 row sum are ~5x faster on CPU than bool tensors or a float64 sum, and exact. The
-    # float comparison (not the int32 patterns': ~4x slower into float) against the float32 one
-    # pattern below each bound is the same test.
+    # float32 row sum, exact and the fastest form (docs/hook-cost.md#the-eager-reads-constants).
+    # Comparing the floats against the float32 one pattern below each bound is the bits' test.
     torch.le(column, bounds, out=classes)
     torch.sum(classes, -1, out=group.counts)
     torch.nan_to_num(a, nan=0.0, posinf=0.0, out=finite)  # finite magnitudes, non-finite → 0
@@ -410,13 +363,7 @@ def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
 
 
 class GradStats:
-    """Computes per-layer stats for a fixed target format, caching layouts and scratch buffers.
-
-    The scratch buffers, kept between calls, hold a float32 copy of the gradients (padded) and
-    a work buffer five times its size (the class comparisons, in which the finite magnitudes
-    and the amin keys are written too), per group of at most ``MAX_GROUP_ELEMS`` elements;
-    steady-state calls allocate only small per-row and per-layer tensors.
-    """
+    """Per-layer stats for one target format, caching layouts and scratch buffers."""
 
     def __init__(
         self,
@@ -425,15 +372,9 @@ class GradStats:
         exact_norms: bool = False,
         fused: bool | None = None,
     ) -> None:
-        """``numels[i]`` is layer i's parameter size, used when its gradient is ``None``.
-
-        ``fused``: take the compiled kernel when it is ready (``fused.py``); None (auto) does for
-        CPU layouts of at least ``FUSE_MIN_ELEMS`` elements, False never compiles anything.
-
-        ``exact_norms``: ``raw_norms`` accumulates in float64 on every path (about twice the cost
-        of the float32 read; see there). The monitor asks for it when no ``found_inf``
-        can tell an accumulator overflow from an inf element (a scaler with ``enabled=False``).
-        """
+        """``numels[i]``: layer i's size when its gradient is ``None``. ``fused``: None (auto,
+        ``FUSE_MIN_ELEMS``), True, or False (never compile). ``exact_norms``: float64 norms
+        always, where no ``found_inf`` tells an overflow from an inf (a disabled scaler)."""
         self.fmt = TargetFormat.get(fmt)
         self.numels = None if numels is None else tuple(numels)
         self._total = 0 if numels is None else sum(self.numels or ())
@@ -476,14 +417,9 @@ class GradStats:
     def layer_stats(
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool
     ) -> torch.Tensor:
-        """Stats of every layer plus the global grad norm, as one float64 device tensor.
-
-        Layout: ``out[0]`` is the global L2 norm in true units (NaN if any element is NaN, else
-        +inf if any is ±inf, else sqrt(sum of l2²)); ``out[1:].view(8, L)`` holds the rows of
-        ``STAT_NAMES``. ``amax``/``amin_nz`` are NaN when no element qualifies (sent as null);
-        ``nan_count``/``inf_count`` are exact integer-valued floats. No host synchronisation.
-        ``partials`` and then ``partials.finalize``: the monitor finalizes on the sender thread.
-        """
+        """Every layer's stats plus the global grad norm, one float64 device tensor, no host sync:
+        ``out[0]`` the global L2 norm (true units; NaN, else +inf, if any element is), then the
+        ``(8, L)`` rows of ``STAT_NAMES`` (``partials.finalize``)."""
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
         table, _ = self.partials(grads, scale, flags)
         device = table.device
@@ -499,14 +435,9 @@ class GradStats:
         self, grads: Grads, scale: torch.Tensor | float, scaled: Sequence[bool] | bool,
         histogram: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every layer's raw partials ``(L, 8)`` (``partials.COLUMNS``, float64) and, with
-        ``histogram``, the exponent histogram ``(L, NUM_BINS)`` (``histogram.py``, true units);
-        device tensors, no host sync. Fused: one read of each gradient for both; eager: the
-        padded-buffer pass, plus ``exponent_histogram``'s. While the histogram's kernel is still
-        compiling (or for a layer of 2^31 elements and more, ``fused.HISTOGRAM_MAX_ELEMS``) the
-        partials' own kernel answers and the histogram is eager. ``last_path`` says which
-        read made the partials.
-        """
+        """Every layer's raw partials ``(L, 8)`` and, with ``histogram``, its ``(L, NUM_BINS)``
+        exponent histogram: device tensors, no host sync, from one fused read when the kernels
+        are ready (else eager). ``last_path`` says which read made the partials."""
         with torch.no_grad():  # gradients of a create_graph=True backward require grad
             flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
             self._check(grads, flags)
@@ -537,9 +468,7 @@ class GradStats:
         self, grads: Grads, scaled: Sequence[bool] | bool, timeout: float,
         histogram: bool = False,
     ) -> LayoutState | None:
-        """Start the compile of this layout if needed and wait up to ``timeout`` s for it; its
-        state, None when the fused path is off or cannot take the layout. For tests and
-        benchmarks: training never waits (``layer_stats`` takes the eager path meanwhile)."""
+        """Start this layout's compile and wait; its state (None: not fusable). Tests only."""
         if self._fused is None:
             return None
         flags = [scaled] * len(grads) if isinstance(scaled, bool) else list(scaled)
@@ -571,19 +500,8 @@ class GradStats:
     def _eager_partials(
         self, plan: _Plan, grads: Grads, scale: torch.Tensor | float
     ) -> torch.Tensor:
-        """Every layer's partials ``(L, 8)`` through the padded buffer (module docstring).
-
-        After the groups' passes (``_chunk_stats``), six ops whatever the layer count: one cat
-        of the per-row results into a float64 ``(rows, 7)`` block (amax, the five counts, the sum
-        of squares; the cat promotes float32 exactly), its column sums folded into layers by an
-        out-of-place ``index_add`` (a fresh tensor, no zeroing), its amax column and the amin
-        keys by two ``scatter_reduce_`` (``include_self=False``: every layer with rows is
-        overwritten, the others keep their constants) into persistent targets, the keys turned
-        into amin by one ``nextafter`` (key k is the pattern below the value: k+1, and the cap
-        MAX_FINITE_BITS gives +inf) written into the bias's amin column, and one ``addmm``: the
-        bias (padding, absent layers, amax, amin) plus the folded block times ``_derive()``.
-        The block is finite (amax, counts, squares of finite values), so no inf·0 reaches the
-        product; amin (+inf possible) only ever lies in the bias."""
+        """Every layer's partials ``(L, 8)`` through the padded buffer in a fixed number of ops:
+        per-row results folded into layers, then one ``addmm`` of the bias and ``_derive()``."""
         bounds = plan.classes_at
         if plan.all_unscaled or plan.unscaled_rows is not None:
             # Unscaled layers' bounds depend on the scale: a tensor only here (scaled layers are
@@ -605,35 +523,13 @@ class GradStats:
         return torch.addmm(plan.table, sums, plan.derive)
 
     def raw_norms(self, grads: Grads, *, acc64: bool | None = None) -> torch.Tensor:
-        """Every layer's L2 norm of the *raw* gradient (as stored: times the scale when scaled):
-        one ``(L,)`` device tensor, 0 for an absent gradient; NaN when the layer holds a NaN,
-        else +inf when it holds ±inf, so they double as the layers' finiteness. No host sync.
-
-        This runs on every optimizer step, so it is the hook's floor: one read of the gradients
-        as they are (no copy), accumulating each layer in **float32** (float64 for float64
-        gradients, or with ``exact_norms``); ``float32_norms`` says which. The read is one
-        ``torch._foreach_norm`` and one stack, except on the CPU with dense contiguous float32
-        gradients of at least ``DOT_MIN_ELEMS`` elements in all: there one ``torch.dot(g, g)``
-        per layer (the BLAS dot), one stack and one square root. ATen's CPU norm kernel, which
-        ``_foreach_norm`` calls per tensor, took 2-3x the dot's time on the 4M bench model's
-        gradients, and its float32 sum was less accurate (max relative error against float64
-        2.4e-5, the dot's 3.0e-6; ``docs/hook-cost.md``, session 4); on smaller models the
-        dots' per-op cost outweighs that (``DOT_MIN_ELEMS``). The range below is the same: both
-        square and add in float32. The division by the scale and the global norm are left to
-        the host (``capture.finish``). Absent, sparse or off-device gradients: a float64
-        ``_foreach_norm`` over the present ones, made dense and moved to the first's device.
-
-        Why float32: it is what ``torch.nn.utils.clip_grad_norm_`` computes, and on the CPU
-        reference loop the float64 conversion doubled the cost (≈210 → ≈110 µs). Its range, on
-        the raw values: a layer whose raw L2 norm reaches 1.8e19 reads +inf (squares overflow),
-        and elements below ~1e-19 add nothing (squares underflow), so a layer holding only such
-        values reads 0. NaN stays exact (a NaN norm ⇔ a NaN element); inside that range the
-        relative error is float32 rounding. An inf that is only an overflow is told apart from an
-        inf element by ``found_inf`` on the host (``StepRecord.to_wire`` sends such a norm as
-        unknown); with ``exact_norms`` (no ``found_inf`` to ask) it accumulates in float64, or
-        ``checked_norms`` tells the two apart. ``acc64`` overrides ``exact_norms`` for this call
-        (float64 gradients are always read in float64).
-        """
+        """Every layer's L2 norm of the raw gradient (times the scale when scaled), a ``(L,)``
+        device tensor, 0 when absent; NaN if the layer holds a NaN, else +inf if it holds ±inf:
+        the norms double as finiteness. No host sync. The every-step floor, one read as the
+        gradients are: float32 as in ``clip_grad_norm_`` (float64 for float64 gradients,
+        ``exact_norms`` or ``acc64``), one ``_foreach_norm`` or on the CPU one dot per layer
+        (docs/hook-cost.md#the-every-step-norms). A float32 raw norm from 1.8e19 reads +inf;
+        ``found_inf`` tells that overflow from an inf element (else ``checked_norms``)."""
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
         use64 = self._acc64 if acc64 is None else acc64
@@ -672,15 +568,9 @@ class GradStats:
                 return self._raw_norms_fallback(grads)
 
     def checked_norms(self, grads: Grads) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``raw_norms`` read in float32 even with ``exact_norms``, and beside them a bool
-        ``(L,)`` device tensor: whether the layer holds a ±inf element (one ``aminmax`` per
-        layer: max = +inf or min = -inf). Together they are exact where float32 alone is not:
-        a +inf norm without an inf element is a float32 sum of squares that overflowed (a finite
-        raw norm ≥ 1.8e19), with one it is the inf. For loops with no ``found_inf`` to ask (no
-        scaler, a disabled one), at a fraction of the float64 read's cost on the CPU
-        (``docs/hook-cost.md``, session 9: 197 against 556 µs at 1.2M parameters in 8 tensors,
-        331 against 527 at 1M in 34). Flags None: the read was float64 anyway (a float64, absent,
-        sparse, empty or off-device gradient), exact as it is. No host sync."""
+        """``raw_norms`` in float32 plus a bool ``(L,)`` device tensor, whether the layer holds an
+        inf (one ``aminmax`` each), which tells an overflow from an inf where no ``found_inf``
+        can. Flags None: the read was float64 anyway. No host sync."""
         if any(g is None or g.numel() == 0 for g in grads):  # aminmax has no answer for those
             return self.raw_norms(grads, acc64=True), None
         norms = self.raw_norms(grads, acc64=False)
@@ -694,8 +584,7 @@ class GradStats:
             return norms, (high == math.inf) | (low == -math.inf)
 
     def _dots(self, grads: list[torch.Tensor]) -> bool:
-        """Whether ``raw_norms`` takes the dot path (see there): big enough, and every gradient
-        a dense, contiguous float32 CPU tensor."""
+        """Whether ``raw_norms`` takes the dot path (see there)."""
         total = self._total if self.numels is not None else sum(
             g.numel() for g in grads if g is not None)
         return total >= DOT_MIN_ELEMS and _dense_float32_cpu(grads)

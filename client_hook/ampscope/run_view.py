@@ -1,11 +1,9 @@
 """A run's page inside a Jupyter cell, as W&B and TensorBoard show theirs.
 
-`mon.show()` or `ampscope.notebook(run_id)` returns a `RunView`; Jupyter renders its
-`_repr_html_`, an iframe of the server's own run page (live updates included) and a link to it.
-Nothing is fetched here: the notebook's browser loads the page from the server. The server
-allows its pages in a frame only for the origins it trusts (`AMPSCOPE_FRAME_ANCESTORS`; a
-loopback-only server also allows local notebooks, `http://localhost:*` and
-`http://127.0.0.1:*`). Torch-free, like the rest of what `ampscope sync` loads.
+`mon.show()` or `ampscope.notebook(run_id)` returns a `RunView`, rendered as an iframe of the
+server's run page and a link; the notebook's browser loads it (nothing is fetched here), from a
+server that trusts its origin (`AMPSCOPE_FRAME_ANCESTORS`; a loopback-only server allows local
+notebooks). Torch-free.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Which parameters are watched, and on which steps their per-layer statistics are computed.
 
-Selection. ``include``/``exclude`` are ``fnmatch`` glob patterns over parameter names
-(``model.named_parameters()``, e.g. ``"encoder.*.weight"``). A parameter is watched when it
-requires grad, matches some ``include`` pattern (no ``include`` = all) and no ``exclude`` pattern.
-Unwatched parameters are absent from the layer table; scalars (scale, found_inf, loss, global grad
-norm over the *watched* layers) are still recorded every step.
-
-Cadence. ``layer_every`` is an int N (per-layer stats every N-th step, 0 = never) or a mapping
-``{pattern: N}``: each watched layer takes the N of the first pattern matching its name, and 0
-(never) when none matches (end the mapping with ``"*": N`` for a default). The per-layer block of a
-step is computed for **all** watched layers, on every step on which **at least one** layer is due,
-so a layer's N is the longest interval between its measurements, not an exact one. Why: the block
-is one fused pass whose cost barely depends on which layers are in it, and full-length arrays keep
-every value a number (the wire requires fractions and counts to be numbers; a null there would
-need a contract change). Steps on which no layer is due carry only scalars.
+A parameter is watched when it requires grad, matches an ``include`` glob (none = all) and no
+``exclude``; scalars are recorded every step regardless. ``layer_every``: N (every N-th step, 0 =
+never) or ``{pattern: N}`` (the first match's N, else 0: end with ``"*": N``). The block covers
+**all** watched layers on every step where **any** is due (N is a layer's longest interval): one
+pass whatever it holds, and full-length arrays keep every value a number, as the wire requires.
 """
 
 from __future__ import annotations

@@ -46,11 +46,8 @@ class SendResult:
 
 
 class Sender(Protocol):
-    """Delivers one encoded batch; must return within about ``timeout`` seconds and never raise.
-
-    A sender may also have ``abort()``, callable from another thread, that makes the request in
-    flight return at once; ``Transport.close`` uses it when the deadline comes.
-    """
+    """Delivers one encoded batch within about ``timeout`` s, never raising. An optional
+    ``abort()``, callable from another thread, ends the request in flight (``Transport.close``)."""
 
     def send(self, body: bytes, timeout: float) -> SendResult: ...
 
@@ -73,11 +70,9 @@ def _retry_after(value: str | None) -> float | None:
 
 
 class HttpSender:
-    """POSTs JSON batches to ``{server}/api/ingest`` over one keep-alive ``http.client`` connection.
-
-    Socket timeouts bound every connect and read, so a blackholed server costs at most ``timeout``.
-    ``token`` goes in ``Authorization: Bearer``; it is kept out of ``repr`` and every message.
-    """
+    """POSTs batches to ``{server}/api/ingest`` over one keep-alive connection; socket timeouts
+    bound every connect and read. ``token`` (``Authorization: Bearer``) stays out of ``repr`` and
+    every message."""
 
     def __init__(self, server: str, *, path: str = "/api/ingest",
                  token: str | None = None) -> None:
@@ -148,11 +143,7 @@ class HttpSender:
 
 
 class MemorySender:
-    """An in-process sender that keeps every body it is given: for tests and embedding.
-
-    ``script`` optionally supplies the results to return, in order; once it is exhausted (or when
-    none is given) every send is acknowledged.
-    """
+    """An in-process sender keeping every body (tests, embedding); ``script``: results."""
 
     def __init__(self, script: Sequence[SendResult] = ()) -> None:
         self.bodies: list[bytes] = []
@@ -166,8 +157,7 @@ class MemorySender:
             return self._script.popleft() if self._script else SendResult(Outcome.ACKED, 200)
 
     def payloads(self) -> list[dict[str, Any]]:
-        """Every body received, parsed as JSON (the tags stay strings), with packed statistics
-        in their JSON form again (``wire.unpack_payload``), as the server reads them."""
+        """Every body received, parsed, with packed statistics unpacked as the server reads them."""
         with self._lock:
             return [wire.unpack_payload(json.loads(b)) for b in self.bodies]
 

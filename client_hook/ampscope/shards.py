@@ -1,30 +1,12 @@
 """One rank's share of a step's cross-rank reductions: packed on the device (training thread),
 read back on the host (sender thread). Pure tensor and float maths; ``collective.py`` reduces.
 
-The ``SUM`` buffer, float64, in this order:
-
-============================  ==========================================  ==================
-block                         values                                      when
-============================  ==========================================  ==================
-norms²                        L squared raw per-layer norms               sharded, norms step
-sums                          the ``(L, 6)`` summed partials, row-major   sharded, stats step
-histogram                     the ``(L, NUM_BINS)`` counts                sharded, histogram
-ranks                         ``(3, W)``: loss, share, non-finite         always
-                              layers; rank r writes column r only
-============================  ==========================================  ==================
-
-The ``MAX`` buffer (sharded stats steps only): L ``amax``, then L ``-amin`` (the min as a max).
-
-Why the partials merge exactly. ``partials.py``: counts and sums of squares add over disjoint
-pieces of a layer, the max is a max and the min a min; every rank holds its own piece (an FSDP2
-``Shard(0)`` slice, possibly empty), so the merged row is the full gradient's, up to the order of
-the float64 additions. Squared norms add the same way (sqrt(Σ local²) is the layer's norm); a NaN
-or inf piece makes the sum NaN or inf, as the full norm would be.
-
-Why one-hot rank columns. Rank r adds its loss at column r and zeros elsewhere: a NaN loss on rank
-r stays in column r (NaN + 0 is NaN only where it was added), so the sum of the shares is every
-rank's own value. When the gradients are not sharded (DDP: the same on every rank), only the
-contributors and ranks blocks are reduced; the capture's own parts are rank 0's as they are.
+The ``SUM`` buffer (float64) holds, in order: when sharded, the L squared raw norms (norms
+steps) or the ``(L, 6)`` summed partials (stats steps), the ``(L, NUM_BINS)`` histogram;
+always the ``(3, W)`` ranks block (loss, share, non-finite layers), rank r writing column r
+only, so a NaN stays in its own column. The ``MAX`` buffer (sharded stats steps): L ``amax``,
+then L ``-amin``. Partials and squared norms of disjoint pieces merge exactly (``partials.py``),
+up to float64 addition order. Without sharding (DDP) only the ranks block is reduced.
 """
 
 from __future__ import annotations
@@ -73,8 +55,7 @@ class Layout:
 
 
 def nonfinite_layers(parts: Sequence[torch.Tensor], stats: bool) -> torch.Tensor:
-    """How many layers of this rank's capture hold a NaN or ±inf: a 0-d device tensor. A
-    checked norms read (``GradStats.checked_norms``) has its inf-element flags second."""
+    """How many layers of this rank's capture hold NaN or ±inf, a 0-d device tensor."""
     if stats:
         table = parts[0]
         return ((table[:, NAN] + table[:, INF]) > 0).sum()
@@ -86,8 +67,7 @@ def nonfinite_layers(parts: Sequence[torch.Tensor], stats: bool) -> torch.Tensor
 def pack(
     parts: Sequence[torch.Tensor], layout: Layout, rank: int, loss: torch.Tensor | None,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
-    """(the parts the record keeps as they are, the SUM buffer, the MAX buffer or None): the
-    capture's ``parts`` (``capture.Parts``) as rank ``rank``'s share. No host sync."""
+    """(parts kept, SUM buffer, MAX buffer or None): the capture as ``rank``'s share, no sync."""
     device = parts[0].device
     w = layout.world_size
     ranks = torch.zeros(RANK_ROWS * w, dtype=F64, device=device)
@@ -120,9 +100,7 @@ def empty_share(sum_size: int, max_size: int, device: torch.device
 
 @dataclass(frozen=True)
 class Unpacked:
-    """The capture's values in ``capture.Parts`` order (None when a share was missing), and
-    every rank's loss and non-finite layer count (None: unknown, or no loss that step);
-    ``complete``: every rank contributed."""
+    """The capture's parts (None: a share missing), each rank's loss and non-finite count."""
 
     parts: list[float] | None
     losses: list[float | None]
@@ -132,10 +110,8 @@ class Unpacked:
 
 def unpack(own: Sequence[float], sums: Sequence[float], maxes: Sequence[float],
            layout: Layout) -> Unpacked:
-    """The host side of ``pack``: ``own`` the parts kept as they were (not sharded), ``sums``
-    and ``maxes`` the reduced buffers. When a rank contributed nothing (its hook disabled
-    itself) its values are unknown, and so are the sharded parts, which lack its piece; a
-    non-sharded capture is rank 0's own and stays known."""
+    """The host side of ``pack``. A rank that contributed nothing leaves its values and the
+    sharded parts unknown; a non-sharded capture is rank 0's own and stays known."""
     n, w = layout.num_layers, layout.world_size
     head = layout.reduced_parts
     block = sums[head : head + RANK_ROWS * w]

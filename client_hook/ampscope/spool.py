@@ -1,39 +1,19 @@
 """The disk spool: append-only, checksummed, size-bounded files of encoded ingest batches.
 
-When the server is away the sender thread appends each batch body (the exact bytes of a
-``POST /api/ingest``, always with the layer table, so every frame stands alone) to the spool, and
-replays the spool in order once the server answers again; ``ampscope sync`` uploads what a process
-left behind. A frame is kept as encoded, at the hook's newest wire version: whoever sends it to an
-older server rewrites it then (``ampscope.negotiate``), so no frame is tied to one server. The
-server makes re-sending harmless: ingest is idempotent by (run, attempt, seq).
-
-File set. Each ``Spool`` (one per ``Transport``, hence per attempt) writes its own files, so
-concurrent processes never share one::
+Batch bodies (exact ``POST /api/ingest`` bytes with the layer table: each frame stands alone)
+are appended while the server is away and replayed in order later, or uploaded by ``ampscope
+sync``; ingest is idempotent, so re-sending is harmless. Each ``Spool`` (one per attempt) writes
+its own files::
 
     <dir>/<unix ms, 13 digits>-<pid>-<random hex>-<segment, 5 digits>.ampspool
     <dir>/<same name>.ack          the acknowledged byte offset in that segment (text)
-
-Sorting the names sorts file sets by start time and each set's segments in write order.
-
-Format of a ``.ampspool`` file: the 8-byte header ``FILE_MAGIC``, then frames::
-
+    file: FILE_MAGIC (8 bytes), then frames of
     FRAME_MAGIC (4 bytes) | length (u32, big-endian) | crc32(length bytes + body) (u32, BE) | body
 
-A reader (``scan``) verifies every frame. A truncated or corrupt frame (a process killed in the
-middle of a write, a damaged disk block) is reported as ``Damage``; the reader then searches for
-the next ``FRAME_MAGIC`` whose frame checks out, so one bad frame never hides the good ones after
-it.
-
-Durability (fsync policy): a frame is written with one ``write()`` on an ``O_APPEND`` descriptor
-and ``fdatasync``'d before its records count as *spooled*; a new segment's directory entry is
-fsync'd once. So whatever ``stats().spooled`` counts survives a process kill and a power loss.
-The ``.ack`` cursor is replaced atomically (write + rename) but not fsync'd: after a power loss a
-frame may be sent again, which the server ignores as a duplicate.
-
-Bounds: ``max_bytes`` caps the bytes of this spool's own files on disk (acknowledged prefixes
-included until their segment is deleted); an append that would pass it is refused and the caller
-counts the records as dropped. Segments roll over at ``segment_bytes`` and are deleted once every
-frame in them is acknowledged, so a recovered server leaves an empty directory behind.
+``scan`` reports a bad frame as ``Damage`` and resumes at the next valid one. A frame is one
+``O_APPEND`` write, ``fdatasync``'d before it counts as spooled (so it survives a kill or power
+loss); the ``.ack`` cursor is replaced atomically, not synced (at worst a duplicate).
+``max_bytes`` caps the files; acknowledged segments are deleted.
 """
 
 from __future__ import annotations
@@ -76,8 +56,7 @@ MAX_FRAME = 1 << 31
 
 
 def default_spool_dir() -> Path:
-    """``$AMPSCOPE_SPOOL_DIR``, else ``$XDG_CACHE_HOME/ampscope/spool``, else
-    ``~/.cache/ampscope/spool``: per user, outside the working tree."""
+    """``$AMPSCOPE_SPOOL_DIR``, else the user's cache directory's ``ampscope/spool``."""
     explicit = os.environ.get("AMPSCOPE_SPOOL_DIR")
     if explicit:
         return Path(explicit)
@@ -128,8 +107,7 @@ def _check(data: bytes, pos: int) -> tuple[int, str]:
 
 
 def scan(path: str | os.PathLike[str], start: int | None = None) -> Iterator[Frame | Damage]:
-    """Every frame of one spool file from ``start`` (default: just past the header), in order,
-    with a ``Damage`` for each stretch of bytes that holds no valid frame."""
+    """Every frame of one spool file from ``start``, and a ``Damage`` per bad stretch."""
     path = Path(path)
     data = path.read_bytes()
     if not data.startswith(FILE_MAGIC):
@@ -184,12 +162,7 @@ def _fdatasync(fd: int) -> None:
 
 
 class Spool:
-    """One process's spool file set; thread-safe (the sender thread and ``close`` both use it).
-
-    ``append`` adds a frame at the tail; ``head`` reads the oldest unacknowledged frame back and
-    ``ack`` moves past it (persisting the cursor). Nothing is created on disk before the first
-    ``append``. See the module docstring for the format and the fsync policy.
-    """
+    """One process's spool file set, thread-safe; nothing is on disk before ``append``."""
 
     def __init__(
         self,
@@ -274,8 +247,7 @@ class Spool:
                     os.close(dfd)
 
     def head(self) -> tuple[bytes | None, int] | None:
-        """The oldest unacknowledged frame as (body, records), body None when it no longer
-        checks out (counted by the caller, then ``ack``'d past); None when nothing is left."""
+        """The oldest unacknowledged (body, records), body None when corrupt; None when empty."""
         with self._lock:
             if not self._entries:
                 return None
@@ -309,8 +281,7 @@ class Spool:
             pass  # only costs a harmless re-send
 
     def _delete_finished(self) -> None:
-        """Delete every segment with no unacknowledged frame left (the open one too: the next
-        append starts a fresh segment)."""
+        """Delete every fully acknowledged segment (the open one too: a fresh one follows)."""
         live = {e.segment for e in self._entries}
         for segment in [s for s in self._sizes if s not in live]:
             if segment == self._segment and self._fd is not None:

@@ -1,27 +1,13 @@
 """The step seam: where a training loop's optimizer step enters the hook.
 
-A ``StepSource`` attaches to what the loop already calls and drives one ``cycle.StepCycle``
-through the same three methods: ``on_scale`` (a loss), ``capture`` (the gradients are final:
-the one read, once per cycle), ``end`` (the record, then the next cycle). Three sources:
-
-* ``ScalerSource``: a ``GradScaler``'s ``scale``/``unscale_``/``step``/``update``, wrapped per
-  instance (instance attributes that call the bound originals, never the class), and each watched
-  optimizer's ``step`` (a bound method: ``step_bypassed_scaler``, and whether ``scaler.step``
-  really stepped, the re-check's host-side skip);
-* ``OptimizerSource``: without a scaler (BF16, FP32), the optimizers' own step pre/post hooks;
-* ``ZeroSource``: a DeepSpeed engine's ``backward`` (the loss) and its ZeRO optimizer's ``step``.
-
-A plain GradScaler step on the training thread is, in full: ``_Scale`` (``on_scale``), then inside
-``scaler.step`` ``_Step`` (``capture``: ``ScalerView.capture_state``, ``GradStats.raw_norms``),
-the optimizer's ``_bypass``, ``_Unscale``; then ``_Update`` (``ScalerView.before_update``, the
-original, ``end``: ``build`` with ``ScalerView.after_update``, ``Transport.put``, ``reset``).
-``tests/client_hook/test_step.py`` traces it and keeps it so.
-
-Every wrapper runs the original exactly once and lets its exceptions through; an exception in
-the hook's own code goes to the cycle's ``on_error`` (counted, then the hook disables itself),
-never to training. A wrapper pickles (``pickle``, ``copy.deepcopy``, ``torch.save``:
-``GradScaler``'s ``__getstate__`` keeps its whole ``__dict__``) as the copy's own method, never as
-the hook, whose threads and locks cannot be copied.
+A ``StepSource`` attaches to what the loop already calls and drives one ``cycle.StepCycle``:
+``ScalerSource`` wraps a ``GradScaler``'s methods per instance (never the class) and each
+optimizer's ``step``; ``OptimizerSource`` takes the optimizers' step hooks (no scaler);
+``ZeroSource`` a DeepSpeed engine. A plain GradScaler step is, in full: ``_Scale``; in
+``scaler.step``, ``_Step`` (the capture), ``_bypass``, ``_Unscale``; ``_Update``
+(``tests/client_hook/test_step.py`` keeps it so). Wrappers run the original exactly once and let
+its exceptions through; the hook's own go to ``on_error``, never to training. A wrapper pickles
+(``deepcopy``, ``torch.save``) as the copy's own method, never as the hook.
 """
 
 from __future__ import annotations
@@ -52,8 +38,7 @@ class StepSource(Protocol):
 
 
 class _Wrapper:
-    """A wrapped method, set as an instance attribute of ``owner``; subclasses are the hooks
-    (one ``__call__`` each: the wrapper is the hook, no second call per method)."""
+    """A wrapped method set on ``owner``'s instance; a subclass's ``__call__`` is the hook."""
 
     __slots__ = ("name", "original", "owner", "source")
 
@@ -111,11 +96,9 @@ class _Scale(_Wrapper):
         return scaled
 
     def backward_end(self, grad: torch.Tensor | None = None) -> None:
-        """Called twice per backward pass. As the scaled loss's tensor hook (``grad`` given),
-        when backward starts, it queues itself as the autograd engine's end-of-backward callback
-        (which runs on the training thread: on the thread that called ``backward`` on a GPU);
-        called back, it notes each gradient's identity and version for the capture to compare
-        (``StepCycle.capture``). One function for both: two calls of every step's path."""
+        """Called twice per backward: as the scaled loss's tensor hook it queues itself as the
+        engine's end-of-backward callback; called back, it notes each gradient's id and version
+        for ``StepCycle.capture`` (one function: two calls on every step's path)."""
         cycle = self.source.cycle
         try:
             if grad is not None:
@@ -217,10 +200,9 @@ class _Update(_Wrapper):
 
 
 class ScalerSource:
-    """A ``GradScaler``'s step cycle (module docstring). ``in_step``: inside ``scaler.step``;
-    ``stepped``: the optimizer's own ``step`` ran there (torch's scaler calls it only when
-    found_inf was 0: a host-side "not skipped" at no cost); ``bypass``: the optimizers whose
-    ``step`` is wrapped, by id."""
+    """A ``GradScaler``'s step cycle. ``stepped``: the optimizer's ``step`` ran inside
+    ``scaler.step`` (torch calls it only when found_inf was 0: "not skipped", for free);
+    ``bypass``: the optimizers whose ``step`` is wrapped, by id."""
 
     def __init__(self, cycle: StepCycle, scaler: torch.amp.GradScaler, view: ScalerView) -> None:
         self.cycle, self.scaler, self.view = cycle, scaler, view
@@ -248,9 +230,8 @@ class ScalerSource:
         self.bypass.clear()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Wrap ``optimizer.step`` (per instance, once) to see calls that bypass
-        ``scaler.step``: a bound method, so an ``LRScheduler`` made later can wrap it again. A
-        framework's wrapper is looked through (``cycle.unwrap_optimizer``)."""
+        """Wrap ``optimizer.step`` once per instance to see calls that bypass ``scaler.step``: a
+        bound method, so an ``LRScheduler`` made later can wrap it again."""
         optimizer = unwrap_optimizer(optimizer)
         if id(optimizer) in self.bypass:
             return
@@ -276,10 +257,8 @@ class ScalerSource:
 # -- the optimizers' own hooks (no scaler) --------------------------------------------------------
 class OptimizerSource:
     """Without a scaler a cycle is one step of every watched optimizer: captured before the
-    first one steps (the gradients are final then), recorded once the last has stepped. Where
-    some optimizer steps less often, the next step's loss (``Monitor.record_loss``) or a second
-    step of one optimizer ends the cycle first. The hooks live in the optimizer's hook dicts,
-    which its ``__getstate__`` leaves out: a pickled, copied or saved optimizer has none."""
+    first steps, recorded when the last has (or earlier, at the next loss or a second step of
+    one). Its hooks are left out of a pickled or saved optimizer (``__getstate__``)."""
 
     def __init__(self, cycle: StepCycle) -> None:
         self.cycle = cycle
@@ -401,10 +380,8 @@ class _ZeroStep(_Wrapper):
 
 
 class ZeroSource:
-    """A DeepSpeed engine (``zero.py``): the loss from the engine's ``backward``, the cycle from
-    its ZeRO optimizer's ``step``: captured before it, recorded after it (its own overflow
-    decision and loss scale). ``losses_from_backward``: the engine's backward delivered a loss
-    (a loop calling ``loss.backward()`` hands it to ``record_loss`` instead)."""
+    """A DeepSpeed engine (``zero.py``): the loss from ``backward``; captured before the ZeRO
+    optimizer's ``step``, recorded after it. ``losses_from_backward``: else ``record_loss``."""
 
     def __init__(self, cycle: StepCycle, zero: ZeroEngine, view: ScalerView) -> None:
         self.cycle, self.zero, self.view = cycle, zero, view

@@ -1,17 +1,12 @@
 """Swallowed updates: parameters held in FP16/BF16 whose update rounds away (contract "Wire v3").
 
-A parameter stored in a low-precision format (``model.half()`` with no FP32 master copy) changes
-only when its update exceeds half the format's spacing at its magnitude (2^-11 of it in FP16):
-smaller updates are swallowed and the optimizer step silently does nothing for that element.
-
-On the steps that carry per-layer statistics, ``scaler.step`` is bracketed: the low-precision
-watched parameters of the stepping optimizer are copied before, and after it each layer's
-``swallowed`` fraction is counted on the device: among the elements whose gradient (as the
-optimizer saw it) is finite and non-zero, the share whose value is bit-identical after the step.
-
-Cost: nothing at all for a model without FP16/BF16 parameters (no probe exists); otherwise one
-copy of those parameters and two reductions per layer on the layer-stat steps only, no sync.
-A skipped (overflow) step changes nothing by design: its fractions are not sent (``record.py``).
+A low-precision parameter (``model.half()``, no FP32 master copy) changes only when its update
+exceeds half the format's spacing at its magnitude; smaller updates silently do nothing. On
+layer-stat steps ``scaler.step`` is bracketed: the stepping optimizer's low-precision parameters
+are copied before, and after it each layer's ``swallowed`` fraction is counted on the device: of
+the elements with a finite non-zero gradient, the share bit-identical after the step. Cost: none
+without FP16/BF16 parameters; else one copy and two reductions per layer on those steps, no
+sync. A skipped step's fractions are not sent.
 """
 
 from __future__ import annotations

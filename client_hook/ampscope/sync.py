@@ -1,12 +1,9 @@
 """``ampscope sync PATH``: upload spool files to a server, in order. Torch-free.
 
-Every complete frame not yet acknowledged (the ``.ack`` cursor a transport leaves beside its file)
-is POSTed as it is, oldest file first. The server ingests idempotently by (run, attempt, seq), so
-running sync twice inserts nothing new: the second run counts duplicates. An older server that
-refuses the frames' wire version gets them one version lower, as the transport does
-(``ampscope.negotiate``); the spool is left as written. Damaged stretches (a
-truncated tail after a kill, a corrupt frame) are reported and skipped; the frames around them are
-still sent. Sync never modifies the spool: delete it once the summary says everything arrived.
+Every complete frame past a file's ``.ack`` cursor is POSTed as it is, oldest file first; ingest
+is idempotent, so a second sync only counts duplicates. An older server gets frames one version
+lower (``ampscope.negotiate``). Damaged stretches are reported and skipped, the frames around
+them still sent. Sync never modifies the spool: delete it once the summary says all arrived.
 """
 
 from __future__ import annotations
@@ -65,14 +62,10 @@ def sync(
     attempts: int = 5,
     token: str | None = None,
 ) -> SyncReport:
-    """Upload the spool at ``path`` (a directory or one ``.ampspool`` file) to ``server``.
-
-    A frame the server refuses with a 4xx is reported and skipped. One it cannot take right now
-    (connection error, 5xx, 408, 429) is tried ``attempts`` times with backoff; if it still fails,
-    that frame and every later one are reported undelivered and sync stops, so a later run resumes
-    in order. A refusal of the client itself (401, 403, 410: the ``token``, sent as a bearer
-    token, is missing, revoked or of another project) also stops it: every frame would fail so.
-    """
+    """Upload the spool at ``path`` (a directory or one ``.ampspool`` file) to ``server``. A 4xx
+    refusal of a frame is reported and skipped; a frame that keeps failing (connection, 5xx, 408,
+    429: ``attempts`` tries with backoff) stops sync there, so a later run resumes in order; a
+    refusal of the client (401, 403, 410: the bearer ``token``) stops it too."""
     if sender is None:
         if server is None:
             raise ValueError("sync needs a server URL or a sender")

@@ -1,8 +1,7 @@
 """Where the gradients live and who sends the run: resolved once, by ``resolve``, into one value.
 
-The hook runs in one of these situations, and everything downstream (which gradients the capture
-reads, whether the step's share goes into the cross-rank reductions, whether anything is sent)
-follows from the answer, so it is decided once at ``watch()`` and never re-derived:
+Everything downstream (what the capture reads, whether it shares, whether anything is sent)
+follows from the situation, decided once at ``watch()`` and never re-derived:
 
 =============================== ===================================================================
 single process                  ``.grad`` of every watched parameter, read whole; this process sends
@@ -36,8 +35,7 @@ logger = logging.getLogger("ampscope")
 
 @dataclass(frozen=True)
 class Topology:
-    """The resolved answer (module docstring); ``enabled`` is False where this rank records
-    nothing at all (a rank other than 0 without a hook group)."""
+    """The resolved answer; ``enabled`` False where this rank records nothing at all."""
 
     model: torch.nn.Module  # what is watched: the engine's module for DeepSpeed
     layers: tuple[dict[str, Any], ...]  # the wire's layer table
@@ -66,8 +64,8 @@ def world_size() -> int:
 
 
 def _distributed(variable: str, getter: str, default: int) -> int:
-    """The launcher's environment variable (torchrun, Lightning, accelerate set it before the
-    process group exists), else the initialized process group's answer, else ``default``."""
+    """The launcher's environment variable (set before the process group exists), else the
+    initialized process group's answer, else ``default``."""
     if variable in os.environ:
         try:
             return int(os.environ[variable])
@@ -93,8 +91,7 @@ def resolve(
     include: Sequence[str] | None,
     exclude: Sequence[str] | None,
 ) -> Topology:
-    """The topology of this ``watch()`` (module docstring). Joining the hook's group waits up to
-    ``dist_timeout_s`` once, here, for every rank to call ``watch``."""
+    """The topology of this ``watch()``, joining the hook's group (waits ``dist_timeout_s``)."""
     this_rank, size = rank(), world_size()
     # A DeepSpeed engine (``zero.py``): its model's parameters are the layers, its ZeRO
     # optimizer the step cycle, its partitions the gradients.

@@ -1,43 +1,16 @@
 """Delivery of step records to the server, off the training thread; the disk spool when it is away.
 
-The training thread only calls ``Transport.put``: an append to a bounded in-memory deque (no I/O,
-no lock, no wait). A daemon sender thread wakes every ``flush_interval`` seconds (or as soon as a
-full batch is queued), turns queued items into wire records, and hands encoded batches to a
-``Sender``:
-
-* ``Outcome.ACKED`` (HTTP 2xx): the batch's records are acknowledged.
-* ``Outcome.RETRY`` (connection error, timeout, 5xx, 408, 429): the same batch is sent again after a
-  capped exponential backoff with jitter, or after ``Retry-After`` when the server gives one.
-* ``Outcome.REJECTED`` (any other 4xx): the batch is dropped and counted; the first rejection is
-  logged, later ones only counted, so a misconfigured client cannot flood the log. A 422 that
-  refuses the batch's ``schema_version`` (an older server) is not a rejection: the same batch is
-  sent again one wire version lower, and every later one at the version it took
-  (``ampscope.negotiate``).
-* ``Outcome.DENIED`` (401, 403, 410: no or a revoked token, another project's run, a deleted run):
-  sending stops for good (no retry storm) with one warning; the transport turns ``SPOOLING``
-  and never probes again, so every record still reaches the disk spool for a later
-  ``ampscope sync --token-file …``.
-
-Two modes (``Mode``). ``DIRECT``: batches go straight to the server. When a batch is still not
-acknowledged after ``retry_window`` seconds of retries (or there is no sender: offline mode), the
-transport turns ``SPOOLING``: that batch and, every ``flush_interval``, everything queued behind it
-are appended to the disk spool (``ampscope.spool``; always encoded with the layer table, so each
-frame stands alone), all from the sender thread. Probes replay the spool's oldest frame with the
-same backoff; once one is acknowledged the spool is replayed in order, before anything newer, and
-when it is empty the transport is ``DIRECT`` again. Without a spool (``spool_max_bytes=0``) a
-failing batch is retried until ``close``, as the queue in front of it fills and drops its oldest.
-
-Accounting, exact at every ``stats()`` call: ``produced = acknowledged + spooled + dropped +
-pending``, where ``spooled`` is on disk and not yet acknowledged and ``pending`` is in memory (the
-queue and the batch in hand). Records are dropped (and counted) when the queue is full (the oldest
-go first, on the training thread, which never writes to disk), when a batch is rejected, and when
-the spool is at its cap or unusable; ``replayed`` counts records acknowledged from the spool.
-
-``close(timeout)`` returns within ``timeout`` even with a blackholed server: sending stops early
-enough to leave time to spool what is still in memory (the last frame carries ``"final": true``).
-
-After ``os.fork`` the child's copy of every transport is disabled: the sender thread does not exist
-there, and a DataLoader worker must neither duplicate the stream nor wait on the parent's thread.
+The training thread only calls ``Transport.put``, an append to a bounded deque (no I/O, lock or
+wait). A sender thread wakes every ``flush_interval`` s and hands batches to a ``Sender``:
+``ACKED``; ``RETRY`` (connection, timeout, 5xx, 408, 429: capped jittered backoff or
+``Retry-After``); ``REJECTED`` (other 4xx: dropped, counted, the first logged; a 422 on the
+``schema_version`` is resent one version lower); ``DENIED`` (401, 403, 410: sending stops, one
+warning, all spooled). A batch unacknowledged after ``retry_window`` s turns ``DIRECT`` into
+``SPOOLING``: it and what follows go to the disk spool, replayed in order once a probe is
+acknowledged (without a spool it is retried until ``close``). Always ``produced = acknowledged +
+spooled + dropped + pending``; a full queue drops its oldest on the training thread, which never
+writes to disk. ``close(timeout)`` returns in time even against a blackholed server; after
+``os.fork`` the child's transports are off.
 """
 
 from __future__ import annotations
@@ -76,31 +49,20 @@ __all__ = [
 logger = logging.getLogger("ampscope")
 
 
-# How often the sender thread wakes (``Transport.flush_interval``; ``watch(flush_interval=)``).
-# Half a second: live latency p95 ~0.5 s against the 1 s budget (``bench/live_latency.py``:
-# 233 ms at 0.2 s, 525 ms at 0.5 s), and the sender's batch, which competes with training for the
-# GIL and the cores wherever it lands, slows one step in ~26 instead of one in ~11 (19 ms steps)
-# on the CPU reference loop: its median ratio was 1.015 against 1.021 at 0.2 s (hook_overhead.py
-# method, 40 rounds). Fewer, larger requests also spare a shared server.
+# How often the sender thread wakes (``watch(flush_interval=)``): live latency within its
+# budget, against requests and steps slowed by the sender's batch, which competes with training
+# for the GIL and the cores. Why 0.5: docs/hook-cost.md#the-senders-flush-interval.
 DEFAULT_FLUSH_INTERVAL = 0.5
 
 SENDER_NICENESS = 10
-"""How much lower than the process the sender thread runs (Linux ``nice`` steps; capped at 19).
-On a machine with as many cores as training has threads, a sender batch that wakes at the same
-priority takes a core from one of training's OpenMP threads, and the whole parallel op waits at
-its barrier for that thread; lower, the scheduler prefers training's threads and runs the sender
-when a core is idle. Records carry their own timestamps, so a later send changes no value; it
-is bounded by ``close``'s deadline as before. The GIL is the limit of the idea: a sender
-descheduled while it holds it still delays training's next Python call."""
+"""How much lower than the process the sender thread runs (Linux ``nice`` steps, up to 19): at
+training's priority it takes a core from an OpenMP thread and the whole parallel op waits at its
+barrier; lower, it runs when a core is idle (records carry their own timestamps)."""
 
 
 def lower_thread_priority(niceness: int = SENDER_NICENESS) -> bool:
-    """Raise the calling thread's nice value by ``niceness`` (up to 19); True when done.
-
-    Linux only: there ``setpriority(PRIO_PROCESS, tid)`` applies to one thread. Elsewhere the
-    same call would reach a whole process (macOS) or nothing, so nothing is done. Lowering
-    one's own priority needs no privilege; an error leaves it as it was.
-    """
+    """Raise the calling thread's nice value by ``niceness`` (up to 19); True when done. Linux
+    only (``setpriority(PRIO_PROCESS, tid)`` reaches one thread there); errors change nothing."""
     if not sys.platform.startswith("linux") or niceness <= 0:
         return False
     try:
@@ -145,8 +107,7 @@ class TransportStats:
 
 @dataclass
 class _Counters:
-    """``produced`` and ``dropped_full`` have the training thread as their only writer (plain
-    ints, no lock); the rest move together under ``Transport._lock``."""
+    """``produced``/``dropped_full``: training thread only, no lock; the rest under ``_lock``."""
 
     produced: int = 0
     dropped_full: int = 0
@@ -170,13 +131,9 @@ os.register_at_fork(after_in_child=_disable_all_after_fork)
 
 
 class Transport:
-    """Bounded queue, sender thread and disk spool; see the module docstring.
-
-    ``spool_dir``: where undeliverable records go (``None``: ``ampscope.spool.default_spool_dir()``,
-    i.e. ``$AMPSCOPE_SPOOL_DIR`` or ``~/.cache/ampscope/spool``); nothing is created there until
-    the first record is spooled. ``spool_max_bytes`` caps this transport's spool files (0: no
-    spool; undeliverable records are dropped and counted).
-    """
+    """Bounded queue, sender thread and disk spool. ``spool_dir`` (None:
+    ``spool.default_spool_dir()``) is created at the first spooled record; ``spool_max_bytes``
+    caps this transport's spool (0: no spool, undeliverable records are dropped)."""
 
     def __init__(
         self,
@@ -247,9 +204,7 @@ class Transport:
 
     # -- training thread -------------------------------------------------------------------------
     def put(self, item: Outgoing) -> int:
-        """Enqueue one record: never blocks, never does I/O. Drops the oldest when full.
-        Returns the backlog after it (items queued, not yet taken by the sender thread): the
-        step cycle's next stacking decision, without a second call."""
+        """Enqueue without blocking or I/O, dropping the oldest when full; returns the backlog."""
         c = self._c
         c.produced += 1
         if self._thread is None or self._closed or self._forked:
@@ -289,10 +244,8 @@ class Transport:
         )
 
     def flush(self, timeout: float) -> bool:
-        """Wake the sender thread and wait until every record put so far has left memory
-        (acknowledged, spooled or dropped, ``stats().pending == 0``); False when ``timeout``
-        seconds pass first, or when no sender thread runs to empty the queue. Blocks the caller:
-        for the end of a phase (an epoch, a benchmark's segment), never inside a step."""
+        """Wake the sender and wait until every record so far has left memory; False after
+        ``timeout`` s or without a sender thread. For the end of a phase, never inside a step."""
         deadline = time.monotonic() + max(0.0, timeout)
         while self.stats().pending:
             thread = self._thread
@@ -304,12 +257,8 @@ class Transport:
         return True
 
     def close(self, timeout: float) -> None:
-        """Flush everything queued, ending with a ``final`` batch; return within ``timeout`` s.
-
-        Sending stops about ``min(1, 0.3 * timeout)`` s before the deadline; what is still in
-        memory then goes to the spool (or is dropped and counted without one). A request in
-        flight is bounded by the same earlier deadline.
-        """
+        """Flush everything, ending with a ``final`` batch, within ``timeout`` s: sending stops
+        ``min(1, 0.3 * timeout)`` s early, and what is left in memory is spooled (or dropped)."""
         if self._closed:
             return
         self._closed = True
@@ -463,8 +412,7 @@ class Transport:
         return records
 
     def _deliver(self, batch: list[Outgoing], final: bool) -> None:
-        """Send one batch until acknowledged or rejected; past the retry window (or the close
-        deadline) it goes to the spool and the transport turns SPOOLING."""
+        """Send one batch until acknowledged or rejected; past the retry window, spool it."""
         assert self._sender is not None
         c = self._c
         records = self._wire(batch)
@@ -534,8 +482,7 @@ class Transport:
                 "(further rejections are only counted)", n, result.status, result.detail)
 
     def _spill(self, items: Sequence[Outgoing], final: bool) -> None:
-        """Queued items to the spool in frames of ``batch_size`` (``final`` marks the last one;
-        with no items and ``final`` an empty final frame is written)."""
+        """Queued items to the spool in ``batch_size`` frames, ``final`` marking the last."""
         if not items and not final:
             return
         if self._spool is None:
@@ -564,8 +511,7 @@ class Transport:
             self._announce_spool()
 
     def _announce_spool(self) -> None:
-        """Say once where records are going, and how they will reach a server (a refusal said
-        it already, `_deny`)."""
+        """Say once where records go and how they will reach a server (``_deny`` says it too)."""
         self._announced = True
         assert self._spool is not None
         where = self._spool.directory

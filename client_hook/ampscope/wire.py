@@ -1,18 +1,11 @@
 """Wire format v6 (docs/contracts.md "Wire v2" to "Wire v6"): the ingest payload and its JSON codec.
 
-This module is the hook's only serialisation path. JSON has no NaN or Infinity, so every float that
-can be non-finite travels as a number when finite and as ``"nan"``, ``"inf"`` or ``"-inf"``
-otherwise; ``None`` (JSON ``null``) always means *absent*, never NaN. ``dumps`` uses
-``allow_nan=False`` so a bare NaN can never leak onto the wire.
-
-Packed statistics (v5). A record's per-layer arrays are most of a body and most of the sender
-thread's time: ``json.dumps`` writes each float's decimal ``repr``, one by one, holding the GIL
-that training wants. ``dumps`` therefore sends a record's ``layers`` and ``activations`` as
-``{"f64le": "<base64>"}``: the eight statistics' columns (``LAYER_STAT_NAMES`` order) of
-little-endian float64, made by ``array`` in C. The meaning is the JSON form's (``unpack_stats``
-gives it back exactly): NaN stands for null in amax, amin_nz and l2, the counts are whole
-numbers. A block holding a tagged string (an activation's "inf") stays JSON, which the server
-still accepts.
+The hook's only serialisation path. JSON has no NaN or Infinity: a float that can be non-finite
+travels as a number or as ``"nan"``/``"inf"``/``"-inf"``; ``None`` always means *absent*, and
+``allow_nan=False`` keeps a bare NaN off the wire. Since v5 ``dumps`` packs a record's
+``layers``/``activations`` as ``{"f64le": "<base64>"}`` (the columns as little-endian float64,
+made in C; NaN stands for null), sparing the sender thread a ``repr`` per float under the GIL;
+a block holding a tagged string stays JSON.
 """
 
 from __future__ import annotations
@@ -48,13 +41,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 6
-"""v6 (issue #30): ``run.target_format_reason``, ``recheck.origin`` and ``shadow``; an older
-server gets batches one version lower (``ampscope.negotiate``)."""
+"""v6 (#30); an older server gets batches one version lower (``ampscope.negotiate``)."""
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
 _SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
-"""What ``dumps`` writes in place of a packed block's base64 text and then splices the text in
-for: ``json.dumps`` would scan each of its characters for escapes (~0.1 ms at 500 layers)."""
+"""Stands for a packed block's base64 text in ``dumps``, spliced in afterwards."""
 
 CAPTURED = ("before_unscale", "after_unscale")
 """Values of a record's ``captured``: the grads were still scaled, or the loop had unscaled them."""
@@ -62,8 +53,7 @@ CAPTURED = ("before_unscale", "after_unscale")
 MISUSE_KINDS = ("step_bypassed_scaler", "clip_before_unscale", "unscale_twice")
 
 RECHECK_STATUSES = ("persisted", "vanished", "failed")
-"""A record's ``recheck.status``: the non-finite values persisted in FP32, vanished, or the
-closure raised (``detail``)."""
+"""``recheck.status``: the non-finite values persisted in FP32, vanished, or the closure raised."""
 
 LAYER_STAT_NAMES: tuple[str, ...] = (
     "amax",
@@ -127,15 +117,9 @@ def jsonable(value: object) -> JSON:
 
 
 def encode_stats(stats: Mapping[str, Sequence[float]]) -> dict[str, list[JSON]]:
-    """``{stat: values}`` as computed (NaN for "none") → wire arrays: counts as ints,
-    amax/amin_nz/l2 null when not finite, fractions as numbers. Used by ``layers`` and
-    ``activations``.
-
-    The sender thread runs this for every per-layer record, holding the GIL that training's
-    thread wants back after each of its ops: a row whose float sum is finite holds no NaN or
-    ±inf, so it is converted by ``map(float, …)`` in C instead of one Python call per value
-    (the same floats; a row with a non-finite value, or whose sum overflows, takes the
-    per-value path)."""
+    """``{stat: values}`` (NaN for "none") → wire arrays: counts as ints, amax/amin_nz/l2 null
+    when not finite. A row with a finite sum (no NaN or ±inf) converts by ``map(float, …)`` in
+    C, not a Python call per value: the sender thread holds the GIL training wants."""
     encoded: dict[str, list[JSON]] = {}
     for name in LAYER_STAT_NAMES:
         values = stats[name]
@@ -178,18 +162,9 @@ def step_record(
     ranks: Mapping[str, Sequence[JSON]] | None = None,
     optimizers: Sequence[Mapping[str, JSON]] | None = None,
 ) -> dict[str, JSON]:
-    """One wire record. ``layers`` and ``activations`` map every name of ``LAYER_STAT_NAMES`` to
-    per-layer (per-module) values as computed, encoded by ``encode_stats``. The v2 fields are
-    passed through as given (``None`` = not measured): ``captured`` one of ``CAPTURED``,
-    ``nonfinite`` ``[{"layer", "kind"}]`` in backward order, ``misuse`` ``[{"kind", "detail"}]``,
-    ``histogram`` ``{"min_exp", "max_exp", "counts"}``; v3: ``recheck`` ``{"status", "loss"
-    (encoded), "layers", "detail", "origin"}`` (``origin``, optional, v6: ``{"module",
-    "input_finite", "format"}``, the first module in forward order whose output was
-    non-finite in a re-run, or None), ``swallowed`` a fraction or None per layer; v4:
-    ``ranks`` ``{"loss": [encoded per rank], "nonfinite": [count or None per rank]}``,
-    ``optimizers`` ``[{"skipped": bool or None, "lr": [encoded per parameter group]}]``; v6:
-    ``shadow`` ``{"status", "loss", "rel_err", "cosine", "norm", "detail"}`` (the FP32 shadow step,
-    ``ampscope.shadow``), sent only when given: a step without one carries no key."""
+    """One wire record (docs/contracts.md): ``layers``/``activations`` map ``LAYER_STAT_NAMES``
+    to values as computed (encoded unless packed); other blocks pass as given (None: not
+    measured); ``shadow`` only when given (else no key)."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
@@ -233,8 +208,7 @@ def build_payload(
     modules: Sequence[Mapping[str, JSON]] | None = None,
     client: Mapping[str, int] | None = None,
 ) -> dict[str, JSON]:
-    """The body of one ``POST /api/ingest``; ``layers`` is the layer table or None, ``modules``
-    the activation source's module table or None, ``client`` the sender's accounting or None."""
+    """The body of one ``POST /api/ingest`` (None: no layer table, module table or accounting)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run": dict(run),
@@ -248,8 +222,7 @@ def build_payload(
 
 
 def packed(columns: bytes) -> dict[str, str]:
-    """A packed statistics block of the eight columns' native float64 bytes, one after the
-    other in ``LAYER_STAT_NAMES`` order (no null: NaN; counts whole): one base64 call."""
+    """A packed block: the columns' native float64 bytes, null as NaN, one base64 call."""
     if sys.byteorder == "big":
         values = array("d")
         values.frombytes(columns)
@@ -259,10 +232,8 @@ def packed(columns: bytes) -> dict[str, str]:
 
 
 def pack_stats(stats: Mapping[str, Sequence[JSON]]) -> dict[str, str] | None:
-    """An encoded statistics block (``encode_stats``'s form) packed, or None where it cannot
-    be packed exactly (a tagged string): then it travels as JSON. Each column is one
-    ``array("d", column)`` in C, which refuses a null or a string (TypeError): only a column
-    holding nulls takes a per-value expression (null → NaN, amax, amin_nz and l2 only)."""
+    """An ``encode_stats`` block packed, or None where it cannot be exactly (a tagged string:
+    it stays JSON); one ``array("d", column)`` in C per column, nulls as NaN."""
     values = array("d")
     for name in LAYER_STAT_NAMES:
         column = stats[name]
@@ -307,11 +278,7 @@ def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
 
 
 def dumps(payload: Mapping[str, JSON]) -> bytes:
-    """Compact UTF-8 JSON, each record's ``layers``/``activations`` packed where they can be
-    (module docstring); raises ``ValueError`` if a bare non-finite float slipped through.
-
-    A packed block's base64 text is spliced into the encoded body in place of ``_SLOT``, never
-    passed through ``json.dumps``, which would scan it for escapes (base64 needs none)."""
+    """Compact UTF-8 JSON, statistics packed; ``ValueError`` on a bare non-finite float."""
     texts: list[str] = []
     records = payload.get("records")
     if records:

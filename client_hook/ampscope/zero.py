@@ -1,34 +1,15 @@
 """DeepSpeed engines: the step cycle's source and this rank's pieces of the gradients (a service).
 
-DeepSpeed trains through its engine and has no ``GradScaler``: ``engine.backward(loss)`` divides
-the loss by the gradient accumulation steps (and, in FP16, multiplies it by the loss scale of its
-own ZeRO optimizer), and ``engine.step()`` calls that optimizer's ``step()`` once per
-accumulation boundary. There the optimizer checks the gradients (FP16 and FP32; BF16 when its
-config asks), moves its loss scale, and skips the update when they overflowed. So the hook wraps
-two methods per instance (``Monitor``): the engine's ``backward``, for the loss, and the ZeRO
-optimizer's ``step``: the capture before it, the record after it, whose ``skipped`` is the
-optimizer's own ``overflow`` flag (a host bool it already synced for) and whose scale is its loss
-scale (a host float; ``ZeroView``).
-
-The gradients are partitioned (ZeRO stages 1 and 2 partition the optimizer's flat buffers, stage 2
-the reduced gradients too): each parameter's ``_hp_mapping`` names the piece of it that this
-rank's partition holds (``lp_fragment_address``) and gives that piece's gradient
-(``get_lp_grad_fragment``), reduced across the data-parallel ranks already and, in FP16, still
-multiplied by the loss scale. A parameter this rank holds nothing of has no mapping. The pieces of
-one parameter on the ranks are disjoint and cover it, so they merge into the full gradient's
-statistics exactly as FSDP's shards do (``collective.py``). These are DeepSpeed's documented
-fragment accessors (``deepspeed.utils.safe_get_full_grad`` builds on them), read per piece without
-its all-reduce.
-
-ZeRO stage 3 partitions every parameter evenly (``partition_numel`` elements per rank, the last
-ones padded) and keeps each one's reduced gradient partition in a per-parameter view of one flat
-buffer: the piece is that view cut to the parameter's own elements. The view is read from the
-optimizer's private map (its public accessor synchronizes a stream per parameter on CUDA); the
-reduction it waits for has finished by then (DeepSpeed's backward epilogue waits). With the
-optimizer offloaded (CPU or NVMe) the partitions live elsewhere: the hook records the losses, the
-scale and the skips, and no gradient statistics (a warning says so).
-
-Nothing here imports DeepSpeed: an engine is recognised by what it has.
+DeepSpeed has no ``GradScaler``: ``engine.backward(loss)`` divides the loss by the accumulation
+steps (in FP16 also scales it), and its ZeRO optimizer's ``step()`` checks the gradients, moves
+the loss scale and skips an overflowed update. The hook wraps both: the loss from ``backward``,
+the capture before ``step`` and the record after, its ``overflow`` flag and loss scale being
+host values (``ZeroView``). Stages 1-2: ``_hp_mapping`` gives this rank's piece of each
+gradient (DeepSpeed's fragment accessors, without their all-reduce), reduced already, still
+scaled in FP16; pieces are disjoint and cover the parameter, so they merge as FSDP's shards do.
+Stage 3: the parameter's view into the flat gradient partition, from the optimizer's private map
+(the public accessor syncs a stream per parameter). Offloaded: losses, scale and skips only.
+DeepSpeed is never imported: an engine is recognised by what it has.
 """
 
 from __future__ import annotations
@@ -73,8 +54,7 @@ class ZeroEngine:
 
     @property
     def has_pieces(self) -> bool:
-        """Whether this rank's pieces of the gradients are readable: stages 1 and 2, and stage
-        3 unless the optimizer is offloaded (its partitions then live in CPU or NVMe buffers)."""
+        """Whether this rank's pieces are readable (not with an offloaded stage 3)."""
         if self.stage != 3:
             return True
         return (not getattr(self.optimizer, "offload_optimizer", False)
@@ -82,11 +62,8 @@ class ZeroEngine:
 
     def reader(self, params: Sequence[torch.nn.Parameter]) -> Callable[
             [Sequence[torch.nn.Parameter]], list[torch.Tensor | None]]:
-        """What the capture reads (``StepCycle(grads=...)``), called between the last backward
-        of a step and the optimizer's ``step``: each of ``params``' pieces of the reduced
-        gradient held by this rank (1-D), None where it holds none; nothing at all without
-        ``has_pieces`` (the record then has the losses, scale and skips only). What does not
-        change between steps (stage 3's keys and sizes) is worked out here, once."""
+        """What the capture reads between a step's last backward and the optimizer's ``step``:
+        each parameter's 1-D piece on this rank (None: none)."""
         if not self.has_pieces:
             return lambda ps: [None] * len(ps)
         if self.stage != 3:
@@ -110,17 +87,14 @@ class ZeroEngine:
                 else int(m.lp_fragment_address.numel) for p in params]
 
     def full_shapes(self) -> dict[int, tuple[list[int], int]] | None:
-        """Stage 3: each parameter's real shape and size (id → shape, numel); outside its
-        forward a stage-3 parameter is an empty placeholder (``ds_shape``, ``ds_numel``)."""
+        """Stage 3: each parameter's real shape and size by id (outside forward, a placeholder)."""
         if self.stage != 3:
             return None
         return {id(p): (list(p.ds_shape), int(p.ds_numel)) for p in self.module.parameters()
                 if hasattr(p, "ds_shape") and hasattr(p, "ds_numel")}
 
     def loss_share(self, loss: torch.Tensor, scale_wrt_gas: bool) -> torch.Tensor:
-        """What one ``backward`` adds to the step's loss: the micro-batch's loss divided by the
-        accumulation steps, as DeepSpeed divides it (``scale_wrt_gas``), so the record's loss is
-        the mean over the step's micro-batches."""
+        """One ``backward``'s share of the loss, divided by the accumulation steps as DeepSpeed."""
         steps = int(self.engine.gradient_accumulation_steps())
         return loss / steps if scale_wrt_gas and steps > 1 else loss
 
@@ -133,9 +107,8 @@ def is_engine(model: Any) -> bool:
 
 
 def engine_of(model: Any) -> ZeroEngine | None:
-    """``model`` as a DeepSpeed engine with a ZeRO optimizer (stage ≥ 1), else None. A stage-0
-    engine keeps whole gradients in ``.grad`` but steps its own FP16/BF16 optimizers, which
-    the hook does not wrap: it raises, saying so."""
+    """``model`` as a DeepSpeed engine with a ZeRO optimizer (stage ≥ 1), else None; stage 0
+    (whose own FP16/BF16 optimizers the hook does not wrap) raises, saying so."""
     if not is_engine(model):
         return None
     stage = int(model.zero_optimization_stage())
@@ -150,8 +123,7 @@ def engine_of(model: Any) -> ZeroEngine | None:
 
 
 def partitioned(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s parameters are managed by a ZeRO optimizer (the module inside an
-    engine, as a framework's callback may hand it over)."""
+    """Whether a ZeRO optimizer manages ``model``'s parameters (an engine's inner module)."""
     return any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id") for p in model.parameters())
 
 
@@ -170,16 +142,14 @@ def _piece(p: torch.nn.Parameter) -> torch.Tensor | None:
 
 
 def _stage3_valid(p: Any) -> int:
-    """How many of a stage-3 parameter's elements this rank's partition holds: partitions are
-    ``partition_numel`` long on every rank, the last ones padded past ``ds_numel``."""
+    """How many of a stage-3 parameter's elements this rank's (padded) partition holds."""
     size = int(p.ds_tensor.ds_numel)
     rank = int(getattr(p, "ds_zero_partition_rank", 0))
     return max(0, min(size, int(p.ds_numel) - rank * size))
 
 
 class ZeroView(ScalerView):
-    """The ZeRO optimizer read as the hook reads a scaler: its loss scale (FP16 only; BF16 and
-    FP32 runs have none, as without a scaler) and, after its step, whether it skipped."""
+    """The ZeRO optimizer read as a scaler: its FP16 loss scale and whether it skipped."""
 
     def __init__(self, zero: ZeroEngine) -> None:
         super().__init__(None)

@@ -2,18 +2,12 @@
 
     trainer = Trainer(precision="bf16-mixed", callbacks=[AmpscopeCallback(layer_every=10)])
 
-At ``fit`` start, on every rank (under torch.distributed the monitor makes one run of the job:
-global rank zero sends, every rank contributes its loss and, under FSDP2, its gradient shards'
-statistics; ``ampscope.collective``), it watches the ``LightningModule`` with the scaler
-of the trainer's precision plugin (``16-mixed``: Lightning's ``GradScaler``, or the one of an
-explicit ``MixedPrecision(..., scaler=...)`` plugin) and the trainer's optimizers; with no
-scaler (``bf16-mixed``, ``32``, or ``16-mixed`` on a CPU, which Lightning turns into bf16) the
-steps come from the optimizers and the loss from ``on_before_backward``: the loss the module's
-``training_step`` returned, divided by ``accumulate_grad_batches`` as Lightning does, so a
-step's recorded loss is the mean over its micro-batches. Run name: the logger's
-``name/version`` (overridable, as every ``ampscope.watch`` option); config: the module's
-``hparams``; target format: bf16 or fp16 from the trainer's precision. The monitor closes at
-the end of ``fit`` and when training raises.
+At ``fit`` start, on every rank, it watches the ``LightningModule`` with the precision plugin's
+scaler and the trainer's optimizers; without one (``bf16-mixed``, ``32``, ``16-mixed`` on a CPU,
+which Lightning makes bf16) the loss comes from ``on_before_backward``, divided by
+``accumulate_grad_batches`` as Lightning does. Run name, config and format come from the logger,
+``hparams`` and the precision (``watch`` options override them); it closes when ``fit`` ends or
+raises.
 """
 
 from __future__ import annotations

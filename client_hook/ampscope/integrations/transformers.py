@@ -3,28 +3,13 @@
     callback = attach(trainer, layer_every=10)   # or Trainer(callbacks=[AmpscopeCallback()])
     trainer.train()
 
-At ``on_train_begin``, on every process (under torch.distributed the monitor makes one run of
-the job: process zero sends, every rank contributes its loss and, under FSDP2, its gradient
-shards' statistics; ``ampscope.collective``), it watches the model with the scaler
-of the optimizer the trainer prepared (accelerate's ``AcceleratedOptimizer`` carries it as
-``.scaler``; None under ``bf16=True`` or FP32, and under ``fp16=True`` on a CPU, which trains
-in FP32: one warning says so) and the torch optimizer inside it. Run name: ``args.run_name``;
-config: ``args.to_dict()``; target format from ``args.bf16``/``args.fp16``. It closes at
-``on_train_end``, and when ``train()`` raises through ``attach``'s wrapper.
-
-The loss. With a scaler the hook reads each ``scaler.scale(loss)`` (accelerate's ``backward``),
-i.e. the loss already divided by the gradient accumulation steps: a step's record is their sum,
-the mean loss the trainer logs. Without a scaler a callback sees no loss; ``attach`` wraps the
-trainer's ``training_step`` (on that instance, removed at the end) to hand each returned loss to
-``Monitor.record_loss``; a callback passed to ``Trainer(callbacks=...)`` alone records no loss
-there.
-
-DeepSpeed (``TrainingArguments(deepspeed=...)``): ``attach`` watches the trainer's engine
-(``model_wrapped``) as ``ampscope.watch(engine)`` does (``ampscope.zero``): the loss from the
-engine's ``backward`` (the trainer has divided it by the accumulation steps already), DeepSpeed's
-own skips and loss scale, the full gradients' statistics from the ZeRO partitions. A callback
-passed to ``Trainer(callbacks=...)`` alone does not know the engine: it says so and does not
-watch.
+At ``on_train_begin``, on every process, it watches the model with the prepared optimizer's
+scaler (accelerate's ``.scaler``; None under bf16/FP32, or ``fp16=True`` on a CPU: a warning says
+so) and the torch optimizer inside, taking run name, config and format from the
+``TrainingArguments``; it closes at ``on_train_end`` or when ``train()`` raises through
+``attach``. Without a scaler ``attach`` wraps the instance's ``training_step`` to hand each loss
+to ``Monitor.record_loss`` (a callback alone records none); under DeepSpeed ``attach`` watches
+the trainer's engine (a callback alone cannot, and says so).
 """
 
 from __future__ import annotations
@@ -109,8 +94,7 @@ class AmpscopeCallback(transformers.TrainerCallback):
 
 
 def attach(trainer: transformers.Trainer, **watch_options: Any) -> AmpscopeCallback:
-    """Add an ``AmpscopeCallback`` to ``trainer`` and hand it each step's loss (see the module
-    docstring); returns the callback (``callback.monitor`` once training began)."""
+    """Add an ``AmpscopeCallback`` to ``trainer``, handing it each step's loss; returns it."""
     callback = AmpscopeCallback(**watch_options)
     callback.trainer = trainer
     trainer.add_callback(callback)
