@@ -131,7 +131,7 @@ def test_the_server_decodes_packed_batches_without_torch() -> None:
     script = (
         "import sys\n"
         "from ampscope_server.api import app\n"
-        "from ampscope_server.runs.schemas import IngestBatch\n"
+        "from ampscope_server.ingest.wire import IngestBatch\n"
         "batch = IngestBatch.model_validate_json(sys.stdin.read())\n"
         "assert batch.records[0].layers is not None\n"
         "print(batch.records[0].layers.nan_count, 'torch' in sys.modules)\n")
