@@ -79,9 +79,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if alerts is not None:
             alerts.start()
         # What exists now (modules, the app, schemas, mappers: ~150k objects) lives as long as
-        # the process. Out of the collector's reach, a full collection scans what requests
-        # made, ~3 ms, instead of ~130 ms every ~0.6 s under a stream of reads on the 2-core
-        # reference machine: the p95 of every read (docs/storage.md, "2026-12-03 (evening)").
+        # the process. Out of the collector's reach, a full collection scans only what requests
+        # made: scanning it all under a stream of reads set the p95 of every read
+        # (docs/storage.md#the-collector-frozen-at-startup).
         gc.collect()
         gc.freeze()
         try:

@@ -6,11 +6,9 @@ group is the step's own `skipped` and `lr`), so most runs have no row here and r
 empty list. `tracks` is pure: rows in, the response out.
 
 Cost: one `step_optimizers` row per step that carried the block is read and unpacked (there
-are no rollups of this table): a long run with several optimizers reads all of its rows.
-Measured (`bench/optimizer_reads.py --steps 100000`, SQLite, 2 cores): 1.17 s p50 for a run of
-100,000 such steps, where `/series/lr` takes 14 ms. Nearly all of it is unpacking the rows
-(`stat_packing`'s compressed format); timed apart in one process, unpacking 100,000 rows took
-1.24 s and `tracks` 0.13 s.
+are no rollups of this table): a long run with several optimizers reads all of its rows, and
+unpacking them (`stat_packing`'s compressed format) is nearly all of the read's time
+(docs/storage.md#the-optimizer-tracks-cost).
 """
 
 from __future__ import annotations

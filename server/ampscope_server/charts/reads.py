@@ -43,9 +43,9 @@ wide (a series point carries three and comes at twice the chart width)."""
 RAW_FOLD_STEPS = 256
 """The widest range a downsampled heatmap folds from its raw layer steps. The 4- and 16-step
 per-layer buckets are not stored, so a column that narrow costs one unpacked blob per step
-and layer (1000 steps x 200 layers: ~1 s); past this many steps the columns come from the stored
-`layer_rollups` (64 steps and wider) and only a range's partial edge buckets (under 64 steps
-each) and sparse 64-step buckets are folded raw."""
+and layer (docs/storage.md#heatmaps-raw-folds-and-stored-rollups); past this many steps the
+columns come from the stored `layer_rollups` (64 steps and wider) and only a range's partial
+edge buckets (under 64 steps each) and sparse 64-step buckets are folded raw."""
 
 
 def _bounds(
@@ -217,8 +217,8 @@ def _rolled_heatmap(session: Session, run: Run, stat: HeatmapStat, bounds: tuple
             map(display, worst))
         by_column.append(shown + [None] * (width - len(shown)))
     z = [list(row) for row in zip(*by_column, strict=True)] if by_column else [[] for _ in names]
-    # Built from stored rollups, already of the schema's types: validating 122,500 cells again
-    # cost ~13 ms of a ~80 ms read.
+    # Built from stored rollups, already of the schema's types: validating its cells again was
+    # a sizeable share of the read (docs/storage.md#heatmaps-raw-folds-and-stored-rollups).
     return HeatmapRead.model_construct(
         stat=stat, source="param", layers=names, steps=[plan.first_step(col) for col in columns],
         z=z, downsampled=True, rows=None if rows is None else list(rows))
@@ -230,8 +230,9 @@ def _layer_levels(session: Session, run: Run, start: int, end: int, max_points: 
     `rollups.LAYER_LEVELS`, or all but the finest when that level would be chosen (at most
     max_points buckets in range) and fewer than half of its buckets there kept a row. A sparse
     cadence (the hook's default, every 10th step) stores no 64-step row (`rollups.DENSE_STEPS`):
-    each of its buckets is folded from its raw steps, as many blobs as a raw read, ~0.9 s at a
-    1/100 zoom of a 1M-step x 500-layer run; its 256-step rows read in tens of ms."""
+    each of its buckets is folded from its raw steps, as many blobs as a raw read, where its
+    256-step rows cost a small fraction of that
+    (docs/storage.md#heatmaps-raw-folds-and-stored-rollups)."""
     finest = rollups.LAYER_FINEST
     buckets = (end >> finest) - (start >> finest) + 1
     if buckets > max_points or rollups_repository.count_layer_rollups(

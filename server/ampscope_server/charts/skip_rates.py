@@ -72,9 +72,9 @@ EXACT_STEPS = 10_000
 """Ranges of at most this many steps get the exact rolling rate from the raw flags."""
 MAX_BLOCK_ROWS = 1 << 14
 """Above this many rollup rows of the finest block unit, the unit goes one level coarser (while
-it still fits in the window): the rows a long-range read scans stay bounded. The database's
-sliding sums cost ~1.5 µs a row on SQLite (a 2-core machine), so 16k rows stay near 30 ms
-(1M steps at a window of 100: 64-step units rather than 62,500 rows of 16)."""
+it still fits in the window): the rows a long-range read scans stay bounded, and with them the
+database's sliding sums, which cost per row (1M steps at a window of 100: 64-step units rather
+than 62,500 rows of 16; docs/storage.md#the-skip-rates-long-ranges)."""
 BLOCK_FANOUT = 4
 """A block is preferably at least this many units, so that it is at least 4/5 of the window."""
 

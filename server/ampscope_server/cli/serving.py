@@ -173,10 +173,10 @@ def log_config(level: str = "info") -> dict[str, Any]:
 
 WORKER_HEALTHCHECK_S = 60
 """How long uvicorn's supervisor waits for a worker to answer its ping before it kills and
-replaces it (uvicorn's default: 5 s). A worker answers from a thread that needs the GIL, so a
+replaces it (uvicorn's default: 5). A worker answers from a thread that needs the GIL, so a
 worker decoding a large body, or one still booting on a loaded host, stays silent for seconds
-while healthy: at 5 s a 2-core host at load 12 killed booting workers in a loop and the server
-never came up (CI, 2026-12-06)."""
+while healthy: at uvicorn's default a loaded host killed its booting workers in a loop and the
+server never came up (docs/storage.md#the-workers-healthcheck)."""
 
 
 def run(settings: Settings, log_level: str, workers: int = 1) -> None:

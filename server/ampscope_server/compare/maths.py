@@ -1,6 +1,6 @@
 """Pure comparison math for two runs aligned by step: first divergence and per-layer differences.
 
-No I/O. Run A is the reference, run B the one compared with it. Inputs are maps keyed by step
+No I/O. A is the reference run, B the one compared with it. Inputs are maps keyed by step
 (`by_step` builds them from rows in step-then-ingest order, so a step sent again by a resumed
 attempt keeps its last value).
 

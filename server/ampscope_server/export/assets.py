@@ -31,7 +31,8 @@ PLOTLY_BUNDLE = "plotly-cartesian.min.js"
 """plotly.js's official "cartesian" partial bundle (npm `plotly.js-cartesian-dist-min`, MIT,
 web/vendor/plotly-LICENSE.txt): every trace type the dashboard draws (scatter, heatmap) in
 1.5 MB instead of the full bundle's 4.8 MB. A browser parses and runs it before the first
-chart: on this project's 2-core machine the full bundle alone took ~3 s of a cold run page."""
+chart, so its size is on a cold run page's critical path
+(docs/storage.md#the-dashboards-plotly-bundle)."""
 
 
 def plotly_js() -> Path:

@@ -37,7 +37,8 @@ PAGE_VALUES = 50_000
 """Per-layer (or per-module) rows a CSV page reads at most (each carries the eight statistics)."""
 JSON_PAGE_VALUES = 5_000
 """The same for a JSON page, smaller: each row there also becomes ORM and pydantic objects
-(about 1 KiB each), so 4 exports at once stay well inside 64 MiB (bench/team_server.py)."""
+(about 1 KiB each), so 4 exports at once stay well inside 64 MiB
+(docs/storage.md#smaller-notes-moved-from-the-code)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -25,9 +25,10 @@ class FloatFormat:
 
     @cached_property
     def max(self) -> float:
-        # Cached: a heatmap's headroom takes it once per cell (30 % of one profile), and the
-        # arithmetic below never changes for a format. (cached_property writes the instance's
-        # __dict__ directly, which a frozen dataclass allows.)
+        # Cached: a heatmap's headroom takes it once per cell
+        # (docs/storage.md#heatmaps-raw-folds-and-stored-rollups), and the arithmetic below
+        # never changes for a format. (cached_property writes the instance's __dict__ directly,
+        # which a frozen dataclass allows.)
         top_exponent = (1 << self.exponent_bits) - (2 if self.ieee_special else 1) - self.bias
         ulp = 2.0**-self.mantissa_bits
         # e4m3fn: the all-ones mantissa at the top exponent is NaN, so the largest is one ulp less.

@@ -1,8 +1,7 @@
 """Findings of a stored run: load a bounded snapshot, run the pure engine, shape the output.
 
-What one snapshot reads, whatever the run's length (measured before this bound on a
-baseline: 0.1 s on SQLite for a run of 100k steps x 200 layers; 1.5 s with a baseline, which
-then read every step):
+What one snapshot reads, bounded whatever the run's length (a snapshot with a baseline once
+read every step of both runs: docs/storage.md#the-findings-snapshots-bound):
 - step scalars of the *notable* steps only (skipped or found_inf, scale changes, non-finite
   loss/grad norm, the step after each skip) and of the first and last EDGE_STEPS steps (the
   run's healthy magnitude and where it is now, `findings.divergence`): O(events), not O(steps);
@@ -102,8 +101,9 @@ CACHE_RUNS = 512
 HISTOGRAM_STEPS = 50
 """The "what if x k" view offers the run's last 50 sampled steps (every 100 steps by default)."""
 LIVE_REFRESH_S = 2.0
-"""A changing run is analysed again at most every 2 s, however many pages read it: fast enough
-that a finding appears within a few seconds, slow enough that one analysis serves many reads."""
+"""A changing run is analysed again at most once in this many seconds, however many pages read
+it: fast enough that a finding appears within a few seconds, slow enough that one analysis
+serves many reads."""
 
 
 def _steps(rows: Sequence[tuple[Any, ...]]) -> tuple[list[StepPoint], dict[int, int]]:
@@ -344,7 +344,8 @@ def _fresh(view: LiveView | None, run: Run, now: float) -> bool:
     need not)."""
     return view is not None and (
         view.updated_at == run.updated_at
-        # A finished run changes no more: its last batch is analysed at once, not 2 s later.
+        # A finished run changes no more: its last batch is analysed at once, not
+        # LIVE_REFRESH_S later.
         or (run.status == "active" and now - view.analysed_at < LIVE_REFRESH_S))
 
 

@@ -161,5 +161,5 @@ subnormal values (the scaler grows the scale until the next overflow)."""
 # --- stability (findings/stability.py) -----------------------------------------------------------
 HOLD_STEPS = 200
 """A finding the detectors no longer raise stays shown (marked as no longer seen) until it has
-been absent for 200 steps: 10 s of the demo at 20 steps/s, several live analyses, at least 20
-layer-stat steps at the default cadence. A value near its threshold cannot make it blink."""
+been absent for 200 steps: several live analyses even at the demo's 20 steps a second, at least
+20 layer-stat steps at the default cadence. A value near its threshold cannot make it blink."""

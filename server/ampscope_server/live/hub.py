@@ -1,4 +1,4 @@
-"""The live hub: "run X has new rows" from the ingest threads to the WebSocket tasks.
+"""The live hub: "this run has new rows" from the ingest threads to the WebSocket tasks.
 
 A notification carries only the run id; subscribers then read what is new from the database.
 On Postgres the notifications travel through LISTEN/NOTIFY (`live.postgres`), so that every worker

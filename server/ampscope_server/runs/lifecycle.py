@@ -33,7 +33,8 @@ def prune(session: Session, project: str, older_than_s: float, now: float | None
 
 
 def parse_age(text: str) -> float:
-    """'30d', '12h', '90m', '45s' → seconds; ValueError with the accepted forms otherwise."""
+    """An age such as '30d', '12h' or '90m' (units d, h, m, s) → seconds; ValueError with the
+    accepted forms otherwise."""
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
     number, unit = text[:-1], text[-1:].lower()
     if unit not in units or not number.isdigit():

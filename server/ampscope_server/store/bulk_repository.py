@@ -1,13 +1,13 @@
 """Bulk inserts on Postgres: a batch's rows in one statement, not one per row.
 
 SQLAlchemy's executemany on psycopg either sends a statement per row (pipelined) or renders one
-INSERT with a VALUES tuple per row, whose text psycopg then parses in Python (~12 ms for a
-50-record batch of steps: `_split_query`). Two ways instead:
+INSERT with a VALUES tuple per row, whose text psycopg then parses in Python (`_split_query`:
+docs/storage.md#postgres-statements-arrays-copy-no-jit). Two ways instead:
 
 - `insert` (ON CONFLICT, RETURNING): every column travels as one array parameter of a statement
   whose text depends only on the table and the columns, so psycopg adapts the arrays in C:
   `INSERT INTO t (a, b) SELECT * FROM unnest(%s::T[], %s::U[])`. Not for blobs: Postgres
-  unnests a bytea[] of a batch's packed statistics at ~10 MB/s.
+  unnests a bytea[] of a batch's packed statistics slowly.
 - `copy` (plain inserts of new rows, blobs included): `COPY … FROM STDIN (FORMAT BINARY)`,
   about twice as fast as executemany for a batch of 50 packed layer-stat rows.
 

@@ -26,7 +26,7 @@ POSTGRES_POOL_SIZE = 16
 """Connections a process keeps open to Postgres (and as many again at a burst). SQLAlchemy's
 default, 5, is fewer than the concurrent ingests of a team's jobs: every request past the fifth
 opened a connection and closed it after, each time a new backend process with cold catalog
-caches (with 8 clients in bench/ingest_http.py, 24 backends came and went in one run)."""
+caches (docs/storage.md#postgres-statements-arrays-copy-no-jit)."""
 
 
 def is_sqlite(url: str) -> bool:
@@ -53,8 +53,9 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         # JIT compiles a query when its estimated cost is high, which a join over a long run's
-        # layer_stats is (before ANALYZE above all): 250-600 ms of compiling for a 80 ms chart
-        # query (bench/query.py). Every query here reads a bounded number of rows: JIT never pays.
+        # layer_stats is (before ANALYZE above all), and compiling took several times the chart
+        # query itself (docs/storage.md#postgres-statements-arrays-copy-no-jit). Every query
+        # here reads a bounded number of rows: JIT never pays.
         given = parsed.query.get("options")  # the URL's own server options are kept
         options = " ".join([*([given] if isinstance(given, str) else given or ()), "-c jit=off"])
         return create_engine(url, pool_pre_ping=True, pool_size=POSTGRES_POOL_SIZE,

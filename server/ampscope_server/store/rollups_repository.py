@@ -55,10 +55,10 @@ def _keyed(model: type[Rollup] | type[LayerRollup], run_id: str,
     SQLite's planner probes the primary key (run_key, level, bucket) with one level's IN list,
     but with a row-value `(level, bucket) IN (...)` (or an OR of levels) it scanned every rollup
     row of the run, so each ingest batch read all of a long run's rollups. One statement for
-    all levels rather than one per level: each statement is a round trip and ~1 ms of
-    SQLAlchemy and driver work, which ingest pays on every batch. In slices: a batch of 10k
-    records touches ~10k buckets, more than Postgres' planner takes in one IN list
-    (StatementTooComplex)."""
+    all levels rather than one per level: each statement is a round trip and SQLAlchemy and
+    driver work, which ingest pays on every batch (docs/storage.md#ingests-statements). In
+    slices: a batch of 10k records touches ~10k buckets, more than Postgres' planner takes in
+    one IN list (StatementTooComplex)."""
     grouped: dict[int, list[int]] = {}
     for level, bucket in keys:
         grouped.setdefault(level, []).append(bucket)

@@ -25,7 +25,7 @@ def in_ids(session: Session, column: ColumnElement[int] | InstrumentedAttribute[
            ids: Sequence[int]) -> ColumnElement[bool]:
     """`column IN (ids)`, at most KEYS_PER_STATEMENT of them. On Postgres one array parameter
     (`= ANY(%s)`): an IN list is one placeholder per id, whose statement text psycopg parses in
-    Python, ~40 ms for the 1,000 skipped steps of an events page; an array is adapted in C."""
+    Python (docs/storage.md#postgres-statements-arrays-copy-no-jit); an array is adapted in C."""
     if is_postgres(session):
         return column == any_(bindparam(None, list(ids), type_=postgresql.ARRAY(BigInteger)))
     return column.in_(list(ids))

@@ -66,8 +66,8 @@ def insert_steps(session: Session, rows: list[dict[str, Any]]) -> dict[int, int]
     # The Core table, not the ORM entity: an ORM bulk insert leaves a row's None values out of
     # its parameters, so rows that differ in which fields are None (a loss here, a grad norm
     # there) split into one statement each, and splicing their RETURNING rows together grew
-    # quadratically (16,000 alternating rows: 8.3 s, against 0.3 s uniform). A Core insert
-    # binds None as NULL: one multi-row statement per driver batch.
+    # quadratically (docs/storage.md#ingests-statements). A Core insert binds None as NULL:
+    # one multi-row statement per driver batch.
     statement = (
         dialect_insert(session, table)
         .on_conflict_do_nothing(index_elements=[table.c.run_key, table.c.attempt, table.c.seq])
@@ -82,8 +82,9 @@ def insert_rows(session: Session, model: type[Base], rows: list[dict[str, Any]])
     The Core table insert skips the ORM's per-row bookkeeping. On SQLite, where no column of
     the rows needs a bind processor (plain numbers and strings: the layer statistics), the rows
     go to the driver's executemany as tuples: SQLAlchemy's per-row parameter handling was most
-    of the ingest time of a 200-layer batch (bench/ingest_rate.py). A float column's processor
-    only turns ints into floats, which SQLite's REAL affinity does on storage anyway.
+    of the ingest time of a 200-layer batch (docs/storage.md#ingests-statements). A float
+    column's processor only turns ints into floats, which SQLite's REAL affinity does on
+    storage anyway.
     """
     if not rows:
         return
