@@ -3,8 +3,8 @@
 The math is in `maths.py` (pure). The first run given is the reference; every other run is
 compared with it over the steps both runs have (`common range`).
 
-The reads stay bounded whatever the runs' length (DESIGN.md §8: 150 ms on 100k steps x 200
-layers), as the chart queries do:
+The reads stay bounded whatever the runs' length, as the chart queries do (DESIGN.md §8's
+budget for a chart query):
 
 - Divergence: `divergence_search` (step by step up to its SCALAR_RAW_STEPS common steps, a
   rollup search beyond: `divergence_exact: false`).
