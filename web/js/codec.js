@@ -52,6 +52,7 @@ export function decodeRanks(body) {
 /** /api/runs/{id}/optimizers: each optimizer's groups' lr points decoded. */
 export function decodeOptimizers(body) {
   return {
+    ...body,
     optimizers: body.optimizers.map((o) => ({
       ...o,
       lr: o.lr.map((g) => ({ ...g, points: decodeSeries(g).points })),
