@@ -65,9 +65,13 @@ export function columnOf(step, stat, formatMax) {
       ? null : z + layers.underflow_frac[i]));
   }
   if (stat === 'headroom_bits' && layers.amax) {
+    // As series_math.headroom_bits: no scale (no GradScaler) counts as 1; a scale that is not a
+    // positive finite number gives no headroom.
+    const scale = step.scale_before ?? 1;
+    if (!Number.isFinite(scale) || scale <= 0) return layers.amax.map(() => null);
     return layers.amax.map((a) => {
       if (a === null) return null;
-      return a === 0 ? Infinity : Math.log2(formatMax / (a * step.scale_before));
+      return a === 0 ? Infinity : Math.log2(formatMax / (a * scale));
     });
   }
   return null;
