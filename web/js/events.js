@@ -94,6 +94,8 @@ export class EventLog {
       const lossFinite = Number.isFinite(s.loss) ? true : (s.loss === null ? null : false);
       if (s.skipped) derived.push({ ...base, kind: 'skipped', loss_finite: lossFinite, layers: null });
       else if (s.found_inf) derived.push({ ...base, kind: 'nonfinite', loss_finite: lossFinite, layers: null });
+      // Absent scales cannot be compared: no event (the server's rule, series_math.scale_events).
+      if (s.scale_after === null || s.scale_before === null) continue;
       if (s.scale_after < s.scale_before) derived.push({ ...base, kind: 'backoff' });
       if (s.scale_after > s.scale_before) derived.push({ ...base, kind: 'growth' });
     }

@@ -117,8 +117,9 @@ export class ScaleChart {
     const y = fresh.map((s) => this.y(s.scale_before));
     const text = fresh.map((s) => scaleText(s.scale_before));
     const skipped = fresh.filter((s) => s.skipped && !this.marked.skipped.has(s.step));
-    const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before
-      && !this.marked.growth.has(s.step));
+    // Absent scales cannot be compared: no growth (the server's rule, series_math.scale_events).
+    const growth = fresh.filter((s) => !s.skipped && s.scale_after !== null && s.scale_before !== null
+      && s.scale_after > s.scale_before && !this.marked.growth.has(s.step));
     for (const s of skipped) this.marked.skipped.add(s.step);
     for (const s of growth) this.marked.growth.add(s.step);
 
