@@ -17,6 +17,10 @@ FAST_WORKERS ?= 3
 # (a collection took 17 s of CPU, 9.5 s with the cache).
 PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --dist loadfile --durations=25
 FAST   := not (browser or multiprocess or compile or frameworks or slow)
+# The web has no build step: tsc only checks web/js's JSDoc types (tsconfig.json: noEmit), and
+# node runs the unit tests of its pure modules. Both need Node >= 20; tsc also npm.
+TSC       := npx --no-install tsc -p .
+NODE_TEST := node --test --test-reporter=dot tests/web/js/*.test.mjs
 
 .PHONY: demo test test-fast lint bench clean
 
@@ -37,28 +41,37 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet "$(TORCH)" -e ".[server,dev,integrations-test]"
 	touch $@
 
+# TypeScript, exactly as package-lock.json pins it (the web's only dependency, a dev tool).
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
+	touch $@
+
 demo: $(VENV)/.installed-demo
 	$(BIN)/python examples/demo.py --port $(PORT)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test node_modules/.installed
 	bash scripts/ensure-system.sh
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy client_hook server tests examples bench
+	$(TSC)
+	$(NODE_TEST)
 	$(PYTEST) -n $(WORKERS)
 
 # Before every commit: everything but the browser, multi-process, compile, framework and slow
 # tiers, on both databases.
 test-fast: $(VENV)/.installed-test
+	$(NODE_TEST)
 	$(PYTEST) -n $(FAST_WORKERS) -m "$(FAST)"
 
-lint: $(VENV)/.installed-test
+lint: $(VENV)/.installed-test node_modules/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy client_hook server tests examples bench
+	$(TSC)
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/hook_overhead.py
 
 clean:
-	rm -rf $(VENV) .ampscope test-artifacts .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .ampscope test-artifacts .pytest_cache .mypy_cache .ruff_cache

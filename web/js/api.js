@@ -1,10 +1,33 @@
+// @ts-check
 // HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
 
 import {
   decodeCompare, decodeEvents, decodeLayerStats, decodeOptimizers, decodeRanks, decodeRun, decodeSeries, decodeStep,
 } from './codec.js';
 
+/**
+ * @import { CompareOf, LayerStatsOf, OptimizersOf, RanksOf, Run, RunDetailOf, RunEvent, RunEventOf, RunOf,
+ *   SeriesOf, Step, StepOf, Tagged } from './codec.js'
+ */
+
+/**
+ * A row of a run's layer table (GET /api/runs/{id}/layers), in model order.
+ * @typedef {{index: number, name: string, raw_name?: string | null, shape: number[], dtype: string,
+ *   numel: number, module_type: string}} LayerInfo
+ */
+
+/**
+ * /skip-rate: the rolling skip rate's bucket maxima, and the last window's [step, skipped].
+ * @typedef {{window: number, downsampled: boolean, points: {step: number, rate: number}[],
+ *   tail: [number, boolean][]}} SkipRate
+ */
+
 export class ApiError extends Error {
+  /**
+   * @param {string} message
+   * @param {number} status  the HTTP status; 0 when the server was not reached
+   * @param {string | null} [detail]
+   */
   constructor(message, status, detail = null) {
     super(message);
     this.name = 'ApiError';
@@ -13,18 +36,22 @@ export class ApiError extends Error {
   }
 }
 
-/** GET `path`; on failure throw an ApiError naming the URL, the status and the detail. */
+/**
+ * GET `path`; on failure throw an ApiError naming the URL, the status and the detail.
+ * @param {string} path
+ * @returns {Promise<Response>}
+ */
 async function fetchOk(path) {
   let response;
   try {
     response = await fetch(path, { headers: { Accept: 'application/json' } });
   } catch (err) {
-    throw new ApiError(`GET ${path} failed: the server is not reachable (${err.message})`, 0);
+    throw new ApiError(`GET ${path} failed: the server is not reachable (${/** @type {Error} */ (err).message})`, 0);
   }
   if (!response.ok) {
     let detail = response.statusText;
     try {
-      const body = await response.json();
+      const body = /** @type {{detail?: unknown} | null} an error body, when JSON */ (await response.json());
       if (body && body.detail !== undefined) {
         detail = typeof body.detail === 'string' ? body.detail : JSON.stringify(body.detail);
       }
@@ -36,16 +63,24 @@ async function fetchOk(path) {
   return response;
 }
 
-/** GET a JSON document (see fetchOk for failures). */
+/**
+ * GET a JSON document (see fetchOk for failures). Its shape is the caller's to name: the API's
+ * contract (docs/contracts.md), not checked here.
+ * @param {string} path
+ * @returns {Promise<unknown>}
+ */
 export async function getJSON(path) {
   return (await fetchOk(path)).json();
 }
 
+/** @param {string} id */
 const runPath = (id) => `/api/runs/${encodeURIComponent(id)}`;
 
 /**
  * One page of the runs list: `query` = {sort, order, q, regex, limit} for the first page, or the
  * `next` path a page gave. Resolves to {runs, next (path of the next page or null), total}.
+ * @param {Record<string, string> | string} query
+ * @returns {Promise<{runs: Run[], next: string | null, total: number | null}>}
  */
 export async function listRunsPage(query) {
   const path = typeof query === 'string' ? query : `/api/runs?${new URLSearchParams(query)}`;
@@ -53,39 +88,64 @@ export async function listRunsPage(query) {
   const link = /<([^>]+)>;\s*rel="next"/.exec(response.headers.get('Link') ?? '');
   const total = response.headers.get('X-Total-Count');
   return {
-    runs: (await response.json()).map(decodeRun),
+    runs: /** @type {RunOf<Tagged>[]} */ (await response.json()).map(decodeRun),
     next: link ? link[1] : null,
     total: total === null ? null : Number(total),
   };
 }
 
+/**
+ * GET /api/runs/{id}: the run's detail.
+ * @param {string} id
+ */
 export async function getRun(id) {
-  return decodeRun(await getJSON(runPath(id)));
+  return decodeRun(/** @type {RunDetailOf<Tagged>} */ (await getJSON(runPath(id))));
 }
 
+/**
+ * The run's layer table.
+ * @param {string} id
+ * @returns {Promise<LayerInfo[]>}
+ */
 export function getLayers(id) {
-  return getJSON(`${runPath(id)}/layers`);
+  return /** @type {Promise<LayerInfo[]>} */ (getJSON(`${runPath(id)}/layers`));
 }
 
-/** One page of step scalars after `afterId`: {steps, last_id}. */
+/**
+ * One page of step scalars after `afterId`: {steps, last_id}.
+ * @param {string} id
+ * @param {number} afterId
+ * @param {number} [limit]
+ * @returns {Promise<{steps: Step[], last_id: number}>}
+ */
 export async function getSteps(id, afterId, limit = 10000) {
-  const body = await getJSON(`${runPath(id)}/steps?after_id=${afterId}&limit=${limit}`);
+  const body = /** @type {{steps: StepOf<Tagged>[], last_id: number}} */ (
+    await getJSON(`${runPath(id)}/steps?after_id=${afterId}&limit=${limit}`));
   return { steps: body.steps.map(decodeStep), last_id: body.last_id };
 }
 
-/** /ranks: the run's world size and the first step where a rank went non-finite (or null). */
+/**
+ * /ranks: the run's world size and the first step where a rank went non-finite (or null).
+ * @param {string} id
+ */
 export async function getRanks(id) {
-  return decodeRanks(await getJSON(`${runPath(id)}/ranks`));
+  return decodeRanks(/** @type {RanksOf<Tagged>} */ (await getJSON(`${runPath(id)}/ranks`)));
 }
 
-/** /series/{name}; `range` = {start, end} (steps, inclusive) for the detail of a zoomed range. */
+/**
+ * /series/{name}; `range` = {start, end} (steps, inclusive) for the detail of a zoomed range.
+ * @param {string} id
+ * @param {string} name  'scale', 'loss', 'grad_norm', ...
+ * @param {number} maxPoints
+ * @param {{start: number, end: number} | null} [range]
+ */
 export async function getSeries(id, name, maxPoints, range = null) {
   const query = new URLSearchParams({ max_points: String(maxPoints) });
   if (range) {
     query.set('start', String(Math.floor(range.start)));
     query.set('end', String(Math.ceil(range.end)));
   }
-  return decodeSeries(await getJSON(`${runPath(id)}/series/${name}?${query}`));
+  return decodeSeries(/** @type {SeriesOf<Tagged>} */ (await getJSON(`${runPath(id)}/series/${name}?${query}`)));
 }
 
 /**
@@ -93,6 +153,9 @@ export async function getSeries(id, name, maxPoints, range = null) {
  * {events, next_start}; next_start (a step) when more follow, for the next page. The page asks
  * for what the screen shows (the first page, the zoomed range, the steps after those it holds),
  * never the whole list.
+ * @param {string} id
+ * @param {{start?: number | null, end?: number | null, limit?: number | null}} [page]
+ * @returns {Promise<{events: RunEvent[], next_start: number | null}>}
  */
 export async function getEvents(id, { start = null, end = null, limit = null } = {}) {
   const query = new URLSearchParams();
@@ -100,37 +163,62 @@ export async function getEvents(id, { start = null, end = null, limit = null } =
   if (end !== null) query.set('end', String(Math.max(0, Math.ceil(end))));
   if (limit !== null) query.set('limit', String(limit));
   const text = query.toString();
-  const body = await getJSON(`${runPath(id)}/events${text ? `?${text}` : ''}`);
+  const body = /** @type {{events: RunEventOf<Tagged>[], next_start?: number | null}} */ (
+    await getJSON(`${runPath(id)}/events${text ? `?${text}` : ''}`));
   return { events: decodeEvents(body), next_start: body.next_start ?? null };
 }
 
-/** /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live. */
+/**
+ * /skip-rate: bucket maxima of the rolling rate, and the last window's steps to go on live.
+ * @param {string} id
+ * @param {number} maxPoints
+ * @returns {Promise<SkipRate>}
+ */
 export function getSkipRate(id, maxPoints) {
-  return getJSON(`${runPath(id)}/skip-rate?max_points=${maxPoints}`);
+  return /** @type {Promise<SkipRate>} */ (getJSON(`${runPath(id)}/skip-rate?max_points=${maxPoints}`));
 }
 
-/** /optimizers: each watched optimizer's skipped steps and its groups' lr (empty: none sent). */
+/**
+ * /optimizers: each watched optimizer's skipped steps and its groups' lr (empty: none sent).
+ * @param {string} id
+ * @param {number} maxPoints
+ */
 export async function getOptimizers(id, maxPoints) {
-  return decodeOptimizers(await getJSON(`${runPath(id)}/optimizers?max_points=${maxPoints}`));
+  return decodeOptimizers(/** @type {OptimizersOf<Tagged>} */ (
+    await getJSON(`${runPath(id)}/optimizers?max_points=${maxPoints}`)));
 }
 
-/** /layer-stats; `options` may hold start, end and max_points. */
+/**
+ * /layer-stats; `options` may hold start, end, max_points, layers (one layer's index) and source.
+ * @param {string} id
+ * @param {string} stat
+ * @param {Record<string, string | number | null | undefined>} [options]
+ */
 export async function getLayerStats(id, stat, options = {}) {
   const query = new URLSearchParams({ stat });
   for (const [key, value] of Object.entries(options)) {
     if (value !== null && value !== undefined) query.set(key, String(value));
   }
-  return decodeLayerStats(await getJSON(`${runPath(id)}/layer-stats?${query}`));
+  return decodeLayerStats(/** @type {LayerStatsOf<Tagged>} */ (
+    await getJSON(`${runPath(id)}/layer-stats?${query}`)));
 }
 
-/** GET /api/compare: the first id is the reference. */
+/**
+ * GET /api/compare: the first id is the reference.
+ * @param {string[]} ids
+ * @param {number} tolerance
+ * @param {number} underflowThreshold
+ */
 export async function getCompare(ids, tolerance, underflowThreshold) {
   const query = new URLSearchParams({ runs: ids.join(','), tolerance: String(tolerance),
     underflow_threshold: String(underflowThreshold) });
-  return decodeCompare(await getJSON(`/api/compare?${query}`));
+  return decodeCompare(/** @type {CompareOf<Tagged>} */ (await getJSON(`/api/compare?${query}`)));
 }
 
-/** Show (or, with null, clear) the page's error banner. Text only: messages may quote user input. */
+/**
+ * Show (or, with null, clear) the page's error banner. Text only: messages may quote user input.
+ * @param {string | null} message
+ */
 export function showError(message) {
   const banner = document.getElementById('error');
   if (!banner) return;
@@ -141,6 +229,7 @@ export function showError(message) {
 /**
  * A friendly "not found" state in the error banner: what is missing, in the server's words, and
  * a way back to the runs list. Text only (the message may quote an id from the address).
+ * @param {string} message
  */
 export function showNotFound(message) {
   const banner = document.getElementById('error');

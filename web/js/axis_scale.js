@@ -1,3 +1,4 @@
+// @ts-check
 // Log/linear toggles for a chart's y axis, and the loss scale's floor on a log axis.
 //
 // A log axis cannot draw 0: a scale that collapsed to 0 (an exploding run backs off until the
@@ -31,20 +32,24 @@ export function logFloor(ticks) {
  * A "log / linear" button pair that switches `divs`' y axes. `ticks(div)` gives the LogTicks of
  * a chart (its power labels on a log axis) or null. `onChange(log)` hears every switch.
  * @param {HTMLElement} group  holds two buttons with data-scale="log" and data-scale="linear"
- * @param {() => HTMLElement[]} divs
- * @param {(div: HTMLElement) => ({attributes: () => object} | null)} ticks
+ * @param {() => PlotDiv[]} divs
+ * @param {(div: PlotDiv) => ({attributes: () => object} | null)} ticks
  * @param {(log: boolean) => void} [onChange]
+ * @returns {{set: (log: boolean) => Promise<void>, show: (log: boolean) => void}}
  */
 export function axisToggle(group, divs, ticks, onChange = () => {}) {
-  const buttons = [...group.querySelectorAll('button[data-scale]')];
+  const buttons = /** @type {HTMLButtonElement[]} */ ([...group.querySelectorAll('button[data-scale]')]);
+  /** @param {boolean} log */
   const show = (log) => {
     for (const b of buttons) b.setAttribute('aria-pressed', String((b.dataset.scale === 'log') === log));
   };
+  /** @param {boolean} log */
   const set = async (log) => {
     show(log);
     await Promise.all(divs().filter((d) => d.data).map((d) => {
       const t = ticks(d);
       const attrs = log && t ? t.attributes() : { tickmode: 'auto', tickvals: null, ticktext: null };
+      /** @type {PlotUpdate} */
       const update = { 'yaxis.type': log ? 'log' : 'linear', 'yaxis.autorange': true };
       for (const [k, v] of Object.entries(attrs)) update[`yaxis.${k}`] = v;
       return Plotly.relayout(d, update);

@@ -1,3 +1,4 @@
+// @ts-check
 // Stable run colours: a run's colour comes from its id, never from its position in a page or URL,
 // so the same run has the same colour on every chart, legend and table of the comparison.
 
@@ -5,7 +6,11 @@ export const PALETTE = Object.freeze([
   '#2563eb', '#ea580c', '#16a34a', '#9333ea', '#db2777', '#0891b2', '#ca8a04', '#475569',
 ]);
 
-/** FNV-1a over the id's UTF-16 code units: a small, stable hash. */
+/**
+ * FNV-1a over the id's UTF-16 code units: a small, stable hash.
+ * @param {string} text
+ * @returns {number}
+ */
 function hash(text) {
   let h = 0x811c9dc5;
   for (let i = 0; i < text.length; i += 1) {
@@ -15,7 +20,11 @@ function hash(text) {
   return h;
 }
 
-/** The colour a run has when nothing else on the page claims it. */
+/**
+ * The colour a run has when nothing else on the page claims it.
+ * @param {string} id
+ * @returns {string}
+ */
 export function runColor(id) {
   return PALETTE[hash(id) % PALETTE.length];
 }
@@ -24,6 +33,8 @@ export function runColor(id) {
  * Colours for the runs shown together: each run takes its own colour (runColor); when two runs
  * hash to the same one, the run with the larger id takes the next free colour. The result depends
  * only on the set of ids, not on their order. Map id → colour.
+ * @param {string[]} ids
+ * @returns {Map<string, string>}
  */
 export function runColors(ids) {
   const taken = new Set();

@@ -1,3 +1,4 @@
+// @ts-check
 // Compare page: 2+ runs overlaid by step (loss scale, loss, grad norm), each run in its own stable
 // colour, the first step where a run departs from the reference, and per-layer differences
 // (GET /api/compare). User text (run and layer names) goes through textContent or plotText.
@@ -15,47 +16,72 @@ import { Plotly } from './plot.js';
 import { TableSort } from './table_sort.js';
 import { alignMargins, followZoom, linkZoom } from './zoom.js';
 
-const $ = (id) => document.getElementById(id);
+/** @import { Compare, LayerDiff, RunStatus } from './codec.js' */
+/** @import { SortValue } from './table_sort.js' */
+/** A row of the layer table: a layer of the pair shown, and its place in /api/compare's order. @typedef {LayerDiff & {order: number}} LayerRow */
+
+/**
+ * The page's element `id` (compare.html has each one this module asks for).
+ * @param {string} id
+ */
+const $ = (id) => /** @type {HTMLElement} */ (document.getElementById(id));
 const COMPARE_REFRESH_MS = 5000;
 
+/**
+ * A percent field's value as a fraction, or `fallback` when it is not a number ≥ 0.
+ * @param {HTMLInputElement} input
+ * @param {number} fallback
+ */
 function percentInput(input, fallback) {
   const v = Number(input.value);
   return Number.isFinite(v) && v >= 0 ? v / 100 : fallback;
 }
 
+/** @param {number | null | undefined} v */
 function fraction(v) {
   return v === null || v === undefined ? '—' : `${numberText(100 * v, 3)}%`;
 }
 
+/** @param {string | undefined} color  a run's (runColors: every run of the page has one) */
 function swatch(color) {
   const node = el('span', 'swatch');
-  node.style.background = color; // CSSOM, not an inline style attribute: allowed by the CSP
+  node.style.background = color ?? ''; // CSSOM, not an inline style attribute: allowed by the CSP
   return node;
 }
 
 class ComparePage {
+  /** @param {string[]} ids  the runs, the reference first */
   constructor(ids) {
     this.ids = ids;
     this.colors = runColors(ids);
+    /** @type {Compare | null} the comparison shown */
     this.body = null;
     this.pair = 0;
     this.request = 0;
     this.ready = false;
     this.charts = CHARTS.map((spec) => new CompareChart(spec, {
       colors: this.colors, runName: (id) => this.runName(id) }));
+    /** @type {CompareLive | null} */
     this.live = null;
+    /** @type {number | null} */
     this.refreshTimer = null;
+    /** @type {string | null} the sockets' LiveState */
     this.liveState = null;
     const params = new URLSearchParams(location.search);
-    if (params.has('tolerance')) $('tolerance').value = String(100 * Number(params.get('tolerance')));
-    if (params.has('underflow_threshold')) $('threshold').value = String(100 * Number(params.get('underflow_threshold')));
-    this.sort = new TableSort($('layers').tHead, { key: 'order', direction: 'asc' }, () => this.renderLayers());
+    const tolerance = /** @type {HTMLInputElement} */ ($('tolerance'));
+    const threshold = /** @type {HTMLInputElement} */ ($('threshold'));
+    if (params.has('tolerance')) tolerance.value = String(100 * Number(params.get('tolerance')));
+    if (params.has('underflow_threshold')) threshold.value = String(100 * Number(params.get('underflow_threshold')));
+    const layers = /** @type {HTMLTableElement} */ ($('layers'));
+    this.sort = new TableSort(/** @type {HTMLTableSectionElement} it has one */ (layers.tHead),
+      { key: 'order', direction: 'asc' }, () => this.renderLayers());
   }
 
-  get tolerance() { return percentInput($('tolerance'), 0.05); }
+  get tolerance() { return percentInput(/** @type {HTMLInputElement} */ ($('tolerance')), 0.05); }
 
-  get threshold() { return Math.min(1, percentInput($('threshold'), 0.01)); }
+  get threshold() { return Math.min(1, percentInput(/** @type {HTMLInputElement} */ ($('threshold')), 0.01)); }
 
+  /** @param {string} id */
   runName(id) {
     const run = this.body && this.body.runs.find((r) => r.id === id);
     return run ? (run.name || run.id) : id;
@@ -66,7 +92,8 @@ class ComparePage {
     // step stored in between is then in both the charts and the sockets' backfill (dropped by
     // step when drawn), never in neither.
     await this.fetchComparison();
-    const lastIds = new Map(this.body.runs.map((r) => [r.id, r.last_id ?? 0]));
+    const body = /** @type {Compare} the first request: none came after it */ (this.body);
+    const lastIds = new Map(body.runs.map((r) => [r.id, r.last_id ?? 0]));
     const width = $('scale-chart').clientWidth || 1200;
     const maxPoints = Math.max(200, Math.round(2 * width));
     const perRun = await Promise.all(this.ids.map(async (id) => {
@@ -79,7 +106,7 @@ class ComparePage {
       return { id, scale, loss, grad_norm: gradNorm,
         skipped: events.events.filter((e) => e.kind === 'skipped') };
     }));
-    const weight = Number($('smoothing').value);
+    const weight = Number(/** @type {HTMLInputElement} */ ($('smoothing')).value);
     await Promise.all(this.charts.map((chart) => chart.draw(perRun, this.divergenceShapes(), weight)));
     const divs = this.charts.map((chart) => chart.div);
     await alignMargins(divs);
@@ -96,7 +123,7 @@ class ComparePage {
     $('tolerance').addEventListener('change', () => this.refreshComparison());
     $('threshold').addEventListener('change', () => this.refreshComparison());
     $('pair-select').addEventListener('change', () => {
-      this.pair = Number($('pair-select').value);
+      this.pair = Number(/** @type {HTMLSelectElement} */ ($('pair-select')).value);
       this.renderLayers();
     });
   }
@@ -126,11 +153,15 @@ class ComparePage {
       }
       api.showError(null);
     } catch (err) {
-      api.showError(err.message);
+      api.showError(/** @type {Error} */ (err).message);
     }
   }
 
-  /** A run's status changed (live socket): its card says so. */
+  /**
+   * A run's status changed (live socket): its card says so.
+   * @param {string} runId
+   * @param {RunStatus} status
+   */
   onStatus(runId, status) {
     const run = this.body && this.body.runs.find((r) => r.id === runId);
     if (!run || run.status === status) return;
@@ -140,7 +171,10 @@ class ComparePage {
     if (status !== 'active') this.refreshComparison(); // its last steps are in: compare them now
   }
 
-  /** The sockets' state; "connected" rather than "live" once no compared run is still active. */
+  /**
+   * The sockets' state; "connected" rather than "live" once no compared run is still active.
+   * @param {string} state  a LiveState
+   */
   onState(state) {
     this.liveState = state;
     const ended = this.body && this.body.runs.every((r) => r.status !== 'active');
@@ -158,7 +192,10 @@ class ComparePage {
     }, COMPARE_REFRESH_MS);
   }
 
-  /** Make `id` the reference: reorder, keep the colours, recompute. */
+  /**
+   * Make `id` the reference: reorder, keep the colours, recompute.
+   * @param {string} id
+   */
   async makeReference(id) {
     this.ids = [id, ...this.ids.filter((x) => x !== id)];
     this.pair = 0;
@@ -166,6 +203,7 @@ class ComparePage {
   }
 
   renderRuns() {
+    if (!this.body) return;
     const items = this.body.runs.map((run, index) => {
       const li = el('li', 'compare-run');
       li.dataset.runId = run.id;
@@ -200,6 +238,7 @@ class ComparePage {
   }
 
   renderDivergences() {
+    if (!this.body) return;
     const tol = `${numberText(100 * this.body.tolerance, 3)}%`;
     const cards = this.body.comparisons.map((c) => {
       const card = el('div', 'divergence card');
@@ -232,15 +271,15 @@ class ComparePage {
 
   divergenceShapes() {
     if (!this.body) return [];
-    return this.body.comparisons.filter((c) => c.divergence).map((c) => ({
+    return this.body.comparisons.flatMap((c) => (c.divergence ? [{
       type: 'line', xref: 'x', yref: 'paper', x0: c.divergence.step, x1: c.divergence.step, y0: 0, y1: 1,
       line: { color: this.colors.get(c.run), width: 1.5, dash: 'dot' },
-    }));
+    }] : []));
   }
 
   /** The smoothing slider and the log/linear toggles of the loss and grad-norm charts. */
   initControls() {
-    const input = $('smoothing');
+    const input = /** @type {HTMLInputElement} */ ($('smoothing'));
     input.addEventListener('input', () => {
       const weight = Number(input.value);
       $('smoothing-value').textContent = weight.toFixed(2);
@@ -254,6 +293,7 @@ class ComparePage {
   }
 
   renderPairSelect() {
+    if (!this.body) return;
     const comparisons = this.body.comparisons;
     $('pair-label').hidden = comparisons.length < 2;
     const options = comparisons.map((c, i) => {
@@ -261,8 +301,9 @@ class ComparePage {
       option.value = String(i);
       return option;
     });
-    $('pair-select').replaceChildren(...options);
-    $('pair-select').value = String(this.pair);
+    const select = /** @type {HTMLSelectElement} */ ($('pair-select'));
+    select.replaceChildren(...options);
+    select.value = String(this.pair);
   }
 
   renderLayers() {
@@ -272,8 +313,10 @@ class ComparePage {
     $('lost-head').textContent = `Lost · ${this.runName(c.run)}`;
     $('lost-ref-head').title = 'Median share of exact zeros plus values flushed to zero over the common steps: an upper bound on what the format loses (exact zeros include structural ones such as dead ReLU units; the run page counts those apart, docs/findings.md)';
     $('lost-head').title = $('lost-ref-head').title;
+    /** @type {LayerRow[]} */
     const rows = c.layers.map((layer, order) => ({ ...layer, order }));
-    const valueOf = (row, key) => ({
+    /** @type {(row: LayerRow, key: string) => SortValue} */
+    const valueOf = (row, key) => /** @type {Record<string, SortValue>} */ ({
       order: row.order, ratio: row.l2_ratio, steps: row.steps, lost_reference: row.lost_frac_reference,
       lost: row.lost_frac, only: row.underflow_only_in ? this.runName(row.underflow_only_in) : null,
       nonfinite: row.nonfinite_steps,
@@ -292,7 +335,9 @@ class ComparePage {
     $('layers-body').replaceChildren(...this.sort.sorted(rows, valueOf).map((row) => this.layerRow(row)));
   }
 
+  /** @param {LayerRow} row */
   layerRow(row) {
+    const threshold = /** @type {Compare} renderLayers' */ (this.body).underflow_threshold;
     const tr = el('tr');
     const name = el('td', 'layer-cell', row.layer);
     name.title = row.layer;
@@ -309,9 +354,10 @@ class ComparePage {
       if (dev >= 4) ratio.classList.add('bad');
       else if (dev >= 1) ratio.classList.add('warn');
     }
+    /** @param {number | null} v */
     const lostCell = (v) => {
       const td = el('td', 'num', fraction(v));
-      if (v !== null && v > this.body.underflow_threshold) td.classList.add('warn');
+      if (v !== null && v > threshold) td.classList.add('warn');
       return td;
     };
     const only = el('td');
@@ -343,7 +389,7 @@ async function main() {
     if (err instanceof api.ApiError && err.status === 404) {
       api.showNotFound(`Nothing to compare: ${err.detail ?? 'a run is unknown'} (the runs of this page come from its address, ?runs=…).`);
     } else {
-      api.showError(err.message);
+      api.showError(/** @type {Error} */ (err).message);
     }
     // Nothing is streamed: the indicator must not say "connecting" for ever.
     $('live').dataset.state = 'closed';

@@ -1,3 +1,4 @@
+// @ts-check
 // The events table: skipped steps, backoffs, growths, AMP misuse and, in a run without a scaler,
 // non-finite steps the optimizer applied (never downsampled), newest first. A skipped or
 // non-finite step opens (a <details> row, no script needed) to show the layers whose
@@ -8,14 +9,29 @@
 
 import { el, scaleNode } from './format.js';
 
+/** @import { RunEvent, Step } from './codec.js' */
+/** An event of the log: from /events, or `derived` from a live step (its layers unknown yet). @typedef {RunEvent & {derived?: boolean}} LogEvent */
+/** A page of /events. @typedef {{events: RunEvent[], next_start: number | null}} EventsPage */
+/** An event whose row opens on more. @typedef {Extract<LogEvent, {kind: 'skipped' | 'nonfinite' | 'misuse'}>} DetailedEvent */
+
 const MAX_ROWS = 300;
+/** @type {Readonly<Record<string, string>>} */
 const LABEL = { skipped: 'skipped', nonfinite: 'non-finite', backoff: 'backoff', growth: 'growth', misuse: 'misuse' };
 const WITH_LAYERS = new Set(['skipped', 'nonfinite']); // events whose layers /events gives
+/**
+ * @param {LogEvent} e
+ * @returns {e is DetailedEvent}
+ */
+const hasDetail = (e) => WITH_LAYERS.has(e.kind) || e.kind === 'misuse';
 const REFETCH_MS = 1000; // live skipped steps carry no layers: ask /events for them, at most this often
 
+/** @param {LogEvent} e */
 const keyOf = (e) => (e.kind === 'misuse' ? `${e.step}:misuse:${e.misuse_kind}:${e.detail}` : `${e.step}:${e.kind}`);
 
-/** "forward overflow" / "backward overflow" from /events' loss_finite (null: unknown). */
+/**
+ * "forward overflow" / "backward overflow" from /events' loss_finite (null: unknown).
+ * @param {boolean | null | undefined} lossFinite
+ */
 function overflowText(lossFinite) {
   if (lossFinite === false) return 'loss not finite: forward overflow (the loss itself is NaN/inf)';
   if (lossFinite === true) return 'loss finite: backward overflow (only gradients went non-finite)';
@@ -26,25 +42,33 @@ export class EventLog {
   /**
    * @param {HTMLElement} tbody
    * @param {HTMLElement} countNode
-   * @param {() => Promise<object[]>} [refetch]  /events again (for the layers of live skips)
-   * @param {{button: HTMLButtonElement, fetchPage: (start: number) => Promise<{events: object[],
-   *   next_start: number | null}>, onPage: (page: object) => void, onError: (err: Error) => void}}
-   *   [more]  the next page of older events, on demand
+   * @param {(() => Promise<RunEvent[]>) | null} [refetch]  /events again (for the layers of live skips)
+   * @param {{button: HTMLButtonElement, fetchPage: (start: number) => Promise<EventsPage>,
+   *   onPage: (page: EventsPage) => void, onError: (err: Error) => void} | null} [more]
+   *   the next page of older events, on demand
    */
   constructor(tbody, countNode, refetch, more = null) {
     this.tbody = tbody;
     this.countNode = countNode;
     this.refetch = refetch;
     this.more = more;
-    this.nextStart = null; // the first step of the pages not loaded yet (null: none left)
+    /** @type {number | null} the first step of the pages not loaded yet (null: none left) */
+    this.nextStart = null;
     if (more) more.button.addEventListener('click', () => this.loadMore().catch((err) => more.onError(err)));
+    /** @type {LogEvent[]} */
     this.events = [];
+    /** @type {Map<string, LogEvent>} */
     this.byKey = new Map();
-    this.open = new Set(); // keys of the events the user opened: kept open across re-renders
+    /** @type {Set<string>} keys of the events the user opened: kept open across re-renders */
+    this.open = new Set();
+    /** @type {number | null} */
     this.refetchTimer = null;
   }
 
-  /** Add events; one already held is replaced when the new copy knows more (layers from /events). */
+  /**
+   * Add events; one already held is replaced when the new copy knows more (layers from /events).
+   * @param {LogEvent[]} events
+   */
   add(events) {
     let changed = false;
     for (const e of events) {
@@ -66,7 +90,10 @@ export class EventLog {
     if (changed || !this.events.length) this.render();
   }
 
-  /** A page of /events arrived: show its events; `next_start` says where the unread ones begin. */
+  /**
+   * A page of /events arrived: show its events; `next_start` says where the unread ones begin.
+   * @param {EventsPage} page
+   */
   addPage(page) {
     this.nextStart = page.next_start;
     this.add(page.events);
@@ -86,14 +113,20 @@ export class EventLog {
     }
   }
 
-  /** Events implied by live steps (the socket carries steps, not events). */
+  /**
+   * Events implied by live steps (the socket carries steps, not events).
+   * @param {Step[]} steps
+   */
   addFromSteps(steps) {
+    /** @type {LogEvent[]} */
     const derived = [];
     for (const s of steps) {
       const base = { step: s.step, scale_before: s.scale_before, scale_after: s.scale_after, derived: true };
       const lossFinite = Number.isFinite(s.loss) ? true : (s.loss === null ? null : false);
       if (s.skipped) derived.push({ ...base, kind: 'skipped', loss_finite: lossFinite, layers: null });
       else if (s.found_inf) derived.push({ ...base, kind: 'nonfinite', loss_finite: lossFinite, layers: null });
+      // Absent scales cannot be compared: no event (the server's rule, series_math.scale_events).
+      if (s.scale_after === null || s.scale_before === null) continue;
       if (s.scale_after < s.scale_before) derived.push({ ...base, kind: 'backoff' });
       if (s.scale_after > s.scale_before) derived.push({ ...base, kind: 'growth' });
     }
@@ -103,17 +136,23 @@ export class EventLog {
   }
 
   scheduleRefetch() {
-    if (this.refetchTimer !== null) return;
+    const refetch = this.refetch;
+    if (this.refetchTimer !== null || !refetch) return;
     this.refetchTimer = setTimeout(async () => {
       this.refetchTimer = null;
       try {
-        this.add(await this.refetch());
+        this.add(await refetch());
       } catch {
         // the live rows stay; the next skipped step tries again
       }
     }, REFETCH_MS);
   }
 
+  /**
+   * The cell that opens on the layers of a skipped or non-finite step, or a misuse's detail.
+   * @param {DetailedEvent} e
+   * @param {string} key  its keyOf
+   */
   detailCell(e, key) {
     const td = el('td', 'event-detail-cell');
     const details = el('details', 'event-detail');
@@ -171,11 +210,12 @@ export class EventLog {
       const kind = el('td');
       kind.append(el('span', `kind kind-${LABEL[e.kind] ? e.kind : 'other'}`, LABEL[e.kind] ?? e.kind));
       tr.append(el('td', 'num', String(e.step)), kind, change,
-        WITH_LAYERS.has(e.kind) || e.kind === 'misuse' ? this.detailCell(e, key) : el('td'));
+        hasDetail(e) ? this.detailCell(e, key) : el('td'));
       rows.push(tr);
       shown += 1;
     }
     this.tbody.replaceChildren(...rows);
+    /** @type {Record<string, number>} */
     const counts = { skipped: 0, nonfinite: 0, backoff: 0, growth: 0, misuse: 0 };
     for (const e of this.events) counts[e.kind] = (counts[e.kind] ?? 0) + 1;
     const partial = this.nextStart !== null;

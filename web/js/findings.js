@@ -1,3 +1,4 @@
+// @ts-check
 // Findings (GET /api/runs/{id}/findings): the diagnosis at the top of the run page, root causes
 // first with their consequences under them, each linking to the steps and layers it cites; and a
 // run's root-cause finding in the runs list (`top_finding` of the summary). Live: the panel fetches
@@ -6,24 +7,68 @@
 // textContent only.
 
 import { getJSON, showError } from './api.js';
+import { num } from './codec.js';
 import { el, numberText } from './format.js';
 
-const TAGS = { nan: NaN, inf: Infinity, '-inf': -Infinity };
-const num = (v) => (typeof v === 'string' && v in TAGS ? TAGS[v] : v);
+/** @import { FindingBrief, Severity, Tagged } from './codec.js' */
+/** @import { LayerLines } from './layer_lines.js' */
+
+/**
+ * A finding of GET /api/runs/{id}/findings (docs/findings.md).
+ * @typedef {object} Finding
+ * @property {string} kind
+ * @property {Severity} severity
+ * @property {string} title
+ * @property {string} explanation
+ * @property {string} recommendation
+ * @property {number | null} step_start  the steps it cites (null: none)
+ * @property {number | null} step_end
+ * @property {string[]} layers  the layers it cites, most responsible first
+ * @property {Record<string, Tagged>} evidence
+ * @property {string} identity  stable across analyses: the panel updates it in place
+ * @property {string | null} cause  the identity of the root cause it follows from
+ * @property {number | null} held_since  the last step an analysis raised it (null: the latest did)
+ */
+
+/**
+ * The layer losing most to the format (median over its recent layer-stat steps).
+ * @typedef {{layer: string, lost_frac: Tagged, structural_zero_frac: Tagged, steps: number}} LayerLoss
+ */
+
+/**
+ * @typedef {object} FindingsBody
+ * @property {Finding[]} findings  root causes first, each followed by its consequences
+ * @property {number | null} [step]  the newest step the analysis saw
+ * @property {LayerLoss | null} [worst_loss]
+ */
+
+/**
+ * What the panel uses of the run page (run.js's RunPage).
+ * @typedef {{runId: string, scale: {div: PlotDiv}, layerNames: string[], layerLines: LayerLines}} FindingsPage
+ */
+
 const PAD = 0.1; // the zoomed range shows a tenth of the cited range on each side (at least 5 steps)
 export const REFETCH_MS = 3000; // the server analyses a changing run at most every 2 s
 
-/** A finding's severity as a small coloured label. */
+/**
+ * A finding's severity as a small coloured label.
+ * @param {Severity} severity
+ */
 function severityBadge(severity) {
   return el('span', `severity severity-${severity}`, severity);
 }
 
+/** @param {Finding} f */
 function stepsText(f) {
   if (f.step_start === null || f.step_start === undefined) return '';
   return f.step_end !== f.step_start ? `steps ${f.step_start}–${f.step_end}` : `step ${f.step_start}`;
 }
 
-/** The x range that shows the finding's steps with some context, or null when it cites none. */
+/**
+ * The x range that shows the finding's steps with some context, or null when it cites none.
+ * @param {Finding} finding
+ * @returns {[number, number] | null}
+ */
 export function rangeOf(finding) {
   if (finding.step_start === null || finding.step_start === undefined) return null;
   const end = finding.step_end ?? finding.step_start;
@@ -34,10 +79,15 @@ export function rangeOf(finding) {
 /**
  * Show the cited range on the scale chart (its zoom handler then fetches the detail) and the
  * cited layers' lines. `page` is run.js's RunPage: its `scale.div`, `layerNames`, `layerLines`.
+ * @param {FindingsPage} page
+ * @param {Finding} finding
  */
 export async function focusFinding(page, finding) {
   const range = rangeOf(finding);
-  if (range) await Plotly.relayout(page.scale.div, { 'xaxis.range': range });
+  // plotly.js's global: the run page has drawn its charts before a finding can be clicked. (Not
+  // plot.js's: the runs list uses this module too, without plotly.js.)
+  const plotly = /** @type {PlotlyStatic} */ (window.Plotly);
+  if (range) await plotly.relayout(page.scale.div, { 'xaxis.range': range });
   const indices = finding.layers.map((name) => page.layerNames.indexOf(name)).filter((i) => i >= 0);
   for (const index of indices) {
     if (!page.layerLines.shown.includes(index)) await page.layerLines.toggle(index);
@@ -45,7 +95,13 @@ export async function focusFinding(page, finding) {
   page.scale.div.scrollIntoView({ block: 'center' });
 }
 
-/** Fill `item` (an <li>, kept across updates) with finding `f`. */
+/**
+ * Fill `item` (an <li>, kept across updates) with finding `f`.
+ * @param {HTMLLIElement} item
+ * @param {FindingsPage} page
+ * @param {Finding} f
+ * @param {string | undefined} causeTitle  the title of the finding it follows from
+ */
 function fillItem(item, page, f, causeTitle) {
   const held = typeof f.held_since === 'number';
   item.className = `finding finding-${f.severity}${f.cause ? ' finding-consequence' : ''}${held ? ' finding-held' : ''}`;
@@ -73,21 +129,33 @@ function fillItem(item, page, f, causeTitle) {
 
 /** The run page's findings panel (#findings): fetched on load, again when steps arrive. */
 export class FindingsPanel {
+  /**
+   * @param {FindingsPage} page
+   * @param {HTMLElement | null} [panel]
+   */
   constructor(page, panel = document.getElementById('findings')) {
     this.page = page;
     this.panel = panel;
-    this.items = new Map(); // identity → <li>, kept while the finding is shown
+    /** @type {Map<string, HTMLLIElement>} identity → <li>, kept while the finding is shown */
+    this.items = new Map();
     this.list = el('ol', 'findings');
     this.note = el('span', 'panel-note');
+    /** @type {FindingsBody | null} */
     this.body = null;
     this.lastFetch = -Infinity;
+    /** @type {number | null} */
     this.timer = null;
+    /** @type {Promise<void> | null} */
     this.inFlight = null;
     this.wanted = -1; // the newest step the page holds; fetch until the analysis has seen it
+    /** @type {(body: FindingsBody) => void} */
     this.onUpdate = () => {};
   }
 
-  /** Steps up to `step` arrived: fetch again (throttled) until the analysis covers them. */
+  /**
+   * Steps up to `step` arrived: fetch again (throttled) until the analysis covers them.
+   * @param {number} step
+   */
   stepsArrived(step) {
     this.wanted = Math.max(this.wanted, step);
     this.schedule();
@@ -106,7 +174,7 @@ export class FindingsPanel {
     if (this.inFlight) return this.inFlight;
     this.lastFetch = performance.now();
     this.inFlight = getJSON(`/api/runs/${encodeURIComponent(this.page.runId)}/findings`)
-      .then((body) => this.render(body))
+      .then((body) => this.render(/** @type {FindingsBody} */ (body)))
       .finally(() => {
         this.inFlight = null;
         // The server's analysis is up to 2 s behind the newest steps: ask again until it has them.
@@ -115,10 +183,12 @@ export class FindingsPanel {
     return this.inFlight;
   }
 
+  /** @param {FindingsBody} body */
   render(body) {
     this.body = body;
     const panel = this.panel;
     if (!panel) return;
+    /** @type {Map<string | null, string>} a root cause's `cause` (null) has no title */
     const titles = new Map(body.findings.map((f) => [f.identity, f.title]));
     const keep = new Set();
     const ordered = [];
@@ -157,7 +227,10 @@ export class FindingsPanel {
   }
 }
 
-/** The runs list's cell for a summary's `top_finding` (null: none). */
+/**
+ * The runs list's cell for a summary's `top_finding` (null: none).
+ * @param {FindingBrief | null | undefined} top
+ */
 export function findingCell(top) {
   const td = el('td', 'finding-cell');
   if (!top) {

@@ -1,25 +1,52 @@
+// @ts-check
 // Layer × step heatmap of one per-layer statistic. Layers are rows in model order (first layer on
 // top), steps are columns. The trace is `transpose: true`, so z holds one row per *step*: a live
 // step is one Plotly.extendTraces call appending a row to z (a column on screen) and a step to x.
 
 import { CONFIG, Plotly, THEME, finiteOrNull, plotText, stepChartMargin, themedLayout } from './plot.js';
 
+/** @import { LayerStats, Step } from './codec.js' */
+
+/** Plotly's colour scale: [position in [0, 1], colour] stops. @typedef {[number, string][]} ColorScale */
+
+/**
+ * A statistic the heatmap shows.
+ * @typedef {object} StatSpec
+ * @property {string} label
+ * @property {string} help
+ * @property {ColorScale} colorscale
+ * @property {string} format  plotly's d3 format of a cell's hover value
+ * @property {(v: number) => string} legend  a colour bound as the legend's text
+ * @property {number} [zmin]  fixed colour bounds (else the data's)
+ * @property {number} [zmax]
+ * @property {boolean} [symmetric]  bounds symmetric about 0
+ * @property {(v: number) => number} [transform]  applied to each cell (log10 of amax)
+ * @property {boolean} [events]  counts of events: non-zero cells get a marker while sparse
+ */
+
+/** The colour legend's elements. @typedef {{bar: HTMLElement, min: HTMLElement, max: HTMLElement}} Legend */
+
 const MAX_COLUMNS = 5000;
 
 // Small fractions matter (1% of a layer's gradient lost is already a finding), so the fraction
 // colour scale spends most of its range near zero.
+/** @type {ColorScale} */
 const FRACTION_SCALE = [
   [0, '#f8fafc'], [0.005, '#fef3c7'], [0.05, '#fdba74'], [0.2, '#f97316'],
   [0.5, '#dc2626'], [1, '#5b0f0f'],
 ];
+/** @type {(label: string, help: string) => StatSpec} */
 const fraction = (label, help) => ({
   label, help, zmin: 0, zmax: 1, colorscale: FRACTION_SCALE, format: '.2%', legend: (v) => `${Math.round(100 * v)}%`,
 });
+/** @type {ColorScale} */
 const VIRIDIS = [
   [0, '#440154'], [0.25, '#3b528b'], [0.5, '#21918c'], [0.75, '#5ec962'], [1, '#fde725'],
 ];
 // Red = little or negative headroom (about to overflow), blue = plenty.
+/** @type {ColorScale} */
 const HEADROOM = [[0, '#b2182b'], [0.25, '#ef8a62'], [0.5, '#f7f7f7'], [0.75, '#67a9cf'], [1, '#2166ac']];
+/** @param {number} v */
 const fixed1 = (v) => v.toFixed(1);
 const EVENT_COLOUR = '#7f1d1d';
 // A lone NaN/inf cell among thousands of steps is one pixel wide or less: event statistics also
@@ -29,7 +56,7 @@ const EVENT_COLOUR = '#7f1d1d';
 const EVENT_MARKER = Object.freeze({ symbol: 'square', size: 7, color: EVENT_COLOUR, line: { width: 0 } });
 const MAX_EVENT_MARKERS = 2000;
 
-/** The statistics the selector offers, in its order. */
+/** The statistics the selector offers, in its order. @type {Readonly<Record<string, StatSpec>>} */
 export const STATS = Object.freeze({
   lost_frac: fraction('zeros + flushed', 'exact zeros plus values that would flush at this scale: an upper bound on what the format loses (exact zeros include structural ones, e.g. dead ReLU units; the Findings and the card count those apart, docs/findings.md)'),
   zero_frac: fraction('zero fraction', 'elements exactly 0: flushed upstream, or structural (dead ReLU units, unused rows)'),
@@ -55,7 +82,11 @@ export const STATS = Object.freeze({
 
 /** One step's column of `stat` from its live per-layer arrays (null when the step has none).
  * `formatMax`: the target format's largest finite value (the run's `target_format_limits.max`,
- * from the server's formats), for headroom_bits as the read API computes it. */
+ * from the server's formats), for headroom_bits as the read API computes it.
+ * @param {Step} step
+ * @param {string} stat
+ * @param {number} formatMax
+ * @returns {(number | null)[] | null} */
 export function columnOf(step, stat, formatMax) {
   const layers = step.layers;
   if (!layers) return null;
@@ -65,19 +96,30 @@ export function columnOf(step, stat, formatMax) {
       ? null : z + layers.underflow_frac[i]));
   }
   if (stat === 'headroom_bits' && layers.amax) {
+    // As series_math.headroom_bits: no scale (no GradScaler) counts as 1; a scale that is not a
+    // positive finite number gives no headroom.
+    const scale = step.scale_before ?? 1;
+    if (!Number.isFinite(scale) || scale <= 0) return layers.amax.map(() => null);
     return layers.amax.map((a) => {
       if (a === null) return null;
-      return a === 0 ? Infinity : Math.log2(formatMax / (a * step.scale_before));
+      return a === 0 ? Infinity : Math.log2(formatMax / (a * scale));
     });
   }
   return null;
 }
 
 /** The (step, layer) cells of `columns` (one array of cells per step) holding a non-zero count,
- * as the x/y/text arrays of a marker trace. */
+ * as the x/y/text arrays of a marker trace.
+ * @param {number[]} steps
+ * @param {(number | null)[][]} columns
+ * @param {string[]} names  the rows'
+ * @returns {{x: number[], y: string[], text: number[]}} */
 export function eventCells(steps, columns, names) {
+  /** @type {number[]} */
   const x = [];
+  /** @type {string[]} */
   const y = [];
+  /** @type {number[]} */
   const text = [];
   columns.forEach((column, j) => column.forEach((v, i) => {
     if (v === null || v === 0) return;
@@ -88,7 +130,13 @@ export function eventCells(steps, columns, names) {
   return { x, y, text };
 }
 
+/**
+ * Row names as plot text, a repeated name numbered ("fc.weight #1"): a category axis merges equal ones.
+ * @param {string[]} names
+ * @returns {string[]}
+ */
 function uniqueNames(names) {
+  /** @type {Map<string, number>} */
   const seen = new Map();
   return names.map((name) => {
     const n = seen.get(name) ?? 0;
@@ -100,6 +148,10 @@ function uniqueNames(names) {
 /**
  * The colour legend, drawn in HTML: plotly's own colorbar sets style attributes, which the CSP
  * blocks. `legend` holds the {bar, min, max} elements; the gradient goes through the CSSOM.
+ * @param {Legend} legend
+ * @param {StatSpec} spec
+ * @param {number} zmin
+ * @param {number} zmax
  */
 function drawLegend(legend, spec, zmin, zmax) {
   const stops = spec.colorscale.map(([at, color]) => `${color} ${(100 * at).toFixed(2)}%`);
@@ -109,6 +161,12 @@ function drawLegend(legend, spec, zmin, zmax) {
 }
 
 export class LayerHeatmap {
+  /**
+   * @param {PlotDiv} div
+   * @param {Legend} legend
+   * @param {string} runId
+   * @param {number} formatMax  the target format's largest finite value (columnOf)
+   */
   constructor(div, legend, runId, formatMax) {
     this.div = div;
     this.legend = legend;
@@ -119,8 +177,16 @@ export class LayerHeatmap {
     this.lastStep = -Infinity;
     this.zmin = Infinity;
     this.zmax = -Infinity;
+    /** @type {string[]} the rows' names, as drawn */
+    this.names = [];
+    this.markers = 0; // event cells marked
   }
 
+  /**
+   * A value as its cell: the statistic's transform applied, non-finite values as gaps.
+   * @param {number | null | undefined} value
+   * @returns {number | null}
+   */
   cell(value) {
     const t = STATS[this.stat].transform;
     const v = finiteOrNull(value);
@@ -128,7 +194,10 @@ export class LayerHeatmap {
     return t ? finiteOrNull(t(v)) : v;
   }
 
-  /** Draw /layer-stats output (z[layer][step]) from scratch: on load and when the stat changes. */
+  /**
+   * Draw /layer-stats output (z[layer][step]) from scratch: on load and when the stat changes.
+   * @param {LayerStats} body
+   */
   async show(body) {
     this.stat = body.stat;
     this.source = body.source ?? 'param';
@@ -155,6 +224,7 @@ export class LayerHeatmap {
       yaxis: { type: 'category', autorange: 'reversed', showgrid: false, ticks: '', automargin: true },
       xaxis: { showgrid: false },
     });
+    /** @type {object[]} */
     const traces = [trace];
     this.names = names;
     this.markers = 0;
@@ -171,6 +241,7 @@ export class LayerHeatmap {
     drawLegend(this.legend, spec, zmin, zmax);
   }
 
+  /** @param {(number | null)[][]} columns */
   widen(columns) {
     for (const column of columns) {
       for (const v of column) {
@@ -181,7 +252,10 @@ export class LayerHeatmap {
     }
   }
 
-  /** The colour range: the statistic's fixed bounds, else the data's (symmetric about 0 if asked). */
+  /**
+   * The colour range: the statistic's fixed bounds, else the data's (symmetric about 0 if asked).
+   * @returns {[number, number]}
+   */
   range() {
     const spec = STATS[this.stat];
     let lo = spec.zmin ?? (Number.isFinite(this.zmin) ? this.zmin : 0);
@@ -195,10 +269,14 @@ export class LayerHeatmap {
   }
 
   /** Append live steps that carry per-layer stats (parameter gradients: the live socket carries
-   * no activation statistics, so an activation heatmap stays as loaded). */
+   * no activation statistics, so an activation heatmap stays as loaded).
+   * @param {Step[]} steps
+   */
   append(steps) {
     if (this.source !== 'param') return;
+    /** @type {number[]} */
     const x = [];
+    /** @type {(number | null)[][]} */
     const z = [];
     for (const step of steps) {
       if (step.step <= this.lastStep) continue;
@@ -220,7 +298,10 @@ export class LayerHeatmap {
     }
   }
 
-  /** Live event cells join the marker trace while they stay sparse; past that it goes. */
+  /**
+   * Live event cells join the marker trace while they stay sparse; past that it goes.
+   * @param {{x: number[], y: string[], text: number[]}} cells
+   */
   extendMarkers(cells) {
     if (this.div.data.length < 2 || !cells.x.length) return;
     this.markers += cells.x.length;

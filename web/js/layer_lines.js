@@ -1,3 +1,4 @@
+// @ts-check
 // Per-layer lines: the layers the user picked (by clicking a heatmap row) as `amax` (solid) and
 // `amin_nz` (dotted) on a log axis: how close a layer's gradient comes to overflow and to
 // underflow. Data from /layer-stats, only the picked layer's row (`layers=`, fetched once per
@@ -8,15 +9,17 @@
 import { PALETTE } from './colors.js';
 import { CONFIG, LogTicks, Plotly, finiteOrNull, plotText, themedLayout } from './plot.js';
 
+/** @import { LayerStats, StepWithLayers } from './codec.js' */
+
 const MAX_POINTS = 100000;
-const STATS = ['amax', 'amin_nz'];
+const STATS = /** @type {const} */ (['amax', 'amin_nz']);
 
 export class LayerLines {
   /**
-   * @param {HTMLElement} div
+   * @param {PlotDiv} div
    * @param {HTMLElement} note  the "click a row" hint, hidden once a layer is shown
    * @param {{runId: string, layerNames: string[],
-   *   fetchStat: (stat: string, layer: number) => Promise<object>}} opts  one layer's row
+   *   fetchStat: (stat: string, layer: number) => Promise<LayerStats>}} opts  one layer's row
    */
   constructor(div, note, { runId, layerNames, fetchStat }) {
     this.div = div;
@@ -24,10 +27,14 @@ export class LayerLines {
     this.runId = runId;
     this.layerNames = layerNames;
     this.fetchStat = fetchStat;
-    this.shown = []; // layer indices, in trace order (two traces each)
-    this.rows = new Map(); // layer index -> promise of {amax: body, amin_nz: body}, its row only
-    this.live = []; // live steps with layers; a layer's lines take those after its row's last
+    /** @type {number[]} layer indices, in trace order (two traces each) */
+    this.shown = [];
+    /** @type {Map<number, Promise<{amax: LayerStats, amin_nz: LayerStats}>>} its row only */
+    this.rows = new Map();
+    /** @type {StepWithLayers[]} a layer's lines take those after its row's last */
+    this.live = [];
     this.ticks = new LogTicks('yaxis', 10);
+    /** @type {Map<number, string>} */
     this.colorOf = new Map();
     this.nextColor = 0;
   }
@@ -41,18 +48,25 @@ export class LayerLines {
     await Plotly.newPlot(this.div, [], layout, CONFIG);
   }
 
-  /** The layer's two rows (amax, amin_nz), fetched on its first pick; a failed fetch is forgotten. */
+  /**
+   * The layer's two rows (amax, amin_nz), fetched on its first pick; a failed fetch is forgotten.
+   * @param {number} index
+   */
   data(index) {
-    if (!this.rows.has(index)) {
-      const rows = Promise.all(STATS.map((s) => this.fetchStat(s, index)))
+    let rows = this.rows.get(index);
+    if (!rows) {
+      rows = Promise.all(STATS.map((s) => this.fetchStat(s, index)))
         .then(([amax, amin]) => ({ amax, amin_nz: amin }));
       rows.catch(() => this.rows.delete(index));
       this.rows.set(index, rows);
     }
-    return this.rows.get(index);
+    return rows;
   }
 
-  /** Add the layer's two lines, or remove them when shown. */
+  /**
+   * Add the layer's two lines, or remove them when shown.
+   * @param {number} index
+   */
   async toggle(index) {
     const at = this.shown.indexOf(index);
     if (at >= 0) {
@@ -98,12 +112,18 @@ export class LayerLines {
     if (relayout) Plotly.relayout(this.div, relayout);
   }
 
-  /** Live steps that carry per-layer stats. */
+  /**
+   * Live steps that carry per-layer stats.
+   * @param {StepWithLayers[]} steps
+   */
   append(steps) {
     this.live.push(...steps); // a layer picked later gets these steps too
     if (!this.shown.length || !this.div.data || this.div.data.length !== 2 * this.shown.length) return;
+    /** @type {number[][]} */
     const x = [];
+    /** @type {(number | null)[][]} */
     const y = [];
+    /** @type {number[]} */
     const indices = [];
     this.shown.forEach((layer, k) => {
       STATS.forEach((stat, j) => {

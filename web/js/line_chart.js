@@ -1,3 +1,4 @@
+// @ts-check
 // A per-step scalar (loss, grad norm) as a line. Non-finite values are gaps in the line and red
 // ticks along the top edge, so a NaN loss is seen rather than silently dropped. An EMA smoothing
 // (TensorBoard style: debiased, the raw line kept faint under the bold smoothed one) is drawn on
@@ -5,6 +6,8 @@
 
 import { COLORS, CONFIG, LogTicks, Plotly, finiteOrNull, themedLayout } from './plot.js';
 import { ema } from './smoothing.js';
+
+/** @import { Series, Step } from './codec.js' */
 
 const MAX_POINTS = 100000;
 // Trace indices (the raw line and the non-finite ticks keep the indices they always had).
@@ -14,8 +17,8 @@ const SMOOTH = 2;
 
 export class LineChart {
   /**
-   * @param {HTMLElement} div
-   * @param {{runId: string, field: string, label: string, color: string, log?: boolean}} opts
+   * @param {PlotDiv} div
+   * @param {{runId: string, field: 'loss' | 'grad_norm', label: string, color: string, log?: boolean}} opts
    */
   constructor(div, { runId, field, label, color, log = false }) {
     this.div = div;
@@ -27,12 +30,18 @@ export class LineChart {
     this.lastStep = -Infinity;
     this.ticks = new LogTicks('yaxis', 10); // fed on either axis: a log/linear toggle may need it
     this.weight = 0;
-    this.xs = [];     // the raw line's steps and values, non-finite included (the smoothing input)
+    /** @type {number[]} the raw line's steps and values, non-finite included (the smoothing input) */
+    this.xs = [];
+    /** @type {(number | null)[]} */
     this.values = [];
     this.ema = ema(0);
   }
 
-  /** series: /series/{field}; a bucket's `last` is drawn, and any non-finite min/max is flagged. */
+  /**
+   * series: /series/{field}; a bucket's `last` is drawn, and any non-finite min/max is flagged.
+   * @param {Series} series
+   * @param {number} [weight]  the smoothing's
+   */
   async init(series, weight = 0) {
     const pts = series.points;
     this.weight = weight;
@@ -70,7 +79,10 @@ export class LineChart {
     return this.weight > 0 ? 0.3 : 1;
   }
 
-  /** A new smoothing weight in [0, 1): the smoothed line is recomputed once, the raw one untouched. */
+  /**
+   * A new smoothing weight in [0, 1): the smoothed line is recomputed once, the raw one untouched.
+   * @param {number} weight
+   */
   setSmoothing(weight) {
     this.weight = weight;
     this.ema = ema(weight);
@@ -79,6 +91,7 @@ export class LineChart {
     Plotly.restyle(this.div, { opacity: [this.rawOpacity()] }, [LINE]);
   }
 
+  /** @param {Step[]} steps  live steps, in order */
   append(steps) {
     const fresh = steps.filter((s) => s.step > this.lastStep && s[this.field] !== null && s[this.field] !== undefined);
     if (!fresh.length) return;
@@ -100,15 +113,21 @@ export class LineChart {
   /**
    * Replace the points inside [start, end] with a finer /series answer (zoom detail). Points
    * outside the range, live ones included, are kept; the smoothed line is recomputed.
+   * @param {number} start
+   * @param {number} end
+   * @param {Series} series
    */
   replaceRange(start, end, series) {
+    /** @type {number[]} */
     const keepBefore = [];
+    /** @type {number[]} */
     const keepAfter = [];
     this.xs.forEach((x, i) => {
       if (x < start) keepBefore.push(i);
       else if (x > end) keepAfter.push(i);
     });
     const inside = series.points.filter((p) => p.step >= start && p.step <= end);
+    /** @type {<T>(idx: number[], arr: T[]) => T[]} */
     const pick = (idx, arr) => idx.map((i) => arr[i]);
     this.xs = [...pick(keepBefore, this.xs), ...inside.map((p) => p.step), ...pick(keepAfter, this.xs)];
     this.values = [...pick(keepBefore, this.values), ...inside.map((p) => p.last), ...pick(keepAfter, this.values)];

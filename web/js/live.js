@@ -1,7 +1,10 @@
+// @ts-check
 // The live socket (WS /api/runs/{id}/live?after_id=N): reconnects with backoff from the last id
 // seen, and coalesces incoming steps so the charts redraw at most `maxRate` times a second.
 
 import { decodeLiveMessage } from './codec.js';
+
+/** @import { RunStatus, Step } from './codec.js' */
 
 /** Socket lifecycle, shown on the page. */
 export const LiveState = Object.freeze({
@@ -16,13 +19,19 @@ const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 15000;
 
 /** Delay (ms) before reconnect attempt `attempt` (1, 2, …): exponential, capped, half jittered so
- *  several tabs reconnecting to a restarted server don't stampede. Shared by every socket here. */
+ *  several tabs reconnecting to a restarted server don't stampede. Shared by every socket here.
+ * @param {number} attempt
+ * @returns {number} */
 export function reconnectDelay(attempt) {
   const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** (attempt - 1));
   return ceiling / 2 + Math.random() * (ceiling / 2);
 }
 
-/** The WebSocket URL of a server path, on this page's host and scheme. */
+/**
+ * The WebSocket URL of a server path, on this page's host and scheme.
+ * @param {string} path
+ * @returns {string}
+ */
 export function socketUrl(path) {
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   return `${scheme}://${location.host}${path}`;
@@ -32,7 +41,7 @@ export class LiveStream {
   /**
    * @param {string} runId
    * @param {number} afterId  the last step id already drawn (the socket backfills after it)
-   * @param {{onSteps: (steps: object[]) => void, onStatus: (status: string) => void,
+   * @param {{onSteps: (steps: Step[]) => void, onStatus: (status: RunStatus) => void,
    *          onState: (state: string, detail?: string) => void, maxRate?: number}} handlers
    */
   constructor(runId, afterId, { onSteps, onStatus, onState, maxRate = 10 }) {
@@ -42,11 +51,15 @@ export class LiveStream {
     this.onStatus = onStatus;
     this.onState = onState;
     this.minIntervalMs = 1000 / maxRate;
+    /** @type {Step[]} */
     this.pending = [];
+    /** @type {number | null} */
     this.flushTimer = null;
     this.lastFlush = 0;
+    /** @type {number | null} */
     this.retryTimer = null;
     this.attempt = 0;
+    /** @type {WebSocket | null} */
     this.socket = null;
     this.stopped = false;
   }
@@ -97,12 +110,14 @@ export class LiveStream {
     this.retryTimer = setTimeout(() => this.connect(), delay);
   }
 
+  /** @param {string} text  a message of the socket */
   receive(text) {
     let msg;
     try {
       msg = decodeLiveMessage(text);
     } catch (err) {
-      this.setState(this.socket ? LiveState.OPEN : LiveState.CLOSED, `bad live message: ${err.message}`);
+      this.setState(this.socket ? LiveState.OPEN : LiveState.CLOSED,
+        `bad live message: ${/** @type {Error} */ (err).message}`);
       return;
     }
     if (msg.type === 'steps') {
@@ -136,6 +151,10 @@ export class LiveStream {
     this.onSteps(steps);
   }
 
+  /**
+   * @param {string} state  a LiveState
+   * @param {string} [detail]
+   */
   setState(state, detail) {
     this.onState(state, detail);
   }

@@ -1,3 +1,4 @@
+// @ts-check
 // The login page: POST the token in a JSON body (never a URL), then go where the user was headed.
 
 /**
@@ -5,6 +6,9 @@
  * parser, which is what `location.assign` will use: it drops TAB, LF and CR and reads `\\` as
  * `/`, so `/%09/evil.example` decoded is `//evil.example`, another origin, which a check of the
  * raw text misses.
+ * @param {string | null} raw  the `next` the address gave
+ * @param {string} [origin]
+ * @returns {string}
  */
 export function safeNext(raw, origin = window.location.origin) {
   if (typeof raw !== 'string' || !raw.startsWith('/')) {
@@ -19,10 +23,11 @@ export function safeNext(raw, origin = window.location.origin) {
   return url.origin === origin ? `${url.pathname}${url.search}${url.hash}` : '/';
 }
 
+/** @param {SubmitEvent} event */
 async function signIn(event) {
   event.preventDefault();
-  const banner = document.getElementById('error');
-  const input = document.getElementById('token');
+  const banner = /** @type {HTMLElement} login.html has it */ (document.getElementById('error'));
+  const input = /** @type {HTMLInputElement} */ (document.getElementById('token'));
   banner.hidden = true;
   let response;
   try {
@@ -33,14 +38,14 @@ async function signIn(event) {
       credentials: 'same-origin',
     });
   } catch (err) {
-    banner.textContent = `The server is not reachable (${err.message}).`;
+    banner.textContent = `The server is not reachable (${/** @type {Error} */ (err).message}).`;
     banner.hidden = false;
     return;
   }
   if (!response.ok) {
     let detail = response.statusText;
     try {
-      detail = (await response.json()).detail ?? detail;
+      detail = /** @type {{detail?: string}} */ (await response.json()).detail ?? detail;
     } catch {
       // not JSON: keep the status text
     }
@@ -52,4 +57,5 @@ async function signIn(event) {
   window.location.assign(safeNext(new URLSearchParams(window.location.search).get('next')));
 }
 
-document.getElementById('login-form').addEventListener('submit', signIn);
+const form = /** @type {HTMLFormElement} login.html has it */ (document.getElementById('login-form'));
+form.addEventListener('submit', signIn);

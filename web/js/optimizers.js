@@ -1,3 +1,4 @@
+// @ts-check
 // Per-optimizer view (wire v4 `optimizers`, sent only by runs with several optimizers or
 // parameter groups): for each optimizer a line saying how many steps it skipped and which, and a
 // chart of its groups' lr over the steps ("optimizer 0, group 1"), its skipped steps as red ✕
@@ -10,6 +11,10 @@ import { PALETTE } from './colors.js';
 import { el, numberText } from './format.js';
 import { COLORS, CONFIG, LogTicks, Plotly, finiteOrNull, themedLayout } from './plot.js';
 
+/** @import { OptimizerEntryOf, OptimizerTrack, SeriesPoint, Step } from './codec.js' */
+/** @typedef {OptimizerEntryOf<number>} OptimizerEntry  one optimizer's part of a live step */
+/** @typedef {Step & {optimizers: OptimizerEntry[]}} StepWithOptimizers */
+
 const MAX_POINTS = 100000;
 const LISTED = 8; // skipped steps named one by one; past that, "and N more"
 // Trace indices; group i's line is trace GROUPS + its position among the charted groups.
@@ -17,11 +22,18 @@ const SKIPPED = 0;
 const NONFINITE = 1;
 const GROUPS = 2;
 
+/**
+ * @param {number} optimizer
+ * @param {number} group
+ */
 export function groupLabel(optimizer, group) {
   return `optimizer ${optimizer}, group ${group}`;
 }
 
-/** "optimizer 1 · 2 parameter groups · skipped 3 of 20 steps: 5, 9, 13". */
+/**
+ * "optimizer 1 · 2 parameter groups · skipped 3 of 20 steps: 5, 9, 13".
+ * @param {OptimizerTrack} track
+ */
 export function optimizerText(track) {
   const groups = `${track.groups} parameter ${track.groups === 1 ? 'group' : 'groups'}`;
   const steps = `${track.steps} ${track.steps === 1 ? 'step' : 'steps'}`;
@@ -35,25 +47,38 @@ export function optimizerText(track) {
   return `optimizer ${track.optimizer} · ${groups} · ${skips}${unknown}`;
 }
 
+/** @param {OptimizerTrack} track */
 function lrValues(track) {
   return track.lr.flatMap((g) => g.points.flatMap((p) => [p.min, p.max, p.last]));
 }
 
 /** One optimizer: its line of text and its chart. */
 class OptimizerBlock {
+  /**
+   * @param {HTMLElement} parent
+   * @param {OptimizerTrack} track  from /optimizers (or an empty one for live steps)
+   * @param {string} runId
+   */
   constructor(parent, track, runId) {
     this.track = { ...track, skipped_steps: [...track.skipped_steps] };
     this.note = el('p', 'optimizer-note');
     this.note.dataset.optimizer = String(track.optimizer);
-    this.div = el('div', 'chart optimizer-chart');
+    this.div = /** @type {PlotDiv} plotly.js draws into it (init) */ (el('div', 'chart optimizer-chart'));
     this.div.dataset.optimizer = String(track.optimizer);
     parent.append(this.note, this.div);
     this.runId = runId;
     this.ticks = new LogTicks('yaxis', 10);
     this.log = lrValues(track).every((v) => typeof v !== 'number' || !Number.isFinite(v) || v > 0);
-    this.traceOf = new Map(); // group → trace index
+    /** @type {Map<number, number>} group → trace index */
+    this.traceOf = new Map();
   }
 
+  /**
+   * A group's lr line.
+   * @param {number} optimizer
+   * @param {number} group
+   * @param {SeriesPoint[]} points
+   */
   lineTrace(optimizer, group, points) {
     const label = groupLabel(optimizer, group);
     return {
@@ -66,6 +91,7 @@ class OptimizerBlock {
 
   async init() {
     const t = this.track;
+    /** @type {{step: number, text: string}[]} */
     const bad = [];
     for (const g of t.lr) {
       for (const p of g.points) {
@@ -73,6 +99,7 @@ class OptimizerBlock {
         if (value !== undefined) bad.push({ step: p.step, text: `${groupLabel(t.optimizer, g.group)}: lr ${numberText(value)}` });
       }
     }
+    /** @type {object[]} */
     const traces = [
       { x: [...t.skipped_steps], y: t.skipped_steps.map(() => 1), customdata: t.skipped_steps.map(() => null),
         type: 'scatter', mode: 'markers',
@@ -106,11 +133,17 @@ class OptimizerBlock {
     this.note.classList.toggle('warn', this.track.skipped > 0);
   }
 
-  /** [step, that step's entry for this optimizer] pairs, in step order, not drawn yet. */
+  /**
+   * [step, that step's entry for this optimizer] pairs, in step order, not drawn yet.
+   * @param {[number, OptimizerEntry][]} entries
+   */
   async append(entries) {
     const t = this.track;
+    /** @type {number[]} */
     const skipped = [];
+    /** @type {{step: number, text: string}[]} */
     const bad = [];
+    /** @type {Map<number, [number, number][]>} group → [step, lr] */
     const byGroup = new Map();
     for (const [step, o] of entries) {
       t.steps += 1;
@@ -123,8 +156,12 @@ class OptimizerBlock {
       t.groups = Math.max(t.groups, o.lr.length);
       o.lr.forEach((lr, group) => {
         if (lr === null) return;
-        if (!byGroup.has(group)) byGroup.set(group, []);
-        byGroup.get(group).push([step, lr]);
+        let points = byGroup.get(group);
+        if (!points) {
+          points = [];
+          byGroup.set(group, points);
+        }
+        points.push([step, lr]);
         if (!Number.isFinite(lr)) bad.push({ step, text: `${groupLabel(t.optimizer, group)}: lr ${numberText(lr)}` });
       });
     }
@@ -139,6 +176,7 @@ class OptimizerBlock {
       for (const g of fresh) this.traceOf.set(g, this.div.data.length + fresh.indexOf(g));
       await Plotly.addTraces(this.div, fresh.map((g) => this.lineTrace(t.optimizer, g, [])));
     }
+    /** @type {{x: unknown[][], y: unknown[][], customdata: unknown[][]}} */
     const update = { x: [skipped, bad.map((b) => b.step)], y: [skipped.map(() => 1), bad.map(() => 0)],
       customdata: [skipped.map(() => null), bad.map((b) => b.text)] };
     const indices = [SKIPPED, NONFINITE];
@@ -146,7 +184,7 @@ class OptimizerBlock {
       update.x.push(points.map(([step]) => step));
       update.y.push(points.map(([, lr]) => finiteOrNull(lr)));
       update.customdata.push(points.map(([, lr]) => numberText(lr)));
-      indices.push(this.traceOf.get(group));
+      indices.push(/** @type {number} every group has its trace by now */ (this.traceOf.get(group)));
     }
     await Plotly.extendTraces(this.div, update, indices, MAX_POINTS);
     const relayout = this.log && this.ticks.widen(values).update();
@@ -158,16 +196,19 @@ export class OptimizerPanel {
   /**
    * @param {HTMLElement} panel  the section, hidden until some step carries optimizers
    * @param {HTMLElement} body   where each optimizer's line and chart go
+   * @param {string} runId
    */
   constructor(panel, body, runId) {
     this.panel = panel;
     this.body = body;
     this.runId = runId;
+    /** @type {OptimizerBlock[]} by optimizer */
     this.blocks = [];
     this.lastStep = -Infinity;
     this.queue = Promise.resolve(); // loads and live appends, one after another
   }
 
+  /** @param {number} maxPoints */
   load(maxPoints) {
     return this.enqueue(async () => {
       const body = await getOptimizers(this.runId, maxPoints);
@@ -176,11 +217,17 @@ export class OptimizerPanel {
     });
   }
 
-  /** Live steps (decoded, in order): those after the last step drawn that carry optimizers. */
+  /**
+   * Live steps (decoded, in order): those after the last step drawn that carry optimizers.
+   * @param {Step[]} steps
+   */
   append(steps) {
+    /** @type {StepWithOptimizers[]} */
     const fresh = [];
+    /** @type {(s: Step) => s is StepWithOptimizers} */
+    const withOptimizers = (s) => Array.isArray(s.optimizers);
     for (const s of steps) {
-      if (!Array.isArray(s.optimizers) || s.step <= this.lastStep) continue;
+      if (!withOptimizers(s) || s.step <= this.lastStep) continue;
       this.lastStep = s.step;
       fresh.push(s);
     }
@@ -190,18 +237,26 @@ export class OptimizerPanel {
       for (let i = 0; i < count; i += 1) {
         const block = this.blocks[i] ?? await this.block({ optimizer: i, steps: 0, skipped: 0,
           unknown: 0, skipped_steps: [], groups: 0, lr: [] });
+        /** @type {[number, OptimizerEntry][]} */
         const entries = fresh.filter((s) => i < s.optimizers.length).map((s) => [s.step, s.optimizers[i]]);
         if (entries.length) await block.append(entries);
       }
     });
   }
 
-  /** Run `work` after what is queued, whether that failed or not (its caller was told). */
+  /**
+   * Run `work` after what is queued, whether that failed or not (its caller was told).
+   * @param {() => Promise<void>} work
+   */
   enqueue(work) {
     this.queue = this.queue.catch(() => {}).then(work);
     return this.queue;
   }
 
+  /**
+   * A block for an optimizer, drawn.
+   * @param {OptimizerTrack} track
+   */
   async block(track) {
     const block = new OptimizerBlock(this.body, track, this.runId);
     this.blocks[track.optimizer] = block;

@@ -1,3 +1,4 @@
+// @ts-check
 // Shared Plotly setup: the global from /static/vendor/plotly.min.js, the theme, the config, and
 // text escaping for plotly's labels (which parse a small HTML subset).
 
@@ -6,10 +7,13 @@ import { powerText } from './format.js';
 /** plotly.js's global, read at each use: the run page runs its modules before plotly.js (see
  * run.html), so their first requests leave while plotly.js is run (~0.5-0.8 s of main thread
  * on the 2-core reference machine). Draw only after `plotlyLoaded()`. */
-export const Plotly = new Proxy({}, { get: (_, key) => window.Plotly[key] });
+export const Plotly = /** @type {PlotlyStatic} */ (new Proxy({}, {
+  get: (_, key) => /** @type {PlotlyStatic} */ (window.Plotly)[/** @type {keyof PlotlyStatic} */ (key)],
+}));
 
 /** Settles once plotly.js has run: at once on a page that loads it before its modules, else
- * when the document's deferred scripts have run (DOMContentLoaded). */
+ * when the document's deferred scripts have run (DOMContentLoaded).
+ * @returns {Promise<void>} */
 export function plotlyLoaded() {
   if (window.Plotly || document.readyState === 'complete') return Promise.resolve();
   return new Promise((resolve) => {
@@ -71,9 +75,13 @@ const stepMargin = { l: 56, r: 16 };
 const LABEL_PAD = 16; // px beside the widest label: plotly's tick offset (it needed 11) and slack
 const STEP_RIGHT = 24; // px: the last x tick label ("1M") overhangs the plot area by half
 
-/** Size the step charts' margins to `labels` (y tick labels, e.g. layer names) in FONT. */
+/**
+ * Size the step charts' margins to `labels` (y tick labels, e.g. layer names) in FONT.
+ * @param {Iterable<string>} labels
+ */
 export function fitStepMargins(labels) {
-  const context = document.createElement('canvas').getContext('2d');
+  // A 2d context is always there for a new canvas (null is for a canvas given to another kind).
+  const context = /** @type {CanvasRenderingContext2D} */ (document.createElement('canvas').getContext('2d'));
   context.font = `${FONT.size}px ${FONT.family}`;
   let widest = 0;
   for (const label of labels) widest = Math.max(widest, context.measureText(label).width);
@@ -81,7 +89,12 @@ export function fitStepMargins(labels) {
   stepMargin.r = Math.max(stepMargin.r, STEP_RIGHT);
 }
 
-/** A step chart's margin (`fitStepMargins`), with the given top and bottom. */
+/**
+ * A step chart's margin (`fitStepMargins`), with the given top and bottom.
+ * @param {number} [t]
+ * @param {number} [b]
+ * @returns {{l: number, r: number, t: number, b: number}}
+ */
 export function stepChartMargin(t = 8, b = 40) {
   return { l: stepMargin.l, r: stepMargin.r, t, b };
 }
@@ -92,19 +105,27 @@ export function stepChartMargin(t = 8, b = 40) {
  * same steps started and ended up to ~200 px apart; including [first, last] and clipping to it
  * gives them one x range from the first render, and after any "reset axes". A page sets it
  * before drawing, for a run whose steps are all in (a live run's range grows with it).
+ * @type {[number, number | null] | null}
  */
 let stepSpan = null;
 
 /**
  * Make every step chart drawn from now on span exactly steps [first, last]; with `last` null (a
  * live run, whose range grows) they start at `first` alike and end where their data does.
+ * @param {number} first
+ * @param {number | null} [last]
  */
 export function setStepSpan(first, last = null) {
   if (!Number.isFinite(first)) stepSpan = null;
-  else stepSpan = Number.isFinite(last) && last > first ? [first, last] : [first, null];
+  else stepSpan = typeof last === 'number' && Number.isFinite(last) && last > first ? [first, last] : [first, null];
 }
 
-/** A layout on the app's theme; `uirevision` keeps the user's zoom across data updates. */
+/**
+ * A layout on the app's theme; `uirevision` keeps the user's zoom across data updates.
+ * @param {string} uirevision
+ * @param {PlotLayout} [overrides]
+ * @returns {PlotLayout & {xaxis: PlotAxis, yaxis: PlotAxis}}
+ */
 export function themedLayout(uirevision, overrides = {}) {
   // exponentformat 'e': plotly's own labels for powers ("10<sup>-5</sup>") are drawn as tspans
   // with an inline style, which the CSP blocks; "1e-5" is plain text (LogTicks labels powers).
@@ -125,7 +146,11 @@ export function themedLayout(uirevision, overrides = {}) {
   };
 }
 
-/** The autorange options of a step chart's x axis (one whose x title is the default 'step'). */
+/**
+ * The autorange options of a step chart's x axis (one whose x title is the default 'step').
+ * @param {PlotLayout} overrides
+ * @returns {PlotAxis | null}
+ */
 function stepAxis(overrides) {
   if (!stepSpan || (overrides.xaxis && overrides.xaxis.title !== undefined)) return null;
   const [first, last] = stepSpan;
@@ -134,12 +159,20 @@ function stepAxis(overrides) {
   return { range: [first, last], autorangeoptions: { include: [first, last], clipmin: first, clipmax: last } };
 }
 
-/** User text for a plotly label: shown literally, not as plotly's pseudo-HTML. */
+/**
+ * User text for a plotly label: shown literally, not as plotly's pseudo-HTML.
+ * @param {unknown} text
+ * @returns {string}
+ */
 export function plotText(text) {
   return String(text).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 }
 
-/** A value plotly can draw: non-finite numbers become gaps. */
+/**
+ * A value plotly can draw: non-finite numbers become gaps.
+ * @param {unknown} x
+ * @returns {number | null}
+ */
 export function finiteOrNull(x) {
   return typeof x === 'number' && Number.isFinite(x) ? x : null;
 }
@@ -150,6 +183,10 @@ export function finiteOrNull(x) {
  * change (the data reached a new power), else null: the axis is not relaid out per frame.
  */
 export class LogTicks {
+  /**
+   * @param {string} axis  the layout's axis ('yaxis')
+   * @param {number} base
+   */
   constructor(axis, base) {
     this.axis = axis;
     this.base = base;
@@ -158,6 +195,11 @@ export class LogTicks {
     this.key = '';
   }
 
+  /**
+   * Take in `values` (anything but positive finite numbers is passed over).
+   * @param {Iterable<unknown>} values
+   * @returns {this}
+   */
   widen(values) {
     for (const v of values) {
       if (typeof v === 'number' && Number.isFinite(v) && v > 0) {
@@ -168,9 +210,13 @@ export class LogTicks {
     return this;
   }
 
-  /** The tick attributes for a layout's axis object. */
+  /**
+   * The tick attributes for a layout's axis object.
+   * @returns {{tickmode: 'auto' | 'array', tickvals?: number[] | null, ticktext?: string[] | null}}
+   */
   attributes() {
     if (!(this.lo <= this.hi)) return { tickmode: 'auto' };
+    /** @param {number} x */
     const log = (x) => Math.log(x) / Math.log(this.base);
     let kmin = Math.floor(log(this.lo) + 1e-9);
     let kmax = Math.ceil(log(this.hi) - 1e-9);
@@ -190,11 +236,15 @@ export class LogTicks {
     return { tickmode: 'array', tickvals, ticktext };
   }
 
-  /** A Plotly.relayout argument when the ticks changed since the last call, else null. */
+  /**
+   * A Plotly.relayout argument when the ticks changed since the last call, else null.
+   * @returns {PlotUpdate | null}
+   */
   update() {
     const before = this.key;
     const attrs = this.attributes();
     if (this.key === before) return null;
+    /** @type {PlotUpdate} */
     const out = {};
     for (const [k, v] of Object.entries(attrs)) out[`${this.axis}.${k}`] = v;
     return out;

@@ -1,3 +1,4 @@
+// @ts-check
 // Distributed runs: which rank went non-finite first, as one line in the run header. Read once
 // from GET /api/runs/{id}/ranks (one index probe on the server), then carried on from the live
 // steps' own `ranks` (the same rule as the server's: the earliest step, a rank's own NaN/inf
@@ -7,20 +8,30 @@
 import { getRanks } from './api.js';
 import { numberText } from './format.js';
 
+/** @import { FirstNonfinite, Ranks, Step } from './codec.js' */
+
 const LISTED = 8; // ranks named one by one; past that, "and N more"
 
-/** "ranks 0, 2, 3" / "rank 1" / "ranks 0, 1, …, 7 and 56 more". */
+/**
+ * "ranks 0, 2, 3" / "rank 1" / "ranks 0, 1, …, 7 and 56 more".
+ * @param {number[]} ranks
+ */
 function rankList(ranks) {
   const shown = ranks.slice(0, LISTED).join(', ');
   const more = ranks.length > LISTED ? ` and ${ranks.length - LISTED} more` : '';
   return `${ranks.length === 1 ? 'rank' : 'ranks'} ${shown}${more}`;
 }
 
+/**
+ * @param {FirstNonfinite} first
+ * @param {number} r  a rank
+ */
 function nonfiniteLoss(first, r) {
   const loss = first.loss[r];
   return typeof loss === 'number' && !Number.isFinite(loss);
 }
 
+/** @param {number | null} layers  how many (null: unknown) */
 function layersText(layers) {
   return `${layers} ${layers === 1 ? 'layer' : 'layers'} with NaN/inf gradients`;
 }
@@ -28,7 +39,9 @@ function layersText(layers) {
 /** The line's text for a /ranks answer (null: nothing to say, a single-process run).
  *  `first.ranks` is where the step went bad: the ranks whose own loss was non-finite when any
  *  (their gradients are after the all-reduce, so one rank's NaN reaches every rank's), else
- *  the ranks whose gradients held NaN/inf with every loss finite (FSDP shards: no origin). */
+ *  the ranks whose gradients held NaN/inf with every loss finite (FSDP shards: no origin).
+ * @param {Ranks} body
+ * @returns {string | null} */
 export function rankNoteText(body) {
   const size = body.world_size;
   if (!(size > 1)) return null;
@@ -51,22 +64,31 @@ export function rankNoteText(body) {
 
 /** A step's ranks as /ranks's `first_nonfinite` when some rank went non-finite there, else
  *  null: the ranks whose own loss was NaN/inf when any, else those whose gradients held one
- *  (`rank_packing.origin_ranks` on the server). */
+ *  (`rank_packing.origin_ranks` on the server).
+ * @param {Step} step
+ * @returns {FirstNonfinite | null} */
 export function nonfiniteAt(step) {
   const ranks = step.ranks;
   if (!ranks) return null;
+  /** @param {number | null} x */
   const badLoss = (x) => typeof x === 'number' && !Number.isFinite(x);
   let bad = ranks.loss.map((x, r) => (badLoss(x) ? r : -1)).filter((r) => r >= 0);
-  if (!bad.length) bad = ranks.nonfinite.map((n, r) => (n > 0 ? r : -1)).filter((r) => r >= 0);
+  if (!bad.length) bad = ranks.nonfinite.map((n, r) => (n !== null && n > 0 ? r : -1)).filter((r) => r >= 0);
   return bad.length ? { step: step.step, ranks: bad, loss: ranks.loss, nonfinite: ranks.nonfinite } : null;
 }
 
 export class RankNote {
+  /**
+   * @param {HTMLElement} node  the line
+   * @param {string} runId
+   * @param {number} worldSize
+   */
   constructor(node, runId, worldSize) {
     this.node = node;
     this.runId = runId;
     this.worldSize = worldSize;
-    this.first = null;      // the earliest non-finite step known (/ranks's first_nonfinite shape)
+    /** @type {FirstNonfinite | null} the earliest non-finite step known */
+    this.first = null;
     this.answered = false;  // /ranks has answered: until then live steps are only remembered
   }
 
@@ -79,7 +101,9 @@ export class RankNote {
   }
 
   /** Keep the earliest step: a later step number never replaces it, and at the same step the
-   *  server's answer (the first ingested there) wins over a live one. */
+   *  server's answer (the first ingested there) wins over a live one.
+   * @param {FirstNonfinite | null} first
+   * @param {boolean} fromServer */
   offer(first, fromServer) {
     if (!first) return;
     if (this.first === null || first.step < this.first.step || (fromServer && first.step === this.first.step)) {
@@ -96,7 +120,10 @@ export class RankNote {
     this.node.classList.toggle('muted', !found);
   }
 
-  /** Live steps came in (decoded, in ingest order): their own ranks, no request. */
+  /**
+   * Live steps came in (decoded, in ingest order): their own ranks, no request.
+   * @param {Step[]} steps
+   */
   stepsArrived(steps) {
     for (const s of steps) this.offer(nonfiniteAt(s), false);
     if (this.answered) this.render();

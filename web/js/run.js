@@ -1,3 +1,4 @@
+// @ts-check
 // Run page: loads the run through the read API, then follows it over the live socket.
 
 import * as api from './api.js';
@@ -21,6 +22,9 @@ import { WhatIf } from './whatif.js';
 import { RankNote } from './ranks.js';
 import { OptimizerPanel } from './optimizers.js';
 
+/** @import { LayerStats, RunDetail, RunEvent, RunStatus, Step, StepWithLayers } from './codec.js' */
+/** @import { Finding, LayerLoss } from './findings.js' */
+
 const RECENT_STEPS = 2000; // live steps kept to refill the heatmap after a statistic change
 const EVENTS_REFETCH_MS = 5000; // live steps carry no misuse: /events is re-read at most this often
 const PREFILL_LAYERS = 3; // the per-layer range starts with this many of the cited layers
@@ -29,22 +33,33 @@ const LAYER_TABLE_STEPS = 32; // the layer table looks for its step among the la
 const TICK_MS = 1000; // relative times ("started 28s ago") are redrawn this often
 
 // What each AMP misuse means, for the banner (the hook's kinds, docs/contracts.md "Wire v2").
+/** @type {Readonly<Record<string, string>>} */
 const MISUSE_HELP = Object.freeze({
   step_bypassed_scaler: 'optimizer.step() was called directly: the gradients were still scaled and an overflow step was not skipped',
   clip_before_unscale: 'gradients were clipped while still scaled: call scaler.unscale_(optimizer) before clipping',
   unscale_twice: 'scaler.unscale_(optimizer) was called twice in one step',
 });
 
-const $ = (id) => document.getElementById(id);
+/** @param {string} id */
+const $ = (id) => /** @type {HTMLElement} run.html has each one */ (document.getElementById(id));
+/** @param {string} id  a chart's */
+const $chart = (id) => /** @type {PlotDiv} */ ($(id));
 
-/** The highest step among `events` (or `since` when higher, or none). */
+/**
+ * The highest step among `events` (or `since` when higher, or none).
+ * @param {RunEvent[]} events
+ * @param {number | null} since
+ */
 function lastEventStep(events, since) {
   let last = since;
   for (const e of events) if (last === null || e.step > last) last = e.step;
   return last;
 }
 
-/** Resolves in a task of its own: the browser paints and handles input before it. */
+/**
+ * Resolves in a task of its own: the browser paints and handles input before it.
+ * @returns {Promise<void>}
+ */
 function nextTask() {
   return new Promise((resolve) => { setTimeout(resolve, 0); });
 }
@@ -56,22 +71,60 @@ function runIdFromUrl() {
 }
 
 class RunPage {
+  /** @param {string} runId */
   constructor(runId) {
     this.runId = runId;
-    this.run = null;
+    // What load() makes, before anything reads it (the live socket starts last):
+    /** @type {RunDetail} */
+    this.run;
+    /** @type {RankNote | undefined} a distributed run's */
+    this.rankNote;
+    /** @type {ScaleChart} */
+    this.scale;
+    /** @type {LayerHeatmap} */
+    this.heatmap;
+    /** @type {LineChart} */
+    this.loss;
+    /** @type {LineChart} */
+    this.gradNorm;
+    /** @type {EventLog} */
+    this.events;
+    /** @type {SkipRateChart} */
+    this.skipRate;
+    /** @type {LayerLines} */
+    this.layerLines;
+    /** @type {LayerTable} */
+    this.layerTable;
+    /** @type {OptimizerPanel} */
+    this.optimizers;
+    /** @type {FindingsPanel} */
+    this.findings;
+    /** @type {WhatIf} */
+    this.whatIf;
+    /** @type {LiveStream} */
+    this.live;
+    /** @type {string[]} */
     this.layerNames = [];
-    this.lastStep = null; // the newest StepScalars seen
+    /** @type {string[]} the model's own names (layer_table.js) */
+    this.rawNames = [];
+    /** @type {Step | null} the newest StepScalars seen */
+    this.lastStep = null;
     this.counted = -1;    // highest step number counted into numSteps/skipped
     this.skipped = 0;
     this.numSteps = 0;
+    /** @type {StepWithLayers[]} */
     this.recent = [];
     this.statRequest = 0;
     this.source = 'param';
     this.eventsRefetched = 0;
+    /** @type {string} */
     this.liveState = LiveState.CONNECTING;
+    /** @type {string | undefined} */
     this.liveDetail = undefined;
-    this.eventsFrom = null; // the newest step /events gave: a live refetch starts there
+    /** @type {number | null} the newest step /events gave: a live refetch starts there */
+    this.eventsFrom = null;
     this.statusMessages = 0; // the socket's status messages so far
+    /** @type {Record<string, unknown>} zoom.js's states (linkZoom, followZoom), for the tests */
     this.zoom = {};
     this.layerLinesPicked = false;    // the user toggled a layer: no more pre-filling
     this.layerLinesPrefilled = false;
@@ -116,7 +169,7 @@ class RunPage {
       api.getSkipRate(this.runId, maxPoints),
     ]);
     restP.catch(() => {}); // awaited below; a failure there must not go unhandled meanwhile
-    this.scale = new ScaleChart($('scale-chart'), this.runId);
+    this.scale = new ScaleChart($chart('scale-chart'), this.runId);
     fitStepMargins((await layersP).map((l) => l.name));
     // An ended run's step charts span its steps exactly (one x range on every chart); a live
     // run's start at its first step alike and grow with it, each by plotly's own autorange.
@@ -143,11 +196,11 @@ class RunPage {
     this.rawNames = layers.map((l) => l.raw_name ?? l.name);
 
     const legend = { bar: $('legend-bar'), min: $('legend-min'), max: $('legend-max') };
-    this.heatmap = new LayerHeatmap($('heatmap'), legend, this.runId,
+    this.heatmap = new LayerHeatmap($chart('heatmap'), legend, this.runId,
       this.run.target_format_limits.max);
-    this.loss = new LineChart($('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss,
+    this.loss = new LineChart($chart('loss-chart'), { runId: this.runId, field: 'loss', label: 'loss', color: COLORS.loss,
       log: this.view.lossAxis === 'log' });
-    this.gradNorm = new LineChart($('gradnorm-chart'), { runId: this.runId, field: 'grad_norm', label: 'grad norm',
+    this.gradNorm = new LineChart($chart('gradnorm-chart'), { runId: this.runId, field: 'grad_norm', label: 'grad norm',
       color: COLORS.gradNorm, log: this.view.gradNormAxis !== 'linear' });
     // Live: one page of events from the newest step /events gave (that step again: repeats
     // are merged by the log), never the whole list again; a page that was cut goes on from its
@@ -158,7 +211,7 @@ class RunPage {
       setTimeout(() => this.renderMisuse(this.events.events), 0); // once the log holds them
       return page.events;
     }, {
-      button: $('events-more'),
+      button: /** @type {HTMLButtonElement} */ ($('events-more')),
       fetchPage: (start) => api.getEvents(this.runId, { start, limit: EVENT_PAGE_STEPS }),
       onPage: (page) => {
         this.scale.addEvents(page.events);
@@ -166,20 +219,22 @@ class RunPage {
       },
       onError: (err) => api.showError(err.message),
     });
-    this.skipRate = new SkipRateChart($('skiprate-chart'), this.runId);
-    this.layerLines = new LayerLines($('layer-lines'), $('layer-lines-note'), {
+    this.skipRate = new SkipRateChart($chart('skiprate-chart'), this.runId);
+    this.layerLines = new LayerLines($chart('layer-lines'), $('layer-lines-note'), {
       runId: this.runId, layerNames: this.layerNames,
       fetchStat: (stat, layer) => api.getLayerStats(this.runId, stat,
         { max_points: maxPoints, layers: layer }),
     });
-    this.layerTable = new LayerTable($('layer-head'), $('layer-body'), $('layer-step'),
+    this.layerTable = new LayerTable(/** @type {HTMLTableSectionElement} */ ($('layer-head')),
+      /** @type {HTMLTableSectionElement} */ ($('layer-body')), $('layer-step'),
       { layerNames: this.layerNames, rawNames: this.rawNames,
         formatMax: this.run.target_format_limits.max });
+    const smoothingInput = /** @type {HTMLInputElement} */ ($('smoothing'));
     if (this.view.smoothing !== null) {
-      $('smoothing').value = String(this.view.smoothing);
+      smoothingInput.value = String(this.view.smoothing);
       $('smoothing-value').textContent = this.view.smoothing.toFixed(2);
     }
-    const smoothing = Number($('smoothing').value);
+    const smoothing = Number(smoothingInput.value);
     // One chart per task, top of the page first: each is shown (and the page answers input)
     // as soon as it is drawn, rather than all at the end of one long task (~1 s here for a
     // 500-layer heatmap and four line charts).
@@ -219,8 +274,9 @@ class RunPage {
     this.findings.refresh().catch((err) => api.showError(err.message));
     setInterval(() => this.tick(), TICK_MS);
     this.whatIf = new WhatIf(this.runId, {
-      panel: $('whatif-panel'), chart: $('whatif-chart'), body: $('whatif-body'), slider: $('whatif-k'),
-      output: $('whatif-k-value'), select: $('whatif-step'), note: $('whatif-note'), empty: $('whatif-empty'),
+      panel: $('whatif-panel'), chart: $chart('whatif-chart'), body: $('whatif-body'),
+      slider: /** @type {HTMLInputElement} */ ($('whatif-k')), output: $('whatif-k-value'),
+      select: /** @type {HTMLSelectElement} */ ($('whatif-step')), note: $('whatif-note'), empty: $('whatif-empty'),
     });
     this.whatIf.load().catch((err) => this.whatIf.fail(err));
 
@@ -241,7 +297,10 @@ class RunPage {
     return typeof this.run.last_id === 'number' ? this.run.last_id : 0;
   }
 
-  /** The newest step's scalars (for the cards): that one step is read. */
+  /**
+   * The newest step's scalars (for the cards): that one step is read.
+   * @param {number} lastId  its id (0: the run has no step)
+   */
   async readLastStep(lastId) {
     if (!lastId) return;
     const page = await api.getSteps(this.runId, lastId - 1, 1);
@@ -255,6 +314,7 @@ class RunPage {
     $('crumb-run').textContent = run.name || run.id;
     this.renderStatus(run.status);
     const meta = $('run-meta');
+    /** @type {[string, string | number | null | undefined][]} */
     const items = [
       ['project', run.project], ['format', run.target_format], ['host', run.host],
       ['rank', run.rank], ['world size', run.world_size > 1 ? run.world_size : null], ['layers', run.num_layers], ['attempts', run.attempts ? run.attempts.length : null],
@@ -279,10 +339,11 @@ class RunPage {
     for (const tag of run.tags ?? []) nodes.push(el('span', 'tag', tag));
     meta.replaceChildren(...nodes);
     renderConfig($('config-body'), $('config-note'), run.config);
+    /** @param {string} format */
     const exportUrl = (format) => `/api/runs/${encodeURIComponent(run.id)}/export?format=${format}`;
     for (const [id, format] of [['export-report', 'html'], ['export-json', 'json'], ['export-csv', 'csv'],
       ['export-csv-wide', 'csv_wide']]) {
-      const link = $(id);
+      const link = /** @type {HTMLAnchorElement} */ ($(id));
       link.href = exportUrl(format);
       link.setAttribute('download', '');
     }
@@ -290,6 +351,7 @@ class RunPage {
     announceRun(run); // run_admin.js and run_notes.js: the run exists
   }
 
+  /** @param {RunStatus} status */
   renderStatus(status) {
     this.run.status = status;
     $('run-status').replaceChildren(statusBadge(status));
@@ -314,6 +376,7 @@ class RunPage {
    * Before the user picks layers, the per-layer range shows the layers the first finding that
    * cites any names (most responsible first, at most PREFILL_LAYERS); once the user toggles a
    * layer, the choice is theirs.
+   * @param {Finding[]} findings
    */
   prefillLayerLines(findings) {
     if (this.layerLinesPicked || this.layerLinesPrefilled) return;
@@ -332,7 +395,7 @@ class RunPage {
 
   /** Relative times ("28s ago") move on without new data. */
   tick() {
-    for (const node of document.querySelectorAll('[data-ago]')) {
+    for (const node of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll('[data-ago]'))) {
       node.textContent = agoText(Number(node.dataset.ago));
     }
   }
@@ -340,6 +403,7 @@ class RunPage {
   /**
    * The card of the layer losing most to the format: the findings' own numbers (median over the
    * recent layer-stat steps, structural zeros apart), so the card and the underflow finding agree.
+   * @param {LayerLoss | null | undefined} worst
    */
   renderWorst(worst) {
     const node = $('card-worst');
@@ -359,6 +423,7 @@ class RunPage {
     node.classList.toggle('warn', lost >= 0.25);
   }
 
+  /** @param {Step[]} steps  live ones, in order */
   onSteps(steps) {
     for (const s of steps) {
       if (s.step <= this.counted) continue; // already in the run's counters
@@ -378,7 +443,7 @@ class RunPage {
     }
     if (steps.some((s) => typeof s.loss === 'number')) $('loss-empty').hidden = true;
     if (steps.some((s) => s.scale_before != null)) $('scale-empty').hidden = true;
-    const withLayers = steps.filter((s) => s.layers);
+    const withLayers = steps.filter(/** @type {(s: Step) => s is StepWithLayers} */ ((s) => !!s.layers));
     if (withLayers.length) {
       $('heatmap-empty').hidden = true;
       this.heatmap.append(withLayers);
@@ -394,6 +459,7 @@ class RunPage {
     this.renderCards();
   }
 
+  /** @param {RunStatus} status */
   onStatus(status) {
     this.statusMessages += 1; // the browser tests wait for the findings refetch this schedules
     this.renderStatus(status);
@@ -401,6 +467,10 @@ class RunPage {
     if (this.findings) this.findings.stepsArrived(this.lastStep ? this.lastStep.step : -1);
   }
 
+  /**
+   * @param {string} state  a LiveState
+   * @param {string} [detail]
+   */
   onLiveState(state, detail) {
     this.liveState = state;
     this.liveDetail = detail;
@@ -416,7 +486,10 @@ class RunPage {
     $('live-text').textContent = this.liveDetail ? `${state} · ${this.liveDetail}` : state;
   }
 
-  /** The layer table at the last step with layer statistics (one /layer-stats per statistic). */
+  /**
+   * The layer table at the last step with layer statistics (one /layer-stats per statistic).
+   * @param {LayerStats} stats  the heatmap's (its steps)
+   */
   async loadLayerTable(stats) {
     if (!stats.steps.length) {
       this.layerTable.render();
@@ -424,6 +497,7 @@ class RunPage {
     }
     const start = stats.steps[stats.steps.length - 1];
     const end = Math.max(start, this.lastStep ? this.lastStep.step : start);
+    /** @param {number} from */
     const read = (from) => Promise.all(COLUMNS.map(([stat]) => api.getLayerStats(this.runId, stat,
       { start: from, end, max_points: 10000 })));
     // The last LAYER_TABLE_STEPS steps first: the heatmap's last column starts a whole bucket
@@ -431,6 +505,7 @@ class RunPage {
     // values would grow with the run. The whole column only when they hold no layer statistics.
     let bodies = await read(Math.max(start, end - LAYER_TABLE_STEPS + 1));
     if (!bodies[0].steps.length && end - LAYER_TABLE_STEPS + 1 > start) bodies = await read(start);
+    /** @type {Record<string, LayerStats>} */
     const named = {};
     COLUMNS.forEach(([stat], i) => { named[stat] = bodies[i]; });
     const body = bodies[0];
@@ -439,7 +514,7 @@ class RunPage {
   }
 
   initSmoothing() {
-    const input = $('smoothing');
+    const input = /** @type {HTMLInputElement} */ ($('smoothing'));
     const output = $('smoothing-value');
     input.addEventListener('input', () => {
       const weight = Number(input.value);
@@ -452,7 +527,7 @@ class RunPage {
 
   /** The log/linear buttons of the loss and grad-norm charts (the choice goes in the address). */
   initAxisToggles() {
-    for (const [chart, key] of [[this.loss, 'lossAxis'], [this.gradNorm, 'gradNormAxis']]) {
+    for (const [chart, key] of /** @type {const} */ ([[this.loss, 'lossAxis'], [this.gradNorm, 'gradNormAxis']])) {
       const toggle = axisToggle($(`${chart.div.id}-axis`), () => [chart.div], () => chart.ticks, (log) => {
         chart.log = log;
         writeViewState({ [key]: log ? 'log' : 'linear' });
@@ -471,8 +546,12 @@ class RunPage {
     await this.align();
   }
 
-  /** AMP misuse seen in the run: a banner naming each kind, how often, from which step. */
+  /**
+   * AMP misuse seen in the run: a banner naming each kind, how often, from which step.
+   * @param {RunEvent[]} events
+   */
   renderMisuse(events) {
+    /** @type {Map<string, {count: number, first: number, detail: string}>} */
     const byKind = new Map();
     for (const e of events) {
       if (e.kind !== 'misuse') continue;
@@ -542,11 +621,12 @@ class RunPage {
       if (range) writeViewState({ start: range.start, end: range.end });
       else if (event && event['xaxis.autorange'] === true) writeViewState({ start: null, end: null });
     });
+    /** @param {Error} err */
     const onError = (err) => api.showError(err.message);
     this.zoom.scale = followZoom(this.scale.div,
       (range, maxPoints) => api.getSeries(this.runId, 'scale', maxPoints, range),
       (range, series) => this.scale.replaceRange(range.start, range.end, series), onError);
-    for (const [key, chart] of [['loss', this.loss], ['grad_norm', this.gradNorm]]) {
+    for (const [key, chart] of /** @type {const} */ ([['loss', this.loss], ['grad_norm', this.gradNorm]])) {
       this.zoom[key] = followZoom(chart.div,
         (range, maxPoints) => api.getSeries(this.runId, key, maxPoints, range),
         (range, series) => chart.replaceRange(range.start, range.end, series), onError);
@@ -562,7 +642,7 @@ class RunPage {
   }
 
   initStatSelect() {
-    const select = $('stat-select');
+    const select = /** @type {HTMLSelectElement} */ ($('stat-select'));
     for (const [stat, spec] of Object.entries(STATS)) {
       const option = el('option', null, spec.label);
       option.value = stat;
@@ -571,7 +651,7 @@ class RunPage {
     select.value = this.heatmap.stat;
     $('stat-help').textContent = STATS[select.value].help;
     select.addEventListener('change', () => this.changeStat(select.value));
-    const source = $('source-select');
+    const source = /** @type {HTMLSelectElement} */ ($('source-select'));
     source.value = this.source;
     source.addEventListener('change', () => {
       this.source = source.value;
@@ -579,6 +659,7 @@ class RunPage {
     });
   }
 
+  /** @param {string} stat */
   async changeStat(stat) {
     const request = ++this.statRequest;
     $('stat-help').textContent = STATS[stat].help;
@@ -596,7 +677,7 @@ class RunPage {
           + ' reload to see samples taken since (the live socket carries parameter statistics only).';
       api.showError(null);
     } catch (err) {
-      api.showError(err.message);
+      api.showError(/** @type {Error} */ (err).message);
     }
   }
 }
@@ -616,7 +697,7 @@ async function main() {
       $('run-name').textContent = 'Run not found';
       $('crumb-run').textContent = 'not found';
     } else {
-      api.showError(err.message);
+      api.showError(/** @type {Error} */ (err).message);
     }
     $('live').dataset.state = 'closed';
     $('live-text').textContent = 'not connected';

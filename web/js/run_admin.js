@@ -1,3 +1,4 @@
+// @ts-check
 // The run page's admin action: delete the run, after a confirmation that names it.
 // Shown only to a principal with the admin scope (anyone, on a server without auth), and only
 // once the run has loaded (run_loaded.js): an unknown id gets no button.
@@ -10,6 +11,11 @@ function runId() {
   return decodeURIComponent(parts[parts.length - 1] || '');
 }
 
+/**
+ * @param {string} id
+ * @param {string} text
+ * @param {string} className
+ */
 function makeButton(id, text, className) {
   const button = document.createElement('button');
   button.type = 'button';
@@ -19,6 +25,11 @@ function makeButton(id, text, className) {
   return button;
 }
 
+/**
+ * The delete button and its confirmation dialog.
+ * @param {string} id  the run's
+ * @returns {[HTMLButtonElement, HTMLDialogElement]}
+ */
 function build(id) {
   const button = makeButton('delete-run', 'Delete run', 'button button-danger');
 
@@ -42,7 +53,7 @@ function build(id) {
       await send('DELETE', `/api/runs/${encodeURIComponent(id)}`);
       window.location.assign('/');
     } catch (err) {
-      error.textContent = err.message;
+      error.textContent = /** @type {Error} */ (err).message;
       error.hidden = false;
       confirmButton.disabled = false;
     }

@@ -1,3 +1,4 @@
+// @ts-check
 // The run page's alert history (the run id comes from the address, /runs/{id}): fetched on load
 // and every REFRESH_MS while the page is open, so an alert decided during a live run shows up.
 // While the page's live socket is not open (the server restarting) it waits: a fetch to a
@@ -8,15 +9,25 @@
 import { getJSON } from './api.js';
 import { drawAlerts } from './alerts_table.js';
 
+/** @import { AlertsPage } from './alerts_table.js' */
+
 const REFRESH_MS = 5000;
 
+/**
+ * Draw the run's newest alerts; false when they could not be read.
+ * @param {string} runId
+ * @param {HTMLElement} body
+ * @param {HTMLElement} note
+ * @returns {Promise<boolean>}
+ */
 async function refresh(runId, body, note) {
   try {
-    const page = await getJSON(`/api/runs/${encodeURIComponent(runId)}/alerts?limit=50`);
+    const page = /** @type {AlertsPage} */ (await getJSON(`/api/runs/${encodeURIComponent(runId)}/alerts?limit=50`));
     drawAlerts(body, page.alerts);
     note.textContent = page.next_before === null ? '' : 'the 50 newest';
   } catch (err) {
-    note.textContent = err.status === 404 ? '' : `could not load alerts (${err.message})`;
+    const error = /** @type {Error & {status?: number}} getJSON's ApiError, or another */ (err);
+    note.textContent = error.status === 404 ? '' : `could not load alerts (${error.message})`;
     return false;
   }
   return true;

@@ -1,3 +1,4 @@
+// @ts-check
 // The run's notes and tags, and, for a principal who may edit them (admin; anyone on a server
 // without auth), an editor: PATCH /api/runs/{id}. Notes and tags are user text: textContent
 // and form values only. The run comes from run.js (run_loaded.js).
@@ -6,15 +7,28 @@ import { el } from './format.js';
 import { runLoaded } from './run_loaded.js';
 import { send, session } from './session.js';
 
-const MAX_NOTES = 4000; // the server's cap (schemas.MAX_NOTES)
-const $ = (id) => document.getElementById(id);
+/** @import { RunDetail } from './codec.js' */
 
-/** Tags typed as "a, b, c": trimmed, empty ones dropped, each once, in order. */
+const MAX_NOTES = 4000; // the server's cap (schemas.MAX_NOTES)
+/** @param {string} id */
+const $ = (id) => /** @type {HTMLElement} run.html has each one */ (document.getElementById(id));
+/** @param {string} id  a field of the notes form */
+const field = (id) => /** @type {HTMLInputElement | HTMLTextAreaElement} */ ($(id));
+
+/**
+ * Tags typed as "a, b, c": trimmed, empty ones dropped, each once, in order.
+ * @param {string} text
+ * @returns {string[]}
+ */
 export function parseTags(text) {
   return [...new Set(text.split(',').map((t) => t.trim()).filter(Boolean))];
 }
 
 class RunNotes {
+  /**
+   * @param {RunDetail} run  its notes and tags follow the edits
+   * @param {boolean} editable
+   */
   constructor(run, editable) {
     this.run = run;
     this.editable = editable;
@@ -25,7 +39,7 @@ class RunNotes {
       event.preventDefault();
       this.save();
     });
-    $('notes-text').maxLength = MAX_NOTES;
+    field('notes-text').maxLength = MAX_NOTES;
     this.render();
   }
 
@@ -42,30 +56,31 @@ class RunNotes {
     meta.append(...(this.run.tags ?? []).map((tag) => el('span', 'tag', tag)));
   }
 
+  /** @param {boolean} on  show the editor, or the notes */
   edit(on) {
     $('notes-form').hidden = !on;
     $('notes-edit').hidden = on || !this.editable;
     $('notes-error').hidden = true;
     if (on) {
-      $('notes-text').value = this.run.notes ?? '';
-      $('notes-tags').value = (this.run.tags ?? []).join(', ');
-      $('notes-text').focus();
+      field('notes-text').value = this.run.notes ?? '';
+      field('notes-tags').value = (this.run.tags ?? []).join(', ');
+      field('notes-text').focus();
     }
   }
 
   async save() {
-    const button = $('notes-save');
+    const button = /** @type {HTMLButtonElement} */ ($('notes-save'));
     button.disabled = true;
     try {
-      const body = { notes: $('notes-text').value, tags: parseTags($('notes-tags').value) };
+      const body = { notes: field('notes-text').value, tags: parseTags(field('notes-tags').value) };
       const response = await send('PATCH', `/api/runs/${encodeURIComponent(this.run.id)}`, body);
-      const saved = await response.json();
+      const saved = /** @type {{notes: string, tags: string[]}} the run as saved */ (await response.json());
       this.run.notes = saved.notes;
       this.run.tags = saved.tags;
       this.render();
       this.edit(false);
     } catch (err) {
-      $('notes-error').textContent = err.message;
+      $('notes-error').textContent = /** @type {Error} */ (err).message;
       $('notes-error').hidden = false;
     } finally {
       button.disabled = false;

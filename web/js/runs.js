@@ -1,3 +1,4 @@
+// @ts-check
 // Runs list: filter (words or a regex), sort, select runs to compare, page by page. The server
 // sorts and filters (GET /api/runs, a keyset cursor: "load more" and infinite scroll fetch the
 // next page of the same order and filter); the page re-sorts and re-filters only what it has
@@ -15,37 +16,56 @@ import { ConfigColumns } from './runs_columns.js';
 import { RunGroups } from './runs_groups.js';
 import { compareValues, TableSort } from './table_sort.js';
 
+/** @import { Run, WorstLayer } from './codec.js' */
+/** @import { RunsMessage } from './runs_live.js' */
+/** @import { SortValue } from './table_sort.js' */
+
+/** @type {Readonly<Record<string, number>>} */
 const STATUS_ORDER = { active: 0, crashed: 1, finished: 2 };
 
-const $ = (id) => document.getElementById(id);
+/** @param {string} id */
+const $ = (id) => /** @type {HTMLElement} index.html has each one */ (document.getElementById(id));
 const body = $('runs-body');
-const filter = $('filter');
-const regexToggle = $('filter-regex');
+const filter = /** @type {HTMLInputElement} */ ($('filter'));
+const regexToggle = /** @type {HTMLInputElement} */ ($('filter-regex'));
 const filterError = $('filter-error');
-const compareButton = $('compare');
-const selectAll = $('select-all');
+const compareButton = /** @type {HTMLButtonElement} */ ($('compare'));
+const selectAll = /** @type {HTMLInputElement} */ ($('select-all'));
 const loadMoreRow = $('load-more-row');
 const loadMoreButton = $('load-more');
+const table = /** @type {HTMLTableElement} */ ($('runs'));
+const tableHead = /** @type {HTMLTableSectionElement} index.html's table has one */ (table.tHead);
 
 const PAGE = 100; // runs per page (GET /api/runs?limit=)
 const FILTER_DEBOUNCE_MS = 250; // the server is asked once typing pauses
 
-let runs = []; // the loaded runs of the current order and filter: a prefix of the server's list
+/** @type {Run[]} the loaded runs of the current order and filter: a prefix of the server's list */
+let runs = [];
 let loaded = false;
-let nextPage = null; // the path of the next page, null when every matching run is loaded
-let total = null; // how many runs the viewer has (the server's count, unfiltered)
+/** @type {string | null} the path of the next page, null when every matching run is loaded */
+let nextPage = null;
+/** @type {number | null} how many runs the viewer has (the server's count, unfiltered) */
+let total = null;
 let pagesLoaded = 0;
 let generation = 0; // answers to an order or filter since replaced are dropped
 let loadingMore = false;
+/** @type {number | null} */
 let filterTimer = null;
+/** @type {string} */
 let liveState = LiveState.CONNECTING;
+/** @type {Date | null} */
 let updatedAt = null;
-const selected = []; // run ids in the order they were picked: the first is the reference
+/** @type {string[]} run ids in the order they were picked: the first is the reference */
+const selected = [];
 
-/** The filter as a predicate over a run, or an Error for an invalid regular expression. */
+/**
+ * The filter as a predicate over a run, or an Error for an invalid regular expression.
+ * @returns {((run: Run) => boolean) | Error}
+ */
 function matcher() {
   const query = filter.value.trim();
   if (!query) return () => true;
+  /** @param {Run} run */
   const fields = (run) => [run.name, run.project, run.id, run.status, ...(run.tags ?? [])].map((f) => String(f ?? ''));
   if (regexToggle.checked) {
     let re;
@@ -53,8 +73,9 @@ function matcher() {
       re = new RegExp(query, 'i');
     } catch (err) {
       // The browser's message already says "Invalid regular expression: /…/i: why".
-      return new Error(err.message.startsWith('Invalid regular expression')
-        ? err.message : `Invalid regular expression: ${err.message}`);
+      const { message } = /** @type {SyntaxError} */ (err);
+      return new Error(message.startsWith('Invalid regular expression')
+        ? message : `Invalid regular expression: ${message}`);
     }
     return (run) => fields(run).some((f) => re.test(f));
   }
@@ -65,6 +86,11 @@ function matcher() {
   };
 }
 
+/**
+ * @param {Run} run
+ * @param {string} key  a column's data-sort
+ * @returns {SortValue}
+ */
 function sortValue(run, key) {
   switch (key) {
     case 'name': return (run.name || run.id).toLowerCase();
@@ -81,7 +107,7 @@ function sortValue(run, key) {
   }
 }
 
-const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' }, () => {
+const sort = new TableSort(tableHead, { key: 'started', direction: 'desc' }, () => {
   render(); // the loaded runs at once; then the server's first page of the new order
   reload();
 });
@@ -89,6 +115,7 @@ const sort = new TableSort($('runs').tHead, { key: 'started', direction: 'desc' 
 const TICK_MS = 5000; // relative times ("3m ago") are redrawn this often without new data
 const UNDERFLOW_WARN = 0.25; // the underflow finding's threshold (findings/thresholds.py)
 
+/** @param {number} seconds  since the epoch */
 function timeCell(seconds) {
   const td = el('td', 'num muted', agoText(seconds));
   td.dataset.ago = String(seconds);
@@ -98,10 +125,16 @@ function timeCell(seconds) {
 }
 
 function tick() {
-  for (const node of body.querySelectorAll('[data-ago]')) node.textContent = agoText(Number(node.dataset.ago));
+  const nodes = /** @type {NodeListOf<HTMLElement>} */ (body.querySelectorAll('[data-ago]'));
+  for (const node of nodes) node.textContent = agoText(Number(node.dataset.ago));
 }
 
-/** A layer name plus its value, or a dash: user text, so textContent only. */
+/**
+ * A layer name plus its value, or a dash: user text, so textContent only.
+ * @param {WorstLayer | null} worst
+ * @param {string} valueText
+ * @param {string} level  the value's class
+ */
 function layerCell(worst, valueText, level) {
   const td = el('td', 'worst');
   if (!worst) {
@@ -116,6 +149,7 @@ function layerCell(worst, valueText, level) {
 }
 
 // Lost to the format as the findings count it: structural zeros (dead ReLU units) not included.
+/** @param {number} v */
 function underflowLevel(v) {
   if (!(v > 0)) return 'muted';
   return v >= UNDERFLOW_WARN ? 'warn' : '';
@@ -123,16 +157,22 @@ function underflowLevel(v) {
 
 // Dynamic loss scaling grows the scale until the next overflow, so 0–2 bits of headroom is the
 // scaler working as designed: never a warning; below 0 the step overflowed.
+/** @param {number | null | undefined} bits */
 function headroomLevel(bits) {
   if (bits === null || bits === undefined || Number.isNaN(bits)) return 'muted';
   return bits < 0 ? 'bad' : '';
 }
 
+/** @param {number} bits */
 function headroomText(bits) {
   if (bits === Infinity) return '∞ (all zero)';
   return `${numberText(bits, 3)} bits`;
 }
 
+/**
+ * @param {Run} run
+ * @returns {HTMLTableRowElement}
+ */
 function row(run) {
   const tr = el('tr');
   tr.dataset.runId = run.id;
@@ -188,12 +228,16 @@ function row(run) {
     layerCell(head, head ? headroomText(head.value) : '', head ? headroomLevel(head.value) : ''),
     timeCell(run.created_at), timeCell(run.updated_at), ...columns.cells(run));
   tr.addEventListener('click', (event) => {
-    if (event.target.closest('a, input, label, .check')) return;
+    if (/** @type {Element} */ (event.target).closest('a, input, label, .check')) return;
     location.href = link.href;
   });
   return tr;
 }
 
+/**
+ * @param {string} id
+ * @param {boolean} on
+ */
 function toggle(id, on) {
   const at = selected.indexOf(id);
   if (on && at < 0) selected.push(id);
@@ -201,6 +245,7 @@ function toggle(id, on) {
   render();
 }
 
+/** @param {Run[]} shown */
 function renderSelection(shown) {
   // A selection outlives the filter and the order: the run stays picked while it is not shown.
   compareButton.disabled = selected.length < 2;
@@ -211,7 +256,10 @@ function renderSelection(shown) {
   selectAll.indeterminate = shownSelected > 0 && shownSelected < shown.length;
 }
 
-/** The filter the server is asked for: empty while the regular expression is invalid. */
+/**
+ * The filter the server is asked for: empty while the regular expression is invalid.
+ * @returns {{sort: string, order: string, q: string, regex: string, limit: string}}
+ */
 function serverQuery() {
   const q = filter.value.trim();
   return {
@@ -220,6 +268,7 @@ function serverQuery() {
   };
 }
 
+/** @param {{sort: string, order: string, q: string}} query */
 const isDefault = (query) => query.sort === 'started' && query.order === 'desc' && !query.q;
 
 function render() {
@@ -232,9 +281,9 @@ function render() {
   const shown = sort.sorted(invalid ? runs : runs.filter(match), sortValue);
   columns.offer(runs);
   groups.offer(runs);
-  body.replaceChildren(...groups.rows(shown, row, $('runs').tHead.rows[0].cells.length));
+  body.replaceChildren(...groups.rows(shown, row, tableHead.rows[0].cells.length));
   $('empty').hidden = !loaded || filtered || runs.length > 0 || nextPage !== null;
-  $('runs').hidden = shown.length === 0;
+  table.hidden = shown.length === 0;
   $('no-match').hidden = !loaded || !filtered || shown.length > 0 || nextPage !== null;
   loadMoreRow.hidden = nextPage === null;
   const known = total ?? runs.length;
@@ -246,13 +295,15 @@ function render() {
 }
 
 /** Merge summaries in by id: a known run is replaced; a new one joins when it matches the filter
- * and sorts within what is loaded (beyond it, it comes with a later page). */
+ * and sorts within what is loaded (beyond it, it comes with a later page).
+ * @param {Run[]} changed */
 function merge(changed) {
   const byId = new Map(changed.map((r) => [r.id, r]));
   const known = new Set(runs.map((r) => r.id));
   const match = matcher();
   const ordered = sort.sorted(runs, sortValue);
   const last = ordered[ordered.length - 1];
+  /** @param {Run} r */
   const fits = (r) => nextPage === null || !last
     || compareValues(sortValue(r, sort.key), sortValue(last, sort.key), sort.direction) <= 0;
   const added = changed.filter((r) => !known.has(r.id) && (match instanceof Error || match(r)) && fits(r));
@@ -260,7 +311,10 @@ function merge(changed) {
 }
 
 /** The socket's summaries: its snapshot (`full`) is the first page of the default order, with
- * the older active runs apart (`active`: they update the runs loaded, never add to the page). */
+ * the older active runs apart (`active`: they update the runs loaded, never add to the page).
+ * @param {Run[]} changed
+ * @param {boolean} full
+ * @param {RunsMessage} message */
 function onRuns(changed, full, message) {
   const query = serverQuery();
   if (full && isDefault(query) && pagesLoaded <= 1 && generation === 0) {
@@ -291,7 +345,7 @@ async function reload() {
     showError(null);
     render();
   } catch (err) {
-    if (mine === generation) showError(err.message);
+    if (mine === generation) showError(/** @type {Error} */ (err).message);
   }
 }
 
@@ -310,7 +364,7 @@ async function loadMore() {
     pagesLoaded += 1;
     render();
   } catch (err) {
-    if (mine === generation) showError(err.message);
+    if (mine === generation) showError(/** @type {Error} */ (err).message);
   } finally {
     loadingMore = false;
   }
@@ -322,6 +376,7 @@ function onFilter() {
   filterTimer = setTimeout(reload, FILTER_DEBOUNCE_MS);
 }
 
+/** @param {string} [detail] */
 function renderLive(detail) {
   const note = $('refresh-note');
   $('live').dataset.state = liveState;
@@ -329,6 +384,10 @@ function renderLive(detail) {
   note.textContent = `${liveState}${detail ? ` · ${detail}` : ''}${when}`;
 }
 
+/**
+ * @param {string} state  a LiveState
+ * @param {string} [detail]
+ */
 function onState(state, detail) {
   liveState = state;
   if (state === LiveState.RETRYING) showError('Lost the connection to the server: the list shows the last known state.');
@@ -336,8 +395,8 @@ function onState(state, detail) {
   renderLive(detail);
 }
 
-const columns = new ConfigColumns($('runs').tHead.rows[0], $('columns-list'), () => render());
-const groups = new RunGroups($('group-by'), () => render());
+const columns = new ConfigColumns(tableHead.rows[0], $('columns-list'), () => render());
+const groups = new RunGroups(/** @type {HTMLSelectElement} */ ($('group-by')), () => render());
 $('server-url').textContent = location.origin;
 filter.addEventListener('input', onFilter);
 regexToggle.addEventListener('change', onFilter);
@@ -366,6 +425,10 @@ window.ampscope = { runs: new RunsStream({ onRuns, onState }).start() }; // for 
 /**
  * `text` in `node`, with a line-break opportunity (<wbr>) after each separator (`_ - . / :`):
  * a long run name wraps between its parts, never mid-word, and copies as it was written.
+ * @template {HTMLElement} T
+ * @param {T} node
+ * @param {string} text
+ * @returns {T}
  */
 export function breakable(node, text) {
   for (const part of String(text).split(/(?<=[-_./:])/)) {

@@ -1,3 +1,4 @@
+// @ts-check
 // The runs list's optional columns: any hyperparameter key (`config`, dotted as on the run page)
 // of the runs loaded, picked in the "Columns" menu. The choice is kept in the address
 // (?columns=a,b: a link shows the same columns) and, for the next visit, in localStorage.
@@ -6,14 +7,22 @@
 import { configText, flattenConfig } from './config_table.js';
 import { el } from './format.js';
 
+/** @import { Run } from './codec.js' */
+
 const STORAGE_KEY = 'ampscope.runs.columns';
 const MAX_KEYS = 300; // keys offered at most (a run's config is capped at ingest, not its keys)
 
+/**
+ * The columns the address asks for, else those of the last visit.
+ * @returns {string[]}
+ */
 function initialChoice() {
-  const params = new URLSearchParams(location.search);
-  if (params.has('columns')) return params.get('columns').split(',').filter(Boolean);
+  const columns = new URLSearchParams(location.search).get('columns');
+  if (columns !== null) return columns.split(',').filter(Boolean);
   try {
-    return JSON.parse(localStorage.getItem(STORAGE_KEY) ?? '[]').filter((k) => typeof k === 'string');
+    /** @type {unknown[]} */
+    const stored = JSON.parse(localStorage.getItem(STORAGE_KEY) ?? '[]');
+    return stored.filter((k) => typeof k === 'string');
   } catch {
     return [];
   }
@@ -34,7 +43,10 @@ export class ConfigColumns {
     this.renderHead();
   }
 
-  /** Offer every key of the runs' configs (the chosen ones stay, even when no run has them). */
+  /**
+   * Offer every key of the runs' configs (the chosen ones stay, even when no run has them).
+   * @param {Run[]} runs
+   */
   offer(runs) {
     const keys = new Set(this.chosen);
     for (const run of runs) {
@@ -64,6 +76,10 @@ export class ConfigColumns {
     }));
   }
 
+  /**
+   * @param {string} key
+   * @param {boolean} on
+   */
   toggle(key, on) {
     this.chosen = on ? [...this.chosen.filter((k) => k !== key), key] : this.chosen.filter((k) => k !== key);
     try {
@@ -89,7 +105,10 @@ export class ConfigColumns {
     }
   }
 
-  /** The run's cells for the chosen keys ("—" where it has no such key). */
+  /**
+   * The run's cells for the chosen keys ("—" where it has no such key).
+   * @param {Run} run
+   */
   cells(run) {
     const values = new Map(flattenConfig(run.config));
     return this.chosen.map((key) => {

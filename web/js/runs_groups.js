@@ -1,3 +1,4 @@
+// @ts-check
 // Grouping the runs list: by project, by tag (a run with several tags is in each of their
 // groups), or by a hyperparameter (config key, dotted as on the run page). The choice is kept
 // in the address (?group=project | tag | config:KEY). Group labels are user text: textContent.
@@ -5,9 +6,16 @@
 import { configText, flattenConfig } from './config_table.js';
 import { el } from './format.js';
 
+/** @import { Run } from './codec.js' */
+
 const NONE = '(none)';
 
-/** The group keys a run belongs to under `by` ('' : no grouping). */
+/**
+ * The group keys a run belongs to under `by` ('' : no grouping).
+ * @param {Run} run
+ * @param {string} by  'project', 'tag', 'config:KEY' or ''
+ * @returns {string[]}
+ */
 function keysOf(run, by) {
   if (by === 'project') return [run.project ?? NONE];
   if (by === 'tag') return run.tags && run.tags.length ? run.tags : [NONE];
@@ -19,13 +27,23 @@ function keysOf(run, by) {
   return [''];
 }
 
-/** [{label, runs}] in first-seen order of the (already sorted) runs; "(none)" last. */
+/**
+ * [{label, runs}] in first-seen order of the (already sorted) runs; "(none)" last.
+ * @param {Run[]} runs
+ * @param {string} by
+ * @returns {{label: string, runs: Run[]}[]}
+ */
 export function groupRuns(runs, by) {
+  /** @type {Map<string, Run[]>} */
   const groups = new Map();
   for (const run of runs) {
     for (const key of keysOf(run, by)) {
-      if (!groups.has(key)) groups.set(key, []);
-      groups.get(key).push(run);
+      let members = groups.get(key);
+      if (!members) {
+        members = [];
+        groups.set(key, members);
+      }
+      members.push(run);
     }
   }
   const out = [...groups].map(([label, members]) => ({ label, runs: members }));
@@ -51,8 +69,12 @@ export class RunGroups {
     });
   }
 
-  /** The menu's options: none, project, tag, and each config key of the runs loaded. */
+  /**
+   * The menu's options: none, project, tag, and each config key of the runs loaded.
+   * @param {Run[]} runs
+   */
   offer(runs) {
+    /** @type {Set<string>} */
     const keys = new Set();
     for (const run of runs) for (const [key] of flattenConfig(run.config)) keys.add(key);
     if (this.by.startsWith('config:')) keys.add(this.by.slice('config:'.length));
@@ -60,6 +82,7 @@ export class RunGroups {
     const signature = sorted.join('\n');
     if (signature === this.offered) return;
     this.offered = signature;
+    /** @type {(value: string, text: string) => HTMLOptionElement} */
     const option = (value, text) => {
       const node = el('option', null, text);
       node.value = value;
@@ -70,9 +93,16 @@ export class RunGroups {
     this.select.value = this.by;
   }
 
-  /** The table rows: `rowOf(run)` for each run, under a header row per group when grouping. */
+  /**
+   * The table rows: `rowOf(run)` for each run, under a header row per group when grouping.
+   * @param {Run[]} runs
+   * @param {(run: Run) => HTMLTableRowElement} rowOf
+   * @param {number} columns  the table's, for a header row's span
+   * @returns {HTMLTableRowElement[]}
+   */
   rows(runs, rowOf, columns) {
     if (!this.by) return runs.map(rowOf);
+    /** @type {HTMLTableRowElement[]} */
     const out = [];
     for (const group of groupRuns(runs, this.by)) {
       const head = el('tr', 'group-head');

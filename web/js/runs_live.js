@@ -1,3 +1,4 @@
+// @ts-check
 // The runs list's socket (WS /api/runs/live): a snapshot on connect (the first page, the active
 // runs and the next page's cursor), then the runs that changed. Reconnects with backoff; the server's snapshot on every (re)connect is the resync, so
 // nothing missed while away is lost.
@@ -5,16 +6,21 @@
 import { decodeLiveMessage } from './codec.js';
 import { LiveState, reconnectDelay, socketUrl } from './live.js';
 
+/** @import { LiveMessage, Run } from './codec.js' */
+/** The runs socket's message. @typedef {Extract<LiveMessage, {type: 'runs'}>} RunsMessage */
+
 export class RunsStream {
   /**
-   * @param {{onRuns: (runs: object[], full: boolean, message: object) => void,
+   * @param {{onRuns: (runs: Run[], full: boolean, message: RunsMessage) => void,
    *          onState: (state: string, detail?: string) => void}} handlers
    */
   constructor({ onRuns, onState }) {
     this.onRuns = onRuns;
     this.onState = onState;
+    /** @type {WebSocket | null} */
     this.socket = null;
     this.attempt = 0;
+    /** @type {number | null} */
     this.retryTimer = null;
     this.stopped = false;
   }
@@ -55,12 +61,13 @@ export class RunsStream {
     this.retryTimer = setTimeout(() => this.connect(), delay);
   }
 
+  /** @param {string} text  a message of the socket */
   receive(text) {
     let msg;
     try {
       msg = decodeLiveMessage(text);
     } catch (err) {
-      this.onState(LiveState.OPEN, `bad message: ${err.message}`);
+      this.onState(LiveState.OPEN, `bad message: ${/** @type {Error} */ (err).message}`);
       return;
     }
     if (msg.type === 'runs') this.onRuns(msg.runs, msg.full, msg);

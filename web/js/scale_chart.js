@@ -1,3 +1,4 @@
+// @ts-check
 // Loss-scale chart: the scale in effect at each step on a log2 axis, skipped (overflow) steps as
 // red markers, growth steps as green ones. Loaded once, then appended with Plotly.extendTraces.
 // A scale of 0 (an exploding run backed off until it underflowed) is drawn on the axis's floor
@@ -6,6 +7,8 @@
 import { logFloor, onLogAxis } from './axis_scale.js';
 import { COLORS, CONFIG, LogTicks, Plotly, themedLayout } from './plot.js';
 import { scaleText } from './format.js';
+
+/** @import { RunEvent, Series, SeriesPoint, Step } from './codec.js' */
 
 const MAX_POINTS = 100000;
 // Trace indices.
@@ -16,17 +19,25 @@ const SKIPPED = 3;
 const GROWTH = 4;
 
 export class ScaleChart {
+  /**
+   * @param {PlotDiv} div
+   * @param {string} runId
+   */
   constructor(div, runId) {
     this.div = div;
     this.runId = runId;
     this.lastStep = -Infinity;
     this.ticks = new LogTicks('yaxis', 2);
     this.banded = false;
-    this.marked = { skipped: new Set(), growth: new Set() }; // steps that have their marker
+    /** @type {{skipped: Set<number>, growth: Set<number>}} steps that have their marker */
+    this.marked = { skipped: new Set(), growth: new Set() };
     this.floor = 0.5;
   }
 
-  /** y on the log axis: zeros on the floor, non-finite values as gaps. */
+  /**
+   * y on the log axis: zeros on the floor, non-finite values as gaps.
+   * @param {number | null} v
+   */
   y(v) {
     return onLogAxis(v, this.floor);
   }
@@ -36,12 +47,17 @@ export class ScaleChart {
     this.floor = Math.min(this.floor, logFloor(this.ticks));
   }
 
-  /** The events not marked yet, by kind, now marked. */
+  /**
+   * The events not marked yet, by kind, now marked.
+   * @param {RunEvent[]} events
+   */
   unmarked(events) {
+    /** @type {{skipped: RunEvent[], growth: RunEvent[]}} */
     const out = { skipped: [], growth: [] };
     for (const e of events) {
+      if (e.kind !== 'skipped' && e.kind !== 'growth') continue; // the kinds with a marker
       const seen = this.marked[e.kind];
-      if (!seen || seen.has(e.step)) continue;
+      if (seen.has(e.step)) continue;
       seen.add(e.step);
       out[e.kind].push(e);
     }
@@ -51,6 +67,8 @@ export class ScaleChart {
   /**
    * series: /series/scale (min/max/last per bucket); events: /events (may come later, through
    * addEvents: the chart is drawn as soon as its series is in).
+   * @param {Series} series
+   * @param {RunEvent[]} [events]
    */
   async init(series, events = []) {
     const pts = series.points;
@@ -61,6 +79,7 @@ export class ScaleChart {
     this.floor = logFloor(this.ticks);
     const { skipped, growth } = this.unmarked(events);
     const hover = 'step %{x}<br>scale %{customdata}<extra></extra>';
+    /** @param {'min' | 'max'} key */
     const band = (key) => ({ x: this.banded ? x : [], y: this.banded ? pts.map((p) => this.y(p[key])) : [],
       customdata: this.banded ? pts.map((p) => scaleText(p[key])) : [] });
     const traces = [
@@ -91,7 +110,10 @@ export class ScaleChart {
     await Plotly.newPlot(this.div, traces, layout, CONFIG);
   }
 
-  /** Markers for events that arrived after the chart was drawn (a page of /events). */
+  /**
+   * Markers for events that arrived after the chart was drawn (a page of /events).
+   * @param {RunEvent[]} events
+   */
   addEvents(events) {
     const { skipped, growth } = this.unmarked(events);
     if (!skipped.length && !growth.length) return;
@@ -106,7 +128,10 @@ export class ScaleChart {
     if (relayout) Plotly.relayout(this.div, relayout);
   }
 
-  /** Append live steps (already decoded, in order); steps at or before the last drawn are ignored. */
+  /**
+   * Append live steps (already decoded, in order); steps at or before the last drawn are ignored.
+   * @param {Step[]} steps
+   */
   append(steps) {
     const fresh = steps.filter((s) => s.step > this.lastStep);
     if (!fresh.length) return;
@@ -117,11 +142,13 @@ export class ScaleChart {
     const y = fresh.map((s) => this.y(s.scale_before));
     const text = fresh.map((s) => scaleText(s.scale_before));
     const skipped = fresh.filter((s) => s.skipped && !this.marked.skipped.has(s.step));
-    const growth = fresh.filter((s) => !s.skipped && s.scale_after > s.scale_before
-      && !this.marked.growth.has(s.step));
+    // Absent scales cannot be compared: no growth (the server's rule, series_math.scale_events).
+    const growth = fresh.filter((s) => !s.skipped && s.scale_after !== null && s.scale_before !== null
+      && s.scale_after > s.scale_before && !this.marked.growth.has(s.step));
     for (const s of skipped) this.marked.skipped.add(s.step);
     for (const s of growth) this.marked.growth.add(s.step);
 
+    /** @type {{x: unknown[][], y: unknown[][], customdata: unknown[][]}} */
     const update = { x: [x, skipped.map((s) => s.step), growth.map((s) => s.step)],
       y: [y, skipped.map((s) => this.y(s.scale_before)), growth.map((s) => this.y(s.scale_after))],
       customdata: [text, skipped.map((s) => scaleText(s.scale_before)), growth.map((s) => scaleText(s.scale_after))] };
@@ -141,25 +168,37 @@ export class ScaleChart {
   /**
    * Replace the points inside [start, end] with a finer /series/scale answer (zoom detail);
    * points outside the range, live ones included, are kept.
+   * @param {number} start
+   * @param {number} end
+   * @param {Series} series
    */
   replaceRange(start, end, series) {
     const inside = series.points.filter((p) => p.step >= start && p.step <= end);
+    /**
+     * @param {PlotTrace} trace
+     * @param {'x' | 'y' | 'customdata'} key  an attribute every trace of this chart has
+     * @param {(p: SeriesPoint) => unknown} of
+     */
     const merge = (trace, key, of) => {
       const xs = trace.x;
+      const values = /** @type {unknown[]} */ (trace[key]);
+      /** @type {number[]} */
       const before = [];
+      /** @type {number[]} */
       const after = [];
       xs.forEach((x, i) => { if (x < start) before.push(i); else if (x > end) after.push(i); });
-      return [...before.map((i) => trace[key][i]), ...inside.map(of), ...after.map((i) => trace[key][i])];
+      return [...before.map((i) => values[i]), ...inside.map(of), ...after.map((i) => values[i])];
     };
     const indices = [LINE];
     const line = this.div.data[LINE];
+    /** @type {{x: unknown[][], y: unknown[][], customdata: unknown[][]}} */
     const update = {
       x: [merge(line, 'x', (p) => p.step)],
       y: [merge(line, 'y', (p) => this.y(p.last))],
       customdata: [merge(line, 'customdata', (p) => scaleText(p.last))],
     };
     if (this.banded) {
-      for (const [index, key] of [[LOW, 'min'], [HIGH, 'max']]) {
+      for (const [index, key] of /** @type {const} */ ([[LOW, 'min'], [HIGH, 'max']])) {
         const trace = this.div.data[index];
         update.x.push(merge(trace, 'x', (p) => p.step));
         update.y.push(merge(trace, 'y', (p) => this.y(p[key])));

@@ -1,3 +1,4 @@
+// @ts-check
 // The run page's section bar: one link per section marked `data-section="Label"`, sticky under
 // the top bar, the section in view highlighted. The page is ~5,000 px long: this is how one gets
 // from the findings to the events without scrolling through every chart. Sections still hidden
@@ -7,6 +8,7 @@ import { el } from './format.js';
 
 const TOP_BAR_PX = 48 + 44; // the top bar and this bar: a section scrolled to starts below both
 
+/** @param {string} text */
 function slug(text) {
   return `section-${text.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '')}`;
 }
@@ -15,11 +17,13 @@ export class SectionBar {
   /** @param {HTMLElement} nav  the bar; sections come from the document */
   constructor(nav) {
     this.nav = nav;
-    this.pinned = null; // the section a link was clicked for
-    this.sections = [...document.querySelectorAll('[data-section]')];
+    /** @type {HTMLElement | null} the section a link was clicked for */
+    this.pinned = null;
+    this.sections = /** @type {HTMLElement[]} */ ([...document.querySelectorAll('[data-section]')]);
     this.links = this.sections.map((section) => {
-      if (!section.id) section.id = slug(section.dataset.section);
-      const link = el('a', 'section-link', section.dataset.section);
+      const label = /** @type {string} the selector's */ (section.dataset.section);
+      if (!section.id) section.id = slug(label);
+      const link = el('a', 'section-link', label);
       link.href = `#${section.id}`;
       link.addEventListener('click', (event) => {
         event.preventDefault();
@@ -34,7 +38,7 @@ export class SectionBar {
     nav.replaceChildren(...this.links);
     this.sync();
     // Sections shown later (findings, optimizers) get their link then.
-    new MutationObserver(() => this.sync()).observe(document.querySelector('main'),
+    new MutationObserver(() => this.sync()).observe(/** @type {HTMLElement} run.html's */ (document.querySelector('main')),
       { attributes: true, attributeFilter: ['hidden'], subtree: true });
     window.addEventListener('scroll', () => this.onScroll(), { passive: true });
   }
@@ -65,6 +69,7 @@ export class SectionBar {
     this.mark(current);
   }
 
+  /** @param {HTMLElement | null} section  the current one (null: none) */
   mark(section) {
     this.sections.forEach((s, i) => {
       if (s === section) this.links[i].setAttribute('aria-current', 'true');

@@ -1,9 +1,25 @@
+// @ts-check
 // Who is signed in, a sign-out button, and state-changing requests with the session's CSRF token.
 // Every page includes this; with auth off (a loopback server) it shows nothing.
 
+/**
+ * Who the requests act as (GET /api/session).
+ * @typedef {object} Session
+ * @property {string} name
+ * @property {string} scope  'read', 'ingest' or 'admin'
+ * @property {string | null} project  null: every project
+ * @property {string} via  how the credential came: 'cookie' for a signed-in browser
+ * @property {string | null} csrf  the token a state-changing request carries
+ * @property {boolean} auth  false: a server without authentication
+ */
+
+/** @type {Promise<Session | null> | null} */
 let current = null;
 
-/** GET /api/session once: {name, scope, project, via, csrf, auth}. */
+/**
+ * GET /api/session once: {name, scope, project, via, csrf, auth}; null when unanswered.
+ * @returns {Promise<Session | null>}
+ */
 export async function session() {
   if (current === null) {
     current = fetch('/api/session', { headers: { Accept: 'application/json' } })
@@ -14,11 +30,17 @@ export async function session() {
 }
 
 /** A state-changing request (POST, PATCH, DELETE) carrying the CSRF token and, when given, a
- * JSON body; throws with the server's detail. */
+ * JSON body; throws with the server's detail.
+ * @param {string} method
+ * @param {string} path
+ * @param {unknown} [body]
+ * @returns {Promise<Response>} */
 export async function send(method, path, body = undefined) {
   const who = await session();
+  /** @type {Record<string, string>} */
   const headers = { Accept: 'application/json' };
   if (who && who.csrf) headers['X-CSRF-Token'] = who.csrf;
+  /** @type {RequestInit} */
   const init = { method, headers, credentials: 'same-origin' };
   if (body !== undefined) {
     headers['Content-Type'] = 'application/json';
@@ -28,7 +50,7 @@ export async function send(method, path, body = undefined) {
   if (!response.ok) {
     let detail = response.statusText;
     try {
-      detail = (await response.json()).detail ?? detail;
+      detail = /** @type {{detail?: string}} */ (await response.json()).detail ?? detail;
     } catch {
       // not JSON: keep the status text
     }

@@ -1,3 +1,4 @@
+// @ts-check
 // The alert settings of one project (/settings?project=P): rules (turn on/off, add, delete),
 // destinations (add, delete, send a test alert) and the project's alert history. Managing takes
 // an admin token; the history only read access. All user text is rendered as text.
@@ -7,10 +8,40 @@ import { drawAlerts } from './alerts_table.js';
 import { el } from './format.js';
 import { send, session } from './session.js';
 
+/** @import { AlertsPage } from './alerts_table.js' */
+/** @import { Severity } from './codec.js' */
+
+/**
+ * When a rule fires (alert_schemas.py).
+ * @typedef {{kind: 'finding', finding_kind: string | null}
+ *   | {kind: 'series', metric: 'skip_rate' | 'nonfinite_loss' | 'scale' | 'layer_lost', threshold: number,
+ *      window: number}
+ *   | {kind: 'state', state: 'crashed' | 'stalled' | 'finished', stall_factor: number, stall_min_s: number}} Condition
+ */
+
+/**
+ * An alert rule (GET /api/alerts/rules).
+ * @typedef {{id: string, name: string, condition: Condition, severity: Severity, cooldown_s: number,
+ *   enabled: boolean, builtin: string | null}} Rule
+ */
+
+/**
+ * Where alerts go (GET /api/alerts/destinations); `target` is the URL with its secret part hidden.
+ * @typedef {{id: string, name: string, kind: string, target: string, min_severity: Severity,
+ *   signed: boolean}} Destination
+ */
+
 const HISTORY_REFRESH_MS = 5000;
 const STATES = new Set(['crashed', 'stalled', 'finished']);
+/** @param {string} project */
 const q = (project) => `project=${encodeURIComponent(project)}`;
+/** @param {string} id */
+const $ = (id) => /** @type {HTMLElement} settings.html has each one */ (document.getElementById(id));
 
+/**
+ * @param {Condition} c
+ * @returns {string}
+ */
 function conditionText(c) {
   if (c.kind === 'finding') return `a finding${c.finding_kind ? ` of kind ${c.finding_kind}` : ''} at this level or above`;
   if (c.kind === 'series') {
@@ -27,6 +58,12 @@ function conditionText(c) {
     : `run ${c.state}`;
 }
 
+/**
+ * A button that runs `onClick`, disabled meanwhile; a failure goes to the error banner.
+ * @param {string} text
+ * @param {() => Promise<void>} onClick
+ * @param {string} [className]
+ */
 function button(text, onClick, className = 'button button-small') {
   const b = el('button', className, text);
   b.type = 'button';
@@ -35,7 +72,7 @@ function button(text, onClick, className = 'button button-small') {
     try {
       await onClick();
     } catch (err) {
-      showError(err.message);
+      showError(/** @type {Error} */ (err).message);
     } finally {
       b.disabled = false;
     }
@@ -44,12 +81,13 @@ function button(text, onClick, className = 'button button-small') {
 }
 
 class Settings {
+  /** @param {string} project */
   constructor(project) {
     this.project = project;
   }
 
   async drawRules() {
-    const rules = await getJSON(`/api/alerts/rules?${q(this.project)}`);
+    const rules = /** @type {Rule[]} */ (await getJSON(`/api/alerts/rules?${q(this.project)}`));
     const rows = rules.map((rule) => {
       const row = el('tr');
       row.dataset.ruleId = rule.id;
@@ -62,7 +100,7 @@ class Settings {
           await send('PATCH', `/api/alerts/rules/${encodeURIComponent(rule.id)}`, { enabled: on.checked });
         } catch (err) {
           on.checked = !on.checked;
-          showError(err.message);
+          showError(/** @type {Error} */ (err).message);
         }
       });
       const onCell = el('td');
@@ -78,13 +116,13 @@ class Settings {
         el('td', 'num', `${rule.cooldown_s} s`), actions);
       return row;
     });
-    document.getElementById('rules-body').replaceChildren(...rows);
-    document.getElementById('rules-note').textContent = rules.length
+    $('rules-body').replaceChildren(...rows);
+    $('rules-note').textContent = rules.length
       ? '' : 'none yet: the project gets its default rules with its first run';
   }
 
   async drawDestinations() {
-    const destinations = await getJSON(`/api/alerts/destinations?${q(this.project)}`);
+    const destinations = /** @type {Destination[]} */ (await getJSON(`/api/alerts/destinations?${q(this.project)}`));
     const rows = destinations.map((dest) => {
       const row = el('tr');
       row.dataset.destinationId = dest.id;
@@ -110,18 +148,19 @@ class Settings {
       row.append(td);
       rows.push(row);
     }
-    document.getElementById('destinations-body').replaceChildren(...rows);
+    $('destinations-body').replaceChildren(...rows);
   }
 
   async drawHistory() {
-    const page = await getJSON(`/api/alerts?${q(this.project)}&limit=50`);
-    drawAlerts(document.getElementById('history-body'), page.alerts, { withRun: true });
-    document.getElementById('history-note').textContent = page.next_before === null ? '' : 'the 50 newest';
+    const page = /** @type {AlertsPage} */ (await getJSON(`/api/alerts?${q(this.project)}&limit=50`));
+    drawAlerts($('history-body'), page.alerts, { withRun: true });
+    $('history-note').textContent = page.next_before === null ? '' : 'the 50 newest';
   }
 
+  /** @param {HTMLFormElement} form */
   async addRule(form) {
     const data = new FormData(form);
-    const when = data.get('when');
+    const when = /** @type {string} the form's select */ (data.get('when'));
     let condition;
     if (when === 'finding') condition = { kind: 'finding', finding_kind: null };
     else if (STATES.has(when)) condition = { kind: 'state', state: when };
@@ -136,15 +175,17 @@ class Settings {
     await this.drawRules();
   }
 
+  /** @param {HTMLFormElement} form */
   async addDestination(form) {
     const data = new FormData(form);
     const response = await send('POST', '/api/alerts/destinations', {
       project: this.project, name: data.get('name'), kind: data.get('kind'), url: data.get('url'),
       min_severity: data.get('min_severity'),
     });
-    const made = await response.json();
-    form.elements.url.value = '';
-    const secret = document.getElementById('secret');
+    const made = /** @type {{name: string, signing_secret: string | null}} */ (await response.json());
+    const url = /** @type {HTMLInputElement} */ (form.elements.namedItem('url'));
+    url.value = '';
+    const secret = $('secret');
     secret.hidden = !made.signing_secret;
     secret.textContent = made.signing_secret
       ? `Signing secret of “${made.name}” (shown once: the receiver checks X-Ampscope-Signature-256 with it): ${made.signing_secret}`
@@ -153,14 +194,18 @@ class Settings {
   }
 }
 
+/**
+ * @param {string} id  a form's
+ * @param {(form: HTMLFormElement) => Promise<void>} handler
+ */
 function onSubmit(id, handler) {
-  document.getElementById(id).addEventListener('submit', async (event) => {
+  $(id).addEventListener('submit', async (event) => {
     event.preventDefault();
     showError(null);
     try {
-      await handler(event.target);
+      await handler(/** @type {HTMLFormElement} */ (event.target));
     } catch (err) {
-      showError(err.message);
+      showError(/** @type {Error} */ (err).message);
     }
   });
 }
@@ -169,11 +214,12 @@ async function main() {
   const params = new URLSearchParams(window.location.search);
   const who = await session();
   const project = params.get('project') || (who && who.project) || 'default';
-  document.getElementById('project').value = project;
+  const projectField = /** @type {HTMLInputElement} */ ($('project'));
+  projectField.value = project;
   const settings = new Settings(project);
   window.ampscope = { settings };
   onSubmit('project-form', async (form) => {
-    window.location.search = `?${q(form.elements.project.value)}`;
+    window.location.search = `?${q(/** @type {HTMLInputElement} */ (form.elements.namedItem('project')).value)}`;
   });
   onSubmit('rule-form', (form) => settings.addRule(form));
   onSubmit('destination-form', (form) => settings.addDestination(form));

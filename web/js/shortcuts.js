@@ -1,3 +1,4 @@
+// @ts-check
 // Keyboard shortcuts, on every page that includes this: `/` focuses the page's filter (the
 // runs list's), `?` shows or hides the list of shortcuts, Escape hides it. Keys typed into a
 // field are the field's.
@@ -10,6 +11,7 @@ const SHORTCUTS = [
   ['Esc', 'close it'],
 ];
 
+/** @param {EventTarget | null} target */
 function typing(target) {
   return target instanceof HTMLElement
     && (target.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName));
@@ -40,7 +42,7 @@ document.addEventListener('keydown', (event) => {
   if (typing(event.target)) return;
   if (event.key === '/') {
     const filter = document.getElementById('filter');
-    if (filter) {
+    if (filter instanceof HTMLInputElement) {
       event.preventDefault();
       filter.focus();
       filter.select();

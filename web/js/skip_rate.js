@@ -1,3 +1,4 @@
+// @ts-check
 // Rolling skip rate: the share of skipped steps among the last WINDOW steps. On load from the
 // server (/skip-rate: bucket maxima, so a burst of skips is never averaged away, and the last
 // window's steps; past 10,000 steps the maxima come from the rollups' skip counts, in blocks of
@@ -7,32 +8,49 @@
 
 import { COLORS, CONFIG, Plotly, themedLayout } from './plot.js';
 
+/** @import { SkipRate } from './api.js' */
+/** @import { Step } from './codec.js' */
+
 export const WINDOW = 100;
 const MAX_POINTS = 100000;
 
 export class SkipRateChart {
+  /**
+   * @param {PlotDiv} div
+   * @param {string} runId
+   * @param {number} [window]  steps the rate is taken over
+   */
   constructor(div, runId, window = WINDOW) {
     this.div = div;
     this.runId = runId;
     this.window = window;
-    this.recent = []; // [step, skipped] of the current window, oldest first
+    /** @type {[number, boolean][]} [step, skipped] of the current window, oldest first */
+    this.recent = [];
     this.skippedInWindow = 0;
     this.lastStep = -Infinity;
   }
 
-  /** The rate after adding one step (steps in increasing order; repeats ignored by the caller). */
+  /**
+   * The rate after adding one step (steps in increasing order; repeats ignored by the caller).
+   * @param {number} step
+   * @param {boolean} skipped
+   * @returns {number}
+   */
   push(step, skipped) {
     this.recent.push([step, skipped]);
     if (skipped) this.skippedInWindow += 1;
     while (this.recent.length && this.recent[0][0] <= step - this.window) {
-      const [, wasSkipped] = this.recent.shift();
+      const [, wasSkipped] = /** @type {[number, boolean]} (the loop tested there is one) */ (this.recent.shift());
       if (wasSkipped) this.skippedInWindow -= 1;
     }
     this.lastStep = step;
     return this.skippedInWindow / this.recent.length;
   }
 
-  /** The rolling rate after each step newer than the last one seen: {x: steps, y: rates}. */
+  /**
+   * The rolling rate after each step newer than the last one seen: {x: steps, y: rates}.
+   * @param {Step[]} steps
+   */
   rates(steps) {
     const x = [];
     const y = [];
@@ -44,7 +62,10 @@ export class SkipRateChart {
     return { x, y };
   }
 
-  /** body: /skip-rate (bucket maxima and the last window's [step, skipped], oldest first). */
+  /**
+   * body: /skip-rate (bucket maxima and the last window's [step, skipped], oldest first).
+   * @param {SkipRate} body
+   */
   async init(body) {
     for (const [step, skipped] of body.tail) this.push(step, skipped);
     const bx = body.points.map((p) => p.step);
@@ -62,6 +83,7 @@ export class SkipRateChart {
     await Plotly.newPlot(this.div, [trace], layout, CONFIG);
   }
 
+  /** @param {Step[]} steps  live steps, in order */
   append(steps) {
     const { x, y } = this.rates(steps);
     if (x.length) Plotly.extendTraces(this.div, { x: [x], y: [y] }, [0], MAX_POINTS);

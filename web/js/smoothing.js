@@ -1,7 +1,17 @@
+// @ts-check
 // TensorBoard's exponential moving average: debiased (the first points are not pulled towards 0),
 // non-finite values skipped (they leave the state as it was and get no smoothed point).
 
-/** A running EMA with weight w in [0, 1): push(v) returns the smoothed value (null for NaN/inf). */
+/**
+ * @typedef {{push: (value: unknown) => number | null}} Ema
+ *   push(v): the smoothed value after v; null for anything but a finite number (the state stays)
+ */
+
+/**
+ * A running EMA with weight w in [0, 1): push(v) returns the smoothed value (null for NaN/inf).
+ * @param {number} weight
+ * @returns {Ema}
+ */
 export function ema(weight) {
   let last = 0;
   let count = 0;

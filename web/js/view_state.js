@@ -1,3 +1,4 @@
+// @ts-check
 // The run page's view in its address, so a link (an alert's too) opens the same view: the
 // zoomed steps (?start=&end=), the smoothing (?smoothing=), the layers drawn as lines
 // (?layers=, names joined by commas, each encoded), and the loss and grad-norm axes
@@ -6,9 +7,25 @@
 
 const AXES = new Set(['log', 'linear']);
 
-/** The view the address asks for; fields absent or malformed are null. */
+/**
+ * A run page's view (each field null: the default).
+ * @typedef {object} ViewState
+ * @property {number | null} start  the zoomed steps (both, or neither)
+ * @property {number | null} end
+ * @property {number | null} smoothing  in [0, 1)
+ * @property {string[] | null} layers  the layers drawn as lines, in order
+ * @property {string | null} lossAxis  'log' or 'linear'
+ * @property {string | null} gradNormAxis
+ */
+
+/**
+ * The view the address asks for; fields absent or malformed are null.
+ * @param {string} [search]
+ * @returns {ViewState}
+ */
 export function readViewState(search = location.search) {
   const params = new URLSearchParams(search);
+  /** @param {string} key */
   const number = (key) => {
     if (!params.has(key)) return null;
     const v = Number(params.get(key));
@@ -18,19 +35,31 @@ export function readViewState(search = location.search) {
   let end = number('end');
   if (start === null || end === null || !(end > start)) start = end = null;
   const smoothing = number('smoothing');
-  const axis = (key) => (AXES.has(params.get(key)) ? params.get(key) : null);
+  /** @param {string} key */
+  const axis = (key) => {
+    const value = params.get(key);
+    return value !== null && AXES.has(value) ? value : null;
+  };
+  const layers = params.get('layers');
   return {
     start, end,
     smoothing: smoothing !== null && smoothing >= 0 && smoothing < 1 ? smoothing : null,
-    layers: params.has('layers') ? params.get('layers').split(',').filter(Boolean).map(decodeURIComponent) : null,
+    layers: layers !== null ? layers.split(',').filter(Boolean).map(decodeURIComponent) : null,
     lossAxis: axis('loss_axis'),
     gradNormAxis: axis('grad_norm_axis'),
   };
 }
 
-/** Change the address's view: `patch` keys (as readViewState's) set; null removes one. */
+/**
+ * Change the address's view: `patch` keys (as readViewState's) set; null removes one.
+ * @param {Partial<ViewState>} patch
+ */
 export function writeViewState(patch) {
   const url = new URL(location.href);
+  /**
+   * @param {string} key
+   * @param {unknown} value
+   */
   const set = (key, value) => {
     if (value === null || value === undefined) url.searchParams.delete(key);
     else url.searchParams.set(key, String(value));

@@ -1,3 +1,4 @@
+// @ts-check
 // "What if the scale were ×k?" (DESIGN.md §3): per layer, the exponent histogram of one sampled
 // step (GET /api/runs/{id}/histogram) against the target format's min subnormal, min normal and
 // max at scale s·k, and the shares that would be zero, flushed, subnormal and overflowing,
@@ -7,6 +8,35 @@
 import { getJSON } from './api.js';
 import { el, numberText, powerText } from './format.js';
 import { CONFIG, Plotly, plotText, themedLayout } from './plot.js';
+
+/** @import { FormatLimits, Tagged } from './codec.js' */
+
+/**
+ * GET /api/runs/{id}/histogram: one sampled step's exponent histograms, per layer.
+ * @typedef {object} HistogramView
+ * @property {number | null} step  the sampled step shown; null when the run has none yet
+ * @property {Tagged | null} scale  the scale in effect there (null: unknown, read as 1)
+ * @property {number[]} steps  the run's latest sampled steps, newest first
+ * @property {FormatLimits} format  the target format's
+ * @property {number | null} min_exp  null when there is no histogram to show
+ * @property {number | null} max_exp
+ * @property {string[]} layers
+ * @property {number[][]} counts  per layer (see sharesAt)
+ */
+
+/**
+ * A layer's shares at a scale (counts of its values; `total` all of them).
+ * @typedef {object} Shares
+ * @property {number} zero
+ * @property {number} nonfinite
+ * @property {number} flushed
+ * @property {number} subnormal
+ * @property {number} overflow
+ * @property {number} fits
+ * @property {number} total
+ * @property {number | null} overflowDoublings  doublings of the scale until its largest values
+ *   overflow (≤ 0: they do already); null without a finite non-zero value
+ */
 
 const REFETCH_MS = 10000;
 export const MIN_DOUBLINGS = -16;
@@ -20,12 +50,23 @@ export const MAX_DOUBLINGS = 16;
  * GradScaler's always are) every bin lies wholly on one side of each threshold, except the sliver
  * [max, 2^16) of FP16, which counts as fitting. The edge bin below the range is classed by its
  * upper edge (its values are at most that); the one above by its lower edge.
- * @returns {{zero: number, nonfinite: number, flushed: number, subnormal: number,
- *            overflow: number, fits: number, total: number, overflowDoublings: number|null}}
+ * @param {number[]} counts  [0] |g| = 0, [1] non-finite, [2] 0 < |g| < 2^minExp,
+ *   [3 + k] 2^(minExp+k) ≤ |g| < 2^(minExp+k+1), [last] |g| ≥ 2^(maxExp+1)
+ * @param {number} minExp
+ * @param {number} maxExp
+ * @param {number} scale
+ * @param {{max: number, min_normal: number, min_subnormal: number}} fmt
+ * @returns {Shares}
  */
 export function sharesAt(counts, minExp, maxExp, scale, fmt) {
-  const out = { zero: counts[0], nonfinite: counts[1], flushed: 0, subnormal: 0, overflow: 0, fits: 0, total: 0 };
+  /** @type {Shares} */
+  const out = { zero: counts[0], nonfinite: counts[1], flushed: 0, subnormal: 0, overflow: 0, fits: 0, total: 0,
+    overflowDoublings: null };
   const flush = fmt.min_subnormal / 2;
+  /**
+   * @param {number} edge
+   * @param {number} n
+   */
   const classify = (edge, n) => {
     const v = edge * scale;
     if (v > fmt.max) out.overflow += n;
@@ -49,15 +90,37 @@ export function sharesAt(counts, minExp, maxExp, scale, fmt) {
   return out;
 }
 
+/**
+ * @param {number} part
+ * @param {number} total
+ */
 const pct = (part, total) => (total ? `${numberText((100 * part) / total, 3)}%` : '—');
 
 export class WhatIf {
+  /**
+   * @param {string} runId
+   * @param {{panel: HTMLElement, chart: PlotDiv, body: HTMLElement, slider: HTMLInputElement,
+   *   output: HTMLElement, select: HTMLSelectElement, note: HTMLElement, empty: HTMLElement}} nodes
+   *   the panel, its chart, the table's body, the ×k slider and its value, the step menu, the
+   *   line under the table, the "no histogram yet" note
+   */
   constructor(runId, { panel, chart, body, slider, output, select, note, empty }) {
-    Object.assign(this, { runId, panel, chart, body, slider, output, select, note, empty });
+    this.runId = runId;
+    this.panel = panel;
+    this.chart = chart;
+    this.body = body;
+    this.slider = slider;
+    this.output = output;
+    this.select = select;
+    this.note = note;
+    this.empty = empty;
+    /** @type {HistogramView | null} */
     this.view = null;
-    this.rows = []; // the table's data, for the console and the tests
+    /** @type {(Shares & {name: string})[]} the table's data, for the console and the tests */
+    this.rows = [];
     this.pinned = false; // the user chose a step: live updates leave it
     this.lastFetch = -Infinity;
+    /** @type {number | null} */
     this.timer = null;
     slider.min = String(MIN_DOUBLINGS);
     slider.max = String(MAX_DOUBLINGS);
@@ -72,14 +135,19 @@ export class WhatIf {
     return Number(this.slider.value);
   }
 
+  /**
+   * Show sampled step `step` (null: the newest).
+   * @param {number | null} [step]
+   */
   async load(step = null) {
     this.lastFetch = performance.now();
     const query = step === null ? '' : `?step=${step}`;
-    const view = await getJSON(`/api/runs/${encodeURIComponent(this.runId)}/histogram${query}`);
+    const view = /** @type {HistogramView} */ (
+      await getJSON(`/api/runs/${encodeURIComponent(this.runId)}/histogram${query}`));
     if (view.scale === 'nan' || view.scale === 'inf' || view.scale === '-inf') view.scale = null;
     const changed = !this.view || this.view.step !== view.step;
     this.view = view;
-    this.renderSteps();
+    this.renderSteps(view);
     if (changed) await this.draw();
     else this.recompute();
   }
@@ -94,12 +162,14 @@ export class WhatIf {
     }, wait);
   }
 
+  /** @param {Error} err */
   fail(err) {
     this.note.textContent = `could not load the histograms: ${err.message}`;
   }
 
-  renderSteps() {
-    const { steps, step } = this.view;
+  /** @param {HistogramView} view */
+  renderSteps(view) {
+    const { steps, step } = view;
     this.select.replaceChildren(...steps.map((s) => {
       const option = el('option', null, `step ${s}`);
       option.value = String(s);
@@ -109,21 +179,26 @@ export class WhatIf {
     this.select.disabled = steps.length === 0;
   }
 
-  /** The scale in effect at the shown step (1 when unknown, as no GradScaler means). */
-  baseScale() {
-    return typeof this.view.scale === 'number' && this.view.scale > 0 ? this.view.scale : 1;
+  /**
+   * The scale in effect at the shown step (1 when unknown, as no GradScaler means).
+   * @param {HistogramView} view
+   */
+  baseScale(view) {
+    return typeof view.scale === 'number' && view.scale > 0 ? view.scale : 1;
   }
 
   async draw() {
     const v = this.view;
+    if (!v) return;
     this.empty.hidden = v.step !== null;
     // The chart's div stays displayed (plotly drawing into a hidden div sets inline styles,
     // which the CSP blocks): with nothing to draw, it is simply not plotted yet.
-    if (v.step === null) {
+    if (v.step === null || v.min_exp === null || v.max_exp === null) {
       this.body.replaceChildren();
       this.note.textContent = '';
       return;
     }
+    /** @type {number[]} */
     const bins = [];
     for (let e = v.min_exp; e <= v.max_exp; e += 1) bins.push(e);
     // log10(count): a layer's tiny tail stays visible beside its bulk; empty bins are gaps.
@@ -144,9 +219,13 @@ export class WhatIf {
     this.recompute();
   }
 
-  /** The format's limits in true units at scale s·k, as vertical lines on the histogram. */
-  shapes(scale) {
-    const f = this.view.format;
+  /**
+   * The format's limits in true units at scale s·k, as vertical lines on the histogram.
+   * @param {FormatLimits} f
+   * @param {number} scale
+   */
+  shapes(f, scale) {
+    /** @type {(value: number, color: string, dash: string) => object} */
     const line = (value, color, dash) => ({
       type: 'line', xref: 'x', yref: 'paper', y0: 0, y1: 1, x0: Math.log2(value / scale),
       x1: Math.log2(value / scale), line: { color, width: 2, dash },
@@ -159,19 +238,21 @@ export class WhatIf {
     const v = this.view;
     const d = this.doublings;
     this.output.textContent = d === 0 ? '×1' : `×${powerText(2, d)}`;
-    if (!v || v.step === null) return;
-    const base = this.baseScale();
+    if (!v || v.step === null || v.min_exp === null || v.max_exp === null) return;
+    const { min_exp: minExp, max_exp: maxExp } = v;
+    const base = this.baseScale(v);
     const scale = base * 2 ** d;
-    this.rows = v.layers.map((name, i) => ({ name, ...sharesAt(v.counts[i], v.min_exp, v.max_exp, scale, v.format) }));
+    this.rows = v.layers.map((name, i) => ({ name, ...sharesAt(v.counts[i], minExp, maxExp, scale, v.format) }));
     // First to overflow first; layers without a finite non-zero value last; then model order.
     const order = this.rows.map((r, i) => [r.overflowDoublings ?? Infinity, i]).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
     this.body.replaceChildren(...order.map(([, i]) => this.row(this.rows[i])));
     const over = this.rows.filter((r) => r.overflow > 0).length;
     this.note.textContent = `sampled step ${v.step} · scale ${numberText(base)} × ${d === 0 ? 1 : powerText(2, d)} = ${numberText(scale)}`
       + ` · ${over} layer${over === 1 ? '' : 's'} would overflow · lines: flush to 0 (red, dotted), min normal (amber), max (purple)`;
-    if (this.chart.data) Plotly.relayout(this.chart, { shapes: this.shapes(scale) });
+    if (this.chart.data) Plotly.relayout(this.chart, { shapes: this.shapes(v.format, scale) });
   }
 
+  /** @param {Shares & {name: string}} r */
   row(r) {
     const tr = el('tr');
     tr.dataset.layer = r.name;
