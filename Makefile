@@ -43,6 +43,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 # TypeScript, exactly as package-lock.json pins it (the web's only dependency, a dev tool).
 node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "make: the web's checks need Node.js >= 20 with npm" >&2; exit 1; }
 	npm ci --no-audit --no-fund --silent
 	touch $@
 
