@@ -76,7 +76,6 @@ _ROW_ZERO, _ROW_UNDER, _ROW_NORMAL, _ROW_FINITE, _ROW_NOT_NAN, _ROW_SUMSQ = rang
 # false with every t, as its pattern lies above them all): zero (b = 1), the underflow and
 # min-normal bounds (``_Plan.classes_at``), finite (b = inf's pattern), not NaN (b one above).
 _CLASS_BITS = (1, 0, 0, INF_BITS, INF_BITS + 1)
-_KEY_BOUND = 16  # columns after each row's keys that cap its amin (``_build_plan``)
 
 
 def _derive() -> torch.Tensor:
@@ -107,10 +106,11 @@ class _Group:
     matrix: torch.Tensor | None = None  # the same, (rows, CHUNK)
     bits: torch.Tensor | None = None  # the same as int32 bit patterns
     column: torch.Tensor | None = None  # the same as (rows, 1, CHUNK), against (5, 1) bounds
+    # Contiguous views of the plan's work buffer, each read before the next one is written:
     classes: torch.Tensor | None = None  # float32 (rows, 5, CHUNK): the comparisons' 0/1
-    finite: torch.Tensor | None = None  # float32 (rows, CHUNK): the finite magnitudes
+    finite: torch.Tensor | None = None  # float32 (rows, CHUNK): the finite magnitudes (5th fifth)
+    wide: torch.Tensor | None = None  # float64 (rows, CHUNK): the same, widened (1st, 2nd fifth)
     key: torch.Tensor | None = None  # int32 (rows, CHUNK): the amin keys, in ``finite``'s place
-    keyed: torch.Tensor | None = None  # int32 (rows, CHUNK + _KEY_BOUND): keys, their bound
     counts: torch.Tensor | None = None  # its rows of ``_Plan.row_counts`` (and so on)
     amax: torch.Tensor | None = None
     norms: torch.Tensor | None = None
@@ -150,7 +150,8 @@ class _Plan:
     table: torch.Tensor
     table_amax: torch.Tensor  # table[:, AMAX:AMAX + 1]
     table_amin: torch.Tensor  # table[:, AMIN:AMIN + 1]
-    amin_keys: torch.Tensor  # int32 (L, 1): each layer's least key (MAX_FINITE_BITS if none)
+    key_bound: torch.Tensor  # int32 (L, 1) MAX_FINITE_BITS: caps each layer's least key
+    amin_keys: torch.Tensor  # int32 (L, 1): each layer's least key, capped
     amin_keys_f32: torch.Tensor  # the same as float32
     derive: torch.Tensor  # float64 (_ROW_COLUMNS, 8): _derive()
     inf: torch.Tensor  # float32 0-d +inf: nextafter's direction
@@ -211,14 +212,11 @@ def _build_plan(
     all_unscaled = some_unscaled and all(unscaled_rows)
     f32, f64, i32 = torch.float32, torch.float64, torch.int32
     buf = torch.zeros(max_rows * CHUNK, dtype=f32, device=device)
-    # One work buffer, row r: the five comparisons' CHUNK-element slots, then _KEY_BOUND columns
-    # that hold MAX_FINITE_BITS for good (16: the rows stay 64-byte aligned). The comparisons'
-    # last slot and those columns are also the amin keys' row, and the finite magnitudes before
-    # them (each read before the next is written): a row's least key never exceeds the bound,
-    # so a row without a finite non-zero element reads +inf, not a NaN pattern.
+    # One work buffer, five float32 per element: the five comparisons; once they are summed, the
+    # finite magnitudes in its last fifth, widened to float64 in its first two, and the amin keys
+    # over the magnitudes. Each view contiguous (docs/hook-cost.md#the-eager-reads-constants).
     slots = len(_CLASS_BITS)
-    work = torch.full((max_rows, slots * CHUNK + _KEY_BOUND), MAX_FINITE_BITS, dtype=i32,
-                      device=device)
+    work = torch.zeros(max_rows * slots * CHUNK, dtype=f32, device=device)
     row_counts = torch.zeros((total_rows, len(_CLASS_BITS)), dtype=f32, device=device)
     row_amax = torch.zeros((total_rows, 1), dtype=f32, device=device)
     row_norms = torch.zeros((total_rows, 1), dtype=f64, device=device)
@@ -229,14 +227,15 @@ def _build_plan(
         group.matrix = group.flat.view(r, CHUNK)
         group.bits = group.matrix.view(i32)
         group.column = group.matrix.view(r, 1, CHUNK)
-        group.classes = work[:r, : slots * CHUNK].view(f32).view(r, slots, CHUNK)
-        group.keyed = work[:r, (slots - 1) * CHUNK :]
-        group.key = group.keyed[:, :CHUNK]
-        group.finite = group.key.view(f32)
+        group.classes = work[: n * slots].view(r, slots, CHUNK)
+        group.wide = work[: 2 * n].view(f64).view(r, CHUNK)
+        group.finite = work[(slots - 1) * n : slots * n].view(r, CHUNK)
+        group.key = group.finite.view(i32)
         group.counts = row_counts[rows_of]
         group.amax = row_amax[rows_of]
         group.norms = row_norms[rows_of]
         group.amin_key = row_amin_key[rows_of]
+    amin_keys = torch.zeros((len(grads), 1), dtype=i32, device=device)
     views: list[torch.Tensor] | None = None
     dense_here = all(g is None or (g.layout == torch.strided and g.device == device) for g in grads)
     if len(groups) == 1 and dense_here:
@@ -248,7 +247,6 @@ def _build_plan(
             offset += -(-numel[i] // CHUNK) * CHUNK
     layer_of_row = device_tensor(chunk_layer, torch.int64, device)
     table = to_device(bias, device)
-    amin_keys = torch.full((len(grads), 1), MAX_FINITE_BITS, dtype=i32, device=device)
     class_bits = list(_CLASS_BITS)
     class_bits[1:3] = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
     return _Plan(
@@ -279,6 +277,7 @@ def _build_plan(
         table=table,
         table_amax=table[:, AMAX : AMAX + 1],
         table_amin=table[:, AMIN : AMIN + 1],
+        key_bound=torch.full((len(grads), 1), MAX_FINITE_BITS, dtype=i32, device=device),
         amin_keys=amin_keys,
         amin_keys_f32=amin_keys.view(f32),
         derive=to_device(_derive(), device),
@@ -333,9 +332,9 @@ def _chunk_stats(plan: _Plan, group: _Group, grads: Grads, bounds: torch.Tensor)
     ``(5, 1)`` class bounds, or ``(rows, 5, 1)`` when scaled and unscaled layers mix."""
     a = _fill(plan, group, grads).abs_()
     column, classes, finite, key = group.column, group.classes, group.finite, group.key
-    bits, keyed = group.bits, group.keyed
+    bits, wide = group.bits, group.wide
     assert column is not None and classes is not None and finite is not None and key is not None
-    assert bits is not None and keyed is not None
+    assert bits is not None and wide is not None
     # All five classes in one comparison and one row sum: float 0/1 into a float32 buffer and a
     # float32 row sum, exact and the fastest form (docs/hook-cost.md#the-eager-reads-constants).
     # Comparing the floats against the float32 one pattern below each bound is the bits' test.
@@ -343,14 +342,18 @@ def _chunk_stats(plan: _Plan, group: _Group, grads: Grads, bounds: torch.Tensor)
     torch.sum(classes, -1, out=group.counts)
     torch.nan_to_num(a, nan=0.0, posinf=0.0, out=finite)  # finite magnitudes, non-finite → 0
     torch.amax(finite, 1, keepdim=True, out=group.amax)
-    # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19.
-    torch.linalg.vector_norm(finite, 2, 1, True, dtype=torch.float64, out=group.norms).pow_(2)
+    # float64 accumulation: squares of scaled fp32 gradients overflow float32 from 1.8e19. Widened
+    # in the work buffer, not by ``vector_norm(dtype=float64)``: that widens into a fresh
+    # temporary on every call, a big one's pages faulted in each time
+    # (docs/hook-cost.md#the-eager-reads-constants).
+    torch.linalg.vector_norm(wide.copy_(finite), 2, 1, True, out=group.norms).pow_(2)
     # min over finite non-zero |x| on the int32 bit patterns: (bits - 1) & 0x7fffffff sends 0 to
-    # the largest key and keeps every other magnitude in order, so zeros never win; the row's
-    # _KEY_BOUND columns (MAX_FINITE_BITS) cap a row without a finite non-zero element at the
-    # key that reads back as +inf (``_eager_partials``). Written over ``finite``, read already.
+    # the largest key and keeps every other magnitude in order, so zeros never win; the fold
+    # caps each layer's least key at MAX_FINITE_BITS, so a layer without a finite non-zero
+    # element (its keys those of zeros, inf or NaN) reads back as +inf (``_eager_partials``).
+    # Written over ``finite``, read already.
     torch.sub(bits, 1, out=key).bitwise_and_(0x7FFFFFFF)
-    torch.amin(keyed, 1, keepdim=True, out=group.amin_key)
+    torch.amin(key, 1, keepdim=True, out=group.amin_key)
 
 
 def _dense_float32_cpu(grads: Sequence[torch.Tensor | None]) -> bool:
@@ -517,8 +520,8 @@ class GradStats:
         sums = torch.index_add(plan.fold_zero, 0, plan.chunk_layer, rows)
         plan.table_amax.scatter_reduce_(0, plan.chunk_layer_col, rows, "amax",
                                         include_self=False)
-        plan.amin_keys.scatter_reduce_(0, plan.chunk_layer_col, plan.row_amin_key, "amin",
-                                       include_self=False)
+        torch.scatter_reduce(plan.key_bound, 0, plan.chunk_layer_col, plan.row_amin_key, "amin",
+                             out=plan.amin_keys)
         torch.nextafter(plan.amin_keys_f32, plan.inf, out=plan.table_amin)
         return torch.addmm(plan.table, sums, plan.derive)
 
