@@ -41,31 +41,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests' counter
+
 import torch
 from hook_sweep import SHAPES  # type: ignore[import-not-found]
 from hook_sweep import make_model as sweep_model
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope import reductions
 from ampscope.partials import SUMSQ
+from tests.support.dispatch import AtenOps
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "client_hook/ampscope/reductions.py"
 SCALE = 2.0**16
-VIEWS = frozenset({"view", "reshape", "_reshape_alias", "alias", "as_strided", "detach",
-                   "unsqueeze", "slice", "select", "expand", "t", "lift_fresh"})
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        if name not in VIEWS:
-            self.ops[name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -138,9 +126,9 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
         tables.append(read(impl, grads, scale))
     ops = []
     for impl in impls:
-        with _CountOps() as mode:
+        with AtenOps() as mode:
             read(impl, grads, scale)
-        ops.append(mode.ops)
+        ops.append(collections.Counter(mode.ops))
     before = os.getloadavg()
     for r in range(rounds):
         times: dict[str, float] = {}

@@ -14,7 +14,7 @@ from ampscope.record import StepRecord
 from ampscope.reductions import STAT_NAMES, GradStats
 from ampscope.selection import Cadence
 from ampscope.wire import unpack_payload
-from tests.client_hook.test_reductions import _CountOps
+from tests.support.dispatch import AtenOps
 
 
 class Loop:
@@ -72,7 +72,7 @@ class TestCapture:
         loop = Loop(layer_every=0)
         loop.opt.zero_grad(set_to_none=True)
         loop.scaler.scale(loop.loss()).backward()
-        with _CountOps() as mode:
+        with AtenOps() as mode:
             loop.cycle.capture(loop.opt, [loop.opt], 1)
         assert mode.ops == ["_foreach_norm", "stack"]
 
@@ -83,7 +83,7 @@ class TestCapture:
         loop.step(0)  # builds the eager plan
         loop.opt.zero_grad(set_to_none=True)
         loop.scaler.scale(loop.loss()).backward()
-        with _CountOps() as mode:
+        with AtenOps() as mode:
             loop.cycle.capture(loop.opt, [loop.opt], 1)
         assert mode.ops and not {"reciprocal", "div", "sqrt", "where", "clamp"} & set(mode.ops)
 

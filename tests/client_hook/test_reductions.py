@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampscope import reductions
 from ampscope.formats import FORMATS, TargetFormat
@@ -21,6 +20,7 @@ from tests.client_hook.reference import (
     reference,
     unpack,
 )
+from tests.support.dispatch import AtenOps
 
 
 def check(
@@ -135,27 +135,12 @@ class TestGradNorm:
         assert grad_norm(GradStats(), raws, 2.0**24, True).item() == math.inf
 
 
-class _CountOps(TorchDispatchMode):
-    VIEWS = frozenset({"view", "reshape", "_reshape_alias", "alias", "as_strided", "detach",
-                       "unsqueeze", "slice", "select", "expand", "t", "lift_fresh"})
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        if name not in self.VIEWS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 class TestLaunches:
     def ops_for(self, num_layers: int) -> list[str]:
         stats = GradStats(FP16)
         raws = [torch.randn(37 + 50 * i) for i in range(num_layers)]
         stats.layer_stats(raws, torch.tensor(2.0**10), True)  # builds and caches the plan
-        with _CountOps() as mode:
+        with AtenOps() as mode:
             stats.layer_stats(raws, torch.tensor(2.0**10), True)
         ops: list[str] = mode.ops
         return ops
@@ -281,7 +266,7 @@ class TestRawNormsDotPath:
     def test_other_gradients_keep_the_foreach_path(self) -> None:
         for raws in ([torch.ones(4, 2)[:, 0]], [torch.ones(4, dtype=torch.float16)],
                      [torch.ones(4, dtype=torch.bfloat16)], [torch.ones(4), torch.ones(2, 2).t()]):
-            with _CountOps() as mode:
+            with AtenOps() as mode:
                 norms = GradStats(FP16).raw_norms(raws)
             assert mode.ops == ["_foreach_norm", "stack"]
             assert [float(n) for n in norms] == [
@@ -400,7 +385,7 @@ class TestGradNormsDirectPath:
         raws = [torch.randn(size + 50 * i, 2)[:, 0] if not contiguous
                 else torch.randn(size + 50 * i) for i in range(num_layers)]
         grad_norms(stats, raws, torch.tensor(2.0**10), True)
-        with _CountOps() as mode:
+        with AtenOps() as mode:
             if raw:
                 stats.raw_norms(raws)
             else:
