@@ -155,6 +155,19 @@ def _analysed(api: httpx.Client) -> None:
         time.sleep(0.05)
 
 
+def _settle(ws: ClientConnection, known: set[str]) -> None:
+    """Until the socket has been quiet for 1 s. Postgres delivers a NOTIFY when its listener
+    next reads, so an ingest committed before the socket opened can still announce its run
+    after the snapshot; such late messages may only name runs the snapshot already had."""
+    while True:
+        try:
+            message = ws.recv(timeout=1)
+        except TimeoutError:
+            return
+        assert isinstance(message, str)
+        assert {r["id"] for r in strict_json(message)["runs"]} <= known
+
+
 def _runs_url(server: ServerProcess) -> str:
     return f"ws://127.0.0.1:{server.port}/api/runs/live"
 
@@ -171,6 +184,7 @@ class TestRunsLive:
             assert snapshot["type"] == "runs" and snapshot["full"] is True
             # The same summaries as GET /api/runs, newest first.
             assert snapshot["runs"] == strict_json(api.get("/api/runs").text)
+            _settle(ws, {r["id"] for r in snapshot["runs"]})
 
             # A new run: only it comes, as the API summarises it.
             fresh = new_id()
