@@ -120,3 +120,14 @@ def unpack_row(recipes: str, layers: str, data: bytes) -> Unpacked:
     split = values_count(len(indices), len(names))
     return Unpacked(names, indices, flat[:split], flat[split:])
 
+
+def thinned(count: int, limit: int) -> list[int]:
+    """The positions (0-based, in step order) of the sampled steps a bounded read keeps: every
+    one when there are at most `limit` (≥ 2), else exactly `limit` of them spread evenly, the
+    first and the last included: position p is kept when it is the first whose bucket
+    floor(p·(limit-1) / (count-1)) is reached. The repository selects the same rows in SQL
+    (`formats_repository.sampled_steps`); this is the rule written once for its tests."""
+    if count <= limit:
+        return list(range(count))
+    span, width = limit - 1, count - 1
+    return [p for p in range(count) if p == 0 or p * span // width != (p - 1) * span // width]

@@ -1,11 +1,14 @@
 """`format_packing`, pure: the wire's names and their orders, the stored layout's offsets
 against a row built value by value, float64 bits kept (NaN's payload, -0.0, ±inf, the
-smallest subnormal)."""
+smallest subnormal), and the thinning rule (how many, which, evenly)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
+
+import pytest
 
 from ampscope_server.store import format_packing
 from ampscope_server.store.format_packing import (
@@ -13,6 +16,7 @@ from ampscope_server.store.format_packing import (
     OPERAND_STATS,
     OPERANDS,
     operand_at,
+    thinned,
     value_at,
 )
 
@@ -67,3 +71,25 @@ def test_unpack_row_gives_the_wires_lists() -> None:
     row = format_packing.unpack_row("mxfp8,nvfp4", "3", format_packing.pack(values + operands))
     assert row == format_packing.Unpacked(["mxfp8", "nvfp4"], [3], values, operands)
 
+
+class TestThinned:
+    def test_all_when_within_the_limit(self) -> None:
+        assert thinned(0, 2) == []
+        assert thinned(1, 2) == [0]
+        assert thinned(5, 5) == [0, 1, 2, 3, 4]
+
+    @pytest.mark.parametrize(("count", "limit"), [(3, 2), (6, 3), (23, 5), (101, 2),
+                                                  (1001, 500), (10_000, 2000), (2001, 2000)])
+    def test_exactly_limit_first_and_last_evenly(self, count: int, limit: int) -> None:
+        kept = thinned(count, limit)
+        assert len(kept) == limit
+        assert kept[0] == 0 and kept[-1] == count - 1
+        assert kept == sorted(set(kept))
+        gaps = {b - a for a, b in itertools.pairwise(kept)}
+        # Evenly: every gap is one of the two integers around (count - 1) / (limit - 1).
+        step = (count - 1) / (limit - 1)
+        assert gaps <= {math.floor(step), math.ceil(step)}
+
+    def test_a_worked_example(self) -> None:
+        assert thinned(6, 3) == [0, 3, 5]
+        assert thinned(6, 4) == [0, 2, 4, 5]
