@@ -25,6 +25,7 @@ TABLES_0008 = TABLES_0007 | {"alert_rules", "alert_destinations", "alert_default
                              "alert_episodes", "alerts", "alert_deliveries"}
 TABLES_0020 = TABLES_0008 | {"step_ranks", "step_optimizers"}
 TABLES_0024 = TABLES_0020 | {"step_shadows"}
+TABLES_0025 = TABLES_0024 | {"step_formats"}
 V2_STEP_COLUMNS = {"captured", "nonfinite_count", "misuse_count"}
 V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
     "produced", "acknowledged", "spooled", "dropped", "replayed")}
@@ -34,6 +35,8 @@ V2_ATTEMPT_COLUMNS = {f"client_{name}" for name in (
 @pytest.mark.slow
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.upgrade(db_url)
+    assert tables(db_url) == TABLES_0025 | {"alembic_version"}
+    db.downgrade(db_url, "0024")
     assert tables(db_url) == TABLES_0024 | {"alembic_version"}
     db.downgrade(db_url, "0023")
     assert tables(db_url) == TABLES_0020 | {"alembic_version"}
@@ -84,7 +87,7 @@ def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     db.downgrade(db_url, "base")
     assert tables(db_url) == {"alembic_version"}
     db.upgrade(db_url)
-    assert tables(db_url) == TABLES_0024 | {"alembic_version"}
+    assert tables(db_url) == TABLES_0025 | {"alembic_version"}
     assert columns(db_url, "attempts") >= V2_ATTEMPT_COLUMNS
 
 
@@ -213,7 +216,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0024"
+            assert context.get_current_revision() == db.head_revision() == "0025"
     finally:
         engine.dispose()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import math
+import struct
 import uuid
 from typing import Any
 
@@ -141,3 +144,42 @@ def batch_v2(records: list[dict[str, Any]], *, modules: list[dict[str, Any]] | N
     payload.update(schema_version=2, modules=copy.deepcopy(modules),
                    client=None if client is None else dict(client))
     return payload
+
+
+# --- wire v7 -------------------------------------------------------------------------------------
+
+RECIPES = ["fp8_tensorwise", "fp8_rowwise", "fp8_block128", "mxfp8", "mxfp4", "nvfp4"]
+"""The recipes the hook knows today (the server takes any name of the right form)."""
+
+
+def f64le(values: list[float]) -> dict[str, str]:
+    """A packed block: base64 of the values as little-endian float64 (bits as given)."""
+    return {"f64le": base64.b64encode(struct.pack(f"<{len(values)}d", *values)).decode("ascii")}
+
+
+def tagged(values: list[float]) -> list[Any]:
+    """The values as the JSON form sends them: non-finite ones as "nan", "inf", "-inf"."""
+    return [v if math.isfinite(v) else "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+            for v in values]
+
+
+def format_values(layers: list[int], recipes: list[str], seed: float = 0.0
+                  ) -> tuple[list[float], list[float]]:
+    """(values, operands) of a `formats` block, each value telling where it sits: value
+    (l, o, r, s) is seed + l + o/10 + r/100 + s/1000 of the l-th listed layer (its position),
+    operand statistic (l, o, k) is seed + l + o/10 + k/100 + 0.5; all finite."""
+    values = [seed + position + operand / 10 + recipe / 100 + stat / 1000
+              for position in range(len(layers)) for operand in range(3)
+              for recipe in range(len(recipes)) for stat in range(5)]
+    operands = [seed + position + operand / 10 + stat / 100 + 0.5
+                for position in range(len(layers)) for operand in range(3) for stat in range(4)]
+    return values, operands
+
+
+def formats(layers: list[int], recipes: list[str] = RECIPES[:2], seed: float = 0.0,
+            packed: bool = True) -> dict[str, Any]:
+    """A `formats` block (wire v7) of `format_values`, packed or as JSON arrays."""
+    values, operands = format_values(layers, recipes, seed)
+    encode = f64le if packed else tagged
+    return {"recipes": list(recipes), "layers": list(layers), "values": encode(values),
+            "operands": encode(operands)}

@@ -30,6 +30,7 @@ from ampscope_server.api import (
     auth,
     compare,
     findings,
+    formats,
     health,
     ingest,
     live,
@@ -115,8 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestLimit, max_requests=settings.max_requests)
     app.add_middleware(pages.SecurityHeaders,
                        policy=pages.csp(split_list(settings.frame_ancestors)))
-    for module in (health, auth, runs, ingest, series, live, compare, findings, tokens,
-                   alerts_api, pages):
+    for module in (health, auth, runs, ingest, series, formats, live, compare, findings,
+                   tokens, alerts_api, pages):
         app.include_router(module.router)
     app.include_router(pages.assets)
     app.mount("/static", pages.static_files(), name="static")

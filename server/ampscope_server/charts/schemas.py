@@ -1,5 +1,5 @@
-"""The chart reads' output: series, events, skip rates, optimizers, heatmaps. Every float that
-may be non-finite is `Tagged`.
+"""The chart reads' output: series, events, skip rates, optimizers, heatmaps, scaled-format
+what-ifs. Every float that may be non-finite is `Tagged`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ampscope_server.ingest.wire import MisuseKind, NonfiniteKind
-from ampscope_server.runs.json_floats import Tagged, TaggedRows
+from ampscope_server.runs.json_floats import Tagged, TaggedRows, TaggedValues
 from ampscope_server.runs.schemas import RecheckRead, ShadowRead, absent
 
 SeriesName = Literal["scale", "loss", "grad_norm", "lr", "duration"]
@@ -163,3 +163,77 @@ class HeatmapRead(BaseModel):
     rows: list[int] | None = None
     """The table indices of `layers` and of z's rows when the read picked some (`layers=`);
     null when every row is there, in table order."""
+
+
+FormatOperand = Literal["input", "weight", "grad_output"]
+"""`format_packing.OPERANDS`, as a query parameter's type (an unknown operand is a 422)."""
+
+
+class FormatStepRead(BaseModel):
+    """A sampled step that carried format what-ifs (wire v7 `formats`)."""
+
+    id: int
+    """The step's row id (as `/steps`' `id`)."""
+    step: int
+
+
+class FormatLayerRead(BaseModel):
+    index: int
+    """The layer table's row (the module's weight)."""
+    name: str
+
+
+class FormatMatrixRead(BaseModel):
+    """Every measured value of one sampled step, as sent: nested in the wire's order, so
+    `values[l][o]` is a recipe x statistic matrix for layer `layers[l]` and operand
+    `operand_names[o]`, and a page draws a layer x recipe matrix per operand and statistic."""
+
+    id: int
+    step: int
+    recipes: list[str]
+    layers: list[FormatLayerRead]
+    values: list[list[TaggedRows]]
+    """[layer][operand][recipe][statistic], statistics in `stat_names`' order. "nan": not
+    measured (a module without a gradient this step); ±inf are data."""
+    operands: list[TaggedRows]
+    """[layer][operand][operand statistic], in `operand_stat_names`' order."""
+
+
+class FormatsRead(BaseModel):
+    """`GET /api/runs/{id}/formats`: the run's sampled steps, thinned to at most `limit` (the
+    first and the last always among them), and the full matrix of one of them."""
+
+    operand_names: list[str]
+    stat_names: list[str]
+    operand_stat_names: list[str]
+    sampled: int
+    """How many sampled steps the run has (`steps` holds them all unless `downsampled`)."""
+    downsampled: bool
+    """True: `steps` is `limit` of them spread evenly, in step order, not every one."""
+    steps: list[FormatStepRead]
+    matrix: FormatMatrixRead | None
+    """The sampled step at or before `step` (the last one without `step`); null when there is
+    none (no sampled step, or none that early)."""
+
+
+class FormatTrendRead(BaseModel):
+    """`GET /api/runs/{id}/formats/trend`: one (layer, operand, recipe) over the same sampled
+    steps as `/formats` keeps. A layer or recipe the run never recorded (past the table, a
+    module the hook did not sample, a recipe another hook version measures) is not an error:
+    which layers and recipes a step carries is the hook's choice and may change between steps
+    and attempts, so the answer is the steps that carried it, none at all being an empty
+    series (a step that lacks it is left out, not a gap)."""
+
+    layer: int
+    name: str | None
+    """The layer table's name of `layer`; null past the table."""
+    operand: FormatOperand
+    recipe: str
+    sampled: int
+    downsampled: bool
+    steps: list[int]
+    ids: list[int]
+    values: dict[str, TaggedValues]
+    """Each of the recipe's five statistics (keys in `FORMAT_STATS` order), one per step."""
+    operand_values: dict[str, TaggedValues]
+    """The operand's own four statistics (keys in `OPERAND_STATS` order), one per step."""

@@ -73,6 +73,7 @@ def check_records(
         _check_recheck(record, where, run_id, layer_numels)
         _check_swallowed(record, where, run_id, layer_numels)
         _check_shadow(record, where, run_id, layer_numels)
+        _check_formats(record, where, run_id, layer_numels)
 
 
 def _no_layer_table(where: str, what: str, run_id: str) -> LayerTableMissing:
@@ -189,6 +190,24 @@ def _check_shadow(
             f"{where}.shadow.rel_err has {len(shadow.rel_err)} entries, but the run's layer "
             f"table has {len(layer_numels)} layers"
         )
+
+
+def _check_formats(
+    record: StepRecord, where: str, run_id: str, layer_numels: Sequence[int] | None
+) -> None:
+    """Each of a `formats` block's layers is a row of the layer table (they are distinct: the
+    wire's check), so there are 1 to the table's length of them."""
+    formats = record.formats
+    if formats is None:
+        return
+    if layer_numels is None:
+        raise _no_layer_table(where, "format what-ifs", run_id)
+    for i, layer in enumerate(formats.layers):
+        if layer >= len(layer_numels):
+            raise InvalidPayload(
+                f"{where}.formats.layers[{i}] is {layer}, but the run's layer table has "
+                f"{len(layer_numels)} layers"
+            )
 
 
 def _check_swallowed(

@@ -1,13 +1,14 @@
-"""Ingest one wire batch (v1 … v4): all-or-nothing, idempotent, in the caller's transaction.
+"""Ingest one wire batch (v1 … v7): all-or-nothing, idempotent, in the caller's transaction.
 
 Rules (docs/contracts.md): per-layer and per-module data must fit the run's tables (422,
 `batch_checks`); data for a table the run does not have, or a table that differs from the
 stored one, is 409; a (run, attempt, seq) already stored is counted as a duplicate and none of
 its children (layer and activation stats, non-finite layers, misuse, histograms, FP32
-re-checks, swallowed fractions, per-rank and per-optimizer values) is written again. The run's
-fields (name, host, rank, world size, …) are those of its first batch. The client's accounting
-is kept per attempt when it is newer (largest `produced`). `final` marks the run finished.
-Live subscribers are told after the transaction commits.
+re-checks, swallowed fractions, per-rank and per-optimizer values, shadow steps, format
+what-ifs) is written again. The run's fields (name, host, rank, world size, …) are those of its
+first batch. The client's accounting is kept per attempt when it is newer (largest
+`produced`). `final` marks the run finished. Live subscribers are told after the transaction
+commits.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ampscope_server.live import hub as live
 from ampscope_server.runs.schemas import RunStatus
 from ampscope_server.store import (
     access_repository,
+    format_packing,
     open_buckets,
     rank_packing,
     rollups,
@@ -55,6 +57,7 @@ from ampscope_server.store.models import (
     Histogram,
     LayerStat,
     MisuseEvent,
+    StepFormats,
     StepNonfinite,
     StepOptimizers,
     StepRanks,
@@ -529,6 +532,18 @@ def _shadow_row(record: StepRecord) -> dict[str, Any] | None:
             "detail": shadow.detail}
 
 
+def _formats_row(record: StepRecord) -> dict[str, Any] | None:
+    """The record's format what-ifs for `step_formats`: its values then its operand statistics,
+    the float64 bytes as they arrived (`format_packing`), the layers and recipes comma-joined;
+    or None."""
+    formats = record.formats
+    if formats is None:
+        return None
+    return {"step": record.step, "recipes": format_packing.join(formats.recipes),
+            "layers": format_packing.join(formats.layers),
+            "data": formats.values + formats.operands}
+
+
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (
     (StepNonfinite, _nonfinite_rows),
     (MisuseEvent, _misuse_rows),
@@ -554,6 +569,7 @@ _PACKED: Sequence[tuple[type[Base], Callable[[StepRecord], dict[str, Any] | None
     (Histogram, _histogram_row),
     (SwallowedStat, _swallowed_row),
     (StepShadow, _shadow_row),
+    (StepFormats, _formats_row),
     (StepRanks, _ranks_row),
     (StepOptimizers, _optimizers_row),
 )

@@ -1,4 +1,4 @@
-"""The wire, client → server: docs/contracts.md "Wire v1" … "v6", as strict pydantic models.
+"""The wire, client → server: docs/contracts.md "Wire v1" … "v7", as strict pydantic models.
 
 Strict means no string → number coercion and unknown fields refused, so that a client drifting
 from the contract fails loudly in the contract tests. Each version is the previous one plus
@@ -21,19 +21,29 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     StrictBool,
     StrictFloat,
     StrictInt,
     StringConstraints,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from ampscope_server.runs import json_floats
+from ampscope_server.store import format_packing
+from ampscope_server.store.format_packing import (
+    FORMAT_STATS,
+    MAX_RECIPES,
+    OPERAND_STATS,
+    OPERANDS,
+    RECIPE_PATTERN,
+)
 
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -53,6 +63,7 @@ PACKED_SINCE = 5
 """v5: a record's `layers`/`activations` may arrive packed (`json_floats.unpack_stats`)."""
 V6_RUN_FIELDS = ("target_format_reason",)
 V6_RECORD_FIELDS = ("shadow",)
+V7_RECORD_FIELDS = ("formats",)
 ORIGIN_SINCE = 6
 """`records[].recheck.origin` (a field inside a v3 object) is v6's."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
@@ -60,12 +71,14 @@ LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
     3: ((), (), V3_RECORD_FIELDS),
     4: ((), V4_RUN_FIELDS, V4_RECORD_FIELDS),
     6: ((), V6_RUN_FIELDS, V6_RECORD_FIELDS),
+    7: ((), (), V7_RECORD_FIELDS),
 }
 """Per version: the (batch, run, record) fields it added; a batch of an earlier version may not
 carry them. v6 (issue #30) holds two optional fields first shipped inside v5: a server built
 before them refuses them as unknown fields in a v5 batch, so they are a version of their own,
 which such a server refuses by its `schema_version` alone (the hook then sends v5 without them);
-and the FP32 shadow step (`records[].shadow`)."""
+and the FP32 shadow step (`records[].shadow`). v7 (issue #33): the scaled-format what-ifs
+(`records[].formats`)."""
 MAX_WORLD_SIZE = 65536
 MAX_OPTIMIZERS = 64
 MAX_PARAM_GROUPS = 1024
@@ -374,6 +387,65 @@ class Shadow(WireModel):
     detail: Text1000 | None = None
 
 
+# --- v7 additions ------------------------------------------------------------------------------
+
+def _float_block(value: object) -> bytes:
+    """Float64 values as little-endian bytes: `{"f64le": "<base64>"}` taken as sent (no
+    Python call per value), or a JSON array of numbers and "nan", "inf", "-inf" (never null:
+    NaN is what says "not measured")."""
+    if json_floats.packed(value):
+        block = cast(Mapping[str, object], value)
+        if set(block) != {json_floats.PACKED}:
+            raise PydanticCustomError(
+                "packed_floats", "a packed block has the one key '{key}', got {keys}",
+                {"key": json_floats.PACKED, "keys": str(sorted(block))})
+        try:
+            return json_floats.unpack_bytes(block[json_floats.PACKED])
+        except json_floats.CodecError as exc:
+            raise PydanticCustomError("packed_floats", str(exc)) from None
+    if type(value) is not list:
+        raise PydanticCustomError(
+            "float_block", 'expected {"f64le": "<base64>"} or an array of numbers')
+    if value and set(map(type, value)) == {float} and math.isfinite(sum(value)):
+        return format_packing.pack(value)  # plain finite floats: at once, in C
+    floats: list[float] = []
+    for i, item in enumerate(value):
+        try:
+            decoded = json_floats.decode_wire(item)
+        except (json_floats.CodecError, OverflowError) as exc:
+            raise PydanticCustomError("wire_float", "entry {i}: {reason}",
+                                      {"i": i, "reason": str(exc)}) from None
+        if decoded is None:
+            raise PydanticCustomError(
+                "wire_float", 'entry {i} is null: a value not measured is "nan"', {"i": i})
+        floats.append(decoded)
+    return format_packing.pack(floats)
+
+
+FloatBlock = Annotated[bytes, PlainValidator(_float_block), WithJsonSchema({"anyOf": [
+    {"type": "object", "properties": {"f64le": {"type": "string", "contentEncoding": "base64"}},
+     "required": ["f64le"], "additionalProperties": False},
+    {"type": "array", "items": {"anyOf": [{"type": "number"},
+                                          {"enum": ["nan", "inf", "-inf"]}]}},
+]})]
+"""float64 values (`_float_block`), held as the little-endian bytes that are stored."""
+RecipeName = Annotated[str, StringConstraints(strict=True, pattern=RECIPE_PATTERN)]
+
+
+class Formats(WireModel):
+    """What scaled low-precision recipes would do to each sampled module's three GEMM operands
+    at this step (v7; `format_packing` holds the names and the layout). `layers`: the modules'
+    weights' rows of the layer table; `values`: len(layers) x 3 x len(recipes) x 5 float64
+    values, row-major over (layer, `OPERANDS`, recipe, `FORMAT_STATS`); `operands`:
+    len(layers) x 3 x 4 over (layer, operand, `OPERAND_STATS`). NaN: not measured (a module
+    without a gradient this step); ±inf are data."""
+
+    recipes: Annotated[list[RecipeName], Field(min_length=1, max_length=MAX_RECIPES)]
+    layers: Annotated[list[Int32], Field(min_length=1, max_length=MAX_TABLE)]
+    values: FloatBlock
+    operands: FloatBlock
+
+
 # --- v4 additions ------------------------------------------------------------------------------
 
 class RankValues(WireModel):
@@ -438,6 +510,9 @@ class StepRecord(WireModel):
                           Field(min_length=1, max_length=MAX_OPTIMIZERS)] | None = None
     # v6
     shadow: Shadow | None = None
+    # v7
+    formats: Formats | None = None
+    """Absent or null: not sampled on this step."""
 
 
 def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None:
@@ -451,7 +526,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2, 3, 4, 5, 6]
+    schema_version: Literal[1, 2, 3, 4, 5, 6, 7]
     run: RunInfo
     attempt: AttemptInfo
     layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None
@@ -547,6 +622,8 @@ class IngestBatch(WireModel):
                 _check_recheck(record.recheck, f"{where}.recheck")
             if record.shadow is not None:
                 _check_shadow(record.shadow, f"{where}.shadow")
+            if record.formats is not None:
+                _check_formats(record.formats, f"{where}.formats")
             if record.ranks is not None:
                 _check_ranks(record.ranks, f"{where}.ranks", self.run.world_size)
             histogram = record.histogram
@@ -599,6 +676,33 @@ def _check_shadow(shadow: Shadow, where: str) -> None:
                 "shadow_lengths",
                 "{where}.rel_err has {n} entries and {name} {m}: one per layer each",
                 {"where": where, "n": len(shadow.rel_err), "name": name, "m": len(values)})
+
+
+def _check_formats(formats: Formats, where: str) -> None:
+    """Recipes and layers listed once each; as many values and operand statistics as they say
+    (whether the layers are in the run's table is `batch_checks`')."""
+    for name, items in (("recipes", formats.recipes), ("layers", formats.layers)):
+        seen: set[object] = set()
+        for i, item in enumerate(items):
+            if item in seen:
+                raise PydanticCustomError(
+                    "duplicate_entry", "{where}.{name}[{i}] {item} appears more than once",
+                    {"where": where, "name": name, "i": i, "item": repr(item)})
+            seen.add(item)
+    layers, recipes = len(formats.layers), len(formats.recipes)
+    for name, block, expected, shape in (
+        ("values", formats.values, format_packing.values_count(layers, recipes),
+         f"{layers} layers x {len(OPERANDS)} operands x {recipes} recipes x "
+         f"{len(FORMAT_STATS)} statistics"),
+        ("operands", formats.operands, format_packing.operands_count(layers),
+         f"{layers} layers x {len(OPERANDS)} operands x {len(OPERAND_STATS)} statistics"),
+    ):
+        count = len(block) // format_packing.VALUE_BYTES
+        if count != expected:
+            raise PydanticCustomError(
+                "formats_length", "{where}.{name} has {count} entries, expected {expected}: "
+                "{shape}", {"where": where, "name": name, "count": count,
+                            "expected": expected, "shape": shape})
 
 
 def _check_recheck(recheck: Recheck, where: str) -> None:

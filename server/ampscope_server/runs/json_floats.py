@@ -94,8 +94,9 @@ def packed(value: object) -> bool:
     return isinstance(value, Mapping) and PACKED in value
 
 
-def unpack_floats(text: object) -> list[float]:
-    """The float64 values of a packed column block (base64 of little-endian float64)."""
+def unpack_bytes(text: object) -> bytes:
+    """The little-endian float64 bytes of a packed block's base64 text (a whole number of
+    values), as sent: wire v7's `formats` stores them as they are."""
     if not isinstance(text, str):
         raise CodecError(f"{PACKED} must be a base64 string")
     try:
@@ -104,6 +105,12 @@ def unpack_floats(text: object) -> list[float]:
         raise CodecError(f"{PACKED} is not valid base64") from None
     if len(raw) % 8:
         raise CodecError(f"{PACKED} holds {len(raw)} bytes, not a whole number of float64s")
+    return raw
+
+
+def unpack_floats(text: object) -> list[float]:
+    """The float64 values of a packed column block (base64 of little-endian float64)."""
+    raw = unpack_bytes(text)
     values = array("d")
     values.frombytes(raw)
     if sys.byteorder == "big":
@@ -141,9 +148,18 @@ def unpack_stats(value: Mapping[str, object]) -> dict[str, list[Encoded | int]]:
     return out
 
 
+def encode_values(values: Sequence[float | None]) -> Sequence[Encoded]:
+    """`encode` of every value of a list, the whole list at once when it holds no NaN or inf
+    (`encode_rows` of one row)."""
+    return encode_rows([values])[0]
+
+
 Tagged = Annotated[float, PlainSerializer(encode, return_type=float | str | None)]
 """An output float: finite → number, non-finite → "nan" / "inf" / "-inf"."""
 TaggedRows = Annotated[list[list[float | None]], PlainSerializer(
     encode_rows, return_type=list[list[int | float | str | None]])]
 """A matrix of `Tagged | None`, encoded a row at a time (`encode_rows`) rather than a Python
 call per value."""
+TaggedValues = Annotated[list[float], PlainSerializer(
+    encode_values, return_type=list[int | float | str | None])]
+"""A list of `Tagged`, encoded at once (`encode_values`) rather than a Python call per value."""

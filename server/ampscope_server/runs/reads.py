@@ -1,6 +1,7 @@
 """Reading runs back: summaries, details, steps (with their layer statistics), export.
 
-The export carries everything stored, wire v2 … v4 fields included (null where not measured).
+The export carries everything stored, wire v2 … v7 fields included (null where not measured; v6's
+`shadow` and v7's `formats` left out where absent, as the hook sends them).
 
 Status is derived here: a stored `active` run whose last ingest is older than the crash timeout
 reads as `crashed`.
@@ -26,6 +27,7 @@ from ampscope_server.runs.listing import RunsQuery, crash_cutoff, derive_status
 from ampscope_server.runs.schemas import (
     ActivationStatsRead,
     AttemptRead,
+    FormatsExport,
     ForwardOriginRead,
     HistogramRead,
     LayerStatsRead,
@@ -43,6 +45,8 @@ from ampscope_server.runs.schemas import (
     StepsPage,
 )
 from ampscope_server.store import (
+    format_packing,
+    formats_repository,
     run_counters_repository,
     runs_repository,
     stat_packing,
@@ -58,6 +62,7 @@ from ampscope_server.store.models import (
     Run,
     RunCounters,
     Step,
+    StepFormats,
     StepRecheck,
     StepShadow,
 )
@@ -277,7 +282,16 @@ def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
         fields[step_id].update(v4)
     for shadow in steps_repository.shadows_of(session, ids):
         fields[shadow.step_id]["shadow"] = shadow_read(shadow)
+    for formats in formats_repository.formats_of(session, ids):
+        fields[formats.step_id]["formats"] = formats_export(formats)
     return fields
+
+
+def formats_export(row: StepFormats) -> FormatsExport:
+    """A stored `step_formats` row as the wire's JSON form (`FormatsExport`)."""
+    unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
+    return FormatsExport(recipes=unpacked.recipes, layers=unpacked.layers,
+                         values=unpacked.values, operands=unpacked.operands)
 
 
 def shadow_read(row: StepShadow) -> ShadowRead:

@@ -20,7 +20,7 @@ from ampscope_server.ingest.wire import (
     NonfiniteKind,
     RecheckStatus,
 )
-from ampscope_server.runs.json_floats import Tagged
+from ampscope_server.runs.json_floats import Tagged, TaggedValues
 
 
 class RunStatus(str, Enum):
@@ -257,6 +257,19 @@ class ShadowRead(BaseModel):
     detail: str | None
 
 
+class FormatsExport(BaseModel):
+    """Wire v7 `formats` as the JSON form sends it: the float64 values in flat arrays,
+    row-major as on the wire (NaN and ±inf tagged, -0.0 kept), whether they arrived packed or
+    not."""
+
+    recipes: list[str]
+    layers: list[int]
+    values: TaggedValues
+    """len(layers) x 3 x len(recipes) x 5, over (layer, operand, recipe, statistic)."""
+    operands: TaggedValues
+    """len(layers) x 3 x 4, over (layer, operand, operand statistic)."""
+
+
 class StepExport(StepFull):
     """A step with everything stored for it (wire v2 … v4 fields null when not measured)."""
 
@@ -273,6 +286,9 @@ class StepExport(StepFull):
     optimizers: list[OptimizerRead] | None
     shadow: ShadowRead | None = Field(default=None, exclude_if=absent)
     """Wire v6: the FP32 shadow step; left out of a step without one, as the hook sends it."""
+    formats: FormatsExport | None = Field(default=None, exclude_if=absent)
+    """Wire v7: the scaled-format what-ifs of a sampled step; left out of a step without them,
+    as the hook sends it."""
 
 
 class StepsPage(BaseModel):

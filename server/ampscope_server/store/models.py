@@ -23,6 +23,9 @@ Revision 0010 gives each run an integer `key` that the large tables carry instea
 36-character id; revision 0011 packs activation statistics, histograms and swallowed fractions
 one row per step with that key, as 0006 did the layer statistics. Revision 0012 keys the
 rollup tables by it too.
+
+Wire v6 (revision 0024) adds the sampled FP32 shadow step (`step_shadows`); wire v7 (revision
+0025) the sampled scaled-format what-ifs of each module's GEMM operands (`step_formats`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from ampscope_server.store.format_packing import RECIPES_LENGTH
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -403,6 +408,33 @@ class StepShadow(Base):
 
 SHADOW_KINDS = "ddd"
 """`stat_packing` kinds of `step_shadows.data`: rel_err, cosine, FP32 norm (float64)."""
+
+
+# --- wire v7 (revision 0025) -------------------------------------------------------------------
+
+class StepFormats(Base):
+    """What scaled low-precision recipes (FP8, MX, NVFP4) would do to each sampled module's
+    three GEMM operands at one sampled step (wire v7 `formats`); no row = not sampled.
+
+    `data` is the wire's `values` then `operands`, float64 little-endian bits as sent
+    (`format_packing`: NaN, ±inf and -0.0 bit for bit, uncompressed so that a trend cuts one
+    layer's 72 bytes out in SQL); `layers` the layer-table indices and `recipes` the names,
+    comma-joined, in the order of the arrays. `step` repeats the step's number (as
+    `step_ranks.step`): the index (run_key, step, step_id) thins a run's sampled steps and finds
+    the one at or before a step without reading `steps`. Columns widest first, as `steps`."""
+
+    __tablename__ = "step_formats"
+    __table_args__ = (Index("ix_step_formats_run_key_step", "run_key", "step", "step_id"),)
+
+    step_id: Mapped[int] = mapped_column(
+        StepId, ForeignKey("steps.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
+    )
+    step: Mapped[int] = mapped_column(BigInteger)
+    run_key: Mapped[int] = mapped_column(ForeignKey("runs.key", ondelete="CASCADE"))
+    recipes: Mapped[str] = mapped_column(String(RECIPES_LENGTH))
+    layers: Mapped[str] = mapped_column(Text)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 # --- wire v4 (revision 0020) -------------------------------------------------------------------

@@ -58,6 +58,9 @@ ROUTES: dict[tuple[str, str], tuple[Needs, str]] = {
     ("GET", "/api/runs/{run_id}/optimizers"): (Needs.READ, "/api/runs/RUN/optimizers"),
     ("GET", "/api/runs/{run_id}/layer-stats"): (
         Needs.READ, "/api/runs/RUN/layer-stats?stat=amax"),
+    ("GET", "/api/runs/{run_id}/formats"): (Needs.READ, "/api/runs/RUN/formats"),
+    ("GET", "/api/runs/{run_id}/formats/trend"): (
+        Needs.READ, "/api/runs/RUN/formats/trend?layer=0&operand=input&recipe=mxfp8"),
     ("GET", "/api/runs/{run_id}/findings"): (Needs.READ, "/api/runs/RUN/findings"),
     ("GET", "/api/runs/{run_id}/histogram"): (Needs.READ, "/api/runs/RUN/histogram"),
     ("GET", "/api/compare"): (Needs.READ, "/api/compare?runs=RUN,RUN2"),

@@ -86,9 +86,11 @@ class TestV5:
         assert [s["layers"] for s in steps] == [layer_stats(1.0), layer_stats(2.0)]
         assert steps[1]["recheck"] == {**RECHECK, "origin": None}
 
-    def test_a_version_past_6_is_refused_by_its_schema_version(self, api: TestClient) -> None:
-        """What an older hook's negotiation reads (`ampscope.negotiate`): the location
-        `schema_version` first in the detail."""
-        payload = _batch(7, reason=True, origin=True)
+    def test_a_version_past_the_newest_is_refused_by_its_schema_version(
+        self, api: TestClient
+    ) -> None:
+        """What a newer hook's negotiation reads (`ampscope.negotiate`): the location
+        `schema_version` first in the detail (v7, issue #33, is the newest now)."""
+        payload = _batch(8, reason=True, origin=True)
         assert post_batch(api, payload, status=422) == {
-            "detail": "schema_version: Input should be 1, 2, 3, 4, 5 or 6"}
+            "detail": "schema_version: Input should be 1, 2, 3, 4, 5, 6 or 7"}

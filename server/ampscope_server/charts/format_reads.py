@@ -1,0 +1,89 @@
+"""Reading wire v7's `formats` back as charts: what FP8/MX/NVFP4 recipes would do to each
+sampled module's GEMM operands (`GET /api/runs/{id}/formats` and `/formats/trend`).
+
+Both reads are bounded by `limit` sampled steps, whatever the run's length: the repository
+keeps at most that many, spread evenly over the run with the first and the last among them,
+and says how many there are (`sampled`, `downsampled`). Thinning is a stride: it can step over
+a sampled step where one recipe went bad. The values are already samples (every
+`formats_every` steps, 100 by default) and a run of 1M steps has 10,000 of them, so the bound
+cuts in only past `limit` x `formats_every` steps; `downsampled` says when, and a narrower read
+(`step=`) shows any one step whole. The list reads no blob; the matrix reads one row; the trend
+reads 72 bytes of each kept row (`formats_repository`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from ampscope_server.charts.schemas import (
+    FormatLayerRead,
+    FormatMatrixRead,
+    FormatOperand,
+    FormatsRead,
+    FormatStepRead,
+    FormatTrendRead,
+)
+from ampscope_server.store import format_packing, formats_repository, runs_repository
+from ampscope_server.store.format_packing import FORMAT_STATS, OPERAND_STATS, OPERANDS
+from ampscope_server.store.models import Run, StepFormats
+
+DEFAULT_FORMAT_STEPS = 500
+MAX_FORMAT_STEPS = 2000
+"""The most sampled steps one read lists or charts."""
+
+
+def formats_read(session: Session, run: Run, step: int | None, limit: int) -> FormatsRead:
+    """The run's sampled steps (at most `limit`, ≥ 2) and the full matrix of the one at or
+    before `step` (None: the last)."""
+    sampled = formats_repository.sampled_steps(session, run.id, limit)
+    row = formats_repository.formats_at(session, run.id, step)
+    return FormatsRead(
+        operand_names=list(OPERANDS), stat_names=list(FORMAT_STATS),
+        operand_stat_names=list(OPERAND_STATS), sampled=sampled.count,
+        downsampled=sampled.count > limit,
+        steps=[FormatStepRead(id=step_id, step=number) for step_id, number in sampled.steps],
+        matrix=None if row is None else matrix(row, runs_repository.layer_names(session, run.id)),
+    )
+
+
+def matrix(row: StepFormats, layer_names: Sequence[str]) -> FormatMatrixRead:
+    """One stored row as nested lists in the wire's order (`FormatMatrixRead`)."""
+    unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
+    recipes, layers = unpacked.recipes, unpacked.layers
+    stats, operand_stats = len(FORMAT_STATS), len(OPERAND_STATS)
+    values = [[_rows(unpacked.values, (position * len(OPERANDS) + operand) * len(recipes) * stats,
+                     len(recipes), stats) for operand in range(len(OPERANDS))]
+              for position in range(len(layers))]
+    operands = [_rows(unpacked.operands, position * len(OPERANDS) * operand_stats,
+                      len(OPERANDS), operand_stats) for position in range(len(layers))]
+    return FormatMatrixRead(
+        id=row.step_id, step=row.step, recipes=recipes,
+        layers=[FormatLayerRead(index=index, name=layer_names[index]) for index in layers],
+        values=values, operands=operands)
+
+
+def _rows(flat: Sequence[float | None], start: int, count: int, width: int
+          ) -> list[list[float | None]]:
+    """`count` rows of `width` values of `flat` from `start` on."""
+    return [list(flat[start + i * width:start + (i + 1) * width]) for i in range(count)]
+
+
+def trend_read(session: Session, run: Run, layer: int, operand: FormatOperand, recipe: str,
+               limit: int) -> FormatTrendRead:
+    """One (layer, operand, recipe) over the sampled steps `formats_read` keeps for `limit`,
+    those that recorded the layer and the recipe."""
+    count, rows = formats_repository.trend_rows(session, run.id, limit, layer,
+                                                OPERANDS.index(operand), recipe)
+    names = runs_repository.layer_names(session, run.id)
+    values = [format_packing.unpack(row.values) for row in rows]
+    operands = [format_packing.unpack(row.operands) for row in rows]
+    return FormatTrendRead(
+        layer=layer, name=names[layer] if layer < len(names) else None, operand=operand,
+        recipe=recipe, sampled=count, downsampled=count > limit,
+        steps=[row.step for row in rows], ids=[row.step_id for row in rows],
+        values={name: [cut[k] for cut in values] for k, name in enumerate(FORMAT_STATS)},
+        operand_values={name: [cut[k] for cut in operands]
+                        for k, name in enumerate(OPERAND_STATS)},
+    )
