@@ -29,7 +29,7 @@ from ampscope.formats import TargetFormat
 from ampscope.names import canonical_names
 from ampscope.reductions import STAT_NAMES, GradStats
 
-__all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
+__all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats", "quiet_compile_warning"]
 
 logger = logging.getLogger("ampscope")
 
@@ -63,7 +63,7 @@ def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
     return torch.stack([amax, amin, zero / n, lt_normal / n, lt_under / n, nans, infs, l2])
 
 
-def _quiet_compile_warning() -> None:
+def quiet_compile_warning() -> None:
     """Filter out torch's warning on global hooks with ``torch.compile(module)``, at each arm
     (``catch_warnings`` blocks, pytest's, reset the filters)."""
     warnings.filterwarnings("ignore", category=UserWarning,
@@ -124,7 +124,7 @@ class ActivationProbe:
         self._pending = []
         self._pending_elems = 0
         if self._modules:
-            _quiet_compile_warning()
+            quiet_compile_warning()
             self._handles.append(
                 torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
             self.armed = True

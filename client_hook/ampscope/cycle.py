@@ -26,11 +26,13 @@ from ampscope.activations import ActivationProbe
 from ampscope.capture import Kind, Taken, take
 from ampscope.collective import Group, Pending, local
 from ampscope.devices import to_device
+from ampscope.format_probe import FormatsProbe
 from ampscope.histogram import NUM_BINS
 from ampscope.misuse import ClipHeuristic, MisuseTracker
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn, run_recheck
 from ampscope.record import (
+    FormatsSection,
     OptimizerSlots,
     Parts,
     Sections,
@@ -320,6 +322,9 @@ class StepCycle:
         # the clip heuristic where those are not tracked), re-check, swallowed.
         self.optimizers: list[torch.optim.Optimizer] = optimizers if optimizers is not None else []
         self.activation_every = activation_every
+        # The formats probe (``format_probe.py``), armed every ``formats_every`` steps.
+        self.formats: FormatsProbe | None = None
+        self.formats_every = 0
         self.on_error = on_error
         self.state = HookState.ACTIVE
         self.outlet: Outlet | None = None
@@ -353,6 +358,7 @@ class StepCycle:
         self._taken: Taken | None = None
         self._has_block = False
         self._acts: torch.Tensor | None = None
+        self._formats: torch.Tensor | None = None
         self.loss_sum: torch.Tensor | None = None
         # Host-side knowledge of the skip (``Monitor.recheck``): set after each ``scaler.step``.
         self.skipped = False
@@ -484,6 +490,8 @@ class StepCycle:
                 self._parts, self._taken = parts, taken
                 if self.probe is not None and self.probe.armed:
                     self._acts = self.probe.collect(scale, taken.device)
+                if self.formats is not None and self.formats.armed:
+                    self._formats = self.formats.collect(scale, taken.device)
         except Exception as exc:
             self.on_error("capture", exc)
         if self.group is not None and not self.contributed:
@@ -578,6 +586,9 @@ class StepCycle:
                 order.end_cycle()
             if probe is not None and every and self.step % every == 0:
                 probe.arm()
+            formats, every = self.formats, self.formats_every
+            if formats is not None and every and self.step % every == 0:
+                formats.arm()
         except Exception as exc:
             self.on_error("update", exc)
 
@@ -660,6 +671,11 @@ class StepCycle:
         shadow_block = shadow[0] if isinstance(shadow, tuple) else None
         if shadow_block is not None:
             parts.append(shadow_block)
+        probe = self.formats
+        formats = None
+        if self._formats is not None and probe is not None:
+            parts.append(self._formats.reshape(-1))
+            formats = FormatsSection(tuple(r.name for r in probe.recipes), tuple(probe.layers))
         several = len(optimizers) > 1
         for opt in optimizers:
             several = several or len(opt.param_groups) > 1
@@ -697,6 +713,7 @@ class StepCycle:
                 swallowed=self.swallowed is not None,
                 recheck=recheck_block is not None,
                 shadow=shadow_block is not None,
+                formats=formats,
                 optimizer_values=len(opt_values),
             ),
             found_inf_from_scale=from_scale,

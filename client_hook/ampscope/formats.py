@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FORMATS", "TargetFormat", "infer"]
+__all__ = ["FORMATS", "TargetFormat", "infer_target"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ FORMATS: dict[str, TargetFormat] = {
 }
 
 
-def infer(
+def infer_target(
     target_format: str | TargetFormat | None, params: Sequence[torch.Tensor], *, scaling: bool
 ) -> tuple[TargetFormat, str]:
     """The format judged against, and why. Given, it is that; else FP16/BF16 parameters mean

@@ -13,7 +13,7 @@ is, and the sender thread does the arithmetic and encodes.
 Without a scaler (BF16, FP32: ``watch(model, None, optimizer)``) the optimizers' step hooks make
 the cycle, the loss comes from ``record_loss``, ``found_inf`` says whether a gradient was
 non-finite, nothing is ``skipped`` and the stats are judged at scale 1. ``target_format`` is
-inferred when not given (``formats.infer``). Distributed jobs: one run, rank 0 sends
+inferred when not given (``formats.infer_target``). Distributed jobs: one run, rank 0 sends
 (``collective.py``); DeepSpeed: ``zero.py``. Misuse (``misuse.py``) is recorded, never raised;
 the extras (``recheck``, ``shadow_every``, swallowed updates) cost nothing when off.
 
@@ -39,12 +39,14 @@ from typing import Any
 
 import torch
 
-from ampscope import collective, formats, topology, wire, zero
+from ampscope import collective, topology, wire, zero
 from ampscope.activations import ActivationProbe
 from ampscope.cycle import HookState, ScalerView, StepCycle, unwrap_optimizer
-from ampscope.formats import TargetFormat
+from ampscope.format_probe import FormatsProbe
+from ampscope.formats import TargetFormat, infer_target
 from ampscope.order import BackwardOrder
 from ampscope.recheck import RecheckFn
+from ampscope.recipes import RECIPES, Recipe
 from ampscope.reductions import GradStats
 from ampscope.run_view import DEFAULT_SERVER, RunView
 from ampscope.selection import Cadence, LayerEvery
@@ -126,23 +128,27 @@ class Monitor:
         all_ranks: bool = False,
         dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
         shadow_every: int = 0,
+        formats_every: int = 100,
+        formats: Sequence[str] | None = None,
     ) -> None:
         topo = topology.resolve(model, scaler, enabled=enabled, all_ranks=all_ranks,
                                 dist_timeout_s=dist_timeout_s, include=include, exclude=exclude)
         self._topology = topo
         enabled, engine, model = topo.enabled, topo.engine, topo.model
         self._layers, self._params = list(topo.layers), list(topo.params)
-        # From what the model is (formats.infer): its parameters' dtype, else whether the loss
-        # is scaled (FP16 needs it), said in the run header with the reason.
+        # From what the model is (``infer_target``): its parameters' dtype, else whether the
+        # loss is scaled (FP16 needs it), said in the run header with the reason.
         scaling = (engine.fp16 if engine is not None
                    else scaler is not None and bool(scaler.is_enabled()))
-        self.fmt, self.format_reason = formats.infer(target_format, self._params,
-                                                     scaling=scaling)
+        self.fmt, self.format_reason = infer_target(target_format, self._params,
+                                                    scaling=scaling)
         self.run_id = run_id or str(uuid.uuid4())
         self.attempt_id = str(uuid.uuid4())
         self.layer_every = layer_every
         self.activation_every = max(0, activation_every)
         self.histogram_every = max(0, histogram_every)
+        self.formats_every = max(0, formats_every)
+        self.recipes = _recipes(formats)
         self.close_timeout_s = close_timeout_s
         self._model = model
         self._scaler = scaler
@@ -242,6 +248,12 @@ class Monitor:
                                           lambda exc: self._internal_error("activation", exc))
             self._probe.arm()  # step 0 is a sample
         self._cycle.probe, self._cycle.order = self._probe, self._order
+        if self.formats_every and self.recipes:
+            self._cycle.formats = FormatsProbe(
+                model, {id(p): i for i, p in enumerate(self._params)}, self.recipes,
+                lambda exc: self._internal_error("formats", exc))
+            self._cycle.formats_every = self.formats_every
+            self._cycle.formats.arm()  # step 0 is a sample
         self._source.attach()
         atexit.register(self.close)
         _MONITORS.add(self)
@@ -379,6 +391,8 @@ class Monitor:
             self._order.remove()
         if self._probe is not None:
             self._probe.disarm()
+        if self._cycle.formats is not None:
+            self._cycle.formats.disarm()
 
     def _internal_error(self, where: str, exc: Exception) -> None:
         self._errors += 1
@@ -427,6 +441,18 @@ class Monitor:
         }
 
 
+def _recipes(names: Sequence[str] | None) -> tuple[Recipe, ...]:
+    """The recipes ``formats=`` names (None: all of them), or a ValueError naming the unknown."""
+    if names is None:
+        return tuple(RECIPES.values())
+    if isinstance(names, str):
+        names = (names,)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise ValueError(f"ampscope: unknown formats {unknown}; known: {', '.join(RECIPES)}")
+    return tuple(RECIPES[n] for n in dict.fromkeys(names))
+
+
 def watch(
     model: torch.nn.Module,
     scaler: torch.amp.GradScaler | None = None,
@@ -456,6 +482,8 @@ def watch(
     all_ranks: bool = False,
     dist_timeout_s: float = collective.DEFAULT_TIMEOUT_S,
     shadow_every: int = 0,
+    formats_every: int = 100,
+    formats: Sequence[str] | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` trained through ``scaler``; returns the ``Monitor``.
 
@@ -474,7 +502,10 @@ def watch(
     ``{pattern: N}``) over the ``include``/``exclude`` selection; the exponent histogram every
     ``histogram_every`` steps; module ``grad_output`` stats every ``activation_every`` steps
     (hooks only during that step); with a re-check closure, every ``shadow_every``-th applied step
-    again in FP32, compared per layer (``ampscope.shadow``). ``enabled=False``: an inert monitor.
+    again in FP32, compared per layer (``ampscope.shadow``); every ``formats_every`` steps (0:
+    never) what the FP8/MX/NVFP4 ``formats`` (recipe names, ``ampscope.recipes.RECIPES``; None:
+    all, ``()``: none) would do to each ``Linear``/``Conv`` module's input, weight and output
+    gradient (``ampscope.format_probe``). ``enabled=False``: an inert monitor.
     """
     return Monitor(
         model, scaler, optimizer, run=run, server=server, project=project, tags=tags,
@@ -483,4 +514,5 @@ def watch(
         histogram_every=histogram_every, enabled=enabled, close_timeout_s=close_timeout_s,
         sender=sender, spool_dir=spool_dir, spool_max_bytes=spool_max_bytes,
         max_errors=max_errors, flush_interval=flush_interval, token=token, fused=fused,
-        all_ranks=all_ranks, dist_timeout_s=dist_timeout_s, shadow_every=shadow_every)
+        all_ranks=all_ranks, dist_timeout_s=dist_timeout_s, shadow_every=shadow_every,
+        formats_every=formats_every, formats=formats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
 from ampscope.partials import NUM_COLUMNS, HostStats
 from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
+from ampscope.recipes import MOMENTS, OPERANDS, STATS
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
 from ampscope.shadow import block_size
@@ -56,10 +58,24 @@ class OptimizerSlots:
 
 
 @dataclass(frozen=True)
+class FormatsSection:
+    """A formats block's recipes and the layer-table rows of its modules' weights."""
+
+    recipes: tuple[str, ...]
+    layers: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        """Values per module and operand: the recipes' ``STATS``, then ``MOMENTS``."""
+        return len(self.recipes) * len(STATS) + len(MOMENTS)
+
+
+@dataclass(frozen=True)
 class Sections:
     """Which blocks follow the scalars in a step's host values, in this order: ``taken`` (the
     capture's), ``modules`` (an (8, M) activation block), ``swallowed`` (L), ``recheck``
-    (2 + L + ORIGIN_SIZE), ``shadow`` (1 + 3·L), the optimizer values. ``layers``: the partials
+    (2 + L + ORIGIN_SIZE), ``shadow`` (1 + 3·L), ``formats`` (modules · 3 · width), the
+    optimizer values. ``layers``: the partials
     are sent as per-layer stats (a histogram-only step sends only the histogram).
     """
 
@@ -70,6 +86,7 @@ class Sections:
     swallowed: bool = False
     recheck: bool = False
     shadow: bool = False
+    formats: FormatsSection | None = None
     optimizer_values: int = 0  # the last section: 0-d values the ``OptimizerSlots`` point to
 
 
@@ -187,6 +204,11 @@ class StepRecord:
         size = block_size(n)
         shadow = self._shadow(v[pos : pos + size] if sec.shadow else None)
         pos += size if sec.shadow else 0
+        formats = None
+        if sec.formats is not None:
+            size = len(sec.formats.layers) * len(OPERANDS) * sec.formats.width
+            formats = _formats_block(sec.formats, v[pos : pos + size])
+            pos += size
         optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
@@ -224,6 +246,7 @@ class StepRecord:
             shadow=shadow,
             swallowed=swallowed,
             optimizers=optimizers,
+            formats=formats,
             ranks=None if ranks is None else {
                 "loss": [wire.encode_float(x) for x in ranks.losses],
                 "nonfinite": list(ranks.nonfinite)},
@@ -302,6 +325,19 @@ def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
 
     return [{"skipped": None if (f := read(o.skipped)) is None else bool(f),
              "lr": [wire.encode_float(read(lr)) for lr in o.lr]} for o in slots]
+
+
+def _formats_block(section: FormatsSection, values: Sequence[float]) -> dict[str, Any]:
+    """Wire v7's ``formats``: each (module, operand) row split into its recipes' statistics
+    (``values``, layers · operands · recipes · STATS) and its moments (``operands``), packed."""
+    stats, width = len(section.recipes) * len(STATS), section.width
+    recipe_part, moment_part = array("d"), array("d")
+    for start in range(0, len(values), width):
+        recipe_part.extend(values[start : start + stats])
+        moment_part.extend(values[start + stats : start + width])
+    return {"recipes": list(section.recipes), "layers": list(section.layers),
+            "values": wire.packed(recipe_part.tobytes()),
+            "operands": wire.packed(moment_part.tobytes())}
 
 
 def _layers_block(host: HostStats) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Wire format v6 (docs/contracts.md "Wire v2" to "Wire v6"): the ingest payload and its JSON codec.
+"""Wire format v7 (docs/contracts.md "Wire v2" to "Wire v7"): the ingest payload and its JSON codec.
 
 The hook's only serialisation path. JSON has no NaN or Infinity: a float that can be non-finite
 travels as a number or as ``"nan"``/``"inf"``/``"-inf"``; ``None`` always means *absent*, and
@@ -40,8 +40,8 @@ __all__ = [
     "unpack_stats",
 ]
 
-SCHEMA_VERSION = 6
-"""v6 (#30); an older server gets batches one version lower (``ampscope.negotiate``)."""
+SCHEMA_VERSION = 7
+"""v7 (#33); an older server gets batches one version lower (``ampscope.negotiate``)."""
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
 _SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
@@ -161,10 +161,11 @@ def step_record(
     swallowed: Sequence[float | None] | None = None,
     ranks: Mapping[str, Sequence[JSON]] | None = None,
     optimizers: Sequence[Mapping[str, JSON]] | None = None,
+    formats: Mapping[str, JSON] | None = None,
 ) -> dict[str, JSON]:
     """One wire record (docs/contracts.md): ``layers``/``activations`` map ``LAYER_STAT_NAMES``
     to values as computed (encoded unless packed); other blocks pass as given (None: not
-    measured); ``shadow`` only when given (else no key)."""
+    measured); ``shadow`` and ``formats`` only when given (else no key)."""
     if captured is not None and captured not in CAPTURED:
         raise ValueError(f"captured must be one of {CAPTURED} or None, not {captured!r}")
     return {
@@ -190,7 +191,8 @@ def step_record(
         "swallowed": None if swallowed is None else list(swallowed),
         "ranks": None if ranks is None else {k: list(v) for k, v in ranks.items()},
         "optimizers": None if optimizers is None else [dict(o) for o in optimizers],
-    } | ({} if shadow is None else {"shadow": dict(shadow)})
+    } | ({} if shadow is None else {"shadow": dict(shadow)}) | (
+        {} if formats is None else {"formats": dict(formats)})
 
 
 def _block(stats: Mapping[str, Any]) -> dict[str, JSON]:
@@ -250,14 +252,11 @@ def pack_stats(stats: Mapping[str, Sequence[JSON]]) -> dict[str, str] | None:
 
 def unpack_stats(block: Mapping[str, str]) -> dict[str, list[JSON]]:
     """A packed block back in ``encode_stats``' form (the server's ``codec.unpack_stats``)."""
-    values = array("d")
-    values.frombytes(base64.b64decode(block[PACKED], validate=True))
-    if sys.byteorder == "big":
-        values.byteswap()
+    values = _floats(block)
     n = len(values) // len(LAYER_STAT_NAMES)
     out: dict[str, list[JSON]] = {}
     for k, name in enumerate(LAYER_STAT_NAMES):
-        column = values[k * n : (k + 1) * n].tolist()
+        column = values[k * n : (k + 1) * n]
         if name in _COUNT_STATS:
             out[name] = list(map(int, column))
         elif name in _FINITE_OR_NULL_STATS:
@@ -268,13 +267,28 @@ def unpack_stats(block: Mapping[str, str]) -> dict[str, list[JSON]]:
 
 
 def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
-    """``payload`` with every packed block of its records in JSON form again, in place."""
+    """``payload`` with every packed block of its records in JSON form again, in place: the
+    statistics blocks as ``encode_stats`` makes them, ``formats``' arrays as flat tagged lists."""
     for record in payload.get("records") or ():
         for name in ("layers", "activations"):
             block = record.get(name)
             if isinstance(block, dict) and PACKED in block:
                 record[name] = unpack_stats(block)
+        formats = record.get("formats")
+        if isinstance(formats, dict):
+            for name in ("values", "operands"):
+                block = formats.get(name)
+                if isinstance(block, dict) and PACKED in block:
+                    formats[name] = [encode_float(v) for v in _floats(block)]
     return payload
+
+
+def _floats(block: Mapping[str, str]) -> list[float]:
+    values = array("d")
+    values.frombytes(base64.b64decode(block[PACKED], validate=True))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tolist()
 
 
 def dumps(payload: Mapping[str, JSON]) -> bytes:

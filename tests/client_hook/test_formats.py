@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampscope.formats import FORMATS, TargetFormat, infer
+from ampscope.formats import FORMATS, TargetFormat, infer_target
 
 
 def smallest_positive(dtype: torch.dtype) -> float:
@@ -56,22 +56,22 @@ class TestInfer:
         return [torch.zeros(2, dtype=dtype) for dtype in dtypes]
 
     def test_fp16_parameters_without_a_scaler_are_fp16(self) -> None:
-        got = infer(None, self._params(torch.float16, torch.float16), scaling=False)
+        got = infer_target(None, self._params(torch.float16, torch.float16), scaling=False)
         assert got == (FORMATS["fp16"], "2 of 2 parameter tensors are FP16")
 
     def test_bf16_parameters_are_bf16_with_a_scaler_too(self) -> None:
-        got = infer(None, self._params(torch.bfloat16, torch.bfloat16, torch.float32),
+        got = infer_target(None, self._params(torch.bfloat16, torch.bfloat16, torch.float32),
                     scaling=True)
         assert got == (FORMATS["bf16"], "2 of 3 parameter tensors are BF16")
 
     def test_fp32_parameters_follow_the_loss_scaling(self) -> None:
         params = self._params(torch.float32)
-        assert infer(None, params, scaling=True) == (
+        assert infer_target(None, params, scaling=True) == (
             FORMATS["fp16"], "FP32 parameters with a loss scale: an FP16 autocast")
-        assert infer(None, params, scaling=False) == (
+        assert infer_target(None, params, scaling=False) == (
             FORMATS["bf16"], "FP32 parameters without a loss scale: a BF16 autocast (or FP32); "
             "pass target_format='fp16' for FP16 without a scaler")
 
     def test_a_given_format_wins(self) -> None:
-        got = infer("fp8_e5m2", self._params(torch.float16), scaling=True)
+        got = infer_target("fp8_e5m2", self._params(torch.float16), scaling=True)
         assert got == (FORMATS["fp8_e5m2"], "given (target_format='fp8_e5m2')")

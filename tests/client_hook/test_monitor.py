@@ -977,6 +977,6 @@ class TestWatchSignature:
                     if p.kind is inspect.Parameter.KEYWORD_ONLY}
         assert {n: (p.default, p.annotation) for n, p in watch.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY} == keywords
-        assert len(keywords) == 24
+        assert len(keywords) == 26
         with pytest.raises(TypeError, match="unexpected keyword argument 'layer_evry'"):
             ampscope.watch(nn.Linear(2, 2), None, None, layer_evry=3)  # type: ignore[call-arg]

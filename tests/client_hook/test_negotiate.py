@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import uuid
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,11 @@ REASON = "32 of 32 parameter tensors are FP16"
 ORIGIN: dict[str, Any] = {"module": "encoder.layers.0.linear1", "input_finite": True,
                           "format": "fp16"}
 N = 10
-LEFT_OUT = "target_format_reason, recheck origins and shadow steps are not sent"
-WARNING_V5 = f"ampscope server accepts wire v5, not v6: {LEFT_OUT}"
-WARNING_V4 = (f"ampscope server accepts wire v4, not v6: {LEFT_OUT}; statistics travel as JSON "
+NO_FORMATS = "the formats probe's statistics are not sent"
+LEFT_OUT = f"{NO_FORMATS}; target_format_reason, recheck origins and shadow steps are not sent"
+WARNING_V6 = f"ampscope server accepts wire v6, not v7: {NO_FORMATS}"
+WARNING_V5 = f"ampscope server accepts wire v5, not v7: {LEFT_OUT}"
+WARNING_V4 = (f"ampscope server accepts wire v4, not v7: {LEFT_OUT}; statistics travel as JSON "
               "arrays")
 
 
@@ -49,7 +52,8 @@ def spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _record(seq: int) -> dict[str, Any]:
     """A record whose values test the codecs: -0.0, NaN, ±inf, a NaN amin_nz (null), and on
     every odd step an overflow with an FP32 re-check that found where it began, on every
-    step 2 mod 4 an FP32 shadow step (v6) with NaN, ±inf and a layer without a gradient."""
+    step 2 mod 4 an FP32 shadow step (v6) with NaN, ±inf and a layer without a gradient, on
+    every step 0 mod 4 the formats probe's block (v7) with NaN, ±inf and -0.0."""
     nan, inf = math.nan, math.inf
     odd = seq % 2 == 1
     return wire.step_record(
@@ -66,7 +70,17 @@ def _record(seq: int) -> dict[str, Any]:
         shadow={"status": "ok", "loss": 0.25 + seq, "rel_err": ["nan", 2.0**-1074 * seq],
                 "cosine": ["-inf", None], "norm": [0.5, None], "detail": None}
         if seq % 4 == 2 else None,
+        formats=_formats(seq) if seq % 4 == 0 else None,
     )
+
+
+def _formats(seq: int) -> dict[str, Any]:
+    """One layer (fc1.weight), two recipes: 3 operands x 2 x 5 values, 3 x 4 moments."""
+    values = [math.nan, math.inf, -0.0, 0.125 + seq, 2.0**-1074] * 6
+    moments = [448.0 * seq, -math.inf, 3.0, 0.0] * 3
+    return {"recipes": ["mxfp8", "nvfp4"], "layers": [0],
+            "values": wire.packed(array("d", values).tobytes()),
+            "operands": wire.packed(array("d", moments).tobytes())}
 
 
 @dataclass
@@ -108,6 +122,8 @@ def _refusal(payload: dict[str, Any], newest: int) -> bytes:
               if newest < 6 and "origin" in (record.get("recheck") or {})]
     parts += [f"records[{i}].shadow: unknown field"
               for i, record in enumerate(payload["records"]) if newest < 6 and "shadow" in record]
+    parts += [f"records[{i}].formats: unknown field"
+              for i, record in enumerate(payload["records"]) if newest < 7 and "formats" in record]
     return json.dumps({"detail": "; ".join(parts)}).encode()
 
 
@@ -157,16 +173,19 @@ def _get(server: ServerProcess, path: str) -> Any:
     return strict_json(response.text)
 
 
-def _sent(seqs: range, *, v6: bool) -> list[dict[str, Any]]:
-    """The records as the server should give them back: their JSON form, the re-check's
-    origin null when the batch went below v6."""
+def _sent(seqs: range, *, version: int) -> list[dict[str, Any]]:
+    """The records as the server should give them back after a batch at `version`: their JSON
+    form, below v7 without formats, below v6 without shadow steps and the re-check's origin
+    null."""
     records = wire.unpack_payload({"records": [_record(s) for s in seqs]})["records"]
     out: list[dict[str, Any]] = json.loads(json.dumps(records, allow_nan=False))
     for record in out:
-        if record["recheck"] is not None and not v6:
-            record["recheck"]["origin"] = None
-        if not v6:
+        if version < 7:
+            record.pop("formats", None)
+        if version < 6:
             record.pop("shadow", None)
+            if record["recheck"] is not None:
+                record["recheck"]["origin"] = None
     return out
 
 
@@ -222,6 +241,16 @@ class TestRewrite:
     def _body(self) -> bytes:
         return Encoder()([_record(0), _record(1), _record(2)], True, False)
 
+    def test_v6_drops_the_formats_and_nothing_else(self) -> None:
+        body = self._body()
+        original = json.loads(body)
+        rewritten = rewrite(body, 6)
+        assert rewritten is not None
+        got = json.loads(rewritten)
+        assert "formats" in original["records"][0] and "formats" not in got["records"][0]
+        del original["records"][0]["formats"]
+        assert got == {**original, "schema_version": 6}
+
     def test_v5_drops_the_v6_fields_and_keeps_the_blocks_packed(self) -> None:
         body = self._body()
         original = json.loads(body)
@@ -235,7 +264,7 @@ class TestRewrite:
         assert set(got["records"][0]["layers"]) == {wire.PACKED}
         assert "shadow" not in got["records"][2] and "shadow" in original["records"][2]
         del original["run"]["target_format_reason"], original["records"][1]["recheck"]["origin"]
-        del original["records"][2]["shadow"]
+        del original["records"][2]["shadow"], original["records"][0]["formats"]
         assert got == {**original, "schema_version": 5}  # nothing else changed
 
     def test_v4_unpacks_the_blocks_into_arrays(self) -> None:
@@ -244,7 +273,7 @@ class TestRewrite:
         got = json.loads(rewritten)
         assert got["schema_version"] == 4
         assert [r["layers"] for r in got["records"]] == [
-            r["layers"] for r in _sent(range(3), v6=False)]
+            r["layers"] for r in _sent(range(3), version=4)]
 
     def test_a_body_at_the_version_or_below_is_itself(self) -> None:
         body = rewrite(self._body(), 5)
@@ -255,7 +284,7 @@ class TestRewrite:
         assert rewrite(body, 5) is None
 
     def test_the_ladder_stops_at_v4(self) -> None:
-        assert [lower_version(v) for v in (9, 7, 6, 5, 4)] == [6, 6, 5, 4, None]
+        assert [lower_version(v) for v in (9, 8, 7, 6, 5, 4)] == [7, 7, 6, 5, 4, None]
 
 
 # --- against a real server ---------------------------------------------------------------------
@@ -265,21 +294,38 @@ class TestTransport:
         self, module_server: ServerProcess, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture
     ) -> None:
-        """A top version of 7, which this server refuses with its own 422: one downgrade to
-        v6 for the whole run, every record arrives, nothing is left out."""
+        """A top version of 8, which this server refuses with its own 422: one downgrade to
+        v7 for the whole run, every record arrives, nothing is left out."""
         caplog.set_level(logging.WARNING, logger="ampscope")
-        monkeypatch.setattr(wire, "SCHEMA_VERSION", 7)
+        monkeypatch.setattr(wire, "SCHEMA_VERSION", 8)
         encode = Encoder()
-        sender = OlderServer(module_server.url, newest=7)  # forwards all: the server refuses
+        sender = OlderServer(module_server.url, newest=8)  # forwards all: the server refuses
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
         assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
-        assert [p["schema_version"] for p in sender.forwarded] == [7] + [6] * (
+        assert [p["schema_version"] for p in sender.forwarded] == [8] + [7] * (
             len(sender.forwarded) - 1)
-        assert _stored(module_server, encode.run_id) == _sent(range(N), v6=True)
+        assert _stored(module_server, encode.run_id) == _sent(range(N), version=7)
         assert _get(module_server, f"/api/runs/{encode.run_id}")["target_format_reason"] == (
             REASON)
-        assert _warnings(caplog) == ["ampscope server accepts wire v6, not v7; nothing is left out"]
+        assert _warnings(caplog) == ["ampscope server accepts wire v7, not v8; nothing is left out"]
+
+    def test_at_v6_the_formats_are_left_out_and_nothing_else(
+        self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="ampscope")
+        encode = Encoder()
+        sender = OlderServer(module_server.url, newest=6)
+        t = _transport(sender, encode)
+        _send_all(t, [Item(s) for s in range(N)])
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
+        assert sender.refused == [7]
+        assert {p["schema_version"] for p in sender.forwarded} == {6}
+        assert not any("formats" in r for p in sender.forwarded for r in p["records"])
+        stored = _stored(module_server, encode.run_id)
+        assert stored == _sent(range(N), version=6)
+        assert [s["seq"] for s in stored if "shadow" in s] == [2, 6]
+        assert _warnings(caplog) == [WARNING_V6]
 
     def test_at_v5_no_v6_field_is_sent_and_the_blocks_stay_packed(
         self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
@@ -289,8 +335,8 @@ class TestTransport:
         sender = OlderServer(module_server.url, newest=5)
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
-        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
-        assert sender.refused == [6]
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=2)
+        assert sender.refused == [7, 6]
         assert {p["schema_version"] for p in sender.forwarded} == {5}
         assert not any("target_format_reason" in p["run"] for p in sender.forwarded)
         records = [r for p in sender.forwarded for r in p["records"]]
@@ -298,7 +344,7 @@ class TestTransport:
         assert all(set(r["layers"]) == {wire.PACKED} for r in records)
         assert not any("origin" in r["recheck"] for r in records if r["recheck"] is not None)
         stored = _stored(module_server, encode.run_id)
-        assert stored == _sent(range(N), v6=False)
+        assert stored == _sent(range(N), version=5)
         _bit_exact(stored)
         assert _get(module_server, f"/api/runs/{encode.run_id}")["target_format_reason"] is None
         assert _warnings(caplog) == [WARNING_V5]
@@ -311,13 +357,13 @@ class TestTransport:
         sender = OlderServer(module_server.url, newest=4)
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
-        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=2)
-        assert sender.refused == [6, 5]  # the first batch twice, then every one at v4
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=3)
+        assert sender.refused == [7, 6, 5]  # the first batch thrice, then every one at v4
         assert {p["schema_version"] for p in sender.forwarded} == {4}
         records = [r for p in sender.forwarded for r in p["records"]]
         assert all(type(r["layers"]["amax"]) is list for r in records)
         stored = _stored(module_server, encode.run_id)
-        assert stored == _sent(range(N), v6=False)
+        assert stored == _sent(range(N), version=4)
         _bit_exact(stored)
         assert stored[0]["layers"]["amin_nz"] == [2.0**-1074, None]
         assert stored[1]["layers"]["l2"] == [1.7976931348623157e308, None]
@@ -325,7 +371,7 @@ class TestTransport:
             "nan", "inf", "-inf")
         assert _warnings(caplog) == [WARNING_V4]
 
-    def test_a_spooled_v6_frame_is_replayed_at_the_accepted_version(
+    def test_a_spooled_v7_frame_is_replayed_at_the_accepted_version(
         self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
@@ -336,9 +382,9 @@ class TestTransport:
         stats = t.stats()
         assert (stats.produced, stats.acknowledged, stats.dropped, stats.pending,
                 stats.spooled) == (N, N, 0, 0, 0)
-        assert stats.replayed > 0 and stats.failed_requests == 2  # the 503, the refusal
-        assert sender.refused == [6]
-        assert _stored(module_server, encode.run_id) == _sent(range(N), v6=False)
+        assert stats.replayed > 0 and stats.failed_requests == 3  # the 503, two refusals
+        assert sender.refused == [7, 6]
+        assert _stored(module_server, encode.run_id) == _sent(range(N), version=5)
         assert _warnings(caplog) == [WARNING_V5]
 
     def test_a_422_for_another_reason_is_rejected_and_downgrades_nothing(
@@ -346,14 +392,14 @@ class TestTransport:
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
         encode = Encoder()
-        sender = OlderServer(module_server.url, newest=6)  # the server as it is
+        sender = OlderServer(module_server.url, newest=7)  # the server as it is
         t = _transport(sender, encode, batch_size=5, flush_interval=30.0)
         for seq in range(5):
             t.put(Item(seq, malformed=seq == 2))
         assert t.flush(30.0)
         _send_all(t, [Item(s) for s in range(5, N)])
         assert t.stats() == TransportStats(N, 5, 5, 0, failed_requests=1)
-        assert {p["schema_version"] for p in sender.forwarded} == {6}
+        assert {p["schema_version"] for p in sender.forwarded} == {7}
         assert sender.refused == []
         assert [s["seq"] for s in _stored(module_server, encode.run_id)] == list(range(5, N))
         assert _get(module_server, f"/api/runs/{encode.run_id}")["target_format_reason"] == (
@@ -365,7 +411,7 @@ class TestTransport:
 
 
 class TestSync:
-    def test_a_v6_spool_reaches_an_older_server(
+    def test_a_v7_spool_reaches_an_older_server(
         self, module_server: ServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
@@ -378,6 +424,6 @@ class TestSync:
         sender = OlderServer(module_server.url, newest=4)
         report = sync(tmp_path / "left", sender=sender)
         assert report.ok and (report.frames_sent, report.accepted) == (3, N)
-        assert sender.refused == [6, 5]
-        assert _stored(module_server, encode.run_id) == _sent(range(N), v6=False)
+        assert sender.refused == [7, 6, 5]
+        assert _stored(module_server, encode.run_id) == _sent(range(N), version=4)
         assert _warnings(caplog) == [WARNING_V4]

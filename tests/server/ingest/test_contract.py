@@ -14,10 +14,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from ampscope import wire
+from ampscope import recipes, wire
 from ampscope_server.export import streams as export_streams
 from ampscope_server.ingest import batches as ingest
 from ampscope_server.ingest.wire import SCHEMA_VERSION, IngestBatch
+from ampscope_server.store import format_packing
 from ampscope_server.store.models import LAYER_STAT_NAMES
 from tests.server.wire import LAYERS, strict_json
 
@@ -61,10 +62,11 @@ def _hook_payload(final: bool = False) -> dict[str, Any]:
 
 
 def test_same_schema_version_and_stat_names() -> None:
-    # v7 (#33) lands on the server before the hook sends it: until then the hook is one
-    # version behind, which the server accepts. Equal again once the hook's v7 is in.
-    assert SCHEMA_VERSION - 1 <= wire.SCHEMA_VERSION <= SCHEMA_VERSION
+    assert wire.SCHEMA_VERSION == SCHEMA_VERSION
     assert tuple(wire.LAYER_STAT_NAMES) == LAYER_STAT_NAMES
+    # Wire v7's formats: the axes' names, as the hook measures them and the server stores them.
+    assert (recipes.OPERANDS, recipes.STATS, recipes.MOMENTS) == (
+        format_packing.OPERANDS, format_packing.FORMAT_STATS, format_packing.OPERAND_STATS)
 
 
 def test_hook_output_is_accepted_and_read_back_as_sent(

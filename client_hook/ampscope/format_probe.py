@@ -1,0 +1,133 @@
+"""The formats probe (#33): on a sampled step, what each recipe would do to every ``Linear`` and
+``Conv`` module's three GEMM operands (``recipes.sample`` as they go by, ``recipes.measure``
+of each operand's samples together at the capture).
+
+Armed as the activation probe is (``activations.py``): ONE process-wide forward hook for the
+sampled step, removed by ``collect``, nothing stored on a module. A watched module's input and
+weight are measured as its forward runs (the weight as the forward uses it), its output's
+gradient by a tensor hook as it flows back, still multiplied by the loss scale: every recipe
+scales per tensor, row or block, and the loss scale is a power of two, so the statistics are
+those of the unscaled gradient but at the scale formats' limits; ``collect`` divides its amax
+and RMS by the scale. A module run twice in one step (gradient checkpointing's re-run, a shared
+layer) is measured on its first call. Returns at once under dynamo. No host sync: ``collect``
+gives a device block the step's one copy carries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ampscope.activations import quiet_compile_warning
+from ampscope.recipes import MOMENTS, OPERANDS, STATS, Operand, Recipe, Sample, measure, sample
+
+__all__ = ["GEMM_MODULES", "FormatsProbe"]
+
+GEMM_MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+"""The modules whose operands a recipe quantises (their subclasses too)."""
+
+_AMAX, _RMS = 0, 1  # in MOMENTS
+
+
+class FormatsProbe:
+    """Arms a forward hook for one sampled step and turns what it measured into the step's
+    ``(modules, 3, width)`` block (``width`` = recipes · STATS + MOMENTS; NaN: not measured)."""
+
+    def __init__(self, model: torch.nn.Module, layer_of: Mapping[int, int],
+                 recipes: Sequence[Recipe], on_error: Callable[[Exception], None]) -> None:
+        """``layer_of``: ``id(parameter)`` → its row in the layer table; a module whose weight
+        is not watched is not measured."""
+        self.recipes = tuple(recipes)
+        self._on_error = on_error
+        watched = [(m, layer_of[id(m.weight)]) for m in model.modules()
+                   if isinstance(m, GEMM_MODULES) and id(m.weight) in layer_of]
+        self.layers = [layer for _, layer in watched]
+        """Each measured module's weight's row in the layer table, in the block's order."""
+        self._modules = [m for m, _ in watched]
+        self._slot = {id(m): k for k, m in enumerate(self._modules)}  # kept alive by _modules
+        self.width = len(self.recipes) * len(STATS) + len(MOMENTS)
+        self._handles: list[Any] = []
+        self.armed = False
+        self._generation = 0
+        self._seen: set[int] = set()
+        self._samples: dict[tuple[int, int], Sample] = {}
+
+    def arm(self) -> None:
+        if self._handles or not self._modules:
+            return
+        self._generation += 1
+        self._seen.clear()
+        self._samples = {}
+        quiet_compile_warning()
+        self._handles.append(
+            torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
+        self.armed = True
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.armed = False
+        self._generation += 1  # tensor hooks still on a live graph go quiet
+
+    def _sample(self, k: int, operand: Operand, x: torch.Tensor, module: torch.nn.Module
+                ) -> None:
+        if x.numel():
+            conv = not isinstance(module, torch.nn.Linear)
+            self._samples[k, OPERANDS.index(operand)] = sample(x, operand, channels_first=conv)
+
+    def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if torch.compiler.is_dynamo_compiling():  # see ActivationProbe._forward_hook
+            return
+        try:
+            k = self._slot.get(id(module))
+            if k is None or k in self._seen:
+                return
+            self._seen.add(k)
+            x = inputs[0] if isinstance(inputs, tuple) and inputs else None
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                self._sample(k, "input", x, module)
+            weight = module.weight
+            if isinstance(weight, torch.Tensor):
+                self._sample(k, "weight", weight, module)
+            if (isinstance(output, torch.Tensor) and output.requires_grad
+                    and output.is_floating_point()):
+                output.register_hook(self._grad_hook(k, module, self._generation))
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _grad_hook(self, k: int, module: torch.nn.Module, generation: int
+                   ) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                if generation == self._generation and (k, 2) not in self._samples:
+                    self._sample(k, "grad_output", grad, module)
+            except Exception as exc:
+                self._on_error(exc)
+        return hook
+
+    def collect(self, scale: torch.Tensor | float, device: torch.device) -> torch.Tensor | None:
+        """Remove the hook; the ``(modules, 3, width)`` float64 block on ``device`` (None: no
+        module ran): each operand's samples measured together."""
+        samples, self._samples = self._samples, {}
+        self.disarm()
+        if not samples:
+            return None
+        missing = torch.full((self.width,), math.nan, dtype=torch.float64, device=device)
+        columns = []
+        for o, operand in enumerate(OPERANDS):
+            keys = [k for k in range(len(self._modules)) if (k, o) in samples]
+            rows = dict(zip(keys, measure([samples[k, o] for k in keys], self.recipes,
+                                          operand).to(device).unbind(0), strict=True)
+                        ) if keys else {}
+            columns.append(torch.stack([rows.get(k, missing)
+                                        for k in range(len(self._modules))]))
+        block = torch.stack(columns, dim=1)
+        moments = block[:, 2, len(self.recipes) * len(STATS):]  # the gradient's, scaled
+        inverse = (scale.detach().to(device=device, dtype=torch.float64).reciprocal()
+                   if isinstance(scale, torch.Tensor) else 1.0 / float(scale))
+        moments[:, _AMAX : _RMS + 1] *= inverse
+        return block

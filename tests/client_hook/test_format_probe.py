@@ -1,0 +1,154 @@
+"""The formats probe in a real FP16 AMP loop on the CPU: what the records carry, and that it is
+``recipes.measure`` of the operands the step really had."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from ampscope.recipes import MOMENTS, OPERANDS, RECIPES, STATS, measure, sample
+from tests.client_hook.amp_loop import AmpLoop
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv1d(4, 8, 3), nn.Flatten(), nn.Linear(8 * 14, 32), nn.ReLU(),
+                         nn.Linear(32, 4))
+
+
+def _floats(tagged: list[float | str]) -> list[float]:
+    """A ``formats`` array as ``MemorySender.payloads`` gives it (unpacked, NaN tagged)."""
+    return [float(v) for v in tagged]
+
+
+def _batch(i: int) -> torch.Tensor:
+    return torch.randn(16, 4, 16, generator=torch.Generator().manual_seed(i))
+
+
+class _Operands:
+    """Our own hooks on the GEMM modules, keeping what the probe should have measured."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.seen: dict[tuple[int, str], torch.Tensor] = {}
+        self.modules = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv1d)]
+        for k, m in enumerate(self.modules):
+            m.register_forward_hook(self._forward(k))
+
+    def _forward(self, k: int) -> Any:
+        def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            self.seen[k, "input"] = inputs[0].detach().clone()
+            weight = module.weight
+            assert isinstance(weight, torch.Tensor)
+            self.seen[k, "weight"] = weight.detach().clone()
+
+            def grad(g: torch.Tensor) -> None:
+                self.seen[k, "grad_output"] = g.detach().clone()
+            out.register_hook(grad)
+        return hook
+
+
+def test_every_nth_step_carries_each_modules_operands_under_each_recipe() -> None:
+    model = _model()
+    ours = _Operands(model)
+    loop = AmpLoop(model, formats_every=3)
+    expected: dict[int, torch.Tensor] = {}
+    for i in range(7):
+        ours.seen.clear()
+        scale = loop.scaler.get_scale()
+        loop.step(_batch(i), closure=False)
+        if i % 3 == 0:
+            rows = []
+            for k, m in enumerate(ours.modules):
+                conv = isinstance(m, nn.Conv1d)
+                for operand in OPERANDS:
+                    one = sample(ours.seen[k, operand], operand, channels_first=conv)
+                    row = measure([one], tuple(RECIPES.values()), operand)[0]
+                    if operand == "grad_output":  # its amax and RMS in true units
+                        at = len(RECIPES) * len(STATS)
+                        row[at : at + 2] /= scale
+                    rows.append(row)
+            expected[i] = torch.stack(rows)
+    raw = [r for body in loop.sink.bodies for r in json.loads(body)["records"]]
+    records = loop.records()
+    assert [r["step"] for r in records if "formats" in r] == [0, 3, 6]
+    packed = [r["formats"] for r in raw if "formats" in r]
+    assert all(set(f["values"]) == set(f["operands"]) == {"f64le"} for f in packed)
+    width = len(RECIPES) * len(STATS)
+    for record in records:
+        block = record.get("formats")
+        if block is None:
+            continue
+        assert block["recipes"] == list(RECIPES)
+        # The rows of the Conv1d's and the Linears' weights in the layer table.
+        assert block["layers"] == [0, 2, 4]
+        values = torch.tensor(_floats(block["values"]), dtype=torch.float64)
+        moments = torch.tensor(_floats(block["operands"]), dtype=torch.float64)
+        want = expected[record["step"]]
+        assert values.numel() == 3 * len(OPERANDS) * width
+        assert moments.numel() == 3 * len(OPERANDS) * len(MOMENTS)
+        assert torch.equal(values.view(-1, width), want[:, :width])
+        assert torch.equal(moments.view(-1, len(MOMENTS)).nan_to_num(-1.0),
+                           want[:, width:].nan_to_num(-1.0))
+
+
+class TwoHeads(nn.Module):
+    """A second head whose output is not in the loss: it gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.used, self.unused = nn.Linear(8, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        self.unused(h)
+        out: torch.Tensor = self.used(h)
+        return out
+
+
+def test_a_module_without_a_gradient_reads_nan_and_no_hook_stays() -> None:
+    """The unused head's grad_output row is NaN, its input and weight are measured; between
+    samples no hook of ours is left, and the model pickles and deep-copies mid-sample."""
+    model = TwoHeads()
+    loop = AmpLoop(model, formats_every=2, formats=["mxfp8", "nvfp4"])
+    loop.step(torch.randn(4, 8), closure=False)
+    probe = loop.mon._cycle.formats
+    assert probe is not None and not probe.armed and not probe._handles
+    loop.step(torch.randn(4, 8), closure=False)  # step 1: not a sample
+    assert probe.armed and len(probe._handles) == 1  # for step 2, by step 1's update()
+    pickle.dumps(model)
+    copy.deepcopy(model)
+    block = next(r["formats"] for r in loop.records() if "formats" in r)
+    assert block["recipes"] == ["mxfp8", "nvfp4"]
+    values = torch.tensor(_floats(block["values"])).view(3, len(OPERANDS), 2, len(STATS))
+    assert torch.isnan(values[2, 2]).all()  # unused: no gradient flowed
+    assert not torch.isnan(values[2, :2]).any() and not torch.isnan(values[:2]).any()
+
+
+def test_off_and_unknown() -> None:
+    for options in ({"formats_every": 0}, {"formats": ()}):
+        loop = AmpLoop(_model(), **options)
+        loop.step(_batch(0), closure=False)
+        assert loop.mon._cycle.formats is None
+        assert all("formats" not in r for r in loop.records())
+    with pytest.raises(ValueError, match=r"unknown formats \['fp6'\]; known: fp8_tensorwise, "):
+        AmpLoop(_model(), formats=["mxfp8", "fp6"])
+
+
+def test_a_failure_in_the_probe_never_reaches_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ampscope.format_probe as format_probe
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("boom")
+    monkeypatch.setattr(format_probe, "sample", broken)
+    loop = AmpLoop(_model(), formats_every=1, max_errors=100)
+    for i in range(3):
+        loop.step(_batch(i), closure=False)
+    records = loop.records()
+    assert len(records) == 3 and all("formats" not in r for r in records)
+    assert loop.mon.stats().internal_errors >= 3
