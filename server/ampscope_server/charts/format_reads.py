@@ -7,8 +7,8 @@ and says how many there are (`sampled`, `downsampled`). Thinning is a stride: it
 a sampled step where one recipe went bad. The values are already samples (every
 `formats_every` steps, 100 by default) and a run of 1M steps has 10,000 of them, so the bound
 cuts in only past `limit` x `formats_every` steps; `downsampled` says when, and a narrower read
-(`step=`) shows any one step whole. The list reads no blob; the matrix reads one row; the trend
-reads 72 bytes of each kept row (`formats_repository`).
+(`step=`) shows any one step whole. The list reads no blob; the matrix and the verdicts read
+RECIPE_RECENT_SAMPLES rows; the trend reads 72 bytes of each kept row (`formats_repository`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ from ampscope_server.charts.schemas import (
     FormatsRead,
     FormatStepRead,
     FormatTrendRead,
+    KeepRead,
+    RecipeVerdictRead,
 )
+from ampscope_server.findings import recipe_fit
+from ampscope_server.findings.facts import FormatsSample
+from ampscope_server.findings.thresholds import RECIPE_RECENT_SAMPLES
 from ampscope_server.store import format_packing, formats_repository, runs_repository
 from ampscope_server.store.format_packing import FORMAT_STATS, OPERAND_STATS, OPERANDS
 from ampscope_server.store.models import Run, StepFormats
@@ -35,17 +40,37 @@ MAX_FORMAT_STEPS = 2000
 
 
 def formats_read(session: Session, run: Run, step: int | None, limit: int) -> FormatsRead:
-    """The run's sampled steps (at most `limit`, ≥ 2) and the full matrix of the one at or
-    before `step` (None: the last)."""
+    """The run's sampled steps (at most `limit`, ≥ 2), the full matrix of the one at or before
+    `step` (None: the last) and each recipe's verdict as of it (`recipe_fit`, over it and the
+    RECIPE_RECENT_SAMPLES - 1 before it)."""
     sampled = formats_repository.sampled_steps(session, run.id, limit)
-    row = formats_repository.formats_at(session, run.id, step)
+    rows = formats_repository.formats_up_to(session, run.id, step, RECIPE_RECENT_SAMPLES)
+    names = runs_repository.layer_names(session, run.id) if rows else []
     return FormatsRead(
         operand_names=list(OPERANDS), stat_names=list(FORMAT_STATS),
         operand_stat_names=list(OPERAND_STATS), sampled=sampled.count,
         downsampled=sampled.count > limit,
         steps=[FormatStepRead(id=step_id, step=number) for step_id, number in sampled.steps],
-        matrix=None if row is None else matrix(row, runs_repository.layer_names(session, run.id)),
+        matrix=matrix(rows[0], names) if rows else None,
+        verdicts=[_verdict(v) for v in recipe_fit.verdicts(
+            [_sample(row) for row in reversed(rows)], names)],
     )
+
+
+def _sample(row: StepFormats) -> FormatsSample:
+    unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
+    return FormatsSample(row.step, tuple(unpacked.recipes), tuple(unpacked.layers),
+                         unpacked.values, unpacked.operands)
+
+
+def _verdict(verdict: recipe_fit.RecipeVerdict) -> RecipeVerdictRead:
+    return RecipeVerdictRead(
+        recipe=verdict.recipe, step=verdict.step, measured=verdict.measured,
+        summary=verdict.summary,
+        keep=[KeepRead(layer=name, operand=reason.operand, stat=reason.stat,
+                       value=reason.value, median=reason.median,
+                       scale_min_frac=reason.scale_min_frac)
+              for name, reason in verdict.keep])
 
 
 def matrix(row: StepFormats, layer_names: Sequence[str]) -> FormatMatrixRead:

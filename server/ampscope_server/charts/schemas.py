@@ -199,6 +199,35 @@ class FormatMatrixRead(BaseModel):
     """[layer][operand][operand statistic], in `operand_stat_names`' order."""
 
 
+class KeepRead(BaseModel):
+    """One layer a recipe's verdict keeps in BF16, and the number that decided it
+    (`findings.recipe_fit`)."""
+
+    layer: str
+    operand: str
+    stat: str
+    """`rel_rmse` or `underflow_frac`."""
+    value: Tagged
+    median: Tagged
+    """The other layers' median of the same statistic ("nan": the gradient-noise rule, which
+    compares with no other layer)."""
+    scale_min_frac: Tagged
+    """The share of the operand's blocks whose scale sat at its least value ("nan": unknown)."""
+
+
+class RecipeVerdictRead(BaseModel):
+    """Could the run train in this recipe, and which layers must stay in BF16."""
+
+    recipe: str
+    step: int
+    """The sampled step the verdict is as of (with the samples just before it)."""
+    measured: int
+    """Layers the samples measured."""
+    summary: str
+    keep: list[KeepRead]
+    """In layer-table order; empty: every measured layer fits."""
+
+
 class FormatsRead(BaseModel):
     """`GET /api/runs/{id}/formats`: the run's sampled steps, thinned to at most `limit` (the
     first and the last always among them), and the full matrix of one of them."""
@@ -214,6 +243,8 @@ class FormatsRead(BaseModel):
     matrix: FormatMatrixRead | None
     """The sampled step at or before `step` (the last one without `step`); null when there is
     none (no sampled step, or none that early)."""
+    verdicts: list[RecipeVerdictRead]
+    """One per recipe of `matrix`, as of its step (empty without it)."""
 
 
 class FormatTrendRead(BaseModel):

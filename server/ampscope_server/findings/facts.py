@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ampscope_server.store.format_packing import FORMAT_STATS
+from ampscope_server.store.format_packing import OPERANDS as FORMAT_OPERANDS
+
 Severity = Literal["info", "warning", "error"]
 SEVERITY_RANK: Mapping[Severity, int] = {"info": 0, "warning": 1, "error": 2}
 NonfiniteKind = Literal["nan", "inf"]
@@ -149,6 +152,26 @@ class RankStep:
     ranks: tuple[int, ...]
     loss: tuple[float | None, ...]
     nonfinite: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class FormatsSample:
+    """One sampled step of the formats probe (wire v7 `formats`): for each measured layer (a
+    row of the layer table), operand (`FORMAT_OPERANDS`) and recipe the `FORMAT_STATS`, and for
+    each layer and operand its `OPERAND_STATS`; NaN where not measured."""
+
+    step: int
+    recipes: tuple[str, ...]
+    layers: tuple[int, ...]
+    values: Sequence[float]
+    """len(layers) · len(FORMAT_OPERANDS) · len(recipes) · len(FORMAT_STATS), row-major."""
+    operands: Sequence[float]
+    """len(layers) · len(FORMAT_OPERANDS) · len(OPERAND_STATS), row-major."""
+
+    def value(self, layer: int, operand: int, recipe: int, stat: int) -> float:
+        """By position in `layers`, `FORMAT_OPERANDS`, `recipes` and `FORMAT_STATS`."""
+        at = ((layer * len(FORMAT_OPERANDS) + operand) * len(self.recipes) + recipe)
+        return self.values[at * len(FORMAT_STATS) + stat]
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,23 @@ HOLD_STEPS = 200
 """A finding the detectors no longer raise stays shown (marked as no longer seen) until it has
 been absent for 200 steps: several live analyses even at the demo's 20 steps a second, at least
 20 layer-stat steps at the default cadence. A value near its threshold cannot make it blink."""
+
+# --- recipe fit (findings/recipe_fit.py) --------------------------------------------------------
+RECIPE_GRAD_MIN_SNR = 3**0.5
+"""A gradient whose norm is below √3 times its quantisation noise's (rel_rmse above 1/√3) stops
+being useful for training (arXiv 2505.19115): the layer's backward stays in BF16."""
+RECIPE_OUTLIER_FACTOR = 4.0
+"""An operand that loses 4x what the median of the run's other layers loses under the same recipe
+(error or underflow) is what that recipe gets wrong in this layer, not what the format costs
+every layer: two binades of extra error, well beyond the spread of a format's error over
+Gaussian-like operands (which depends on the block size, not the layer)."""
+RECIPE_ERROR_FLOOR = 0.05
+"""Below 5 % relative error no layer is kept back for its error, however small the others'
+is: E4M3's own rounding of an operand whose mantissas spread evenly is 2^-3 / (2·√3) ≈ 3.6 %
+RMS, and a layer whose values happen to sit on the grid (small integers, a sparse input)
+makes the others' median far smaller than that without the recipe doing the others harm."""
+RECIPE_UNDERFLOW_FLOOR = 0.01
+"""Below 1 % of an operand's elements flushed to zero no layer is kept back for underflow."""
+RECIPE_RECENT_SAMPLES = 3
+"""A verdict is the median of the last three samples (300 steps at the default cadence): one
+unusual batch does not decide it, a trend of a few hundred steps does."""

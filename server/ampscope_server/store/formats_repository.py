@@ -66,14 +66,16 @@ def formats_of(session: Session, step_ids: Sequence[int]) -> list[StepFormats]:
     return out
 
 
-def formats_at(session: Session, run_id: str, step: int | None) -> StepFormats | None:
-    """The run's sampled step at or before `step` (None: its last), the latest ingested of
-    equal steps; None when there is none. One probe of (run_key, step, step_id) backwards."""
+def formats_up_to(session: Session, run_id: str, step: int | None, count: int
+                  ) -> list[StepFormats]:
+    """The run's last `count` sampled steps at or before `step` (None: its end), latest first
+    (of equal steps the latest ingested); none when there is none. One walk of (run_key, step,
+    step_id) backwards."""
     query = select(StepFormats).where(StepFormats.run_key == run_key(run_id))
     if step is not None:
         query = query.where(StepFormats.step <= step)
-    return session.scalars(
-        query.order_by(StepFormats.step.desc(), StepFormats.step_id.desc()).limit(1)).first()
+    return list(session.scalars(
+        query.order_by(StepFormats.step.desc(), StepFormats.step_id.desc()).limit(count)))
 
 
 def _thinned(run_id: str, limit: int) -> Select[tuple[int, int, int]]:

@@ -99,6 +99,12 @@ class TestFormats:
             "layers": [{"index": 1, "name": LAYERS[1]["name"]},
                        {"index": 0, "name": LAYERS[0]["name"]}],
             "values": values, "operands": operands}
+        # The made-up values' errors are all above 1 (`format_values`): every gradient drowns
+        # in its noise, so each recipe keeps both layers in BF16 (findings/recipe_fit.py).
+        assert [(v["recipe"], v["step"], v["measured"], [k["layer"] for k in v["keep"]],
+                 {k["operand"] for k in v["keep"]}) for v in body["verdicts"]] == [
+            (recipe, 10 * (SAMPLED - 1), 2, [LAYERS[0]["name"], LAYERS[1]["name"]],
+             {"grad_output"}) for recipe in RECIPES]
 
     @pytest.mark.parametrize("limit", [2, 3, 4, 8])
     def test_thinned_to_the_limit_first_and_last_kept(self, api: TestClient, run_id: str,
@@ -128,9 +134,10 @@ class TestFormats:
             "stat_names": ["underflow_frac", "saturated_frac", "rel_rmse", "scale_min_frac",
                            "scale_max_frac"],
             "operand_stat_names": ["amax", "rms", "kurtosis", "nonfinite_frac"],
-            "sampled": 0, "downsampled": False, "steps": [], "matrix": None}
+            "sampled": 0, "downsampled": False, "steps": [], "matrix": None, "verdicts": []}
         body = _get(api, f"/api/runs/{late['run']['id']}/formats?step=5")
-        assert ([s["step"] for s in body["steps"]], body["matrix"]) == ([6], None)
+        assert ([s["step"] for s in body["steps"]], body["matrix"], body["verdicts"]) == (
+            [6], None, [])
 
     @pytest.mark.parametrize(("query", "detail"), [
         ("limit=1", "query.limit: Input should be greater than or equal to 2"),
@@ -239,7 +246,8 @@ def test_the_reads_take_no_blob_whole_but_the_one_shown(
     sessions: sessionmaker[Session], statements: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """23 sampled steps read with a limit of 5: the list and the trend read 5 rows each (the
-    rows the database returns), and only the matrix's one row (LIMIT 1) is read whole."""
+    rows the database returns), and only the matrix's row and the two before it, which the
+    verdicts take, are read whole (one statement, LIMIT 3)."""
     payload = _sampled(23)
     ingest_payload(sessions, payload)
     run = str(payload["run"]["id"])
@@ -263,3 +271,4 @@ def test_the_reads_take_no_blob_whole_but_the_one_shown(
     assert _whole_blobs(statements) == 1
     (whole,) = [s for s in statements if _whole_blobs([s])]
     assert "LIMIT" in whole
+    assert [v.step for v in listed.verdicts] == [220] * 2

@@ -77,7 +77,7 @@ class TestSampledSteps:
             assert formats_repository.sampled_steps(session, new_id(), 2).count == 0
 
 
-class TestFormatsAt:
+class TestFormatsUpTo:
     @pytest.mark.parametrize(("asked", "found"), [
         (None, 2200), (10**12, 2200), (2200, 2200), (1099, 1000), (1100, 1100), (150, 100),
         (0, 0)])
@@ -85,14 +85,22 @@ class TestFormatsAt:
                                            long_run: str, asked: int | None, found: int
                                            ) -> None:
         with sessions() as session:
-            row = formats_repository.formats_at(session, long_run, asked)
-        assert row is not None and row.step == found
+            rows = formats_repository.formats_up_to(session, long_run, asked, 1)
+        assert [row.step for row in rows] == [found]
+
+    def test_the_last_few_latest_first(self, sessions: sessionmaker[Session],
+                                       long_run: str) -> None:
+        with sessions() as session:
+            assert [row.step for row in formats_repository.formats_up_to(
+                session, long_run, 1099, 3)] == [1000, 900, 800]
+            assert [row.step for row in formats_repository.formats_up_to(
+                session, long_run, 150, 3)] == [100, 0]
 
     def test_none_before_the_first(self, sessions: sessionmaker[Session]) -> None:
         run_id = _sampled_run(sessions, [5, 10])
         with sessions() as session:
-            assert formats_repository.formats_at(session, run_id, 4) is None
-            assert formats_repository.formats_at(session, new_id(), None) is None
+            assert formats_repository.formats_up_to(session, run_id, 4, 3) == []
+            assert formats_repository.formats_up_to(session, new_id(), None, 3) == []
 
     def test_of_equal_steps_the_later_ingested(self, sessions: sessionmaker[Session]) -> None:
         """A resumed attempt samples step 100 again: that one is shown."""
@@ -101,8 +109,8 @@ class TestFormatsAt:
         ingest_payload(sessions, dict(batch_v2([again], run_id=run_id,
                                                attempt_id=new_id()), schema_version=7))
         with sessions() as session:
-            row = formats_repository.formats_at(session, run_id, 100)
-            assert row is not None and (row.step, row.layers) == (100, "1")
+            row = formats_repository.formats_up_to(session, run_id, 100, 1)[0]
+            assert (row.step, row.layers) == (100, "1")
             assert [step for _, step in formats_repository.sampled_steps(
                 session, run_id, 10).steps] == [0, 100, 100]
 

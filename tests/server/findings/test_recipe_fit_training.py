@@ -1,0 +1,97 @@
+"""The recipe verdicts of real trainings, where the truth is known: the hook's formats probe
+sends, the server stores, `GET /api/runs/{id}/formats` judges (findings/recipe_fit.py).
+
+- A layer whose output gradient mixes magnitudes 10^6 apart in every 32-block: E4M3 spans
+  448 · 2^9 ≈ 2.3·10^5 under one block scale, so MXFP8 flushes the small half of it; FP8
+  tensor-wise sends gradients as E5M2 (2^32 of range) and BF16 (2^133) keep all of it.
+- A healthy small transformer (examples/scenarios/healthy_transformer.py): every FP8 recipe
+  fits every layer.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy.orm import Session, sessionmaker
+from torch import nn
+
+import ampscope
+from ampscope.transport import MemorySender
+from ampscope_server.charts import format_reads
+from ampscope_server.store import runs_repository
+from tests.support.ingest import ingest_payload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+
+from scenarios import healthy_transformer
+from scenarios.common import run_scenario
+
+
+class Mixed(nn.Module):
+    """`mixed`'s outputs are multiplied by 10^1.5 and 10^-1.5 in turn before the loss, their
+    square: its output gradient (2 · out · mask²) alternates 10^6 apart within every block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(8, 32)
+        self.mixed = nn.Linear(32, 64)
+        self.register_buffer("mask", torch.tensor([10**1.5, 10**-1.5] * 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.mixed(torch.relu(self.body(x))) * self.mask
+        return out
+
+
+def _verdicts(sessions: sessionmaker[Session], sink: MemorySender, run_id: str
+              ) -> dict[str, Any]:
+    for body in sink.payloads():
+        ingest_payload(sessions, body)
+    with sessions() as session:
+        run = runs_repository.get_run(session, run_id)
+        assert run is not None
+        read = format_reads.formats_read(session, run, None, 500)
+    assert read.matrix is not None
+    return {v.recipe: v for v in read.verdicts}
+
+
+def test_the_layer_mxfp8_flushes_and_nothing_else(sessions: sessionmaker[Session]) -> None:
+    model = Mixed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
+    sink = MemorySender()
+    mon = ampscope.watch(model, None, optimizer, server=None, sender=sink, formats_every=5,
+                         target_format="bf16", activation_every=5)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(15):
+        loss = model(torch.randn(64, 8, generator=gen)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    verdicts = _verdicts(sessions, sink, mon.run_id)
+    (kept,) = verdicts["mxfp8"].keep
+    assert (kept.layer, kept.operand, kept.stat) == ("mixed.weight", "grad_output",
+                                                     "underflow_frac")
+    assert 0.45 <= kept.value <= 0.5  # the small half, less what rounds up
+    assert verdicts["mxfp8"].measured == 2
+    assert verdicts["fp8_tensorwise"].keep == []
+    # Not in BF16: the hook's own activation gradients judged against it flush nothing.
+    records = [r for body in sink.payloads() for r in body["records"]]
+    modules = [m["name"] for m in sink.payloads()[0]["modules"]]
+    sampled = [r["activations"] for r in records if r["activations"] is not None]
+    assert sampled and all(a["underflow_frac"][modules.index("mixed")] == 0.0
+                           for a in sampled)
+
+
+def test_a_healthy_transformer_fits_every_fp8_recipe(sessions: sessionmaker[Session]) -> None:
+    sink = MemorySender()
+    mon = run_scenario(healthy_transformer.build(), server=None, sender=sink, formats_every=20)
+    mon.close()
+    verdicts = _verdicts(sessions, sink, mon.run_id)
+    assert {name: (v.measured, v.keep) for name, v in verdicts.items()
+            if name.startswith("fp8")} == {
+        "fp8_tensorwise": (5, []), "fp8_rowwise": (5, []), "fp8_block128": (5, [])}
+    assert verdicts["mxfp8"].keep == []
