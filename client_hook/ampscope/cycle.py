@@ -675,7 +675,8 @@ class StepCycle:
         formats = None
         if self._formats is not None and probe is not None:
             parts.append(self._formats.reshape(-1))
-            formats = FormatsSection(tuple(r.name for r in probe.recipes), tuple(probe.layers))
+            formats = FormatsSection(tuple(r.name for r in probe.recipes), tuple(probe.layers),
+                                     tuple(probe.trained) if probe.keeps_trained else None)
         several = len(optimizers) > 1
         for opt in optimizers:
             several = several or len(opt.param_groups) > 1

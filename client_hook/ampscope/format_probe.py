@@ -11,6 +11,12 @@ those of the unscaled gradient but at the scale formats' limits; ``collect`` div
 and RMS by the scale. A module run twice in one step (gradient checkpointing's re-run, a shared
 layer) is measured on its first call. Returns at once under dynamo. No host sync: ``collect``
 gives a device block the step's one copy carries.
+
+A module that really trains in a recipe (torchao's ``Float8Linear``, read from its config
+without importing torchao: ``trained_recipe``) is measured like any other, and beside its
+what-ifs the block keeps, per operand, the amax and the scale that recipe computed from it
+(tensor-wise: ``max / amax`` in float32, as torchao's ``amax_to_scale``; a row-wise recipe's
+per-row scales are not kept: NaN).
 """
 
 from __future__ import annotations
@@ -22,14 +28,45 @@ from typing import Any
 import torch
 
 from ampscope.activations import quiet_compile_warning
-from ampscope.recipes import MOMENTS, OPERANDS, STATS, Operand, Recipe, Sample, measure, sample
+from ampscope.recipes import (
+    AMAX_EPS,
+    MOMENTS,
+    OPERANDS,
+    RECIPES,
+    STATS,
+    TRAINED,
+    Operand,
+    Recipe,
+    Sample,
+    measure,
+    sample,
+)
 
-__all__ = ["GEMM_MODULES", "FormatsProbe"]
+__all__ = ["GEMM_MODULES", "FormatsProbe", "trained_recipe"]
 
 GEMM_MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 """The modules whose operands a recipe quantises (their subclasses too)."""
 
 _AMAX, _RMS = 0, 1  # in MOMENTS
+
+
+def trained_recipe(module: torch.nn.Module) -> str | None:
+    """The recipe a torchao ``Float8Linear`` trains in, by its config: ``fp8_tensorwise``
+    (dynamic tensor-wise scales) or ``fp8_rowwise`` (row-wise, power-of-two scales); None for
+    any other module or a configuration the recipes here do not name."""
+    config = getattr(module, "config", None)
+    if type(module).__name__ != "Float8Linear" or config is None:
+        return None
+    casts = [getattr(config, f"cast_config_{name}", None)
+             for name in ("input", "weight", "grad_output")]
+    kinds = {str(getattr(getattr(c, "scaling_granularity", None), "value", None))
+             for c in casts}
+    pow2 = bool(getattr(config, "round_scales_to_power_of_2", False))
+    if kinds == {"tensorwise"} and not pow2:
+        return "fp8_tensorwise"
+    if kinds == {"axiswise"} and pow2:
+        return "fp8_rowwise"
+    return None
 
 
 class FormatsProbe:
@@ -48,7 +85,11 @@ class FormatsProbe:
         """Each measured module's weight's row in the layer table, in the block's order."""
         self._modules = [m for m, _ in watched]
         self._slot = {id(m): k for k, m in enumerate(self._modules)}  # kept alive by _modules
-        self.width = len(self.recipes) * len(STATS) + len(MOMENTS)
+        self.trained = [trained_recipe(m) for m in self._modules]
+        """Per module, the recipe it really trains in (None: none); all None: not kept."""
+        self.keeps_trained = any(self.trained)
+        self.width = (len(self.recipes) * len(STATS) + len(MOMENTS)
+                      + (len(TRAINED) if self.keeps_trained else 0))
         self._handles: list[Any] = []
         self.armed = False
         self._generation = 0
@@ -120,14 +161,37 @@ class FormatsProbe:
         columns = []
         for o, operand in enumerate(OPERANDS):
             keys = [k for k in range(len(self._modules)) if (k, o) in samples]
-            rows = dict(zip(keys, measure([samples[k, o] for k in keys], self.recipes,
-                                          operand).to(device).unbind(0), strict=True)
-                        ) if keys else {}
+            rows = {}
+            if keys:
+                measured = measure([samples[k, o] for k in keys], self.recipes, operand)
+                if self.keeps_trained:
+                    measured = torch.cat([measured, self._trained(
+                        [samples[k, o] for k in keys], [self.trained[k] for k in keys],
+                        operand)], dim=1)
+                rows = dict(zip(keys, measured.to(device).unbind(0), strict=True))
             columns.append(torch.stack([rows.get(k, missing)
                                         for k in range(len(self._modules))]))
         block = torch.stack(columns, dim=1)
-        moments = block[:, 2, len(self.recipes) * len(STATS):]  # the gradient's, scaled
+        at = len(self.recipes) * len(STATS)
+        moments = block[:, 2, at : at + len(MOMENTS)]  # the gradient's, scaled
         inverse = (scale.detach().to(device=device, dtype=torch.float64).reciprocal()
                    if isinstance(scale, torch.Tensor) else 1.0 / float(scale))
         moments[:, _AMAX : _RMS + 1] *= inverse
         return block
+
+    @staticmethod
+    def _trained(samples: list[Sample], trained: list[str | None], operand: Operand
+                 ) -> torch.Tensor:
+        """``(samples, TRAINED)``: each operand's amax and the tensor-wise scale a module
+        training in ``fp8_tensorwise`` computed from it (NaN for any other module)."""
+        rows = []
+        for one, name in zip(samples, trained, strict=True):
+            amax = one.tensor_amax.double()
+            if name == "fp8_tensorwise":
+                top = RECIPES[name].element(operand).max
+                scale = (top / amax.clamp(min=AMAX_EPS)).float().double()
+            else:
+                scale = torch.full_like(amax, math.nan)
+                amax = amax if name is not None else scale
+            rows.append(torch.stack([amax, scale]))
+        return torch.stack(rows)

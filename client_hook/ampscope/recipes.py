@@ -26,8 +26,8 @@ from typing import Literal
 
 import torch
 
-__all__ = ["MOMENTS", "OPERANDS", "RECIPES", "STATS", "Element", "Quantized", "Recipe", "Sample",
-           "measure", "quantize", "sample"]
+__all__ = ["MOMENTS", "OPERANDS", "RECIPES", "STATS", "TRAINED", "Element", "Quantized",
+           "Recipe", "Sample", "measure", "quantize", "sample"]
 
 Operand = Literal["input", "weight", "grad_output"]
 OPERANDS: tuple[Operand, ...] = ("input", "weight", "grad_output")
@@ -55,6 +55,11 @@ SAMPLE_ELEMS = 1 << 14
 one). The fractions and the error are estimated from them (a share's standard error is at most
 0.4 % at 2^14), on the hook's training thread and device, on a sampled step; the scales are the
 whole operand's (its amax, and a weight's 128x128 tiles' amax): one pass over the rest."""
+
+TRAINED = ("amax", "scale")
+"""Per operand of a module that really trains in a recipe (``format_probe.trained_recipe``):
+what the recipe computed its scale from (the operand as it flowed: a gradient still multiplied
+by the loss scale) and the scale."""
 
 AMAX_EPS = 1e-12
 """FP32-scaled recipes clamp the amax from below here (torchao's ``float8_utils.EPS``)."""

@@ -25,7 +25,7 @@ from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
 from ampscope.partials import NUM_COLUMNS, HostStats
 from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
-from ampscope.recipes import MOMENTS, OPERANDS, STATS
+from ampscope.recipes import MOMENTS, OPERANDS, STATS, TRAINED
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
 from ampscope.shadow import block_size
@@ -59,15 +59,18 @@ class OptimizerSlots:
 
 @dataclass(frozen=True)
 class FormatsSection:
-    """A formats block's recipes and the layer-table rows of its modules' weights."""
+    """A formats block's recipes, the layer-table rows of its modules' weights and, when one
+    of them trains in a recipe, each one's (``format_probe.trained_recipe``)."""
 
     recipes: tuple[str, ...]
     layers: tuple[int, ...]
+    trained: tuple[str | None, ...] | None = None
 
     @property
     def width(self) -> int:
-        """Values per module and operand: the recipes' ``STATS``, then ``MOMENTS``."""
-        return len(self.recipes) * len(STATS) + len(MOMENTS)
+        """Values per module and operand: the recipes' ``STATS``, ``MOMENTS``, ``TRAINED``."""
+        return (len(self.recipes) * len(STATS) + len(MOMENTS)
+                + (len(TRAINED) if self.trained is not None else 0))
 
 
 @dataclass(frozen=True)
@@ -329,15 +332,25 @@ def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
 
 def _formats_block(section: FormatsSection, values: Sequence[float]) -> dict[str, Any]:
     """Wire v7's ``formats``: each (module, operand) row split into its recipes' statistics
-    (``values``, layers · operands · recipes · STATS) and its moments (``operands``), packed."""
+    (``values``, layers · operands · recipes · STATS), its moments (``operands``) and, with
+    ``trained``, the amax and scale its recipe used (layers · operands each), packed."""
     stats, width = len(section.recipes) * len(STATS), section.width
-    recipe_part, moment_part = array("d"), array("d")
+    moments = stats + len(MOMENTS)
+    recipe_part, moment_part, amax, scale = array("d"), array("d"), array("d"), array("d")
     for start in range(0, len(values), width):
         recipe_part.extend(values[start : start + stats])
-        moment_part.extend(values[start + stats : start + width])
-    return {"recipes": list(section.recipes), "layers": list(section.layers),
-            "values": wire.packed(recipe_part.tobytes()),
-            "operands": wire.packed(moment_part.tobytes())}
+        moment_part.extend(values[start + stats : start + moments])
+        if section.trained is not None:
+            amax.append(values[start + moments])
+            scale.append(values[start + moments + 1])
+    block = {"recipes": list(section.recipes), "layers": list(section.layers),
+             "values": wire.packed(recipe_part.tobytes()),
+             "operands": wire.packed(moment_part.tobytes())}
+    if section.trained is not None:
+        block["trained"] = {"recipes": list(section.trained),
+                            "amax": wire.packed(amax.tobytes()),
+                            "scale": wire.packed(scale.tobytes())}
+    return block
 
 
 def _layers_block(host: HostStats) -> dict[str, Any]:

@@ -275,11 +275,15 @@ def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
             if isinstance(block, dict) and PACKED in block:
                 record[name] = unpack_stats(block)
         formats = record.get("formats")
-        if isinstance(formats, dict):
-            for name in ("values", "operands"):
-                block = formats.get(name)
+        for parent, names in ((formats, ("values", "operands")),
+                              (formats.get("trained") if isinstance(formats, dict) else None,
+                               ("amax", "scale"))):
+            if not isinstance(parent, dict):
+                continue
+            for name in names:
+                block = parent.get(name)
                 if isinstance(block, dict) and PACKED in block:
-                    formats[name] = [encode_float(v) for v in _floats(block)]
+                    parent[name] = [encode_float(v) for v in _floats(block)]
     return payload
 
 

@@ -10,8 +10,10 @@ key, like the other per-step tables (revision 0011): `data` is the wire's `value
 `operands`, little-endian float64 as sent (not `stat_packing`: uncompressed, so a read cuts one
 layer's statistics out of it by offset), `layers` and `recipes` comma-joined text, `step` the
 step's number (index (run_key, step, step_id): thinning and "the sampled step at or before N"
-read the index, not `steps`). A new leaf table: nothing stored before it changes. Nothing here
-imports application code.
+read the index, not `steps`). `trained` names, per listed layer, the recipe its module really
+trains in (comma-joined, empty for none; null: none does) and `trained_data` holds the amax
+and the scale that recipe used per layer and operand (float64, as `data`). A new leaf table:
+nothing stored before it changes. Nothing here imports application code.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def upgrade() -> None:
         sa.Column("recipes", sa.String(length=RECIPES_LENGTH), nullable=False),
         sa.Column("layers", sa.Text(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
+        sa.Column("trained", sa.Text(), nullable=True),
+        sa.Column("trained_data", sa.LargeBinary(), nullable=True),
         sa.ForeignKeyConstraint(["run_key"], ["runs.key"], name="fk_step_formats_run_key_runs",
                                 ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["step_id"], ["steps.id"],

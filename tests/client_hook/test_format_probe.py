@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+import ampscope
 from ampscope.recipes import MOMENTS, OPERANDS, RECIPES, STATS, measure, sample
+from ampscope.transport import MemorySender
 from tests.client_hook.amp_loop import AmpLoop
 
 
@@ -152,3 +154,54 @@ def test_a_failure_in_the_probe_never_reaches_training(monkeypatch: pytest.Monke
     records = loop.records()
     assert len(records) == 3 and all("formats" not in r for r in records)
     assert loop.mon.stats().internal_errors >= 3
+
+
+def test_a_float8_training_records_the_scales_its_modules_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchao's Float8Linear (emulated on the CPU) trains in fp8_tensorwise: the record keeps,
+    per module and operand, the amax and the scale torchao computed on that step, equal."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torchao.float8.float8_linear as float8_linear
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    seen: dict[tuple[str, tuple[int, ...]], tuple[float, float]] = {}
+    cast = float8_linear.hp_tensor_to_float8_dynamic
+
+    def recording(hp: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = cast(hp, *args, **kwargs)
+        key = (kwargs["gemm_input_role"].value, tuple(hp.shape))
+        seen.setdefault(key, (hp.abs().amax().item(), out._scale.item()))
+        return out
+    monkeypatch.setattr(float8_linear, "hp_tensor_to_float8_dynamic", recording)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32), nn.Tanh(),
+                          nn.Linear(32, 4))
+    convert_to_float8_training(model, config=Float8LinearConfig(emulate=True),
+                               module_filter_fn=lambda m, name: name != "4")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sink = MemorySender()
+    mon = ampscope.watch(model, None, optimizer, server=None, sender=sink, formats_every=2)
+    for i in range(3):
+        seen.clear()
+        model(torch.randn(16, 64, generator=torch.Generator().manual_seed(i))).square().mean(
+            ).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    block = [r["formats"] for b in sink.payloads() for r in b["records"] if "formats" in r][-1]
+    trained = block["trained"]
+    assert trained["recipes"] == ["fp8_tensorwise", "fp8_tensorwise", None]
+    amax = torch.tensor(_floats(trained["amax"])).view(3, len(OPERANDS))
+    scale = torch.tensor(_floats(trained["scale"])).view(3, len(OPERANDS))
+    shapes = {  # the tensors torchao casts: the input, the weight transposed, the gradient
+        0: {"input": (16, 64), "weight": (64, 128), "grad_output": (16, 128)},
+        1: {"input": (16, 128), "weight": (128, 32), "grad_output": (16, 32)}}
+    for k, operands in shapes.items():
+        for o, operand in enumerate(OPERANDS):
+            role = "grad_output" if operand == "grad_output" else operand
+            assert (amax[k, o].item(), scale[k, o].item()) == seen[role, operands[operand]]
+    assert torch.isnan(amax[2]).all() and torch.isnan(scale[2]).all()  # a plain Linear

@@ -23,6 +23,7 @@ from ampscope_server.charts.schemas import (
     FormatOperand,
     FormatsRead,
     FormatStepRead,
+    FormatTrainedRead,
     FormatTrendRead,
     KeepRead,
     RecipeVerdictRead,
@@ -83,10 +84,17 @@ def matrix(row: StepFormats, layer_names: Sequence[str]) -> FormatMatrixRead:
               for position in range(len(layers))]
     operands = [_rows(unpacked.operands, position * len(OPERANDS) * operand_stats,
                       len(OPERANDS), operand_stats) for position in range(len(layers))]
+    trained = None
+    if row.trained is not None and row.trained_data is not None:
+        amax, scale = format_packing.split_trained_data(row.trained_data)
+        trained = FormatTrainedRead(
+            recipes=format_packing.split_trained(row.trained),
+            amax=_rows(amax, 0, len(layers), len(OPERANDS)),
+            scale=_rows(scale, 0, len(layers), len(OPERANDS)))
     return FormatMatrixRead(
         id=row.step_id, step=row.step, recipes=recipes,
         layers=[FormatLayerRead(index=index, name=layer_names[index]) for index in layers],
-        values=values, operands=operands)
+        values=values, operands=operands, trained=trained)
 
 
 def _rows(flat: Sequence[float | None], start: int, count: int, width: int

@@ -183,6 +183,15 @@ class FormatLayerRead(BaseModel):
     name: str
 
 
+class FormatTrainedRead(BaseModel):
+    """The recipe each layer's module really trains in (null: none), with the amax and scale
+    it used per operand (`[layer][operand]`; "nan": not kept)."""
+
+    recipes: list[str | None]
+    amax: TaggedRows
+    scale: TaggedRows
+
+
 class FormatMatrixRead(BaseModel):
     """Every measured value of one sampled step, as sent: nested in the wire's order, so
     `values[l][o]` is a recipe x statistic matrix for layer `layers[l]` and operand
@@ -197,6 +206,8 @@ class FormatMatrixRead(BaseModel):
     measured (a module without a gradient this step); ±inf are data."""
     operands: list[TaggedRows]
     """[layer][operand][operand statistic], in `operand_stat_names`' order."""
+    trained: FormatTrainedRead | None
+    """Null when no module of this step trains in a recipe."""
 
 
 class KeepRead(BaseModel):

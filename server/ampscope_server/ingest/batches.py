@@ -539,9 +539,12 @@ def _formats_row(record: StepRecord) -> dict[str, Any] | None:
     formats = record.formats
     if formats is None:
         return None
+    trained = formats.trained
     return {"step": record.step, "recipes": format_packing.join(formats.recipes),
             "layers": format_packing.join(formats.layers),
-            "data": formats.values + formats.operands}
+            "data": formats.values + formats.operands,
+            "trained": None if trained is None else format_packing.join_trained(trained.recipes),
+            "trained_data": None if trained is None else trained.amax + trained.scale}
 
 
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (

@@ -432,6 +432,16 @@ FloatBlock = Annotated[bytes, PlainValidator(_float_block), WithJsonSchema({"any
 RecipeName = Annotated[str, StringConstraints(strict=True, pattern=RECIPE_PATTERN)]
 
 
+class Trained(WireModel):
+    """The recipe each listed module really trains in (null: none; torchao's Float8Linear),
+    and per layer and operand the amax that recipe computed its scale from and the scale
+    (len(layers) x 3 each, over (layer, `OPERANDS`); NaN: not kept, as a row-wise recipe's)."""
+
+    recipes: Annotated[list[RecipeName | None], Field(min_length=1, max_length=MAX_TABLE)]
+    amax: FloatBlock
+    scale: FloatBlock
+
+
 class Formats(WireModel):
     """What scaled low-precision recipes would do to each sampled module's three GEMM operands
     at this step (v7; `format_packing` holds the names and the layout). `layers`: the modules'
@@ -444,6 +454,8 @@ class Formats(WireModel):
     layers: Annotated[list[Int32], Field(min_length=1, max_length=MAX_TABLE)]
     values: FloatBlock
     operands: FloatBlock
+    trained: Trained | None = None
+    """Only when some listed module really trains in a recipe (absent: none does)."""
 
 
 # --- v4 additions ------------------------------------------------------------------------------
@@ -703,6 +715,22 @@ def _check_formats(formats: Formats, where: str) -> None:
                 "formats_length", "{where}.{name} has {count} entries, expected {expected}: "
                 "{shape}", {"where": where, "name": name, "count": count,
                             "expected": expected, "shape": shape})
+    trained = formats.trained
+    if trained is None:
+        return
+    if len(trained.recipes) != layers:
+        raise PydanticCustomError(
+            "formats_length", "{where}.trained.recipes has {count} entries, expected {layers}: "
+            "one per layer", {"where": where, "count": len(trained.recipes), "layers": layers})
+    for name, block in (("amax", trained.amax), ("scale", trained.scale)):
+        count = len(block) // format_packing.VALUE_BYTES
+        if count != layers * len(OPERANDS):
+            raise PydanticCustomError(
+                "formats_length", "{where}.trained.{name} has {count} entries, expected "
+                "{expected}: {layers} layers x {operands} operands",
+                {"where": where, "name": name, "count": count,
+                 "expected": layers * len(OPERANDS), "layers": layers,
+                 "operands": len(OPERANDS)})
 
 
 def _check_recheck(recheck: Recheck, where: str) -> None:

@@ -43,6 +43,7 @@ from ampscope_server.runs.schemas import (
     StepLive,
     StepRead,
     StepsPage,
+    TrainedExport,
 )
 from ampscope_server.store import (
     format_packing,
@@ -290,8 +291,13 @@ def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
 def formats_export(row: StepFormats) -> FormatsExport:
     """A stored `step_formats` row as the wire's JSON form (`FormatsExport`)."""
     unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
+    trained = None
+    if row.trained is not None and row.trained_data is not None:
+        amax, scale = format_packing.split_trained_data(row.trained_data)
+        trained = TrainedExport(recipes=format_packing.split_trained(row.trained),
+                                amax=amax, scale=scale)
     return FormatsExport(recipes=unpacked.recipes, layers=unpacked.layers,
-                         values=unpacked.values, operands=unpacked.operands)
+                         values=unpacked.values, operands=unpacked.operands, trained=trained)
 
 
 def shadow_read(row: StepShadow) -> ShadowRead:

@@ -257,6 +257,14 @@ class ShadowRead(BaseModel):
     detail: str | None
 
 
+class TrainedExport(BaseModel):
+    """Wire v7 `formats.trained` as the JSON form sends it (flat, tagged)."""
+
+    recipes: list[str | None]
+    amax: TaggedValues
+    scale: TaggedValues
+
+
 class FormatsExport(BaseModel):
     """Wire v7 `formats` as the JSON form sends it: the float64 values in flat arrays,
     row-major as on the wire (NaN and ±inf tagged, -0.0 kept), whether they arrived packed or
@@ -268,6 +276,8 @@ class FormatsExport(BaseModel):
     """len(layers) x 3 x len(recipes) x 5, over (layer, operand, recipe, statistic)."""
     operands: TaggedValues
     """len(layers) x 3 x 4, over (layer, operand, operand statistic)."""
+    trained: TrainedExport | None = Field(default=None, exclude_if=absent)
+    """As sent: only when some module trains in a recipe."""
 
 
 class StepExport(StepFull):

@@ -87,6 +87,15 @@ def split_recipes(text: str) -> list[str]:
     return text.split(",")
 
 
+def join_trained(names: Sequence[str | None]) -> str:
+    """Per layer the recipe its module trains in, comma-joined, an empty entry for none."""
+    return ",".join(name or "" for name in names)
+
+
+def split_trained(text: str) -> list[str | None]:
+    return [name or None for name in text.split(",")]
+
+
 def pack(values: Sequence[float]) -> bytes:
     """float64 values as little-endian bytes."""
     packed = array("d", values)
@@ -119,6 +128,13 @@ def unpack_row(recipes: str, layers: str, data: bytes) -> Unpacked:
     names, indices, flat = split_recipes(recipes), split_layers(layers), unpack(data)
     split = values_count(len(indices), len(names))
     return Unpacked(names, indices, flat[:split], flat[split:])
+
+
+def split_trained_data(data: bytes) -> tuple[list[float], list[float]]:
+    """A row's `trained_data` as (amax, scale), each layers x operands long."""
+    values = unpack(data)
+    half = len(values) // 2
+    return values[:half], values[half:]
 
 
 def thinned(count: int, limit: int) -> list[int]:

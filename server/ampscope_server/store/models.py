@@ -421,7 +421,9 @@ class StepFormats(Base):
     layer's 72 bytes out in SQL); `layers` the layer-table indices and `recipes` the names,
     comma-joined, in the order of the arrays. `step` repeats the step's number (as
     `step_ranks.step`): the index (run_key, step, step_id) thins a run's sampled steps and finds
-    the one at or before a step without reading `steps`. Columns widest first, as `steps`."""
+    the one at or before a step without reading `steps`. `trained` (null: no module trains in
+    a recipe) names per layer the recipe its module trains in (empty: none), `trained_data` the
+    wire's `trained.amax` then `trained.scale`. Columns widest first, as `steps`."""
 
     __tablename__ = "step_formats"
     __table_args__ = (Index("ix_step_formats_run_key_step", "run_key", "step", "step_id"),)
@@ -435,6 +437,8 @@ class StepFormats(Base):
     recipes: Mapped[str] = mapped_column(String(RECIPES_LENGTH))
     layers: Mapped[str] = mapped_column(Text)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+    trained: Mapped[str | None] = mapped_column(Text)
+    trained_data: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 # --- wire v4 (revision 0020) -------------------------------------------------------------------

@@ -98,7 +98,7 @@ class TestFormats:
             "id": ids[-1], "step": 10 * (SAMPLED - 1), "recipes": RECIPES,
             "layers": [{"index": 1, "name": LAYERS[1]["name"]},
                        {"index": 0, "name": LAYERS[0]["name"]}],
-            "values": values, "operands": operands}
+            "values": values, "operands": operands, "trained": None}
         # The made-up values' errors are all above 1 (`format_values`): every gradient drowns
         # in its noise, so each recipe keeps both layers in BF16 (findings/recipe_fit.py).
         assert [(v["recipe"], v["step"], v["measured"], [k["layer"] for k in v["keep"]],
@@ -123,6 +123,19 @@ class TestFormats:
         if shown < 80:
             values, operands = _expected_matrix(shown / 10)
             assert (matrix["values"], matrix["operands"]) == (values, operands)
+
+    def test_what_the_modules_trained_in(self, api: TestClient) -> None:
+        """`trained` nested per layer and operand, as the matrix's other arrays."""
+        amax = [1.0, 2.0, 3.0, 4.0, 5.0, math.nan]
+        scale = [448.0, 224.0, 149.25, 112.0, 89.6, math.nan]
+        block = {**formats([1, 0], RECIPES), "trained": {
+            "recipes": ["fp8_tensorwise", None], "amax": f64le(amax), "scale": f64le(scale)}}
+        payload = _payload([0], {0: block})
+        post_batch(api, payload)
+        trained = _get(api, f"/api/runs/{payload['run']['id']}/formats")["matrix"]["trained"]
+        assert trained == {"recipes": ["fp8_tensorwise", None],
+                           "amax": [[1.0, 2.0, 3.0], [4.0, 5.0, "nan"]],
+                           "scale": [[448.0, 224.0, 149.25], [112.0, 89.6, "nan"]]}
 
     def test_none_sampled_or_none_that_early(self, api: TestClient) -> None:
         plain = _payload([0, 1], {})

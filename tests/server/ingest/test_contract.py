@@ -199,3 +199,40 @@ def test_a_real_monitor_v3_stream_is_read_back_as_sent(
     assert shadows[1] is not None and len(shadows[1]["norm"]) == 4
     swallowed = [r["swallowed"] for body in half_sink.payloads() for r in body["records"]]
     assert all(s is not None and len(s) == 4 for s in swallowed)
+
+
+def test_a_real_float8_training_is_read_back_as_sent(sessions: sessionmaker[Session]) -> None:
+    """Wire v7's formats from a real `Monitor` over torchao's Float8Linear (emulated on the
+    CPU): the what-ifs and what the modules trained in, stored and exported unchanged."""
+    import warnings
+
+    import torch
+
+    import ampscope
+    from ampscope.transport import MemorySender
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    convert_to_float8_training(model, config=Float8LinearConfig(emulate=True),
+                               module_filter_fn=lambda m, name: name == "0")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sink = MemorySender()
+    mon = ampscope.watch(model, None, optimizer, server=None, sender=sink, formats_every=2)
+    for _ in range(3):
+        model(torch.randn(16, 32)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    for body in sink.payloads():
+        with sessions() as session, session.begin():
+            ingest.ingest_batch(session, IngestBatch.model_validate(body))
+    sent = [record for body in sink.payloads() for record in body["records"]]
+    assert [r["formats"]["trained"]["recipes"] for r in sent if "formats" in r] == [
+        ["fp8_tensorwise", None]] * 2
+    exported = _export(sessions, mon.run_id)
+    assert [{k: v for k, v in got.items() if k not in ("id", "attempt")}
+            for got in exported["steps"]] == sent

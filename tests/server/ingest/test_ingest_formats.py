@@ -86,6 +86,23 @@ class TestStored:
         assert _bits(got["operands"]) == _bits(tagged(operands))
         assert math.copysign(1.0, got["values"][3]) == -1.0
 
+    @pytest.mark.parametrize("packed", [True, False], ids=["packed", "json"])
+    def test_what_a_module_trained_in_is_read_back_bit_exact(self, api: TestClient,
+                                                            packed: bool) -> None:
+        """`trained`: the first listed layer trains in fp8_tensorwise, the second in none."""
+        encode = f64le if packed else tagged
+        amax = [448.0, 2.5, SPECIAL[0], SPECIAL[1], -0.0, TINY]
+        scale = [1.0, 179.2, PAYLOAD_NAN, 0.0, MAX, math.nan]
+        block = {**formats([1, 0]), "trained": {"recipes": ["fp8_tensorwise", None],
+                                                "amax": encode(amax), "scale": encode(scale)}}
+        payload = _batch(7, block)
+        assert post_batch(api, payload)["accepted"] == 1
+        got = _get(api, f"/api/runs/{payload['run']['id']}/export")["steps"][0]["formats"]
+        trained = got["trained"]
+        assert trained["recipes"] == ["fp8_tensorwise", None]
+        assert _bits(trained["amax"]) == _bits(tagged(amax))
+        assert _bits(trained["scale"]) == _bits(tagged(scale))
+
     def test_both_forms_store_the_same_bytes_as_sent(
         self, sessions: sessionmaker[Session]
     ) -> None:
@@ -183,6 +200,15 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({key: value for key, value in _valid().items() if key != "operands"},
      "records[0].formats.operands: field required"),
     ({**_valid(), "extra": 1}, "records[0].formats.extra: unknown field"),
+    ({**_valid(), "trained": {"recipes": ["fp8_tensorwise", None], "amax": [0.0] * 3,
+                              "scale": [1.0] * 3}},
+     "records[0].formats.trained.recipes has 2 entries, expected 1: one per layer"),
+    ({**_valid(), "trained": {"recipes": ["fp8_tensorwise"], "amax": [0.0] * 3,
+                              "scale": [1.0] * 2}},
+     "records[0].formats.trained.scale has 2 entries, expected 3: 1 layers x 3 operands"),
+    ({**_valid(), "trained": {"recipes": ["FP8"], "amax": [0.0] * 3, "scale": [1.0] * 3}},
+     "records[0].formats.trained.recipes[0]: String should match pattern "
+     "'^[a-z][a-z0-9_]{0,31}$'"),
 ]
 
 
