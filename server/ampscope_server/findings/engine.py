@@ -19,6 +19,7 @@ from ampscope_server.findings import (
     gradients,
     misuse,
     nonfinite,
+    outliers,
     precision,
     ranks,
     scaling,
@@ -51,6 +52,7 @@ def detect(
     findings += gradients.gradient_underflow(run, holding.get("gradient_underflow", ()))
     findings += gradients.swallowed_updates(run, holding.get("swallowed_updates", ()))
     findings += precision.precision_sensitive(run)
+    findings += outliers.activation_outliers(run)
     findings += misuse.amp_misuse(run, h)
     findings += ranks.rank_nonfinite(run)
     if baseline is not None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ampscope_server.store.format_packing import FORMAT_STATS
+from ampscope_server.store.format_packing import FORMAT_STATS, OPERAND_STATS
 from ampscope_server.store.format_packing import OPERANDS as FORMAT_OPERANDS
 
 Severity = Literal["info", "warning", "error"]
@@ -173,6 +173,11 @@ class FormatsSample:
         at = ((layer * len(FORMAT_OPERANDS) + operand) * len(self.recipes) + recipe)
         return self.values[at * len(FORMAT_STATS) + stat]
 
+    def operand(self, layer: int, operand: int, stat: int) -> float:
+        """By position in `layers`, `FORMAT_OPERANDS` and `OPERAND_STATS`."""
+        return self.operands[(layer * len(FORMAT_OPERANDS) + operand) * len(OPERAND_STATS)
+                             + stat]
+
 
 @dataclass(frozen=True)
 class RunData:
@@ -206,6 +211,9 @@ class RunData:
     forward_origins: Mapping[int, ForwardOrigin] = field(default_factory=dict)
     """{step: where its forward overflow began} (`mon.recheck`'s hooks), where one was read."""
     shadows: Sequence[ShadowSample] = ()
+    formats: Sequence[FormatsSample] = ()
+    """The first and the last OUTLIER_SAMPLES formats samples (`findings.outliers`), in step
+    order; all of them on a run with fewer."""
     """The run's recent FP32 shadow steps (`watch(shadow_every=N)`) in step order; empty when
     the hook ran none."""
     name: str = ""

@@ -16,8 +16,9 @@ read every step of both runs: docs/storage.md#the-findings-snapshots-bound):
   first and last kept), the layer statistics just before at most NAN_CONTEXT_STEPS NaN steps
   (one index probe each), the first MISUSE_EVENTS misuse events (and each kind's exact count,
   one grouped read) and RECHECKS re-checks (status and FP32 loss), the swallowed fractions
-  of the last RECENT_LAYER_STEPS steps that carry them, and the last SHADOW_STEPS FP32 shadow
-  steps that ran (loss, per-layer rel_err and FP32 norm).
+  of the last RECENT_LAYER_STEPS steps that carry them, the last SHADOW_STEPS FP32 shadow
+  steps that ran (loss, per-layer rel_err and FP32 norm), and the first and last
+  OUTLIER_SAMPLES formats samples (wire v7: 2·OUTLIER_SAMPLES rows whole).
 
 Live: every reader (run page, runs list, report of an active run) goes through `live_view`,
 cached per (database, run): a run is analysed again only once it changed and at most every
@@ -62,7 +63,7 @@ from ampscope_server.findings import (
     markdown,
 )
 from ampscope_server.findings.engine import last_step
-from ampscope_server.findings.facts import NonfiniteKind
+from ampscope_server.findings.facts import FormatsSample, NonfiniteKind
 from ampscope_server.findings.formats import FORMATS
 from ampscope_server.findings.schemas import (
     FindingRead,
@@ -71,10 +72,12 @@ from ampscope_server.findings.schemas import (
     HistogramView,
     LayerLossRead,
 )
-from ampscope_server.findings.thresholds import BASELINE_TOLERANCE, EDGE_STEPS
+from ampscope_server.findings.thresholds import BASELINE_TOLERANCE, EDGE_STEPS, OUTLIER_SAMPLES
 from ampscope_server.findings.timeline import history
 from ampscope_server.store import (
     findings_repository,
+    format_packing,
+    formats_repository,
     rank_packing,
     ranks_repository,
     rollups_repository,
@@ -83,7 +86,7 @@ from ampscope_server.store import (
     steps_repository,
 )
 from ampscope_server.store.float_storage import from_storage
-from ampscope_server.store.models import Run
+from ampscope_server.store.models import Run, StepFormats
 
 RECENT_LAYER_STEPS = 8
 BASELINE_LAYER_STEPS = 256
@@ -287,9 +290,24 @@ def load_run_data(session: Session, run: Run, *, for_baseline: bool = False,
             _shadow_sample(step, from_storage(loss, loss_class), data)
             for step, loss, loss_class, data in findings_repository.shadows_last(
                 session, run.id, SHADOW_STEPS)],
+        formats=_formats_ends(session, run.id),
         name=run.name,
         first_rank=_first_rank(session, run),
     )
+
+
+def _formats_ends(session: Session, run_id: str) -> list[FormatsSample]:
+    """The run's first and last OUTLIER_SAMPLES formats samples (each once), in step order."""
+    first = formats_repository.formats_first(session, run_id, OUTLIER_SAMPLES)
+    last = formats_repository.formats_up_to(session, run_id, None, OUTLIER_SAMPLES)
+    rows = {row.step_id: row for row in (*first, *reversed(last))}
+    return [_formats_sample(row) for row in rows.values()]
+
+
+def _formats_sample(row: StepFormats) -> FormatsSample:
+    unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
+    return FormatsSample(row.step, tuple(unpacked.recipes), tuple(unpacked.layers),
+                         unpacked.values, unpacked.operands)
 
 
 def _shadow_sample(step: int, loss: float | None, data: bytes) -> ShadowSample:

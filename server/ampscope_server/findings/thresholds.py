@@ -164,6 +164,19 @@ HOLD_STEPS = 200
 been absent for 200 steps: several live analyses even at the demo's 20 steps a second, at least
 20 layer-stat steps at the default cadence. A value near its threshold cannot make it blink."""
 
+# --- activation outliers (findings/outliers.py) ------------------------------------------------
+OUTLIER_SAMPLES = 3
+"""Early and recent are the medians of the run's first and last three formats samples: one
+unusual batch at either end does not make a trend."""
+OUTLIER_AMAX_GROWTH = 8.0
+"""Three binades of growth in a layer's largest input value: the eight healthy models of
+issue #30 grow theirs at most 1.8-fold over their runs (docs/findings.md)."""
+OUTLIER_KURTOSIS = 30.0
+"""A kurtosis of 30, ten times a Gaussian's 3: a few values far from the rest (the healthy
+models' inputs stay at 2 to 8)."""
+OUTLIER_KURTOSIS_GROWTH = 2.0
+"""And twice what it was early: a tail that was there from the start is the data's."""
+
 # --- recipe fit (findings/recipe_fit.py) --------------------------------------------------------
 RECIPE_GRAD_MIN_SNR = 3**0.5
 """A gradient whose norm is below √3 times its quantisation noise's (rel_rmse above 1/√3) stops

@@ -66,6 +66,13 @@ def formats_of(session: Session, step_ids: Sequence[int]) -> list[StepFormats]:
     return out
 
 
+def formats_first(session: Session, run_id: str, count: int) -> list[StepFormats]:
+    """The run's first `count` sampled steps, in step order. One walk of the index forwards."""
+    return list(session.scalars(
+        select(StepFormats).where(StepFormats.run_key == run_key(run_id))
+        .order_by(StepFormats.step, StepFormats.step_id).limit(count)))
+
+
 def formats_up_to(session: Session, run_id: str, step: int | None, count: int
                   ) -> list[StepFormats]:
     """The run's last `count` sampled steps at or before `step` (None: its end), latest first
