@@ -1,11 +1,12 @@
 """Scaled low-precision recipes: what FP8, MXFP8, MXFP4 or NVFP4 training would do to one operand.
 
-A recipe is an element format plus how its scales are chosen (DESIGN.md §3). ``measure``
-quantises one GEMM operand (a ``Linear``'s input, weight or output gradient) as each recipe
-would, in torch ops on the operand's device, and returns the statistics as one float64 tensor:
-no host sync, no Python loop over elements. ``quantize`` gives the dequantised operand and its
-block scales, which the tests hold against torch's float8 casts and torchao's ``MXTensor`` /
-``NVFP4Tensor``; the hook never imports torchao.
+A recipe is an element format plus how its scales are chosen (DESIGN.md §3). ``sample`` takes
+a GEMM operand (a ``Linear``'s input, weight or output gradient) as it goes by; ``measure``
+quantises many operands' samples at once as each recipe would, in torch ops on their device,
+and returns the statistics as one float64 tensor: no host sync, no Python loop over elements,
+a number of ops that grows with the recipes, not the operands. ``quantize`` gives one whole
+operand dequantised and its block scales, which the tests hold against torch's float8 casts
+and torchao's ``MXTensor`` / ``NVFP4Tensor``; the hook never imports torchao.
 
 The operand is viewed as a matrix whose rows run along its last dimension (a ``Conv``'s channels
 moved last, its weight's ``(out, in·kh·kw)``), and blocks run along those rows: the reduction
@@ -37,21 +38,22 @@ STATS = ("underflow_frac", "saturated_frac", "rel_rmse", "scale_min_frac", "scal
 all elements (as the per-layer ``underflow_frac``). ``saturated_frac``: elements clamped at the
 element format's max. ``rel_rmse``: ‖q(x) - x‖ / ‖x‖ over finite elements (0 for an all-zero
 operand); the SNR is -20·log10 of it and, for gradients, the norm ÷ quantisation noise is its
-inverse. ``scale_min_frac`` / ``scale_max_frac``: of the blocks holding a non-zero value, those
-whose scale sits at its format's least value / was clamped at its greatest (NVFP4's block of the
-tensor's amax sits at E4M3's max by design). Non-finite elements are left
-out of every statistic (the per-layer ``nan_count`` and ``inf_count`` say them)."""
+inverse. ``scale_min_frac`` / ``scale_max_frac``: of the blocks holding a non-zero value (for a
+row- or tensor-wise scale, the 128-element pieces of the rows), those whose scale sits at its
+format's least value / was clamped at its greatest (NVFP4's block of the tensor's amax sits at
+E4M3's max by design). Non-finite elements are left out of every statistic (``MOMENTS``'
+``nonfinite_frac`` counts them)."""
 
 MOMENTS = ("amax", "rms", "kurtosis", "nonfinite_frac")
 """Per operand, whatever the recipe, over its finite elements: the outliers' trend (amax, and
-the kurtosis E[(x - mean)^4] / var^2, 3 for a Gaussian, NaN where var = 0) beside the RMS; the share
-of non-finite elements."""
+the kurtosis E[(x - mean)^4] / var^2, 3 for a Gaussian, NaN where var = 0) beside the RMS; the
+share of non-finite elements. From the sample, but the amax: the whole operand's."""
 
 PIECE = 128
 """Samples are cut into pieces this wide: every recipe's block (16, 32, 128) divides it."""
 
 SAMPLE_ELEMS = 1 << 14
-"""Elements of an operand ``measure`` quantises, at most: whole rows, evenly spaced (at least
+"""Elements of an operand ``sample`` keeps, at most: whole rows, evenly spaced (at least
 one). The fractions and the error are estimated from them (a share's standard error is at most
 0.4 % at 2^14), on the hook's training thread and device, on a sampled step; the scales are the
 whole operand's (its amax, and a weight's 128x128 tiles' amax): one pass over the rest."""
@@ -152,14 +154,15 @@ class Quantized:
 
 
 def matrix(x: torch.Tensor, operand: Operand, *, channels_first: bool = False) -> torch.Tensor:
-    """The operand as a float32 ``(rows, K)`` matrix whose rows run along the GEMM's reduction
-    dimension; ``channels_first`` (a ``Conv``'s input and output gradient) moves dim 1 last."""
+    """The operand as a ``(rows, K)`` matrix of its own dtype (a view where its layout allows)
+    whose rows run along the GEMM's reduction dimension; ``channels_first`` (a ``Conv``'s input
+    and output gradient) moves dim 1 last."""
     x = x.detach()
     if operand == "weight":
-        return x.reshape(x.shape[0], -1).float()
+        return x.reshape(x.shape[0], -1)
     if channels_first and x.dim() > 2:
         x = x.movedim(1, -1)
-    return x.reshape(-1, x.shape[-1]).float() if x.dim() else x.reshape(1, 1).float()
+    return x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
 
 
 @dataclass(frozen=True)
@@ -188,11 +191,12 @@ class Sample:
 def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
            budget: int = SAMPLE_ELEMS) -> Sample:
     """At most ``budget`` elements of ``x`` (whole rows, evenly spaced, at least one) as a
-    ``Sample``: a copy (the pieces) and one pass over the rest for the amaxes."""
+    ``Sample``: a float32 copy of them (the pieces) and one pass over the rest, in its own
+    dtype, for the amaxes."""
     full = matrix(x, operand, channels_first=channels_first)
     rows, cols = full.shape
     stride = -(-rows // max(1, budget // max(cols, 1)))
-    picked = full[::stride]
+    picked = full[::stride].float()
     finite = torch.isfinite(picked)
     nonfinite = picked.numel() - torch.count_nonzero(finite)
     wide = -(-cols // PIECE) * PIECE
@@ -200,7 +204,8 @@ def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
     padded[:, :cols] = torch.where(finite, picked, 0.0)
     per_row = wide // PIECE
     row_amax = torch.linalg.vector_norm(padded, math.inf, dim=1)
-    whole = torch.linalg.vector_norm(full, math.inf) if full.numel() else row_amax.amax()
+    whole = (torch.linalg.vector_norm(full, math.inf).float() if full.numel()
+             else row_amax.amax())
     tensor_amax = torch.where(torch.isfinite(whole), whole, row_amax.amax())
     tile_amax = None
     if operand == "weight":
@@ -208,7 +213,7 @@ def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
         grid = full if (tall, wide) == (rows, cols) else torch.nn.functional.pad(
             full, (0, wide - cols, 0, tall - rows))
         tiles = torch.linalg.vector_norm(grid.reshape(tall // PIECE, PIECE, per_row, PIECE),
-                                         math.inf, dim=(1, 3))
+                                         math.inf, dim=(1, 3)).float()
         # A tile holding a NaN or inf: its scale from the sampled pieces in it.
         tile_amax = tiles.repeat_interleave(PIECE, dim=0)[:rows:stride].reshape(-1)
     pieces = padded.reshape(-1, PIECE)

@@ -282,3 +282,14 @@ class TestSampled:
         moments = recipes.measure([recipes.sample(x, "input", budget=1 << 14)], (),
                                   "input")[0].tolist()
         assert moments[0] == 5e5
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_a_half_operand_is_measured_as_its_float32_values(self, dtype: torch.dtype) -> None:
+        """Rows are picked before they are widened: the same statistics as the float32 copy's
+        (the widening is exact), without widening the whole operand first."""
+        x = (torch.randn(512, 256, generator=torch.Generator().manual_seed(3)) * 50).to(dtype)
+        every = tuple(RECIPES.values())
+        for operand in OPERANDS:
+            half = recipes.measure([recipes.sample(x, operand)], every, operand)
+            wide = recipes.measure([recipes.sample(x.float(), operand)], every, operand)
+            assert torch.equal(half, wide)
