@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +27,9 @@ from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.names import canonical_names
 from ampscope.reductions import STAT_NAMES, GradStats
+from ampscope.sampled_hook import SampledHook
 
-__all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats", "quiet_compile_warning"]
+__all__ = ["FLUSH_ELEMS", "ActivationProbe", "grad_output_stats"]
 
 logger = logging.getLogger("ampscope")
 
@@ -63,13 +63,6 @@ def grad_output_stats(grad: torch.Tensor, fmt: TargetFormat) -> torch.Tensor:
     return torch.stack([amax, amin, zero / n, lt_normal / n, lt_under / n, nans, infs, l2])
 
 
-def quiet_compile_warning() -> None:
-    """Filter out torch's warning on global hooks with ``torch.compile(module)``, at each arm
-    (``catch_warnings`` blocks, pytest's, reset the filters)."""
-    warnings.filterwarnings("ignore", category=UserWarning,
-                            message=r"Using `torch\.compile\(module\)` when there are global hooks")
-
-
 def _leaf_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     leaves = [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]
     return leaves
@@ -93,12 +86,11 @@ class ActivationProbe:
         ]
         self._modules = [m for _, m in leaves]
         self._index = {id(m): i for i, m in enumerate(self._modules)}  # kept alive by _modules
-        self._handles: list[Any] = []
+        self._hook = SampledHook(self._forward_hook)
         # A plain attribute, not a property: the step cycle reads it on every capture, and a
         # property is one more Python call on the training thread's path.
         self.armed = False
         self.off = False  # the model runs compiled: never armed again (``collect``)
-        self._generation = 0
         self._hooked: set[int] = set()  # modules whose output got a tensor hook this sample
         self._taken: set[int] = set()  # modules whose gradient was kept this sample
         self._results: dict[int, torch.Tensor] = {}
@@ -112,31 +104,25 @@ class ActivationProbe:
 
     def hook_count(self) -> int:
         """Forward hooks of ours still registered (1 while armed, 0 between samples)."""
-        return len(self._handles)
+        return int(self._hook.registered)
 
     def arm(self) -> None:
-        if self._handles or self.off:
+        if self._hook.registered or self.off:
             return
-        self._generation += 1
         self._hooked.clear()
         self._taken.clear()
         self._results = {}
         self._pending = []
         self._pending_elems = 0
         if self._modules:
-            quiet_compile_warning()
-            self._handles.append(
-                torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
+            self._hook.arm()
             self.armed = True
 
     def disarm(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._hook.disarm()  # tensor hooks still attached to a live graph go quiet
         self.armed = False
         self._pending = []
         self._pending_elems = 0
-        self._generation += 1  # tensor hooks still attached to a live graph go quiet
 
     def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         """The process-wide forward hook of a sampled step (module docstring)."""
@@ -159,14 +145,14 @@ class ActivationProbe:
             if not out.is_floating_point() or out.numel() == 0:
                 return
             self._hooked.add(index)
-            out.register_hook(self._grad_hook(index, self._generation))
+            out.register_hook(self._grad_hook(index, self._hook.generation))
         except Exception as exc:
             self._on_error(exc)
 
     def _grad_hook(self, index: int, gen: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             try:
-                if gen != self._generation or index in self._taken:
+                if gen != self._hook.generation or index in self._taken:
                     return
                 self._taken.add(index)
                 if grad.numel() >= FLUSH_ELEMS:

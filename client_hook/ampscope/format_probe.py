@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from ampscope.activations import quiet_compile_warning
 from ampscope.recipes import (
     AMAX_EPS,
     MOMENTS,
@@ -41,6 +40,7 @@ from ampscope.recipes import (
     measure,
     sample,
 )
+from ampscope.sampled_hook import SampledHook
 
 __all__ = ["GEMM_MODULES", "FormatsProbe", "trained_recipe"]
 
@@ -90,29 +90,22 @@ class FormatsProbe:
         self.keeps_trained = any(self.trained)
         self.width = (len(self.recipes) * len(STATS) + len(MOMENTS)
                       + (len(TRAINED) if self.keeps_trained else 0))
-        self._handles: list[Any] = []
+        self._hook = SampledHook(self._forward_hook)
         self.armed = False
-        self._generation = 0
         self._seen: set[int] = set()
         self._samples: dict[tuple[int, int], Sample] = {}
 
     def arm(self) -> None:
-        if self._handles or not self._modules:
+        if self._hook.registered or not self._modules:
             return
-        self._generation += 1
         self._seen.clear()
         self._samples = {}
-        quiet_compile_warning()
-        self._handles.append(
-            torch.nn.modules.module.register_module_forward_hook(self._forward_hook))
+        self._hook.arm()
         self.armed = True
 
     def disarm(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._hook.disarm()  # tensor hooks still on a live graph go quiet
         self.armed = False
-        self._generation += 1  # tensor hooks still on a live graph go quiet
 
     def _sample(self, k: int, operand: Operand, x: torch.Tensor, module: torch.nn.Module
                 ) -> None:
@@ -136,7 +129,7 @@ class FormatsProbe:
                 self._sample(k, "weight", weight, module)
             if (isinstance(output, torch.Tensor) and output.requires_grad
                     and output.is_floating_point()):
-                output.register_hook(self._grad_hook(k, module, self._generation))
+                output.register_hook(self._grad_hook(k, module, self._hook.generation))
         except Exception as exc:
             self._on_error(exc)
 
@@ -144,7 +137,7 @@ class FormatsProbe:
                    ) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             try:
-                if generation == self._generation and (k, 2) not in self._samples:
+                if generation == self._hook.generation and (k, 2) not in self._samples:
                     self._sample(k, "grad_output", grad, module)
             except Exception as exc:
                 self._on_error(exc)

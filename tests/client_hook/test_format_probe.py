@@ -120,9 +120,9 @@ def test_a_module_without_a_gradient_reads_nan_and_no_hook_stays() -> None:
     loop = AmpLoop(model, formats_every=2, formats=["mxfp8", "nvfp4"])
     loop.step(torch.randn(4, 8), closure=False)
     probe = loop.mon._cycle.formats
-    assert probe is not None and not probe.armed and not probe._handles
+    assert probe is not None and not probe.armed and not probe._hook.registered
     loop.step(torch.randn(4, 8), closure=False)  # step 1: not a sample
-    assert probe.armed and len(probe._handles) == 1  # for step 2, by step 1's update()
+    assert probe.armed and probe._hook.registered  # for step 2, by step 1's update()
     pickle.dumps(model)
     copy.deepcopy(model)
     block = next(r["formats"] for r in loop.records() if "formats" in r)
