@@ -1,7 +1,7 @@
 // web/js/formats.js: the Formats view's pure side (#33). One sampled step's (layer, operand,
 // recipe) statistics as a layer × recipe matrix: the "worst" score, what a cell is coloured by
 // and says, NaN ("not measured") and absent cells kept apart from 0, two runs' rows merged by
-// name, and the verdicts' keep-lists as sentences.
+// name, and the verdicts' keep-lists as sentences. Also formats_trend.js's share ticks.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
@@ -10,6 +10,7 @@ import {
   matrixGrid, mergeNames, percent, snrDb, statText, verdictHeadline, worstScore,
 } from '../../../web/js/formats.js';
 import { decodeFormats } from '../../../web/js/codec.js';
+import { shareTicks } from '../../../web/js/formats_trend.js';
 
 const cell = (underflow, saturated, error, scaleMin = 0, scaleMax = 0) => ({
   underflow_frac: underflow, saturated_frac: saturated, rel_rmse: error, scale_min_frac: scaleMin,
@@ -272,5 +273,15 @@ describe('decodeFormats', () => {
   test('keeps a run without samples as it is', () => {
     const none = { ...sent, sampled: 0, steps: [], matrix: null, verdicts: [] };
     assert.deepEqual(decodeFormats(none), none);
+  });
+});
+
+describe('shareTicks', () => {
+  test('one tick per decade from the floor (labelled 0) up, as percents', () => {
+    assert.deepEqual(shareTicks(1e-4, 0.3), { // the floor as given: logFloor's 10 ** -4 is not 1e-4
+      tickmode: 'array', tickvals: [1e-4, 1e-3, 1e-2, 1e-1, 1], ticktext: ['0', '0.1%', '1%', '10%', '100%'],
+    });
+    assert.deepEqual(shareTicks(0.1, -Infinity).ticktext, ['0', '100%']); // all zero: the floor alone
+    assert.deepEqual(shareTicks(10 ** -4, 0.05).tickvals, [10 ** -4, 1e-3, 1e-2, 1e-1]);
   });
 });
