@@ -180,8 +180,8 @@ def test_the_section_bar_moves_through_the_page(
     pg.locator("#findings").wait_for(state="visible", timeout=WAIT_MS)
     links = pg.locator("#section-bar a:visible").all_inner_texts()
     assert links == ["Findings", "Notes", "Hyperparameters", "Loss scale", "Loss", "Grad norm",
-                     "Skip rate", "Per-layer", "Layer range", "What-if", "Layers", "Events",
-                     "Alerts"]  # no Optimizers: this run's panel is hidden
+                     "Skip rate", "Per-layer", "Layer range", "What-if", "Formats", "Layers",
+                     "Events", "Alerts"]  # no Optimizers: this run's panel is hidden
     current = "() => document.querySelector('#section-bar [aria-current]')?.textContent"
     pg.click("#section-bar a:text-is('Per-layer')")
     watched.wait_for(f"() => ({current})() === 'Per-layer'")

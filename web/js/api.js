@@ -2,12 +2,13 @@
 // HTTP read API (docs/contracts.md): fetch helpers that decode floats and fail with clear messages.
 
 import {
-  decodeCompare, decodeEvents, decodeLayerStats, decodeOptimizers, decodeRanks, decodeRun, decodeSeries, decodeStep,
+  decodeCompare, decodeEvents, decodeFormatTrend, decodeFormats, decodeLayerStats, decodeOptimizers, decodeRanks,
+  decodeRun, decodeSeries, decodeStep,
 } from './codec.js';
 
 /**
- * @import { CompareOf, LayerStatsOf, OptimizersOf, RanksOf, Run, RunDetailOf, RunEvent, RunEventOf, RunOf,
- *   SeriesOf, Step, StepOf, Tagged } from './codec.js'
+ * @import { CompareOf, FormatTrendOf, FormatsOf, LayerStatsOf, OptimizersOf, RanksOf, Run, RunDetailOf, RunEvent,
+ *   RunEventOf, RunOf, SeriesOf, Step, StepOf, Tagged } from './codec.js'
  */
 
 /**
@@ -201,6 +202,28 @@ export async function getLayerStats(id, stat, options = {}) {
   }
   return decodeLayerStats(/** @type {LayerStatsOf<Tagged>} */ (
     await getJSON(`${runPath(id)}/layer-stats?${query}`)));
+}
+
+/**
+ * /formats: the run's sampled steps, the matrix of the sampled step at or before `step` (null:
+ * the last) and each recipe's verdict as of it.
+ * @param {string} id
+ * @param {number | null} [step]
+ */
+export async function getFormats(id, step = null) {
+  const query = step === null ? '' : `?step=${encodeURIComponent(String(step))}`;
+  return decodeFormats(/** @type {FormatsOf<Tagged>} */ (await getJSON(`${runPath(id)}/formats${query}`)));
+}
+
+/**
+ * /formats/trend: one layer's operand under one recipe over the sampled steps.
+ * @param {string} id
+ * @param {{layer: number, operand: string, recipe: string}} cell  `layer`: the layer table's row
+ */
+export async function getFormatTrend(id, { layer, operand, recipe }) {
+  const query = new URLSearchParams({ layer: String(layer), operand, recipe });
+  return decodeFormatTrend(/** @type {FormatTrendOf<Tagged>} */ (
+    await getJSON(`${runPath(id)}/formats/trend?${query}`)));
 }
 
 /**

@@ -209,6 +209,67 @@
  */
 
 /**
+ * One sampled step of wire v7's scaled-format what-ifs (/formats' `matrix`): values[l][o][r][s]
+ * is layer `layers[l]`, operand `operand_names[o]`, recipe `recipes[r]`, statistic
+ * `stat_names[s]`; operands[l][o][k] the operand's own statistic `operand_stat_names[k]`. NaN:
+ * not measured (a module that got no gradient).
+ * @template F
+ * @typedef {object} FormatMatrixOf
+ * @property {number} id
+ * @property {number} step
+ * @property {string[]} recipes
+ * @property {{index: number, name: string}[]} layers  `index`: the layer table's row
+ * @property {(F | null)[][][][]} values
+ * @property {(F | null)[][][]} operands
+ */
+
+/**
+ * A layer a recipe's verdict keeps in BF16, and the number that decided it. `median`: the other
+ * layers' median of the same statistic (NaN: the gradient-noise rule, which compares with none).
+ * @template F
+ * @typedef {{layer: string, operand: string, stat: string, value: F, median: F,
+ *   scale_min_frac: F}} KeepOf
+ */
+
+/**
+ * Could the run train in `recipe`, and which layers must stay in BF16 (`keep`, model order).
+ * @template F
+ * @typedef {{recipe: string, step: number, measured: number, summary: string,
+ *   keep: KeepOf<F>[]}} RecipeVerdictOf
+ */
+
+/**
+ * GET /api/runs/{id}/formats: the sampled steps, one step's matrix (null: none sampled) and each
+ * recipe's verdict as of it.
+ * @template F
+ * @typedef {object} FormatsOf
+ * @property {string[]} operand_names
+ * @property {string[]} stat_names
+ * @property {string[]} operand_stat_names
+ * @property {number} sampled
+ * @property {boolean} downsampled
+ * @property {{id: number, step: number}[]} steps
+ * @property {FormatMatrixOf<F> | null} matrix
+ * @property {RecipeVerdictOf<F>[]} verdicts
+ */
+
+/**
+ * GET /api/runs/{id}/formats/trend: one (layer, operand, recipe) over the sampled steps.
+ * @template F
+ * @typedef {object} FormatTrendOf
+ * @property {number} layer
+ * @property {string | null} name  null past the layer table
+ * @property {string} operand
+ * @property {string} recipe
+ * @property {number} sampled
+ * @property {boolean} downsampled
+ * @property {number[]} steps
+ * @property {number[]} ids
+ * @property {Record<string, (F | null)[]>} values  the recipe's five statistics, one per step
+ * @property {Record<string, (F | null)[]>} operand_values  the operand's four, one per step
+ */
+
+/**
  * A live socket message: a run's steps or status (WS /api/runs/{id}/live), or the runs list's
  * snapshot and changes (WS /api/runs/live).
  * @template F
@@ -238,6 +299,11 @@
  * @typedef {ComparisonOf<number>} Comparison
  * @typedef {CompareOf<number>} Compare
  * @typedef {LiveMessageOf<number>} LiveMessage
+ * @typedef {FormatMatrixOf<number>} FormatMatrix
+ * @typedef {KeepOf<number>} Keep
+ * @typedef {RecipeVerdictOf<number>} RecipeVerdict
+ * @typedef {FormatsOf<number>} Formats
+ * @typedef {FormatTrendOf<number>} FormatTrend
  */
 
 /** @type {Readonly<Record<string, number>>} */
@@ -437,6 +503,38 @@ export function decodeEvents(body) {
  */
 export function decodeLayerStats(body) {
   return { ...body, z: body.z.map((row) => nums(row)) };
+}
+
+/**
+ * /formats: every value of the matrix and of the verdicts' evidence decoded (names never).
+ * @param {FormatsOf<Tagged>} body
+ * @returns {Formats}
+ */
+export function decodeFormats(body) {
+  const m = body.matrix;
+  return {
+    ...body,
+    matrix: m === null ? null : {
+      ...m,
+      values: m.values.map((layer) => layer.map((operand) => operand.map((recipe) => nums(recipe)))),
+      operands: m.operands.map((layer) => layer.map((operand) => nums(operand))),
+    },
+    verdicts: body.verdicts.map((v) => ({
+      ...v,
+      keep: v.keep.map((k) => ({ ...k, value: num(k.value), median: num(k.median), scale_min_frac: num(k.scale_min_frac) })),
+    })),
+  };
+}
+
+/**
+ * /formats/trend: each statistic's series decoded.
+ * @param {FormatTrendOf<Tagged>} body
+ * @returns {FormatTrend}
+ */
+export function decodeFormatTrend(body) {
+  /** @param {Record<string, (Tagged | null)[]>} series */
+  const decode = (series) => Object.fromEntries(Object.entries(series).map(([k, v]) => [k, nums(v)]));
+  return { ...body, values: decode(body.values), operand_values: decode(body.operand_values) };
 }
 
 /**

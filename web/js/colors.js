@@ -47,3 +47,30 @@ export function runColors(ids) {
   }
   return out;
 }
+
+/** Plotly's colour scale: [position in [0, 1], colour] stops. @typedef {[number, string][]} ColorStops */
+
+/**
+ * The Formats matrices' colours (formats_matrix.js), light and dark (plot.js's DARK picks):
+ * `fraction` for a share or a relative error on [0, 1], most of its range near 0 where a few
+ * percent already matter (as the per-layer heatmap's); `worst` for the worst score on its log
+ * axis, log2 of [1/8, 32] (formats.js), green below 1× (its bad level, at 3/8), red past it.
+ * `notMeasured`: a cell the hook did not measure (NaN: a module without a gradient), never a
+ * colour of either scale; `absent`: a layer or recipe a compared run does not have.
+ * @typedef {{fraction: ColorStops, worst: ColorStops, notMeasured: string, absent: string}} FormatColors
+ * @type {Readonly<{light: FormatColors, dark: FormatColors}>}
+ */
+export const FORMAT_COLORS = Object.freeze({
+  light: {
+    fraction: [[0, '#f8fafc'], [0.005, '#fef3c7'], [0.05, '#fdba74'], [0.2, '#f97316'], [0.5, '#dc2626'], [1, '#5b0f0f']],
+    worst: [[0, '#86efac'], [0.25, '#dcfce7'], [0.375, '#fef08a'], [0.625, '#f97316'], [0.875, '#dc2626'], [1, '#7f1d1d']],
+    notMeasured: '#a5b4fc',
+    absent: '#e5e7eb',
+  },
+  dark: {
+    fraction: [[0, '#1c2128'], [0.005, '#3a2c0c'], [0.05, '#9a3412'], [0.2, '#ea580c'], [0.5, '#ef4444'], [1, '#fecaca']],
+    worst: [[0, '#166534'], [0.25, '#1f3d2b'], [0.375, '#854d0e'], [0.625, '#c2410c'], [0.875, '#dc2626'], [1, '#fca5a5']],
+    notMeasured: '#4c4f8f',
+    absent: '#21262d',
+  },
+});

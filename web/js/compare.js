@@ -10,6 +10,7 @@ import { runColors } from './colors.js';
 import { axisToggle } from './axis_scale.js';
 import { CHARTS, CompareChart } from './compare_charts.js';
 import { CompareLive } from './compare_live.js';
+import { CompareFormats } from './compare_formats.js';
 import { LiveState } from './live.js';
 import { el, numberText, scaleText, statusBadge } from './format.js';
 import { Plotly } from './plot.js';
@@ -72,6 +73,16 @@ class ComparePage {
     const threshold = /** @type {HTMLInputElement} */ ($('threshold'));
     if (params.has('tolerance')) tolerance.value = String(100 * Number(params.get('tolerance')));
     if (params.has('underflow_threshold')) threshold.value = String(100 * Number(params.get('underflow_threshold')));
+    /** @type {(i: number) => {title: HTMLElement, chart: PlotDiv, empty: HTMLElement}} */
+    const side = (i) => ({ title: $(`formats-title-${i}`), chart: /** @type {PlotDiv} */ ($(`formats-matrix-${i}`)),
+      empty: $(`formats-empty-${i}`) });
+    this.formats = new CompareFormats({
+      panel: $('formats-panel'), operand: /** @type {HTMLSelectElement} */ ($('formats-operand')),
+      stat: /** @type {HTMLSelectElement} */ ($('formats-stat')), note: $('formats-note'), help: $('formats-help'),
+      head: $('formats-verdicts-head'), body: $('formats-verdicts-body'), sides: [side(0), side(1)],
+      legend: { node: $('formats-legend'), bar: $('formats-legend-bar'), min: $('formats-legend-min'),
+        max: $('formats-legend-max'), notMeasured: $('formats-legend-nan'), absent: $('formats-legend-absent') },
+    }, { runName: (id) => this.runName(id), swatch: (id) => swatch(this.colors.get(id)) });
     const layers = /** @type {HTMLTableElement} */ ($('layers'));
     this.sort = new TableSort(/** @type {HTMLTableSectionElement} it has one */ (layers.tHead),
       { key: 'order', direction: 'asc' }, () => this.renderLayers());
@@ -125,6 +136,7 @@ class ComparePage {
     $('pair-select').addEventListener('change', () => {
       this.pair = Number(/** @type {HTMLSelectElement} */ ($('pair-select')).value);
       this.renderLayers();
+      this.showFormats();
     });
   }
 
@@ -142,6 +154,7 @@ class ComparePage {
     this.renderDivergences();
     this.renderPairSelect();
     this.renderLayers();
+    this.showFormats();
     $('compare-note').textContent = `${body.runs.length} runs`;
     return true;
   }
@@ -290,6 +303,12 @@ class ComparePage {
       const toggle = axisToggle(group, () => [chart.div], () => chart.ticks, (log) => { chart.log = log; });
       toggle.show(chart.log);
     }
+  }
+
+  /** The Formats panel lines up the reference and the run of the pair shown. */
+  showFormats() {
+    const c = this.body && this.body.comparisons[this.pair];
+    if (c) this.formats.show(c.reference, c.run);
   }
 
   renderPairSelect() {

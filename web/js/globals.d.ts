@@ -36,7 +36,8 @@ type PlotExtension = Record<string, unknown[][]>;
 type PlotRelayoutEvent = Record<string, unknown> | undefined;
 
 interface PlotClickEvent {
-  points?: { x: number; y: number | string }[];
+  /** `pointNumber`: a heatmap cell's [row, column]; `curveNumber`: its trace's index. */
+  points?: { x: number | string; y: number | string; pointNumber?: number | number[]; curveNumber?: number }[];
 }
 
 /**

@@ -135,7 +135,7 @@ export function eventCells(steps, columns, names) {
  * @param {string[]} names
  * @returns {string[]}
  */
-function uniqueNames(names) {
+export function uniqueNames(names) {
   /** @type {Map<string, number>} */
   const seen = new Map();
   return names.map((name) => {

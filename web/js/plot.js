@@ -37,7 +37,7 @@ export const COLORS = Object.freeze({
  * The charts' surfaces and ink, light or dark as the system asks (web/css/dark.css does the
  * page): read once, at load. `gap` is the heatmap's background, where a cell has no value.
  */
-const DARK = typeof matchMedia === 'function' && matchMedia('(prefers-color-scheme: dark)').matches;
+export const DARK = typeof matchMedia === 'function' && matchMedia('(prefers-color-scheme: dark)').matches;
 export const THEME = Object.freeze(DARK
   ? { plot: '#0d1117', grid: '#21262d', axis: '#3d444d', text: '#c9d1d9', gap: '#262c36' }
   : { plot: '#ffffff', grid: COLORS.grid, axis: COLORS.axis, text: COLORS.text, gap: '#eceff3' });

@@ -19,6 +19,7 @@ import { axisToggle } from './axis_scale.js';
 import { readViewState, writeViewState } from './view_state.js';
 import { FindingsPanel } from './findings.js';
 import { WhatIf } from './whatif.js';
+import { FormatsView } from './formats_view.js';
 import { RankNote } from './ranks.js';
 import { OptimizerPanel } from './optimizers.js';
 
@@ -101,6 +102,8 @@ class RunPage {
     this.findings;
     /** @type {WhatIf} */
     this.whatIf;
+    /** @type {FormatsView} */
+    this.formats;
     /** @type {LiveStream} */
     this.live;
     /** @type {string[]} */
@@ -279,6 +282,18 @@ class RunPage {
       select: /** @type {HTMLSelectElement} */ ($('whatif-step')), note: $('whatif-note'), empty: $('whatif-empty'),
     });
     this.whatIf.load().catch((err) => this.whatIf.fail(err));
+    this.formats = new FormatsView(this.runId, {
+      panel: $('formats-panel'), body: $('formats-body'), empty: $('formats-empty'), note: $('formats-note'),
+      operand: /** @type {HTMLSelectElement} */ ($('formats-operand')),
+      stat: /** @type {HTMLSelectElement} */ ($('formats-stat')),
+      step: /** @type {HTMLSelectElement} */ ($('formats-step')), help: $('formats-help'),
+      verdicts: $('formats-verdicts'), matrix: $chart('formats-matrix'),
+      legend: { node: $('formats-legend'), bar: $('formats-legend-bar'), min: $('formats-legend-min'),
+        max: $('formats-legend-max'), notMeasured: $('formats-legend-nan') },
+      trend: $('formats-trend'), trendNote: $('formats-trend-note'),
+      trendStats: $chart('formats-trend-stats'), trendOperand: $chart('formats-trend-operand'),
+    });
+    this.formats.observe();
 
     this.live = new LiveStream(this.runId, lastId, {
       onSteps: (steps) => this.onSteps(steps),
@@ -454,6 +469,7 @@ class RunPage {
     }
     if (this.findings) this.findings.stepsArrived(this.lastStep.step);
     if (this.whatIf) this.whatIf.stepsArrived();
+    if (this.formats) this.formats.stepsArrived();
     if (this.rankNote) this.rankNote.stepsArrived(steps);
     this.optimizers.append(steps).catch((err) => api.showError(err.message));
     this.renderCards();
