@@ -35,14 +35,17 @@ OPERANDS: tuple[Operand, ...] = ("input", "weight", "grad_output")
 
 STATS = ("underflow_frac", "saturated_frac", "rel_rmse", "scale_min_frac", "scale_max_frac")
 """Per operand and recipe. ``underflow_frac``: finite non-zero elements that quantise to 0, over
-all elements (as the per-layer ``underflow_frac``). ``saturated_frac``: elements clamped at the
-element format's max. ``rel_rmse``: ‖q(x) - x‖ / ‖x‖ over finite elements (0 for an all-zero
-operand); the SNR is -20·log10 of it and, for gradients, the norm ÷ quantisation noise is its
-inverse. ``scale_min_frac`` / ``scale_max_frac``: of the blocks holding a non-zero value (for a
-row- or tensor-wise scale, the 128-element pieces of the rows), those whose scale sits at its
-format's least value / was clamped at its greatest (NVFP4's block of the tensor's amax sits at
-E4M3's max by design). Non-finite elements are left out of every statistic (``MOMENTS``'
-``nonfinite_frac`` counts them)."""
+all elements (as the per-layer ``underflow_frac``). ``saturated_frac``: elements the clamp to
+the element format's max changes by more than rounding would (beyond max + half its step: a
+value up to there rounds to max anyway; current scaling maps the amax onto max, so only a
+scale from an older amax, or a future recipe's, saturates). ``rel_rmse``: ‖q(x) - x‖ / ‖x‖
+over finite elements (0 for an all-zero operand); the SNR is -20·log10 of it and, for
+gradients, the norm ÷ quantisation noise is its inverse. ``scale_min_frac`` /
+``scale_max_frac``: of the blocks holding a non-zero value (for a row- or tensor-wise scale,
+the 128-element pieces of the rows), those whose scale sits at its format's least value / was
+clamped at its greatest (NVFP4's block of the tensor's amax sits at E4M3's max by design).
+Non-finite elements are left out of every statistic (``MOMENTS``' ``nonfinite_frac`` counts
+them)."""
 
 MOMENTS = ("amax", "rms", "kurtosis", "nonfinite_frac")
 """Per operand, whatever the recipe, over its finite elements: the outliers' trend (amax, and
@@ -93,6 +96,12 @@ class Element:
     @property
     def min_subnormal(self) -> float:
         return self.min_normal * 2.0**-self.mbits
+
+    @property
+    def saturates_above(self) -> float:
+        """Magnitudes beyond this lose more to the clamp than rounding to max would: max plus
+        half the spacing of max's binade (E4M3: 448 + 16, E5M2: 57344 + 4096, E2M1: 6 + 1)."""
+        return self.max + 2.0 ** (math.floor(math.log2(self.max)) - self.mbits) / 2
 
 
 E4M3 = Element.of("e4m3", torch.float8_e4m3fn)
@@ -253,7 +262,7 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
         occupied = q.amax > 0
         per_piece = torch.stack([
             torch.count_nonzero(q.values, dim=(1, 2)),
-            torch.count_nonzero(q.clamped != q.scaled, dim=(1, 2)),
+            torch.count_nonzero(q.scaled.abs() > q.element.saturates_above, dim=(1, 2)),
             torch.count_nonzero(occupied & q.low, dim=(1, 2)),
             torch.count_nonzero(occupied & q.high, dim=(1, 2)),
             torch.count_nonzero(occupied, dim=(1, 2)),
@@ -315,14 +324,15 @@ def quantize(m: torch.Tensor, recipe: Recipe, operand: Operand) -> Quantized:
 
 @dataclass(frozen=True)
 class _Quantized:
-    """One recipe over pieces viewed as ``(pieces, blocks, block)``: the pieces, each block's
-    amax, the values scaled into the element's range and clamped there, the values rounded
-    and dequantised, each block's dequantising factor and its limit flags (size-1 last dim)."""
+    """One recipe over pieces viewed as ``(pieces, blocks, block)``: its element format, the
+    pieces, each block's amax, the values scaled into the element's range (before the clamp),
+    the values clamped, rounded and dequantised, each block's dequantising factor and its limit
+    flags (size-1 last dim)."""
 
+    element: Element
     tiles: torch.Tensor
     amax: torch.Tensor
     scaled: torch.Tensor
-    clamped: torch.Tensor
     values: torch.Tensor
     down: torch.Tensor
     low: torch.Tensor
@@ -354,9 +364,8 @@ def _quantized(pieces: torch.Tensor, recipe: Recipe, operand: Operand,
     else:
         up, down, low, high = _nvfp4(amax, tensor_amax[:, None, None], element)
     scaled = tiles * up
-    clamped = scaled.clamp(-element.max, element.max)
-    values = _round(clamped, element) * down
-    return _Quantized(tiles, amax, scaled, clamped, values, down, low, high)
+    values = _round(scaled.clamp(-element.max, element.max), element) * down
+    return _Quantized(element, tiles, amax, scaled, values, down, low, high)
 
 
 def _e8m0(amax: torch.Tensor, element: Element

@@ -173,20 +173,31 @@ class TestCrafted:
              ).clamp(-element.max, element.max)
         assert torch.equal(recipes._round(v, by_definition), recipes._round(v, element))
 
-    def test_saturation_when_the_e4m3_block_scale_rounds_down(self) -> None:
+    def test_a_block_scale_rounded_down_clamps_within_rounding(self) -> None:
         """NVFP4 rounds each block's scale to E4M3; rounded down, the block's amax maps above
         E2M1's 6 and is clamped there. A block of amax 1 beside the tensor's amax T has the
-        scale 448 / T: 7.0 (T = 64) is an E4M3 value, 7.2 rounds down to 7.0 (the spacing in
-        [4, 8) is 0.5), so its 1.0 comes back as 6 · 7.0 / 7.2 of itself."""
+        scale 448 / T: 7.2 rounds down to E4M3's 7.0 (the spacing in [4, 8) is 0.5), so its
+        1.0 comes back as 6 · 7.0 / 7.2 of itself. Mapped to 6.17, below 6 + 1 (E2M1's half
+        step at the top), it would round to 6 anyway: not saturated."""
         x = torch.zeros(1, 32)
-        x[0, 0], x[0, 16] = 1.0, 64.0
-        assert _stats(x, (RECIPES["nvfp4"],), "input")[0].tolist() == [0.0] * 5
-        x[0, 16] = 448 / 7.2
-        stats = _stats(x, (RECIPES["nvfp4"],), "input")[0]
-        assert stats[:2].tolist() == [0.0, 1 / 32]
+        x[0, 0], x[0, 16] = 1.0, 448 / 7.2
+        assert _stats(x, (RECIPES["nvfp4"],), "input")[0, 1].item() == 0.0
         back = recipes.quantize(x, RECIPES["nvfp4"], "input").values[0, 0].item()
         assert back == pytest.approx(7.0 / 7.2, rel=1e-6)
         assert back == _reference_values(x, "nvfp4")[0, 0].item()
+
+    def test_saturation_under_a_stale_amax(self) -> None:
+        """A scale from an older, smaller amax (delayed scaling's history): the values the clamp
+        changes by more than rounding count, those it would round to 448 anyway do not."""
+        x = torch.linspace(0.0, 4.0, 64).reshape(1, 64)
+        fresh = recipes.sample(x, "input")
+        stale = recipes.Sample(fresh.pieces, fresh.row_amax, torch.tensor(1.0), None,
+                               fresh.rows, fresh.cols, fresh.nonfinite)
+        stats = recipes.measure([stale], (RECIPES["fp8_tensorwise"],), "input")[0]
+        above = (x * 448 > E4M3.saturates_above).sum().item()  # x > 464 / 448
+        assert E4M3.saturates_above == 464.0 and above == 47  # 4·k/63 > 464/448: k ≥ 17
+        assert stats[1].item() == above / 64
+        assert recipes.measure([fresh], (RECIPES["fp8_tensorwise"],), "input")[0, 1] == 0.0
 
     def test_non_finite_elements_count_in_no_statistic(self) -> None:
         """NaN and ±inf are left out: the statistics equal those of the operand with zeros in

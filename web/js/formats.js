@@ -38,12 +38,9 @@ export const DEFAULT_OPERAND = 'grad_output';
 // RECIPE_ERROR_FLOOR); below them no layer is kept in BF16 whatever its neighbours do. Underflow
 // counts apart from the error because flushed values are the small ones: a gradient can lose
 // many of them and barely move its RMS. Saturation does not count: the clamped values are the
-// largest, so what clamping costs is in the error already, and the count includes clamps by less
-// than a rounding step. Measured (the demo model through the hook, and Gaussian operands): NVFP4
-// "saturates" 3-50 % of a gradient by design (the block's amax where its E4M3 scale rounds down),
-// and a softmax gradient under FP8 128-blocks 9.4 % with a relative error of exactly 0; at any
-// level below 50 % saturation would paint such cells red for a loss that is not there (it stays
-// a statistic of its own in the selector). Reference points, the same operands: E4M3 costs ~0.5x
+// largest, so what clamping costs is in the error already (and the hook counts only clamps by
+// more than a rounding step, which the recipes' current scaling never makes: an older amax's
+// scale would); it stays a statistic of its own in the selector. Reference points, the same operands: E4M3 costs ~0.5x
 // (rel. error 0.026), E5M2 gradients ~1x (0.053), MXFP4 and NVFP4 ~7-11x (their underflow); a
 // heavy-tailed gradient under FP4, 20-60x.
 /** @type {Readonly<Record<string, number>>} */
