@@ -4,8 +4,9 @@ cadence, and the bytes a sampled step puts on the wire.
 Two copies of the sweep's model (``hook_sweep.make_model``, same seed), each with a GradScaler,
 AdamW and a default monitor sending to a ``MemorySender``: one with ``formats_every=1`` (every
 step a sample), one with ``formats=()``; both read their per-layer statistics eagerly
-(``fused=False``: a background compile would load one copy's segments and not the other's). Interleaved segments of ``--steps`` steps per round, the
-order alternating, the copies' records flushed after each segment (``hook_sweep.run_segment``).
+(``fused=False``: a background compile would load one copy's segments and not the other's).
+Interleaved segments of ``--steps`` steps per round, the order alternating, the copies' records
+flushed after each segment (``hook_sweep.run_segment``).
 Inside the clock: forward, backward, ``scaler.step``/``update`` and every hook call of the step;
 outside: the flush of the sender thread, the models' construction and ``--warmup`` untimed steps.
 The per-step extra of a sample is the difference of the two medians; the amortized ratio at

@@ -232,10 +232,12 @@
  */
 
 /**
- * Could the run train in `recipe`, and which layers must stay in BF16 (`keep`, model order).
+ * Could the run train in `recipe`, and which layers must stay in BF16 (`keep`, model order);
+ * `uniform_loss`: the median layer's gradient loses `grad_underflow` (15 % or more) to zero
+ * under it, everywhere, which no comparison between layers shows.
  * @template F
  * @typedef {{recipe: string, step: number, measured: number, summary: string,
- *   keep: KeepOf<F>[]}} RecipeVerdictOf
+ *   keep: KeepOf<F>[], grad_underflow: F, uniform_loss: boolean}} RecipeVerdictOf
  */
 
 /**
@@ -521,6 +523,7 @@ export function decodeFormats(body) {
     },
     verdicts: body.verdicts.map((v) => ({
       ...v,
+      grad_underflow: num(v.grad_underflow),
       keep: v.keep.map((k) => ({ ...k, value: num(k.value), median: num(k.median), scale_min_frac: num(k.scale_min_frac) })),
     })),
   };

@@ -282,11 +282,14 @@ export function keptCells(grid, verdicts) {
  * @param {RecipeVerdict[]} verdicts
  */
 export function verdictHeadline(verdicts) {
-  const fits = verdicts.filter((v) => !v.keep.length).map((v) => v.recipe);
+  const fits = verdicts.filter((v) => !v.keep.length && !v.uniform_loss).map((v) => v.recipe);
   const needs = verdicts.filter((v) => v.keep.length)
     .map((v) => `${v.recipe} (${v.keep.length} of ${v.measured} layer${v.measured === 1 ? '' : 's'})`);
+  const everywhere = verdicts.filter((v) => v.uniform_loss)
+    .map((v) => `${v.recipe} (${percent(v.grad_underflow)} of the median layer's gradient)`);
   const parts = [];
   if (fits.length) parts.push(`Fits with every layer: ${fits.join(', ')}`);
   if (needs.length) parts.push(`Needs layers kept in BF16: ${needs.join(', ')}`);
+  if (everywhere.length) parts.push(`Flushes gradients to zero everywhere: ${everywhere.join(', ')}`);
   return parts.join(' · ');
 }

@@ -18,7 +18,8 @@ import { keepReason, verdictHeadline } from './formats.js';
  */
 export function verdictParts(v) {
   const mark = v.keep.length ? el('span', 'verdict-mark verdict-keeps', `${v.keep.length} in BF16`)
-    : el('span', 'verdict-mark verdict-fits', 'fits');
+    : v.uniform_loss ? el('span', 'verdict-mark verdict-keeps', 'loses everywhere')
+      : el('span', 'verdict-mark verdict-fits', 'fits');
   /** @type {HTMLElement[]} */
   const parts = [mark, el('span', 'verdict-summary', v.summary)];
   if (v.keep.length) {

@@ -67,7 +67,8 @@ def _sample(row: StepFormats) -> FormatsSample:
 def _verdict(verdict: recipe_fit.RecipeVerdict) -> RecipeVerdictRead:
     return RecipeVerdictRead(
         recipe=verdict.recipe, step=verdict.step, measured=verdict.measured,
-        summary=verdict.summary,
+        summary=verdict.summary, grad_underflow=verdict.grad_underflow,
+        uniform_loss=verdict.uniform_loss,
         keep=[KeepRead(layer=name, operand=reason.operand, stat=reason.stat,
                        value=reason.value, median=reason.median,
                        scale_min_frac=reason.scale_min_frac)

@@ -236,7 +236,11 @@ class RecipeVerdictRead(BaseModel):
     """Layers the samples measured."""
     summary: str
     keep: list[KeepRead]
-    """In layer-table order; empty: every measured layer fits."""
+    """In layer-table order; empty: no layer stands out from the others."""
+    grad_underflow: Tagged
+    """The median layer's output-gradient underflow under the recipe ("nan": none measured)."""
+    uniform_loss: bool
+    """True: that median is 15 % or more, a loss everywhere (`summary` says so)."""
 
 
 class FormatsRead(BaseModel):

@@ -16,6 +16,10 @@ of the recent samples:
   the others is what the papers find behind MX's loss spikes (LayerNorm-fed operands, a few
   outlier activations, arXiv 2506.20752) and what NVIDIA's NVFP4 recipe keeps in BF16.
 
+And a recipe under which the median layer's gradient loses RECIPE_UNIFORM_UNDERFLOW of its
+values to zero is said to lose them everywhere (`uniform_loss`), which no comparison between
+layers can see.
+
 The evidence of each layer says which operand and statistic, the value and the median's, and
 for block recipes the share of blocks whose scale was pinned at its limit. A what-if, not a
 diagnosis of the run: these verdicts are served with the formats (`GET
@@ -39,6 +43,7 @@ from ampscope_server.findings.thresholds import (
     RECIPE_OUTLIER_FACTOR,
     RECIPE_RECENT_SAMPLES,
     RECIPE_UNDERFLOW_FLOOR,
+    RECIPE_UNIFORM_UNDERFLOW,
 )
 from ampscope_server.store.format_packing import FORMAT_STATS
 from ampscope_server.store.format_packing import OPERANDS as FORMAT_OPERANDS
@@ -63,21 +68,31 @@ class KeepReason:
 @dataclass(frozen=True)
 class RecipeVerdict:
     """One recipe: how many layers were measured, which must stay in BF16 (model order) and
-    why, as of `step` (the latest sample)."""
+    why, as of `step` (the latest sample), and the median layer's output-gradient underflow
+    (NaN: no gradient measured): RECIPE_UNIFORM_UNDERFLOW or more is a loss everywhere."""
 
     recipe: str
     step: int
     measured: int
     keep: tuple[tuple[str, KeepReason], ...]
+    grad_underflow: float = math.nan
+
+    @property
+    def uniform_loss(self) -> bool:
+        return self.grad_underflow >= RECIPE_UNIFORM_UNDERFLOW
 
     @property
     def summary(self) -> str:
+        everywhere = (f"the median layer's gradient loses {self.grad_underflow:.0%} of its "
+                      "values to zero" if self.uniform_loss else "")
         if not self.keep:
+            if everywhere:
+                return f"{self.recipe}: no layer stands out, but {everywhere}"
             return f"{self.recipe}: all {self.measured} layers fit"
         names = ", ".join(name for name, _ in self.keep[:3])
         more = f" and {len(self.keep) - 3} more" if len(self.keep) > 3 else ""
         return (f"{self.recipe}: {len(self.keep)} of {self.measured} layers need BF16 "
-                f"({names}{more})")
+                f"({names}{more})" + (f"; and {everywhere}" if everywhere else ""))
 
 
 def verdicts(samples: Sequence[FormatsSample], layer_names: Sequence[str]
@@ -91,8 +106,11 @@ def verdicts(samples: Sequence[FormatsSample], layer_names: Sequence[str]
     for recipe in latest.recipes:
         recent = [s for s in samples if recipe in s.recipes][-RECIPE_RECENT_SAMPLES:]
         medians = _layer_medians(recent, recipe)
+        grads = [m[_GRAD][_UNDERFLOW] for m in medians.values()
+                 if math.isfinite(m[_GRAD][_UNDERFLOW])]
         out.append(RecipeVerdict(recipe, latest.step, len(medians),
-                                 _keep(medians, layer_names)))
+                                 _keep(medians, layer_names),
+                                 statistics.median(grads) if grads else math.nan))
     return out
 
 

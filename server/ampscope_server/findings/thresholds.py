@@ -193,6 +193,13 @@ RMS, and a layer whose values happen to sit on the grid (small integers, a spars
 makes the others' median far smaller than that without the recipe doing the others harm."""
 RECIPE_UNDERFLOW_FLOOR = 0.01
 """Below 1 % of an operand's elements flushed to zero no layer is kept back for underflow."""
+RECIPE_UNIFORM_UNDERFLOW = 0.15
+"""A recipe under which the median layer's output gradient loses 15 % of its values to zero
+loses them everywhere, which the per-layer comparison cannot see: the verdict says so rather
+than "fits". Below it is what FP4 costs any gradient: E2M1's least subnormal is a twelfth of
+its max, so a Gaussian block flushes about 6 % under NVFP4 (its E4M3 scale maps the amax near
+6) and 10-12 % under MXFP4 (the power-of-two scale maps it anywhere in (3, 6]); the five
+healthy scenarios' median layers lose 0.05-7 %."""
 RECIPE_RECENT_SAMPLES = 3
 """A verdict is the median of the last three samples (300 steps at the default cadence): one
 unusual batch does not decide it, a trend of a few hundred steps does."""

@@ -24,7 +24,7 @@ from tests.support.ingest import ingest_payload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 
-from scenarios.common import run_scenario  # noqa: E402
+from scenarios.common import run_scenario
 
 HEALTHY = ("healthy", "healthy_relu", "healthy_cnn_bn", "healthy_transformer", "healthy_lstm",
            "healthy_embedding", "healthy_embedding_bag", "healthy_gelu_layernorm")

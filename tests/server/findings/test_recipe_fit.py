@@ -35,7 +35,7 @@ INPUT = OPERANDS.index("input")
 
 def test_a_healthy_run_fits_every_recipe() -> None:
     assert verdicts([_sample(0, {}), _sample(100, {})], NAMES) == [
-        RecipeVerdict("fp8_tensorwise", 100, 3, ()), RecipeVerdict("mxfp8", 100, 3, ())]
+        RecipeVerdict("fp8_tensorwise", 100, 3, (), 0.0), RecipeVerdict("mxfp8", 100, 3, (), 0.0)]
     assert verdicts([_sample(0, {})], NAMES)[1].summary == "mxfp8: all 3 layers fit"
 
 
@@ -82,6 +82,19 @@ def test_one_bad_sample_of_three_decides_nothing() -> None:
     # Only the last three count: two bad ones before them are forgotten.
     assert verdicts([*twice[1:], _sample(300, {}), _sample(400, {}), _sample(500, {})],
                     NAMES)[0].keep == ()
+
+
+def test_a_recipe_that_loses_the_gradients_everywhere_says_so() -> None:
+    """Every layer's gradient flushes 23-30 % under MXFP4: no layer stands out, which the
+    summary says beside the loss everywhere; 9 % is below RECIPE_UNIFORM_UNDERFLOW."""
+    cells = {(k, GRAD, 1, UNDERFLOW): u for k, u in enumerate((0.23, 0.25, 0.30))}
+    _, mx = verdicts([_sample(0, cells, recipes=("fp8_tensorwise", "mxfp4"))], NAMES)
+    assert (mx.keep, mx.grad_underflow, mx.uniform_loss) == ((), 0.25, True)
+    assert mx.summary == ("mxfp4: no layer stands out, but the median layer's gradient loses "
+                          "25% of its values to zero")
+    cells = {(k, GRAD, 1, UNDERFLOW): 0.09 for k in range(3)}
+    _, fine = verdicts([_sample(0, cells)], NAMES)
+    assert (fine.uniform_loss, fine.summary) == (False, "mxfp8: all 3 layers fit")
 
 
 def test_not_measured_is_not_judged() -> None:

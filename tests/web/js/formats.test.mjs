@@ -39,8 +39,9 @@ const sent = {
   verdicts: [
     { recipe: 'mxfp8', step: 200, measured: 2, summary: 'mxfp8: 1 of 2 layers need BF16 (fc1.weight)',
       keep: [{ layer: 'fc1.weight', operand: 'grad_output', stat: 'underflow_frac', value: 0.12, median: 0.001,
-        scale_min_frac: 0.3 }] },
-    { recipe: 'fp8_tensorwise', step: 200, measured: 2, summary: 'fp8_tensorwise: all 2 layers fit', keep: [] },
+        scale_min_frac: 0.3 }], grad_underflow: 0.06, uniform_loss: false },
+    { recipe: 'fp8_tensorwise', step: 200, measured: 2, summary: 'fp8_tensorwise: all 2 layers fit', keep: [],
+      grad_underflow: 0, uniform_loss: false },
   ],
 };
 const body = decodeFormats(sent);
@@ -252,6 +253,14 @@ describe('verdicts', () => {
     assert.equal(verdictHeadline([{ ...body.verdicts[0], measured: 1 }]),
       'Needs layers kept in BF16: mxfp8 (1 of 1 layer)');
     assert.equal(verdictHeadline([]), '');
+  });
+
+  test('verdictHeadline: a recipe that flushes every layer\'s gradient is not said to fit', () => {
+    const everywhere = { ...body.verdicts[1], recipe: 'mxfp4', keep: [], grad_underflow: 0.25,
+      uniform_loss: true };
+    assert.equal(verdictHeadline([body.verdicts[1], everywhere]),
+      'Fits with every layer: fp8_tensorwise · Flushes gradients to zero everywhere: mxfp4 (25% of '
+      + 'the median layer\'s gradient)');
   });
 });
 
