@@ -55,10 +55,10 @@ share of non-finite elements. From the sample, but the amax: the whole operand's
 PIECE = 128
 """Samples are cut into pieces this wide: every recipe's block (16, 32, 128) divides it."""
 
-SAMPLE_ELEMS = 1 << 14
+SAMPLE_ELEMS = 1 << 12
 """Elements of an operand ``sample`` keeps, at most: whole rows, evenly spaced (at least
 one). The fractions and the error are estimated from them (a share's standard error is at most
-0.4 % at 2^14), on the hook's training thread and device, on a sampled step; the scales are the
+0.8 % at 2^12), on the hook's training thread and device, on a sampled step; the scales are the
 whole operand's (its amax, and a weight's 128x128 tiles' amax): one pass over the rest."""
 
 TRAINED = ("amax", "scale")
