@@ -221,6 +221,14 @@
  * @property {{index: number, name: string}[]} layers  `index`: the layer table's row
  * @property {(F | null)[][][][]} values
  * @property {(F | null)[][][]} operands
+ * @property {TrainedOf<F> | null} trained  null: no module of the step trains in a recipe
+ */
+
+/**
+ * What each layer's module really trains in (wire v7 `trained`; null: none), with the amax and
+ * the scale that recipe used, `[layer][operand]`.
+ * @template F
+ * @typedef {{recipes: (string | null)[], amax: (F | null)[][], scale: (F | null)[][]}} TrainedOf
  */
 
 /**
@@ -520,6 +528,11 @@ export function decodeFormats(body) {
       ...m,
       values: m.values.map((layer) => layer.map((operand) => operand.map((recipe) => nums(recipe)))),
       operands: m.operands.map((layer) => layer.map((operand) => nums(operand))),
+      trained: m.trained ? {
+        ...m.trained,
+        amax: m.trained.amax.map((layer) => nums(layer)),
+        scale: m.trained.scale.map((layer) => nums(layer)),
+      } : null,
     },
     verdicts: body.verdicts.map((v) => ({
       ...v,

@@ -144,6 +144,31 @@ export function percent(v) {
 }
 
 /**
+ * One sentence per layer whose module really trains in a recipe now (torchao's Float8Linear):
+ * "head.weight trains in fp8_tensorwise: scale 12.3 (input amax 36.4), …". Empty when none does.
+ * @param {{layers: {name: string}[], trained: {recipes: (string | null)[],
+ *   amax: (number | null)[][], scale: (number | null)[][]} | null}} matrix
+ * @param {string[]} operands  the operand names, in the order of `amax[l]` and `scale[l]`
+ * @returns {string[]}
+ */
+export function trainedLines(matrix, operands) {
+  const t = matrix.trained;
+  if (!t) return [];
+  /** @type {string[]} */
+  const lines = [];
+  t.recipes.forEach((recipe, l) => {
+    if (recipe === null) return;
+    const parts = operands.map((name, o) => {
+      const scale = t.scale[l][o] ?? NaN;
+      const amax = `${name} amax ${numberText(t.amax[l][o] ?? NaN, 3)}`;
+      return Number.isNaN(scale) ? amax : `scale ${numberText(scale, 3)} (${amax})`;
+    });
+    lines.push(`${matrix.layers[l].name} trains in ${recipe}: ${parts.join(', ')}`);
+  });
+  return lines;
+}
+
+/**
  * The SNR in dB of a relative error: −20·log10(rel_rmse); +inf for no error, NaN for a value
  * that is not one (NaN, negative).
  * @param {number} relRmse

@@ -9,7 +9,7 @@
 
 import * as api from './api.js';
 import { el } from './format.js';
-import { DEFAULT_OPERAND, OPERANDS, STAT_VIEWS, keptCells, matrixGrid } from './formats.js';
+import { DEFAULT_OPERAND, OPERANDS, STAT_VIEWS, keptCells, matrixGrid, trainedLines } from './formats.js';
 import { clickedCell, drawMatrix, drawMatrixLegend } from './formats_matrix.js';
 import { FormatTrendCharts } from './formats_trend.js';
 import { verdictNodes } from './formats_verdicts.js';
@@ -127,7 +127,9 @@ export class FormatsView {
     nodes.legend.node.hidden = m === null;
     fill(nodes.step, body.steps.slice().reverse().map((s) => [String(s.step), `step ${s.step}`]));
     nodes.step.disabled = body.steps.length < 2;
-    nodes.verdicts.replaceChildren(...(m ? verdictNodes(body.verdicts) : []));
+    nodes.verdicts.replaceChildren(...(m ? verdictNodes(body.verdicts) : []),
+      ...(m ? trainedLines(m, body.operand_names).map((line) => el('p', 'formats-trained', line))
+        : []));
     if (!m) {
       nodes.note.textContent = '';
       this.loads += 1;

@@ -7,7 +7,7 @@ import { describe, test } from 'node:test';
 
 import {
   BAD_LEVELS, WORST_CAP, WORST_FLOOR, cellValue, colourRange, colourValue, hoverText, keepReason, keptCells,
-  matrixGrid, mergeNames, percent, snrDb, statText, verdictHeadline, worstScore,
+  matrixGrid, mergeNames, percent, snrDb, statText, trainedLines, verdictHeadline, worstScore,
 } from '../../../web/js/formats.js';
 import { decodeFormats } from '../../../web/js/codec.js';
 import { shareTicks } from '../../../web/js/formats_trend.js';
@@ -292,5 +292,17 @@ describe('shareTicks', () => {
     });
     assert.deepEqual(shareTicks(0.1, -Infinity).ticktext, ['0', '100%']); // all zero: the floor alone
     assert.deepEqual(shareTicks(10 ** -4, 0.05).tickvals, [10 ** -4, 1e-3, 1e-2, 1e-1]);
+  });
+});
+
+describe('trainedLines', () => {
+  test('one sentence per layer that trains in a recipe, its scales and amaxes', () => {
+    const matrix = decodeFormats({ ...sent, matrix: { ...sent.matrix, trained: {
+      recipes: ['fp8_tensorwise', null], amax: [[2, 0.5, 'inf'], ['nan', 'nan', 'nan']],
+      scale: [[224, 896, 'nan'], ['nan', 'nan', 'nan']] } } }).matrix;
+    assert.deepEqual(trainedLines(matrix, ['input', 'weight', 'grad_output']), [
+      'fc1.weight trains in fp8_tensorwise: scale 224 (input amax 2), scale 896 (weight amax 0.5), '
+      + 'grad_output amax +inf']);
+    assert.deepEqual(trainedLines(body.matrix, ['input', 'weight', 'grad_output']), []);
   });
 });
