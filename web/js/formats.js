@@ -66,13 +66,13 @@ export const STAT_VIEWS = Object.freeze({
   underflow_frac: { label: 'underflow', kind: 'fraction',
     help: 'non-zero elements the recipe flushes to zero, as a share of all the operand\'s elements' },
   saturated_frac: { label: 'saturation', kind: 'fraction',
-    help: 'share of the operand\'s elements clamped at the format\'s largest value' },
+    help: 'share of the operand\'s elements the clamp to the format\'s largest value changes by more than rounding would' },
   rel_rmse: { label: 'relative error', kind: 'fraction',
     help: '‖q(x) − x‖ / ‖x‖, the quantisation error over the operand\'s RMS; SNR = −20·log₁₀ of it' },
   scale_min_frac: { label: 'scale at its least', kind: 'fraction',
     help: 'share of the blocks whose scale sat at its format\'s least value (their small values flush)' },
   scale_max_frac: { label: 'scale at its greatest', kind: 'fraction',
-    help: 'share of the blocks whose scale was clamped at its format\'s greatest value (NVFP4\'s amax block is, by design)' },
+    help: 'share of the blocks whose scale was clamped at its format\'s greatest value' },
 });
 
 /** @type {Readonly<Record<string, string>>} the statistics' short names, in hovers and keep-lists */

@@ -29,7 +29,7 @@ from ampscope_server.charts.schemas import (
     RecipeVerdictRead,
 )
 from ampscope_server.findings import recipe_fit
-from ampscope_server.findings.facts import FormatsSample
+from ampscope_server.findings.reads import formats_sample
 from ampscope_server.findings.thresholds import RECIPE_RECENT_SAMPLES
 from ampscope_server.store import format_packing, formats_repository, runs_repository
 from ampscope_server.store.format_packing import FORMAT_STATS, OPERAND_STATS, OPERANDS
@@ -54,14 +54,8 @@ def formats_read(session: Session, run: Run, step: int | None, limit: int) -> Fo
         steps=[FormatStepRead(id=step_id, step=number) for step_id, number in sampled.steps],
         matrix=matrix(rows[0], names) if rows else None,
         verdicts=[_verdict(v) for v in recipe_fit.verdicts(
-            [_sample(row) for row in reversed(rows)], names)],
+            [formats_sample(row) for row in reversed(rows)], names)],
     )
-
-
-def _sample(row: StepFormats) -> FormatsSample:
-    unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
-    return FormatsSample(row.step, tuple(unpacked.recipes), tuple(unpacked.layers),
-                         unpacked.values, unpacked.operands)
 
 
 def _verdict(verdict: recipe_fit.RecipeVerdict) -> RecipeVerdictRead:

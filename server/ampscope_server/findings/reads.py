@@ -301,10 +301,11 @@ def _formats_ends(session: Session, run_id: str) -> list[FormatsSample]:
     first = formats_repository.formats_first(session, run_id, OUTLIER_SAMPLES)
     last = formats_repository.formats_up_to(session, run_id, None, OUTLIER_SAMPLES)
     rows = {row.step_id: row for row in (*first, *reversed(last))}
-    return [_formats_sample(row) for row in rows.values()]
+    return [formats_sample(row) for row in rows.values()]
 
 
-def _formats_sample(row: StepFormats) -> FormatsSample:
+def formats_sample(row: StepFormats) -> FormatsSample:
+    """A stored `step_formats` row as the detectors' `FormatsSample`."""
     unpacked = format_packing.unpack_row(row.recipes, row.layers, row.data)
     return FormatsSample(row.step, tuple(unpacked.recipes), tuple(unpacked.layers),
                          unpacked.values, unpacked.operands)

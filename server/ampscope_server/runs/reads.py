@@ -47,7 +47,6 @@ from ampscope_server.runs.schemas import (
 )
 from ampscope_server.store import (
     format_packing,
-    formats_repository,
     run_counters_repository,
     runs_repository,
     stat_packing,
@@ -283,7 +282,7 @@ def _v2_fields(session: Session, run_id: str, steps: Sequence[Step]
         fields[step_id].update(v4)
     for shadow in steps_repository.shadows_of(session, ids):
         fields[shadow.step_id]["shadow"] = shadow_read(shadow)
-    for formats in formats_repository.formats_of(session, ids):
+    for formats in steps_repository.formats_of(session, ids):
         fields[formats.step_id]["formats"] = formats_export(formats)
     return fields
 

@@ -10,7 +10,6 @@ one step a matrix shows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import (
@@ -30,7 +29,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from ampscope_server.store import format_packing
 from ampscope_server.store.models import StepFormats
-from ampscope_server.store.sql_support import KEYS_PER_STATEMENT, in_ids, is_postgres, run_key
+from ampscope_server.store.sql_support import is_postgres, run_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +50,6 @@ class TrendRow:
     step: int
     values: bytes
     operands: bytes
-
-
-def formats_of(session: Session, step_ids: Sequence[int]) -> list[StepFormats]:
-    """The rows of the given steps (most steps have none), by step id; KEYS_PER_STATEMENT ids a
-    statement."""
-    ids = sorted(set(step_ids))
-    out: list[StepFormats] = []
-    for first in range(0, len(ids), KEYS_PER_STATEMENT):
-        out.extend(session.scalars(
-            select(StepFormats)
-            .where(in_ids(session, StepFormats.step_id, ids[first:first + KEYS_PER_STATEMENT]))
-            .order_by(StepFormats.step_id)))
-    return out
 
 
 def formats_first(session: Session, run_id: str, count: int) -> list[StepFormats]:

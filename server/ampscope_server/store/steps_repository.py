@@ -36,6 +36,7 @@ from ampscope_server.store.models import (
     MisuseEvent,
     Run,
     Step,
+    StepFormats,
     StepNonfinite,
     StepRecheck,
     StepShadow,
@@ -477,7 +478,12 @@ def shadows_of(session: Session, step_ids: Sequence[int]) -> list[StepShadow]:
     return _rows_of(session, StepShadow, step_ids)
 
 
-_StepChild = TypeVar("_StepChild", StepRecheck, StepShadow)
+def formats_of(session: Session, step_ids: Sequence[int]) -> list[StepFormats]:
+    """The formats samples of the given steps (most steps have none), by step id."""
+    return _rows_of(session, StepFormats, step_ids)
+
+
+_StepChild = TypeVar("_StepChild", StepRecheck, StepShadow, StepFormats)
 
 
 def _rows_of(session: Session, model: type[_StepChild],
