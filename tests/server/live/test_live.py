@@ -221,9 +221,10 @@ class TestRunsLive:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A run that goes silent turns `crashed` with no ingest to announce it: the periodic
-        full message (every crash timeout / 2, here 0.5 s) carries it, even while another run
-        keeps the socket busy."""
-        monkeypatch.setenv("AMPSCOPE_CRASH_TIMEOUT_S", "1")
+        full message (every crash timeout / 2, here 1.5 s) carries it, even while another run
+        keeps the socket busy. 3 s, not 1: on a loaded machine the first snapshot came more than
+        1 s after the silent run's ingest and already said `crashed`."""
+        monkeypatch.setenv("AMPSCOPE_CRASH_TIMEOUT_S", "3")
         server = ServerProcess(migrated_sqlite(tmp_path), tmp_path).start()
         try:
             with httpx.Client(base_url=server.url, timeout=30.0) as api:
