@@ -249,8 +249,9 @@ class ScalerView:
         tracker = getattr(self.scaler, "_growth_tracker", None)
         if (snapshot and "scale" in before and "found_inf" in before
                 and isinstance(after, torch.Tensor) and isinstance(tracker, torch.Tensor)):
-            copies = [before["scale"], after.clone(), tracker.clone(), before["found_inf"]]
-            return copies, absent, False
+            # Both copies in one dispatch (x + 0 is x: an int32 tracker and a finite scale).
+            scale_after, growth = torch._foreach_add([after, tracker], 0)
+            return [before["scale"], scale_after, growth, before["found_inf"]], absent, False
         if "scale" in before and isinstance(after, torch.Tensor):
             scale_before = before["scale"].to(device)
             scale_after = after.to(device=device, copy=snapshot).reshape(())
