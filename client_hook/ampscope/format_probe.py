@@ -32,6 +32,7 @@ from ampscope.recipes import (
     MOMENTS,
     OPERANDS,
     RECIPES,
+    SCALE_WIDTH,
     STATS,
     TRAINED,
     Operand,
@@ -71,7 +72,9 @@ def trained_recipe(module: torch.nn.Module) -> str | None:
 
 class FormatsProbe:
     """Arms a forward hook for one sampled step and turns what it measured into the step's
-    ``(modules, 3, width)`` block (``width`` = recipes · STATS + MOMENTS; NaN: not measured)."""
+    ``(modules, 3, width)`` block (``width`` = recipes · STATS + MOMENTS + recipes · SCALE_WIDTH,
+    as ``measure`` gives them, then ``TRAINED`` where a module trains in a recipe; NaN: not
+    measured)."""
 
     def __init__(self, model: torch.nn.Module, layer_of: Mapping[int, int],
                  recipes: Sequence[Recipe], on_error: Callable[[Exception], None]) -> None:
@@ -88,7 +91,7 @@ class FormatsProbe:
         self.trained = [trained_recipe(m) for m in self._modules]
         """Per module, the recipe it really trains in (None: none); all None: not kept."""
         self.keeps_trained = any(self.trained)
-        self.width = (len(self.recipes) * len(STATS) + len(MOMENTS)
+        self.width = (len(self.recipes) * (len(STATS) + SCALE_WIDTH) + len(MOMENTS)
                       + (len(TRAINED) if self.keeps_trained else 0))
         self._hook = SampledHook(self._forward_hook)
         self.armed = False

@@ -2,10 +2,11 @@
 
 An older server answers an unknown ``schema_version`` with a 422 naming it; rather than lose the
 batch, the sender (``Transport``, ``ampscope sync``) resends it one version lower and keeps the
-accepted version for the run, warning once what is lost (v7 → v6: ``formats``; v6 → v5:
-``target_format_reason``, ``recheck.origin``, ``shadow``; v5 → v4: nothing, the packed blocks go
-as JSON arrays). v4 is the floor. A downgrade rewrites an encoded body's JSON (``rewrite``),
-since the spool keeps exact request bytes: one path for fresh, spooled and synced batches.
+accepted version for the run, warning once what is lost (v8 → v7: ``formats.scales``; v7 → v6:
+``formats``; v6 → v5: ``target_format_reason``, ``recheck.origin``, ``shadow``; v5 → v4:
+nothing, the packed blocks go as JSON arrays). v4 is the floor. A downgrade rewrites an encoded
+body's JSON (``rewrite``), since the spool keeps exact request bytes: one path for fresh,
+spooled and synced batches.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ LOWEST_VERSION = 4
 """The lowest version the hook falls back to (v3 has no ranks and no per-optimizer steps)."""
 
 _DROPPED = {
+    8: "the formats probe's block scale exponents are not sent",
     7: "the formats probe's statistics are not sent",
     6: "target_format_reason, recheck origins and shadow steps are not sent",
     5: "statistics travel as JSON arrays",
@@ -73,6 +75,11 @@ def rewrite(body: bytes, version: int) -> bytes | None:
         if current <= version:
             return body
         payload["schema_version"] = version
+        if version < 8:
+            for record in payload.get("records") or ():
+                formats = record.get("formats")
+                if isinstance(formats, dict):
+                    formats.pop("scales", None)
         if version < 7:
             for record in payload.get("records") or ():
                 record.pop("formats", None)

@@ -27,8 +27,8 @@ from typing import Literal
 
 import torch
 
-__all__ = ["MOMENTS", "OPERANDS", "RECIPES", "STATS", "TRAINED", "Element", "Quantized",
-           "Recipe", "Sample", "measure", "quantize", "sample"]
+__all__ = ["MOMENTS", "OPERANDS", "RECIPES", "SCALE_BINS", "SCALE_WIDTH", "STATS", "TRAINED",
+           "Element", "Quantized", "Recipe", "Sample", "measure", "quantize", "sample"]
 
 Operand = Literal["input", "weight", "grad_output"]
 OPERANDS: tuple[Operand, ...] = ("input", "weight", "grad_output")
@@ -51,6 +51,16 @@ MOMENTS = ("amax", "rms", "kurtosis", "nonfinite_frac")
 """Per operand, whatever the recipe, over its finite elements: the outliers' trend (amax, and
 the kurtosis E[(x - mean)^4] / var^2, 3 for a Gaussian, NaN where var = 0) beside the RMS; the
 share of non-finite elements. From the sample, but the amax: the whole operand's."""
+
+SCALE_BINS = 16
+SCALE_WIDTH = 1 + SCALE_BINS
+"""Per operand and recipe, the exponents of the scales of the blocks holding a non-zero value
+(the blocks of ``scale_min_frac``), ``SCALE_WIDTH`` values: the greatest exponent (NaN: no
+such block), then the blocks' counts by how many binades below it their scale sits, ``[k]`` k
+below for k < SCALE_BINS - 1, ``[last]`` that many or more. A block's scale is the one its
+format stores: E8M0's power of two (MX), the E4M3 block scale under NVFP4's tensor scale, the
+FP32 dequantising factor (``1 / scale`` as ``torch._scaled_mm`` takes it) of the FP8 recipes;
+its exponent ⌊log2⌋. Sixteen binades span NVFP4's E4M3 block scales (2^-6 to 448) whole."""
 
 PIECE = 128
 """Samples are cut into pieces this wide: every recipe's block (16, 32, 128) divides it."""
@@ -154,10 +164,12 @@ activations and gradients, 128x128 weights); ``mxfp8`` torchtitan's ``mxfp8_rcei
 class Quantized:
     """``values``: the operand as the recipe's GEMM sees it, dequantised, shaped as ``matrix``;
     ``scales``: each block's dequantising factor ``(row blocks, column blocks)``;
+    ``exponents``: the exponent of each block's scale as its format stores it (``SCALE_BINS``);
     ``at_least`` / ``at_most``: blocks whose scale sits at its format's limit."""
 
     values: torch.Tensor
     scales: torch.Tensor
+    exponents: torch.Tensor
     at_least: torch.Tensor
     at_most: torch.Tensor
 
@@ -236,7 +248,8 @@ def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
 def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Operand
             ) -> torch.Tensor:
     """For each sample (one operand of one module each), its ``STATS`` under each recipe
-    (recipe by recipe) and its ``MOMENTS``: a ``(len(samples), len(recipes) · len(STATS) +
+    (recipe by recipe), its ``MOMENTS`` and its block scales' exponents under each recipe
+    (``SCALE_WIDTH`` each): a ``(len(samples), len(recipes) · (len(STATS) + SCALE_WIDTH) +
     len(MOMENTS))`` float64 tensor on their device, in a number of ops that grows with the
     recipes, not the samples (the pieces are measured together, then summed per sample)."""
     device = samples[0].pieces.device
@@ -256,7 +269,7 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
     sums = torch.zeros(len(samples), 5, dtype=f64, device=device).index_add_(0, owner, torch.stack([
         torch.count_nonzero(pieces, dim=1).double(), x.sum(1), squares.sum(1),
         (squares * x).sum(1), (squares * squares).sum(1)], dim=1))
-    columns = []
+    columns, scales = [], []
     for recipe in recipes:
         q = _quantized(pieces, recipe, operand, tensor_amax, row_amax, tile_amax)
         occupied = q.amax > 0
@@ -269,6 +282,7 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
         ], dim=1).double()
         error = torch.linalg.vector_norm(q.values - q.tiles, dim=(1, 2), dtype=f64)
         columns.append(torch.cat([per_piece, (error * error)[:, None]], dim=1))
+        scales.append(_scale_exponents(q.exponent, occupied, owner, len(samples)))
     moments = _moments(sums, n, torch.stack([s.nonfinite for s in samples]).double(),
                        torch.stack([s.tensor_amax for s in samples]).double())
     if not recipes:
@@ -284,7 +298,27 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
         totals[:, :, 2] / totals[:, :, 4].clamp(min=1),
         totals[:, :, 3] / totals[:, :, 4].clamp(min=1),
     ], dim=2)
-    return torch.cat([stats.reshape(len(samples), -1), moments], dim=1)
+    return torch.cat([stats.reshape(len(samples), -1), moments, *scales], dim=1)
+
+
+def _scale_exponents(exponent: torch.Tensor, occupied: torch.Tensor, owner: torch.Tensor,
+                     samples: int) -> torch.Tensor:
+    """``(samples, SCALE_WIDTH)``: per sample the greatest exponent of its occupied blocks and
+    their counts by binades below it (``SCALE_BINS``); ``exponent`` and ``occupied`` per block
+    ``(pieces, blocks, 1)``, ``owner`` each piece's sample. No mask: a block that holds no
+    value adds 0 (a boolean index would sync on CUDA)."""
+    f64 = torch.float64
+    exponent = exponent.to(f64)
+    per_piece = torch.where(occupied, exponent, -math.inf).amax(dim=(1, 2))
+    top = torch.full((samples,), -math.inf, dtype=f64, device=exponent.device)
+    top = top.scatter_reduce(0, owner, per_piece, "amax")
+    # A sample without an occupied block has top -inf: its blocks clamp into bin 0 and add 0.
+    below = (top[owner][:, None, None] - exponent).clamp(0, SCALE_BINS - 1).long()
+    counts = torch.zeros(samples * SCALE_BINS, dtype=f64, device=exponent.device)
+    counts.index_add_(0, (owner[:, None, None] * SCALE_BINS + below).reshape(-1),
+                      occupied.reshape(-1).to(f64))
+    return torch.cat([torch.where(torch.isinf(top), math.nan, top)[:, None],
+                      counts.view(samples, SCALE_BINS)], dim=1)
 
 
 def _moments(sums: torch.Tensor, n: torch.Tensor, nonfinite: torch.Tensor,
@@ -319,15 +353,16 @@ def quantize(m: torch.Tensor, recipe: Recipe, operand: Operand) -> Quantized:
     per_block = recipe.block or PIECE
     blocks = -(-cols // per_block)
     return Quantized(grid(q.values)[:, :cols], grid(q.down)[:, :blocks],
-                     grid(q.low)[:, :blocks], grid(q.high)[:, :blocks])
+                     grid(q.exponent)[:, :blocks], grid(q.low)[:, :blocks],
+                     grid(q.high)[:, :blocks])
 
 
 @dataclass(frozen=True)
 class _Quantized:
     """One recipe over pieces viewed as ``(pieces, blocks, block)``: its element format, the
     pieces, each block's amax, the values scaled into the element's range (before the clamp),
-    the values clamped, rounded and dequantised, each block's dequantising factor and its limit
-    flags (size-1 last dim)."""
+    the values clamped, rounded and dequantised, each block's dequantising factor, the exponent
+    of its scale as stored (``SCALE_WIDTH``) and its limit flags (size-1 last dim)."""
 
     element: Element
     tiles: torch.Tensor
@@ -335,6 +370,7 @@ class _Quantized:
     scaled: torch.Tensor
     values: torch.Tensor
     down: torch.Tensor
+    exponent: torch.Tensor
     low: torch.Tensor
     high: torch.Tensor
 
@@ -359,31 +395,32 @@ def _quantized(pieces: torch.Tensor, recipe: Recipe, operand: Operand,
             up = torch.exp2(torch.floor(torch.log2(up)))
         # Back through the reciprocal, as ``torch._scaled_mm`` is given it.
         down, low, high = 1 / up, amax <= AMAX_EPS, torch.isinf(up)
+        exponent = torch.frexp(down)[1] - 1
     elif recipe.scale == "e8m0":
-        up, down, low, high = _e8m0(amax, element)
+        up, down, exponent, low, high = _e8m0(amax, element)
     else:
-        up, down, low, high = _nvfp4(amax, tensor_amax[:, None, None], element)
+        up, down, exponent, low, high = _nvfp4(amax, tensor_amax[:, None, None], element)
     scaled = tiles * up
     values = _round(scaled.clamp(-element.max, element.max), element) * down
-    return _Quantized(element, tiles, amax, scaled, values, down, low, high)
+    return _Quantized(element, tiles, amax, scaled, values, down, exponent, low, high)
 
 
 def _e8m0(amax: torch.Tensor, element: Element
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MX's power-of-two scale, RCEIL: 2^ceil(log2(amax / max)) within E8M0's exponents, as
     torchao's ``_to_mx_rceil`` (which follows TransformerEngine's ``ptx.cuh``). A block whose
     exponent clamps to E8M0's least is multiplied by 1, not 2^127, as there: its values are
     below E4M3's least subnormal anyway. Returns the factors into and out of the element's
-    range and the clamp flags."""
+    range, the scale's exponent and the clamp flags."""
     exponent = torch.ceil(torch.log2(amax / element.max))
     low, high = exponent <= E8M0_MIN_EXP, exponent > E8M0_MAX_EXP
     exponent = exponent.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
     up = torch.where(exponent == E8M0_MIN_EXP, 1.0, torch.exp2(-exponent))
-    return up, torch.exp2(exponent), low, high
+    return up, torch.exp2(exponent), exponent, low, high
 
 
 def _nvfp4(amax: torch.Tensor, tensor_amax: torch.Tensor, element: Element
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4's two levels, as torchao's ``nvfp4_quantize`` with a per-tensor scale: the tensor's
     amax ÷ (E4M3 max · E2M1 max) in FP32, under it each block's amax ÷ E2M1 max rounded to E4M3
     (clamped to E4M3's least normal and its max)."""
@@ -393,7 +430,8 @@ def _nvfp4(amax: torch.Tensor, tensor_amax: torch.Tensor, element: Element
     low, high = block <= E4M3.min_normal, block > E4M3.max
     block_e4m3 = block.clamp(E4M3.min_normal, E4M3.max).to(torch.float8_e4m3fn).float()
     up = (1.0 / tensor_scale) / block_e4m3
-    return up, block_e4m3 * tensor_scale, low, high
+    # The exponent of the E4M3 block scale itself (a normal: clamped to the least normal).
+    return up, block_e4m3 * tensor_scale, torch.frexp(block_e4m3)[1] - 1, low, high
 
 
 def _round(v: torch.Tensor, element: Element) -> torch.Tensor:

@@ -25,7 +25,7 @@ from ampscope.misuse import ClipHeuristic
 from ampscope.names import canonical_names
 from ampscope.partials import NUM_COLUMNS, HostStats
 from ampscope.recheck import NAN_CODE, ORIGIN_FORMATS, ORIGIN_SIZE
-from ampscope.recipes import MOMENTS, OPERANDS, STATS, TRAINED
+from ampscope.recipes import MOMENTS, OPERANDS, SCALE_WIDTH, STATS, TRAINED
 from ampscope.reductions import STAT_NAMES
 from ampscope.selection import selected
 from ampscope.shadow import block_size
@@ -68,8 +68,9 @@ class FormatsSection:
 
     @property
     def width(self) -> int:
-        """Values per module and operand: the recipes' ``STATS``, ``MOMENTS``, ``TRAINED``."""
-        return (len(self.recipes) * len(STATS) + len(MOMENTS)
+        """Values per module and operand: the recipes' ``STATS``, ``MOMENTS``, the recipes'
+        ``SCALE_WIDTH`` and ``TRAINED``."""
+        return (len(self.recipes) * (len(STATS) + SCALE_WIDTH) + len(MOMENTS)
                 + (len(TRAINED) if self.trained is not None else 0))
 
 
@@ -332,20 +333,25 @@ def _optimizers(slots: Sequence[OptimizerSlots] | None, values: Sequence[float]
 
 def _formats_block(section: FormatsSection, values: Sequence[float]) -> dict[str, Any]:
     """Wire v7's ``formats``: each (module, operand) row split into its recipes' statistics
-    (``values``, layers · operands · recipes · STATS), its moments (``operands``) and, with
+    (``values``, layers · operands · recipes · STATS), its moments (``operands``), its recipes'
+    block scale exponents (``scales``, layers · operands · recipes · SCALE_WIDTH) and, with
     ``trained``, the amax and scale its recipe used (layers · operands each), packed."""
     stats, width = len(section.recipes) * len(STATS), section.width
     moments = stats + len(MOMENTS)
-    recipe_part, moment_part, amax, scale = array("d"), array("d"), array("d"), array("d")
+    exponents = moments + len(section.recipes) * SCALE_WIDTH
+    recipe_part, moment_part, scale_part = array("d"), array("d"), array("d")
+    amax, scale = array("d"), array("d")
     for start in range(0, len(values), width):
         recipe_part.extend(values[start : start + stats])
         moment_part.extend(values[start + stats : start + moments])
+        scale_part.extend(values[start + moments : start + exponents])
         if section.trained is not None:
-            amax.append(values[start + moments])
-            scale.append(values[start + moments + 1])
+            amax.append(values[start + exponents])
+            scale.append(values[start + exponents + 1])
     block = {"recipes": list(section.recipes), "layers": list(section.layers),
              "values": wire.packed(recipe_part.tobytes()),
-             "operands": wire.packed(moment_part.tobytes())}
+             "operands": wire.packed(moment_part.tobytes()),
+             "scales": wire.packed(scale_part.tobytes())}
     if section.trained is not None:
         block["trained"] = {"recipes": list(section.trained),
                             "amax": wire.packed(amax.tobytes()),

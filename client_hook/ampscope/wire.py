@@ -40,8 +40,8 @@ __all__ = [
     "unpack_stats",
 ]
 
-SCHEMA_VERSION = 7
-"""v7 (#33); an older server gets batches one version lower (``ampscope.negotiate``)."""
+SCHEMA_VERSION = 8
+"""v8 (#33); an older server gets batches one version lower (``ampscope.negotiate``)."""
 PACKED = "f64le"
 """The key of a packed statistics block (little-endian float64 columns, base64)."""
 _SLOT = f"ampscope-packed-{uuid.uuid4().hex}"
@@ -275,7 +275,7 @@ def unpack_payload(payload: dict[str, JSON]) -> dict[str, JSON]:
             if isinstance(block, dict) and PACKED in block:
                 record[name] = unpack_stats(block)
         formats = record.get("formats")
-        for parent, names in ((formats, ("values", "operands")),
+        for parent, names in ((formats, ("values", "operands", "scales")),
                               (formats.get("trained") if isinstance(formats, dict) else None,
                                ("amax", "scale"))):
             if not isinstance(parent, dict):

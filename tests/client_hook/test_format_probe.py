@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ampscope
-from ampscope.recipes import MOMENTS, OPERANDS, RECIPES, STATS, measure, sample
+from ampscope.recipes import MOMENTS, OPERANDS, RECIPES, SCALE_WIDTH, STATS, measure, sample
 from ampscope.transport import MemorySender
 from tests.client_hook.amp_loop import AmpLoop
 
@@ -80,8 +80,10 @@ def test_every_nth_step_carries_each_modules_operands_under_each_recipe() -> Non
     records = loop.records()
     assert [r["step"] for r in records if "formats" in r] == [0, 3, 6]
     packed = [r["formats"] for r in raw if "formats" in r]
-    assert all(set(f["values"]) == set(f["operands"]) == {"f64le"} for f in packed)
+    assert all(set(f["values"]) == set(f["operands"]) == set(f["scales"]) == {"f64le"}
+               for f in packed)
     width = len(RECIPES) * len(STATS)
+    scales = len(RECIPES) * SCALE_WIDTH
     for record in records:
         block = record.get("formats")
         if block is None:
@@ -91,12 +93,16 @@ def test_every_nth_step_carries_each_modules_operands_under_each_recipe() -> Non
         assert block["layers"] == [0, 2, 4]
         values = torch.tensor(_floats(block["values"]), dtype=torch.float64)
         moments = torch.tensor(_floats(block["operands"]), dtype=torch.float64)
+        exponents = torch.tensor(_floats(block["scales"]), dtype=torch.float64)
         want = expected[record["step"]]
         assert values.numel() == 3 * len(OPERANDS) * width
         assert moments.numel() == 3 * len(OPERANDS) * len(MOMENTS)
+        assert exponents.numel() == 3 * len(OPERANDS) * scales
         assert torch.equal(values.view(-1, width), want[:, :width])
         assert torch.equal(moments.view(-1, len(MOMENTS)).nan_to_num(-1.0),
-                           want[:, width:].nan_to_num(-1.0))
+                           want[:, width : width + len(MOMENTS)].nan_to_num(-1.0))
+        assert torch.equal(exponents.view(-1, scales).nan_to_num(-1.0),
+                           want[:, width + len(MOMENTS):].nan_to_num(-1.0))
 
 
 class TwoHeads(nn.Module):

@@ -34,11 +34,13 @@ REASON = "32 of 32 parameter tensors are FP16"
 ORIGIN: dict[str, Any] = {"module": "encoder.layers.0.linear1", "input_finite": True,
                           "format": "fp16"}
 N = 10
-NO_FORMATS = "the formats probe's statistics are not sent"
+NO_SCALES = "the formats probe's block scale exponents are not sent"
+NO_FORMATS = f"{NO_SCALES}; the formats probe's statistics are not sent"
 LEFT_OUT = f"{NO_FORMATS}; target_format_reason, recheck origins and shadow steps are not sent"
-WARNING_V6 = f"ampscope server accepts wire v6, not v7: {NO_FORMATS}"
-WARNING_V5 = f"ampscope server accepts wire v5, not v7: {LEFT_OUT}"
-WARNING_V4 = (f"ampscope server accepts wire v4, not v7: {LEFT_OUT}; statistics travel as JSON "
+WARNING_V7 = f"ampscope server accepts wire v7, not v8: {NO_SCALES}"
+WARNING_V6 = f"ampscope server accepts wire v6, not v8: {NO_FORMATS}"
+WARNING_V5 = f"ampscope server accepts wire v5, not v8: {LEFT_OUT}"
+WARNING_V4 = (f"ampscope server accepts wire v4, not v8: {LEFT_OUT}; statistics travel as JSON "
               "arrays")
 
 
@@ -53,7 +55,8 @@ def _record(seq: int) -> dict[str, Any]:
     """A record whose values test the codecs: -0.0, NaN, ±inf, a NaN amin_nz (null), and on
     every odd step an overflow with an FP32 re-check that found where it began, on every
     step 2 mod 4 an FP32 shadow step (v6) with NaN, ±inf and a layer without a gradient, on
-    every step 0 mod 4 the formats probe's block (v7) with NaN, ±inf and -0.0."""
+    every step 0 mod 4 the formats probe's block (v7, its scales v8) with NaN, ±inf and
+    -0.0."""
     nan, inf = math.nan, math.inf
     odd = seq % 2 == 1
     return wire.step_record(
@@ -75,12 +78,15 @@ def _record(seq: int) -> dict[str, Any]:
 
 
 def _formats(seq: int) -> dict[str, Any]:
-    """One layer (fc1.weight), two recipes: 3 operands x 2 x 5 values, 3 x 4 moments."""
+    """One layer (fc1.weight), two recipes: 3 operands x 2 x 5 values, 3 x 4 moments, 3 x 2 x
+    17 scale exponents (a NaN top: no block held a value)."""
     values = [math.nan, math.inf, -0.0, 0.125 + seq, 2.0**-1074] * 6
     moments = [448.0 * seq, -math.inf, 3.0, 0.0] * 3
+    scales = ([-8.0 - seq, *map(float, range(16))] + [math.nan] + [0.0] * 16) * 3
     return {"recipes": ["mxfp8", "nvfp4"], "layers": [0],
             "values": wire.packed(array("d", values).tobytes()),
-            "operands": wire.packed(array("d", moments).tobytes())}
+            "operands": wire.packed(array("d", moments).tobytes()),
+            "scales": wire.packed(array("d", scales).tobytes())}
 
 
 @dataclass
@@ -124,6 +130,9 @@ def _refusal(payload: dict[str, Any], newest: int) -> bytes:
               for i, record in enumerate(payload["records"]) if newest < 6 and "shadow" in record]
     parts += [f"records[{i}].formats: unknown field"
               for i, record in enumerate(payload["records"]) if newest < 7 and "formats" in record]
+    parts += [f"records[{i}].formats.scales: unknown field"
+              for i, record in enumerate(payload["records"])
+              if newest == 7 and "scales" in (record.get("formats") or {})]
     return json.dumps({"detail": "; ".join(parts)}).encode()
 
 
@@ -175,11 +184,13 @@ def _get(server: ServerProcess, path: str) -> Any:
 
 def _sent(seqs: range, *, version: int) -> list[dict[str, Any]]:
     """The records as the server should give them back after a batch at `version`: their JSON
-    form, below v7 without formats, below v6 without shadow steps and the re-check's origin
-    null."""
+    form, below v8 without the formats' scales, below v7 without formats, below v6 without
+    shadow steps and the re-check's origin null."""
     records = wire.unpack_payload({"records": [_record(s) for s in seqs]})["records"]
     out: list[dict[str, Any]] = json.loads(json.dumps(records, allow_nan=False))
     for record in out:
+        if version < 8 and record.get("formats") is not None:
+            del record["formats"]["scales"]
         if version < 7:
             record.pop("formats", None)
         if version < 6:
@@ -241,6 +252,17 @@ class TestRewrite:
     def _body(self) -> bytes:
         return Encoder()([_record(0), _record(1), _record(2)], True, False)
 
+    def test_v7_drops_the_scales_and_nothing_else(self) -> None:
+        body = self._body()
+        original = json.loads(body)
+        rewritten = rewrite(body, 7)
+        assert rewritten is not None
+        got = json.loads(rewritten)
+        assert "scales" in original["records"][0]["formats"]
+        assert "scales" not in got["records"][0]["formats"]
+        del original["records"][0]["formats"]["scales"]
+        assert got == {**original, "schema_version": 7}
+
     def test_v6_drops_the_formats_and_nothing_else(self) -> None:
         body = self._body()
         original = json.loads(body)
@@ -284,7 +306,7 @@ class TestRewrite:
         assert rewrite(body, 5) is None
 
     def test_the_ladder_stops_at_v4(self) -> None:
-        assert [lower_version(v) for v in (9, 8, 7, 6, 5, 4)] == [7, 7, 6, 5, 4, None]
+        assert [lower_version(v) for v in (10, 9, 8, 7, 6, 5, 4)] == [8, 8, 7, 6, 5, 4, None]
 
 
 # --- against a real server ---------------------------------------------------------------------
@@ -294,21 +316,37 @@ class TestTransport:
         self, module_server: ServerProcess, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture
     ) -> None:
-        """A top version of 8, which this server refuses with its own 422: one downgrade to
-        v7 for the whole run, every record arrives, nothing is left out."""
+        """A top version of 9, which this server refuses with its own 422: one downgrade to
+        v8 for the whole run, every record arrives, nothing is left out."""
         caplog.set_level(logging.WARNING, logger="ampscope")
-        monkeypatch.setattr(wire, "SCHEMA_VERSION", 8)
+        monkeypatch.setattr(wire, "SCHEMA_VERSION", 9)
         encode = Encoder()
-        sender = OlderServer(module_server.url, newest=8)  # forwards all: the server refuses
+        sender = OlderServer(module_server.url, newest=9)  # forwards all: the server refuses
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
         assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
-        assert [p["schema_version"] for p in sender.forwarded] == [8] + [7] * (
+        assert [p["schema_version"] for p in sender.forwarded] == [9] + [8] * (
             len(sender.forwarded) - 1)
-        assert _stored(module_server, encode.run_id) == _sent(range(N), version=7)
+        assert _stored(module_server, encode.run_id) == _sent(range(N), version=8)
         assert _get(module_server, f"/api/runs/{encode.run_id}")["target_format_reason"] == (
             REASON)
-        assert _warnings(caplog) == ["ampscope server accepts wire v7, not v8; nothing is left out"]
+        assert _warnings(caplog) == ["ampscope server accepts wire v8, not v9; nothing is left out"]
+
+    def test_at_v7_the_scales_are_left_out_and_nothing_else(
+        self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.WARNING, logger="ampscope")
+        encode = Encoder()
+        sender = OlderServer(module_server.url, newest=7)
+        t = _transport(sender, encode)
+        _send_all(t, [Item(s) for s in range(N)])
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
+        assert sender.refused == [8]
+        assert {p["schema_version"] for p in sender.forwarded} == {7}
+        formats = [r["formats"] for p in sender.forwarded for r in p["records"] if "formats" in r]
+        assert len(formats) == 3 and not any("scales" in f for f in formats)
+        assert _stored(module_server, encode.run_id) == _sent(range(N), version=7)
+        assert _warnings(caplog) == [WARNING_V7]
 
     def test_at_v6_the_formats_are_left_out_and_nothing_else(
         self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
@@ -318,8 +356,8 @@ class TestTransport:
         sender = OlderServer(module_server.url, newest=6)
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
-        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=1)
-        assert sender.refused == [7]
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=2)
+        assert sender.refused == [8, 7]
         assert {p["schema_version"] for p in sender.forwarded} == {6}
         assert not any("formats" in r for p in sender.forwarded for r in p["records"])
         stored = _stored(module_server, encode.run_id)
@@ -335,8 +373,8 @@ class TestTransport:
         sender = OlderServer(module_server.url, newest=5)
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
-        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=2)
-        assert sender.refused == [7, 6]
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=3)
+        assert sender.refused == [8, 7, 6]
         assert {p["schema_version"] for p in sender.forwarded} == {5}
         assert not any("target_format_reason" in p["run"] for p in sender.forwarded)
         records = [r for p in sender.forwarded for r in p["records"]]
@@ -357,8 +395,8 @@ class TestTransport:
         sender = OlderServer(module_server.url, newest=4)
         t = _transport(sender, encode)
         _send_all(t, [Item(s) for s in range(N)])
-        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=3)
-        assert sender.refused == [7, 6, 5]  # the first batch thrice, then every one at v4
+        assert t.stats() == TransportStats(N, N, 0, 0, failed_requests=4)
+        assert sender.refused == [8, 7, 6, 5]  # the first batch 4 times, then each one at v4
         assert {p["schema_version"] for p in sender.forwarded} == {4}
         records = [r for p in sender.forwarded for r in p["records"]]
         assert all(type(r["layers"]["amax"]) is list for r in records)
@@ -371,7 +409,7 @@ class TestTransport:
             "nan", "inf", "-inf")
         assert _warnings(caplog) == [WARNING_V4]
 
-    def test_a_spooled_v7_frame_is_replayed_at_the_accepted_version(
+    def test_a_spooled_v8_frame_is_replayed_at_the_accepted_version(
         self, module_server: ServerProcess, caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
@@ -382,8 +420,8 @@ class TestTransport:
         stats = t.stats()
         assert (stats.produced, stats.acknowledged, stats.dropped, stats.pending,
                 stats.spooled) == (N, N, 0, 0, 0)
-        assert stats.replayed > 0 and stats.failed_requests == 3  # the 503, two refusals
-        assert sender.refused == [7, 6]
+        assert stats.replayed > 0 and stats.failed_requests == 4  # the 503, three refusals
+        assert sender.refused == [8, 7, 6]
         assert _stored(module_server, encode.run_id) == _sent(range(N), version=5)
         assert _warnings(caplog) == [WARNING_V5]
 
@@ -392,14 +430,14 @@ class TestTransport:
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
         encode = Encoder()
-        sender = OlderServer(module_server.url, newest=7)  # the server as it is
+        sender = OlderServer(module_server.url, newest=8)  # the server as it is
         t = _transport(sender, encode, batch_size=5, flush_interval=30.0)
         for seq in range(5):
             t.put(Item(seq, malformed=seq == 2))
         assert t.flush(30.0)
         _send_all(t, [Item(s) for s in range(5, N)])
         assert t.stats() == TransportStats(N, 5, 5, 0, failed_requests=1)
-        assert {p["schema_version"] for p in sender.forwarded} == {7}
+        assert {p["schema_version"] for p in sender.forwarded} == {8}
         assert sender.refused == []
         assert [s["seq"] for s in _stored(module_server, encode.run_id)] == list(range(5, N))
         assert _get(module_server, f"/api/runs/{encode.run_id}")["target_format_reason"] == (
@@ -411,7 +449,7 @@ class TestTransport:
 
 
 class TestSync:
-    def test_a_v7_spool_reaches_an_older_server(
+    def test_a_v8_spool_reaches_an_older_server(
         self, module_server: ServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.WARNING, logger="ampscope")
@@ -424,6 +462,6 @@ class TestSync:
         sender = OlderServer(module_server.url, newest=4)
         report = sync(tmp_path / "left", sender=sender)
         assert report.ok and (report.frames_sent, report.accepted) == (3, N)
-        assert sender.refused == [7, 6, 5]
+        assert sender.refused == [8, 7, 6, 5]
         assert _stored(module_server, encode.run_id) == _sent(range(N), version=4)
         assert _warnings(caplog) == [WARNING_V4]

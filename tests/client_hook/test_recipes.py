@@ -12,7 +12,17 @@ import pytest
 import torch
 
 from ampscope import recipes
-from ampscope.recipes import E2M1, E4M3, E5M2, OPERANDS, RECIPES, STATS, Element, Operand
+from ampscope.recipes import (
+    E2M1,
+    E4M3,
+    E5M2,
+    MOMENTS,
+    OPERANDS,
+    RECIPES,
+    STATS,
+    Element,
+    Operand,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's CUDA extensions and pytree notices, on import
@@ -135,6 +145,92 @@ def test_the_scales_equal_torchaos() -> None:
     nv = NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(x.abs().amax()))
     ours = recipes.quantize(x, RECIPES["nvfp4"], "input").scales
     assert torch.equal(ours, nv.scale.float().reshape(256, 16) * nv.per_tensor_scale)
+
+
+def test_the_scale_exponents_equal_torchaos() -> None:
+    """The exponent the histogram bins: E8M0's (MX), the E4M3 block scale's (NVFP4), the FP32
+    dequantising factor's (the FP8 recipes), each ⌊log2⌋ of the reference's own scale."""
+    x = _operand_tensor(5)
+    mx = MXTensor.to_mx(x, torch.float8_e4m3fn, 32, scaling_mode=ScaleCalculationMode.RCEIL)
+    assert torch.equal(recipes.quantize(x, RECIPES["mxfp8"], "input").exponents.float(),
+                       (mx.scale.view(torch.uint8).float() - 127).reshape(256, 8))
+    nv = NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(x.abs().amax()))
+    assert torch.equal(recipes.quantize(x, RECIPES["nvfp4"], "input").exponents.float(),
+                       torch.floor(torch.log2(nv.scale.float())).reshape(256, 16))
+    for granularity, name in ((ScalingGranularity.TENSORWISE, "fp8_tensorwise"),
+                              (ScalingGranularity.AXISWISE, "fp8_rowwise")):
+        pow2 = name == "fp8_rowwise"
+        scale = tensor_to_scale(x, torch.float8_e4m3fn, scaling_granularity=granularity,
+                                axiswise_dim=-1, round_scales_to_power_of_2=pow2)
+        expected = torch.floor(torch.log2(scale.reciprocal())).expand(256, 2)
+        assert torch.equal(recipes.quantize(x, RECIPES[name], "input").exponents.float(),
+                           expected), name
+
+
+class TestScaleExponents:
+    """``measure``'s last columns: per recipe the greatest exponent of the occupied blocks'
+    scales, then their counts by binades below it."""
+
+    @staticmethod
+    def _histograms(x: torch.Tensor, chosen: tuple[recipes.Recipe, ...], operand: Operand
+                    ) -> torch.Tensor:
+        measured = recipes.measure([recipes.sample(x, operand, budget=WHOLE)], chosen, operand)
+        return measured[0, len(chosen) * len(STATS) + len(MOMENTS):].view(len(chosen), -1)
+
+    def test_a_crafted_operand(self) -> None:
+        """A row of ones beside one of 1e-3 in its first 32 elements: every recipe puts the
+        second row's scale 10 binades below the first's (RCEIL and E4M3 rounding included)."""
+        x = torch.zeros(2, 64)
+        x[0], x[1, :32] = 1.0, 1e-3
+        got = self._histograms(x, tuple(RECIPES.values()), "input")
+        bins = recipes.SCALE_BINS
+
+        def row(top: float, at_top: int, ten_below: int) -> list[float]:
+            counts = [0.0] * bins
+            counts[0], counts[10] = at_top, counts[10] + ten_below
+            return [top, *counts]
+
+        assert got.tolist() == [
+            row(-9, 2, 0),  # fp8_tensorwise: one scale, 1/448, for both 128-element pieces
+            row(-8, 1, 1),  # fp8_rowwise: 2^-8 and 2^-18
+            row(-9, 1, 1),  # fp8_block128
+            row(-8, 2, 1),  # mxfp8: two blocks of ones, one of 1e-3
+            row(-2, 2, 1),  # mxfp4
+            row(8, 4, 2),  # nvfp4: the ones' block scale is E4M3's max, 448
+        ]
+
+    def test_against_the_quantised_blocks(self) -> None:
+        """On a random operand spanning 2^-40 to 2^12: the counts of ``quantize``'s exponents
+        of the blocks holding a non-zero value, by distance below their greatest, the last bin
+        everything farther."""
+        x = _operand_tensor(4)
+        every = tuple(RECIPES.values())
+        for operand in OPERANDS:
+            got = self._histograms(x, every, operand)
+            for k, recipe in enumerate(every):
+                q = recipes.quantize(x, recipe, operand)
+                block = recipe.block or recipes.PIECE
+                occupied = x.view(x.shape[0], -1, block).abs().amax(dim=2) > 0
+                exponents = q.exponents[occupied].tolist()
+                top = max(exponents)
+                counts = [0.0] * recipes.SCALE_BINS
+                for e in exponents:
+                    counts[min(int(top - e), recipes.SCALE_BINS - 1)] += 1
+                assert got[k].tolist() == [top, *counts], (recipe.name, operand)
+                # The rows span 52 binades: one scale for all of them, E4M3's block scales
+                # pinned at their least normal, 2^-6, 14 binades below 448 (2^8), or past the
+                # last bin.
+                if recipe.name == "fp8_tensorwise":
+                    assert counts[0] == sum(counts)
+                elif recipe.name == "nvfp4":
+                    assert counts[14] > 0 and counts[15] == 0
+                else:
+                    assert counts[-1] > 0, recipe.name
+
+    def test_an_all_zero_operand_has_no_top(self) -> None:
+        got = self._histograms(torch.zeros(3, 40), tuple(RECIPES.values()), "weight")
+        assert all(math.isnan(v) for v in got[:, 0].tolist())
+        assert got[:, 1:].sum().item() == 0
 
 
 class TestCrafted:

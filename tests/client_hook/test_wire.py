@@ -145,7 +145,7 @@ class TestPayload:
             layers=[{"index": 0, "name": "w"}], records=[record()], final=True)
         assert list(payload) == ["schema_version", "run", "attempt", "layers", "modules",
                                  "records", "client", "final"]
-        assert payload["schema_version"] == wire.SCHEMA_VERSION == 7
+        assert payload["schema_version"] == wire.SCHEMA_VERSION == 8
         assert payload["modules"] is None and payload["client"] is None
         text = wire.dumps(payload).decode()
         assert "NaN" not in text and "Infinity" not in text

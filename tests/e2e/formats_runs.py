@@ -1,5 +1,5 @@
-"""Three runs for the Formats view's browser tests (test_formats_browser.py), wire v7 batches
-built by hand so that every number on the page is known.
+"""Three runs for the Formats view's browser tests (test_formats_browser.py), wire v8 and v7
+batches built by hand so that every number on the page is known.
 
 Each sampled step (0, 100, 200) gives every Linear weight's input, weight and output gradient
 what ampscope.recipes measures on a Gaussian operand (`TYPICAL`), but for three cells:
@@ -9,9 +9,13 @@ what ampscope.recipes measures on a Gaussian operand (`TYPICAL`), but for three 
 - `HEAD`'s gradient under nvfp4 has a relative error of 0.7 (SNR 3.1 dB, under sqrt(3)'s
   4.77): NVFP4 keeps it in BF16 (the gradient-noise rule);
 - `AUX`'s gradient is NaN everywhere: the module got no gradient ("not measured").
+Its block scales' exponents (wire v8): 10 blocks at the top, 2^-8, in every cell but `FC2`'s
+gradient under mxfp8, whose top falls with its amax (`FC2_TOPS`) and whose pinned 30 % sit 15
+binades or more below it.
 
-`twin` is the same model trained otherwise (the compare page's other run): a layer `PROJ` that
-the first lacks and no `AUX`, a healthy `FC2`, the same `HEAD`. `plain` sends no formats.
+`twin` is the same model trained otherwise (the compare page's other run), by a hook before v8
+(no exponents): a layer `PROJ` that the first lacks and no `AUX`, a healthy `FC2`, the same
+`HEAD`. `plain` sends no formats.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ QKV, QKV_BIAS, FC1, FC2, HEAD, AUX, PROJ = (
     "blocks.0.mlp.fc2.weight", "head.weight", "aux_head.weight", "blocks.0.attn.proj.weight")
 FC2_UNDERFLOW = (0.05, 0.08, 0.12)
 FC2_SCALE_MIN = 0.3
+FC2_TOPS = (-8, -11, -14)
+"""ceil(log2(amax / 448)) of FC2's gradient amax, 1.5 · 10^-k (MXFP8's RCEIL scale)."""
 HEAD_ERROR = 0.7
 OPERANDS = ("input", "weight", "grad_output")
 TYPICAL: dict[str, tuple[float, float, float]] = {
@@ -65,6 +71,15 @@ def cell(name: str, operand: str, recipe: str, k: int, *, fc2_outlier: bool = Tr
     return [underflow, saturated, error, scale_min, scale_max]
 
 
+def scale_exponents(name: str, operand: str, recipe: str, k: int) -> list[float]:
+    """The block scales' top exponent and 16 counts of one (layer, operand, recipe)."""
+    if name == AUX and operand == "grad_output":
+        return [math.nan] * 17
+    if name == FC2 and operand == "grad_output" and recipe == "mxfp8":
+        return [float(FC2_TOPS[k]), 7.0] + [0.0] * 14 + [3.0]
+    return [-8.0, 10.0] + [0.0] * 15
+
+
 def operand_stats(name: str, operand: str, k: int) -> list[float]:
     """amax, rms, kurtosis, nonfinite_frac of one operand at the k-th sampled step."""
     if name == AUX and operand == "grad_output":
@@ -74,14 +89,19 @@ def operand_stats(name: str, operand: str, k: int) -> list[float]:
     return [2.0 + k, 0.5, 3.0, 0.0]
 
 
-def formats_block(names: list[str], listed: list[int], k: int, *, fc2_outlier: bool = True
-                  ) -> dict[str, Any]:
-    """The k-th sampled step's `formats` of the layers `listed` (layer-table indices)."""
+def formats_block(names: list[str], listed: list[int], k: int, *, fc2_outlier: bool = True,
+                  scales: bool = True) -> dict[str, Any]:
+    """The k-th sampled step's `formats` of the layers `listed` (layer-table indices), with
+    their block scales' exponents (v8) if `scales`."""
     values = [v for i in listed for o in OPERANDS for r in RECIPES
               for v in cell(names[i], o, r, k, fc2_outlier=fc2_outlier)]
     operands = [v for i in listed for o in OPERANDS for v in operand_stats(names[i], o, k)]
-    return {"recipes": list(RECIPES), "layers": list(listed), "values": tagged(values),
-            "operands": tagged(operands)}
+    block = {"recipes": list(RECIPES), "layers": list(listed), "values": tagged(values),
+             "operands": tagged(operands)}
+    if scales:
+        block["scales"] = tagged([v for i in listed for o in OPERANDS for r in RECIPES
+                                  for v in scale_exponents(names[i], o, r, k)])
+    return block
 
 
 def _batch(run_id: str, name: str, names: list[str], blocks: dict[int, dict[str, Any]],
@@ -104,11 +124,11 @@ TWIN_LISTED = [0, 2, 3, 4, 5]
 
 def sampled(run_id: str) -> dict[str, Any]:
     blocks = {step: formats_block(NAMES, LISTED, k) for k, step in enumerate(SAMPLED)}
-    return _batch(run_id, "bf16-baseline", NAMES, blocks, 7)
+    return _batch(run_id, "bf16-baseline", NAMES, blocks, 8)
 
 
 def twin(run_id: str) -> dict[str, Any]:
-    blocks = {step: formats_block(TWIN_NAMES, TWIN_LISTED, k, fc2_outlier=False)
+    blocks = {step: formats_block(TWIN_NAMES, TWIN_LISTED, k, fc2_outlier=False, scales=False)
               for k, step in enumerate(SAMPLED)}
     return _batch(run_id, "fp8-twin", TWIN_NAMES, blocks, 7)
 

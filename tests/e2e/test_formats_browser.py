@@ -224,6 +224,18 @@ def test_a_click_draws_the_cells_trend_and_another_operand_or_step_is_fetched(
     assert operand["kurtosis"]["y"] == [40.0, 41.0, 42.0]
     mark = "(id) => document.getElementById(id).layout.shapes.map((s) => s.x0)"
     assert watched.js(mark, "formats-trend-stats") == [200]
+    # Where MXFP8's block scales sit: each step's 7 blocks at its top, 2^-8, -11, -14, and the
+    # pinned 3 of 10 in its last row, 15 binades below (or farther: below it, a gap).
+    assert pg.is_visible("#formats-trend-scales") and pg.is_hidden("#formats-trend-scales-none")
+    (heat,) = _traces(watched, "formats-trend-scales")
+    assert heat["x"] == list(runs.SAMPLED) and heat["y"] == list(range(-29, -7))
+    for k, top in enumerate(runs.FC2_TOPS):
+        z = [row[k] for row in heat["z"]]
+        expected = [None] * (top - 15 + 29) + [0.3] + [0.0] * 14 + [0.7] + [0.0] * (-8 - top)
+        assert z == pytest.approx(expected), top
+    assert heat["text"] is not None and heat["text"][heat["y"].index(-29)][2] == (
+        "step 200 · scale 2^-29 or below: 3 of 10 blocks (30%)")
+    assert watched.js(mark, "formats-trend-scales") == [200]
     _shoot(pg, "formats-run.png")
     # Another operand: the matrix is redrawn from the answer held, the trend is fetched again.
     pg.select_option("#formats-operand", "input")
@@ -246,6 +258,24 @@ def test_a_click_draws_the_cells_trend_and_another_operand_or_step_is_fetched(
     watched.wait_for("() => document.getElementById('formats-matrix').data[0].text[2][3]"
                      f" === '8{TIMES} · BF16'")
     watched.wait_for(f"() => ({mark})('formats-trend-stats')[0] === 100")
+    watched.assert_clean()
+
+
+def test_a_hook_before_v8_sent_no_block_scale_exponents(
+        served: tuple[ServerProcess, dict[str, str]], watched: Watched) -> None:
+    server, ids = served
+    pg = watched.page
+    _open(watched, server, ids["twin"])
+    rows = [runs.TWIN_NAMES[i] for i in runs.TWIN_LISTED]
+    pg.mouse.click(*_cell_point(pg, "formats-matrix", rows.index(runs.FC1),
+                                RECIPES.index("nvfp4")))
+    watched.wait_for("() => !document.getElementById('formats-trend').hidden"
+                     " && document.getElementById('formats-trend-operand').data")
+    assert pg.inner_text("#formats-trend-note").startswith(f"{runs.FC1} · grad_output · nvfp4")
+    assert pg.is_visible("#formats-trend-scales-none")
+    assert pg.inner_text("#formats-trend-scales-none") == (
+        "No block scale exponents at these steps: the hook that sent them predates wire v8.")
+    assert pg.is_hidden("#formats-trend-scales")
     watched.assert_clean()
 
 

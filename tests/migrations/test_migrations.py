@@ -216,7 +216,7 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             assert compare_metadata(context, Base.metadata) == []
-            assert context.get_current_revision() == db.head_revision() == "0025"
+            assert context.get_current_revision() == db.head_revision() == "0026"
     finally:
         engine.dispose()
 

@@ -176,10 +176,26 @@ def format_values(layers: list[int], recipes: list[str], seed: float = 0.0
     return values, operands
 
 
+def scale_values(layers: list[int], recipes: list[str], seed: int = 0) -> list[float]:
+    """A `formats.scales` array (wire v8), each (l, o, r) telling where it sits: top exponent
+    seed - 100·l - 10·o - r of the l-th listed layer, counts l + 1, o, r, then zeros."""
+    out: list[float] = []
+    for position in range(len(layers)):
+        for operand in range(3):
+            for recipe in range(len(recipes)):
+                counts = [position + 1.0, float(operand), float(recipe)] + [0.0] * 13
+                out += [float(seed - 100 * position - 10 * operand - recipe), *counts]
+    return out
+
+
 def formats(layers: list[int], recipes: list[str] = RECIPES[:2], seed: float = 0.0,
-            packed: bool = True) -> dict[str, Any]:
-    """A `formats` block (wire v7) of `format_values`, packed or as JSON arrays."""
+            packed: bool = True, scales: bool = False) -> dict[str, Any]:
+    """A `formats` block (wire v7) of `format_values`, packed or as JSON arrays; with `scales`
+    (wire v8) `scale_values`' too."""
     values, operands = format_values(layers, recipes, seed)
     encode = f64le if packed else tagged
-    return {"recipes": list(recipes), "layers": list(layers), "values": encode(values),
-            "operands": encode(operands)}
+    block = {"recipes": list(recipes), "layers": list(layers), "values": encode(values),
+             "operands": encode(operands)}
+    if scales:
+        block["scales"] = encode(scale_values(layers, recipes, int(seed)))
+    return block

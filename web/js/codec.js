@@ -277,6 +277,15 @@
  * @property {number[]} ids
  * @property {Record<string, (F | null)[]>} values  the recipe's five statistics, one per step
  * @property {Record<string, (F | null)[]>} operand_values  the operand's four, one per step
+ * @property {(ScaleExponents | null)[]} scales  the recipe's block scale exponents, one per step
+ *   (null: not measured, or a client before wire v8)
+ */
+
+/**
+ * One step's block scale exponents (wire v8): the greatest exponent of the scales of the blocks
+ * holding a non-zero value (null: no block held one) and the blocks' counts by binades below it,
+ * the last that many or more. Whole numbers: nothing to decode.
+ * @typedef {{top: number | null, counts: number[]}} ScaleExponents
  */
 
 /**

@@ -9,7 +9,7 @@
 
 import { numberText } from './format.js';
 
-/** @import { Formats, Keep, RecipeVerdict } from './codec.js' */
+/** @import { Formats, Keep, RecipeVerdict, ScaleExponents } from './codec.js' */
 
 /** A cell's five statistics by name (underflow_frac, …); NaN: not measured. @typedef {Record<string, number>} CellStats */
 
@@ -317,4 +317,40 @@ export function verdictHeadline(verdicts) {
   if (needs.length) parts.push(`Needs layers kept in BF16: ${needs.join(', ')}`);
   if (everywhere.length) parts.push(`Flushes gradients to zero everywhere: ${everywhere.join(', ')}`);
   return parts.join(' · ');
+}
+
+/**
+ * A trend's block scale exponents as a heatmap: `y` every exponent a step reaches, lowest
+ * first; `z[i][j]` the share of step j's blocks whose scale has exponent y[i] (0 above its top,
+ * null below its last bin, whose blocks are that far down or farther, and for a step without
+ * exponents); `text` the hovers. No step with exponents: no rows.
+ * @param {number[]} steps
+ * @param {(ScaleExponents | null)[]} scales  one per step
+ * @returns {{y: number[], z: (number | null)[][], text: string[][]}}
+ */
+export function scaleGrid(steps, scales) {
+  const measured = scales.map((s) => (s && s.top !== null && s.counts.length ? s : null));
+  const tops = measured.flatMap((s) => (s ? [/** @type {number} */ (s.top)] : []));
+  const lows = measured.flatMap((s) => (s ? [/** @type {number} */ (s.top) - s.counts.length + 1] : []));
+  if (!tops.length) return { y: [], z: [], text: [] };
+  const hi = Math.max(...tops);
+  const lo = Math.min(...lows);
+  const y = Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
+  const z = y.map(() => steps.map(() => /** @type {number | null} */ (null)));
+  const text = y.map(() => steps.map(() => ''));
+  measured.forEach((s, j) => {
+    if (!s) return;
+    const top = /** @type {number} */ (s.top);
+    const total = s.counts.reduce((a, b) => a + b, 0);
+    const last = s.counts.length - 1;
+    y.forEach((e, i) => {
+      const below = top - e;
+      if (below > last) return;
+      const n = below < 0 ? 0 : s.counts[below];
+      z[i][j] = total ? n / total : 0;
+      const where = below === last ? `2^${e} or below` : `2^${e}`;
+      text[i][j] = `step ${steps[j]} · scale ${where}: ${n} of ${total} blocks (${percent(total ? n / total : 0)})`;
+    });
+  });
+  return { y, z, text };
 }

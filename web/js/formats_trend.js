@@ -2,14 +2,16 @@
 // One (layer, operand, recipe) of the Formats matrix over the run (GET /formats/trend): the five
 // statistics on one chart (log axis; an exact 0, no loss at all, sits on its floor and says "0%"
 // in the hover, as the loss scale's zeros do), and the operand's own amax (log, left) and
-// kurtosis (right) on a second, smaller one: the outliers' trend that block scales answer to.
-// NaN (not measured at that step) is a gap. A dotted line marks the step the matrix shows.
+// kurtosis (right) on a second, smaller one: the outliers' trend that block scales answer to;
+// below them, where the recipe's block scales sit, as a heatmap of their exponents per step
+// (wire v8; formats.js scaleGrid). NaN (not measured at that step) is a gap. A dotted line marks
+// the step the matrix shows.
 
 import { logFloor, onLogAxis } from './axis_scale.js';
 import { PALETTE } from './colors.js';
 import { numberText } from './format.js';
-import { percent, snrDb } from './formats.js';
-import { CONFIG, LogTicks, Plotly, THEME, finiteOrNull, themedLayout } from './plot.js';
+import { percent, scaleGrid, snrDb } from './formats.js';
+import { CONFIG, DARK, LogTicks, Plotly, THEME, finiteOrNull, themedLayout } from './plot.js';
 
 /** @import { FormatTrend } from './codec.js' */
 
@@ -33,6 +35,10 @@ function valueText(stat, v) {
 }
 
 const MARGIN = Object.freeze({ l: 64, r: 64, t: 28, b: 40 });
+
+/** Where the blocks are: a share of them, from none (the background) to all. */
+const SHARE_SCALE = DARK ? [[0, '#1c2128'], [0.001, '#1e3a5f'], [1, '#93c5fd']]
+  : [[0, '#f8fafc'], [0.001, '#dbeafe'], [1, '#1d4ed8']];
 
 /**
  * A log axis' ticks from `floor` (where an exact 0 is drawn, labelled "0") to `hi`, one per
@@ -64,11 +70,15 @@ export class FormatTrendCharts {
   /**
    * @param {PlotDiv} statsDiv
    * @param {PlotDiv} operandDiv
+   * @param {PlotDiv} scalesDiv
+   * @param {HTMLElement} scalesNote  says when the steps carry no exponents
    * @param {string} runId
    */
-  constructor(statsDiv, operandDiv, runId) {
+  constructor(statsDiv, operandDiv, scalesDiv, scalesNote, runId) {
     this.statsDiv = statsDiv;
     this.operandDiv = operandDiv;
+    this.scalesDiv = scalesDiv;
+    this.scalesNote = scalesNote;
     this.runId = runId;
     /** @type {FormatTrend | null} the trend shown */
     this.trend = null;
@@ -120,6 +130,27 @@ export class FormatTrendCharts {
         tickmode: 'auto',
         zeroline: false, automargin: true, gridcolor: THEME.grid, linecolor: THEME.axis },
     }), CONFIG);
+    await this.showScales(trend, step);
+  }
+
+  /**
+   * The block scales' exponents per step; none sent (a hook before wire v8): a note instead.
+   * @param {FormatTrend} trend
+   * @param {number | null} step
+   */
+  async showScales(trend, step) {
+    const grid = scaleGrid(trend.steps, trend.scales ?? []);
+    this.scalesNote.hidden = grid.y.length > 0;
+    this.scalesDiv.hidden = grid.y.length === 0;
+    if (!grid.y.length) return; // hidden: the next cell with exponents redraws it whole
+    const trace = { type: 'heatmap', x: trend.steps, y: grid.y, z: grid.z, text: grid.text,
+      zmin: 0, zmax: 1, zauto: false, colorscale: SHARE_SCALE, showscale: false, xgap: 1, hoverongaps: false,
+      hovertemplate: '%{text}<extra></extra>' };
+    await Plotly.react(this.scalesDiv, [trace], themedLayout(`formats-scales-${this.runId}`, {
+      height: Math.min(420, 120 + 12 * grid.y.length), shapes: stepMark(step), margin: MARGIN,
+      xaxis: { title: { text: 'step', standoff: 6 } },
+      yaxis: { title: { text: `${trend.recipe} block scale, log2`, standoff: 6 }, dtick: 2 },
+    }), CONFIG);
   }
 
   /**
@@ -127,7 +158,7 @@ export class FormatTrendCharts {
    * @param {number | null} step
    */
   markStep(step) {
-    for (const div of [this.statsDiv, this.operandDiv]) {
+    for (const div of [this.statsDiv, this.operandDiv, this.scalesDiv]) {
       if (div.data) Plotly.relayout(div, { shapes: stepMark(step) });
     }
   }

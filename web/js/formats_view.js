@@ -54,7 +54,8 @@ export class FormatsView {
    * @param {{panel: HTMLElement, body: HTMLElement, empty: HTMLElement, note: HTMLElement,
    *   operand: HTMLSelectElement, stat: HTMLSelectElement, step: HTMLSelectElement, help: HTMLElement,
    *   verdicts: HTMLElement, matrix: PlotDiv, legend: MatrixLegend & {node: HTMLElement},
-   *   trend: HTMLElement, trendNote: HTMLElement, trendStats: PlotDiv, trendOperand: PlotDiv}} nodes
+   *   trend: HTMLElement, trendNote: HTMLElement, trendStats: PlotDiv, trendOperand: PlotDiv,
+   *   trendScales: PlotDiv, trendScalesNone: HTMLElement}} nodes
    */
   constructor(runId, nodes) {
     this.runId = runId;
@@ -73,7 +74,8 @@ export class FormatsView {
     this.lastFetch = -Infinity;
     /** @type {number | null} */
     this.timer = null;
-    this.trendCharts = new FormatTrendCharts(nodes.trendStats, nodes.trendOperand, runId);
+    this.trendCharts = new FormatTrendCharts(nodes.trendStats, nodes.trendOperand, nodes.trendScales,
+      nodes.trendScalesNone, runId);
     fill(nodes.operand, OPERANDS.map((o) => [o, o]));
     nodes.operand.value = DEFAULT_OPERAND;
     fill(nodes.stat, Object.entries(STAT_VIEWS).map(([stat, view]) => [stat, view.label]));

@@ -292,6 +292,7 @@ class RunPage {
         max: $('formats-legend-max'), notMeasured: $('formats-legend-nan') },
       trend: $('formats-trend'), trendNote: $('formats-trend-note'),
       trendStats: $chart('formats-trend-stats'), trendOperand: $chart('formats-trend-operand'),
+      trendScales: $chart('formats-trend-scales'), trendScalesNone: $('formats-trend-scales-none'),
     });
     this.formats.observe();
 

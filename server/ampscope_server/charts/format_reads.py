@@ -8,11 +8,13 @@ a sampled step where one recipe went bad. The values are already samples (every
 `formats_every` steps, 100 by default) and a run of 1M steps has 10,000 of them, so the bound
 cuts in only past `limit` x `formats_every` steps; `downsampled` says when, and a narrower read
 (`step=`) shows any one step whole. The list reads no blob; the matrix and the verdicts read
-RECIPE_RECENT_SAMPLES rows; the trend reads 72 bytes of each kept row (`formats_repository`).
+RECIPE_RECENT_SAMPLES rows; the trend reads 72 bytes of each kept row and 136 of its block scale
+exponents (`formats_repository`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
@@ -27,6 +29,7 @@ from ampscope_server.charts.schemas import (
     FormatTrendRead,
     KeepRead,
     RecipeVerdictRead,
+    ScaleExponentsRead,
 )
 from ampscope_server.findings import recipe_fit
 from ampscope_server.findings.reads import formats_sample
@@ -107,6 +110,8 @@ def trend_read(session: Session, run: Run, layer: int, operand: FormatOperand, r
     names = runs_repository.layer_names(session, run.id)
     values = [format_packing.unpack(row.values) for row in rows]
     operands = [format_packing.unpack(row.operands) for row in rows]
+    scales = [None if row.scales is None else _scale_exponents(format_packing.unpack(row.scales))
+              for row in rows]
     return FormatTrendRead(
         layer=layer, name=names[layer] if layer < len(names) else None, operand=operand,
         recipe=recipe, sampled=count, downsampled=count > limit,
@@ -114,4 +119,15 @@ def trend_read(session: Session, run: Run, layer: int, operand: FormatOperand, r
         values={name: [cut[k] for cut in values] for k, name in enumerate(FORMAT_STATS)},
         operand_values={name: [cut[k] for cut in operands]
                         for k, name in enumerate(OPERAND_STATS)},
+        scales=scales,
     )
+
+
+def _scale_exponents(cut: Sequence[float]) -> ScaleExponentsRead | None:
+    """One cut of `scales` (`SCALE_WIDTH` values, checked whole at ingest): None where all are
+    NaN (not measured)."""
+    top, counts = cut[0], cut[1:]
+    if math.isnan(counts[0]):
+        return None
+    return ScaleExponentsRead(top=None if math.isnan(top) else int(top),
+                              counts=[int(c) for c in counts])

@@ -283,3 +283,17 @@ class FormatTrendRead(BaseModel):
     """Each of the recipe's five statistics (keys in `FORMAT_STATS` order), one per step."""
     operand_values: dict[str, TaggedValues]
     """The operand's own four statistics (keys in `OPERAND_STATS` order), one per step."""
+    scales: list[ScaleExponentsRead | None]
+    """The recipe's block scale exponents, one per step; null where the step has none (not
+    measured, or sent by a client before wire v8)."""
+
+
+class ScaleExponentsRead(BaseModel):
+    """How the scales of a recipe's blocks holding a non-zero value spread over their
+    exponents at one sampled step (the scale as its format stores it: MX's E8M0, NVFP4's E4M3
+    block scale, the FP8 recipes' FP32 dequantising factor; its exponent ⌊log2⌋)."""
+
+    top: int | None
+    """The greatest exponent; null when no block held a non-zero value."""
+    counts: list[int]
+    """`SCALE_BINS` counts of blocks: `[k]` k binades below `top`, the last that many or more."""

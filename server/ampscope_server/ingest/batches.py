@@ -544,7 +544,8 @@ def _formats_row(record: StepRecord) -> dict[str, Any] | None:
             "layers": format_packing.join(formats.layers),
             "data": formats.values + formats.operands,
             "trained": None if trained is None else format_packing.join_trained(trained.recipes),
-            "trained_data": None if trained is None else trained.amax + trained.scale}
+            "trained_data": None if trained is None else trained.amax + trained.scale,
+            "scales": formats.scales}
 
 
 _CHILDREN: Sequence[tuple[type[Base], Callable[[int, StepRecord], Rows]]] = (

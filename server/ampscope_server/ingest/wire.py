@@ -43,7 +43,7 @@ from ampscope_server.store.format_packing import (
     RECIPE_PATTERN,
 )
 
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 SCHEMA_VERSION = SCHEMA_VERSIONS[-1]
 """The newest version; every version in `SCHEMA_VERSIONS` is accepted."""
 INT32_MAX = 2**31 - 1
@@ -66,6 +66,9 @@ V6_RECORD_FIELDS = ("shadow",)
 V7_RECORD_FIELDS = ("formats",)
 ORIGIN_SINCE = 6
 """`records[].recheck.origin` (a field inside a v3 object) is v6's."""
+SCALES_SINCE = 8
+"""`records[].formats.scales` (a field inside a v7 object) is v8's: a server built before it
+refuses it as an unknown field in a v7 batch, so it is a version of its own."""
 LATER_FIELDS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     2: (V2_BATCH_FIELDS, (), V2_RECORD_FIELDS),
     3: ((), (), V3_RECORD_FIELDS),
@@ -78,7 +81,7 @@ carry them. v6 (issue #30) holds two optional fields first shipped inside v5: a 
 before them refuses them as unknown fields in a v5 batch, so they are a version of their own,
 which such a server refuses by its `schema_version` alone (the hook then sends v5 without them);
 and the FP32 shadow step (`records[].shadow`). v7 (issue #33): the scaled-format what-ifs
-(`records[].formats`)."""
+(`records[].formats`); v8: their block scales' exponents (`records[].formats.scales`)."""
 MAX_WORLD_SIZE = 65536
 MAX_OPTIMIZERS = 64
 MAX_PARAM_GROUPS = 1024
@@ -456,6 +459,10 @@ class Formats(WireModel):
     operands: FloatBlock
     trained: Trained | None = None
     """Only when some listed module really trains in a recipe (absent: none does)."""
+    scales: FloatBlock | None = None
+    """v8: len(layers) x 3 x len(recipes) x `SCALE_WIDTH` over (layer, operand, recipe): the
+    greatest exponent of the blocks' scales (NaN: no block holds a non-zero value, or not
+    measured), then their counts by binades below it (`format_packing.SCALE_WIDTH`)."""
 
 
 # --- v4 additions ------------------------------------------------------------------------------
@@ -538,7 +545,7 @@ def _in_order(name: str, items: Sequence[LayerInfo | ModuleInfo] | None) -> None
 
 
 class IngestBatch(WireModel):
-    schema_version: Literal[1, 2, 3, 4, 5, 6, 7]
+    schema_version: Literal[1, 2, 3, 4, 5, 6, 7, 8]
     run: RunInfo
     attempt: AttemptInfo
     layers: Annotated[list[LayerInfo], Field(max_length=MAX_TABLE)] | None = None
@@ -571,8 +578,6 @@ class IngestBatch(WireModel):
     def _no_fields_of_later_versions(self) -> IngestBatch:
         version = self.schema_version
         later = [fields for added, fields in sorted(LATER_FIELDS.items()) if added > version]
-        if not later:
-            return self
         unknown = [name for batch_fields, _, _ in later for name in batch_fields
                    if name in self.model_fields_set]
         unknown += [f"run.{name}" for _, run_fields, _ in later for name in run_fields
@@ -589,6 +594,11 @@ class IngestBatch(WireModel):
                         for position, record in enumerate(self.records)
                         if record.recheck is not None
                         and "origin" in record.recheck.model_fields_set]
+        if version < SCALES_SINCE:
+            unknown += [f"records[{position}].formats.scales"
+                        for position, record in enumerate(self.records)
+                        if record.formats is not None
+                        and "scales" in record.formats.model_fields_set]
         if unknown:
             raise PydanticCustomError(
                 "later_version_field",
@@ -708,13 +718,20 @@ def _check_formats(formats: Formats, where: str) -> None:
          f"{len(FORMAT_STATS)} statistics"),
         ("operands", formats.operands, format_packing.operands_count(layers),
          f"{layers} layers x {len(OPERANDS)} operands x {len(OPERAND_STATS)} statistics"),
+        ("scales", formats.scales, format_packing.scales_count(layers, recipes),
+         f"{layers} layers x {len(OPERANDS)} operands x {recipes} recipes x "
+         f"{format_packing.SCALE_WIDTH} values"),
     ):
+        if block is None:
+            continue
         count = len(block) // format_packing.VALUE_BYTES
         if count != expected:
             raise PydanticCustomError(
                 "formats_length", "{where}.{name} has {count} entries, expected {expected}: "
                 "{shape}", {"where": where, "name": name, "count": count,
                             "expected": expected, "shape": shape})
+    if formats.scales is not None:
+        _check_scales(format_packing.unpack(formats.scales), f"{where}.scales")
     trained = formats.trained
     if trained is None:
         return
@@ -731,6 +748,32 @@ def _check_formats(formats: Formats, where: str) -> None:
                 {"where": where, "name": name, "count": count,
                  "expected": layers * len(OPERANDS), "layers": layers,
                  "operands": len(OPERANDS)})
+
+
+def _check_scales(values: Sequence[float], where: str) -> None:
+    """Each (layer, operand, recipe)'s `SCALE_WIDTH` values are all NaN (not measured), or a
+    NaN top over counts of 0 (no block held a value), or an integer top over counts that are
+    whole numbers ≥ 0: counts the API gives back as integers."""
+    width = format_packing.SCALE_WIDTH
+    for start in range(0, len(values), width):
+        top, counts = values[start], values[start + 1 : start + width]
+        if math.isnan(top) and all(math.isnan(c) for c in counts):
+            continue
+        entry = next((start + 1 + k for k, c in enumerate(counts)
+                      if not (_whole(c) and c >= 0)), None)
+        if entry is None and not (_whole(top) or (math.isnan(top) and not any(counts))):
+            entry = start
+        if entry is not None:
+            raise PydanticCustomError(
+                "formats_scales", "{where}[{entry}] is {value}: each {width} values are a "
+                "whole exponent (nan: no block held a value, then counts of 0) and {bins} "
+                "whole counts ≥ 0, or all nan (not measured)",
+                {"where": where, "entry": entry, "value": json_floats.encode(values[entry]),
+                 "width": width, "bins": format_packing.SCALE_BINS})
+
+
+def _whole(value: float) -> bool:
+    return math.isfinite(value) and value == int(value)
 
 
 def _check_recheck(recheck: Recheck, where: str) -> None:

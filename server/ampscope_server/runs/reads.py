@@ -296,7 +296,8 @@ def formats_export(row: StepFormats) -> FormatsExport:
         trained = TrainedExport(recipes=format_packing.split_trained(row.trained),
                                 amax=amax, scale=scale)
     return FormatsExport(recipes=unpacked.recipes, layers=unpacked.layers,
-                         values=unpacked.values, operands=unpacked.operands, trained=trained)
+                         values=unpacked.values, operands=unpacked.operands, trained=trained,
+                         scales=None if row.scales is None else format_packing.unpack(row.scales))
 
 
 def shadow_read(row: StepShadow) -> ShadowRead:

@@ -266,9 +266,9 @@ class TrainedExport(BaseModel):
 
 
 class FormatsExport(BaseModel):
-    """Wire v7 `formats` as the JSON form sends it: the float64 values in flat arrays,
-    row-major as on the wire (NaN and ±inf tagged, -0.0 kept), whether they arrived packed or
-    not."""
+    """Wire v7 `formats` (v8: with `scales`) as the JSON form sends it: the float64 values in
+    flat arrays, row-major as on the wire (NaN and ±inf tagged, -0.0 kept), whether they arrived
+    packed or not."""
 
     recipes: list[str]
     layers: list[int]
@@ -278,6 +278,9 @@ class FormatsExport(BaseModel):
     """len(layers) x 3 x 4, over (layer, operand, operand statistic)."""
     trained: TrainedExport | None = Field(default=None, exclude_if=absent)
     """As sent: only when some module trains in a recipe."""
+    scales: TaggedValues | None = Field(default=None, exclude_if=absent)
+    """v8, as sent (absent from earlier clients): len(layers) x 3 x len(recipes) x 17, the
+    greatest block scale exponent then the blocks' counts by binades below it."""
 
 
 class StepExport(StepFull):

@@ -8,6 +8,7 @@ layout is made of them and the repository cuts one layer's values out of a store
 A row holds, for L layers (`layers`, table indices) and R recipes (`recipes`, names):
 
     data = values (L x 3 x R x 5 float64) ++ operands (L x 3 x 4 float64), little-endian,
+    scales = L x 3 x R x SCALE_WIDTH float64 (wire v8; null before it),
 
 `values` row-major over (layer, operand, recipe, stat) in the orders of `OPERANDS` and
 `FORMAT_STATS`, `operands` over (layer, operand, operand stat) in the order of
@@ -38,6 +39,10 @@ FORMAT_STATS = ("underflow_frac", "saturated_frac", "rel_rmse", "scale_min_frac"
 """Per (operand, recipe): what the recipe's quantisation does to the operand."""
 OPERAND_STATS = ("amax", "rms", "kurtosis", "nonfinite_frac")
 """Per operand: the operand itself, whatever the recipe."""
+SCALE_BINS = 16
+SCALE_WIDTH = 1 + SCALE_BINS
+"""Per (operand, recipe): the greatest exponent of the blocks' scales (NaN: no block holds a
+non-zero value), then the blocks' counts by binades below it, the last bin that many or more."""
 MAX_RECIPES = 16
 RECIPE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 """A recipe's name: a newer hook's recipe is stored, not refused, so names are checked by form
@@ -49,6 +54,8 @@ STATS_BYTES = len(FORMAT_STATS) * VALUE_BYTES
 """One (layer, operand, recipe)'s five statistics: the bytes a trend cuts from `values`."""
 OPERAND_BYTES = len(OPERAND_STATS) * VALUE_BYTES
 """One (layer, operand)'s four statistics: the bytes a trend cuts from `operands`."""
+SCALES_BYTES = SCALE_WIDTH * VALUE_BYTES
+"""One (layer, operand, recipe)'s block scale exponents: the bytes a trend cuts from `scales`."""
 
 Offset = TypeVar("Offset", int, "ColumnElement[int]")
 
@@ -59,6 +66,16 @@ def values_count(layers: int, recipes: int) -> int:
 
 def operands_count(layers: int) -> int:
     return layers * len(OPERANDS) * len(OPERAND_STATS)
+
+
+def scales_count(layers: int, recipes: int) -> int:
+    return layers * len(OPERANDS) * recipes * SCALE_WIDTH
+
+
+def scales_at(position: Offset, operand: int, recipe: Offset, recipes: Offset) -> Offset:
+    """Byte offset in `scales` of one (layer, operand, recipe)'s `SCALE_WIDTH` values, as
+    `value_at`."""
+    return ((position * len(OPERANDS) + operand) * recipes + recipe) * SCALE_WIDTH * VALUE_BYTES
 
 
 def value_at(position: Offset, operand: int, recipe: Offset, recipes: Offset) -> Offset:

@@ -4,8 +4,8 @@ Functions take a Session and never commit.
 The reads are bounded by the screen, not by the run: a run's sampled steps are thinned in SQL
 (`format_packing.thinned`'s rule, one statement with the count beside each row, so the rule and
 the count see the same rows), and a trend cuts one (layer, operand, recipe)'s 72 bytes out of
-each kept row in SQL (`format_packing.value_at`, `operand_at`): no blob is read whole but the
-one step a matrix shows.
+each kept row in SQL (`format_packing.value_at`, `operand_at`), and its 136 bytes of block
+scale exponents (`scales_at`): no blob is read whole but the one step a matrix shows.
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ class Sampled:
 
 @dataclass(frozen=True, slots=True)
 class TrendRow:
-    """One kept sampled step's cut of a row: its five format statistics and four operand
-    statistics for one (layer, operand, recipe), little-endian float64 bytes."""
+    """One kept sampled step's cut of a row: its five format statistics, four operand
+    statistics and `SCALE_WIDTH` block scale exponents (None: a client before wire v8) for one
+    (layer, operand, recipe), little-endian float64 bytes."""
 
     step_id: int
     step: int
     values: bytes
     operands: bytes
+    scales: bytes | None
 
 
 def formats_first(session: Session, run_id: str, count: int) -> list[StepFormats]:
@@ -123,10 +125,10 @@ def trend_rows(session: Session, run_id: str, limit: int, layer: int, operand: i
                recipe: str) -> tuple[int, list[TrendRow]]:
     """(how many sampled steps the run has, the cut of each kept one that recorded `layer` and
     `recipe`), in one statement: the sampled steps thinned as `sampled_steps` thins them, and
-    of each of their rows only the 5 + 4 float64 values of (`layer`, `operand` (its index in
-    OPERANDS), `recipe`), cut out by the database at the offsets the row's own `layers` and
-    `recipes` give (null where the row lacks either). `recipe` must hold no comma (the read
-    checks it against RECIPE_PATTERN)."""
+    of each of their rows only the 5 + 4 (+ 17 block scale exponents) float64 values of
+    (`layer`, `operand` (its index in OPERANDS), `recipe`), cut out by the database at the
+    offsets the row's own `layers` and `recipes` give (null where the row lacks either).
+    `recipe` must hold no comma (the read checks it against RECIPE_PATTERN)."""
     thinned = _thinned(run_id, limit).subquery()
     at_layer, position = _index_in(session, StepFormats.layers, str(layer))
     at_recipe, index = _index_in(session, StepFormats.recipes, recipe)
@@ -135,14 +137,19 @@ def trend_rows(session: Session, run_id: str, limit: int, layer: int, operand: i
     recipes = _commas(StepFormats.recipes) + 1
     values = format_packing.value_at(position, operand, index, recipes)
     operands = format_packing.operand_at(position, operand, layers, recipes)
+    scales = format_packing.scales_at(position, operand, index, recipes)
     rows = session.execute(
         select(thinned.c.step_id, thinned.c.step, thinned.c.n,
                case((found, func.substr(StepFormats.data, cast(values + 1, Integer),
                                         format_packing.STATS_BYTES))),
                case((found, func.substr(StepFormats.data, cast(operands + 1, Integer),
-                                        format_packing.OPERAND_BYTES))))
+                                        format_packing.OPERAND_BYTES))),
+               case((found, func.substr(StepFormats.scales, cast(scales + 1, Integer),
+                                        format_packing.SCALES_BYTES))))
         .join_from(thinned, StepFormats, StepFormats.step_id == thinned.c.step_id)
         .order_by(thinned.c.step, thinned.c.step_id)).all()
     return (int(rows[0].n) if rows else 0,
-            [TrendRow(int(step_id), int(step), bytes(cut_values), bytes(cut_operands))
-             for step_id, step, _, cut_values, cut_operands in rows if cut_values is not None])
+            [TrendRow(int(step_id), int(step), bytes(cut_values), bytes(cut_operands),
+                      None if cut_scales is None else bytes(cut_scales))
+             for step_id, step, _, cut_values, cut_operands, cut_scales in rows
+             if cut_values is not None])

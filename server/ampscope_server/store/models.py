@@ -423,7 +423,9 @@ class StepFormats(Base):
     `step_ranks.step`): the index (run_key, step, step_id) thins a run's sampled steps and finds
     the one at or before a step without reading `steps`. `trained` (null: no module trains in
     a recipe) names per layer the recipe its module trains in (empty: none), `trained_data` the
-    wire's `trained.amax` then `trained.scale`. Columns widest first, as `steps`."""
+    wire's `trained.amax` then `trained.scale`; `scales` (null: a client before wire v8) the
+    block scales' exponents (`format_packing.SCALE_WIDTH` per layer, operand and recipe).
+    Columns widest first, as `steps`."""
 
     __tablename__ = "step_formats"
     __table_args__ = (Index("ix_step_formats_run_key_step", "run_key", "step", "step_id"),)
@@ -439,6 +441,7 @@ class StepFormats(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
     trained: Mapped[str | None] = mapped_column(Text)
     trained_data: Mapped[bytes | None] = mapped_column(LargeBinary)
+    scales: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 # --- wire v4 (revision 0020) -------------------------------------------------------------------

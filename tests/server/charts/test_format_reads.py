@@ -26,6 +26,7 @@ from tests.server.wire import (
     formats,
     new_id,
     record_v2,
+    scale_values,
     strict_json,
 )
 from tests.support.ingest import ingest_payload, post_batch
@@ -34,25 +35,28 @@ SAMPLED = 9
 RECIPES = ["mxfp8", "nvfp4"]
 
 
-def _payload(steps: list[int], blocks: dict[int, dict[str, Any] | None]) -> dict[str, Any]:
+def _payload(steps: list[int], blocks: dict[int, dict[str, Any] | None],
+             run_id: str | None = None) -> dict[str, Any]:
     records = []
     for seq, step in enumerate(steps):
         record = record_v2(seq, step=step, with_layers=False)
         if blocks.get(step) is not None:
             record["formats"] = blocks[step]
         records.append(record)
-    return dict(batch_v2(records, run_id=new_id()), schema_version=7)
+    return dict(batch_v2(records, run_id=run_id or new_id()), schema_version=8)
 
 
 def _sampled(steps: int = SAMPLED) -> dict[str, Any]:
-    """Sampled steps 0, 10, …; layer 1 listed before layer 0; the last step's first value NaN
-    and its first operand statistic -inf."""
+    """Sampled steps 0, 10, …; layer 1 listed before layer 0; the last step's first value NaN,
+    its first operand statistic -inf and its first scale exponents not measured (all NaN)."""
     blocks: dict[int, dict[str, Any] | None] = {
-        10 * k: formats([1, 0], RECIPES, seed=float(k)) for k in range(steps)}
+        10 * k: formats([1, 0], RECIPES, seed=float(k), scales=True) for k in range(steps)}
     values, operands = format_values([1, 0], RECIPES, seed=float(steps - 1))
     values[0], operands[0] = math.nan, -math.inf
+    scales = scale_values([1, 0], RECIPES, seed=steps - 1)
+    scales[:17] = [math.nan] * 17
     blocks[10 * (steps - 1)] = {"recipes": RECIPES, "layers": [1, 0], "values": f64le(values),
-                                "operands": f64le(operands)}
+                                "operands": f64le(operands), "scales": f64le(scales)}
     return _payload([10 * k + d for k in range(steps) for d in (0, 5)], blocks)
 
 
@@ -184,6 +188,8 @@ class TestTrend:
                                for j, name in enumerate(["amax", "rms", "kurtosis",
                                                          "nonfinite_frac"])}
             | {"amax": [k + 0.5 for k in range(SAMPLED - 1)] + ["-inf"]},
+            "scales": [{"top": k, "counts": [1] + [0] * 15} for k in range(SAMPLED - 1)]
+            + [None],
         }
 
     def test_another_cut(self, api: TestClient, run_id: str) -> None:
@@ -193,6 +199,23 @@ class TestTrend:
         assert body["values"]["rel_rmse"] == [p + 1 + 2 / 10 + 1 / 100 + 2 / 1000 for p in kept]
         assert body["operand_values"]["kurtosis"] == [p + 1 + 2 / 10 + 2 / 100 + 0.5
                                                       for p in kept]
+        # Position 1, operand 2, recipe 1: top p - 121, counts 2, 2, 1.
+        assert body["scales"] == [{"top": p - 121, "counts": [2, 2, 1] + [0] * 13}
+                                  for p in kept]
+
+    def test_a_step_from_a_client_before_v8_has_no_scales(self, api: TestClient) -> None:
+        """A v7 sample, then a v8 one whose cut had no block holding a value (nan top)."""
+        scales = scale_values([0], RECIPES)
+        scales[:17] = [math.nan] + [0.0] * 16
+        old = dict(_payload([0], {0: formats([0], RECIPES)}), schema_version=7)
+        new = _payload([10], {10: {**formats([0], RECIPES), "scales": f64le(scales)}},
+                       run_id=old["run"]["id"])
+        new["attempt"] = {**old["attempt"], "id": new_id()}
+        for payload in (old, new):
+            post_batch(api, payload)
+        body = _trend(api, old["run"]["id"], "layer=0&operand=input&recipe=mxfp8")
+        assert body["steps"] == [0, 10]
+        assert body["scales"] == [None, {"top": None, "counts": [0] * 16}]
 
     @pytest.mark.parametrize(("query", "name"), [
         ("layer=1&operand=weight&recipe=fp8_rowwise", LAYERS[1]["name"]),
@@ -284,4 +307,6 @@ def test_the_reads_take_no_blob_whole_but_the_one_shown(
     assert _whole_blobs(statements) == 1
     (whole,) = [s for s in statements if _whole_blobs([s])]
     assert "LIMIT" in whole
+    assert sum(s.count("step_formats.scales") - s.count("substr(step_formats.scales")
+               for s in statements) == 1 == whole.count("step_formats.scales")
     assert [v.step for v in listed.verdicts] == [220] * 2

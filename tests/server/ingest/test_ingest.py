@@ -336,8 +336,8 @@ def _invalid(mutate: Any) -> dict[str, Any]:
 
 class TestIngestValidation:
     @pytest.mark.parametrize(("mutate", "detail"), [
-        (lambda p: p.update(schema_version=8),
-         "schema_version: Input should be 1, 2, 3, 4, 5, 6 or 7"),
+        (lambda p: p.update(schema_version=9),
+         "schema_version: Input should be 1, 2, 3, 4, 5, 6, 7 or 8"),
         (lambda p: p.pop("records"), "records: field required"),
         (lambda p: p["run"].update(id="not-a-uuid"),
          "run.id: String should match pattern "

@@ -24,6 +24,7 @@ from tests.server.wire import (
     formats,
     new_id,
     record_v2,
+    scale_values,
     strict_json,
     tagged,
 )
@@ -132,6 +133,22 @@ class TestStored:
         with sessions() as session:
             assert session.scalar(select(func.count()).select_from(StepFormats)) == 2
 
+    @pytest.mark.parametrize("packed", [True, False], ids=["packed", "json"])
+    def test_the_scale_exponents_are_read_back_as_sent(self, api: TestClient, packed: bool
+                                                       ) -> None:
+        """v8: a measured cut, one with no block holding a value (nan top, counts 0) and one
+        not measured (all nan), as sent; a v7 step beside it has none."""
+        encode = f64le if packed else tagged
+        scales = scale_values([1, 0], ["mxfp8", "nvfp4"], seed=-3)
+        scales[17:34] = [math.nan] + [0.0] * 16
+        scales[34:51] = [math.nan] * 17
+        block = {**formats([1, 0], ["mxfp8", "nvfp4"]), "scales": encode(scales)}
+        payload = _batch(8, block, formats([0]))
+        assert post_batch(api, payload)["accepted"] == 2
+        steps = _get(api, f"/api/runs/{payload['run']['id']}/export")["steps"]
+        assert _bits(steps[0]["formats"]["scales"]) == _bits(tagged(scales))
+        assert "scales" not in steps[1]["formats"]
+
     def test_a_v7_batch_without_them_is_accepted(self, api: TestClient) -> None:
         payload = _batch(7, None, None)
         assert post_batch(api, payload)["accepted"] == 2
@@ -212,11 +229,49 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
 ]
 
 
+def _scales(at: int, value: float) -> dict[str, Any]:
+    """A valid v8 block (one layer, two recipes) whose scales hold `value` at `at`."""
+    block = _valid()
+    scales = scale_values(block["layers"], block["recipes"])
+    scales[at] = value
+    return {**block, "scales": tagged(scales)}
+
+
+WHOLE = ("each 17 values are a whole exponent (nan: no block held a value, then counts of 0) "
+         "and 16 whole counts ≥ 0, or all nan (not measured)")
+SCALES_REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({**_valid(), "scales": [0.0] * 101}, "records[0].formats.scales has 101 entries, expected "
+                                          "102: 1 layers x 3 operands x 2 recipes x 17 values"),
+    (_scales(1, 1.5), f"records[0].formats.scales[1] is 1.5: {WHOLE}"),
+    (_scales(2, -1.0), f"records[0].formats.scales[2] is -1.0: {WHOLE}"),
+    (_scales(20, math.inf), f"records[0].formats.scales[20] is inf: {WHOLE}"),
+    (_scales(21, math.nan), f"records[0].formats.scales[21] is nan: {WHOLE}"),
+    (_scales(17, 2.5), f"records[0].formats.scales[17] is 2.5: {WHOLE}"),
+    (_scales(17, -math.inf), f"records[0].formats.scales[17] is -inf: {WHOLE}"),
+    (_scales(34, math.nan), f"records[0].formats.scales[34] is nan: {WHOLE}"),  # counts 1, 1
+]
+
+
 class TestRefused:
     def test_a_v6_batch_carrying_them_is_422_naming_them(self, api: TestClient) -> None:
         payload = _batch(6, None, formats([0]))
         assert post_batch(api, payload, status=422) == {
             "detail": "records[1].formats: unknown field in schema_version 6"}
+        assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
+
+    def test_a_v7_batch_carrying_scales_is_422_naming_them(self, api: TestClient) -> None:
+        payload = _batch(7, formats([0], scales=True))
+        assert post_batch(api, payload, status=422) == {
+            "detail": "records[0].formats.scales: unknown field in schema_version 7"}
+        assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
+
+    @pytest.mark.parametrize(("block", "detail"), SCALES_REFUSED,
+                             ids=[f"scales-{i}" for i in range(len(SCALES_REFUSED))])
+    def test_malformed_scales_are_422_naming_the_entry(
+        self, api: TestClient, block: dict[str, Any], detail: str
+    ) -> None:
+        payload = _batch(8, block)
+        assert post_batch(api, payload, status=422) == {"detail": detail}
         assert api.get(f"/api/runs/{payload['run']['id']}").status_code == 404
 
     @pytest.mark.parametrize(("block", "detail"), REFUSED,

@@ -90,7 +90,7 @@ class TestV5:
         self, api: TestClient
     ) -> None:
         """What a newer hook's negotiation reads (`ampscope.negotiate`): the location
-        `schema_version` first in the detail (v7, issue #33, is the newest now)."""
-        payload = _batch(8, reason=True, origin=True)
+        `schema_version` first in the detail (v8, issue #33, is the newest now)."""
+        payload = _batch(9, reason=True, origin=True)
         assert post_batch(api, payload, status=422) == {
-            "detail": "schema_version: Input should be 1, 2, 3, 4, 5, 6 or 7"}
+            "detail": "schema_version: Input should be 1, 2, 3, 4, 5, 6, 7 or 8"}

@@ -1,8 +1,8 @@
 """`formats_repository` on both dialects: the thinning in SQL keeps exactly the rows
 `format_packing.thinned` names (so a read returns at most `limit` rows, a deterministic count),
 the sampled step at or before a step (the later of equal steps), a trend's cut of each kept row
-at the offsets the row's own layers and recipes give, and the bytes a 100-layer, 6-recipe step
-costs (DESIGN.md §8: about 8 bytes per value)."""
+at the offsets the row's own layers and recipes give (the block scale exponents' too), and the
+bytes a 100-layer, 6-recipe step costs (DESIGN.md §8: about 8 bytes per value)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tests.server.wire import (
     formats,
     new_id,
     record_v2,
+    scale_values,
 )
 from tests.support.ingest import ingest_payload
 
@@ -34,17 +35,18 @@ def _sampled_run(sessions: sessionmaker[Session], steps: list[int],
                  run_id: str | None = None,
                  **kwargs: Any) -> str:
     """A run with one record per step of `steps` (seq = position), each a sampled step with
-    `formats([0, 1], seed=step)` unless `blocks` gives its own (None: not sampled)."""
+    `formats([0, 1], seed=step, scales=True)` unless `blocks` gives its own (None: not
+    sampled)."""
     run_id = run_id or new_id()
     blocks = blocks or {}
     records = []
     for seq, step in enumerate(steps):
         record = record_v2(seq, step=step, with_layers=False)
-        block = blocks.get(step, formats([0, 1], seed=float(step)))
+        block = blocks.get(step, formats([0, 1], seed=float(step), scales=True))
         if block is not None:
             record["formats"] = block
         records.append(record)
-    ingest_payload(sessions, dict(batch_v2(records, run_id=run_id, **kwargs), schema_version=7))
+    ingest_payload(sessions, dict(batch_v2(records, run_id=run_id, **kwargs), schema_version=8))
     return run_id
 
 
@@ -131,6 +133,10 @@ class TestTrendRows:
             assert format_packing.unpack(row.values) == values[at:at + 5]
             at = format_packing.operand_at(1, 2, 2, 2) // 8 - len(values)
             assert format_packing.unpack(row.operands) == operands[at:at + 4]
+            exponents = scale_values([0, 1], RECIPES[:2], seed=100 * position)
+            at = format_packing.scales_at(1, 2, 1, 2) // 8
+            assert row.scales is not None
+            assert format_packing.unpack(row.scales) == exponents[at:at + 17]
 
     def test_each_row_by_its_own_layers_and_recipes(self, sessions: sessionmaker[Session]
                                                     ) -> None:
@@ -170,24 +176,31 @@ LAYERS_100: list[dict[str, Any]] = [
      "numel": 64, "module_type": "Linear"} for i in range(100)]
 
 
+@pytest.mark.parametrize(("scales", "per_value"), [(False, 8.036), (True, 8.009)],
+                         ids=["v7", "v8"])
 def test_a_100_layer_6_recipe_step_costs_8_04_bytes_per_value(
-    sessions: sessionmaker[Session]
+    sessions: sessionmaker[Session], scales: bool, per_value: float
 ) -> None:
     """The stored row of a 100-layer, 6-recipe step: 10,200 float64s (9,000 values, 1,200
     operand statistics) in 81,600 bytes, its layers and recipes as text (289 + 57 bytes), the
-    step id, step and run key (8 + 8 + 4): 81,966 bytes, 8.036 per value on both dialects. As
-    each database keeps the row: SQLite's record (`dbstat`'s payload) and Postgres' row value
-    (`pg_column_size`, the blob stored uncompressed) within 8.1 too."""
-    record = record_v2(0, with_layers=False, formats=formats(list(range(100)), RECIPES))
+    step id, step and run key (8 + 8 + 4): 81,966 bytes, 8.036 per value on both dialects; with
+    v8's block scale exponents 30,600 float64s more (244,800 bytes): 326,766 bytes, 8.009 per
+    value. As each database keeps the row: SQLite's record (`dbstat`'s payload) and Postgres'
+    row value (`pg_column_size`, the blobs stored uncompressed) within 8.1 too."""
+    record = record_v2(0, with_layers=False,
+                       formats=formats(list(range(100)), RECIPES, scales=scales))
     ingest_payload(sessions, dict(batch([record], run_id=new_id(), layers=LAYERS_100),
-                                  schema_version=7))
-    values = format_packing.values_count(100, 6) + format_packing.operands_count(100)
+                                  schema_version=8 if scales else 7))
+    exponents = format_packing.scales_count(100, 6) if scales else 0
+    values = format_packing.values_count(100, 6) + format_packing.operands_count(100) + exponents
     with sessions() as session:
-        (data, layers, recipes), = session.execute(text(
-            "SELECT length(data), length(layers), length(recipes) FROM step_formats")).all()
-        assert (values, data, layers, recipes) == (10_200, 81_600, 289, 57)
-        row = data + layers + recipes + 8 + 8 + 4
-        assert row / values == pytest.approx(8.036, abs=1e-3)
+        (data, layers, recipes, stored_scales), = session.execute(text(
+            "SELECT length(data), length(layers), length(recipes), length(scales) "
+            "FROM step_formats")).all()
+        assert (values - exponents, data, layers, recipes) == (10_200, 81_600, 289, 57)
+        assert stored_scales == (244_800 if scales else None)
+        row = data + (stored_scales or 0) + layers + recipes + 8 + 8 + 4
+        assert row / values == pytest.approx(per_value, abs=1e-3)
         if session.get_bind().dialect.name == "sqlite":
             stored = session.scalar(text(
                 "SELECT sum(payload) FROM dbstat WHERE name = 'step_formats'"))

@@ -1,13 +1,14 @@
 // web/js/formats.js: the Formats view's pure side (#33). One sampled step's (layer, operand,
 // recipe) statistics as a layer × recipe matrix: the "worst" score, what a cell is coloured by
 // and says, NaN ("not measured") and absent cells kept apart from 0, two runs' rows merged by
-// name, and the verdicts' keep-lists as sentences. Also formats_trend.js's share ticks.
+// name, the verdicts' keep-lists as sentences, and a trend's block scale exponents as a heatmap's grid.
+// Also formats_trend.js's share ticks.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 
 import {
   BAD_LEVELS, WORST_CAP, WORST_FLOOR, cellValue, colourRange, colourValue, hoverText, keepReason, keptCells,
-  matrixGrid, mergeNames, percent, snrDb, statText, trainedLines, verdictHeadline, worstScore,
+  matrixGrid, mergeNames, percent, scaleGrid, snrDb, statText, trainedLines, verdictHeadline, worstScore,
 } from '../../../web/js/formats.js';
 import { decodeFormats } from '../../../web/js/codec.js';
 import { shareTicks } from '../../../web/js/formats_trend.js';
@@ -292,6 +293,34 @@ describe('shareTicks', () => {
     });
     assert.deepEqual(shareTicks(0.1, -Infinity).ticktext, ['0', '100%']); // all zero: the floor alone
     assert.deepEqual(shareTicks(10 ** -4, 0.05).tickvals, [10 ** -4, 1e-3, 1e-2, 1e-1]);
+  });
+});
+
+describe('scaleGrid', () => {
+  const counts = (/** @type {Record<number, number>} */ at) => Array.from({ length: 16 }, (_, k) => at[k] ?? 0);
+
+  test('one row per exponent any step reaches, shares of each step\'s blocks', () => {
+    // Step 0: top 2^-8, 3 blocks there, 1 ten below. Step 100: top 2^-6, 4 blocks 15 or more below.
+    const grid = scaleGrid([0, 100], [{ top: -8, counts: counts({ 0: 3, 10: 1 }) },
+      { top: -6, counts: counts({ 15: 4 }) }]);
+    assert.deepEqual(grid.y, Array.from({ length: 18 }, (_, i) => -23 + i)); // 2^-23 (-8 - 15) to 2^-6
+    const at = (/** @type {number} */ e) => grid.z[grid.y.indexOf(e)];
+    assert.deepEqual(at(-8), [0.75, 0]);
+    assert.deepEqual(at(-18), [0.25, 0]);
+    assert.deepEqual(at(-21), [0, 1]); // step 100's last bin: 15 binades below 2^-6 or farther
+    assert.deepEqual(at(-22), [0, null]); // below step 100's last bin: unknown, a gap
+    assert.deepEqual(at(-23), [0, null]);
+    assert.deepEqual(at(-6), [0, 0]); // above step 0's top: none of its blocks
+    assert.equal(grid.text[grid.y.indexOf(-21)][1], 'step 100 · scale 2^-21 or below: 4 of 4 blocks (100%)');
+    assert.equal(grid.text[grid.y.indexOf(-18)][0], 'step 0 · scale 2^-18: 1 of 4 blocks (25%)');
+  });
+
+  test('a step without exponents is a gap, none at all is no rows', () => {
+    const grid = scaleGrid([0, 10, 20], [null, { top: null, counts: counts({}) }, { top: 3, counts: counts({ 0: 2 }) }]);
+    assert.deepEqual(grid.y, Array.from({ length: 16 }, (_, i) => -12 + i));
+    assert.ok(grid.z.every((row) => row[0] === null && row[1] === null));
+    assert.deepEqual(grid.z[grid.y.indexOf(3)], [null, null, 1]);
+    assert.deepEqual(scaleGrid([0], [null]), { y: [], z: [], text: [] });
   });
 });
 
