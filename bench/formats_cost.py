@@ -53,7 +53,8 @@ def _wire_bytes(live: hook_sweep.Live, sender: MemorySender) -> tuple[int, int]:
               if "formats" in r]
     block = blocks[-1]  # as sent: the arrays packed
     text = json.dumps(block, separators=(",", ":"))
-    values = sum(len(base64.b64decode(block[k]["f64le"])) // 8 for k in ("values", "operands"))
+    values = sum(len(base64.b64decode(block[k]["f64le"])) // 8
+                 for k in ("values", "operands", "scales"))
     return len(text), values
 
 
