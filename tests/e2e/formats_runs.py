@@ -13,6 +13,10 @@ Its block scales' exponents (wire v8): 10 blocks at the top, 2^-8, in every cell
 gradient under mxfp8, whose top falls with its amax (`FC2_TOPS`) and whose pinned 30 % sit 15
 binades or more below it.
 
+`HEAD` really trains in fp8_tensorwise (torchao's Float8Linear; `trained`): at the k-th sample
+its input and weight amax 2 + k under scale 448 / amax, its gradient's amax (still multiplied
+by the loss scale, 2^16) under 57344 / amax.
+
 `twin` is the same model trained otherwise (the compare page's other run), by a hook before v8
 (no exponents): a layer `PROJ` that the first lacks and no `AUX`, a healthy `FC2`, the same
 `HEAD`. `plain` sends no formats.
@@ -101,6 +105,14 @@ def formats_block(names: list[str], listed: list[int], k: int, *, fc2_outlier: b
     if scales:
         block["scales"] = tagged([v for i in listed for o in OPERANDS for r in RECIPES
                                   for v in scale_exponents(names[i], o, r, k)])
+    if HEAD in (names[i] for i in listed):
+        amax = [[2.0 + k, 2.0 + k, (2.0 + k) * 65536] if names[i] == HEAD else [math.nan] * 3
+                for i in listed]
+        scale = [[448 / a[0], 448 / a[1], 57344 / a[2]] for a in amax]
+        block["trained"] = {"recipes": ["fp8_tensorwise" if names[i] == HEAD else None
+                                        for i in listed],
+                            "amax": tagged([v for row in amax for v in row]),
+                            "scale": tagged([v for row in scale for v in row])}
     return block
 
 

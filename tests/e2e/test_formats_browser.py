@@ -192,6 +192,10 @@ def test_the_verdicts_say_which_layers_stay_in_bf16(
         f"step 200 · 5 layers {TIMES} 6 recipes · 3 sampled steps · verdicts over the last 3"
         " samples")
     assert pg.locator('#formats-verdicts li[data-recipe="mxfp8"] .formats-keep').is_visible()
+    # The layer that really trains in a recipe, with the scales it used at step 200.
+    assert pg.locator("#formats-verdicts .formats-trained").all_inner_texts() == [
+        "head.weight trains in fp8_tensorwise: scale 112 (input amax 4), scale 112 (weight amax"
+        " 4), scale 0.219 (grad_output amax 262144)"]
     watched.assert_clean()
 
 
