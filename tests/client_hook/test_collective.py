@@ -1,6 +1,7 @@
 """Two real ranks (gloo, 2 processes on the CPU) under DDP and FSDP2 ``fully_shard``: one run
-per job, every rank's loss, the full gradients' statistics from the shards, and no rank ever
-left waiting (``dist_worker.py`` runs each rank)."""
+per job, every rank's loss, the full gradients' statistics from the shards, the formats probe's
+sample of the whole weights, and no rank ever left waiting (``dist_worker.py`` runs each
+rank)."""
 
 from __future__ import annotations
 
@@ -154,6 +155,30 @@ class TestSharded:
             assert record["ranks"] == {"loss": [zero["losses"][step], None],
                                        "nonfinite": [0, None]}
             assert record["loss"] == zero["losses"][step]  # rank 1's is missing: rank 0's own
+
+
+class TestFormats:
+    """The formats probe (#33) at its default cadence samples step 0, on rank 0 alone."""
+
+    @pytest.mark.parametrize("mode", ["fsdp2", "fsdp1", "fsdp1+shardedscaler"])
+    def test_rank_zero_measures_the_whole_weights_under_fsdp(self, jobs: Jobs, mode: str
+                                                             ) -> None:
+        """FSDP2's ``fully_shard`` and FSDP1 with ``use_orig_params`` run each Linear's forward
+        on its gathered weight, so rank 0's sample (the same seed and batch as under DDP)
+        equals DDP's to the bit: the two Linears, every recipe, the block scales' exponents."""
+        ddp, sharded = jobs["ddp"][0]["records"], jobs[mode][0]["records"]
+        assert [i for i, r in enumerate(ddp) if r.get("formats")] == [0]
+        assert [i for i, r in enumerate(sharded) if r.get("formats")] == [0]
+        assert ddp[0]["formats"]["layers"] == [0, 2]
+        assert sharded[0]["formats"] == ddp[0]["formats"]
+        assert not any(r.get("formats") for r in jobs[mode][1]["records"])
+
+    def test_fsdp1_flat_parameters_leave_no_linear_weight_to_measure(self, jobs: Jobs) -> None:
+        """``use_orig_params=False``: the layer table holds the flat parameter, no Linear's
+        weight, so no module is measured and no record carries formats."""
+        zero = jobs["fsdp1flat+nan"][0]
+        assert zero["layers"] == ["_flat_param"]
+        assert not any(r.get("formats") for r in zero["records"])
 
 
 class TestWithoutAProcessGroup:
