@@ -12,6 +12,13 @@ and RMS by the scale. A module run twice in one step (gradient checkpointing's r
 layer) is measured on its first call. Returns at once under dynamo. No host sync: ``collect``
 gives a device block the step's one copy carries.
 
+``nn.MultiheadAttention`` runs its two projections inside its own forward
+(``F.multi_head_attention_forward``), never calling ``out_proj``: its hook measures what it can
+see. The packed in-projection (``in_proj_weight``, a row of its own) gets its weight and, under
+self-attention (query, key and value one tensor), its input; its output gradient is internal
+(NaN). ``out_proj`` gets its weight and its output gradient, the attention's output's; its input
+is internal (NaN).
+
 A module that really trains in a recipe (torchao's ``Float8Linear``, read from its config
 without importing torchao: ``trained_recipe``) is measured like any other, and beside its
 what-ifs the block keeps, per operand, the amax and the scale that recipe computed from it
@@ -45,8 +52,10 @@ from ampscope.sampled_hook import SampledHook
 
 __all__ = ["GEMM_MODULES", "FormatsProbe", "trained_recipe"]
 
-GEMM_MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+CONV_MODULES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+GEMM_MODULES = (torch.nn.Linear, *CONV_MODULES)
 """The modules whose operands a recipe quantises (their subclasses too)."""
+Attention = torch.nn.MultiheadAttention
 
 _AMAX, _RMS = 0, 1  # in MOMENTS
 
@@ -70,6 +79,16 @@ def trained_recipe(module: torch.nn.Module) -> str | None:
     return None
 
 
+def _gemm_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The weight a module's GEMM runs on: a Linear's or Conv's, an attention module's packed
+    in-projection (one for query, key and value); None for any other module."""
+    if isinstance(module, GEMM_MODULES):
+        return module.weight
+    if isinstance(module, Attention) and module._qkv_same_embed_dim:
+        return module.in_proj_weight
+    return None
+
+
 class FormatsProbe:
     """Arms a forward hook for one sampled step and turns what it measured into the step's
     ``(modules, 3, width)`` block (``width`` = recipes · STATS + MOMENTS + recipes · SCALE_WIDTH,
@@ -82,12 +101,16 @@ class FormatsProbe:
         is not watched is not measured."""
         self.recipes = tuple(recipes)
         self._on_error = on_error
-        watched = [(m, layer_of[id(m.weight)]) for m in model.modules()
-                   if isinstance(m, GEMM_MODULES) and id(m.weight) in layer_of]
+        watched = [(m, layer_of[id(weight)]) for m in model.modules()
+                   if (weight := _gemm_weight(m)) is not None and id(weight) in layer_of]
         self.layers = [layer for _, layer in watched]
-        """Each measured module's weight's row in the layer table, in the block's order."""
+        """Each measured module's weight's row in the layer table, in the block's order (an
+        attention module's: its ``in_proj_weight``'s)."""
         self._modules = [m for m, _ in watched]
         self._slot = {id(m): k for k, m in enumerate(self._modules)}  # kept alive by _modules
+        self._out_proj = {k: self._slot[id(m.out_proj)] for k, m in enumerate(self._modules)
+                          if isinstance(m, Attention) and id(m.out_proj) in self._slot}
+        """An attention module's slot → its ``out_proj``'s, which its forward measures."""
         self.trained = [trained_recipe(m) for m in self._modules]
         """Per module, the recipe it really trains in (None: none); all None: not kept."""
         self.keeps_trained = any(self.trained)
@@ -113,7 +136,7 @@ class FormatsProbe:
     def _sample(self, k: int, operand: Operand, x: torch.Tensor, module: torch.nn.Module
                 ) -> None:
         if x.numel():
-            conv = not isinstance(module, torch.nn.Linear)
+            conv = isinstance(module, CONV_MODULES)
             self._samples[k, OPERANDS.index(operand)] = sample(x, operand, channels_first=conv)
 
     def _forward_hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
@@ -124,6 +147,9 @@ class FormatsProbe:
             if k is None or k in self._seen:
                 return
             self._seen.add(k)
+            if isinstance(module, Attention):
+                self._attention(k, module, inputs, output)
+                return
             x = inputs[0] if isinstance(inputs, tuple) and inputs else None
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 self._sample(k, "input", x, module)
@@ -135,6 +161,24 @@ class FormatsProbe:
                 output.register_hook(self._grad_hook(k, module, self._hook.generation))
         except Exception as exc:
             self._on_error(exc)
+
+    def _attention(self, k: int, module: Attention, inputs: Any, output: Any) -> None:
+        """The in-projection's weight and, under self-attention, input (slot ``k``); the
+        out-projection's weight and output gradient (its own slot, if its weight is watched)."""
+        q = inputs[0] if isinstance(inputs, tuple) and len(inputs) >= 3 else None
+        if (isinstance(q, torch.Tensor) and q.is_floating_point() and inputs[1] is q
+                and inputs[2] is q):  # cross-attention projects three inputs: none is it
+            self._sample(k, "input", q, module)
+        if isinstance(module.in_proj_weight, torch.Tensor):
+            self._sample(k, "weight", module.in_proj_weight, module)
+        out = self._out_proj.get(k)
+        if out is None or out in self._seen:
+            return
+        self._seen.add(out)
+        self._sample(out, "weight", module.out_proj.weight, module.out_proj)
+        y = output[0] if isinstance(output, tuple) and output else None
+        if isinstance(y, torch.Tensor) and y.requires_grad and y.is_floating_point():
+            y.register_hook(self._grad_hook(out, module.out_proj, self._hook.generation))
 
     def _grad_hook(self, k: int, module: torch.nn.Module, generation: int
                    ) -> Callable[[torch.Tensor], None]:

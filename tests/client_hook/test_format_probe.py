@@ -211,3 +211,63 @@ def test_a_float8_training_records_the_scales_its_modules_used(
             role = "grad_output" if operand == "grad_output" else operand
             assert (amax[k, o].item(), scale[k, o].item()) == seen[role, operands[operand]]
     assert torch.isnan(amax[2]).all() and torch.isnan(scale[2]).all()  # a plain Linear
+
+
+class _Encoder(nn.Module):
+    """A self-attention block: nn.MultiheadAttention runs in_proj_weight and out_proj inside
+    its own forward, never calling out_proj."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.block(x))
+        return out
+
+
+def test_multihead_attention_measures_what_its_forward_shows() -> None:
+    """The packed in-projection: its input (the query, which is key and value too) and its
+    weight; the out-projection: its weight and its output's gradient (the attention's output's,
+    amax and RMS in true units); the operands inside the attention's forward are NaN."""
+    model = _Encoder()
+    attention = model.block.self_attn
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
+        seen["query"] = inputs[0].detach().clone()
+        seen["in_proj"] = attention.in_proj_weight.detach().clone()
+        seen["out_proj"] = attention.out_proj.weight.detach().clone()
+        output[0].register_hook(lambda g: seen.__setitem__("grad", g.detach().clone()))
+    attention.register_forward_hook(hook)
+    loop = AmpLoop(model, formats_every=1)
+    scale = loop.scaler.get_scale()
+    loop.step(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(1)), closure=False)
+    block = loop.records()[0]["formats"]
+    table = [layer["name"] for layer in json.loads(loop.sink.bodies[0])["layers"]]
+    assert [table[i] for i in block["layers"]] == [
+        "block.self_attn.in_proj_weight", "block.self_attn.out_proj.weight",
+        "block.linear1.weight", "block.linear2.weight", "head.weight"]
+    every = tuple(RECIPES.values())
+    width = len(RECIPES) * len(STATS)
+
+    def measured(x: torch.Tensor, operand: str) -> torch.Tensor:
+        row = measure([sample(x, operand)], every, operand)[0]  # type: ignore[arg-type]
+        if operand == "grad_output":
+            row[width : width + 2] /= scale
+        return row
+
+    nan = torch.full((width + len(MOMENTS) + len(RECIPES) * SCALE_WIDTH,), float("nan"),
+                     dtype=torch.float64)
+    expected = torch.stack([measured(seen["query"], "input"), measured(seen["in_proj"], "weight"),
+                            nan, nan, measured(seen["out_proj"], "weight"),
+                            measured(seen["grad"], "grad_output")])
+    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(5, 3, width)
+    moments = torch.tensor(_floats(block["operands"]), dtype=torch.float64).view(5, 3, -1)
+    scales = torch.tensor(_floats(block["scales"]), dtype=torch.float64).view(5, 3, -1)
+    got = torch.cat([values, moments, scales], dim=2)[:2].reshape(6, -1)
+    assert torch.equal(got.nan_to_num(-1.0), expected.nan_to_num(-1.0))
+    # The feed-forward Linears and the head are measured whole, as any Linear.
+    assert not torch.isnan(values[2:]).any()

@@ -2,7 +2,8 @@
 ``deepspeed_worker.py``), ZeRO stages 1, 2 and 3 in FP32, BF16 and FP16. One run per job, the
 loss the engine trains on, DeepSpeed's own skips and loss scale, and every per-layer statistic of
 the full gradient merged from the ranks' partitions, checked against
-``deepspeed.utils.safe_get_full_grad`` (stage 3: the real shapes, not its empty placeholders)."""
+``deepspeed.utils.safe_get_full_grad`` (stage 3: the real shapes, not its empty placeholders),
+and the formats probe's sample of ZeRO-3's gathered weights."""
 
 from __future__ import annotations
 
@@ -97,6 +98,22 @@ def test_the_full_gradients_statistics_from_the_zero_partitions(jobs: Path, mode
     else:  # no loss scale at all, as without a GradScaler
         assert {(r["scale_before"], r["scale_after"]) for r in records} == {(None, None)}
         assert {r["captured"] for r in records} == {"after_unscale"}
+
+
+@pytest.mark.parametrize(("stage3", "lower"), [("stage3+bf16", "stage1+bf16"),
+                                                ("stage3+fp16", "stage2+fp16")])
+def test_the_formats_probe_measures_zero_3s_gathered_weights(jobs: Path, stage3: str,
+                                                            lower: str) -> None:
+    """The formats probe (#33, default cadence: step 0) on rank 0: ZeRO-3 gathers each Linear's
+    weight for its forward, so the sample equals that of a stage that keeps weights whole, in
+    the same precision, to the bit (the two Linears, every recipe, the block scales'
+    exponents); rank 1 sends none."""
+    (zero3, one3), (zero_, _) = run_ds(jobs, stage3), run_ds(jobs, lower)
+    sampled = [[r.get("formats") is not None for r in z["records"]] for z in (zero3, zero_)]
+    assert sampled == [[True, False, False, False]] * 2
+    assert zero3["records"][0]["formats"]["layers"] == [0, 2]
+    assert zero3["records"][0]["formats"] == zero_["records"][0]["formats"]
+    assert one3["records"] == []
 
 
 @pytest.mark.parametrize("mode", NAN)
