@@ -139,6 +139,16 @@ def sampled(run_id: str) -> dict[str, Any]:
     return _batch(run_id, "bf16-baseline", NAMES, blocks, 8)
 
 
+def live(run_id: str) -> list[dict[str, Any]]:
+    """`sampled`'s run as it trains, in three batches none of them final: steps 0-149 (samples
+    0 and 100), 150-299 (200), then step 300, sampled again as step 200 was."""
+    whole = sampled(run_id)
+    later = dict(whole, records=[{**record_v2(STEPS, with_layers=False),
+                                  "formats": formats_block(NAMES, LISTED, 2)}])
+    return [dict(whole, records=whole["records"][:150], final=False),
+            dict(whole, records=whole["records"][150:], final=False), dict(later, final=False)]
+
+
 def twin(run_id: str) -> dict[str, Any]:
     blocks = {step: formats_block(TWIN_NAMES, TWIN_LISTED, k, fc2_outlier=False, scales=False)
               for k, step in enumerate(SAMPLED)}

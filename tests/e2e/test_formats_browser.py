@@ -1,9 +1,11 @@
 """The Formats view (#33, "Beyond FP16") in a real Chromium against a real server (SQLite): wire
-v7 batches whose every number is known (`formats_runs`). The run page's section fetches nothing
-until it is scrolled to; then it names the layers and recipes of the matrix, shows a module
-without a gradient as "not measured" (never 0), lists each recipe's verdict with the layers it
-keeps in BF16 and why, draws a clicked cell's trend, and fetches again for another operand's
-trend or another sampled step; a run without formats says so. The compare page sets two runs'
+v8 and v7 batches whose every number is known (`formats_runs`). The run page's section fetches
+nothing until it is scrolled to; then it names the layers and recipes of the matrix, shows a
+module without a gradient as "not measured" (never 0), lists each recipe's verdict with the
+layers it keeps in BF16 and why, and a layer that really trains in a recipe; draws a clicked
+cell's trend and its block scales' exponents (a v7 run's: a note), fetches again for another
+operand's trend or another sampled step, and, while the run trains, for a new sample unless a
+step is picked; a run without formats says so. The compare page sets two runs'
 verdicts side by side and their matrices on the same rows (a layer only one run has: absent).
 Dark mode keeps every text readable. No console error, no CSP violation."""
 
@@ -262,6 +264,41 @@ def test_a_click_draws_the_cells_trend_and_another_operand_or_step_is_fetched(
     watched.wait_for("() => document.getElementById('formats-matrix').data[0].text[2][3]"
                      f" === '8{TIMES} · BF16'")
     watched.wait_for(f"() => ({mark})('formats-trend-stats')[0] === 100")
+    watched.assert_clean()
+
+
+def test_a_live_run_shows_each_new_sample_unless_a_step_is_picked(
+        served: tuple[ServerProcess, dict[str, str]], watched: Watched) -> None:
+    """While the run trains, steps that arrive fetch the section again (at most every 30 s:
+    the test lets the next one through at once) and it shows the newest sample; once the
+    user picks a step, arriving steps leave it alone."""
+    server, _ = served
+    pg = watched.page
+    run_id = new_id()
+    first, second, third = runs.live(run_id)
+
+    def post(payload: dict[str, Any]) -> None:
+        response = httpx.post(f"{server.url}/api/ingest", json=payload, timeout=60)
+        assert response.status_code == 200, response.text
+
+    post(first)
+    requests = _open(watched, server, run_id)
+    assert pg.inner_text("#formats-note").startswith("step 100 · ")
+    watched.js("() => { window.ampscope.formats.lastFetch = -Infinity; }")
+    post(second)
+    watched.wait_for("() => window.ampscope.formats.loads === 2")
+    assert _formats_requests(requests) == [{"path": "/", "query": {}}] * 2
+    assert pg.inner_text("#formats-note").startswith("step 200 · ")
+    assert watched.js("() => [...document.querySelectorAll('#formats-step option')].map("
+                      "(o) => o.textContent)") == ["step 200", "step 100", "step 0"]
+    pg.select_option("#formats-step", "100")
+    watched.wait_for("() => window.ampscope.formats.loads === 3")
+    watched.js("() => { window.ampscope.formats.lastFetch = -Infinity; }")
+    post(third)
+    watched.wait_for("() => window.ampscope.lastStep && window.ampscope.lastStep.step === 300")
+    assert watched.js("() => [window.ampscope.formats.loads, window.ampscope.formats.timer]") == [
+        3, None]
+    assert pg.inner_text("#formats-note").startswith("step 100 · ")
     watched.assert_clean()
 
 
