@@ -752,22 +752,23 @@ def _check_formats(formats: Formats, where: str) -> None:
 
 def _check_scales(values: Sequence[float], where: str) -> None:
     """Each (layer, operand, recipe)'s `SCALE_WIDTH` values are all NaN (not measured), or a
-    NaN top over counts of 0 (no block held a value), or an integer top over counts that are
-    whole numbers ≥ 0: counts the API gives back as integers."""
+    NaN top over counts of 0 (no block held a value), or a whole top within float64's exponents
+    over whole counts from 0 to 2^53: what the API gives back as integers, exactly."""
     width = format_packing.SCALE_WIDTH
     for start in range(0, len(values), width):
         top, counts = values[start], values[start + 1 : start + width]
         if math.isnan(top) and all(math.isnan(c) for c in counts):
             continue
         entry = next((start + 1 + k for k, c in enumerate(counts)
-                      if not (_whole(c) and c >= 0)), None)
-        if entry is None and not (_whole(top) or (math.isnan(top) and not any(counts))):
+                      if not (_whole(c) and 0 <= c <= 2**53)), None)
+        if entry is None and not ((_whole(top) and -1074 <= top <= 1023)
+                                  or (math.isnan(top) and not any(counts))):
             entry = start
         if entry is not None:
             raise PydanticCustomError(
                 "formats_scales", "{where}[{entry}] is {value}: each {width} values are a "
-                "whole exponent (nan: no block held a value, then counts of 0) and {bins} "
-                "whole counts ≥ 0, or all nan (not measured)",
+                "whole exponent from -1074 to 1023 (nan: no block held a value, then counts "
+                "of 0) and {bins} whole counts from 0 to 2^53, or all nan (not measured)",
                 {"where": where, "entry": entry, "value": json_floats.encode(values[entry]),
                  "width": width, "bins": format_packing.SCALE_BINS})
 

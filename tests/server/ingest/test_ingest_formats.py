@@ -237,8 +237,8 @@ def _scales(at: int, value: float) -> dict[str, Any]:
     return {**block, "scales": tagged(scales)}
 
 
-WHOLE = ("each 17 values are a whole exponent (nan: no block held a value, then counts of 0) "
-         "and 16 whole counts ≥ 0, or all nan (not measured)")
+WHOLE = ("each 17 values are a whole exponent from -1074 to 1023 (nan: no block held a value, "
+         "then counts of 0) and 16 whole counts from 0 to 2^53, or all nan (not measured)")
 SCALES_REFUSED: list[tuple[dict[str, Any], str]] = [
     ({**_valid(), "scales": [0.0] * 101}, "records[0].formats.scales has 101 entries, expected "
                                           "102: 1 layers x 3 operands x 2 recipes x 17 values"),
@@ -248,6 +248,8 @@ SCALES_REFUSED: list[tuple[dict[str, Any], str]] = [
     (_scales(21, math.nan), f"records[0].formats.scales[21] is nan: {WHOLE}"),
     (_scales(17, 2.5), f"records[0].formats.scales[17] is 2.5: {WHOLE}"),
     (_scales(17, -math.inf), f"records[0].formats.scales[17] is -inf: {WHOLE}"),
+    (_scales(17, 1024.0), f"records[0].formats.scales[17] is 1024.0: {WHOLE}"),
+    (_scales(18, 2.0**53 + 2), f"records[0].formats.scales[18] is 9007199254740994.0: {WHOLE}"),
     (_scales(34, math.nan), f"records[0].formats.scales[34] is nan: {WHOLE}"),  # counts 1, 1
 ]
 
