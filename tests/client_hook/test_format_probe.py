@@ -271,3 +271,31 @@ def test_multihead_attention_measures_what_its_forward_shows() -> None:
     assert torch.equal(got.nan_to_num(-1.0), expected.nan_to_num(-1.0))
     # The feed-forward Linears and the head are measured whole, as any Linear.
     assert not torch.isnan(values[2:]).any()
+
+
+class _CrossAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.memory = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        memory = self.memory(x)
+        out: torch.Tensor = self.attention(x, memory, memory, need_weights=False)[0]
+        return out
+
+
+def test_cross_attention_leaves_the_in_projections_input_unmeasured() -> None:
+    """Query and key/value differ: the packed in-projection projects three inputs, none of
+    them its input, so that operand is NaN; its weight and the out-projection are measured."""
+    loop = AmpLoop(_CrossAttention(), formats_every=1)
+    loop.step(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(2)), closure=False)
+    block = loop.records()[0]["formats"]
+    table = [layer["name"] for layer in json.loads(loop.sink.bodies[0])["layers"]]
+    assert [table[i] for i in block["layers"]] == [
+        "attention.in_proj_weight", "attention.out_proj.weight", "memory.weight"]
+    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(3, 3, -1)
+    measured = [[not torch.isnan(values[layer, operand]).any().item() for operand in range(3)]
+                for layer in range(3)]
+    assert measured == [[False, True, False], [False, True, True], [True, True, True]]
