@@ -22,8 +22,9 @@ is internal (NaN).
 A module that really trains in a recipe (torchao's ``Float8Linear``, read from its config
 without importing torchao: ``trained_recipe``) is measured like any other, and beside its
 what-ifs the block keeps, per operand, the amax and the scale that recipe computed from it
-(tensor-wise: ``max / amax`` in float32, as torchao's ``amax_to_scale``; a row-wise recipe's
-per-row scales are not kept: NaN).
+(tensor-wise: ``max / amax`` in float32, as torchao's ``amax_to_scale``; row-wise: its largest
+row's, the least of its per-row scales, rounded down to a power of two as torchao rounds them;
+how the other rows' scales spread is what ``fp8_rowwise``'s exponents show).
 """
 
 from __future__ import annotations
@@ -222,14 +223,18 @@ class FormatsProbe:
     @staticmethod
     def _trained(samples: list[Sample], trained: list[str | None], operand: Operand
                  ) -> torch.Tensor:
-        """``(samples, TRAINED)``: each operand's amax and the tensor-wise scale a module
-        training in ``fp8_tensorwise`` computed from it (NaN for any other module)."""
+        """``(samples, TRAINED)``: each operand's amax and the scale a module training in
+        ``fp8_tensorwise`` computed from it, or in ``fp8_rowwise`` for its largest row (NaN for
+        any other module)."""
         rows = []
         for one, name in zip(samples, trained, strict=True):
             amax = one.tensor_amax.double()
-            if name == "fp8_tensorwise":
+            if name in ("fp8_tensorwise", "fp8_rowwise"):
                 top = RECIPES[name].element(operand).max
-                scale = (top / amax.clamp(min=AMAX_EPS)).float().double()
+                scale = (top / amax.clamp(min=AMAX_EPS)).float()
+                if RECIPES[name].pow2:
+                    scale = torch.exp2(torch.floor(torch.log2(scale)))
+                scale = scale.double()
             else:
                 scale = torch.full_like(amax, math.nan)
                 amax = amax if name is not None else scale

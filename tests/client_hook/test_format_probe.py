@@ -162,10 +162,14 @@ def test_a_failure_in_the_probe_never_reaches_training(monkeypatch: pytest.Monke
     assert loop.mon.stats().internal_errors >= 3
 
 
+@pytest.mark.parametrize(("recipe", "name"), [("tensorwise", "fp8_tensorwise"),
+                                            ("rowwise", "fp8_rowwise")])
 def test_a_float8_training_records_the_scales_its_modules_used(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """torchao's Float8Linear (emulated on the CPU) trains in fp8_tensorwise: the record keeps,
-    per module and operand, the amax and the scale torchao computed on that step, equal."""
+        monkeypatch: pytest.MonkeyPatch, recipe: str, name: str) -> None:
+    """torchao's Float8Linear (emulated on the CPU) trains in fp8_tensorwise or its row-wise
+    recipe: the record keeps, per module and operand, the amax and the scale torchao computed on
+    that step, equal (row-wise: the largest row's, the least of the per-row scales)."""
+    import dataclasses
     import warnings
 
     with warnings.catch_warnings():
@@ -179,14 +183,15 @@ def test_a_float8_training_records_the_scales_its_modules_used(
     def recording(hp: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out = cast(hp, *args, **kwargs)
         key = (kwargs["gemm_input_role"].value, tuple(hp.shape))
-        seen.setdefault(key, (hp.abs().amax().item(), out._scale.item()))
+        seen.setdefault(key, (hp.abs().amax().item(), out._scale.min().item()))
         return out
     monkeypatch.setattr(float8_linear, "hp_tensor_to_float8_dynamic", recording)
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32), nn.Tanh(),
                           nn.Linear(32, 4))
-    convert_to_float8_training(model, config=Float8LinearConfig(emulate=True),
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    convert_to_float8_training(model, config=config,
                                module_filter_fn=lambda m, name: name != "4")
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     sink = MemorySender()
@@ -200,7 +205,7 @@ def test_a_float8_training_records_the_scales_its_modules_used(
     mon.close()
     block = [r["formats"] for b in sink.payloads() for r in b["records"] if "formats" in r][-1]
     trained = block["trained"]
-    assert trained["recipes"] == ["fp8_tensorwise", "fp8_tensorwise", None]
+    assert trained["recipes"] == [name, name, None]
     amax = torch.tensor(_floats(trained["amax"])).view(3, len(OPERANDS))
     scale = torch.tensor(_floats(trained["scale"])).view(3, len(OPERANDS))
     shapes = {  # the tensors torchao casts: the input, the weight transposed, the gradient

@@ -145,7 +145,8 @@ export function percent(v) {
 
 /**
  * One sentence per layer whose module really trains in a recipe now (torchao's Float8Linear):
- * "head.weight trains in fp8_tensorwise: scale 12.3 (input amax 36.4), …". Empty when none does.
+ * "head.weight trains in fp8_tensorwise: scale 12.3 (input amax 36.4), …"; a row-wise recipe's
+ * scale is its largest row's ("largest row's scale 8 (input amax 36.4)"). Empty when none does.
  * @param {{layers: {name: string}[], trained: {recipes: (string | null)[],
  *   amax: (number | null)[][], scale: (number | null)[][]} | null}} matrix
  * @param {string[]} operands  the operand names, in the order of `amax[l]` and `scale[l]`
@@ -158,10 +159,11 @@ export function trainedLines(matrix, operands) {
   const lines = [];
   t.recipes.forEach((recipe, l) => {
     if (recipe === null) return;
+    const label = recipe === 'fp8_rowwise' ? "largest row's scale" : 'scale';
     const parts = operands.map((name, o) => {
       const scale = t.scale[l][o] ?? NaN;
       const amax = `${name} amax ${numberText(t.amax[l][o] ?? NaN, 3)}`;
-      return Number.isNaN(scale) ? amax : `scale ${numberText(scale, 3)} (${amax})`;
+      return Number.isNaN(scale) ? amax : `${label} ${numberText(scale, 3)} (${amax})`;
     });
     lines.push(`${matrix.layers[l].name} trains in ${recipe}: ${parts.join(', ')}`);
   });

@@ -438,7 +438,8 @@ RecipeName = Annotated[str, StringConstraints(strict=True, pattern=RECIPE_PATTER
 class Trained(WireModel):
     """The recipe each listed module really trains in (null: none; torchao's Float8Linear),
     and per layer and operand the amax that recipe computed its scale from and the scale
-    (len(layers) x 3 each, over (layer, `OPERANDS`); NaN: not kept, as a row-wise recipe's)."""
+    (len(layers) x 3 each, over (layer, `OPERANDS`); a row-wise recipe's: its largest row's;
+    NaN: not kept)."""
 
     recipes: Annotated[list[RecipeName | None], Field(min_length=1, max_length=MAX_TABLE)]
     amax: FloatBlock

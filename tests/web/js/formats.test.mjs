@@ -334,4 +334,13 @@ describe('trainedLines', () => {
       + 'grad_output amax +inf']);
     assert.deepEqual(trainedLines(body.matrix, ['input', 'weight', 'grad_output']), []);
   });
+
+  test("a row-wise recipe's scale is its largest row's", () => {
+    const matrix = decodeFormats({ ...sent, matrix: { ...sent.matrix, trained: {
+      recipes: [null, 'fp8_rowwise'], amax: [['nan', 'nan', 'nan'], [3.18, 0.125, 0.0027]],
+      scale: [['nan', 'nan', 'nan'], [128, 2048, 131072]] } } }).matrix;
+    assert.deepEqual(trainedLines(matrix, ['input', 'weight', 'grad_output']), [
+      "fc2.weight trains in fp8_rowwise: largest row's scale 128 (input amax 3.18), largest row's "
+      + "scale 2048 (weight amax 0.125), largest row's scale 131072 (grad_output amax 0.0027)"]);
+  });
 });
