@@ -178,13 +178,14 @@ def format_values(layers: list[int], recipes: list[str], seed: float = 0.0
 
 def scale_values(layers: list[int], recipes: list[str], seed: int = 0) -> list[float]:
     """A `formats.scales` array (wire v8), each (l, o, r) telling where it sits: top exponent
-    seed - 100·l - 10·o - r of the l-th listed layer, counts l + 1, o, r, then zeros."""
+    seed mod 100 - 10·l - o of the l-th listed layer (within float64's exponents up to 100
+    layers), counts l + 1, o, r, then zeros."""
     out: list[float] = []
     for position in range(len(layers)):
         for operand in range(3):
             for recipe in range(len(recipes)):
                 counts = [position + 1.0, float(operand), float(recipe)] + [0.0] * 13
-                out += [float(seed - 100 * position - 10 * operand - recipe), *counts]
+                out += [float(seed % 100 - 10 * position - operand), *counts]
     return out
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from ampscope_server.store import format_packing
 from ampscope_server.store.models import StepFormats
@@ -54,19 +54,25 @@ class TrendRow:
     scales: bytes | None
 
 
+_NO_SCALES = defer(StepFormats.scales, raiseload=True)
+"""The matrix, the verdicts and the outlier findings read whole rows but never the block scale
+exponents (a 100-layer, 6-recipe sample's 244,800 bytes): not loaded, and an access raises."""
+
+
 def formats_first(session: Session, run_id: str, count: int) -> list[StepFormats]:
-    """The run's first `count` sampled steps, in step order. One walk of the index forwards."""
+    """The run's first `count` sampled steps, in step order, without their `scales`
+    (`_NO_SCALES`). One walk of the index forwards."""
     return list(session.scalars(
-        select(StepFormats).where(StepFormats.run_key == run_key(run_id))
+        select(StepFormats).options(_NO_SCALES).where(StepFormats.run_key == run_key(run_id))
         .order_by(StepFormats.step, StepFormats.step_id).limit(count)))
 
 
 def formats_up_to(session: Session, run_id: str, step: int | None, count: int
                   ) -> list[StepFormats]:
     """The run's last `count` sampled steps at or before `step` (None: its end), latest first
-    (of equal steps the latest ingested); none when there is none. One walk of (run_key, step,
-    step_id) backwards."""
-    query = select(StepFormats).where(StepFormats.run_key == run_key(run_id))
+    (of equal steps the latest ingested), without their `scales` (`_NO_SCALES`); none when
+    there is none. One walk of (run_key, step, step_id) backwards."""
+    query = select(StepFormats).options(_NO_SCALES).where(StepFormats.run_key == run_key(run_id))
     if step is not None:
         query = query.where(StepFormats.step <= step)
     return list(session.scalars(
