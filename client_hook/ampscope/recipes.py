@@ -247,8 +247,7 @@ def _amax(x: torch.Tensor, dim: int | tuple[int, ...] = (), keepdim: bool = Fals
           ) -> torch.Tensor:
     """max |x| over ``dim`` (all of it: ``()``), NaN where a NaN is, +0.0 for zeros of either
     sign: ``vector_norm(x, inf)``'s value, from two vectorised reductions and no temporary of
-    ``x``'s size (``vector_norm``'s inf norm is 6-13x slower on the CPU: docs/hook-cost.md,
-    session 15)."""
+    ``x``'s size (docs/hook-cost.md#the-formats-probes-amaxes)."""
     return torch.maximum(x.amax(dim=dim, keepdim=keepdim).abs(),
                          x.amin(dim=dim, keepdim=keepdim).abs())
 
