@@ -242,6 +242,9 @@ def test_a_click_draws_the_cells_trend_and_another_operand_or_step_is_fetched(
     assert heat["text"] is not None and heat["text"][heat["y"].index(-29)][2] == (
         "step 200 · scale 2^-29 or below: 3 of 10 blocks (30%)")
     assert watched.js(mark, "formats-trend-scales") == [200]
+    # One step axis for the three: a step sits at the same x in each.
+    assert watched.js("() => ['stats', 'operand', 'scales'].map((c) => document.getElementById("
+                      "`formats-trend-${c}`)._fullLayout.xaxis.range)") == [[-50, 250]] * 3
     _shoot(pg, "formats-run.png")
     # Another operand: the matrix is redrawn from the answer held, the trend is fetched again.
     pg.select_option("#formats-operand", "input")

@@ -58,6 +58,30 @@ export function shareTicks(floor, hi) {
 }
 
 /**
+ * The step axis all three charts share, so that a step sits at the same x in each: from the
+ * first step to the last, widened by half the mean spacing on each side, where the heatmap's
+ * first and last columns end (one step: ±0.5, a column one step wide).
+ * @param {number[]} steps  ascending
+ * @returns {[number, number] | null}  null: no steps (plotly's autorange)
+ */
+export function stepRange(steps) {
+  if (!steps.length) return null;
+  const first = steps[0];
+  const last = steps[steps.length - 1];
+  const half = steps.length > 1 && last > first ? (last - first) / (steps.length - 1) / 2 : 0.5;
+  return [first - half, last + half];
+}
+
+/**
+ * The step axis of a chart: `stepRange` when there are steps.
+ * @param {number[]} steps
+ */
+function stepAxis(steps) {
+  const range = stepRange(steps);
+  return { title: { text: 'step', standoff: 6 }, ...(range ? { range, autorange: false } : {}) };
+}
+
+/**
  * The matrix's step as a dotted vertical line (none: null).
  * @param {number | null} step
  */
@@ -105,7 +129,7 @@ export class FormatTrendCharts {
     });
     await Plotly.react(this.statsDiv, stats, themedLayout(`formats-trend-${this.runId}`, {
       height: 260, hovermode: 'x unified', shapes: stepMark(step), margin: MARGIN,
-      xaxis: { title: { text: 'step', standoff: 6 } }, // the sampled steps', not the run's span
+      xaxis: stepAxis(x), // the sampled steps', not the run's span
       yaxis: { type: 'log', title: { text: 'share of the operand', standoff: 6 },
         ...shareTicks(floor, ticks.hi) },
     }), CONFIG);
@@ -123,7 +147,7 @@ export class FormatTrendCharts {
     ];
     await Plotly.react(this.operandDiv, operand, themedLayout(`formats-operand-${this.runId}`, {
       height: 260, hovermode: 'x unified', shapes: stepMark(step), margin: MARGIN,
-      xaxis: { title: { text: 'step', standoff: 6 } },
+      xaxis: stepAxis(x),
       yaxis: { type: 'log', title: { text: 'amax', standoff: 6 }, ...amaxTicks.attributes() },
       // tickmode auto: an overlaying axis' ticks otherwise follow the left one's (41.824, 40.824…)
       yaxis2: { overlaying: 'y', side: 'right', title: { text: 'kurtosis', standoff: 6 }, showgrid: false,
@@ -148,7 +172,7 @@ export class FormatTrendCharts {
       hovertemplate: '%{text}<extra></extra>' };
     await Plotly.react(this.scalesDiv, [trace], themedLayout(`formats-scales-${this.runId}`, {
       height: Math.min(420, 120 + 12 * grid.y.length), shapes: stepMark(step), margin: MARGIN,
-      xaxis: { title: { text: 'step', standoff: 6 } },
+      xaxis: stepAxis(trend.steps),
       yaxis: { title: { text: `${trend.recipe} block scale, log2`, standoff: 6 }, dtick: 2 },
     }), CONFIG);
   }

@@ -11,7 +11,7 @@ import {
   matrixGrid, mergeNames, percent, scaleGrid, snrDb, statText, trainedLines, verdictHeadline, worstScore,
 } from '../../../web/js/formats.js';
 import { decodeFormats } from '../../../web/js/codec.js';
-import { shareTicks } from '../../../web/js/formats_trend.js';
+import { shareTicks, stepRange } from '../../../web/js/formats_trend.js';
 
 const cell = (underflow, saturated, error, scaleMin = 0, scaleMax = 0) => ({
   underflow_frac: underflow, saturated_frac: saturated, rel_rmse: error, scale_min_frac: scaleMin,
@@ -321,6 +321,15 @@ describe('scaleGrid', () => {
     assert.ok(grid.z.every((row) => row[0] === null && row[1] === null));
     assert.deepEqual(grid.z[grid.y.indexOf(3)], [null, null, 1]);
     assert.deepEqual(scaleGrid([0], [null]), { y: [], z: [], text: [] });
+  });
+});
+
+describe('stepRange', () => {
+  test('first to last step, widened by half the mean spacing: where the heatmap columns end', () => {
+    assert.deepEqual(stepRange([0, 100, 200]), [-50, 250]);
+    assert.deepEqual(stepRange([10, 20, 50]), [0, 60]); // mean spacing 20
+    assert.deepEqual(stepRange([300]), [299.5, 300.5]);
+    assert.equal(stepRange([]), null);
   });
 });
 
