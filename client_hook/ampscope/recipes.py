@@ -193,10 +193,12 @@ class Sample:
     scales need that the pieces alone do not hold: each piece's row's, the whole operand's
     (finite elements; the sample's if the operand holds a non-finite one) and, for a weight,
     each piece's 128x128 tile's. Non-finite elements are zeros here, counted in
-    ``nonfinite``. Made on the sampled step as the operand goes by (``sample``); measured for
-    many operands at once (``measure``)."""
+    ``nonfinite``; ``real`` marks the pieces' sampled finite elements (not the padding, not
+    the non-finite ones) for the moments. Made on the sampled step as the operand goes by
+    (``sample``); measured for many operands at once (``measure``)."""
 
     pieces: torch.Tensor
+    real: torch.Tensor
     row_amax: torch.Tensor
     tensor_amax: torch.Tensor
     tile_amax: torch.Tensor | None
@@ -223,6 +225,8 @@ def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
     wide = -(-cols // PIECE) * PIECE
     padded = torch.zeros(picked.shape[0], wide, dtype=torch.float32, device=full.device)
     padded[:, :cols] = torch.where(finite, picked, 0.0)
+    real = torch.zeros(padded.shape, dtype=torch.bool, device=full.device)
+    real[:, :cols] = finite
     per_row = wide // PIECE
     row_amax = _amax(padded, dim=1)
     whole = _amax(full).float() if full.numel() else row_amax.amax()
@@ -239,8 +243,8 @@ def sample(x: torch.Tensor, operand: Operand, *, channels_first: bool = False,
     if tile_amax is not None:
         own = _amax(pieces, dim=1)
         tile_amax = torch.where(torch.isfinite(tile_amax), tile_amax, own)
-    return Sample(pieces, row_amax.repeat_interleave(per_row), tensor_amax, tile_amax,
-                  picked.shape[0], cols, nonfinite)
+    return Sample(pieces, real.reshape(-1, PIECE), row_amax.repeat_interleave(per_row),
+                  tensor_amax, tile_amax, picked.shape[0], cols, nonfinite)
 
 
 def _amax(x: torch.Tensor, dim: int | tuple[int, ...] = (), keepdim: bool = False
@@ -271,11 +275,19 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
     tiles = [s.tile_amax for s in samples if s.tile_amax is not None]
     tile_amax = torch.cat(tiles) if len(tiles) == len(samples) else None
     x = pieces.double()
-    squares = x * x
-    # Per sample: its non-zero elements and the power sums of its moments.
-    sums = torch.zeros(len(samples), 5, dtype=f64, device=device).index_add_(0, owner, torch.stack([
-        torch.count_nonzero(pieces, dim=1).double(), x.sum(1), squares.sum(1),
-        (squares * x).sum(1), (squares * squares).sum(1)], dim=1))
+    # Per sample: its non-zero elements, its sum and its sum of squares (the RMS, the error's
+    # denominator); then, about its mean, the second and fourth central sums of its finite
+    # elements (two passes: from raw power sums the kurtosis of an operand whose mean is far
+    # above its spread would be lost to cancellation).
+    sums = torch.zeros(len(samples), 3, dtype=f64, device=device).index_add_(0, owner, torch.stack([
+        torch.count_nonzero(pieces, dim=1).double(), x.sum(1), (x * x).sum(1)], dim=1))
+    nonfinite = torch.stack([s.nonfinite for s in samples]).double()
+    known = (n - nonfinite).clamp(min=1)
+    mean = sums[:, 1] / known
+    d = torch.where(torch.cat([s.real for s in samples]), x - mean[owner][:, None], 0.0)
+    d2 = d * d
+    central = torch.zeros(len(samples), 2, dtype=f64, device=device).index_add_(
+        0, owner, torch.stack([d2.sum(1), (d2 * d2).sum(1)], dim=1))
     columns, scales = [], []
     for recipe in recipes:
         q = _quantized(pieces, recipe, operand, tensor_amax, row_amax, tile_amax)
@@ -290,7 +302,7 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
         error = torch.linalg.vector_norm(q.values - q.tiles, dim=(1, 2), dtype=f64)
         columns.append(torch.cat([per_piece, (error * error)[:, None]], dim=1))
         scales.append(_scale_exponents(q.exponent, occupied, owner, len(samples)))
-    moments = _moments(sums, n, torch.stack([s.nonfinite for s in samples]).double(),
+    moments = _moments(sums, central, n, nonfinite,
                        torch.stack([s.tensor_amax for s in samples]).double())
     if not recipes:
         return moments
@@ -328,20 +340,21 @@ def _scale_exponents(exponent: torch.Tensor, occupied: torch.Tensor, owner: torc
                       counts.view(samples, SCALE_BINS)], dim=1)
 
 
-def _moments(sums: torch.Tensor, n: torch.Tensor, nonfinite: torch.Tensor,
-             amax: torch.Tensor) -> torch.Tensor:
-    """``MOMENTS`` per sample from its finite elements' power sums (columns 1-4 of ``sums``)."""
+def _moments(sums: torch.Tensor, central: torch.Tensor, n: torch.Tensor,
+             nonfinite: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """``MOMENTS`` per sample from its finite elements' sum and sum of squares (columns 1-2 of
+    ``sums``) and their second and fourth sums about the mean (``central``). A constant
+    operand has no kurtosis: its mean is its value to the bit (float64 sums float32 values
+    exactly, below 2^29 of them), so its spread is exactly 0."""
     known = (n - nonfinite).clamp(min=1)
     mean, second = sums[:, 1] / known, sums[:, 2] / known
-    third, fourth = sums[:, 3] / known, sums[:, 4] / known
-    variance = second - mean * mean
-    central = fourth - 4 * mean * third + 6 * mean * mean * second - 3 * mean**4
+    variance, fourth = central[:, 0] / known, central[:, 1] / known
     nan = torch.full_like(mean, math.nan)
     measured = n > nonfinite
     return torch.stack([
         torch.where(measured, amax, nan),
         torch.where(measured, second.sqrt(), nan),
-        torch.where(variance > 0, central / (variance * variance), nan),
+        torch.where(variance > 0, fourth / (variance * variance), nan),
         nonfinite / n,
     ], dim=1)
 

@@ -4,6 +4,7 @@ float8 scaling, torchao's DeepSeek blockwise quantisers, ``MXTensor.to_mx`` (RCE
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -287,8 +288,7 @@ class TestCrafted:
         changes by more than rounding count, those it would round to 448 anyway do not."""
         x = torch.linspace(0.0, 4.0, 64).reshape(1, 64)
         fresh = recipes.sample(x, "input")
-        stale = recipes.Sample(fresh.pieces, fresh.row_amax, torch.tensor(1.0), None,
-                               fresh.rows, fresh.cols, fresh.nonfinite)
+        stale = dataclasses.replace(fresh, tensor_amax=torch.tensor(1.0))
         stats = recipes.measure([stale], (RECIPES["fp8_tensorwise"],), "input")[0]
         above = (x * 448 > E4M3.saturates_above).sum().item()  # x > 464 / 448
         assert E4M3.saturates_above == 464.0 and above == 47  # 4·k/63 > 464/448: k ≥ 17
@@ -354,6 +354,26 @@ class TestMoments:
         assert got[0] == expected[0] and got[3] == expected[3]
         assert got[1:3] == pytest.approx(expected[1:3], rel=1e-12)
         assert got[2] > 100  # the outlier
+
+    def test_the_kurtosis_of_an_operand_far_from_zero(self) -> None:
+        """A mean 2^20 times its spread (with padding and a NaN beside it): the kurtosis about
+        the mean, in two passes, equals float64's to 1e-9, where raw power sums would cancel
+        to noise (their fourth central moment is a difference of terms 2^80 times larger)."""
+        g = torch.Generator().manual_seed(4)
+        x = (torch.randn(48, 200, generator=g) / 8 + 2.0**17).float()
+        x[3, 7] = math.nan
+        finite = x[torch.isfinite(x)].double()
+        centred = finite - finite.mean()
+        expected = (centred.pow(4).mean() / centred.square().mean().square()).item()
+        got = self._moments(x)
+        assert got[2] == pytest.approx(expected, rel=1e-9) and 2.5 < expected < 3.5
+        assert got[1] == pytest.approx(finite.square().mean().sqrt().item(), rel=1e-15)
+
+    def test_a_constant_operand_has_no_kurtosis(self) -> None:
+        """0.1 in float32, 6000 times: float64 sums float32 values exactly, so the mean is the
+        value to the bit and the spread exactly 0, whatever the value."""
+        got = self._moments(torch.full((40, 150), 0.1))
+        assert math.isnan(got[2]) and got[0] == torch.tensor(0.1).item()
 
     def test_undefined_moments_are_nan(self) -> None:
         """A constant operand has no kurtosis; one with no finite element has no amax or RMS."""
