@@ -15,7 +15,9 @@ gives a device block the step's one copy carries.
 ``nn.MultiheadAttention`` runs its two projections inside its own forward
 (``F.multi_head_attention_forward``), never calling ``out_proj``: its hook measures what it can
 see. The packed in-projection (``in_proj_weight``, a row of its own) gets its weight and, under
-self-attention (query, key and value one tensor), its input; its output gradient is internal
+self-attention (query, key and value one tensor), its input; separate ones (``kdim`` or
+``vdim`` apart from ``embed_dim``: ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight``) each
+their weight and input (the query, the key, the value). Their output gradients are internal
 (NaN). ``out_proj`` gets its weight and its output gradient, the attention's output's; its input
 is internal (NaN).
 
@@ -80,14 +82,21 @@ def trained_recipe(module: torch.nn.Module) -> str | None:
     return None
 
 
-def _gemm_weight(module: torch.nn.Module) -> torch.Tensor | None:
-    """The weight a module's GEMM runs on: a Linear's or Conv's, an attention module's packed
-    in-projection (one for query, key and value); None for any other module."""
+_SEPARATE = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+"""An attention module's separate in-projections, in the order of its inputs."""
+
+
+def _gemm_weights(module: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
+    """The weights a module's GEMMs run on: a Linear's or Conv's; an attention module's packed
+    in-projection (one for query, key and value) or its three separate ones (``_SEPARATE``);
+    none for any other module."""
     if isinstance(module, GEMM_MODULES):
-        return module.weight
-    if isinstance(module, Attention) and module._qkv_same_embed_dim:
-        return module.in_proj_weight
-    return None
+        return (module.weight,)
+    if isinstance(module, Attention):
+        if module._qkv_same_embed_dim:
+            return (module.in_proj_weight,)
+        return tuple(getattr(module, name) for name in _SEPARATE)
+    return ()
 
 
 class FormatsProbe:
@@ -102,16 +111,22 @@ class FormatsProbe:
         is not watched is not measured."""
         self.recipes = tuple(recipes)
         self._on_error = on_error
-        watched = [(m, layer_of[id(weight)]) for m in model.modules()
-                   if (weight := _gemm_weight(m)) is not None and id(weight) in layer_of]
-        self.layers = [layer for _, layer in watched]
-        """Each measured module's weight's row in the layer table, in the block's order (an
-        attention module's: its ``in_proj_weight``'s)."""
-        self._modules = [m for m, _ in watched]
-        self._slot = {id(m): k for k, m in enumerate(self._modules)}  # kept alive by _modules
-        self._out_proj = {k: self._slot[id(m.out_proj)] for k, m in enumerate(self._modules)
-                          if isinstance(m, Attention) and id(m.out_proj) in self._slot}
-        """An attention module's slot → its ``out_proj``'s, which its forward measures."""
+        watched = [(m, i, layer_of[id(weight)]) for m in model.modules()
+                   for i, weight in enumerate(_gemm_weights(m))
+                   if weight is not None and id(weight) in layer_of]
+        self.layers = [layer for _, _, layer in watched]
+        """Each measured weight's row in the layer table, in the block's order (an attention
+        module's in-projections': a row each)."""
+        self._modules = [m for m, _, _ in watched]
+        """Per slot (a row of the block), its module; kept alive here for the ids below."""
+        self._slots: dict[int, dict[int, int]] = {}
+        """``id(module)`` → {index in ``_gemm_weights`` → slot}: one slot for most modules,
+        up to three for an attention module's separate in-projections."""
+        for k, (m, i, _) in enumerate(watched):
+            self._slots.setdefault(id(m), {})[i] = k
+        self._out_proj = {id(m): self._slots[id(m.out_proj)][0] for m in self._modules
+                          if isinstance(m, Attention) and id(m.out_proj) in self._slots}
+        """An attention module → its ``out_proj``'s slot, which its forward measures."""
         self.trained = [trained_recipe(m) for m in self._modules]
         """Per module, the recipe it really trains in (None: none); all None: not kept."""
         self.keeps_trained = any(self.trained)
@@ -144,13 +159,14 @@ class FormatsProbe:
         if torch.compiler.is_dynamo_compiling():  # see ActivationProbe._forward_hook
             return
         try:
-            k = self._slot.get(id(module))
-            if k is None or k in self._seen:
+            slots = self._slots.get(id(module))
+            if slots is None or not self._seen.isdisjoint(slots.values()):
                 return
-            self._seen.add(k)
+            self._seen.update(slots.values())
             if isinstance(module, Attention):
-                self._attention(k, module, inputs, output)
+                self._attention(slots, module, inputs, output)
                 return
+            k = slots[0]
             x = inputs[0] if isinstance(inputs, tuple) and inputs else None
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 self._sample(k, "input", x, module)
@@ -163,16 +179,25 @@ class FormatsProbe:
         except Exception as exc:
             self._on_error(exc)
 
-    def _attention(self, k: int, module: Attention, inputs: Any, output: Any) -> None:
-        """The in-projection's weight and, under self-attention, input (slot ``k``); the
-        out-projection's weight and output gradient (its own slot, if its weight is watched)."""
-        q = inputs[0] if isinstance(inputs, tuple) and len(inputs) >= 3 else None
-        if (isinstance(q, torch.Tensor) and q.is_floating_point() and inputs[1] is q
-                and inputs[2] is q):  # cross-attention projects three inputs: none is it
-            self._sample(k, "input", q, module)
-        if isinstance(module.in_proj_weight, torch.Tensor):
-            self._sample(k, "weight", module.in_proj_weight, module)
-        out = self._out_proj.get(k)
+    def _attention(self, slots: dict[int, int], module: Attention, inputs: Any, output: Any
+                   ) -> None:
+        """The in-projections' weights and inputs (``slots``: the packed one's input under
+        self-attention only), then the out-projection's weight and output gradient (its own
+        slot, if its weight is watched)."""
+        given = inputs if isinstance(inputs, tuple) and len(inputs) >= 3 else (None,) * 3
+        weights = _gemm_weights(module)
+        for i, k in slots.items():
+            x = given[i]
+            # The packed projection's input is the query only where key and value are it too:
+            # cross-attention projects three inputs, none of them its input.
+            if module._qkv_same_embed_dim and not (given[1] is x and given[2] is x):
+                x = None
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                self._sample(k, "input", x, module)
+            weight = weights[i]
+            if isinstance(weight, torch.Tensor):
+                self._sample(k, "weight", weight, module)
+        out = self._out_proj.get(id(module))
         if out is None or out in self._seen:
             return
         self._seen.add(out)

@@ -304,3 +304,51 @@ def test_cross_attention_leaves_the_in_projections_input_unmeasured() -> None:
     measured = [[not torch.isnan(values[layer, operand]).any().item() for operand in range(3)]
                 for layer in range(3)]
     assert measured == [[False, True, False], [False, True, True], [True, True, True]]
+
+
+class _SeparateProjections(nn.Module):
+    """Key and value narrower than the embedding: three separate in-projection weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attention = nn.MultiheadAttention(16, 2, kdim=8, vdim=12, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key, value = x[..., :8] * 2, x[..., 4:] - 1
+        out: torch.Tensor = self.attention(x, key, value, need_weights=False)[0]
+        return out
+
+
+def test_separate_in_projections_each_measure_their_input_and_weight() -> None:
+    """``q_proj_weight``, ``k_proj_weight`` and ``v_proj_weight``: a row each, their inputs the
+    query, the key and the value, equal to ``measure`` of what the attention was given; their
+    output gradients are internal (NaN); the out-projection as under self-attention."""
+    model = _SeparateProjections()
+    attention = model.attention
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: Any) -> None:
+        for name, x in zip(("query", "key", "value"), inputs[:3], strict=True):
+            seen[name] = x.detach().clone()
+        for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+            seen[name] = getattr(attention, name).detach().clone()
+    attention.register_forward_hook(hook)
+    loop = AmpLoop(model, formats_every=1)
+    loop.step(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(3)), closure=False)
+    block = loop.records()[0]["formats"]
+    table = [layer["name"] for layer in json.loads(loop.sink.bodies[0])["layers"]]
+    assert [table[i] for i in block["layers"]] == [
+        "attention.q_proj_weight", "attention.k_proj_weight", "attention.v_proj_weight",
+        "attention.out_proj.weight"]
+    every = tuple(RECIPES.values())
+    width = len(RECIPES) * len(STATS)
+    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(4, 3, width)
+    for row, (given, weight) in enumerate((("query", "q_proj_weight"), ("key", "k_proj_weight"),
+                                           ("value", "v_proj_weight"))):
+        assert torch.equal(values[row, 0], measure([sample(seen[given], "input")], every,
+                                                   "input")[0, :width])
+        assert torch.equal(values[row, 1], measure([sample(seen[weight], "weight")], every,
+                                                   "weight")[0, :width])
+        assert torch.isnan(values[row, 2]).all()
+    assert torch.isnan(values[3, 0]).all() and not torch.isnan(values[3, 1:]).any()
