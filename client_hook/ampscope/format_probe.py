@@ -101,9 +101,10 @@ def _gemm_weights(module: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
 
 class FormatsProbe:
     """Arms a forward hook for one sampled step and turns what it measured into the step's
-    ``(modules, 3, width)`` block (``width`` = recipes · STATS + MOMENTS + recipes · SCALE_WIDTH,
-    as ``measure`` gives them, then ``TRAINED`` where a module trains in a recipe; NaN: not
-    measured)."""
+    ``(rows, 3, width)`` block: a row per measured weight (one per module; three for an
+    attention module's separate in-projections), ``width`` = recipes · STATS + MOMENTS +
+    recipes · SCALE_WIDTH as ``measure`` gives them, then ``TRAINED`` where a module trains in
+    a recipe; NaN: not measured."""
 
     def __init__(self, model: torch.nn.Module, layer_of: Mapping[int, int],
                  recipes: Sequence[Recipe], on_error: Callable[[Exception], None]) -> None:
@@ -217,7 +218,7 @@ class FormatsProbe:
         return hook
 
     def collect(self, scale: torch.Tensor | float, device: torch.device) -> torch.Tensor | None:
-        """Remove the hook; the ``(modules, 3, width)`` float64 block on ``device`` (None: no
+        """Remove the hook; the ``(rows, 3, width)`` float64 block on ``device`` (None: no
         module ran): each operand's samples measured together."""
         samples, self._samples = self._samples, {}
         self.disarm()
