@@ -140,40 +140,20 @@ class StepRecord:
             except Exception:  # a peer stalled or the group broke: this step goes without
                 reduced = False
         sec, pos = self.sections, len(SCALARS)
-        n = sec.num_layers
         # The capture's partials stay a tensor (``finish`` reads them in a dozen ops, not as
         # 8·L floats) unless the cross-rank packing mixes them with other values.
-        keep = (NUM_COLUMNS * n if sec.taken is not None and sec.taken.kind is Kind.STATS
-                and sec.taken.layout is None else 0)
+        keep = (NUM_COLUMNS * sec.num_layers if sec.taken is not None
+                and sec.taken.kind is Kind.STATS and sec.taken.layout is None else 0)
         floats, table = _host_read(self.values, keep)
         v: list[Any] = floats  # read as Any: absent scalars become None
-        keep = 0 if table is None else keep
         head = dict(zip(SCALARS, v[: len(SCALARS)], strict=True))
         for name in self.absent:
             head[name] = None
         if self.found_inf_from_scale:
             head["found_inf"] = float(head["scale_after"] < head["scale_before"])
-        done = activations = None
-        ranks: Unpacked | None = None
-        if sec.taken is not None:
-            size = sec.taken.size(n) - keep
-            own: list[float] | None = v[pos : pos + size]
-            layout = sec.taken.layout
-            if layout is not None and own is not None:
-                k = size - layout.sum_size - layout.max_size  # the parts kept as they were
-                if reduced:
-                    ranks = unpack(own[:k], own[k : k + layout.sum_size],
-                                   own[k + layout.sum_size :], layout)
-                    own = ranks.parts
-                else:
-                    own = None if layout.sharded else own[:k]
-            if own is not None and not self.pieces_only:
-                numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
-                done = finish(sec.taken, own, numels, head["scale_before"], table)
-                head["grad_norm"] = done.grad_norm
-            else:  # a rank's piece missing, or FSDP1 flat pieces: unknown, never a part's
-                head["grad_norm"] = None
-            pos += size
+        done, ranks, pos = self._capture(v, pos, 0 if table is None else keep, table, reduced,
+                                         head)
+        activations = None
         if sec.modules:
             m = sec.modules
             activations = {s: v[pos + k * m : pos + (k + 1) * m] for k, s in enumerate(STAT_NAMES)}
@@ -184,36 +164,8 @@ class StepRecord:
             # frameworks log it (each rank's own is in ``ranks``); rank 0's own while a rank's
             # is missing. A plain sum: inf and -inf make NaN, where math.fsum would raise.
             head["loss"] = sum(known) / len(known)
-        if self.found_inf_from_grads:
-            nonfinite = self._nonfinite(done) or None
-            found_inf = nonfinite is not None or (
-                ranks is not None and any(c for c in ranks.nonfinite if c))
-            skipped = bool(self.skipped_host)
-        else:
-            found_inf = skipped = bool(head["found_inf"])
-            nonfinite = self._nonfinite(done) if found_inf else None
-        if (sec.taken is not None and sec.taken.float32_norms and not found_inf
-                and head["grad_norm"] == math.inf):
-            # No element was inf (the scaler checked them all), so this +inf is the float32 sum
-            # of squares overflowing (a raw norm ≥ 1.8e19): the norm is unknown, not infinite.
-            head["grad_norm"] = None
-        swallowed = None
-        if sec.swallowed:
-            fractions, pos = v[pos : pos + n], pos + n
-            if not skipped:  # a skipped step changes no parameter: nothing was swallowed
-                swallowed = [x if math.isfinite(x) else None for x in fractions]
-        size = 2 + n + ORIGIN_SIZE
-        recheck = self._recheck(v[pos : pos + size] if sec.recheck else None)
-        pos += size if sec.recheck else 0
-        size = block_size(n)
-        shadow = self._shadow(v[pos : pos + size] if sec.shadow else None)
-        pos += size if sec.shadow else 0
-        formats = None
-        if sec.formats is not None:
-            size = len(sec.formats.layers) * len(OPERANDS) * sec.formats.width
-            formats = _formats_block(sec.formats, v[pos : pos + size])
-            pos += size
-        optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
+        found_inf, skipped, nonfinite = self._flags(head, done, ranks)
+        blocks = self._blocks(v, pos, skipped)
         misuse = list(self.misuse or [])
         if self.clip is not None and self.captured == "before_unscale" and not found_inf:
             norm, scale = head["grad_norm"], head["scale_before"]
@@ -246,15 +198,87 @@ class StepRecord:
             misuse=misuse or None,
             activations=activations,
             histogram=histogram,
-            recheck=recheck,
-            shadow=shadow,
-            swallowed=swallowed,
-            optimizers=optimizers,
-            formats=formats,
             ranks=None if ranks is None else {
                 "loss": [wire.encode_float(x) for x in ranks.losses],
                 "nonfinite": list(ranks.nonfinite)},
+            **blocks,
         )
+
+    def _capture(self, v: list[Any], pos: int, keep: int, table: torch.Tensor | None,
+                 reduced: bool, head: dict[str, Any]
+                 ) -> tuple[Finished | None, Unpacked | None, int]:
+        """The capture's block at ``pos`` of the host values (``keep`` of its values kept apart
+        in ``table``): its statistics, the ranks' values unpacked from a cross-rank block
+        (``reduced``: the reductions finished), and where the next block starts; sets
+        ``head["grad_norm"]``."""
+        taken, n = self.sections.taken, self.sections.num_layers
+        if taken is None:
+            return None, None, pos
+        size = taken.size(n) - keep
+        own: list[float] | None = v[pos : pos + size]
+        ranks = None
+        layout = taken.layout
+        if layout is not None and own is not None:
+            k = size - layout.sum_size - layout.max_size  # the parts kept as they were
+            if reduced:
+                ranks = unpack(own[:k], own[k : k + layout.sum_size],
+                               own[k + layout.sum_size :], layout)
+                own = ranks.parts
+            else:
+                own = None if layout.sharded else own[:k]
+        done = None
+        if own is not None and not self.pieces_only:
+            numels = self.numels if self.numels is not None else torch.zeros(n, dtype=F64)
+            done = finish(taken, own, numels, head["scale_before"], table)
+            head["grad_norm"] = done.grad_norm
+        else:  # a rank's piece missing, or FSDP1 flat pieces: unknown, never a part's
+            head["grad_norm"] = None
+        return done, ranks, pos + size
+
+    def _flags(self, head: dict[str, Any], done: Finished | None, ranks: Unpacked | None
+               ) -> tuple[bool, bool, list[dict[str, Any]] | None]:
+        """(found_inf, skipped, the non-finite layers): from the scaler, or without one from
+        the capture and the ranks; clears ``head["grad_norm"]`` where a float32 sum of squares
+        overflowed."""
+        if self.found_inf_from_grads:
+            nonfinite = self._nonfinite(done) or None
+            found_inf = nonfinite is not None or (
+                ranks is not None and any(c for c in ranks.nonfinite if c))
+            skipped = bool(self.skipped_host)
+        else:
+            found_inf = skipped = bool(head["found_inf"])
+            nonfinite = self._nonfinite(done) if found_inf else None
+        taken = self.sections.taken
+        if (taken is not None and taken.float32_norms and not found_inf
+                and head["grad_norm"] == math.inf):
+            # No element was inf (the scaler checked them all), so this +inf is the float32 sum
+            # of squares overflowing (a raw norm ≥ 1.8e19): the norm is unknown, not infinite.
+            head["grad_norm"] = None
+        return found_inf, skipped, nonfinite
+
+    def _blocks(self, v: list[Any], pos: int, skipped: bool) -> dict[str, Any]:
+        """The sampled blocks after the capture's and the activations', in ``Sections``' order,
+        as ``wire.step_record``'s keywords: swallowed, recheck, shadow, formats, optimizers."""
+        sec, n = self.sections, self.sections.num_layers
+        swallowed = None
+        if sec.swallowed:
+            fractions, pos = v[pos : pos + n], pos + n
+            if not skipped:  # a skipped step changes no parameter: nothing was swallowed
+                swallowed = [x if math.isfinite(x) else None for x in fractions]
+        size = 2 + n + ORIGIN_SIZE
+        recheck = self._recheck(v[pos : pos + size] if sec.recheck else None)
+        pos += size if sec.recheck else 0
+        size = block_size(n)
+        shadow = self._shadow(v[pos : pos + size] if sec.shadow else None)
+        pos += size if sec.shadow else 0
+        formats = None
+        if sec.formats is not None:
+            size = len(sec.formats.layers) * len(OPERANDS) * sec.formats.width
+            formats = _formats_block(sec.formats, v[pos : pos + size])
+            pos += size
+        optimizers = _optimizers(self.optimizers, v[pos : pos + sec.optimizer_values])
+        return {"swallowed": swallowed, "recheck": recheck, "shadow": shadow,
+                "formats": formats, "optimizers": optimizers}
 
     def _recheck(self, block: list[float] | None) -> dict[str, Any] | None:
         """The wire ``recheck`` of the FP32 re-check's block (or its error); None if not run."""
