@@ -38,7 +38,6 @@ from typing import Any
 import torch
 
 from ampscope.recipes import (
-    AMAX_EPS,
     MOMENTS,
     OPERANDS,
     RECIPES,
@@ -48,6 +47,7 @@ from ampscope.recipes import (
     Operand,
     Recipe,
     Sample,
+    fp32_scale,
     measure,
     sample,
 )
@@ -256,11 +256,8 @@ class FormatsProbe:
         for one, name in zip(samples, trained, strict=True):
             amax = one.tensor_amax.double()
             if name in ("fp8_tensorwise", "fp8_rowwise"):
-                top = RECIPES[name].element(operand).max
-                scale = (top / amax.clamp(min=AMAX_EPS)).float()
-                if RECIPES[name].pow2:
-                    scale = torch.exp2(torch.floor(torch.log2(scale)))
-                scale = scale.double()
+                recipe = RECIPES[name]
+                scale = fp32_scale(amax, recipe.element(operand), recipe.pow2).double()
             else:
                 scale = torch.full_like(amax, math.nan)
                 amax = amax if name is not None else scale

@@ -28,7 +28,8 @@ from typing import Literal
 import torch
 
 __all__ = ["MOMENTS", "OPERANDS", "RECIPES", "SCALE_BINS", "SCALE_WIDTH", "STATS", "TRAINED",
-           "Element", "Quantized", "Recipe", "Sample", "measure", "quantize", "sample"]
+           "Element", "Quantized", "Recipe", "Sample", "fp32_scale", "measure", "quantize",
+           "sample"]
 
 Operand = Literal["input", "weight", "grad_output"]
 OPERANDS: tuple[Operand, ...] = ("input", "weight", "grad_output")
@@ -302,7 +303,7 @@ def measure(samples: Sequence[Sample], recipes: tuple[Recipe, ...], operand: Ope
         error = torch.linalg.vector_norm(q.values - q.tiles, dim=(1, 2), dtype=f64)
         columns.append(torch.cat([per_piece, (error * error)[:, None]], dim=1))
         scales.append(_scale_exponents(q.exponent, occupied, owner, len(samples)))
-    moments = _moments(sums, central, n, nonfinite,
+    moments = _moments(sums, central, known, n, nonfinite,
                        torch.stack([s.tensor_amax for s in samples]).double())
     if not recipes:
         return moments
@@ -340,13 +341,13 @@ def _scale_exponents(exponent: torch.Tensor, occupied: torch.Tensor, owner: torc
                       counts.view(samples, SCALE_BINS)], dim=1)
 
 
-def _moments(sums: torch.Tensor, central: torch.Tensor, n: torch.Tensor,
+def _moments(sums: torch.Tensor, central: torch.Tensor, known: torch.Tensor, n: torch.Tensor,
              nonfinite: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """``MOMENTS`` per sample from its finite elements' sum and sum of squares (columns 1-2 of
-    ``sums``) and their second and fourth sums about the mean (``central``). A constant
+    ``sums``) and their second and fourth sums about the mean (``central``), ``known`` of
+    them (at least 1). A constant
     operand has no kurtosis: its mean is its value to the bit (float64 sums float32 values
     exactly, below 2^29 of them), so its spread is exactly 0."""
-    known = (n - nonfinite).clamp(min=1)
     mean, second = sums[:, 1] / known, sums[:, 2] / known
     variance, fourth = central[:, 0] / known, central[:, 1] / known
     nan = torch.full_like(mean, math.nan)
@@ -411,9 +412,7 @@ def _quantized(pieces: torch.Tensor, recipe: Recipe, operand: Operand,
     else:
         amax = _amax(tiles, dim=2, keepdim=True)
     if recipe.scale == "fp32":
-        up = (element.max / amax.double().clamp(min=AMAX_EPS)).float()
-        if recipe.pow2:
-            up = torch.exp2(torch.floor(torch.log2(up)))
+        up = fp32_scale(amax, element, recipe.pow2)
         # Back through the reciprocal, as ``torch._scaled_mm`` is given it.
         down, low, high = 1 / up, amax <= AMAX_EPS, torch.isinf(up)
         exponent = torch.frexp(down)[1] - 1
@@ -424,6 +423,14 @@ def _quantized(pieces: torch.Tensor, recipe: Recipe, operand: Operand,
     scaled = tiles * up
     values = _round(scaled.clamp(-element.max, element.max), element) * down
     return _Quantized(element, tiles, amax, scaled, values, down, exponent, low, high)
+
+
+def fp32_scale(amax: torch.Tensor, element: Element, pow2: bool) -> torch.Tensor:
+    """An FP8 recipe's float32 scale from ``amax``: ``max / amax`` computed in float64 (the amax
+    clamped from below at AMAX_EPS), rounded down to a power of two with ``pow2``: torchao's
+    ``amax_to_scale``."""
+    up = (element.max / amax.double().clamp(min=AMAX_EPS)).float()
+    return torch.exp2(torch.floor(torch.log2(up))) if pow2 else up
 
 
 def _e8m0(amax: torch.Tensor, element: Element
