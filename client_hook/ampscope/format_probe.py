@@ -1,6 +1,7 @@
 """The formats probe (#33): on a sampled step, what each recipe would do to every ``Linear`` and
 ``Conv`` module's three GEMM operands (``recipes.sample`` as they go by, ``recipes.measure``
-of each operand's samples together at the capture).
+of each operand's samples together at the capture), and to every normalisation layer's affine
+weight (``LayerNorm``, ``RMSNorm`` and their look-alikes: ``norm_weight``).
 
 Armed as the activation probe is (``activations.py``): ONE process-wide forward hook for the
 sampled step, removed by ``collect``, nothing stored on a module. A watched module's input and
@@ -20,6 +21,12 @@ self-attention (query, key and value one tensor), its input; separate ones (``kd
 their weight and input (the query, the key, the value). Their output gradients are internal
 (NaN). ``out_proj`` gets its weight and its output gradient, the attention's output's; its input
 is internal (NaN).
+
+A normalisation layer's affine weight is no GEMM operand, and torchao and TransformerEngine
+keep it in high precision; a fully quantised run (MX emulated end to end, as in arXiv
+2506.20752) quantises it too, and the multiplicative noise that adds is what that paper finds
+behind MX's loss spikes. So it gets a row of its own whose weight, one row of blocks along its
+length, is measured as the forward uses it; its input and output gradient are NaN.
 
 A module that really trains in a recipe (torchao's ``Float8Linear``, read from its config
 without importing torchao: ``trained_recipe``) is measured like any other, and beside its
@@ -53,12 +60,16 @@ from ampscope.recipes import (
 )
 from ampscope.sampled_hook import SampledHook
 
-__all__ = ["GEMM_MODULES", "FormatsProbe", "trained_recipe"]
+__all__ = ["GEMM_MODULES", "FormatsProbe", "norm_weight", "trained_recipe"]
 
 CONV_MODULES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 GEMM_MODULES = (torch.nn.Linear, *CONV_MODULES)
 """The modules whose operands a recipe quantises (their subclasses too)."""
 Attention = torch.nn.MultiheadAttention
+NORM_MODULES = (torch.nn.LayerNorm, torch.nn.RMSNorm)
+_NORM_NAMES = ("LayerNorm", "RMSNorm")
+"""Class names ending so are normalisation layers too (Hugging Face's ``LlamaRMSNorm``,
+``T5LayerNorm``, ...), which subclass no torch norm."""
 
 _AMAX, _RMS = 0, 1  # in MOMENTS
 
@@ -86,17 +97,29 @@ _SEPARATE = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
 """An attention module's separate in-projections, in the order of its inputs."""
 
 
-def _gemm_weights(module: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
-    """The weights a module's GEMMs run on: a Linear's or Conv's; an attention module's packed
-    in-projection (one for query, key and value) or its three separate ones (``_SEPARATE``);
-    none for any other module."""
+def norm_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """A normalisation layer's affine weight (one value per channel), None for any other
+    module and for a norm without one (``elementwise_affine=False``)."""
+    if not (isinstance(module, NORM_MODULES)
+            or type(module).__name__.endswith(_NORM_NAMES)):
+        return None
+    weight = getattr(module, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) and weight.dim() == 1 else None
+
+
+def _weights(module: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
+    """The weights measured with a module: those its GEMMs run on (a Linear's or Conv's; an
+    attention module's packed in-projection, one for query, key and value, or its three
+    separate ones, ``_SEPARATE``), a normalisation layer's affine weight, none for any other
+    module."""
     if isinstance(module, GEMM_MODULES):
         return (module.weight,)
     if isinstance(module, Attention):
         if module._qkv_same_embed_dim:
             return (module.in_proj_weight,)
         return tuple(getattr(module, name) for name in _SEPARATE)
-    return ()
+    norm = norm_weight(module)
+    return () if norm is None else (norm,)
 
 
 class FormatsProbe:
@@ -113,7 +136,7 @@ class FormatsProbe:
         self.recipes = tuple(recipes)
         self._on_error = on_error
         watched = [(m, i, layer_of[id(weight)]) for m in model.modules()
-                   for i, weight in enumerate(_gemm_weights(m))
+                   for i, weight in enumerate(_weights(m))
                    if weight is not None and id(weight) in layer_of]
         self.layers = [layer for _, _, layer in watched]
         """Each measured weight's row in the layer table, in the block's order (an attention
@@ -121,7 +144,7 @@ class FormatsProbe:
         self._modules = [m for m, _, _ in watched]
         """Per slot (a row of the block), its module; kept alive here for the ids below."""
         self._slots: dict[int, dict[int, int]] = {}
-        """``id(module)`` → {index in ``_gemm_weights`` → slot}: one slot for most modules,
+        """``id(module)`` → {index in ``_weights`` → slot}: one slot for most modules,
         up to three for an attention module's separate in-projections."""
         for k, (m, i, _) in enumerate(watched):
             self._slots.setdefault(id(m), {})[i] = k
@@ -168,6 +191,10 @@ class FormatsProbe:
                 self._attention(slots, module, inputs, output)
                 return
             k = slots[0]
+            norm = norm_weight(module)
+            if norm is not None:  # an affine weight alone: no GEMM input or output
+                self._sample(k, "weight", norm, module)
+                return
             x = inputs[0] if isinstance(inputs, tuple) and inputs else None
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 self._sample(k, "input", x, module)
@@ -186,7 +213,7 @@ class FormatsProbe:
         self-attention only), then the out-projection's weight and output gradient (its own
         slot, if its weight is watched)."""
         given = inputs if isinstance(inputs, tuple) and len(inputs) >= 3 else (None,) * 3
-        weights = _gemm_weights(module)
+        weights = _weights(module)
         for i, k in slots.items():
             x = given[i]
             # The packed projection's input is the query only where key and value are it too:

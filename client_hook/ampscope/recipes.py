@@ -178,10 +178,11 @@ class Quantized:
 def matrix(x: torch.Tensor, operand: Operand, *, channels_first: bool = False) -> torch.Tensor:
     """The operand as a ``(rows, K)`` matrix of its own dtype (a view where its layout allows)
     whose rows run along the GEMM's reduction dimension; ``channels_first`` (a ``Conv``'s input
-    and output gradient) moves dim 1 last."""
+    and output gradient) moves dim 1 last. A 1-D weight (a norm's affine weight, one value per
+    channel) is one row: blocks run along it as along a row of activations."""
     x = x.detach()
     if operand == "weight":
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], -1) if x.dim() > 1 else x.reshape(1, -1)
     if channels_first and x.dim() > 2:
         x = x.movedim(1, -1)
     return x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)

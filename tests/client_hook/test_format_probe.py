@@ -254,7 +254,8 @@ def test_multihead_attention_measures_what_its_forward_shows() -> None:
     table = [layer["name"] for layer in json.loads(loop.sink.bodies[0])["layers"]]
     assert [table[i] for i in block["layers"]] == [
         "block.self_attn.in_proj_weight", "block.self_attn.out_proj.weight",
-        "block.linear1.weight", "block.linear2.weight", "head.weight"]
+        "block.linear1.weight", "block.linear2.weight", "block.norm1.weight",
+        "block.norm2.weight", "head.weight"]
     every = tuple(RECIPES.values())
     width = len(RECIPES) * len(STATS)
 
@@ -269,13 +270,15 @@ def test_multihead_attention_measures_what_its_forward_shows() -> None:
     expected = torch.stack([measured(seen["query"], "input"), measured(seen["in_proj"], "weight"),
                             nan, nan, measured(seen["out_proj"], "weight"),
                             measured(seen["grad"], "grad_output")])
-    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(5, 3, width)
-    moments = torch.tensor(_floats(block["operands"]), dtype=torch.float64).view(5, 3, -1)
-    scales = torch.tensor(_floats(block["scales"]), dtype=torch.float64).view(5, 3, -1)
+    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(7, 3, width)
+    moments = torch.tensor(_floats(block["operands"]), dtype=torch.float64).view(7, 3, -1)
+    scales = torch.tensor(_floats(block["scales"]), dtype=torch.float64).view(7, 3, -1)
     got = torch.cat([values, moments, scales], dim=2)[:2].reshape(6, -1)
     assert torch.equal(got.nan_to_num(-1.0), expected.nan_to_num(-1.0))
-    # The feed-forward Linears and the head are measured whole, as any Linear.
-    assert not torch.isnan(values[2:]).any()
+    # The feed-forward Linears and the head are measured whole, as any Linear; the norms'
+    # affine weights as weights alone.
+    assert not torch.isnan(values[[2, 3, 6]]).any()
+    assert not torch.isnan(values[4:6, 1]).any() and torch.isnan(values[4:6, ::2]).all()
 
 
 class _CrossAttention(nn.Module):
@@ -352,3 +355,61 @@ def test_separate_in_projections_each_measure_their_input_and_weight() -> None:
                                                    "weight")[0, :width])
         assert torch.isnan(values[row, 2]).all()
     assert torch.isnan(values[3, 0]).all() and not torch.isnan(values[3, 1:]).any()
+
+
+class T5LayerNorm(nn.Module):
+    """A norm by name only (Hugging Face's kind): it subclasses no torch norm."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class _Norms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 40)
+        self.ln = nn.LayerNorm(40)
+        self.rms = nn.RMSNorm(40)
+        self.t5 = T5LayerNorm(40)
+        self.bare = nn.LayerNorm(40, elementwise_affine=False)
+        self.down = nn.Linear(40, 2)
+        with torch.no_grad():  # gains spread over 2^-12..2^3: FP4 flushes the small ones
+            self.ln.weight.copy_(torch.logspace(-12, 3, 40, base=2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float(): RMSNorm warns of a half input against its float weight under autocast.
+        out: torch.Tensor = self.down(self.bare(self.t5(self.rms(self.ln(self.up(x)).float()))))
+        return out
+
+
+def test_a_norms_affine_weight_is_a_weight_row_of_its_own() -> None:
+    """LayerNorm, RMSNorm and a norm by name: a row each, the weight measured as one row of
+    blocks along its length (``measure`` of a ``(1, 40)`` matrix), input and output gradient
+    NaN; a norm without an affine weight has no row."""
+    model = _Norms()
+    loop = AmpLoop(model, formats_every=1)
+    before = {norm: norm.weight.detach().clone() for norm in (model.ln, model.rms, model.t5)}
+    loop.step(torch.randn(4, 8, generator=torch.Generator().manual_seed(4)), closure=False)
+    block = loop.records()[0]["formats"]
+    table = [layer["name"] for layer in json.loads(loop.sink.bodies[0])["layers"]]
+    assert [table[i] for i in block["layers"]] == [
+        "up.weight", "ln.weight", "rms.weight", "t5.weight", "down.weight"]
+    every = tuple(RECIPES.values())
+    width = len(RECIPES) * len(STATS)
+    values = torch.tensor(_floats(block["values"]), dtype=torch.float64).view(5, 3, width)
+    for row, norm in ((1, model.ln), (2, model.rms), (3, model.t5)):
+        one = sample(before[norm], "weight")
+        assert (one.rows, one.cols) == (1, 40)
+        assert torch.equal(values[row, 1], measure([one], every, "weight")[0, :width])
+        assert torch.isnan(values[row, 0]).all() and torch.isnan(values[row, 2]).all()
+    stats = values[1, 1].view(len(RECIPES), len(STATS))
+    flushed = {name: stats[r, STATS.index("underflow_frac")].item()
+               for r, name in enumerate(RECIPES)}
+    # 2^-12..2^3 in one row: E4M3 (17 binades with its subnormals) keeps every gain, E2M1's
+    # 4 binades flush the small ones, MX's 32-blocks and NVFP4's 16-blocks alike.
+    assert [name for name, f in flushed.items() if f > 0] == ["mxfp4", "nvfp4"]

@@ -17,6 +17,10 @@ binades or more below it.
 its input and weight amax 2 + k under scale 448 / amax, its gradient's amax (still multiplied
 by the loss scale, 2^16) under 57344 / amax.
 
+`normed` is `sampled`'s model with a LayerNorm (`LN`) whose affine weight is measured alone (its
+input and output gradient NaN): no recipe flushes it but MXFP4 and NVFP4, which flush
+`LN_FLUSHED` of its gains, so a fully quantised run keeps it in BF16 under those two.
+
 `twin` is the same model trained otherwise (the compare page's other run), by a hook before v8
 (no exponents): a layer `PROJ` that the first lacks and no `AUX`, a healthy `FC2`, the same
 `HEAD`. `plain` sends no formats.
@@ -39,6 +43,8 @@ FC2_SCALE_MIN = 0.3
 FC2_TOPS = (-8, -11, -14)
 """ceil(log2(amax / 448)) of FC2's gradient amax, 1.5 · 10^-k (MXFP8's RCEIL scale)."""
 HEAD_ERROR = 0.7
+LN = "blocks.0.ln.weight"
+LN_FLUSHED = 0.6875
 OPERANDS = ("input", "weight", "grad_output")
 TYPICAL: dict[str, tuple[float, float, float]] = {
     "fp8_tensorwise": (0.0, 0.0, 0.027), "fp8_rowwise": (0.0, 0.0, 0.026),
@@ -49,22 +55,26 @@ E5M2_ERROR = 0.053
 """fp8_tensorwise's gradients are E5M2: two mantissa bits."""
 
 
-def _layer(index: int, name: str, shape: list[int]) -> dict[str, Any]:
+def _layer(index: int, name: str, shape: list[int], module_type: str = "Linear"
+           ) -> dict[str, Any]:
     return {"index": index, "name": name, "shape": shape, "dtype": "float32",
-            "numel": math.prod(shape), "module_type": "Linear"}
+            "numel": math.prod(shape), "module_type": module_type}
 
 
 def layer_table(names: list[str]) -> list[dict[str, Any]]:
-    return [_layer(i, name, [4] if name.endswith("bias") else [4, 8])
+    return [_layer(i, name, [8], "LayerNorm") if name == LN
+            else _layer(i, name, [4] if name.endswith("bias") else [4, 8])
             for i, name in enumerate(names)]
 
 
 def cell(name: str, operand: str, recipe: str, k: int, *, fc2_outlier: bool = True
          ) -> list[float]:
     """The five statistics of one (layer, operand, recipe) at the k-th sampled step."""
-    if name == AUX and operand == "grad_output":
+    if (name == AUX and operand == "grad_output") or (name == LN and operand != "weight"):
         return [math.nan] * 5
     underflow, saturated, error = TYPICAL[recipe]
+    if name == LN:
+        underflow = LN_FLUSHED if recipe in ("mxfp4", "nvfp4") else 0.0
     scale_min, scale_max = 0.0, 0.02 if recipe == "nvfp4" else 0.0
     if operand == "grad_output" and recipe == "fp8_tensorwise":
         error = E5M2_ERROR
@@ -77,7 +87,7 @@ def cell(name: str, operand: str, recipe: str, k: int, *, fc2_outlier: bool = Tr
 
 def scale_exponents(name: str, operand: str, recipe: str, k: int) -> list[float]:
     """The block scales' top exponent and 16 counts of one (layer, operand, recipe)."""
-    if name == AUX and operand == "grad_output":
+    if (name == AUX and operand == "grad_output") or (name == LN and operand != "weight"):
         return [math.nan] * 17
     if name == FC2 and operand == "grad_output" and recipe == "mxfp8":
         return [float(FC2_TOPS[k]), 7.0] + [0.0] * 14 + [3.0]
@@ -86,7 +96,7 @@ def scale_exponents(name: str, operand: str, recipe: str, k: int) -> list[float]
 
 def operand_stats(name: str, operand: str, k: int) -> list[float]:
     """amax, rms, kurtosis, nonfinite_frac of one operand at the k-th sampled step."""
-    if name == AUX and operand == "grad_output":
+    if (name == AUX and operand == "grad_output") or (name == LN and operand != "weight"):
         return [math.nan, math.nan, math.nan, 0.0]
     if name == FC2 and operand == "grad_output":
         return [1.5 * 10.0 ** -k, 0.01 * 10.0 ** -k, 40.0 + k, 0.0]
@@ -147,6 +157,13 @@ def live(run_id: str) -> list[dict[str, Any]]:
                                   "formats": formats_block(NAMES, LISTED, 2)}])
     return [dict(whole, records=whole["records"][:150], final=False),
             dict(whole, records=whole["records"][150:], final=False), dict(later, final=False)]
+
+
+def normed(run_id: str) -> dict[str, Any]:
+    names = [*NAMES, LN]
+    blocks = {step: formats_block(names, [*LISTED, len(NAMES)], k)
+              for k, step in enumerate(SAMPLED)}
+    return _batch(run_id, "with-layernorm", names, blocks, 8)
 
 
 def twin(run_id: str) -> dict[str, Any]:

@@ -51,9 +51,10 @@ def served(tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[ServerProcess, dict[str, str]]]:
     tmp = tmp_path_factory.mktemp("formats-browser")
     server = ServerProcess(migrated_sqlite(tmp), tmp).start()
-    ids = {"sampled": new_id(), "twin": new_id(), "plain": new_id()}
+    ids = {"sampled": new_id(), "twin": new_id(), "plain": new_id(), "normed": new_id()}
     try:
-        for key, make in (("sampled", runs.sampled), ("twin", runs.twin), ("plain", runs.plain)):
+        for key, make in (("sampled", runs.sampled), ("twin", runs.twin), ("plain", runs.plain),
+                          ("normed", runs.normed)):
             response = httpx.post(f"{server.url}/api/ingest", json=make(ids[key]), timeout=60)
             assert response.status_code == 200, response.text
         yield server, ids
@@ -198,6 +199,38 @@ def test_the_verdicts_say_which_layers_stay_in_bf16(
     assert pg.locator("#formats-verdicts .formats-trained").all_inner_texts() == [
         "head.weight trains in fp8_tensorwise: scale 112 (input amax 4), scale 112 (weight amax"
         " 4), scale 0.219 (grad_output amax 262144)"]
+    watched.assert_clean()
+
+
+def test_a_layernorm_is_judged_apart_as_a_fully_quantised_run_would_quantise_it(
+        served: tuple[ServerProcess, dict[str, str]], watched: Watched) -> None:
+    """The norm's row: its weight measured, its input and gradient "not measured"; the layers'
+    verdicts as without it (5 layers), and under MXFP4 and NVFP4 a line that keeps its affine
+    weight in BF16 if quantised, beside the GEMM weights' median underflow."""
+    server, ids = served
+    _open(watched, server, ids["normed"])
+    pg = watched.page
+    measured, nan, _ = _traces(watched)
+    assert measured["y"] == [*ROWS, runs.LN]
+    # The input, selected by default; kept whole under the two FP4 recipes, as a layer is.
+    assert nan["text"][-1] == ["not measured"] * 4 + ["not measured · BF16"] * 2
+    assert pg.inner_text("#formats-verdicts .formats-headline") == (
+        "Fits with every layer: fp8_tensorwise, fp8_rowwise, fp8_block128, mxfp4 · "
+        "Needs layers kept in BF16: mxfp8 (1 of 5 layers), nvfp4 (1 of 5 layers) · "
+        "Norms' affine weights to keep in BF16 if quantised: mxfp4 (1 of 1), nvfp4 (1 of 1)")
+    norm_line = ("if quantised, keep in BF16: blocks.0.ln.weight — 68.8% of its gains flushed to"
+                 " zero (GEMM weights' median {})")
+    found = {line[0]: line[1:] for line in _verdicts(watched)}
+    assert found["mxfp4"] == [
+        "fits", "mxfp4: all 5 layers fit; quantised too, 1 of 1 norms' affine weights need BF16"
+        " (blocks.0.ln.weight)", norm_line.format("11%")]
+    assert found["nvfp4"] == [
+        "1 in BF16", "nvfp4: 1 of 5 layers need BF16 (head.weight); quantised too, 1 of 1 norms'"
+        " affine weights need BF16 (blocks.0.ln.weight)", HEAD_KEEP, norm_line.format("6.6%")]
+    assert [len(found[r]) for r in ("fp8_tensorwise", "fp8_rowwise", "fp8_block128")] == [2] * 3
+    pg.select_option("#formats-operand", "weight")  # the norm's one measured operand
+    watched.wait_for("() => document.getElementById('formats-matrix').data[0].z[5][0] !== null")
+    _shoot(pg, "formats-layernorm.png")
     watched.assert_clean()
 
 

@@ -242,10 +242,13 @@
 /**
  * Could the run train in `recipe`, and which layers must stay in BF16 (`keep`, model order);
  * `uniform_loss`: the median layer's gradient loses `grad_underflow` (15 % or more) to zero
- * under it, everywhere, which no comparison between layers shows.
+ * under it, everywhere, which no comparison between layers shows. Apart from the layers: the
+ * normalisation layers' affine weights measured (`norms_measured`) and those a fully quantised
+ * run keeps in BF16 (`norms`, their `median` the GEMM weights').
  * @template F
  * @typedef {{recipe: string, step: number, measured: number, summary: string,
- *   keep: KeepOf<F>[], grad_underflow: F, uniform_loss: boolean}} RecipeVerdictOf
+ *   keep: KeepOf<F>[], grad_underflow: F, uniform_loss: boolean, norms_measured: number,
+ *   norms: KeepOf<F>[]}} RecipeVerdictOf
  */
 
 /**
@@ -546,9 +549,18 @@ export function decodeFormats(body) {
     verdicts: body.verdicts.map((v) => ({
       ...v,
       grad_underflow: num(v.grad_underflow),
-      keep: v.keep.map((k) => ({ ...k, value: num(k.value), median: num(k.median), scale_min_frac: num(k.scale_min_frac) })),
+      keep: v.keep.map(decodeKeep),
+      norms: v.norms.map(decodeKeep),
     })),
   };
+}
+
+/**
+ * @param {KeepOf<Tagged>} k
+ * @returns {Keep}
+ */
+function decodeKeep(k) {
+  return { ...k, value: num(k.value), median: num(k.median), scale_min_frac: num(k.scale_min_frac) };
 }
 
 /**

@@ -283,8 +283,20 @@ export function keepReason(keep) {
 }
 
 /**
+ * Why a fully quantised run keeps a normalisation layer's affine weight in BF16: its gains
+ * flushed to zero, or its error, beside the GEMM weights' median (NaN: none measured).
+ * @param {Keep} keep
+ */
+export function normReason(keep) {
+  const shown = (/** @type {number} */ v) => (keep.stat === 'rel_rmse' ? numberText(v, 3) : percent(v));
+  const what = keep.stat === 'underflow_frac' ? `${shown(keep.value)} of its gains flushed to zero`
+    : `${SHORT[keep.stat] ?? keep.stat} ${shown(keep.value)}`;
+  return Number.isNaN(keep.median) ? what : `${what} (GEMM weights' median ${shown(keep.median)})`;
+}
+
+/**
  * The cells of `grid` whose layer a verdict keeps in BF16 under its recipe, whatever the operand
- * that decided (a layer is kept whole): [row, column, the keep].
+ * that decided (a layer is kept whole), a norm's affine weight among them: [row, column, the keep].
  * @param {Grid} grid
  * @param {RecipeVerdict[]} verdicts
  * @returns {[number, number, Keep][]}
@@ -295,7 +307,7 @@ export function keptCells(grid, verdicts) {
   for (const v of verdicts) {
     const column = grid.recipes.indexOf(v.recipe);
     if (column < 0) continue;
-    for (const k of v.keep) {
+    for (const k of [...v.keep, ...v.norms]) {
       const row = grid.rows.indexOf(k.layer);
       if (row >= 0) out.push([row, column, k]);
     }
@@ -304,8 +316,9 @@ export function keptCells(grid, verdicts) {
 }
 
 /**
- * The verdicts in one line: the recipes that fit as they are, and those that need BF16 layers
- * (how many of the layers measured). Empty without verdicts.
+ * The verdicts in one line: the recipes that fit as they are, those that need BF16 layers (how
+ * many of the layers measured), and those under which a fully quantised run keeps norms' affine
+ * weights in BF16. Empty without verdicts.
  * @param {RecipeVerdict[]} verdicts
  */
 export function verdictHeadline(verdicts) {
@@ -318,6 +331,9 @@ export function verdictHeadline(verdicts) {
   if (fits.length) parts.push(`Fits with every layer: ${fits.join(', ')}`);
   if (needs.length) parts.push(`Needs layers kept in BF16: ${needs.join(', ')}`);
   if (everywhere.length) parts.push(`Flushes gradients to zero everywhere: ${everywhere.join(', ')}`);
+  const norms = verdicts.filter((v) => v.norms.length)
+    .map((v) => `${v.recipe} (${v.norms.length} of ${v.norms_measured})`);
+  if (norms.length) parts.push(`Norms' affine weights to keep in BF16 if quantised: ${norms.join(', ')}`);
   return parts.join(' · ');
 }
 

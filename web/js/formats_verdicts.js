@@ -6,13 +6,14 @@
 // (compare_formats.js). Text only: layer names are the user's.
 
 import { el } from './format.js';
-import { keepReason, verdictHeadline } from './formats.js';
+import { keepReason, normReason, verdictHeadline } from './formats.js';
 
 /** @import { RecipeVerdict } from './codec.js' */
 
 /**
  * One verdict: a mark ("fits", or how many layers stay in BF16), its summary, and under a recipe
- * that keeps layers each one ("keep in BF16: layer — operand, stat value vs median …").
+ * that keeps layers each one ("keep in BF16: layer — operand, stat value vs median …"), then each
+ * norm's affine weight a fully quantised run keeps ("if quantised, keep in BF16: norm — …").
  * @param {RecipeVerdict} v
  * @returns {HTMLElement[]}
  */
@@ -22,13 +23,18 @@ export function verdictParts(v) {
       : el('span', 'verdict-mark verdict-fits', 'fits');
   /** @type {HTMLElement[]} */
   const parts = [mark, el('span', 'verdict-summary', v.summary)];
-  if (v.keep.length) {
+  if (v.keep.length || v.norms.length) {
     const keep = el('ul', 'formats-keep');
-    for (const k of v.keep) {
+    const line = (/** @type {string} */ label, /** @type {string} */ layer, /** @type {string} */ why) => {
       const item = el('li');
-      item.dataset.layer = k.layer;
-      item.append(el('span', 'keep-label', 'keep in BF16: '), el('span', 'keep-layer', k.layer),
-        ` — ${keepReason(k)}`);
+      item.dataset.layer = layer;
+      item.append(el('span', 'keep-label', label), el('span', 'keep-layer', layer), ` — ${why}`);
+      return item;
+    };
+    for (const k of v.keep) keep.append(line('keep in BF16: ', k.layer, keepReason(k)));
+    for (const k of v.norms) {
+      const item = line('if quantised, keep in BF16: ', k.layer, normReason(k));
+      item.classList.add('keep-norm');
       keep.append(item);
     }
     parts.push(keep);

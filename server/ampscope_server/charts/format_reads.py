@@ -49,7 +49,9 @@ def formats_read(session: Session, run: Run, step: int | None, limit: int) -> Fo
     RECIPE_RECENT_SAMPLES - 1 before it)."""
     sampled = formats_repository.sampled_steps(session, run.id, limit)
     rows = formats_repository.formats_up_to(session, run.id, step, RECIPE_RECENT_SAMPLES)
-    names = runs_repository.layer_names(session, run.id) if rows else []
+    shapes = runs_repository.layer_shapes(session, run.id) if rows else []
+    names = [name for name, _ in shapes]
+    norms = frozenset(i for i, (_, shape) in enumerate(shapes) if len(shape) == 1)
     return FormatsRead(
         operand_names=list(OPERANDS), stat_names=list(FORMAT_STATS),
         operand_stat_names=list(OPERAND_STATS), sampled=sampled.count,
@@ -57,7 +59,7 @@ def formats_read(session: Session, run: Run, step: int | None, limit: int) -> Fo
         steps=[FormatStepRead(id=step_id, step=number) for step_id, number in sampled.steps],
         matrix=matrix(rows[0], names) if rows else None,
         verdicts=[_verdict(v) for v in recipe_fit.verdicts(
-            [formats_sample(row) for row in reversed(rows)], names)],
+            [formats_sample(row) for row in reversed(rows)], names, norms)],
     )
 
 
@@ -66,10 +68,14 @@ def _verdict(verdict: recipe_fit.RecipeVerdict) -> RecipeVerdictRead:
         recipe=verdict.recipe, step=verdict.step, measured=verdict.measured,
         summary=verdict.summary, grad_underflow=verdict.grad_underflow,
         uniform_loss=verdict.uniform_loss,
-        keep=[KeepRead(layer=name, operand=reason.operand, stat=reason.stat,
-                       value=reason.value, median=reason.median,
-                       scale_min_frac=reason.scale_min_frac)
-              for name, reason in verdict.keep])
+        keep=[_keep(name, reason) for name, reason in verdict.keep],
+        norms_measured=verdict.norms_measured,
+        norms=[_keep(name, reason) for name, reason in verdict.norms])
+
+
+def _keep(name: str, reason: recipe_fit.KeepReason) -> KeepRead:
+    return KeepRead(layer=name, operand=reason.operand, stat=reason.stat, value=reason.value,
+                    median=reason.median, scale_min_frac=reason.scale_min_frac)
 
 
 def matrix(row: StepFormats, layer_names: Sequence[str]) -> FormatMatrixRead:

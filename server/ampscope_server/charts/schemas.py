@@ -221,7 +221,7 @@ class KeepRead(BaseModel):
     value: Tagged
     median: Tagged
     """The other layers' median of the same statistic ("nan": the gradient-noise rule, which
-    compares with no other layer)."""
+    compares with no other layer; for a norm's affine weight, the GEMM weights' median)."""
     scale_min_frac: Tagged
     """The share of the operand's blocks whose scale sat at its least value ("nan": unknown)."""
 
@@ -241,6 +241,11 @@ class RecipeVerdictRead(BaseModel):
     """The median layer's output-gradient underflow under the recipe ("nan": none measured)."""
     uniform_loss: bool
     """True: that median is 15 % or more, a loss everywhere (`summary` says so)."""
+    norms_measured: int
+    """Normalisation layers' affine weights the samples measured (not among `measured`)."""
+    norms: list[KeepRead]
+    """The affine weights a fully quantised run should keep in BF16 under the recipe, in
+    layer-table order (`operand` is `weight`)."""
 
 
 class FormatsRead(BaseModel):

@@ -20,12 +20,24 @@ And a recipe under which the median layer's gradient loses RECIPE_UNIFORM_UNDERF
 values to zero is said to lose them everywhere (`uniform_loss`), which no comparison between
 layers can see.
 
+**Normalisation layers' affine weights** (the rows whose parameter is 1-D: `norms`) are no
+GEMM operand: torchao and TransformerEngine never quantise them, and they are neither counted
+among the measured layers nor compared with them. A fully quantised run would quantise them,
+and the multiplicative noise that adds to every channel is what arXiv 2506.20752 finds behind
+MX's loss spikes. Each is a per-channel gain, so an affine weight stays in BF16 under a recipe
+when quantising it flushes any of its gains to zero (that channel switched off), or when its
+error is RECIPE_OUTLIER_FACTOR times the GEMM weights' median (and at least
+RECIPE_ERROR_FLOOR): `RecipeVerdict.norms`. Gains near 1, as a norm is initialised and mostly
+stays, lose no more than a Gaussian weight does; a gain clamped at the format's maximum (MX's
+power-of-two scale clamps the top of a block) costs what rounding does, so counts in the
+error.
+
 The evidence of each layer says which operand and statistic, the value and the median's, and
 for block recipes the share of blocks whose scale was pinned at its limit. A what-if, not a
 diagnosis of the run: these verdicts are served with the formats (`GET
 /api/runs/{id}/formats`), never among the run's findings.
 
-    verdicts(samples, layer_names) -> [RecipeVerdict]   one per recipe of the latest sample
+    verdicts(samples, layer_names, norms) -> [RecipeVerdict]   one per recipe of the latest sample
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ampscope_server.findings.facts import FormatsSample
@@ -50,6 +62,7 @@ from ampscope_server.store.format_packing import OPERANDS as FORMAT_OPERANDS
 
 _UNDERFLOW, _SATURATED, _REL_RMSE, _SCALE_MIN, _SCALE_MAX = range(len(FORMAT_STATS))
 _GRAD = FORMAT_OPERANDS.index("grad_output")
+_WEIGHT = FORMAT_OPERANDS.index("weight")
 
 
 @dataclass(frozen=True)
@@ -69,13 +82,17 @@ class KeepReason:
 class RecipeVerdict:
     """One recipe: how many layers were measured, which must stay in BF16 (model order) and
     why, as of `step` (the latest sample), and the median layer's output-gradient underflow
-    (NaN: no gradient measured): RECIPE_UNIFORM_UNDERFLOW or more is a loss everywhere."""
+    (NaN: no gradient measured): RECIPE_UNIFORM_UNDERFLOW or more is a loss everywhere. Apart:
+    how many norms' affine weights were measured and which a fully quantised run keeps in
+    BF16."""
 
     recipe: str
     step: int
     measured: int
     keep: tuple[tuple[str, KeepReason], ...]
     grad_underflow: float = math.nan
+    norms_measured: int = 0
+    norms: tuple[tuple[str, KeepReason], ...] = ()
 
     @property
     def uniform_loss(self) -> bool:
@@ -85,20 +102,28 @@ class RecipeVerdict:
     def summary(self) -> str:
         everywhere = (f"the median layer's gradient loses {self.grad_underflow:.0%} of its "
                       "values to zero" if self.uniform_loss else "")
+        norms = (f"; quantised too, {len(self.norms)} of {self.norms_measured} norms' affine "
+                 f"weights need BF16 ({_names(self.norms)})" if self.norms else "")
         if not self.keep:
             if everywhere:
-                return f"{self.recipe}: no layer stands out, but {everywhere}"
-            return f"{self.recipe}: all {self.measured} layers fit"
-        names = ", ".join(name for name, _ in self.keep[:3])
-        more = f" and {len(self.keep) - 3} more" if len(self.keep) > 3 else ""
+                return f"{self.recipe}: no layer stands out, but {everywhere}{norms}"
+            return f"{self.recipe}: all {self.measured} layers fit{norms}"
         return (f"{self.recipe}: {len(self.keep)} of {self.measured} layers need BF16 "
-                f"({names}{more})" + (f"; and {everywhere}" if everywhere else ""))
+                f"({_names(self.keep)})" + (f"; and {everywhere}" if everywhere else "")
+                + norms)
 
 
-def verdicts(samples: Sequence[FormatsSample], layer_names: Sequence[str]
-             ) -> list[RecipeVerdict]:
+def _names(kept: Sequence[tuple[str, KeepReason]]) -> str:
+    """The first three names, and how many more."""
+    more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+    return ", ".join(name for name, _ in kept[:3]) + more
+
+
+def verdicts(samples: Sequence[FormatsSample], layer_names: Sequence[str],
+             norms: Collection[int] = frozenset()) -> list[RecipeVerdict]:
     """Per recipe of the latest sample, over the last RECIPE_RECENT_SAMPLES samples holding it.
-    `layer_names`: the layer table's names (a sample's `layers` index it)."""
+    `layer_names`: the layer table's names (a sample's `layers` index it); `norms`: its rows
+    that are a normalisation layer's affine weight."""
     if not samples:
         return []
     latest = samples[-1]
@@ -106,11 +131,13 @@ def verdicts(samples: Sequence[FormatsSample], layer_names: Sequence[str]
     for recipe in latest.recipes:
         recent = [s for s in samples if recipe in s.recipes][-RECIPE_RECENT_SAMPLES:]
         medians = _layer_medians(recent, recipe)
-        grads = [m[_GRAD][_UNDERFLOW] for m in medians.values()
+        gemms = {layer: m for layer, m in medians.items() if layer not in norms}
+        affine = {layer: m for layer, m in medians.items() if layer in norms}
+        grads = [m[_GRAD][_UNDERFLOW] for m in gemms.values()
                  if math.isfinite(m[_GRAD][_UNDERFLOW])]
-        out.append(RecipeVerdict(recipe, latest.step, len(medians),
-                                 _keep(medians, layer_names),
-                                 statistics.median(grads) if grads else math.nan))
+        out.append(RecipeVerdict(recipe, latest.step, len(gemms), _keep(gemms, layer_names),
+                                 statistics.median(grads) if grads else math.nan,
+                                 len(affine), _keep_norms(affine, gemms, layer_names)))
     return out
 
 
@@ -141,7 +168,32 @@ def _keep(medians: dict[int, list[list[float]]], names: Sequence[str]
     for layer, m in medians.items():
         reason = _reason(m, peers)
         if reason is not None:
-            keep.append((names[layer] if layer < len(names) else f"layer {layer}", reason))
+            keep.append((_name(layer, names), reason))
+    return tuple(keep)
+
+
+def _name(layer: int, names: Sequence[str]) -> str:
+    return names[layer] if layer < len(names) else f"layer {layer}"
+
+
+def _keep_norms(affine: dict[int, list[list[float]]], gemms: dict[int, list[list[float]]],
+                names: Sequence[str]) -> tuple[tuple[str, KeepReason], ...]:
+    """The norms' affine weights a fully quantised run keeps in BF16 (model order): any gain
+    flushed, or an error RECIPE_OUTLIER_FACTOR times the GEMM weights' median."""
+    peers = {s: [v for m in gemms.values() if math.isfinite(v := m[_WEIGHT][s])]
+             for s in (_UNDERFLOW, _REL_RMSE)}
+    median = {s: statistics.median(v) if v else math.nan for s, v in peers.items()}
+    keep = []
+    for layer, m in affine.items():
+        weight = m[_WEIGHT]
+        error = weight[_REL_RMSE]  # NaN (not measured) passes neither test
+        decided = (_UNDERFLOW if weight[_UNDERFLOW] > 0 else _REL_RMSE
+                   if error >= RECIPE_ERROR_FLOOR
+                   and error >= RECIPE_OUTLIER_FACTOR * median[_REL_RMSE] else None)
+        if decided is not None:
+            keep.append((_name(layer, names), KeepReason(
+                "weight", FORMAT_STATS[decided], weight[decided], median[decided],
+                weight[_SCALE_MIN])))
     return tuple(keep)
 
 

@@ -143,6 +143,12 @@ def layer_names(session: Session, run_id: str) -> list[str]:
         select(Layer.name).where(Layer.run_id == run_id).order_by(Layer.index)))
 
 
+def layer_shapes(session: Session, run_id: str) -> list[tuple[str, list[int]]]:
+    """The name and shape of each of the run's layers, in index order: two columns."""
+    return [(name, list(shape)) for name, shape in session.execute(
+        select(Layer.name, Layer.shape).where(Layer.run_id == run_id).order_by(Layer.index))]
+
+
 def layer_numels(session: Session, run_id: str) -> list[int]:
     """The numel of each of the run's layers, in index order (empty: no layer table)."""
     return [int(numel) for numel in session.scalars(

@@ -104,11 +104,13 @@ class TestFormats:
                        {"index": 0, "name": LAYERS[0]["name"]}],
             "values": values, "operands": operands, "trained": None}
         # The made-up values' errors are all above 1 (`format_values`): every gradient drowns
-        # in its noise, so each recipe keeps both layers in BF16 (findings/recipe_fit.py).
+        # in its noise, so each recipe keeps the weight in BF16 (findings/recipe_fit.py). The
+        # 1-D row is judged as a norm's affine weight, apart: its underflow is above 0.
         assert [(v["recipe"], v["step"], v["measured"], [k["layer"] for k in v["keep"]],
-                 {k["operand"] for k in v["keep"]}) for v in body["verdicts"]] == [
-            (recipe, 10 * (SAMPLED - 1), 2, [LAYERS[0]["name"], LAYERS[1]["name"]],
-             {"grad_output"}) for recipe in RECIPES]
+                 {k["operand"] for k in v["keep"]}, v["norms_measured"],
+                 [(k["layer"], k["stat"]) for k in v["norms"]]) for v in body["verdicts"]] == [
+            (recipe, 10 * (SAMPLED - 1), 1, [LAYERS[0]["name"]], {"grad_output"}, 1,
+             [(LAYERS[1]["name"], "underflow_frac")]) for recipe in RECIPES]
 
     @pytest.mark.parametrize("limit", [2, 3, 4, 8])
     def test_thinned_to_the_limit_first_and_last_kept(self, api: TestClient, run_id: str,

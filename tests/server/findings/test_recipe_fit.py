@@ -104,3 +104,67 @@ def test_not_measured_is_not_judged() -> None:
     (only,) = verdicts([_sample(0, {}), _sample(100, cells, recipes=("nvfp4",))], NAMES)
     assert (only.recipe, only.measured, only.keep) == ("nvfp4", 3, ())
     assert verdicts([], NAMES) == []
+
+
+# A run with two normalisation layers: rows 1 and 3 of its layer table are 1-D affine weights.
+NORM_NAMES = ["fc.weight", "norm.weight", "head.weight", "final_norm.weight"]
+NORMS = frozenset({1, 3})
+WEIGHT, SATURATED = OPERANDS.index("weight"), FORMAT_STATS.index("saturated_frac")
+
+
+def _with_norms(cells: dict[tuple[int, int, int, int], float]) -> FormatsSample:
+    """Every cell 3 % error, nothing flushed, but where `cells` says otherwise; the norms' rows
+    have their weight measured alone (input and output gradient NaN), as the hook sends them."""
+    recipes = ("fp8_tensorwise", "mxfp8")
+    values = []
+    for k in range(4):
+        for o in range(len(OPERANDS)):
+            for r in range(len(recipes)):
+                for s in range(len(FORMAT_STATS)):
+                    unmeasured = k in NORMS and o != WEIGHT
+                    default = math.nan if unmeasured else (0.03 if s == REL_RMSE else 0.0)
+                    values.append(cells.get((k, o, r, s), default))
+    operands = [1.0] * (4 * len(OPERANDS) * len(OPERAND_STATS))
+    return FormatsSample(0, recipes, (0, 1, 2, 3), values, operands)
+
+
+def test_norms_are_counted_apart_and_pass_when_they_lose_what_a_weight_does() -> None:
+    for verdict in verdicts([_with_norms({})], NORM_NAMES, NORMS):
+        assert (verdict.measured, verdict.keep, verdict.norms_measured, verdict.norms) == (
+            2, (), 2, ())
+    mx = verdicts([_with_norms({})], NORM_NAMES, NORMS)[1]
+    assert mx.summary == "mxfp8: all 2 layers fit"
+    # Without `norms` they would be judged as layers: the same four rows, all fitting.
+    assert verdicts([_with_norms({})], NORM_NAMES)[1].measured == 4
+
+
+def test_a_norm_gain_flushed_keeps_its_affine_weight_in_bf16() -> None:
+    """Any flushed gain (a channel switched off), under that recipe only, beside the GEMM
+    weights' median; a clamped gain (5 % of final_norm's) is judged by the error it makes."""
+    cells = {(1, WEIGHT, 1, UNDERFLOW): 0.025, (1, WEIGHT, 1, SCALE_MIN): 0.5,
+             (3, WEIGHT, 1, SATURATED): 0.05, (3, WEIGHT, 0, UNDERFLOW): 0.001,
+             (0, WEIGHT, 1, UNDERFLOW): 0.008}
+    fp8, mx = verdicts([_with_norms(cells)], NORM_NAMES, NORMS)
+    assert fp8.norms == (
+        ("final_norm.weight", KeepReason("weight", "underflow_frac", 0.001, 0.0, 0.0)),)
+    assert mx.norms == (
+        ("norm.weight", KeepReason("weight", "underflow_frac", 0.025, 0.004, 0.5)),)
+    assert mx.keep == ()
+    assert mx.summary == ("mxfp8: all 2 layers fit; quantised too, 1 of 2 norms' affine weights "
+                          "need BF16 (norm.weight)")
+
+
+def test_a_norms_error_counts_against_the_gemm_weights_alone() -> None:
+    """The norms lose 13 % where the GEMM weights lose 3 and 13 %: 4x their median (8 %) is
+    32 %, so no norm is kept; and the norms' 13 % do not make the GEMM weights' median, so
+    fc.weight's 13 % is 4x head's 3 % and it is kept. A norm at 33 % is kept for its error."""
+    cells = {(k, WEIGHT, 1, REL_RMSE): 0.13 for k in (0, 1, 3)}
+    _, mx = verdicts([_with_norms(cells)], NORM_NAMES, NORMS)
+    assert ([name for name, _ in mx.keep], mx.norms) == (["fc.weight"], ())
+    cells[1, WEIGHT, 1, REL_RMSE] = 0.33
+    _, mx = verdicts([_with_norms(cells)], NORM_NAMES, NORMS)
+    assert mx.norms == (("norm.weight", KeepReason("weight", "rel_rmse", 0.33, 0.08, 0.0)),)
+    # No GEMM weight measured: nothing to compare a norm's error with, so it is not judged.
+    no_peers = {(k, WEIGHT, 1, s): math.nan for k in (0, 2) for s in range(len(FORMAT_STATS))}
+    assert verdicts([_with_norms(no_peers | {(1, WEIGHT, 1, REL_RMSE): 0.9})], NORM_NAMES,
+                    NORMS)[1].norms == ()

@@ -4,8 +4,12 @@ sends, the server stores, `GET /api/runs/{id}/formats` judges (findings/recipe_f
 - A layer whose output gradient mixes magnitudes 10^6 apart in every 32-block: E4M3 spans
   448 · 2^9 ≈ 2.3·10^5 under one block scale, so MXFP8 flushes the small half of it; FP8
   tensor-wise sends gradients as E5M2 (2^32 of range) and BF16 (2^133) keep all of it.
+- A LayerNorm whose gains spread over 2^-12..2^3 in every block: E2M1 spans 12x under one
+  block scale, so MXFP4 and NVFP4 flush its small gains (channels switched off) and a fully
+  quantised run keeps it in BF16; E4M3 keeps all of them, and a LayerNorm at its initial gains
+  of 1 loses nothing to zero under any recipe.
 - A healthy small transformer (examples/scenarios/healthy_transformer.py): every FP8 recipe
-  fits every layer.
+  fits every layer, and no recipe flags its norms.
 """
 
 from __future__ import annotations
@@ -86,6 +90,45 @@ def test_the_layer_mxfp8_flushes_and_nothing_else(sessions: sessionmaker[Session
                            for a in sampled)
 
 
+class Gains(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 64)
+        self.spread = nn.LayerNorm(64)
+        self.plain = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 4)
+        with torch.no_grad():
+            self.spread.weight.copy_(torch.logspace(-12, 3, 16, base=2.0).repeat(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.plain(self.spread(self.up(x))))
+        return out
+
+
+def test_the_norm_fp4_flushes_and_no_other(sessions: sessionmaker[Session]) -> None:
+    model = Gains()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
+    sink = MemorySender()
+    mon = ampscope.watch(model, None, optimizer, server=None, sender=sink, formats_every=5)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(15):
+        model(torch.randn(32, 8, generator=gen)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    verdicts = _verdicts(sessions, sink, mon.run_id)
+    flagged = {name: [(k.layer, k.stat) for k in v.norms] for name, v in verdicts.items()}
+    assert flagged == {"fp8_tensorwise": [], "fp8_rowwise": [], "fp8_block128": [],
+                       "mxfp8": [], "mxfp4": [("spread.weight", "underflow_frac")],
+                       "nvfp4": [("spread.weight", "underflow_frac")]}
+    assert {(v.measured, v.norms_measured) for v in verdicts.values()} == {(2, 2)}
+    # NVFP4 maps each 16-block's amax 2^3 to E2M1's 6: a gain x becomes 0.75·x, and below
+    # 0.25 (half the least subnormal, 0.5) it rounds to zero: 2^-12..2^-2, 11 of every 16.
+    assert verdicts["nvfp4"].norms[0].value == 11 / 16
+    assert "norms' affine weights need BF16 (spread.weight)" in verdicts["mxfp4"].summary
+
+
 def test_a_healthy_transformer_fits_every_fp8_recipe(sessions: sessionmaker[Session]) -> None:
     sink = MemorySender()
     mon = run_scenario(healthy_transformer.build(), server=None, sender=sink, formats_every=20)
@@ -97,3 +140,5 @@ def test_a_healthy_transformer_fits_every_fp8_recipe(sessions: sessionmaker[Sess
             if name.startswith("fp8")} == {
         "fp8_tensorwise": (6, []), "fp8_rowwise": (6, []), "fp8_block128": (6, [])}
     assert verdicts["mxfp8"].keep == []
+    # Its two LayerNorms, near their initial gains: no recipe flushes or mangles them.
+    assert {(v.norms_measured, len(v.norms)) for v in verdicts.values()} == {(2, 0)}

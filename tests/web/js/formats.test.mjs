@@ -8,7 +8,7 @@ import { describe, test } from 'node:test';
 
 import {
   BAD_LEVELS, WORST_CAP, WORST_FLOOR, cellValue, colourRange, colourValue, hoverText, keepReason, keptCells,
-  matrixGrid, mergeNames, percent, scaleGrid, snrDb, statText, trainedLines, verdictHeadline, worstScore,
+  matrixGrid, normReason, mergeNames, percent, scaleGrid, snrDb, statText, trainedLines, verdictHeadline, worstScore,
 } from '../../../web/js/formats.js';
 import { decodeFormats } from '../../../web/js/codec.js';
 import { shareTicks, stepRange } from '../../../web/js/formats_trend.js';
@@ -40,9 +40,9 @@ const sent = {
   verdicts: [
     { recipe: 'mxfp8', step: 200, measured: 2, summary: 'mxfp8: 1 of 2 layers need BF16 (fc1.weight)',
       keep: [{ layer: 'fc1.weight', operand: 'grad_output', stat: 'underflow_frac', value: 0.12, median: 0.001,
-        scale_min_frac: 0.3 }], grad_underflow: 0.06, uniform_loss: false },
+        scale_min_frac: 0.3 }], grad_underflow: 0.06, uniform_loss: false, norms_measured: 0, norms: [] },
     { recipe: 'fp8_tensorwise', step: 200, measured: 2, summary: 'fp8_tensorwise: all 2 layers fit', keep: [],
-      grad_underflow: 0, uniform_loss: false },
+      grad_underflow: 0, uniform_loss: false, norms_measured: 0, norms: [] },
   ],
 };
 const body = decodeFormats(sent);
@@ -240,9 +240,21 @@ describe('verdicts', () => {
     'grad_output, rel. error 0.7: SNR 3.1 dB, under the 4.77 dB below which a gradient drowns in its quantisation noise');
   });
 
+  test('normReason: the gains flushed, or the error, beside the GEMM weights\' median', () => {
+    const flushed = { layer: 'ln.weight', operand: 'weight', stat: 'underflow_frac', value: 0.6875, median: 0.03,
+      scale_min_frac: 0 };
+    assert.equal(normReason(flushed), '68.8% of its gains flushed to zero (GEMM weights\' median 3%)');
+    assert.equal(normReason({ ...flushed, stat: 'rel_rmse', value: 0.33, median: 0.08 }),
+      'rel. error 0.33 (GEMM weights\' median 0.08)');
+    assert.equal(normReason({ ...flushed, median: NaN }), '68.8% of its gains flushed to zero');
+  });
+
   test('keptCells: each kept layer under its recipe, as [row, column, keep]', () => {
     const grid = matrixGrid(body, 'input', 'worst');
     assert.deepEqual(keptCells(grid, body.verdicts), [[0, 1, body.verdicts[0].keep[0]]]);
+    const norm = { layer: 'fc2.weight', operand: 'weight', stat: 'underflow_frac', value: 0.5, median: 0,
+      scale_min_frac: 0 };
+    assert.deepEqual(keptCells(grid, [{ ...body.verdicts[1], norms: [norm] }]), [[1, 0, norm]]);
     const other = matrixGrid(body, 'input', 'worst', { rows: ['fc2.weight'], recipes: ['fp8_tensorwise'] });
     assert.deepEqual(keptCells(other, body.verdicts), []);
   });
@@ -254,6 +266,15 @@ describe('verdicts', () => {
     assert.equal(verdictHeadline([{ ...body.verdicts[0], measured: 1 }]),
       'Needs layers kept in BF16: mxfp8 (1 of 1 layer)');
     assert.equal(verdictHeadline([]), '');
+  });
+
+  test('verdictHeadline: the recipes under which norms\' affine weights stay in BF16, apart', () => {
+    const norm = { layer: 'ln.weight', operand: 'weight', stat: 'underflow_frac', value: 0.5, median: 0,
+      scale_min_frac: 0 };
+    const mxfp4 = { ...body.verdicts[1], recipe: 'mxfp4', norms_measured: 2, norms: [norm] };
+    assert.equal(verdictHeadline([body.verdicts[1], mxfp4]),
+      'Fits with every layer: fp8_tensorwise, mxfp4 · Norms\' affine weights to keep in BF16 if quantised: '
+      + 'mxfp4 (1 of 2)');
   });
 
   test('verdictHeadline: a recipe that flushes every layer\'s gradient is not said to fit', () => {
