@@ -67,16 +67,17 @@ class Impl:
     ratios: list[float] = field(default_factory=list)
 
 
-def load_impl(source: str, index: int) -> Impl:
-    """``source``: a file path, or a git revision whose ``reductions.py`` is read."""
+def load_impl(source: str, index: int, relative: str = SOURCE) -> Impl:
+    """``source``: a file path, or a git revision whose ``relative`` (``reductions.py``) is
+    read."""
     path = Path(source)
     if not path.is_file():
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{source}:{SOURCE}"],
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{source}:{relative}"],
                               check=True, capture_output=True, text=True).stdout
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
             handle.write(text)
         path = Path(handle.name)
-    name = f"ampscope._eager_read_{index}"
+    name = f"ampscope._{Path(relative).stem}_{index}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

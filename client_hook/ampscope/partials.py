@@ -95,20 +95,36 @@ def tensor_partials(
 ) -> torch.Tensor:
     """The float64 ``(8,)`` partials row of one non-empty float32/float16/bfloat16 tensor.
     Written to be fused (one loop, one read, ``fused.py``); eagerly a kernel per line. Counts
-    are int32 below 2^31 elements (half int64's vector width), fixed at trace time."""
+    are int32 below 2^31 elements (half int64's vector width), fixed at trace time.
+
+    Every count is of ``b < t`` for a bound ``t`` in [1, INF_BITS + 1] (zeros: ``b < 1``; inf:
+    below INF_BITS + 1 and not below INF_BITS; NaN: the rest), summed as the sign bit of
+    ``b - t`` spread by an arithmetic ``>> 31`` (-1 where ``b < t``: both lie in [0, 2^31), so
+    the difference never overflows): a subtraction, a shift and an add per bound, where a
+    compare's boolean cost the generated loop a conversion to int32 per bound; the same mask
+    zeroes the non-finite magnitudes (docs/hook-cost.md#the-fused-loops-counts)."""
     if grad.dtype not in _FLOAT32_DTYPES:
         raise TypeError(f"tensor_partials takes float32/float16/bfloat16, not {grad.dtype}")
     count = torch.int32 if grad.numel() < _INT32_LIMIT else torch.int64
     b = grad.to(torch.float32).view(torch.int32) & 0x7FFFFFFF  # |raw| as bits
-    finite = b < INF_BITS
-    fb = torch.where(finite, b, 0)  # finite magnitudes; non-finite → 0
     f64 = torch.float64
+
+    def sign(t: torch.Tensor | int) -> torch.Tensor:
+        """-1 where ``b < t``, else 0."""
+        return (b - t) >> 31
+
+    def below(t: torch.Tensor | int) -> torch.Tensor:
+        """-count(b < t)."""
+        return sign(t).sum(dtype=count)
+
+    fb = b & sign(INF_BITS)  # finite magnitudes; non-finite → 0
+    zeros, finites, not_nan = below(1), below(INF_BITS), below(INF_BITS + 1)
     return torch.stack([
-        (b == 0).sum(dtype=count).to(f64),
-        (b > INF_BITS).sum(dtype=count).to(f64),
-        (b == INF_BITS).sum(dtype=count).to(f64),
-        (b < under_bits).sum(dtype=count).to(f64),
-        (b < normal_bits).sum(dtype=count).to(f64),
+        zeros.neg().to(f64),
+        (not_nan + b.numel()).to(f64),
+        (finites - not_nan).to(f64),
+        below(under_bits).neg().to(f64),
+        below(normal_bits).neg().to(f64),
         fb.view(torch.float32).to(f64).square().sum(),
         fb.amax().view(torch.float32).to(f64),
         # (b - 1) & 0x7fffffff sends 0 to the largest key and keeps every other magnitude in

@@ -187,13 +187,15 @@ def _keep_norms(affine: dict[int, list[list[float]]], gemms: dict[int, list[list
     for layer, m in affine.items():
         weight = m[_WEIGHT]
         error = weight[_REL_RMSE]  # NaN (not measured) passes neither test
-        decided = (_UNDERFLOW if weight[_UNDERFLOW] > 0 else _REL_RMSE
-                   if error >= RECIPE_ERROR_FLOOR
-                   and error >= RECIPE_OUTLIER_FACTOR * median[_REL_RMSE] else None)
-        if decided is not None:
-            keep.append((_name(layer, names), KeepReason(
-                "weight", FORMAT_STATS[decided], weight[decided], median[decided],
-                weight[_SCALE_MIN])))
+        if weight[_UNDERFLOW] > 0:
+            decided = _UNDERFLOW
+        elif error >= RECIPE_ERROR_FLOOR and error >= RECIPE_OUTLIER_FACTOR * median[_REL_RMSE]:
+            decided = _REL_RMSE
+        else:
+            continue
+        keep.append((_name(layer, names), KeepReason(
+            "weight", FORMAT_STATS[decided], weight[decided], median[decided],
+            weight[_SCALE_MIN])))
     return tuple(keep)
 
 

@@ -1,0 +1,134 @@
+"""The fused per-layer read alone (#29): ms per call of the compiled loop over a model's
+gradients, one ``partials.tensor_partials`` against others in the same process.
+
+On a per-layer step above ``FUSE_MIN_ELEMS`` the training thread runs one compiled kernel that
+reads every gradient once for its partials (``fused.py``); what that loop does per element is
+``partials.tensor_partials``. Here each implementation of it (``this``: the working tree's
+``partials.py``; each ``--against``: a git revision's, or a file) is compiled as ``fused.py``
+compiles it (inductor, ``fused.compile_options``' first choice: one thread and the C++
+wrapper, static shapes) over the real gradients of one backward of ``hook_sweep.py``'s models
+(34 tensors, raw: scaled by 2^16), and the calls are interleaved, one of each per round in a
+rotating order. Inside the clock: the kernel call alone (its C++ wrapper, the loops, the
+output); outside: the compile (printed apart) and everything else of a step.
+
+Printed per size, beside the load average: the compile time, the median wall time per call
+(10th-90th percentiles), the calling thread's median CPU time, the median of the per-round
+ratios to ``this``, and whether the tables agree with ``this`` (counts, amax and amin to the
+bit, the sum of squares to 1e-12).
+
+Usage: ``PYTHONPATH=client_hook:bench python bench/fused_read.py [--sizes 1M,4M,10M]
+[--against HEAD ...] [--rounds 60]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+from eager_read import (  # type: ignore[import-not-found]
+    ROOT,
+    SCALE,
+    Impl,
+    agree,
+    gradients,
+    load_impl,
+    pct,
+)
+from hook_sweep import SHAPES  # type: ignore[import-not-found]
+
+from ampscope import fused, partials
+
+SOURCE = "client_hook/ampscope/partials.py"
+Read = Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+def _bits(x: float) -> int:
+    return int(torch.tensor(x, dtype=torch.float32).view(torch.int32).item())
+
+
+UNDER, NORMAL = _bits(2.0**-25 * SCALE), _bits(2.0**-14 * SCALE)
+"""FP16's flush and normal bounds at the scale, as ``fused`` gives a scaled layer's."""
+
+
+def compiled(module: ModuleType) -> Read:
+    """``module.tensor_partials`` over every gradient, compiled as ``fused`` compiles it."""
+    def read(grads: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([module.tensor_partials(g, UNDER, NORMAL) for g in grads])
+    read.__code__ = read.__code__.replace()  # dynamo's cache is per code object
+    kernel: Read = torch.compile(read, dynamic=False, fullgraph=True,
+                                 options=fused.compile_options(torch.device("cpu"))[0])
+    return kernel
+
+
+def run_size(size: str, impls: list[Impl], rounds: int) -> None:
+    grads = gradients(size)
+    numel = sum(g.numel() for g in grads)
+    kernels, tables, compiles = [], [], []
+    with torch.no_grad():
+        for impl in impls:
+            start = time.perf_counter()
+            kernel = compiled(impl.module)
+            tables.append(kernel(grads))
+            compiles.append(time.perf_counter() - start)
+            kernels.append(kernel)
+            impl.wall_ms, impl.cpu_ms, impl.ratios = [], [], []
+        before = os.getloadavg()
+        for r in range(rounds):
+            times: dict[str, float] = {}
+            for k in range(len(impls)):
+                impl, kernel = impls[(r + k) % len(impls)], kernels[(r + k) % len(impls)]
+                cpu = time.thread_time_ns()
+                wall = time.perf_counter_ns()
+                kernel(grads)
+                wall = time.perf_counter_ns() - wall
+                impl.cpu_ms.append((time.thread_time_ns() - cpu) / 1e6)
+                impl.wall_ms.append(wall / 1e6)
+                times[impl.label] = wall
+            for impl in impls:
+                impl.ratios.append(times[impl.label] / times[impls[0].label])
+        after = os.getloadavg()
+    print(f"\n{size}: {len(grads)} tensors, {numel / 1e6:.2f} M elements; {rounds} rounds; "
+          f"load {before[0]:.2f} {before[1]:.2f} → {after[0]:.2f} {after[1]:.2f} "
+          f"({os.cpu_count()} cores)")
+    print(f"  {'implementation':<28} {'compile s':>9} {'wall ms (p10-p90)':>24} "
+          f"{'thread cpu ms':>14} {'ratio to this (min-max)':>26} {'agrees':>7}")
+    for impl, table, seconds in zip(impls, tables, compiles, strict=True):
+        median = statistics.median(impl.wall_ms)
+        spread = f"{median:8.3f} ({pct(impl.wall_ms, 0.1):.3f}-{pct(impl.wall_ms, 0.9):.3f})"
+        ratio = (f"{statistics.median(impl.ratios):.3f} ({min(impl.ratios):.2f}-"
+                 f"{max(impl.ratios):.2f})")
+        print(f"  {impl.label[-28:]:<28} {seconds:9.1f} {spread:>24} "
+              f"{statistics.median(impl.cpu_ms):14.3f} {ratio:>26} "
+              f"{agree(table, tables[0])!s:>7}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="1M,4M,10M",
+                        help=f"comma-separated, of: {', '.join(SHAPES)}")
+    parser.add_argument("--against", action="append", default=None,
+                        help="a git revision or a partials.py path to compare (repeatable; "
+                             "default HEAD)")
+    parser.add_argument("--rounds", type=int, default=60, help="interleaved calls of each")
+    args = parser.parse_args()
+    impls = [Impl("this", partials)]
+    impls += [load_impl(src, i, SOURCE) for i, src in enumerate(args.against or ["HEAD"])]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    print(f"fused read, this = the working tree (HEAD {head}); torch {torch.__version__}; "
+          f"command: {' '.join(sys.argv)}")
+    for size in args.sizes.split(","):
+        if size not in SHAPES:
+            raise SystemExit(f"unknown size {size!r}; expected one of: {', '.join(SHAPES)}")
+        run_size(size, impls, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
