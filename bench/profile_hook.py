@@ -15,7 +15,8 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    plain step's record and a per-layer step's (eager capture, no histogram, no activations).
 5. ``inloop``: the training thread's time in ampscope's own code inside the real loop, per
    wrapped scaler method: the wrapper's time minus the original's it calls (``unscale_`` runs
-   inside ``step``; its own time is counted under ``unscale_`` only). Right after ``backward()``
+   inside ``step``; its own time is counted under ``unscale_`` only), once the fused kernel a
+   per-layer read takes has compiled (its path is printed). Right after ``backward()``
    the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
    though the first code after backward pays some warm-up the scaler would otherwise pay.
 
@@ -271,6 +272,11 @@ def inloop(args: argparse.Namespace) -> None:
             setattr(scaler, name, timer(wrapper, outer, name))
         for _ in range(5):
             step(model, opt, scaler, x, y)
+        # The fused kernel (a per-layer layout above FUSE_MIN_ELEMS) compiles in the
+        # background: wait for it, so that the steps timed take the path a long run takes.
+        ready = [s for _, s, _ in mon._stats.compiles(timeout=900) if s is not None]
+        for _ in range(5):
+            step(model, opt, scaler, x, y)
         rounds: list[dict[str, float]] = []
         for _ in range(max(1, args.steps // 20)):
             for d in (outer, inner):
@@ -282,7 +288,8 @@ def inloop(args: argparse.Namespace) -> None:
         cells = ", ".join(f"{n} {statistics.median(r[n] for r in rounds):.1f}" for n in outer)
         total = statistics.median(sum(r.values()) for r in rounds)
         print(f"inloop: layer_every={layer_every}, own us per step (median of "
-              f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}")
+              f"{len(rounds)} x 20 steps): {cells}; total {total:.1f}; fused kernels ready: "
+              f"{len(ready)}, path of the last per-layer read: {mon._stats.last_path}")
 
 
 def cpu_us(fn: Callable[[], Any], reps: int) -> float:
