@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.util
 import os
 import resource
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -114,6 +116,30 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def interleave(impls: list[Impl], calls: list[Callable[[], object]], rounds: int) -> None:
+    """``rounds`` rounds of one call of each implementation, in a rotating order: each call's
+    wall and thread CPU time and minor faults, and its wall time over the first's in the same
+    round, appended to its ``Impl``."""
+    for impl in impls:
+        impl.wall_ms, impl.cpu_ms, impl.ratios, impl.faults = [], [], [], []
+    for r in range(rounds):
+        times: dict[str, float] = {}
+        for k in range(len(impls)):
+            impl, call = impls[(r + k) % len(impls)], calls[(r + k) % len(impls)]
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            cpu = time.thread_time_ns()
+            wall = time.perf_counter_ns()
+            call()
+            wall = time.perf_counter_ns() - wall
+            cpu = time.thread_time_ns() - cpu
+            impl.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+            impl.wall_ms.append(wall / 1e6)
+            impl.cpu_ms.append(cpu / 1e6)
+            times[impl.label] = wall
+        for impl in impls:
+            impl.ratios.append(times[impl.label] / times[impls[0].label])
+
+
 def run_size(size: str, impls: list[Impl], rounds: int) -> None:
     grads = gradients(size)
     scale = torch.tensor(SCALE)
@@ -121,7 +147,6 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
     tables = []
     for impl in impls:
         impl.stats = impl.module.GradStats("fp16", fused=False)
-        impl.wall_ms, impl.cpu_ms, impl.ratios, impl.faults = [], [], [], []
         for _ in range(3):  # the plan and its buffers, then warm
             read(impl, grads, scale)
         tables.append(read(impl, grads, scale))
@@ -131,22 +156,7 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
             read(impl, grads, scale)
         ops.append(collections.Counter(mode.ops))
     before = os.getloadavg()
-    for r in range(rounds):
-        times: dict[str, float] = {}
-        for k in range(len(impls)):
-            impl = impls[(r + k) % len(impls)]
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            cpu = time.thread_time_ns()
-            wall = time.perf_counter_ns()
-            read(impl, grads, scale)
-            wall = time.perf_counter_ns() - wall
-            cpu = time.thread_time_ns() - cpu
-            impl.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
-            impl.wall_ms.append(wall / 1e6)
-            impl.cpu_ms.append(cpu / 1e6)
-            times[impl.label] = wall
-        for impl in impls:
-            impl.ratios.append(times[impl.label] / times[impls[0].label])
+    interleave(impls, [functools.partial(read, impl, grads, scale) for impl in impls], rounds)
     after = os.getloadavg()
     print(f"\n{size}: {len(grads)} tensors, {numel / 1e6:.2f} M elements; {rounds} rounds; "
           f"load {before[0]:.2f} {before[1]:.2f} → {after[0]:.2f} {after[1]:.2f} "

@@ -23,6 +23,7 @@ Usage: ``PYTHONPATH=client_hook:bench python bench/fused_read.py [--sizes 1M,4M,
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from eager_read import (  # type: ignore[import-not-found]
     Impl,
     agree,
     gradients,
+    interleave,
     load_impl,
     pct,
 )
@@ -78,21 +80,8 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
             tables.append(kernel(grads))
             compiles.append(time.perf_counter() - start)
             kernels.append(kernel)
-            impl.wall_ms, impl.cpu_ms, impl.ratios = [], [], []
         before = os.getloadavg()
-        for r in range(rounds):
-            times: dict[str, float] = {}
-            for k in range(len(impls)):
-                impl, kernel = impls[(r + k) % len(impls)], kernels[(r + k) % len(impls)]
-                cpu = time.thread_time_ns()
-                wall = time.perf_counter_ns()
-                kernel(grads)
-                wall = time.perf_counter_ns() - wall
-                impl.cpu_ms.append((time.thread_time_ns() - cpu) / 1e6)
-                impl.wall_ms.append(wall / 1e6)
-                times[impl.label] = wall
-            for impl in impls:
-                impl.ratios.append(times[impl.label] / times[impls[0].label])
+        interleave(impls, [functools.partial(kernel, grads) for kernel in kernels], rounds)
         after = os.getloadavg()
     print(f"\n{size}: {len(grads)} tensors, {numel / 1e6:.2f} M elements; {rounds} rounds; "
           f"load {before[0]:.2f} {before[1]:.2f} → {after[0]:.2f} {after[1]:.2f} "
