@@ -100,8 +100,8 @@ def tensor_partials(
     Every count is of ``b < t`` for a bound ``t`` in [1, INF_BITS + 1] (zeros: ``b < 1``; inf:
     below INF_BITS + 1 and not below INF_BITS; NaN: the rest), summed as the sign bit of
     ``b - t`` spread by an arithmetic ``>> 31`` (-1 where ``b < t``: both lie in [0, 2^31), so
-    the difference never overflows): a subtraction, a shift and an add per bound, where a
-    compare's boolean cost the generated loop a conversion to int32 per bound; the same mask
+    the difference never overflows): a subtraction, a shift and an add per bound, which the
+    compiled loop runs faster than a compare whose boolean is summed as int32; the same mask
     zeroes the non-finite magnitudes (docs/hook-cost.md#the-fused-loops-counts)."""
     if grad.dtype not in _FLOAT32_DTYPES:
         raise TypeError(f"tensor_partials takes float32/float16/bfloat16, not {grad.dtype}")
