@@ -176,28 +176,41 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
         print(f"  ops of {impl.label[-28:]}: {listed}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def comparison_parser(doc: str | None, source: str) -> argparse.ArgumentParser:
+    """The arguments of a bench comparing copies of ``source``: sizes, revisions, rounds."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
     parser.add_argument("--sizes", default="1M,4M,10M",
                         help=f"comma-separated, of: {', '.join(SHAPES)}")
     parser.add_argument("--against", action="append", default=None,
-                        help="a git revision or a reductions.py path to compare (repeatable; "
-                             "default HEAD)")
+                        help=f"a git revision or a {Path(source).name} path to compare "
+                             "(repeatable; default HEAD)")
     parser.add_argument("--rounds", type=int, default=60, help="interleaved calls of each")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    args = parser.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    impls = [Impl("this", reductions)]
-    impls += [load_impl(src, i) for i, src in enumerate(args.against or ["HEAD"])]
+    return parser
+
+
+def compare(label: str, this: ModuleType, source: str, args: argparse.Namespace,
+            run: Callable[[str, list[Impl], int], None]) -> None:
+    """``this`` (the working tree's module) against each ``--against`` copy of ``source``,
+    ``run`` size by size, under a header naming the tree, torch and the command."""
+    impls = [Impl("this", this)]
+    impls += [load_impl(src, i, source) for i, src in enumerate(args.against or ["HEAD"])]
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
-    print(f"eager read, this = the working tree (HEAD {head}); torch {torch.__version__}; "
+    print(f"{label}, this = the working tree (HEAD {head}); torch {torch.__version__}; "
           f"command: {' '.join(sys.argv)}")
     for size in args.sizes.split(","):
         if size not in SHAPES:
             raise SystemExit(f"unknown size {size!r}; expected one of: {', '.join(SHAPES)}")
-        run_size(size, impls, args.rounds)
+        run(size, impls, args.rounds)
+
+
+def main() -> None:
+    parser = comparison_parser(__doc__, SOURCE)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    compare("eager read", reductions, SOURCE, args, run_size)
 
 
 if __name__ == "__main__":

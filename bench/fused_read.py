@@ -22,28 +22,24 @@ Usage: ``PYTHONPATH=client_hook:bench python bench/fused_read.py [--sizes 1M,4M,
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
 
 import torch
 from eager_read import (  # type: ignore[import-not-found]
-    ROOT,
     SCALE,
     Impl,
     agree,
+    compare,
+    comparison_parser,
     gradients,
     interleave,
-    load_impl,
     pct,
 )
-from hook_sweep import SHAPES  # type: ignore[import-not-found]
 
 from ampscope import fused, partials
 
@@ -99,24 +95,8 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--sizes", default="1M,4M,10M",
-                        help=f"comma-separated, of: {', '.join(SHAPES)}")
-    parser.add_argument("--against", action="append", default=None,
-                        help="a git revision or a partials.py path to compare (repeatable; "
-                             "default HEAD)")
-    parser.add_argument("--rounds", type=int, default=60, help="interleaved calls of each")
-    args = parser.parse_args()
-    impls = [Impl("this", partials)]
-    impls += [load_impl(src, i, SOURCE) for i, src in enumerate(args.against or ["HEAD"])]
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    print(f"fused read, this = the working tree (HEAD {head}); torch {torch.__version__}; "
-          f"command: {' '.join(sys.argv)}")
-    for size in args.sizes.split(","):
-        if size not in SHAPES:
-            raise SystemExit(f"unknown size {size!r}; expected one of: {', '.join(SHAPES)}")
-        run_size(size, impls, args.rounds)
+    compare("fused read", partials, SOURCE, comparison_parser(__doc__, SOURCE).parse_args(),
+            run_size)
 
 
 if __name__ == "__main__":
