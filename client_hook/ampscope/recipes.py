@@ -344,14 +344,13 @@ def _scale_exponents(exponent: torch.Tensor, occupied: torch.Tensor, owner: torc
 
 def _moments(sums: torch.Tensor, central: torch.Tensor, known: torch.Tensor, n: torch.Tensor,
              nonfinite: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """``MOMENTS`` per sample from its finite elements' sum and sum of squares (columns 1-2 of
-    ``sums``) and their second and fourth sums about the mean (``central``), ``known`` of
-    them (at least 1). A constant
-    operand has no kurtosis: its mean is its value to the bit (float64 sums float32 values
-    exactly, below 2^29 of them), so its spread is exactly 0."""
-    mean, second = sums[:, 1] / known, sums[:, 2] / known
+    """``MOMENTS`` per sample from its finite elements' sum of squares (column 2 of ``sums``)
+    and their second and fourth sums about the mean (``central``), ``known`` of them (at least
+    1). A constant operand has no kurtosis: its mean is its value to the bit (float64 sums
+    float32 values exactly, below 2^29 of them), so its spread is exactly 0."""
+    second = sums[:, 2] / known
     variance, fourth = central[:, 0] / known, central[:, 1] / known
-    nan = torch.full_like(mean, math.nan)
+    nan = torch.full_like(second, math.nan)
     measured = n > nonfinite
     return torch.stack([
         torch.where(measured, amax, nan),
