@@ -16,8 +16,12 @@ Printed per size, beside the load average: the compile time, the median wall tim
 ratios to ``this``, and whether the tables agree with ``this`` (counts, amax and amin to the
 bit, the sum of squares to 1e-12).
 
+``--against-simdlen N`` compiles the ``--against`` copies at an N-bit vector width instead
+(``cpp.simdlen``; 0: inductor's own pick): ``--against HEAD --against-simdlen 0`` measures
+``fused.cpu_vector_options`` alone.
+
 Usage: ``PYTHONPATH=client_hook:bench python bench/fused_read.py [--sizes 1M,4M,10M]
-[--against HEAD ...] [--rounds 60]``
+[--against HEAD ...] [--against-simdlen N] [--rounds 60]``
 """
 
 from __future__ import annotations
@@ -55,24 +59,29 @@ UNDER, NORMAL = _bits(2.0**-25 * SCALE), _bits(2.0**-14 * SCALE)
 """FP16's flush and normal bounds at the scale, as ``fused`` gives a scaled layer's."""
 
 
-def compiled(module: ModuleType) -> Read:
-    """``module.tensor_partials`` over every gradient, compiled as ``fused`` compiles it."""
+def compiled(module: ModuleType, simdlen: int | None = None) -> Read:
+    """``module.tensor_partials`` over every gradient, compiled as ``fused`` compiles it; with
+    ``simdlen``, at that vector width instead (0: inductor's own pick)."""
     def read(grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([module.tensor_partials(g, UNDER, NORMAL) for g in grads])
     read.__code__ = read.__code__.replace()  # dynamo's cache is per code object
-    kernel: Read = torch.compile(read, dynamic=False, fullgraph=True,
-                                 options=fused.compile_options(torch.device("cpu"))[0])
+    options = dict(fused.compile_options(torch.device("cpu"))[0])
+    if simdlen is not None:
+        options.pop("cpp.simdlen", None)
+        if simdlen:
+            options["cpp.simdlen"] = simdlen
+    kernel: Read = torch.compile(read, dynamic=False, fullgraph=True, options=options)
     return kernel
 
 
-def run_size(size: str, impls: list[Impl], rounds: int) -> None:
+def run_size(size: str, impls: list[Impl], rounds: int, against_simdlen: int | None) -> None:
     grads = gradients(size)
     numel = sum(g.numel() for g in grads)
     kernels, tables, compiles = [], [], []
     with torch.no_grad():
-        for impl in impls:
+        for i, impl in enumerate(impls):
             start = time.perf_counter()
-            kernel = compiled(impl.module)
+            kernel = compiled(impl.module, against_simdlen if i else None)
             tables.append(kernel(grads))
             compiles.append(time.perf_counter() - start)
             kernels.append(kernel)
@@ -95,8 +104,13 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
 
 
 def main() -> None:
-    compare("fused read", partials, SOURCE, comparison_parser(__doc__, SOURCE).parse_args(),
-            run_size)
+    parser = comparison_parser(__doc__, SOURCE)
+    parser.add_argument("--against-simdlen", type=int, default=None,
+                        help="compile the --against copies at this vector width in bits "
+                             "(0: inductor's own pick) instead of fused.compile_options'")
+    args = parser.parse_args()
+    compare("fused read", partials, SOURCE, args,
+            functools.partial(run_size, against_simdlen=args.against_simdlen))
 
 
 if __name__ == "__main__":

@@ -305,7 +305,8 @@ class TestFallback:
     ) -> None:
         """On the CPU the C++ wrapper is tried first; where it fails, the Python wrapper
         compiles the same kernel and the fused path answers with the same numbers."""
-        assert fused_module.compile_options(torch.device("cpu"))[0]["cpp_wrapper"] is True
+        options = fused_module.compile_options(torch.device("cpu"))
+        assert options[0]["cpp_wrapper"] is True
         real_compile = torch.compile
         tried: list[dict[str, Any]] = []
 
@@ -320,11 +321,43 @@ class TestFallback:
         grads[0][1, 2] = math.inf
         stats = GradStats(FP16, fused=True)
         assert stats.wait_fused(grads, [True, False, True], COMPILE_TIMEOUT) is LayoutState.READY
-        assert tried == [{"cpp.threads": 1, "cpp_wrapper": True}, {"cpp.threads": 1}]
+        vectors = fused_module.cpu_vector_options()
+        assert tried == options == [{"cpp.threads": 1, "cpp_wrapper": True, **vectors},
+                                    {"cpp.threads": 1, **vectors}]
         got = stats.layer_stats(grads, 8.0, [True, False, True])
         assert stats.last_path == "fused"
         want = GradStats(FP16, fused=False).layer_stats(grads, 8.0, [True, False, True])
         assert_stats_equal(got.tolist(), want.tolist(), 1e-12)
+
+    @pytest.mark.parametrize("picked,valid,want", [
+        (512, [512, 512, 256], {"cpp.simdlen": 256}),
+        (256, [512, 512, 256], {}),
+        (256, [256], {}),
+        (512, [512], {}),
+        (128, [128], {}),
+        (0, [], {}),
+    ], ids=["avx512-and-avx2", "avx2-asked-for", "avx2-only", "avx512-only", "neon", "none"])
+    def test_256_bit_vectors_where_inductor_would_take_512(
+        self, picked: int, valid: list[int], want: dict[str, int],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """AVX2 instead of AVX-512 where both are there; otherwise inductor's own pick (a
+        256-bit request on a CPU without 256-bit vectors would compile scalar code)."""
+        from torch._inductor import cpu_vec_isa
+
+        class Isa:
+            def __init__(self, bits: int) -> None:
+                self.bits = bits
+
+            def bit_width(self) -> int:
+                return self.bits
+
+        monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", lambda: Isa(picked))
+        monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: [Isa(b) for b in valid])
+        assert fused_module.cpu_vector_options() == want
+        assert fused_module.compile_options(torch.device("cpu")) == [
+            {"cpp.threads": 1, **want, "cpp_wrapper": True}, {"cpp.threads": 1, **want}]
+        assert fused_module.compile_options(torch.device("meta")) == [{}]
 
     @pytest.mark.parametrize("grads,sizes", [
         ([torch.ones(3, dtype=torch.float64)], True),
