@@ -14,6 +14,7 @@ training thread. No host sync: thresholds are device tensors, the output stays o
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import enum
 import logging
 import math
@@ -276,8 +277,11 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         layout.done.set()
 
 
-def _run_compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
+def _run_compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat,
+                 after: threading.Event | None) -> None:
     try:
+        if after is not None:
+            after.wait()
         _compile(key, layout, fmt)
     finally:
         with _LOCK:
@@ -323,7 +327,13 @@ class FusedPartials:
         self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def layout(self, key: LayoutKey) -> _Layout:
-        """The registry entry of ``key``, starting its background compile on first sight."""
+        """The registry entry of ``key``, starting its background compile on first sight. A
+        histogram layout's compile starts once its plain layout's has ended: dynamo compiles
+        one graph at a time, and the histogram's, read once every ``histogram_every`` steps,
+        held the plain one, read on every per-layer step, back for minutes
+        (docs/hook-cost.md#the-fused-kernels-compile)."""
+        after = (self.layout(dataclasses.replace(key, histogram=False)).done if key.histogram
+                 else None)
         with _LOCK:
             entry = _REGISTRY.get(key)
             if len(self._seen) >= MAX_LAYOUTS:
@@ -335,7 +345,7 @@ class FusedPartials:
                 _REGISTRY.pop(next(iter(_REGISTRY)))
             entry = _REGISTRY[key] = _Layout()
             self._seen[key] = entry
-        thread = threading.Thread(target=_run_compile, args=(key, entry, self.fmt),
+        thread = threading.Thread(target=_run_compile, args=(key, entry, self.fmt, after),
                                   name="ampscope-compile", daemon=True)
         with _LOCK:
             _RUNNING.add(thread)

@@ -6,6 +6,7 @@ and shared by the tests of a class.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -277,6 +278,40 @@ class TestLargeOffsets:
         assert huge.numel() == 2**31 + 8
         assert layout_key([huge], [True], FP16, histogram=True) is None
         assert layout_key([huge], [True], FP16, histogram=False) is not None
+
+
+class TestCompileOrder:
+    def test_a_histogram_layout_compiles_after_its_plain_layout(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """dynamo compiles one graph at a time: the plain layout (every per-layer step) first,
+        the histogram one (every ``histogram_every`` steps) once the plain one has ended."""
+        began: list[bool] = []
+        plain_may_end, histogram_began = threading.Event(), threading.Event()
+
+        def build(key: fused_module.LayoutKey, *args: object) -> tuple[Any, int]:
+            began.append(key.histogram)
+            if key.histogram:
+                histogram_began.set()
+            else:
+                assert plain_may_end.wait(COMPILE_TIMEOUT)
+            return (lambda *kernel_args: None), 0
+
+        monkeypatch.setattr(fused_module, "build_kernel", build)
+        grads = [torch.randn(13, 17, 3), torch.randn(5)]  # a layout no other test compiles
+        fused = FusedPartials(FP16)
+        key = layout_key(grads, [True, False], FP16, histogram=True)
+        assert key is not None
+        histogram = fused.layout(key)
+        plain = fused.layout(dataclasses.replace(key, histogram=False))
+        assert not histogram_began.wait(2.0)  # its thread waits while the plain one compiles
+        assert began == [False]
+        assert histogram.state is plain.state is LayoutState.COMPILING
+        plain_may_end.set()
+        assert histogram.done.wait(COMPILE_TIMEOUT) and plain.done.is_set()
+        assert began == [False, True]
+        assert histogram.state is plain.state is LayoutState.READY
+        assert list(fused._seen) == [dataclasses.replace(key, histogram=False), key]
 
 
 class TestFallback:
