@@ -757,21 +757,23 @@ def _check_scales(values: Sequence[float], where: str) -> None:
     over whole counts from 0 to 2^53: what the API gives back as integers, exactly."""
     width = format_packing.SCALE_WIDTH
     for start in range(0, len(values), width):
+        # Builtins over each group (no Python step per value: a 100-layer, six-recipe sample
+        # is 1,800 groups); the first bad entry is looked for only once a group fails.
         top, counts = values[start], values[start + 1 : start + width]
-        if math.isnan(top) and all(math.isnan(c) for c in counts):
+        if math.isnan(top):
+            if all(map(math.isnan, counts)) or not any(counts):
+                continue
+        elif (-1074 <= top <= 1023 and top.is_integer() and all(map(float.is_integer, counts))
+              and min(counts) >= 0 and max(counts) <= 2**53):
             continue
         entry = next((start + 1 + k for k, c in enumerate(counts)
-                      if not (_whole(c) and 0 <= c <= 2**53)), None)
-        if entry is None and not ((_whole(top) and -1074 <= top <= 1023)
-                                  or (math.isnan(top) and not any(counts))):
-            entry = start
-        if entry is not None:
-            raise PydanticCustomError(
-                "formats_scales", "{where}[{entry}] is {value}: each {width} values are a "
-                "whole exponent from -1074 to 1023 (nan: no block held a value, then counts "
-                "of 0) and {bins} whole counts from 0 to 2^53, or all nan (not measured)",
-                {"where": where, "entry": entry, "value": json_floats.encode(values[entry]),
-                 "width": width, "bins": format_packing.SCALE_BINS})
+                      if not (_whole(c) and 0 <= c <= 2**53)), start)
+        raise PydanticCustomError(
+            "formats_scales", "{where}[{entry}] is {value}: each {width} values are a "
+            "whole exponent from -1074 to 1023 (nan: no block held a value, then counts "
+            "of 0) and {bins} whole counts from 0 to 2^53, or all nan (not measured)",
+            {"where": where, "entry": entry, "value": json_floats.encode(values[entry]),
+             "width": width, "bins": format_packing.SCALE_BINS})
 
 
 def _whole(value: float) -> bool:
