@@ -247,6 +247,8 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
     global _LOGGED_FAILURE
     start, cpu = time.perf_counter(), time.thread_time()
     try:
+        if _EXITING.is_set():  # e.g. a histogram layout whose plain one ended at exit
+            raise RuntimeError("the interpreter is exiting")
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
         attempts = compile_options(key.device)
         attempt = None

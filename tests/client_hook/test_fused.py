@@ -287,13 +287,14 @@ class TestCompileOrder:
         """dynamo compiles one graph at a time: the plain layout (every per-layer step) first,
         the histogram one (every ``histogram_every`` steps) once the plain one has ended."""
         began: list[bool] = []
-        plain_may_end, histogram_began = threading.Event(), threading.Event()
+        plain_began, plain_may_end, histogram_began = (threading.Event() for _ in range(3))
 
         def build(key: fused_module.LayoutKey, *args: object) -> tuple[Any, int]:
             began.append(key.histogram)
             if key.histogram:
                 histogram_began.set()
             else:
+                plain_began.set()
                 assert plain_may_end.wait(COMPILE_TIMEOUT)
             return (lambda *kernel_args: None), 0
 
@@ -304,6 +305,9 @@ class TestCompileOrder:
         assert key is not None
         histogram = fused.layout(key)
         plain = fused.layout(dataclasses.replace(key, histogram=False))
+        # (Before building, a compile thread asks inductor for the CPU's vector ISAs: seconds
+        # on a cold cache.)
+        assert plain_began.wait(COMPILE_TIMEOUT)
         assert not histogram_began.wait(2.0)  # its thread waits while the plain one compiles
         assert began == [False]
         assert histogram.state is plain.state is LayoutState.COMPILING
@@ -509,10 +513,32 @@ class TestExit:
         assert stats.last_path == "eager"
         assert not fused_module._finish_compiles(timeout=0.05)  # still running
         release.set()
-        assert fused_module._finish_compiles(timeout=10)
+        assert fused_module._finish_compiles(timeout=COMPILE_TIMEOUT)
         assert stats.wait_fused(grads, True, 1.0) is LayoutState.READY
         if sys.platform.startswith("linux"):
             assert nice == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 19)]
+
+    def test_no_compile_begins_once_the_interpreter_exits(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A compile that would begin after ``_at_exit`` (a histogram layout whose plain
+        layout's compile ended then) does not: it would be a thread inside inductor's C++ as
+        the interpreter finalizes."""
+        exiting = threading.Event()
+        exiting.set()
+        monkeypatch.setattr(fused_module, "_EXITING", exiting)
+
+        def must_not_build(*args: object) -> Any:
+            raise AssertionError("a compile began at exit")
+
+        monkeypatch.setattr(fused_module, "build_kernel", must_not_build)
+        grads = [torch.ones(11, 7, 3)]  # a layout no other test compiles
+        fused = FusedPartials(FP16)
+        key = layout_key(grads, [True], FP16)
+        assert key is not None
+        entry = fused.layout(key)
+        assert entry.done.wait(COMPILE_TIMEOUT)
+        assert (entry.state, entry.error) == (LayoutState.FAILED,
+                                              "RuntimeError: the interpreter is exiting")
 
 
 def run_script(script: str, cache: str, timeout: float) -> subprocess.CompletedProcess[str]:
