@@ -310,11 +310,15 @@ class TestCompileOrder:
         assert plain_began.wait(COMPILE_TIMEOUT)
         assert not histogram_began.wait(2.0)  # its thread waits while the plain one compiles
         assert began == [False]
-        assert histogram.state is plain.state is LayoutState.COMPILING
+
+        def states() -> tuple[LayoutState, LayoutState]:
+            return histogram.state, plain.state
+
+        assert states() == (LayoutState.COMPILING, LayoutState.COMPILING)
         plain_may_end.set()
         assert histogram.done.wait(COMPILE_TIMEOUT) and plain.done.is_set()
         assert began == [False, True]
-        assert histogram.state is plain.state is LayoutState.READY
+        assert states() == (LayoutState.READY, LayoutState.READY)
         assert list(fused._seen) == [dataclasses.replace(key, histogram=False), key]
 
 
