@@ -250,13 +250,16 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
         if _EXITING.is_set():  # e.g. a histogram layout whose plain one ended at exit
             raise RuntimeError("the interpreter is exiting")
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
-        attempts = compile_options(key.device)
         attempt = None
         if COMPILE_IN_CHILD and key.device.type == "cpu" and _disk_caches():
             attempt = _compile_child.run(key, under, normal, COMPILE_NICENESS, CHILD_TIMEOUT_S)
             layout.child_s = time.perf_counter() - start
             if _EXITING.is_set():
                 raise RuntimeError("the interpreter is exiting")
+        # After the child, which makes the same query itself: on a cold cache inductor's
+        # query of the CPU's vector ISAs builds test programs (seconds), a delay before the
+        # child's start.
+        attempts = compile_options(key.device)
         if attempt is not None and 0 <= attempt < len(attempts):
             attempts = attempts[attempt:]  # those that failed there would fail here
         else:
