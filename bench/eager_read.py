@@ -116,6 +116,17 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def timing_cells(impl: Impl, digits: int) -> tuple[str, str]:
+    """An implementation's printed wall time, "median (p10-p90)" in ms to ``digits``, and its
+    ratio to ``this``, "median (min-max)" of the rounds."""
+    wall = impl.wall_ms
+    spread = (f"{statistics.median(wall):8.{digits}f} ({pct(wall, 0.1):.{digits}f}-"
+              f"{pct(wall, 0.9):.{digits}f})")
+    ratio = (f"{statistics.median(impl.ratios):.3f} ({min(impl.ratios):.2f}-"
+             f"{max(impl.ratios):.2f})")
+    return spread, ratio
+
+
 def interleave(impls: list[Impl], calls: list[Callable[[], object]], rounds: int) -> None:
     """``rounds`` rounds of one call of each implementation, in a rotating order: each call's
     wall and thread CPU time and minor faults, and its wall time over the first's in the same
@@ -164,10 +175,7 @@ def run_size(size: str, impls: list[Impl], rounds: int) -> None:
     print(f"  {'implementation':<28} {'wall ms (p10-p90)':>24} {'thread cpu ms':>14} "
           f"{'ratio to this (min-max)':>26} {'ops':>4} {'faults':>7} {'agrees':>7}")
     for impl, table, counted in zip(impls, tables, ops, strict=True):
-        median = statistics.median(impl.wall_ms)
-        spread = f"{median:8.2f} ({pct(impl.wall_ms, 0.1):.2f}-{pct(impl.wall_ms, 0.9):.2f})"
-        ratio = (f"{statistics.median(impl.ratios):.3f} ({min(impl.ratios):.2f}-"
-                 f"{max(impl.ratios):.2f})")
+        spread, ratio = timing_cells(impl, 2)
         print(f"  {impl.label[-28:]:<28} {spread:>24} {statistics.median(impl.cpu_ms):14.2f} "
               f"{ratio:>26} {sum(counted.values()):4d} {statistics.median(impl.faults):7.0f} "
               f"{agree(table, tables[0])!s:>7}")

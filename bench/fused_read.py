@@ -42,7 +42,7 @@ from eager_read import (  # type: ignore[import-not-found]
     comparison_parser,
     gradients,
     interleave,
-    pct,
+    timing_cells,
 )
 
 from ampscope import fused, partials
@@ -94,10 +94,7 @@ def run_size(size: str, impls: list[Impl], rounds: int, against_simdlen: int | N
     print(f"  {'implementation':<28} {'compile s':>9} {'wall ms (p10-p90)':>24} "
           f"{'thread cpu ms':>14} {'ratio to this (min-max)':>26} {'agrees':>7}")
     for impl, table, seconds in zip(impls, tables, compiles, strict=True):
-        median = statistics.median(impl.wall_ms)
-        spread = f"{median:8.3f} ({pct(impl.wall_ms, 0.1):.3f}-{pct(impl.wall_ms, 0.9):.3f})"
-        ratio = (f"{statistics.median(impl.ratios):.3f} ({min(impl.ratios):.2f}-"
-                 f"{max(impl.ratios):.2f})")
+        spread, ratio = timing_cells(impl, 3)
         print(f"  {impl.label[-28:]:<28} {seconds:9.1f} {spread:>24} "
               f"{statistics.median(impl.cpu_ms):14.3f} {ratio:>26} "
               f"{agree(table, tables[0])!s:>7}")

@@ -35,7 +35,13 @@ import time
 from pathlib import Path
 
 import torch
-from eager_read import Impl, agree, gradients, interleave, pct  # type: ignore[import-not-found]
+from eager_read import (  # type: ignore[import-not-found]
+    Impl,
+    agree,
+    gradients,
+    interleave,
+    timing_cells,
+)
 from fused_read import NORMAL, UNDER, compiled  # type: ignore[import-not-found]
 
 from ampscope import partials
@@ -150,10 +156,7 @@ def run_size(size: str, lib: ctypes.CDLL, rounds: int) -> None:
     print(f"  {'implementation':<16} {'wall ms (p10-p90)':>24} {'thread cpu ms':>14} "
           f"{'ratio to this (min-max)':>26} {'agrees':>7}")
     for impl, table in zip(impls, [want, got], strict=True):
-        spread = (f"{statistics.median(impl.wall_ms):8.3f} ({pct(impl.wall_ms, 0.1):.3f}-"
-                  f"{pct(impl.wall_ms, 0.9):.3f})")
-        ratio = (f"{statistics.median(impl.ratios):.3f} ({min(impl.ratios):.2f}-"
-                 f"{max(impl.ratios):.2f})")
+        spread, ratio = timing_cells(impl, 3)
         print(f"  {impl.label:<16} {spread:>24} {statistics.median(impl.cpu_ms):14.3f} "
               f"{ratio:>26} {agree(table, want)!s:>7}")
 
