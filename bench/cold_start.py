@@ -1,8 +1,9 @@
 """The hook's cost in a fresh process on a cold inductor cache, the compile period included (#29).
 
 ``hook_sweep.py`` waits for the fused kernel's compile before it times anything; a user's run
-does not. Here ONE fresh process, with ``TORCHINDUCTOR_CACHE_DIR`` set to a new temporary
-directory before torch is imported (so every compile is cold), trains two copies of
+does not. Here ONE fresh process, with ``TORCHINDUCTOR_CACHE_DIR`` and ``AMPSCOPE_CACHE_DIR``
+set to a new temporary directory before torch is imported (so every compile is cold, and the C
+loop of ``native_read`` is built by the C compiler again), trains two copies of
 ``hook_sweep``'s 4M model (``SHAPES["4M"]``: ``Linear(32, 256)``, a 2-layer TransformerEncoder,
 a 4-layer MLP 1024 wide; FP32 forward, ``GradScaler`` on, AdamW, batch 4 x 32 tokens), one
 hooked (``--config default``: per-layer stats every 10th step; ``every``: every step; both
@@ -110,6 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     cache = tempfile.mkdtemp(prefix="ampscope-cold-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # before torch's import: a cold cache
+    os.environ["AMPSCOPE_CACHE_DIR"] = cache  # and the C loop (``native_read``) built anew
     start_load = load()
     run(args, cache, start_load)
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,25 @@ def test_the_install_recipe_prints_nothing(tmp_path: Path, target: str) -> None:
     shown = subprocess.run([f"{venv}/bin/pip", "show", "ampscope"], capture_output=True,
                            text=True, check=True).stdout
     assert "Editable project location: " + str(ROOT) in shown
+
+
+def test_the_wheel_ships_the_files_read_at_run_time(tmp_path: Path) -> None:
+    """A wheel built from the project's files (tracked or not ignored, copied apart: a build
+    writes into its source tree) holds what the packages read from disk: the hook's C loop,
+    which the user's compiler builds, the dashboard and the migrations."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    source = tmp_path / "source"
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "wheel"), str(source)],
+                   capture_output=True, text=True, timeout=300, check=True)
+    (wheel,) = (tmp_path / "wheel").glob("ampscope-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for shipped in ("ampscope/native_read.c", "ampscope/native_read.py",
+                    "ampscope_server/_web/index.html", "ampscope_server/_migrations/env.py"):
+        assert shipped in names

@@ -45,6 +45,7 @@ def encode(key: LayoutKey, under: int, normal: int) -> str:
         "specs": [[list(shape), list(stride), str(dtype).removeprefix("torch.")]
                   for shape, stride, dtype in key.specs],
         "histogram": key.histogram, "absent": [list(a) for a in key.absent],
+        "native": key.native,
         "under": under, "normal": normal,
     })
 
@@ -57,7 +58,7 @@ def decode(text: str) -> tuple[LayoutKey, int, int]:
     specs = tuple((tuple(shape), tuple(stride), getattr(torch, dtype))
                   for shape, stride, dtype in d["specs"])
     key = LayoutKey(torch.device(d["device"]), tuple(d["scaled"]), d["fmt"], specs,
-                    d["histogram"], tuple((i, n) for i, n in d["absent"]))
+                    d["histogram"], tuple((i, n) for i, n in d["absent"]), d["native"])
     return key, d["under"], d["normal"]
 
 

@@ -1,12 +1,14 @@
-"""The fused per-layer reduction: one compiled kernel that reads every gradient once.
+"""The fused per-layer reduction: one kernel that reads every gradient once.
 
+On the CPU the kernel is a C loop (``native_read``: built by the system's C compiler in a
+fraction of a second, docs/hook-cost.md#the-c-loop); on CUDA, or where no C compiler builds it,
 ``torch.compile`` turns ``partials.tensor_partials`` over a model's gradients into one loop per
 gradient computing all eight partials in one read from ``.grad`` (cost:
 docs/hook-cost.md#when-the-fused-kernel-is-taken). Kernels are specialised on a *layout* (device;
 per gradient shape, strides, dtype, scaled flag) and kept process-wide (``MAX_LAYOUTS``).
 ``FusedPartials.__call__`` returns None, and the caller takes the exact eager path, while the
-layout is unsupported, still compiling (in the background: training never waits;
-docs/hook-cost.md#the-fused-kernels-compile) or failed. Calls run under
+layout is unsupported, still building (in the background: training never waits;
+docs/hook-cost.md#the-fused-kernels-compile) or failed. Compiled calls run under
 ``set_stance("fail_on_recompile")``: a guard miss falls back to eager instead of compiling on the
 training thread. No host sync: thresholds are device tensors, the output stays on the device.
 """
@@ -26,10 +28,10 @@ from typing import Any
 
 import torch
 
-from ampscope import _compile_child
+from ampscope import _compile_child, native_read
 from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
-from ampscope.histogram import NUM_BINS, scale_bits, tensor_histogram
+from ampscope.histogram import MIN_EXP, NUM_BINS, scale_bits, tensor_histogram
 from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
 from ampscope.transport import lower_thread_priority
 
@@ -64,6 +66,7 @@ class LayoutKey:
     # Layers whose gradient is None: (index, numel). PyTorch's meaning, all zeros: their rows
     # are constants of the kernel, which is called with the present gradients only.
     absent: tuple[tuple[int, int], ...] = ()
+    native: bool = False  # the C loop takes it where it builds (a CPU layout, ``NATIVE``)
 
 
 class LayoutState(enum.Enum):
@@ -76,6 +79,7 @@ class LayoutState(enum.Enum):
 class _Layout:
     state: LayoutState = LayoutState.COMPILING
     kernel: Kernel | None = None
+    backend: str | None = None  # "native" (the C loop) or "inductor", once READY
     compile_s: float | None = None  # wall time from the compile's start to READY or FAILED
     child_s: float | None = None  # of which the child's (``_compile_child``), when there was one
     compile_cpu_s: float | None = None  # the compile thread's CPU time: ~ its hold of the GIL
@@ -86,11 +90,16 @@ class _Layout:
 _REGISTRY: dict[LayoutKey, _Layout] = {}
 _LOCK = threading.Lock()
 _LOGGED_FAILURE = False
+_LOGGED_NATIVE = False
 
 EXIT_WAIT_S = 120.0
 """How long the interpreter's exit waits for a compile still running (``_finish_compiles``)."""
 COMPILE_NICENESS = 19
 """The compile thread's nice increment (Linux; its compilers inherit it): idle CPU only."""
+
+NATIVE = True
+"""Whether CPU layouts take the C loop (``native_read``) where it builds, before inductor. Read
+when a ``FusedPartials`` is made: its layouts keep their choice."""
 
 COMPILE_IN_CHILD = False
 """Whether a CPU compile runs first in a child process (``_compile_child``). Off: at nice +19,
@@ -240,16 +249,44 @@ def build_kernel(key: LayoutKey, under: int, normal: int,
     raise ValueError("no compile options to try")
 
 
+def _native_kernel(key: LayoutKey, under: int, normal: int) -> Kernel | None:
+    """The C loop for a CPU layout, run once on placeholders; None where it is not to be had
+    (no C compiler, a gradient not dense in memory): inductor's kernel is tried next."""
+    global _LOGGED_NATIVE
+    # The compiler inherits the thread's priority: a build takes only idle CPU.
+    lower_thread_priority(COMPILE_NICENESS)
+    try:
+        kernel = native_read.NativeKernel(
+            native_read.library(), key.scaled, key.specs, key.absent, under, normal,
+            NUM_BINS if key.histogram else 0, MIN_EXP)
+    except native_read.Unavailable as exc:
+        if not _LOGGED_NATIVE:
+            _LOGGED_NATIVE = True
+            logger.info("ampscope: no C loop for the fused reduction (%s); compiling it with "
+                        "inductor", exc)
+        return None
+    with torch.no_grad():
+        zeros = torch.zeros(2, dtype=torch.int32)
+        kernel(_placeholders(key), zeros[0], zeros[1], zeros)
+    return kernel
+
+
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
-    """Background thread: compile the layout's kernel and run it once on placeholders. With
-    ``COMPILE_IN_CHILD`` (CPU) a child compiles first and this thread then loads from the caches
-    it filled; otherwise, or when the child fails, a cold compile here at ``COMPILE_NICENESS``."""
+    """Background thread: build the layout's kernel and run it once on placeholders. On the CPU
+    the C loop (``NATIVE``), else inductor's: with ``COMPILE_IN_CHILD`` (CPU) a child compiles
+    first and this thread then loads from the caches it filled; otherwise, or when the child
+    fails, a cold compile here at ``COMPILE_NICENESS``."""
     global _LOGGED_FAILURE
     start, cpu = time.perf_counter(), time.thread_time()
     try:
         if _EXITING.is_set():  # e.g. a histogram layout whose plain one ended at exit
             raise RuntimeError("the interpreter is exiting")
         under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
+        if key.native:
+            native = _native_kernel(key, under, normal)
+            if native is not None:
+                layout.kernel, layout.backend, layout.state = native, "native", LayoutState.READY
+                return
         attempt = None
         if COMPILE_IN_CHILD and key.device.type == "cpu" and _disk_caches():
             attempt = _compile_child.run(key, under, normal, COMPILE_NICENESS, CHILD_TIMEOUT_S)
@@ -268,7 +305,7 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
             # at nice 19 on a busy machine would keep while descheduled, stalling training.
             lower_thread_priority(COMPILE_NICENESS)
         layout.kernel = build_kernel(key, under, normal, attempts)[0]
-        layout.state = LayoutState.READY
+        layout.backend, layout.state = "inductor", LayoutState.READY
     except Exception as exc:  # no compiler, no inductor, anything: the eager path stays exact
         layout.error = f"{type(exc).__name__}: {exc}"
         layout.state = LayoutState.FAILED
@@ -295,9 +332,10 @@ def _run_compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat,
 
 def layout_key(
     grads: Sequence[torch.Tensor | None], scaled: Sequence[bool], fmt: TargetFormat,
-    histogram: bool = False, numels: Sequence[int] | None = None,
+    histogram: bool = False, numels: Sequence[int] | None = None, native: bool = False,
 ) -> LayoutKey | None:
-    """The layout of these gradients, or None when the fused path cannot take them."""
+    """The layout of these gradients, or None when the fused path cannot take them. ``native``:
+    a CPU layout may take the C loop."""
     first = next((g for g in grads if g is not None), None)
     if first is None:
         return None
@@ -317,7 +355,8 @@ def layout_key(
         if histogram and g.numel() >= HISTOGRAM_MAX_ELEMS:
             return None
         specs.append((tuple(g.shape), g.stride(), g.dtype))
-    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram, tuple(absent))
+    return LayoutKey(device, tuple(scaled), fmt.name, tuple(specs), histogram, tuple(absent),
+                     native and device.type == "cpu")
 
 
 class FusedPartials:
@@ -327,6 +366,7 @@ class FusedPartials:
         """``numels``: the layers' sizes, which let a layout with ``None`` gradients fuse."""
         self.fmt = fmt
         self.numels = numels
+        self.native = NATIVE
         self._last: tuple[LayoutKey, _Layout] | None = None
         self._seen: dict[LayoutKey, _Layout] = {}
         self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -362,7 +402,7 @@ class FusedPartials:
         histogram: bool = False,
     ) -> LayoutState | None:
         """Start this layout's compile and wait; its state (None: unsupported). Tests only."""
-        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels, self.native)
         if key is None:
             return None
         entry = self.layout(key)
@@ -383,7 +423,7 @@ class FusedPartials:
     ) -> torch.Tensor | None:
         """``(L, 8)`` partials, then with ``histogram`` the ``(L, NUM_BINS)`` counts. ``scale``:
         the float64 0-d device tensor in effect (the unscaled layers' factor)."""
-        key = layout_key(grads, scaled, self.fmt, histogram, self.numels)
+        key = layout_key(grads, scaled, self.fmt, histogram, self.numels, self.native)
         if key is None:
             return None
         last = self._last
@@ -402,11 +442,14 @@ class FusedPartials:
         # Only the unscaled layers read these (the scaled ones' are constants of the kernel).
         bits = consts[1] if all(key.scaled) else threshold_bits(consts[0], scale)
         hist = scale_bits(scale) if histogram else consts[1]  # unread without the histogram
+        present = [g for g in grads if g is not None] if key.absent else list(grads)
         try:
-            # no_grad: grad mode is one of the kernel's guards (compiled under no_grad too).
-            with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                present = [g for g in grads if g is not None] if key.absent else list(grads)
-                return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
+            # no_grad: grad mode is one of a compiled kernel's guards (compiled under no_grad).
+            with torch.no_grad():
+                if entry.backend == "native":
+                    return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
         except Exception as exc:  # a guard miss, or anything else: eager from now on
             entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
             logger.warning("ampscope: the fused reduction failed (%s); eager from now on",

@@ -1,7 +1,8 @@
-"""The compiled per-layer reduction against the eager path and NumPy, and its fallbacks.
+"""The fused per-layer reduction against the eager path and NumPy, and its fallbacks: both
+kernels of a CPU layout, the C loop (``native_read``) and inductor's.
 
-Each distinct layout compiles once per process (seconds on this CPU): the layouts below are few
-and shared by the tests of a class.
+Each distinct layout compiles once per process with inductor (seconds on this CPU): the layouts
+below are few and shared by the tests of a class.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-from ampscope import _compile_child
+from ampscope import _compile_child, native_read
 from ampscope import fused as fused_module
 from ampscope import reductions as reductions_module
 from ampscope.formats import FORMATS
@@ -101,11 +102,37 @@ def compare(fused_out: torch.Tensor, eager_out: torch.Tensor, grads: list[torch.
     assert_stats_equal([fused_norm], [want_norm], 1e-12)
 
 
-@pytest.fixture(scope="module")
-def compiled() -> GradStats:
-    stats = GradStats(FP16, fused=True)
-    assert stats.wait_fused(make_grads(1.0), FLAGS, COMPILE_TIMEOUT) is LayoutState.READY
+BACKENDS = ["native", "inductor"]
+
+
+def fused_stats(backend: str, fmt: Any = FP16, numels: list[int] | None = None) -> GradStats:
+    """A ``GradStats`` whose CPU layouts take ``backend``'s kernel (``fused.NATIVE`` is read
+    when its ``FusedPartials`` is made)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_module, "NATIVE", backend == "native")
+        return GradStats(fmt, numels=numels, fused=True)
+
+
+def wait_ready(stats: GradStats, backend: str, grads: list[torch.Tensor | None],
+               flags: list[bool], histogram: bool = False) -> None:
+    """Build the layout and check that ``backend`` made its kernel."""
+    assert stats.wait_fused(grads, flags, COMPILE_TIMEOUT, histogram) is LayoutState.READY
+    assert stats._fused is not None
+    key = fused_module.layout_key(grads, flags, stats.fmt, histogram, stats.numels,
+                                  stats._fused.native)
+    assert key is not None and stats._fused.layout(key).backend == backend
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def compiled(request: pytest.FixtureRequest) -> GradStats:
+    stats = fused_stats(request.param)
+    wait_ready(stats, request.param, list(make_grads(1.0)), FLAGS)
     return stats
+
+@pytest.fixture
+def inductor_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU layouts compile with inductor, as where no C compiler builds the C loop."""
+    monkeypatch.setattr(fused_module, "NATIVE", False)
 
 
 class TestAgainstEagerAndNumpy:
@@ -132,10 +159,11 @@ class TestAgainstEagerAndNumpy:
         want = GradStats(FP16, fused=False).layer_stats(grads, 2.0**16, FLAGS)
         compare(got, want, grads, 2.0**16)
 
-    def test_other_formats_judge_their_own_thresholds(self) -> None:
-        stats = GradStats(FORMATS["bf16"], fused=True)
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_other_formats_judge_their_own_thresholds(self, backend: str) -> None:
+        stats = fused_stats(backend, FORMATS["bf16"])
         grads = make_grads(2.0**6)
-        assert stats.wait_fused(grads, FLAGS, COMPILE_TIMEOUT) is LayoutState.READY
+        wait_ready(stats, backend, list(grads), FLAGS)
         got = stats.layer_stats(grads, 2.0**6, FLAGS)
         assert stats.last_path == "fused"
         want = GradStats(FORMATS["bf16"], fused=False).layer_stats(grads, 2.0**6, FLAGS)
@@ -156,12 +184,11 @@ class TestAgainstEagerAndNumpy:
         assert compiled.last_path == "fused"
 
 
-@pytest.fixture(scope="module")
-def compiled_histogram() -> GradStats:
-    stats = GradStats(FP16, fused=True)
+@pytest.fixture(scope="module", params=BACKENDS)
+def compiled_histogram(request: pytest.FixtureRequest) -> GradStats:
+    stats = fused_stats(request.param)
     for histogram in (True, False):
-        state = stats.wait_fused(make_grads(1.0), FLAGS, COMPILE_TIMEOUT, histogram=histogram)
-        assert state is LayoutState.READY
+        wait_ready(stats, request.param, list(make_grads(1.0)), FLAGS, histogram)
     return stats
 
 
@@ -212,16 +239,16 @@ class TestAbsentGradients:
     """Four layers of LAYOUT (float32 and bfloat16, scaled and not): a kernel of its own is
     compiled for this layout, and its compile time grows with the layers."""
 
-    def test_fused_with_none_gradients_equals_eager(self) -> None:
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_fused_with_none_gradients_equals_eager(self, backend: str) -> None:
         every = make_grads(2.0**10)
         grads: list[torch.Tensor | None] = [every[i] for i in self.KEPT]
         grads[1], grads[3] = None, None  # a float32 and a bfloat16 layer
         flags = [FLAGS[i] for i in self.KEPT]
         sizes = [math.prod(LAYOUT[i][0]) for i in self.KEPT]
-        stats = GradStats(FP16, numels=sizes, fused=True)
+        stats = fused_stats(backend, numels=sizes)
         for histogram in (False, True):
-            state = stats.wait_fused(grads, flags, COMPILE_TIMEOUT, histogram=histogram)
-            assert state is LayoutState.READY
+            wait_ready(stats, backend, grads, flags, histogram)
         at = torch.tensor(2.0**10, device=DEVICE)
         eager = GradStats(FP16, numels=sizes, fused=False)
         got = stats.layer_stats(grads, at, flags)
@@ -322,6 +349,50 @@ class TestCompileOrder:
         assert list(fused._seen) == [dataclasses.replace(key, histogram=False), key]
 
 
+class TestNativeChoice:
+    """Which kernel a CPU layout gets: the C loop, which needs no ``torch.compile``, else
+    inductor's (no C compiler, a gradient the loop cannot read as flat memory)."""
+
+    def test_the_c_loop_needs_no_compile(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def must_not_compile(*args: object, **kwargs: object) -> Any:
+            raise AssertionError("torch.compile was called")
+
+        monkeypatch.setattr(torch, "compile", must_not_compile)
+        grads = [torch.randn(29, 3), torch.randn(17).half(), torch.randn(4).bfloat16()]
+        stats = fused_stats("native")
+        wait_ready(stats, "native", list(grads), [True, False, True])
+        got = stats.layer_stats(grads, 8.0, [True, False, True])
+        assert stats.last_path == "fused"
+        want = GradStats(FP16, fused=False).layer_stats(grads, 8.0, [True, False, True])
+        assert_stats_equal(got.tolist(), want.tolist(), 1e-12)
+
+    @pytest.mark.parametrize("why", ["no-compiler", "not-dense"])
+    def test_inductor_where_the_c_loop_cannot_be_had(
+        self, why: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        def build(key: fused_module.LayoutKey, *args: object) -> tuple[Any, int]:
+            return (lambda *kernel_args: None), 0  # inductor's compile is not under test here
+
+        monkeypatch.setattr(fused_module, "build_kernel", build)
+        monkeypatch.setattr(fused_module, "_LOGGED_NATIVE", False)
+        grads = [torch.randn(31, 2), torch.randn(9)]
+        if why == "no-compiler":
+            def no_compiler(*args: object) -> Any:
+                raise native_read.Unavailable("no C compiler ('cc' is not on PATH)")
+
+            monkeypatch.setattr(native_read, "library", no_compiler)
+        else:
+            grads[0] = torch.randn(31, 4)[:, ::2]  # every other column: gaps in memory
+        stats = fused_stats("native")
+        with caplog.at_level(logging.INFO, logger="ampscope"):
+            wait_ready(stats, "inductor", list(grads), [True, True])
+        reason = ("no C compiler ('cc' is not on PATH)" if why == "no-compiler"
+                  else "a gradient is not dense in memory")
+        assert f"no C loop for the fused reduction ({reason}); compiling it with inductor" in (
+            caplog.text)
+
+
+@pytest.mark.usefixtures("inductor_only")
 class TestFallback:
     def test_compile_unavailable(self, monkeypatch: pytest.MonkeyPatch,
                                  caplog: pytest.LogCaptureFixture) -> None:
@@ -494,6 +565,7 @@ class TestFallback:
         assert stats.wait_fused(grads, [True, False], 0.0) is LayoutState.FAILED
 
 
+@pytest.mark.usefixtures("inductor_only")
 class TestExit:
     def test_exit_waits_for_a_running_compile_at_the_lowest_priority(
             self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -553,6 +625,7 @@ def run_script(script: str, cache: str, timeout: float) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.usefixtures("inductor_only")
 class TestChild:
     """The cold compile in a child process (``_compile_child``), off the training GIL."""
 
@@ -567,7 +640,7 @@ class TestChild:
             from torch._dynamo.utils import counters
             from ampscope import fused
             from ampscope.formats import FORMATS
-            fused.COMPILE_NICENESS, fused.COMPILE_IN_CHILD = 0, True
+            fused.COMPILE_NICENESS, fused.COMPILE_IN_CHILD, fused.NATIVE = 0, True, False
             grads = [torch.randn({rows}, 3), torch.randn(11).half(), torch.zeros(5)]
             stats = fused.FusedPartials(FORMATS["fp16"])
             state = stats.wait(grads, [True, False, True], 600.0)
@@ -620,9 +693,10 @@ class TestChild:
     def test_the_layout_survives_its_json(self) -> None:
         grads: list[torch.Tensor | None] = [torch.ones(3, 4).t(), None, torch.ones(2).half(),
                                             torch.ones(5, dtype=torch.bfloat16)]
-        key = layout_key(grads, [True, False, True, False], FP16, True, [12, 7, 2, 5])
-        assert key is not None
-        assert _compile_child.decode(_compile_child.encode(key, 11, 22)) == (key, 11, 22)
+        for native in (False, True):
+            key = layout_key(grads, [True, False, True, False], FP16, True, [12, 7, 2, 5], native)
+            assert key is not None and key.native is native
+            assert _compile_child.decode(_compile_child.encode(key, 11, 22)) == (key, 11, 22)
 
     @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
     def test_exit_kills_a_running_child_and_its_group(self, tmp_path: Any) -> None:

@@ -1,0 +1,211 @@
+"""The fused read of CPU gradients as one C loop (``native_read.c``), built by the system's C
+compiler and called through ``ctypes``: no ``torch.compile``, so no minutes of compile on
+training's cores (docs/hook-cost.md#the-c-loop).
+
+``NativeKernel`` is ``fused.Kernel`` for one layout: the same ``(L, 8)`` partials table, then
+with the histogram the ``(L, NUM_BINS)`` counts, counts, amax and amin equal to the bit and the
+sum of squares summed in another order. ``library()`` builds the loop once per machine into the
+user's cache (``cache_dir``), keyed by the source, the compiler's identity, its flags and the
+CPU, and loads it once per process. It raises ``Unavailable`` where there is no C compiler or
+the source does not build; the caller takes inductor's kernel or the eager path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["FLAG_SETS", "SOURCE", "NativeKernel", "Unavailable", "cache_dir", "dense",
+           "library"]
+
+logger = logging.getLogger("ampscope")
+
+SOURCE = Path(__file__).with_name("native_read.c")
+# Each set tried in order until one builds. The last three flags let the compiler sum the squares
+# in vector lanes (never ``-ffast-math``: in a shared library it can set flush-to-zero for the
+# whole process). ``-march=native`` (this CPU's vectors; the key holds the CPU) is the one a
+# compiler may not know.
+_COMMON = ("-O3", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
+FLAG_SETS: tuple[tuple[str, ...], ...] = (("-march=native", *_COMMON), _COMMON)
+BUILD_TIMEOUT_S = 120.0
+_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # native_read.c's DTYPE_*
+
+
+class Unavailable(RuntimeError):
+    """The C loop cannot be built or loaded here."""
+
+
+def cache_dir() -> Path:
+    """``$AMPSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ampscope``, else ``~/.cache/ampscope``."""
+    if os.environ.get("AMPSCOPE_CACHE_DIR"):
+        return Path(os.environ["AMPSCOPE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ampscope"
+
+
+def _cpu() -> str:
+    """What identifies this CPU's instruction set (``-march=native`` builds for it): its
+    feature flags on Linux, else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _compiler() -> tuple[str, str]:
+    """(the C compiler's path, its ``--version``): ``$CC``, else ``cc``."""
+    name = os.environ.get("CC") or "cc"
+    path = shutil.which(name)
+    if path is None:
+        raise Unavailable(f"no C compiler ({name!r} is not on PATH)")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                             timeout=BUILD_TIMEOUT_S, check=False).stdout
+    return path, version
+
+
+def _build(directory: Path) -> Path:
+    """The built library in ``directory`` (built now unless there already), for the first of
+    ``FLAG_SETS`` that builds."""
+    source = SOURCE.read_bytes()
+    compiler, version = _compiler()
+    failures = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join(
+            [source, version.encode(), " ".join(flags).encode(), _cpu().encode()])).hexdigest()
+        target = directory / f"native_read-{key[:20]}.so"
+        if target.exists():
+            return target
+        directory.mkdir(parents=True, exist_ok=True)
+        # Built under a name of its own and renamed: two processes building at once each
+        # replace the file whole, never load a half-written one.
+        fd, partial = tempfile.mkstemp(prefix=".native_read-", suffix=".so", dir=directory)
+        os.close(fd)
+        try:
+            done = subprocess.run([compiler, *flags, "-shared", "-fPIC", "-o", partial,
+                                   str(SOURCE)], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S, check=False)
+            if done.returncode == 0:
+                os.replace(partial, target)
+                return target
+            failures.append(f"{' '.join(flags)}: {done.stderr.strip()[-300:]}")
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    raise Unavailable("native_read.c did not build: " + "; ".join(failures))
+
+
+_LIBRARY: ctypes.CDLL | None = None
+_LIBRARY_LOCK = threading.Lock()
+
+
+def library(directory: Path | None = None) -> ctypes.CDLL:
+    """The loaded C loop, built on first use into ``directory`` (default ``cache_dir()``; a
+    temporary one where that is not writable). Once per process; raises ``Unavailable``."""
+    global _LIBRARY
+    with _LIBRARY_LOCK:
+        if _LIBRARY is None or directory is not None:
+            where = directory or cache_dir()
+            try:
+                path = _build(where)
+            except OSError as exc:
+                logger.info("ampscope: %s is not writable (%s); building in a temporary "
+                            "directory", where, exc)
+                path = _build(Path(tempfile.mkdtemp(prefix="ampscope-")))
+            except subprocess.SubprocessError as exc:
+                raise Unavailable(f"the C compiler did not answer: {exc}") from exc
+            lib = ctypes.CDLL(str(path))  # a CDLL call releases the GIL
+            lib.ampscope_rows.argtypes = [
+                ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
+                *[ctypes.c_void_p] * 3, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
+            lib.ampscope_rows.restype = ctypes.c_int
+            if directory is not None:
+                return lib
+            _LIBRARY = lib
+        return _LIBRARY
+
+
+def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a tensor's elements fill exactly ``numel`` consecutive elements of memory, in
+    some order (contiguous, channels-last, a transpose): what the C loop reads as flat."""
+    expected = 1
+    for step, size in sorted((st, sz) for sz, st in zip(shape, stride, strict=True) if sz != 1):
+        if size == 0:
+            return True
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+class NativeKernel:
+    """``fused.Kernel`` for one CPU layout: called with the present gradients, the unscaled
+    layers' threshold bits, and ``scale_bits`` (read by the histogram only)."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, scaled: Sequence[bool],
+        specs: Sequence[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]],
+        absent: Sequence[tuple[int, int]], under: int, normal: int, bins: int, min_exp: int,
+    ) -> None:
+        """``specs``: the present gradients' (shape, stride, dtype) in layer order; ``absent``:
+        (layer, numel) of the ``None`` ones; ``bins``: 0 for no histogram."""
+        missing = dict(absent)
+        if any(not dense(shape, stride) for shape, stride, _ in specs):
+            raise Unavailable("a gradient is not dense in memory")
+        if any(dtype not in _DTYPES for _, _, dtype in specs):
+            raise Unavailable("a gradient is not float32, float16 or bfloat16")
+        self.layers = len(scaled)
+        self.width = 8 + bins
+        present = iter(enumerate(specs))
+        slots, numels, dtypes = array("q"), array("q"), array("b")
+        for i in range(self.layers):
+            if i in missing:
+                slots.append(-1)
+                numels.append(missing[i])
+                dtypes.append(0)
+                continue
+            slot, (shape, _, dtype) = next(present)
+            slots.append(slot)
+            numels.append(torch.Size(shape).numel())
+            dtypes.append(_DTYPES[dtype])
+        self._count = len(specs)
+        # Kept on the instance: the C loop reads these buffers on every call.
+        self._arrays = (slots, numels, dtypes, array("b", [bool(s) for s in scaled]))
+        self._addresses = [a.buffer_info()[0] for a in self._arrays]
+        self._constants = (under, normal)
+        self._bins, self._min_exp = bins, min_exp
+        self._rows = lib.ampscope_rows
+
+    def __call__(self, grads: list[torch.Tensor], under_bits: torch.Tensor,
+                 normal_bits: torch.Tensor, hist: torch.Tensor) -> torch.Tensor:
+        if len(grads) != self._count:
+            raise ValueError(f"got {len(grads)} gradients for a layout of {self._count}")
+        out = torch.empty((self.layers, self.width), dtype=torch.float64)
+        # ``map`` calls data_ptr from C: no Python call per gradient.
+        pointers = array("q", map(_DATA_PTR, grads))
+        slots, numels, dtypes, scaled = self._addresses
+        status = self._rows(self.layers, pointers.buffer_info()[0], slots, numels, dtypes,
+                            scaled, *self._constants, under_bits.data_ptr(),
+                            normal_bits.data_ptr(), hist.data_ptr(), self._min_exp,
+                            self._bins, out.data_ptr())
+        if status != 0:
+            raise ValueError(f"ampscope_rows refused its arguments ({status})")
+        return out

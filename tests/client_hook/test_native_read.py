@@ -1,0 +1,236 @@
+"""The C loop (``native_read``): its table against ``tensor_partials`` and ``tensor_histogram``
+(the functions inductor fuses) for every dtype and edge value, and its build by a real C
+compiler, through ``$CC`` wrappers that log, change their identity or refuse a flag."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from ampscope import native_read
+from ampscope.formats import FORMATS
+from ampscope.histogram import MIN_EXP, NUM_BINS, scale_bits, tensor_histogram
+from ampscope.partials import (
+    AMAX,
+    AMIN,
+    NUM_COLUMNS,
+    SUMSQ,
+    float32_bits,
+    tensor_partials,
+    threshold_bits,
+)
+
+FP16 = FORMATS["fp16"]
+UNDER, NORMAL = float32_bits(FP16.underflow_threshold), float32_bits(FP16.min_normal)
+HIST_BLOCK = 16384  # native_read.c's: a layer longer than it is read in several passes
+
+
+def edge_tensor(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """``n`` values of ``dtype`` over its whole range: zeros, its subnormals and float32's,
+    normals from 2^-60 to 2^30 (either sign), its largest finite, ±inf and NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    exps = torch.randint(-60, 31, (n,), generator=gen).to(torch.float64)
+    values = torch.randn(n, generator=gen, dtype=torch.float64) * torch.exp2(exps)
+    info = torch.finfo(dtype)
+    specials = [0.0, -0.0, info.tiny / 4, -info.smallest_normal, info.max, -info.max, math.inf,
+                -math.inf, math.nan, 2.0**-149, -(2.0**-140), float(info.tiny)]
+    values[:min(n, len(specials))] = torch.tensor(specials[:n], dtype=torch.float64)
+    return values.to(dtype)
+
+
+def want_row(g: torch.Tensor, scaled: bool, bits: torch.Tensor, hist: torch.Tensor,
+             histogram: bool) -> list[float]:
+    """The row the fused functions give one layer (the kernel's arguments as fused.py's)."""
+    if g.numel() == 0:
+        row = [0.0] * (NUM_COLUMNS - 1) + [math.inf]
+        return row + [0.0] * NUM_BINS if histogram else row
+    under, normal = (UNDER, NORMAL) if scaled else (bits[0], bits[1])
+    row = tensor_partials(g, under, normal).tolist()
+    if histogram:
+        es, mb = (hist[0], hist[1]) if scaled else (1, 0)
+        row += tensor_histogram(g, es, mb).to(torch.float64).tolist()
+    return row
+
+
+def assert_rows_equal(got: list[float], want: list[float]) -> None:
+    """Counts, amax, amin and histogram to the bit; the sum of squares to 1e-12 (summed in
+    vector lanes, another order)."""
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        if k == SUMSQ:
+            assert g == pytest.approx(w, rel=1e-12, abs=0.0)
+        else:
+            assert g == w, (k, g, w)
+
+
+def kernel_for(grads: list[torch.Tensor | None], scaled: list[bool], histogram: bool,
+               numels: list[int] | None = None) -> native_read.NativeKernel:
+    specs = [(tuple(g.shape), g.stride(), g.dtype) for g in grads if g is not None]
+    absent = [(i, (numels or [0] * len(grads))[i]) for i, g in enumerate(grads) if g is None]
+    return native_read.NativeKernel(native_read.library(), scaled, specs, absent, UNDER, NORMAL,
+                                    NUM_BINS if histogram else 0, MIN_EXP)
+
+
+def arguments(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the unscaled layers' threshold bits, ``scale_bits``) as ``FusedPartials`` makes them."""
+    at = torch.tensor(scale, dtype=torch.float64)
+    thresholds = torch.tensor([FP16.underflow_threshold, FP16.min_normal], dtype=torch.float64)
+    return threshold_bits(thresholds, at), scale_bits(at)
+
+
+class TestTable:
+    @pytest.mark.parametrize("histogram", [False, True], ids=["partials", "histogram"])
+    @pytest.mark.parametrize("scale", [1.0, 3.0, 2.0**16, 2.0**-100 * 1.7])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    def test_rows_equal_the_fused_functions(self, dtype: torch.dtype, scale: float,
+                                            histogram: bool) -> None:
+        sizes = [0, 1, 7, 12, HIST_BLOCK + 3, 3 * HIST_BLOCK + 1, 50_001]
+        grads: list[torch.Tensor | None] = [edge_tensor(n, dtype, seed=n) for n in sizes]
+        scaled = [i % 2 == 0 for i in range(len(sizes))]
+        bits, hist = arguments(scale)
+        got = kernel_for(grads, scaled, histogram)(
+            [g for g in grads if g is not None], bits[0], bits[1], hist)
+        assert got.dtype == torch.float64
+        assert got.shape == (len(sizes), NUM_COLUMNS + (NUM_BINS if histogram else 0))
+        for g, row, flag in zip(grads, got.tolist(), scaled, strict=True):
+            assert g is not None
+            assert_rows_equal(row, want_row(g, flag, bits, hist, histogram))
+
+    def test_absent_layers_views_and_mixed_dtypes(self) -> None:
+        """``None`` gradients (PyTorch: all zeros) as ``partials.absent``, and views whose
+        elements fill their memory in another order, read as their contiguous copies."""
+        base = edge_tensor(4 * 6 * 5 * 3, torch.float32, seed=1)
+        channels_last = base.view(4, 6, 5, 3).contiguous(memory_format=torch.channels_last)
+        transposed = edge_tensor(70, torch.bfloat16, seed=2).view(7, 10).t()
+        grads: list[torch.Tensor | None] = [channels_last, None, transposed,
+                                            edge_tensor(33, torch.float16, seed=3), None]
+        numels = [360, 1234, 70, 33, 0]
+        scaled = [True, False, False, True, True]
+        bits, hist = arguments(2.0**10)
+        got = kernel_for(grads, scaled, True, numels)(
+            [g for g in grads if g is not None], bits[0], bits[1], hist).tolist()
+        for i, g in enumerate(grads):
+            n = float(numels[i])
+            if g is None:
+                assert got[i][:NUM_COLUMNS] == [n, 0.0, 0.0, n, n, 0.0, 0.0, math.inf]
+                assert got[i][NUM_COLUMNS:] == [n] + [0.0] * (NUM_BINS - 1)
+            else:
+                assert_rows_equal(got[i], want_row(g.contiguous(), scaled[i], bits, hist, True))
+
+    def test_extremes_of_amax_and_amin(self) -> None:
+        """Only non-finite elements: amax 0 (none finite), amin +inf; only zeros: the same."""
+        grads = [torch.tensor([math.nan, math.inf, -math.inf]), torch.zeros(5)]
+        bits, hist = arguments(1.0)
+        got = kernel_for(list(grads), [True, True], False)(grads, bits[0], bits[1], hist)
+        assert got[:, AMAX].tolist() == [0.0, 0.0]
+        assert got[:, AMIN].tolist() == [math.inf, math.inf]
+
+    def test_a_call_with_the_wrong_gradients_raises(self) -> None:
+        kernel = kernel_for([torch.ones(3), torch.ones(2)], [True, True], False)
+        bits, hist = arguments(1.0)
+        with pytest.raises(ValueError, match="got 1 gradients for a layout of 2"):
+            kernel([torch.ones(3)], bits[0], bits[1], hist)
+
+    @pytest.mark.parametrize("grad,why", [
+        (torch.ones(6, 4)[:, ::2], "a gradient is not dense in memory"),
+        (torch.ones(3, dtype=torch.float64), "a gradient is not float32, float16 or bfloat16"),
+    ], ids=["gaps", "float64"])
+    def test_layouts_it_cannot_read(self, grad: torch.Tensor, why: str) -> None:
+        with pytest.raises(native_read.Unavailable, match=why):
+            kernel_for([grad], [True], False)
+
+
+@pytest.mark.parametrize("shape,stride,want", [
+    ((4, 5), (5, 1), True),
+    ((4, 5), (1, 4), True),  # a transpose
+    ((2, 3, 4, 5), (60, 1, 15, 3), True),  # channels-last
+    ((4, 1, 5), (5, 99, 1), True),  # a size-1 dimension's stride is never used
+    ((4, 5), (10, 2), False),  # every other element
+    ((8, 3), (0, 1), False),  # a broadcast row
+    ((0, 3), (3, 1), True),
+    ((), (), True),
+])
+def test_dense(shape: tuple[int, ...], stride: tuple[int, ...], want: bool) -> None:
+    assert native_read.dense(shape, stride) is want
+
+
+def wrapper(tmp_path: Path, body: str) -> Path:
+    """A ``$CC`` that logs its arguments to ``tmp_path/log`` and then runs ``body``."""
+    path = tmp_path / "cc-wrapper"
+    path.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "log"}\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def builds(tmp_path: Path) -> list[str]:
+    """The wrapper's logged calls that built the library (not ``--version``)."""
+    log = tmp_path / "log"
+    return [line for line in log.read_text().splitlines() if line != "--version"]
+
+
+class TestBuild:
+    def test_built_once_then_loaded_from_the_cache(self, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CC", str(wrapper(tmp_path, 'exec cc "$@"')))
+        cache = tmp_path / "cache"
+        first = native_read.library(cache)
+        second = native_read.library(cache)
+        assert first._name == second._name
+        (built,) = builds(tmp_path)
+        assert built.startswith(" ".join(native_read.FLAG_SETS[0]) + " -shared -fPIC -o ")
+        assert [p.name for p in cache.iterdir()] == [Path(first._name).name]  # no leftovers
+
+    def test_the_key_holds_the_compiler_identity(self, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        cache = tmp_path / "cache"
+        monkeypatch.setenv("CC", str(wrapper(tmp_path, 'exec cc "$@"')))
+        one = native_read.library(cache)._name
+        other = wrapper(tmp_path, 'if [ "$1" = --version ]; then echo "cc 99"; exit 0; fi\n'
+                                  'exec cc "$@"')
+        monkeypatch.setenv("CC", str(other))
+        assert native_read.library(cache)._name != one
+        assert len(builds(tmp_path)) == 2 and len(list(cache.iterdir())) == 2
+
+    def test_flags_the_compiler_refuses_fall_back(self, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        body = ('case "$*" in *-march=native*) echo "unknown -march" >&2; exit 1;; esac\n'
+                'exec cc "$@"')
+        monkeypatch.setenv("CC", str(wrapper(tmp_path, body)))
+        native_read.library(tmp_path / "cache")
+        tried = [line.split(" -shared")[0] for line in builds(tmp_path)]
+        assert tried == [" ".join(flags) for flags in native_read.FLAG_SETS]
+
+    def test_unavailable_without_a_compiler_or_a_build(self, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        with pytest.raises(native_read.Unavailable, match="no C compiler"):
+            native_read.library(tmp_path / "cache")
+        monkeypatch.setenv("CC", str(wrapper(tmp_path, 'echo "boom: $1" >&2; exit 1')))
+        with pytest.raises(native_read.Unavailable, match=r"did not build: .*boom"):
+            native_read.library(tmp_path / "cache")
+        assert list((tmp_path / "cache").iterdir()) == []  # no partial file left
+
+    def test_an_unwritable_cache_builds_in_a_temporary_directory(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        monkeypatch.setenv("AMPSCOPE_CACHE_DIR", str(blocked / "cache"))
+        monkeypatch.setattr(native_read, "_LIBRARY", None)  # the process's, rebuilt here
+        lib = native_read.library()
+        assert not Path(lib._name).is_relative_to(blocked)
+        assert native_read.library() is lib  # once per process
+
+    def test_cache_dir(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("AMPSCOPE_CACHE_DIR", "/x/y")
+        assert native_read.cache_dir() == Path("/x/y")
+        monkeypatch.delenv("AMPSCOPE_CACHE_DIR")
+        monkeypatch.setenv("XDG_CACHE_HOME", "/c")
+        assert native_read.cache_dir() == Path("/c/ampscope")
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        assert native_read.cache_dir() == Path(os.path.expanduser("~/.cache/ampscope"))
