@@ -86,7 +86,8 @@ def main() -> None:
         lib = native_read.library(Path(where))
         lib_s = time.perf_counter() - start
         print(f"C loop: {Path(lib._name).name} ({os.environ.get('CC', 'cc')} "
-              f"{' '.join(native_read.FLAG_SETS[0])}); torch {torch.__version__}")
+              f"{' '.join(native_read.FLAG_SETS[0])}, the first set tried); "
+              f"torch {torch.__version__}")
         for size in args.sizes.split(","):
             run_size(size, lib, lib_s, args.rounds, args.histogram)
 

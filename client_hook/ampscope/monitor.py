@@ -492,11 +492,11 @@ def watch(
     ``spool_dir``/``spool_max_bytes``; ``token`` (default ``$AMPSCOPE_TOKEN``; a refusal,
     401/403/410, stops sending with one warning, records go to the spool); ``flush_interval``
     (s: the live latency's main term); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2;
-    default inferred); ``fused`` (the compiled one-read kernel, ``ampscope.fused``: None from
-    ``reductions.FUSE_MIN_ELEMS`` gradient elements, True always, False never). Under
-    ``torch.distributed`` call it on every rank: one run, rank 0 sends, ranks missing after
-    ``dist_timeout_s`` leave rank 0 alone (``all_ranks=True``: a run per rank). A DeepSpeed
-    engine: ``watch(engine)`` on every rank.
+    default inferred); ``fused`` (the one-read kernel, ``ampscope.fused``: a C loop on the
+    CPU; None from ``reductions.FUSE_MIN_ELEMS`` gradient elements, True always, False never).
+    Under ``torch.distributed`` call it on every rank: one run, rank 0 sends, ranks missing
+    after ``dist_timeout_s`` leave rank 0 alone (``all_ranks=True``: a run per rank). A
+    DeepSpeed engine: ``watch(engine)`` on every rank.
 
     Measured: scalars every step; per-layer stats per ``layer_every`` (N, 0 = never, or
     ``{pattern: N}``) over the ``include``/``exclude`` selection; the exponent histogram every

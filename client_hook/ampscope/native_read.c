@@ -1,7 +1,8 @@
-/* The fused per-layer read of CPU gradients as one C loop (ampscope/native_read.py).
+/* The fused per-layer read of CPU gradients in C (ampscope/native_read.py).
 
    For every layer, the (8,) float64 partials row of partials.tensor_partials and, when asked, the
-   exponent-histogram counts of histogram.tensor_histogram, from one read of the gradient: the
+   exponent-histogram counts of histogram.tensor_histogram, from one read of the gradient's memory
+   (a few loops over each block of it, docs/hook-cost.md#the-c-loop): the
    same integer classes of |raw|'s float32 bit pattern, so counts, amax and amin are equal to the
    bit; the float64 sum of squares is summed in vector lanes, in another order
    (-fassociative-math), as inductor's kernel sums it. Everything is integer arithmetic on bit
@@ -16,11 +17,9 @@
 #define MANT_BITS 23
 #define MANT_MASK 0x7FFFFF
 #define NUM_COLUMNS 8
-/* Elements per pass of the histogram's loop, which re-reads what the partials' loop has just
-   read (64 KiB of float32: from the core's L2, not from memory). */
-#define HIST_BLOCK 16384
-/* Elements per pass without the histogram: the loop's int32 counts never overflow. */
-#define PLAIN_BLOCK ((int64_t)1 << 30)
+/* Elements per block: each loop after the first over a block (the sum of squares, the
+   histogram) reads it again from the core's L1 or L2 (32 KiB of float32), not from memory. */
+#define BLOCK 8192
 
 enum { DTYPE_FLOAT32 = 0, DTYPE_FLOAT16 = 1, DTYPE_BFLOAT16 = 2 };
 
@@ -56,13 +55,15 @@ struct partials {
     double sumsq;
 };
 
-/* Accumulate n elements into acc: one compare-and-add per class, as tensor_partials counts. */
+/* Accumulate n elements into acc in two loops, the counts' and the sum of squares': as one,
+   their accumulators and constants outnumber AVX2's sixteen vector registers, and the spills ran
+   it 2.5x slower than the two (docs/hook-cost.md#the-c-loop). The caller passes blocks that the
+   second loop reads again from L1. */
 #define PARTIALS_PASS(NAME, LOAD)                                                              \
     static void NAME(const void *restrict x, int64_t n, int32_t under, int32_t normal,        \
                      struct partials *restrict acc) {                                         \
         int32_t zeros = 0, finite = 0, not_nan = 0, below_under = 0, below_normal = 0;       \
         int32_t top = 0, low = 0x7FFFFFFF;                                                     \
-        double sum = 0.0;                                                                      \
         for (int64_t i = 0; i < n; i++) {                                                      \
             int32_t b = LOAD(x, i);                                                            \
             zeros += b < 1;                                                                    \
@@ -74,6 +75,11 @@ struct partials {
             top = fb > top ? fb : top;                                                         \
             int32_t k = (b - 1) & 0x7FFFFFFF; /* zeros sort last */                           \
             low = k < low ? k : low;                                                           \
+        }                                                                                      \
+        double sum = 0.0;                                                                      \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            int32_t b = LOAD(x, i);                                                            \
+            int32_t fb = b < INF_BITS ? b : 0;                                                 \
             float v;                                                                           \
             memcpy(&v, &fb, 4);                                                                \
             sum += (double)v * (double)v;                                                      \
@@ -106,15 +112,16 @@ static inline int32_t bin(int32_t b, int32_t es, int32_t mb, int32_t min_exp, in
     return b == 0 ? 0 : (b >= INF_BITS ? 1 : k);
 }
 
-/* Count n (at most HIST_BLOCK) elements into counts[0..bins): the bins in one vectorised loop,
+/* Count n (at most BLOCK) elements into counts[0..bins): the bins in one vectorised loop,
    then the increments, over four tables (one per element mod 4) so that consecutive increments
    of one bin, which gradients crowd into, do not wait on each other. */
 #define HISTOGRAM_PASS(NAME, LOAD)                                                             \
     static void NAME(const void *restrict x, int64_t n, int32_t es, int32_t mb,              \
                      int32_t min_exp, int32_t bins, int64_t *restrict counts) {               \
-        uint8_t bins_of[HIST_BLOCK];                                                           \
+        uint8_t bins_of[BLOCK];                                                                \
         int32_t lanes[4][256] = {{0}};                                                         \
-        for (int64_t i = 0; i < n; i++) bins_of[i] = (uint8_t)bin(LOAD(x, i), es, mb, min_exp, bins); \
+        for (int64_t i = 0; i < n; i++)                                                        \
+            bins_of[i] = (uint8_t)bin(LOAD(x, i), es, mb, min_exp, bins);                      \
         int64_t i = 0;                                                                         \
         for (; i + 4 <= n; i += 4)                                                             \
             for (int j = 0; j < 4; j++) lanes[j][bins_of[i + j]]++;                            \
@@ -150,10 +157,9 @@ static void layer(const void *x, int64_t n, int8_t dtype, int32_t under, int32_t
                   int32_t es, int32_t mb, int32_t min_exp, int32_t bins, double *out) {
     struct partials acc = {0, 0, 0, 0, 0, 0, 0x7FFFFFFF, 0.0};
     int64_t counts[256] = {0};
-    const int64_t block = bins > 0 ? HIST_BLOCK : PLAIN_BLOCK;
-    for (int64_t start = 0; start < n; start += block) {
+    for (int64_t start = 0; start < n; start += BLOCK) {
         const void *at = (const char *)x + ITEM_SIZE[dtype] * start;
-        int64_t len = n - start < block ? n - start : block;
+        int64_t len = n - start < BLOCK ? n - start : BLOCK;
         PARTIALS[dtype](at, len, under, normal, &acc);
         if (bins > 0) HISTOGRAMS[dtype](at, len, es, mb, min_exp, bins, counts);
     }

@@ -1,4 +1,4 @@
-"""The fused read of CPU gradients as one C loop (``native_read.c``), built by the system's C
+"""The fused read of CPU gradients in C (``native_read.c``: "the C loop"), built by the system's C
 compiler and called through ``ctypes``: no ``torch.compile``, so no minutes of compile on
 training's cores (docs/hook-cost.md#the-c-loop).
 
@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -35,10 +36,14 @@ logger = logging.getLogger("ampscope")
 SOURCE = Path(__file__).with_name("native_read.c")
 # Each set tried in order until one builds. The last three flags let the compiler sum the squares
 # in vector lanes (never ``-ffast-math``: in a shared library it can set flush-to-zero for the
-# whole process). ``-march=native`` (this CPU's vectors; the key holds the CPU) is the one a
-# compiler may not know.
+# whole process). ``-march=native``: this CPU's vectors (the key holds the CPU). 512-bit vectors
+# where the CPU has them, as torch's own CPU kernels take them there: GCC prefers 256 bits, and
+# the loop ran 1.3x faster at 512 (docs/hook-cost.md#the-c-loop). A compiler that does not know
+# a flag (``-mprefer-vector-width`` off x86) refuses the set, and the next one is tried.
 _COMMON = ("-O3", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
-FLAG_SETS: tuple[tuple[str, ...], ...] = (("-march=native", *_COMMON), _COMMON)
+FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    ("-march=native", "-mprefer-vector-width=512", *_COMMON), ("-march=native", *_COMMON),
+    _COMMON)
 BUILD_TIMEOUT_S = 120.0
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # native_read.c's DTYPE_*
 
@@ -68,15 +73,24 @@ def _cpu() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def _compiler() -> tuple[str, str]:
-    """(the C compiler's path, its ``--version``): ``$CC``, else ``cc``."""
-    name = os.environ.get("CC") or "cc"
-    path = shutil.which(name)
+def _compiler() -> tuple[list[str], str]:
+    """(the C compiler's command, its ``--version``): ``$CC`` (words, as make splits it:
+    ``ccache gcc``), else ``cc``."""
+    words = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
+    path = shutil.which(words[0])
     if path is None:
-        raise Unavailable(f"no C compiler ({name!r} is not on PATH)")
-    version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                             timeout=BUILD_TIMEOUT_S, check=False).stdout
-    return path, version
+        raise Unavailable(f"no C compiler ({words[0]!r} is not on PATH)")
+    command = [path, *words[1:]]
+    return command, _run([*command, "--version"]).stdout
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command``'s completed process; ``Unavailable`` where it cannot run or hangs."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise Unavailable(f"the C compiler did not run: {exc}") from exc
 
 
 def _build(directory: Path) -> Path:
@@ -97,9 +111,7 @@ def _build(directory: Path) -> Path:
         fd, partial = tempfile.mkstemp(prefix=".native_read-", suffix=".so", dir=directory)
         os.close(fd)
         try:
-            done = subprocess.run([compiler, *flags, "-shared", "-fPIC", "-o", partial,
-                                   str(SOURCE)], capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S, check=False)
+            done = _run([*compiler, *flags, "-shared", "-fPIC", "-o", partial, str(SOURCE)])
             if done.returncode == 0:
                 os.replace(partial, target)
                 return target
@@ -123,12 +135,10 @@ def library(directory: Path | None = None) -> ctypes.CDLL:
             where = directory or cache_dir()
             try:
                 path = _build(where)
-            except OSError as exc:
+            except OSError as exc:  # the compiler's failures are ``Unavailable``
                 logger.info("ampscope: %s is not writable (%s); building in a temporary "
                             "directory", where, exc)
                 path = _build(Path(tempfile.mkdtemp(prefix="ampscope-")))
-            except subprocess.SubprocessError as exc:
-                raise Unavailable(f"the C compiler did not answer: {exc}") from exc
             lib = ctypes.CDLL(str(path))  # a CDLL call releases the GIL
             lib.ampscope_rows.argtypes = [
                 ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,

@@ -27,7 +27,7 @@ from ampscope.partials import (
 
 FP16 = FORMATS["fp16"]
 UNDER, NORMAL = float32_bits(FP16.underflow_threshold), float32_bits(FP16.min_normal)
-HIST_BLOCK = 16384  # native_read.c's: a layer longer than it is read in several passes
+BLOCK = 8192  # native_read.c's: a layer longer than it is read in several blocks
 
 
 def edge_tensor(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -89,7 +89,7 @@ class TestTable:
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
     def test_rows_equal_the_fused_functions(self, dtype: torch.dtype, scale: float,
                                             histogram: bool) -> None:
-        sizes = [0, 1, 7, 12, HIST_BLOCK + 3, 3 * HIST_BLOCK + 1, 50_001]
+        sizes = [0, 1, 7, 12, BLOCK + 3, 3 * BLOCK + 1, 50_001]
         grads: list[torch.Tensor | None] = [edge_tensor(n, dtype, seed=n) for n in sizes]
         scaled = [i % 2 == 0 for i in range(len(sizes))]
         bits, hist = arguments(scale)
@@ -170,7 +170,7 @@ def wrapper(tmp_path: Path, body: str) -> Path:
 def builds(tmp_path: Path) -> list[str]:
     """The wrapper's logged calls that built the library (not ``--version``)."""
     log = tmp_path / "log"
-    return [line for line in log.read_text().splitlines() if line != "--version"]
+    return [line for line in log.read_text().splitlines() if not line.endswith("--version")]
 
 
 class TestBuild:
@@ -185,6 +185,15 @@ class TestBuild:
         assert built.startswith(" ".join(native_read.FLAG_SETS[0]) + " -shared -fPIC -o ")
         assert [p.name for p in cache.iterdir()] == [Path(first._name).name]  # no leftovers
 
+    def test_cc_may_be_a_command_of_several_words(self, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        """``CC="ccache gcc"``, as make splits it: the first word is the program."""
+        launcher = wrapper(tmp_path, 'exec "$@"')
+        monkeypatch.setenv("CC", f"{launcher} cc")
+        native_read.library(tmp_path / "cache")
+        (built,) = builds(tmp_path)
+        assert built.startswith("cc " + " ".join(native_read.FLAG_SETS[0]))
+
     def test_the_key_holds_the_compiler_identity(self, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
         cache = tmp_path / "cache"
@@ -196,19 +205,28 @@ class TestBuild:
         assert native_read.library(cache)._name != one
         assert len(builds(tmp_path)) == 2 and len(list(cache.iterdir())) == 2
 
-    def test_flags_the_compiler_refuses_fall_back(self, tmp_path: Path,
+    @pytest.mark.parametrize("refused,sets", [("-mprefer-vector-width", 2), ("-march", 3)])
+    def test_flags_the_compiler_refuses_fall_back(self, refused: str, sets: int, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-        body = ('case "$*" in *-march=native*) echo "unknown -march" >&2; exit 1;; esac\n'
+        """As a compiler off x86 refuses the vector width, one without ``-march=native``."""
+        body = (f'case "$*" in *{refused}*) echo "unknown {refused}" >&2; exit 1;; esac\n'
                 'exec cc "$@"')
         monkeypatch.setenv("CC", str(wrapper(tmp_path, body)))
         native_read.library(tmp_path / "cache")
         tried = [line.split(" -shared")[0] for line in builds(tmp_path)]
-        assert tried == [" ".join(flags) for flags in native_read.FLAG_SETS]
+        assert tried == [" ".join(flags) for flags in native_read.FLAG_SETS[:sets]]
+        assert len(native_read.FLAG_SETS) == 3
 
     def test_unavailable_without_a_compiler_or_a_build(self, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
         with pytest.raises(native_read.Unavailable, match="no C compiler"):
+            native_read.library(tmp_path / "cache")
+        broken = tmp_path / "broken-cc"  # executable, but its interpreter does not exist
+        broken.write_text("#!/nonexistent/sh\n")
+        broken.chmod(0o755)
+        monkeypatch.setenv("CC", str(broken))
+        with pytest.raises(native_read.Unavailable, match="the C compiler did not run"):
             native_read.library(tmp_path / "cache")
         monkeypatch.setenv("CC", str(wrapper(tmp_path, 'echo "boom: $1" >&2; exit 1')))
         with pytest.raises(native_read.Unavailable, match=r"did not build: .*boom"):
