@@ -93,10 +93,9 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
         raise Unavailable(f"the C compiler did not run: {exc}") from exc
 
 
-def _build(directory: Path) -> Path:
-    """The built library in ``directory`` (built now unless there already), for the first of
-    ``FLAG_SETS`` that builds."""
-    source = SOURCE.read_bytes()
+def _build(directory: Path, source: bytes) -> Path:
+    """The built library of ``source`` in ``directory`` (built now unless there already), for
+    the first of ``FLAG_SETS`` that builds."""
     compiler, version = _compiler()
     failures = []
     for flags in FLAG_SETS:
@@ -122,32 +121,53 @@ def _build(directory: Path) -> Path:
     raise Unavailable("native_read.c did not build: " + "; ".join(failures))
 
 
-_LIBRARY: ctypes.CDLL | None = None
+_LIBRARY: ctypes.CDLL | Unavailable | None = None  # the process's, or why there is none
 _LIBRARY_LOCK = threading.Lock()
 
 
 def library(directory: Path | None = None) -> ctypes.CDLL:
     """The loaded C loop, built on first use into ``directory`` (default ``cache_dir()``; a
-    temporary one where that is not writable). Once per process; raises ``Unavailable``."""
+    temporary one where that is not writable). Once per process, its failure too (each layout
+    asks): raises ``Unavailable``."""
     global _LIBRARY
     with _LIBRARY_LOCK:
-        if _LIBRARY is None or directory is not None:
-            where = directory or cache_dir()
+        if directory is not None:
+            return _load(directory)
+        if _LIBRARY is None:
             try:
-                path = _build(where)
-            except OSError as exc:  # the compiler's failures are ``Unavailable``
-                logger.info("ampscope: %s is not writable (%s); building in a temporary "
-                            "directory", where, exc)
-                path = _build(Path(tempfile.mkdtemp(prefix="ampscope-")))
-            lib = ctypes.CDLL(str(path))  # a CDLL call releases the GIL
-            lib.ampscope_rows.argtypes = [
-                ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
-                *[ctypes.c_void_p] * 3, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
-            lib.ampscope_rows.restype = ctypes.c_int
-            if directory is not None:
-                return lib
-            _LIBRARY = lib
+                _LIBRARY = _load(cache_dir())
+            except Unavailable as exc:
+                _LIBRARY = exc
+        if isinstance(_LIBRARY, Unavailable):
+            raise _LIBRARY
         return _LIBRARY
+
+
+def _load(where: Path) -> ctypes.CDLL:
+    """The C loop built (or found) in ``where`` and loaded."""
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:
+        raise Unavailable(f"{SOURCE} cannot be read ({exc})") from exc
+    try:
+        try:
+            path = _build(where, source)
+        except OSError as exc:  # the compiler's own failures are ``Unavailable``
+            logger.info("ampscope: %s is not writable (%s); building in a temporary "
+                        "directory", where, exc)
+            path = _build(Path(tempfile.mkdtemp(prefix="ampscope-")), source)
+    except OSError as exc:
+        raise Unavailable(f"no directory to build in ({exc})") from exc
+    try:
+        lib = ctypes.CDLL(str(path))  # a CDLL function releases the GIL while it runs
+    except OSError as exc:  # e.g. a file cut short when a disk filled: the next build replaces it
+        path.unlink(missing_ok=True)
+        raise Unavailable(f"{path} did not load ({exc})") from exc
+    lib.ampscope_rows.argtypes = [
+        ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
+        *[ctypes.c_void_p] * 3, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
+    lib.ampscope_rows.restype = ctypes.c_int
+    return lib
 
 
 def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:

@@ -233,6 +233,28 @@ class TestBuild:
             native_read.library(tmp_path / "cache")
         assert list((tmp_path / "cache").iterdir()) == []  # no partial file left
 
+    def test_a_library_that_does_not_load_is_removed(self, tmp_path: Path) -> None:
+        """A cached file that is not a library (cut short when a disk filled): ``Unavailable``,
+        and the file is gone, so that the next process builds it again."""
+        path = native_read._build(tmp_path, native_read.SOURCE.read_bytes())
+        path.write_bytes(b"not a library")
+        with pytest.raises(native_read.Unavailable, match="did not load"):
+            native_read.library(tmp_path)
+        assert not path.exists()
+
+    def test_the_process_remembers_a_failure(self, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each layout asks for the library: a compiler that failed once is not run again."""
+        monkeypatch.setattr(native_read, "_LIBRARY", None)
+        monkeypatch.setenv("AMPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setenv("CC", str(wrapper(tmp_path, "exit 1")))
+        for _ in range(2):
+            with pytest.raises(native_read.Unavailable, match="did not build"):
+                native_read.library()
+        calls = (tmp_path / "log").read_text().splitlines()
+        assert [line.split(" -shared")[0] for line in calls] == [
+            "--version", *[" ".join(flags) for flags in native_read.FLAG_SETS]]
+
     def test_an_unwritable_cache_builds_in_a_temporary_directory(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
