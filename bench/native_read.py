@@ -36,10 +36,10 @@ from eager_read import (  # type: ignore[import-not-found]
 from ampscope import fused, native_read, partials
 from ampscope.formats import FORMATS
 from ampscope.histogram import MIN_EXP, NUM_BINS
-from ampscope.partials import float32_bits
+from ampscope.partials import format_bits
 
 FP16 = FORMATS["fp16"]
-UNDER, NORMAL = float32_bits(FP16.underflow_threshold), float32_bits(FP16.min_normal)
+UNDER, NORMAL = format_bits(FP16)
 
 
 def run_size(size: str, lib: ctypes.CDLL, lib_s: float, rounds: int, histogram: bool) -> None:

@@ -16,6 +16,7 @@ training thread. No host sync: thresholds are device tensors, the output stays o
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -32,7 +33,7 @@ from ampscope import _compile_child, native_read
 from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.histogram import MIN_EXP, NUM_BINS, scale_bits, tensor_histogram
-from ampscope.partials import NUM_COLUMNS, float32_bits, tensor_partials, threshold_bits
+from ampscope.partials import NUM_COLUMNS, format_bits, tensor_partials, threshold_bits
 from ampscope.transport import lower_thread_priority
 
 __all__ = ["HISTOGRAM_MAX_ELEMS", "MAX_LAYOUTS", "FusedPartials", "LayoutState", "build_kernel",
@@ -281,7 +282,7 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
     try:
         if _EXITING.is_set():  # e.g. a histogram layout whose plain one ended at exit
             raise RuntimeError("the interpreter is exiting")
-        under, normal = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
+        under, normal = format_bits(fmt)
         if key.native:
             native = _native_kernel(key, under, normal)
             if native is not None:
@@ -437,19 +438,17 @@ class FusedPartials:
             consts = self._thresholds[key.device] = (
                 device_tensor([fmt.underflow_threshold, fmt.min_normal], torch.float64,
                               key.device),
-                device_tensor([float32_bits(fmt.underflow_threshold),
-                               float32_bits(fmt.min_normal)], torch.int32, key.device))
+                device_tensor(list(format_bits(fmt)), torch.int32, key.device))
         # Only the unscaled layers read these (the scaled ones' are constants of the kernel).
         bits = consts[1] if all(key.scaled) else threshold_bits(consts[0], scale)
         hist = scale_bits(scale) if histogram else consts[1]  # unread without the histogram
         present = [g for g in grads if g is not None] if key.absent else list(grads)
         try:
             # no_grad: grad mode is one of a compiled kernel's guards (compiled under no_grad).
-            with torch.no_grad():
-                if entry.backend == "native":
-                    return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
+            stance = (contextlib.nullcontext() if entry.backend == "native"
+                      else torch.compiler.set_stance("fail_on_recompile"))
+            with torch.no_grad(), stance:
+                return entry.kernel(present, bits[0], bits[1], hist)  # type: ignore[arg-type]
         except Exception as exc:  # a guard miss, or anything else: eager from now on
             entry.state, entry.error = LayoutState.FAILED, f"{type(exc).__name__}: {exc}"
             logger.warning("ampscope: the fused reduction failed (%s); eager from now on",

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ampscope.partials import NUM_COLUMNS
+
 __all__ = ["FLAG_SETS", "SOURCE", "NativeKernel", "Unavailable", "cache_dir", "dense",
            "library"]
 
@@ -203,7 +205,7 @@ class NativeKernel:
         if any(dtype not in _DTYPES for _, _, dtype in specs):
             raise Unavailable("a gradient is not float32, float16 or bfloat16")
         self.layers = len(scaled)
-        self.width = 8 + bins
+        self.width = NUM_COLUMNS + bins
         present = iter(enumerate(specs))
         slots, numels, dtypes = array("q"), array("q"), array("b")
         for i in range(self.layers):

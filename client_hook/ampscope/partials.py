@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from ampscope.devices import device_tensor
+from ampscope.formats import TargetFormat
 
 _np: ModuleType | None
 try:  # optional: torch itself imports it where it is installed
@@ -51,6 +52,7 @@ __all__ = [
     "finalize",
     "finalize_host",
     "float32_bits",
+    "format_bits",
     "merge",
     "tensor_partials",
     "threshold_bits",
@@ -76,6 +78,13 @@ def float32_bits(value: float) -> int:
         raise ValueError(f"{value!r} is not a positive float32")
     bits: int = struct.unpack("<i", packed)[0]
     return bits
+
+
+def format_bits(fmt: TargetFormat) -> tuple[int, int]:
+    """The int32 patterns of ``fmt``'s underflow threshold and min normal: the bounds of the
+    ``LT_UNDER`` and ``LT_NORMAL`` classes for a gradient still scaled (``threshold_bits`` at
+    ``mult`` = 1)."""
+    return float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
 
 
 def threshold_bits(thr: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from ampscope.partials import (
     SUMSQ,
     ZERO,
     finalize,
-    float32_bits,
+    format_bits,
     threshold_bits,
 )
 from ampscope.wire import LAYER_STAT_NAMES
@@ -249,7 +249,7 @@ def _build_plan(
     layer_of_row = device_tensor(chunk_layer, torch.int64, device)
     table = to_device(bias, device)
     class_bits = list(_CLASS_BITS)
-    class_bits[1:3] = float32_bits(fmt.underflow_threshold), float32_bits(fmt.min_normal)
+    class_bits[1:3] = format_bits(fmt)
     return _Plan(
         device=device,
         groups=groups,

@@ -20,13 +20,13 @@ from ampscope.partials import (
     AMIN,
     NUM_COLUMNS,
     SUMSQ,
-    float32_bits,
+    format_bits,
     tensor_partials,
     threshold_bits,
 )
 
 FP16 = FORMATS["fp16"]
-UNDER, NORMAL = float32_bits(FP16.underflow_threshold), float32_bits(FP16.min_normal)
+UNDER, NORMAL = format_bits(FP16)
 BLOCK = 8192  # native_read.c's: a layer longer than it is read in several blocks
 
 
