@@ -1,6 +1,7 @@
 """The fused read's two CPU kernels, as ``fused`` builds them: the C loop (``native_read``, the
-default) against inductor's (``fused.build_kernel``, taken where no C compiler builds the loop),
-with and without the exponent histogram.
+default; on one thread and on the threads it takes, torch's OpenMP team) against inductor's
+(``fused.build_kernel``, taken where no C compiler builds the loop), with and without the
+exponent histogram.
 
 Inside the clocks: each kernel's build (the C compiler's process, into an empty directory;
 inductor's whole compile and first call, cold only with an empty ``TORCHINDUCTOR_CACHE_DIR``),
@@ -49,18 +50,25 @@ def run_size(size: str, lib: ctypes.CDLL, lib_s: float, rounds: int, histogram: 
     assert key is not None
     bits = torch.tensor([UNDER, NORMAL], dtype=torch.int32)
     hist = torch.tensor([1, 0], dtype=torch.int32)  # scale 1: es = 1, mb = 0
-    impls = [Impl("inductor", partials), Impl("C loop", partials)]
+    threads = native_read.threads(sum(g.numel() for g in grads))
+    impls = [Impl("inductor", partials), Impl("C loop, 1 thread", partials),
+             Impl(f"C loop, {threads} threads", partials)]
     with torch.no_grad():
         start = time.perf_counter()
         inductor = fused.build_kernel(key, UNDER, NORMAL, fused.compile_options(key.device))[0]
         want = inductor(grads, bits[0], bits[1], hist)
         inductor_s = time.perf_counter() - start
-        loop = native_read.NativeKernel(lib, key.scaled, key.specs, key.absent,
-                                        UNDER, NORMAL, NUM_BINS if histogram else 0, MIN_EXP)
-        got = loop(grads, bits[0], bits[1], hist)
+        loops = []
+        for n in (1, threads):
+            loop = native_read.NativeKernel(lib, key.scaled, key.specs, key.absent,
+                                            UNDER, NORMAL, NUM_BINS if histogram else 0, MIN_EXP)
+            loop._threads = n
+            loops.append(loop)
+        tables = [want, *(loop(grads, bits[0], bits[1], hist) for loop in loops)]
         before = os.getloadavg()
         interleave(impls, [lambda: inductor(grads, bits[0], bits[1], hist),
-                           lambda: loop(grads, bits[0], bits[1], hist)], rounds)
+                           lambda: loops[0](grads, bits[0], bits[1], hist),
+                           lambda: loops[1](grads, bits[0], bits[1], hist)], rounds)
         after = os.getloadavg()
     print(f"\n{size}{' with the histogram' if histogram else ''}: {len(grads)} tensors, "
           f"{sum(g.numel() for g in grads) / 1e6:.2f} M elements; {rounds} rounds; load "
@@ -68,7 +76,7 @@ def run_size(size: str, lib: ctypes.CDLL, lib_s: float, rounds: int, histogram: 
           f"first call {inductor_s:.1f} s, the C loop's build {lib_s:.2f} s")
     print(f"  {'kernel':<16} {'wall ms (p10-p90)':>24} {'thread cpu ms':>14} "
           f"{'ratio to inductor (min-max)':>28} {'agrees':>7}")
-    for impl, table in zip(impls, [want, got], strict=True):
+    for impl, table in zip(impls, tables, strict=True):
         spread, ratio = timing_cells(impl, 3)
         print(f"  {impl.label:<16} {spread:>24} {statistics.median(impl.cpu_ms):14.3f} "
               f"{ratio:>28} {agree(table, want)!s:>7}")
@@ -85,9 +93,10 @@ def main() -> None:
         start = time.perf_counter()
         lib = native_read.library(Path(where))
         lib_s = time.perf_counter() - start
+        first = native_read.flag_sets(native_read._compiler()[1])[0]
         print(f"C loop: {Path(lib._name).name} ({os.environ.get('CC', 'cc')} "
-              f"{' '.join(native_read.FLAG_SETS[0])}, the first set tried); "
-              f"torch {torch.__version__}")
+              f"{' '.join(first)}, the first set tried); torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads")
         for size in args.sizes.split(","):
             run_size(size, lib, lib_s, args.rounds, args.histogram)
 

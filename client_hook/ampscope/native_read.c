@@ -1,15 +1,29 @@
 /* The fused per-layer read of CPU gradients in C (ampscope/native_read.py).
 
-   For every layer, the (8,) float64 partials row of partials.tensor_partials and, when asked, the
-   exponent-histogram counts of histogram.tensor_histogram, from one read of the gradient's memory
-   (a few loops over each block of it, docs/hook-cost.md#the-c-loop): the
-   same integer classes of |raw|'s float32 bit pattern, so counts, amax and amin are equal to the
-   bit; the float64 sum of squares is summed in vector lanes, in another order
-   (-fassociative-math), as inductor's kernel sums it. Everything is integer arithmetic on bit
-   patterns but that sum: a process that flushes subnormals to zero (DAZ) changes nothing but
-   the squares of subnormals. No allocation, no global state: safe from any thread. */
+   ampscope_rows: for every layer, the (8,) float64 partials row of partials.tensor_partials and,
+   when asked, the exponent-histogram counts of histogram.tensor_histogram, from one read of the
+   gradient's memory (a few loops over each block of it, docs/hook-cost.md#the-c-loop): the same
+   integer classes of |raw|'s float32 bit pattern, so counts, amax and amin are equal to the bit;
+   the float64 sum of squares is summed in vector lanes, in another order (-fassociative-math),
+   as inductor's kernel sums it. Everything is integer arithmetic on bit patterns but that sum: a
+   process that flushes subnormals to zero (DAZ) changes nothing but the squares of subnormals.
 
+   ampscope_norms: every gradient's L2 norm, its squares summed in float64 (NaN if it holds a
+   NaN, else +inf if it holds an inf): the every-step read.
+
+   Both cut the gradients into chunks of one layer, which up to `threads` threads read
+   (docs/hook-cost.md#the-c-loop-on-several-threads); each chunk's result has a slot of its own,
+   folded into its layer in chunk order, so the answer does not depend on which thread read what
+   (the float64 sums' order follows the cut, which the thread count sets). Nothing global: safe
+   from any thread. */
+
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INF_BITS 0x7F800000
@@ -20,6 +34,14 @@
 /* Elements per block: each loop after the first over a block (the sum of squares, the
    histogram) reads it again from the core's L1 or L2 (32 KiB of float32), not from memory. */
 #define BLOCK 8192
+/* Elements per chunk, the unit of work a thread takes: small enough that a thread that is
+   descheduled holds the others back by one chunk at most, large enough that taking one costs
+   nothing next to reading it. */
+#define CHUNK (8 * BLOCK)
+#define MAX_THREADS 64
+/* at::internal::GRAIN_SIZE: torch's elementwise kernels run a tensor of fewer elements on one
+   thread, and cut a larger one into at most one part per this many (chunks_of). */
+#define GRAIN 32768
 
 enum { DTYPE_FLOAT32 = 0, DTYPE_FLOAT16 = 1, DTYPE_BFLOAT16 = 2 };
 
@@ -55,11 +77,24 @@ struct partials {
     double sumsq;
 };
 
+/* The float64 sum of VALUE² over the n elements, VALUE an expression of their magnitude
+   pattern b. */
+#define SUM_OF_SQUARES(LOAD, VALUE)                                                            \
+    double sum = 0.0;                                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                          \
+        int32_t b = LOAD(x, i);                                                                \
+        int32_t value = VALUE;                                                                 \
+        float v;                                                                               \
+        memcpy(&v, &value, 4);                                                                 \
+        sum += (double)v * (double)v;                                                          \
+    }                                                                                          \
+    return sum
+
 /* Accumulate n elements into acc in two loops, the counts' and the sum of squares': as one,
    their accumulators and constants outnumber AVX2's sixteen vector registers, and the spills ran
    it 2.5x slower than the two (docs/hook-cost.md#the-c-loop). The caller passes blocks that the
    second loop reads again from L1. */
-#define PARTIALS_PASS(NAME, LOAD)                                                              \
+#define PARTIALS_PASS(NAME, LOAD, SQUARES)                                                     \
     static void NAME(const void *restrict x, int64_t n, int32_t under, int32_t normal,        \
                      struct partials *restrict acc) {                                         \
         int32_t zeros = 0, finite = 0, not_nan = 0, below_under = 0, below_normal = 0;       \
@@ -76,14 +111,7 @@ struct partials {
             int32_t k = (b - 1) & 0x7FFFFFFF; /* zeros sort last */                           \
             low = k < low ? k : low;                                                           \
         }                                                                                      \
-        double sum = 0.0;                                                                      \
-        for (int64_t i = 0; i < n; i++) {                                                      \
-            int32_t b = LOAD(x, i);                                                            \
-            int32_t fb = b < INF_BITS ? b : 0;                                                 \
-            float v;                                                                           \
-            memcpy(&v, &fb, 4);                                                                \
-            sum += (double)v * (double)v;                                                      \
-        }                                                                                      \
+        double sum = SQUARES(x, n);                                                            \
         acc->zeros += zeros;                                                                   \
         acc->finite += finite;                                                                 \
         acc->not_nan += not_nan;                                                               \
@@ -130,9 +158,19 @@ static inline int32_t bin(int32_t b, int32_t es, int32_t mb, int32_t min_exp, in
             counts[k] += (int64_t)lanes[0][k] + lanes[1][k] + lanes[2][k] + lanes[3][k];       \
     }
 
-PARTIALS_PASS(partials_float32, float32_bits)
-PARTIALS_PASS(partials_float16, float16_bits)
-PARTIALS_PASS(partials_bfloat16, bfloat16_bits)
+/* The sum of squares of n elements: all (NAME), or the finite ones' (finite_NAME). */
+#define SQUARES_PASS(NAME, LOAD)                                                               \
+    static double NAME(const void *restrict x, int64_t n) { SUM_OF_SQUARES(LOAD, b); }        \
+    static double finite_##NAME(const void *restrict x, int64_t n) {                          \
+        SUM_OF_SQUARES(LOAD, b < INF_BITS ? b : 0);                                            \
+    }
+
+SQUARES_PASS(squares_float32, float32_bits)
+SQUARES_PASS(squares_float16, float16_bits)
+SQUARES_PASS(squares_bfloat16, bfloat16_bits)
+PARTIALS_PASS(partials_float32, float32_bits, finite_squares_float32)
+PARTIALS_PASS(partials_float16, float16_bits, finite_squares_float16)
+PARTIALS_PASS(partials_bfloat16, bfloat16_bits, finite_squares_bfloat16)
 HISTOGRAM_PASS(histogram_float32, float32_bits)
 HISTOGRAM_PASS(histogram_float16, float16_bits)
 HISTOGRAM_PASS(histogram_bfloat16, bfloat16_bits)
@@ -146,33 +184,143 @@ static const histogram_pass HISTOGRAMS[] = {histogram_float32, histogram_float16
                                             histogram_bfloat16};
 static const int64_t ITEM_SIZE[] = {4, 2, 2};
 
+typedef double (*squares_pass)(const void *restrict, int64_t);
+static const squares_pass SQUARES[] = {squares_float32, squares_float16, squares_bfloat16};
+
 static double pattern_value(int32_t bits) {
     float v;
     memcpy(&v, &bits, 4);
     return (double)v;
 }
 
-/* One present layer's row (and histogram counts, when bins > 0) into out. */
-static void layer(const void *x, int64_t n, int8_t dtype, int32_t under, int32_t normal,
-                  int32_t es, int32_t mb, int32_t min_exp, int32_t bins, double *out) {
+/* One chunk: elements [start, start + len) of a layer. */
+struct chunk {
+    int64_t layer, start, len;
+    int32_t owner; /* the thread that reads it first (see chunks_of) */
+};
+
+/* What one call reads, and where each chunk's result goes. */
+struct job {
+    const struct chunk *chunks;
+    int64_t count;
+    atomic_char *taken; /* per chunk: read by some thread already */
+    const void *const *x; /* each layer's memory (NULL: absent) */
+    const int8_t *dtypes;
+    /* ampscope_rows: the layer's class bounds and histogram scale; NULL for the norms */
+    const int32_t *bounds; /* under, normal, es, mb per layer */
+    int32_t min_exp, bins;
+    struct partials *partials; /* per chunk */
+    atomic_llong *counts;      /* per layer, bins each */
+    double *squares;           /* ampscope_norms: per chunk */
+};
+
+static void read_chunk(struct job *job, int64_t k) {
+    const struct chunk c = job->chunks[k];
+    const int8_t dtype = job->dtypes[c.layer];
+    const void *at = (const char *)job->x[c.layer] + ITEM_SIZE[dtype] * c.start;
+    if (job->squares != NULL) {
+        job->squares[k] = SQUARES[dtype](at, c.len);
+        return;
+    }
+    const int32_t *b = job->bounds + 4 * c.layer;
     struct partials acc = {0, 0, 0, 0, 0, 0, 0x7FFFFFFF, 0.0};
     int64_t counts[256] = {0};
-    for (int64_t start = 0; start < n; start += BLOCK) {
-        const void *at = (const char *)x + ITEM_SIZE[dtype] * start;
-        int64_t len = n - start < BLOCK ? n - start : BLOCK;
-        PARTIALS[dtype](at, len, under, normal, &acc);
-        if (bins > 0) HISTOGRAMS[dtype](at, len, es, mb, min_exp, bins, counts);
+    for (int64_t start = 0; start < c.len; start += BLOCK) {
+        const void *block = (const char *)at + ITEM_SIZE[dtype] * start;
+        int64_t len = c.len - start < BLOCK ? c.len - start : BLOCK;
+        PARTIALS[dtype](block, len, b[0], b[1], &acc);
+        if (job->bins > 0) HISTOGRAMS[dtype](block, len, b[2], b[3], job->min_exp, job->bins,
+                                             counts);
     }
-    int32_t amin = (acc.key < MAX_FINITE_BITS ? acc.key : MAX_FINITE_BITS) + 1;
-    out[0] = (double)acc.zeros;
-    out[1] = (double)(n - acc.not_nan);
-    out[2] = (double)(acc.not_nan - acc.finite);
-    out[3] = (double)acc.under;
-    out[4] = (double)acc.normal;
-    out[5] = acc.sumsq;
-    out[6] = pattern_value(acc.amax);
+    job->partials[k] = acc;
+    atomic_llong *into = job->counts + (int64_t)job->bins * c.layer;
+    for (int32_t i = 0; i < job->bins; i++)
+        if (counts[i]) atomic_fetch_add_explicit(into + i, counts[i], memory_order_relaxed);
+}
+
+/* Thread `index`'s part of the read: its own chunks, then whatever no thread has started. */
+static void work(struct job *job, int32_t index) {
+    for (int64_t k = 0; k < job->count; k++)
+        if (job->chunks[k].owner == index && !atomic_exchange(&job->taken[k], 1))
+            read_chunk(job, k);
+    for (int64_t k = 0; k < job->count; k++)
+        if (!atomic_exchange(&job->taken[k], 1)) read_chunk(job, k);
+}
+
+/* Every chunk of job read, on this thread (index 0) and up to threads - 1 others: torch's own
+   OpenMP team, built with -fopenmp against the runtime torch loaded (native_read.py), whose
+   threads still spin from torch's last parallel op; else this thread alone. */
+static void run(struct job *job, int32_t threads) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    work(job, omp_get_thread_num());
+#else
+    (void)threads;
+    work(job, 0);
+#endif
+}
+
+/* The present layers' chunks, in layer order (malloc'd; NULL when out of memory). Each layer
+   is cut as at::parallel_for cuts it for torch's own elementwise kernels (GradScaler's
+   unscale_ is the last to write the gradients): into min(threads, ceil(n / GRAIN)) equal
+   parts, part t first read by thread t, so that each thread reads first what its core wrote
+   last (docs/hook-cost.md#the-c-loop-on-several-threads). */
+static struct chunk *chunks_of(int64_t layers, const void *const *x, const int64_t *numels,
+                               int32_t threads, int64_t *count) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < layers; i++)
+        if (x[i] != NULL) total += (numels[i] + CHUNK - 1) / CHUNK + threads;
+    struct chunk *chunks = malloc(sizeof(struct chunk) * (total ? total : 1));
+    if (chunks == NULL) return NULL;
+    int64_t k = 0;
+    for (int64_t i = 0; i < layers; i++) {
+        if (x[i] == NULL) continue;
+        int64_t n = numels[i], parts = (n + GRAIN - 1) / GRAIN;
+        if (parts > threads) parts = threads;
+        int64_t part = parts ? (n + parts - 1) / parts : 0;
+        for (int32_t t = 0; t < parts; t++) {
+            int64_t end = (t + 1) * part < n ? (t + 1) * part : n;
+            for (int64_t start = t * part; start < end; start += CHUNK) {
+                int64_t len = end - start < CHUNK ? end - start : CHUNK;
+                chunks[k++] = (struct chunk){i, start, len, t};
+            }
+        }
+    }
+    *count = k;
+    return chunks;
+}
+
+static void merge(struct partials *acc, const struct partials *part) {
+    acc->zeros += part->zeros;
+    acc->finite += part->finite;
+    acc->not_nan += part->not_nan;
+    acc->under += part->under;
+    acc->normal += part->normal;
+    if (part->amax > acc->amax) acc->amax = part->amax;
+    if (part->key < acc->key) acc->key = part->key;
+    acc->sumsq += part->sumsq;
+}
+
+static void row_of(const struct partials *acc, int64_t n, double *out) {
+    int32_t amin = (acc->key < MAX_FINITE_BITS ? acc->key : MAX_FINITE_BITS) + 1;
+    out[0] = (double)acc->zeros;
+    out[1] = (double)(n - acc->not_nan);
+    out[2] = (double)(acc->not_nan - acc->finite);
+    out[3] = (double)acc->under;
+    out[4] = (double)acc->normal;
+    out[5] = acc->sumsq;
+    out[6] = pattern_value(acc->amax);
     out[7] = pattern_value(amin); /* +inf when no finite non-zero element */
-    for (int32_t k = 0; k < bins; k++) out[NUM_COLUMNS + k] = (double)counts[k];
+}
+
+/* Each layer's memory: grads[slots[i]], or NULL when slots[i] < 0. -1 for a bad dtype. */
+static int addresses(int64_t layers, const int64_t *grads, const int64_t *slots,
+                     const int8_t *dtypes, const void **x) {
+    for (int64_t i = 0; i < layers; i++) {
+        x[i] = slots[i] < 0 ? NULL : (const void *)(intptr_t)grads[slots[i]];
+        if (x[i] != NULL && (dtypes[i] < DTYPE_FLOAT32 || dtypes[i] > DTYPE_BFLOAT16)) return -1;
+    }
+    return 0;
 }
 
 /* The (layers, 8 + bins) float64 table of one layout into out (row-major).
@@ -180,30 +328,109 @@ static void layer(const void *x, int64_t n, int8_t dtype, int32_t under, int32_t
    slots[i]: layer i's index in grads, or -1 when its gradient is None (PyTorch: numels[i]
    zeros); scaled[i]: judged as stored against (under, normal), with the histogram divided by
    the scale (es_mb); else against the runtime *under_bits, *normal_bits, the histogram in the
-   units stored. bins: 0 for no histogram, at most 256. Returns 0, or -1 for bad arguments. */
+   units stored. bins: 0 for no histogram, at most 256. threads: how many may read (1: only the
+   caller's). Returns 0, -1 for bad arguments, -2 when out of memory. */
 int ampscope_rows(int64_t layers, const int64_t *grads, const int64_t *slots,
                   const int64_t *numels, const int8_t *dtypes, const int8_t *scaled,
                   int32_t under, int32_t normal, const int32_t *under_bits,
                   const int32_t *normal_bits, const int32_t *es_mb, int32_t min_exp,
-                  int32_t bins, double *out) {
-    if (bins < 0 || bins > 256) return -1;
+                  int32_t bins, int32_t threads, double *out) {
+    if (bins < 0 || bins > 256 || layers < 0) return -1;
+    const void **x = malloc(sizeof(void *) * (layers ? layers : 1));
+    int32_t *bounds = malloc(sizeof(int32_t) * 4 * (layers ? layers : 1));
+    atomic_llong *counts = calloc((size_t)(layers ? layers : 1) * (bins ? bins : 1),
+                                  sizeof(atomic_llong));
+    struct chunk *chunks = NULL;
+    struct partials *parts = NULL;
+    atomic_char *taken = NULL;
+    int64_t count = 0;
+    int status = -2;
+    if (x == NULL || bounds == NULL || counts == NULL) goto done;
+    status = addresses(layers, grads, slots, dtypes, x);
+    if (status != 0) goto done;
+    status = -2;
+    for (int64_t i = 0; i < layers; i++) {
+        int32_t *b = bounds + 4 * i;
+        if (scaled[i]) {
+            b[0] = under, b[1] = normal, b[2] = es_mb[0], b[3] = es_mb[1];
+        } else {
+            b[0] = *under_bits, b[1] = *normal_bits, b[2] = 1, b[3] = 0;
+        }
+    }
+    threads = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
+    chunks = chunks_of(layers, x, numels, threads, &count);
+    parts = malloc(sizeof(struct partials) * (count ? count : 1));
+    taken = calloc(count ? count : 1, sizeof(atomic_char));
+    if (chunks == NULL || parts == NULL || taken == NULL) goto done;
+    struct job job = {chunks, count, taken, x, dtypes, bounds, min_exp, bins, parts, counts,
+                      NULL};
+    run(&job, threads);
     const int64_t width = NUM_COLUMNS + bins;
+    int64_t k = 0;
     for (int64_t i = 0; i < layers; i++) {
         double *row = out + width * i;
         int64_t n = numels[i];
-        if (slots[i] < 0) { /* partials.absent; the histogram's n zeros */
+        if (x[i] == NULL) { /* partials.absent; the histogram's n zeros */
             const double absent[NUM_COLUMNS] = {(double)n, 0, 0, (double)n, (double)n, 0, 0,
                                                 pattern_value(INF_BITS)};
             memcpy(row, absent, sizeof absent);
-            for (int32_t k = 0; k < bins; k++) row[NUM_COLUMNS + k] = k == 0 ? (double)n : 0.0;
+            for (int32_t j = 0; j < bins; j++) row[NUM_COLUMNS + j] = j == 0 ? (double)n : 0.0;
             continue;
         }
-        if (dtypes[i] < DTYPE_FLOAT32 || dtypes[i] > DTYPE_BFLOAT16) return -1;
-        const void *x = (const void *)(intptr_t)grads[slots[i]];
-        if (scaled[i])
-            layer(x, n, dtypes[i], under, normal, es_mb[0], es_mb[1], min_exp, bins, row);
-        else
-            layer(x, n, dtypes[i], *under_bits, *normal_bits, 1, 0, min_exp, bins, row);
+        struct partials acc = {0, 0, 0, 0, 0, 0, 0x7FFFFFFF, 0.0};
+        for (; k < count && chunks[k].layer == i; k++) merge(&acc, &parts[k]);
+        row_of(&acc, n, row);
+        for (int32_t j = 0; j < bins; j++)
+            row[NUM_COLUMNS + j] = (double)atomic_load(&counts[(int64_t)bins * i + j]);
     }
-    return 0;
+    status = 0;
+done:
+    free(x);
+    free(bounds);
+    free(counts);
+    free(chunks);
+    free(parts);
+    free(taken);
+    return status;
+}
+
+/* Every gradient's L2 norm into out (float64, 0 for an empty one): grads[i] the address of
+   numels[i] dense elements of dtypes[i]. Returns 0, -1 for a bad dtype, -2 when out of memory. */
+int ampscope_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
+                   const int8_t *dtypes, int32_t threads, double *out) {
+    if (layers < 0) return -1;
+    const void **x = malloc(sizeof(void *) * (layers ? layers : 1));
+    struct chunk *chunks = NULL;
+    double *squares = NULL;
+    atomic_char *taken = NULL;
+    int64_t count = 0;
+    int status = -2;
+    if (x == NULL) goto done;
+    for (int64_t i = 0; i < layers; i++) {
+        x[i] = (const void *)(intptr_t)grads[i];
+        if (dtypes[i] < DTYPE_FLOAT32 || dtypes[i] > DTYPE_BFLOAT16) {
+            status = -1;
+            goto done;
+        }
+    }
+    threads = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
+    chunks = chunks_of(layers, x, numels, threads, &count);
+    squares = malloc(sizeof(double) * (count ? count : 1));
+    taken = calloc(count ? count : 1, sizeof(atomic_char));
+    if (chunks == NULL || squares == NULL || taken == NULL) goto done;
+    struct job job = {chunks, count, taken, x, dtypes, NULL, 0, 0, NULL, NULL, squares};
+    run(&job, threads);
+    int64_t k = 0;
+    for (int64_t i = 0; i < layers; i++) {
+        double sum = 0.0;
+        for (; k < count && chunks[k].layer == i; k++) sum += squares[k];
+        out[i] = sqrt(sum);
+    }
+    status = 0;
+done:
+    free(x);
+    free(chunks);
+    free(squares);
+    free(taken);
+    return status;
 }

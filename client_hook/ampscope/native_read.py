@@ -23,15 +23,19 @@ import subprocess
 import tempfile
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from ampscope.partials import NUM_COLUMNS
+from ampscope.transport import lower_thread_priority
 
-__all__ = ["FLAG_SETS", "SOURCE", "NativeKernel", "Unavailable", "cache_dir", "dense",
-           "library"]
+__all__ = ["FLAG_SETS", "OPENMP", "SOURCE", "THREAD_MIN_ELEMS", "NativeKernel", "NativeNorms",
+           "Unavailable", "cache_dir", "dense", "flag_sets", "library", "soon", "threads"]
 
 logger = logging.getLogger("ampscope")
 
@@ -46,7 +50,13 @@ _COMMON = ("-O3", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math
 FLAG_SETS: tuple[tuple[str, ...], ...] = (
     ("-march=native", "-mprefer-vector-width=512", *_COMMON), ("-march=native", *_COMMON),
     _COMMON)
+OPENMP = "-fopenmp"
+"""Added first to each set where the loop can run on torch's own OpenMP threads (``_openmp``)."""
 BUILD_TIMEOUT_S = 120.0
+THREAD_MIN_ELEMS = 1 << 15
+"""Gradient elements per reading thread (torch's ``GRAIN_SIZE``): torch's OpenMP threads wait,
+spinning, for its next parallel op, so a team starts in microseconds
+(docs/hook-cost.md#the-c-loop-on-several-threads)."""
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # native_read.c's DTYPE_*
 
 
@@ -95,12 +105,35 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
         raise Unavailable(f"the C compiler did not run: {exc}") from exc
 
 
+def _openmp(version: str) -> bool:
+    """Whether the loop built with ``OPENMP`` runs on torch's own OpenMP threads: torch's runtime
+    is GNU's, loaded as ``libgomp.so.1`` (Linux wheels), and the compiler is GCC, which links
+    that name: the process keeps one runtime, whose threads wait for torch's next parallel op.
+    Any other pair would load a second runtime with threads of its own competing with torch's
+    (docs/hook-cost.md#the-c-loop-on-several-threads)."""
+    if "Free Software Foundation" not in version:
+        return False
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any(line.rstrip().endswith("/libgomp.so.1") for line in maps)
+    except OSError:
+        return False
+
+
+def flag_sets(version: str) -> list[tuple[str, ...]]:
+    """The flag sets tried in order for a compiler of this ``--version``: ``FLAG_SETS``, each
+    first with ``OPENMP`` where ``_openmp``."""
+    if _openmp(version):
+        return [(*flags, OPENMP) for flags in FLAG_SETS] + list(FLAG_SETS)
+    return list(FLAG_SETS)
+
+
 def _build(directory: Path, source: bytes) -> Path:
     """The built library of ``source`` in ``directory`` (built now unless there already), for
-    the first of ``FLAG_SETS`` that builds."""
+    the first of ``flag_sets`` that builds."""
     compiler, version = _compiler()
     failures = []
-    for flags in FLAG_SETS:
+    for flags in flag_sets(version):
         key = hashlib.sha256(b"\0".join(
             [source, version.encode(), " ".join(flags).encode(), _cpu().encode()])).hexdigest()
         target = directory / f"native_read-{key[:20]}.so"
@@ -125,6 +158,9 @@ def _build(directory: Path, source: bytes) -> Path:
 
 _LIBRARY: ctypes.CDLL | Unavailable | None = None  # the process's, or why there is none
 _LIBRARY_LOCK = threading.Lock()
+_BUILDER: threading.Thread | None = None
+BUILD_NICENESS = 19
+"""The background build's nice increment (``soon``; Linux, its compiler inherits it)."""
 
 
 def library(directory: Path | None = None) -> ctypes.CDLL:
@@ -143,6 +179,33 @@ def library(directory: Path | None = None) -> ctypes.CDLL:
         if isinstance(_LIBRARY, Unavailable):
             raise _LIBRARY
         return _LIBRARY
+
+
+def soon() -> ctypes.CDLL | Literal[False] | None:
+    """The loaded C loop; None while a background thread (started by the first call, at
+    ``BUILD_NICENESS``) builds it; False where it cannot be built. Never waits: for the
+    every-step read."""
+    global _BUILDER
+    lib = _LIBRARY
+    if isinstance(lib, ctypes.CDLL):
+        return lib
+    if lib is not None:
+        return False
+    if _BUILDER is None:
+        with _LIBRARY_LOCK:
+            if _BUILDER is None:
+                _BUILDER = threading.Thread(target=_build_in_background, daemon=True,
+                                            name="ampscope-build")
+                _BUILDER.start()
+    return None
+
+
+def _build_in_background() -> None:
+    lower_thread_priority(BUILD_NICENESS)
+    try:
+        library()
+    except Unavailable as exc:
+        logger.info("ampscope: no C loop (%s); the every-step norms stay torch's", exc)
 
 
 def _load(where: Path) -> ctypes.CDLL:
@@ -167,9 +230,18 @@ def _load(where: Path) -> ctypes.CDLL:
         raise Unavailable(f"{path} did not load ({exc})") from exc
     lib.ampscope_rows.argtypes = [
         ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
-        *[ctypes.c_void_p] * 3, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
-    lib.ampscope_rows.restype = ctypes.c_int
+        *[ctypes.c_void_p] * 3, *[ctypes.c_int32] * 3, ctypes.c_void_p]
+    lib.ampscope_norms.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int32,
+                                   ctypes.c_void_p]
+    for function in (lib.ampscope_rows, lib.ampscope_norms):
+        function.restype = ctypes.c_int
     return lib
+
+
+def threads(elements: int) -> int:
+    """How many threads read ``elements`` gradient elements: torch's intra-op threads, which sit
+    idle while the hook runs on the training thread, one per ``THREAD_MIN_ELEMS``."""
+    return max(1, min(torch.get_num_threads(), elements // THREAD_MIN_ELEMS))
 
 
 def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
@@ -185,7 +257,39 @@ def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
-_DATA_PTR = torch.Tensor.data_ptr
+# What ``map`` calls from C: no Python call per gradient.
+DATA_PTR = torch.Tensor.data_ptr
+NUMEL = torch.Tensor.numel
+CONTIGUOUS = torch.Tensor.is_contiguous
+DTYPE = attrgetter("dtype")
+IS_CPU = attrgetter("is_cpu")
+
+
+@dataclass(frozen=True)
+class NativeNorms:
+    """One layout of contiguous float32, float16 or bfloat16 CPU gradients as ``ampscope_norms``
+    reads it: every gradient's L2 norm summed in float64 (NaN for a layer that holds a NaN, else
+    +inf for one that holds an inf; no float32 overflow), on several threads for large layouts.
+    ``GradStats.raw_norms`` checks the gradients against it and calls ``read``, inline: no Python
+    call on the every-step path."""
+
+    numels: array[int]
+    dtypes: list[torch.dtype]
+    codes: array[int]  # native_read.c's DTYPE_*
+    threads: int
+    read: Callable[..., int]  # ampscope_norms
+
+    @classmethod
+    def of(cls, lib: ctypes.CDLL, grads: Sequence[torch.Tensor]) -> NativeNorms:
+        """The layout of ``grads``; ``Unavailable`` where the C loop cannot read them."""
+        if not all(map(IS_CPU, grads)) or not all(map(CONTIGUOUS, grads)):
+            raise Unavailable("not every gradient is a contiguous CPU tensor")
+        dtypes = list(map(DTYPE, grads))
+        if any(dtype not in _DTYPES for dtype in dtypes):
+            raise Unavailable("a gradient is not float32, float16 or bfloat16")
+        numels = array("q", map(NUMEL, grads))
+        return cls(numels, dtypes, array("b", [_DTYPES[dtype] for dtype in dtypes]),
+                   threads(sum(numels)), lib.ampscope_norms)
 
 
 class NativeKernel:
@@ -224,6 +328,7 @@ class NativeKernel:
         self._addresses = [a.buffer_info()[0] for a in self._arrays]
         self._constants = (under, normal)
         self._bins, self._min_exp = bins, min_exp
+        self._threads = threads(sum(numels))
         self._rows = lib.ampscope_rows
 
     def __call__(self, grads: list[torch.Tensor], under_bits: torch.Tensor,
@@ -231,13 +336,12 @@ class NativeKernel:
         if len(grads) != self._count:
             raise ValueError(f"got {len(grads)} gradients for a layout of {self._count}")
         out = torch.empty((self.layers, self.width), dtype=torch.float64)
-        # ``map`` calls data_ptr from C: no Python call per gradient.
-        pointers = array("q", map(_DATA_PTR, grads))
+        pointers = array("q", map(DATA_PTR, grads))
         slots, numels, dtypes, scaled = self._addresses
         status = self._rows(self.layers, pointers.buffer_info()[0], slots, numels, dtypes,
                             scaled, *self._constants, under_bits.data_ptr(),
                             normal_bits.data_ptr(), hist.data_ptr(), self._min_exp,
-                            self._bins, out.data_ptr())
+                            self._bins, self._threads, out.data_ptr())
         if status != 0:
             raise ValueError(f"ampscope_rows refused its arguments ({status})")
         return out

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import math
 import operator
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 import torch
 
+from ampscope import native_read
 from ampscope.devices import device_tensor, to_device
 from ampscope.formats import TargetFormat
 from ampscope.fused import FusedPartials, LayoutState
 from ampscope.histogram import exponent_histogram
+from ampscope.native_read import CONTIGUOUS, DATA_PTR, DTYPE, IS_CPU, NUMEL, NativeNorms
 from ampscope.partials import (
     AMAX,
     AMIN,
@@ -58,8 +61,9 @@ MAX_GROUP_ELEMS = 1 << 24
 never with the layer count."""
 
 DOT_MIN_ELEMS = 1 << 20
-"""From this many float32 gradient elements ``raw_norms`` on the CPU takes a BLAS dot per layer,
-not one ``_foreach_norm``: faster, a Python op each (docs/hook-cost.md#the-every-step-norms)."""
+"""From this many float32 gradient elements ``raw_norms`` on the CPU without the C loop takes a
+BLAS dot per layer, not one ``_foreach_norm``: faster, a Python op each
+(docs/hook-cost.md#the-every-step-norms)."""
 
 FUSE_MIN_ELEMS = 1 << 17
 """``fused=None`` takes the fused kernel for CPU layouts of this many gradient elements; below it
@@ -389,6 +393,11 @@ class GradStats:
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
         self._fused = FusedPartials(self.fmt, self.numels) if fused is not False else None
+        # The C loop's norms (``raw_norms``): None until its library is built and a layout read,
+        # False where it is not to be had (``fused=False``, ``fused.NATIVE`` off, gradients it
+        # cannot read).
+        self._native: NativeNorms | Literal[False] | None = (
+            None if self._fused is not None and self._fused.native else False)
         self._fuse_auto = fused is None
         self.last_path: str | None = None
         """Which path the last ``partials`` took: "fused" or "eager" (tests, benchmarks)."""
@@ -530,10 +539,12 @@ class GradStats:
         """Every layer's L2 norm of the raw gradient (times the scale when scaled), a ``(L,)``
         device tensor, 0 when absent; NaN if the layer holds a NaN, else +inf if it holds ±inf:
         the norms double as finiteness. No host sync. The every-step floor, one read as the
-        gradients are: float32 as in ``clip_grad_norm_`` (float64 for float64 gradients,
-        ``exact_norms`` or ``acc64``), one ``_foreach_norm`` or on the CPU one dot per layer
-        (docs/hook-cost.md#the-every-step-norms). A float32 raw norm from 1.8e19 reads +inf;
-        ``found_inf`` tells that overflow from an inf element (else ``checked_norms``)."""
+        gradients are (docs/hook-cost.md#the-every-step-norms): on the CPU the C loop
+        (``native_read.NativeNorms``, float64 sums, one call) once its library is built;
+        else float32 as in ``clip_grad_norm_`` (float64 for float64 gradients, ``exact_norms``
+        or ``acc64``), one ``_foreach_norm`` or on the CPU one dot per layer. A float32 raw norm
+        from 1.8e19 reads +inf; ``found_inf`` tells that overflow from an inf element (else
+        ``checked_norms``)."""
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
         use64 = self._acc64 if acc64 is None else acc64
@@ -544,9 +555,23 @@ class GradStats:
             dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
                          else list(grads))
             try:
-                # TypeError for a None gradient, NotImplementedError (a RuntimeError) for a
-                # sparse one, RuntimeError for gradients on several devices: the op itself
-                # checks, no Python loop over the gradients on the common path.
+                # The C loop, in float64 (either accumulation asked): its layout checked (in
+                # C-level loops over the gradients) and read inline, no Python call on the way.
+                native = self._native
+                if native and not (array("q", map(NUMEL, dense)) == native.numels
+                                   and list(map(DTYPE, dense)) == native.dtypes
+                                   and all(map(IS_CPU, dense)) and all(map(CONTIGUOUS, dense))):
+                    native = None  # another layout
+                if native is None:
+                    native = self._native_layout(dense)
+                if native:
+                    out = torch.empty(len(dense), dtype=torch.float64)
+                    pointers = array("q", map(DATA_PTR, dense))
+                    if native.read(len(dense), pointers.buffer_info()[0],
+                                   native.numels.buffer_info()[0], native.codes.buffer_info()[0],
+                                   native.threads, out.data_ptr()) == 0:
+                        self.float32_norms = False
+                        return out
                 if not use64:
                     # ``_dots``, its size test inline (a call fewer on every step).
                     total = self._total if self.numels is not None else DOT_MIN_ELEMS
@@ -586,6 +611,18 @@ class GradStats:
             low = torch.stack([b.min for b in bounds])
             high = torch.stack([b.max for b in bounds])
             return norms, (high == math.inf) | (low == -math.inf)
+
+    def _native_layout(self, grads: list[torch.Tensor]) -> NativeNorms | Literal[False] | None:
+        """The C loop's layout of ``grads`` for ``raw_norms``, kept; None while its library is
+        being built (``native_read.soon``), False where the loop cannot read them."""
+        try:
+            lib = native_read.soon() if all(map(IS_CPU, grads)) else False
+            if lib is None:
+                return None
+            self._native = NativeNorms.of(lib, grads) if lib else False
+        except (native_read.Unavailable, AttributeError):  # e.g. a None gradient
+            self._native = False
+        return self._native
 
     def _dots(self, grads: list[torch.Tensor]) -> bool:
         """Whether ``raw_norms`` takes the dot path (see there)."""

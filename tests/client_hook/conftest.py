@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ampscope import fused
+from ampscope import fused, native_read
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -26,3 +26,12 @@ def compiles_at_normal_priority() -> Iterator[None]:
         patch.setattr(fused, "COMPILE_NICENESS", 0)
         patch.setattr(fused, "COMPILE_IN_CHILD", False)
         yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def c_loop_built() -> None:
+    """The C loop's library built before any test, as a run has it after its first second
+    (``native_read.soon`` then answers at once): no test's every-step norms change path midway
+    when a background build ends. The tests of torch's paths turn ``fused.NATIVE`` off; those
+    of the build use directories of their own."""
+    native_read.library()

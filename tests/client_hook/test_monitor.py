@@ -16,6 +16,7 @@ from torch import nn
 
 import ampscope
 import ampscope.cycle
+from ampscope import fused, native_read
 from ampscope.formats import FORMATS
 from ampscope.monitor import HookState
 from ampscope.reductions import STAT_NAMES
@@ -644,8 +645,9 @@ class TestCapture:
 
 
 class TestEveryStepNormRange:
-    """The every-step norms accumulate in float32: a finite gradient whose sum of squares
-    overflows it reads +inf there, and must reach the wire as unknown, never as "inf"."""
+    """torch's every-step norms accumulate in float32 (the C loop off, where no compiler builds
+    it): a finite gradient whose sum of squares overflows it reads +inf there, and must reach
+    the wire as unknown, never as "inf". The C loop's sum is float64's."""
 
     def records(self, enabled: bool | None, grad: float | list[float]) -> list[dict[str, Any]]:
         """Two steps whose gradient is ``grad`` (every element, or these 8); ``enabled``: the
@@ -673,11 +675,19 @@ class TestEveryStepNormRange:
         mon.close()
         return [r for p in sink.payloads() for r in p["records"]]
 
-    def test_overflowed_sum_of_squares_is_unknown_not_inf(self) -> None:
+    def test_overflowed_sum_of_squares_is_unknown_not_inf(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(fused, "NATIVE", False)
         recs = self.records(True, 1e20)  # each raw element finite, their squares are not
         # step 0 is a per-layer stats step (float64 throughout), step 1 takes the norms path
         assert [(r["found_inf"], r["grad_norm"]) for r in recs] == [
             (False, pytest.approx(1e20 * math.sqrt(8))), (False, None)]
+
+    def test_the_c_loop_reads_such_a_norm(self) -> None:
+        native_read.library()
+        recs = self.records(True, 1e20)
+        assert [(r["found_inf"], r["grad_norm"]) for r in recs] == [
+            (False, pytest.approx(1e20 * math.sqrt(8)))] * 2
 
     def test_a_real_inf_stays_inf(self) -> None:
         recs = self.records(True, math.inf)
@@ -687,15 +697,21 @@ class TestEveryStepNormRange:
         recs = self.records(True, 3.0)
         assert [r["grad_norm"] for r in recs] == [pytest.approx(3.0 * math.sqrt(8))] * 2
 
+    @pytest.mark.parametrize("native", [False, True], ids=["torch-norms", "c-loop-norms"])
     @pytest.mark.parametrize("enabled", [False, None])
     def test_without_found_inf_an_overflow_is_told_from_an_inf(
-            self, enabled: bool | None) -> None:
-        """A disabled scaler or none: no found_inf to ask, so the float32 read checks each
+            self, enabled: bool | None, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A disabled scaler or none: no found_inf to ask, so torch's float32 read checks each
         layer's bounds (``GradStats.checked_norms``): an overflow is unknown and finite, an
-        inf element (either sign) is an inf, step 1's norms as step 0's exact stats say."""
+        inf element (either sign) is an inf, step 1's norms as step 0's exact stats say. The C
+        loop's float64 read has no overflow to tell."""
+        if native:
+            native_read.library()
+        monkeypatch.setattr(fused, "NATIVE", native)
         recs = self.records(enabled, 1e20)
+        step1 = pytest.approx(1e20 * math.sqrt(8)) if native else None
         assert [(r["grad_norm"], r["found_inf"], r["nonfinite"]) for r in recs] == [
-            (pytest.approx(1e20 * math.sqrt(8)), False, None), (None, False, None)]
+            (pytest.approx(1e20 * math.sqrt(8)), False, None), (step1, False, None)]
         recs = self.records(enabled, [1.0] * 7 + [-math.inf])
         found = enabled is None  # a disabled scaler reports no found_inf at all
         assert [(r["grad_norm"], r["found_inf"]) for r in recs] == [("inf", found)] * 2

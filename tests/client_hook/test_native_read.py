@@ -24,6 +24,7 @@ from ampscope.partials import (
     tensor_partials,
     threshold_bits,
 )
+from ampscope.reductions import GradStats
 
 FP16 = FORMATS["fp16"]
 UNDER, NORMAL = format_bits(FP16)
@@ -145,6 +146,61 @@ class TestTable:
             kernel_for([grad], [True], False)
 
 
+class TestThreads:
+    """Reads cut into chunks that several threads take (torch's OpenMP team here): the same
+    table as one thread's, the sums of squares to 1e-12, and the same table on every call."""
+
+    SIZES = (0, 100, 40_000, 70_000, 200_001, 3 * BLOCK + 5)
+
+    def grads(self) -> list[torch.Tensor | None]:
+        dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        return [edge_tensor(n, dtypes[i % 3], seed=i) for i, n in enumerate(self.SIZES)] + [None]
+
+    @pytest.mark.parametrize("threads", [2, 3, 8])
+    def test_rows_equal_one_threads(self, threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        grads = self.grads()
+        numels = [*self.SIZES, 77]
+        scaled = [i % 2 == 0 for i in range(len(grads))]
+        bits, hist = arguments(2.0**8)
+        present = [g for g in grads if g is not None]
+        monkeypatch.setattr(native_read, "threads", lambda elements: 1)
+        one = kernel_for(grads, scaled, True, numels)(present, bits[0], bits[1], hist)
+        monkeypatch.setattr(native_read, "threads", lambda elements: threads)
+        several = kernel_for(grads, scaled, True, numels)
+        assert several._threads == threads
+        got = several(present, bits[0], bits[1], hist)
+        assert torch.equal(got, several(present, bits[0], bits[1], hist))
+        for row, want in zip(got.tolist(), one.tolist(), strict=True):
+            assert_rows_equal(row, want)
+        for g, row, flag in zip(grads[:-1], got.tolist(), scaled, strict=False):
+            assert g is not None
+            assert_rows_equal(row, want_row(g, flag, bits, hist, True))
+
+    @pytest.mark.parametrize("threads", [1, 2, 8])
+    def test_norms_on_several_threads(self, threads: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(native_read, "threads", lambda elements: threads)
+        gen = torch.Generator().manual_seed(3)
+        grads = [torch.randn(n, generator=gen) for n in (5, 40_000, 300_001)] + [
+            torch.randn(70_000, generator=gen).half(), torch.tensor([math.nan, 1.0]),
+            torch.tensor([1.0, -math.inf])]
+        stats = GradStats("fp16")
+        got = stats.raw_norms(grads)
+        assert isinstance(stats._native, native_read.NativeNorms)
+        assert stats._native.threads == threads
+        assert torch.equal(got[:4], stats.raw_norms(grads)[:4])  # the same sums on every call
+        want = [float(g.double().square().sum().sqrt()) for g in grads]
+        assert got.tolist()[:4] == pytest.approx(want[:4], rel=1e-13, abs=0)
+        assert math.isnan(got[4]) and got[5] == math.inf
+
+    def test_one_thread_per_grain_up_to_torchs(self) -> None:
+        grain = native_read.THREAD_MIN_ELEMS
+        assert grain == 1 << 15
+        assert native_read.threads(0) == native_read.threads(grain - 1) == 1
+        assert native_read.threads(5 * grain) == min(5, torch.get_num_threads())
+        assert native_read.threads(10**9) == torch.get_num_threads()
+
+
 @pytest.mark.parametrize("shape,stride,want", [
     ((4, 5), (5, 1), True),
     ((4, 5), (1, 4), True),  # a transpose
@@ -173,7 +229,44 @@ def builds(tmp_path: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if not line.endswith("--version")]
 
 
+# This machine's: GCC, and torch's OpenMP runtime loaded as libgomp.so.1 (the Linux wheel's), so
+# each flag set is tried first with OpenMP (``native_read._openmp``).
+SETS = native_read.flag_sets(native_read._compiler()[1])
+FIRST = SETS[0]
+
+
 class TestBuild:
+    def test_gcc_beside_torchs_libgomp_builds_with_openmp_first(self) -> None:
+        assert [*[(*flags, "-fopenmp") for flags in native_read.FLAG_SETS],
+                        *native_read.FLAG_SETS] == SETS
+
+    def test_another_compiler_builds_without_openmp(self) -> None:
+        """clang's ``-fopenmp`` links libomp: a second runtime, its threads beside torch's."""
+        assert native_read.flag_sets("clang version 17.0.6\nTarget: x86_64-pc-linux-gnu") == list(
+            native_read.FLAG_SETS)
+
+    def test_the_loop_runs_on_torchs_own_threads(self) -> None:
+        """One OpenMP runtime in the process, and a read on two threads starts none: its team
+        is the one torch's own parallel ops use on this thread."""
+        native_read.library()
+        maps = Path("/proc/self/maps").read_text()
+        runtimes = {line.split()[-1] for line in maps.splitlines()
+                    if "libgomp" in line or "libomp" in line or "libiomp" in line}
+        assert len(runtimes) == 1 and runtimes.pop().endswith("/libgomp.so.1")
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            grads = [torch.randn(1 << 18), torch.randn(3, 1 << 16)]
+            torch.randn(1 << 20).abs_()  # torch's team of two on this thread
+            threads = len(os.listdir("/proc/self/task"))
+            stats = GradStats("fp16", fused=None)
+            norms = [stats.raw_norms(grads) for _ in range(3)][-1]
+            assert stats._native and stats._native.threads == 2
+            assert len(os.listdir("/proc/self/task")) == threads
+            want = torch.stack([g.double().square().sum().sqrt() for g in grads])
+            torch.testing.assert_close(norms, want, rtol=1e-13, atol=0)
+        finally:
+            torch.set_num_threads(before)
     def test_built_once_then_loaded_from_the_cache(self, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("CC", str(wrapper(tmp_path, 'exec cc "$@"')))
@@ -182,7 +275,7 @@ class TestBuild:
         second = native_read.library(cache)
         assert first._name == second._name
         (built,) = builds(tmp_path)
-        assert built.startswith(" ".join(native_read.FLAG_SETS[0]) + " -shared -fPIC -o ")
+        assert built.startswith(" ".join(FIRST) + " -shared -fPIC -o ")
         assert [p.name for p in cache.iterdir()] == [Path(first._name).name]  # no leftovers
 
     def test_cc_may_be_a_command_of_several_words(self, tmp_path: Path,
@@ -192,7 +285,7 @@ class TestBuild:
         monkeypatch.setenv("CC", f"{launcher} cc")
         native_read.library(tmp_path / "cache")
         (built,) = builds(tmp_path)
-        assert built.startswith("cc " + " ".join(native_read.FLAG_SETS[0]))
+        assert built.startswith("cc " + " ".join(FIRST))
 
     def test_the_key_holds_the_compiler_identity(self, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,17 +298,19 @@ class TestBuild:
         assert native_read.library(cache)._name != one
         assert len(builds(tmp_path)) == 2 and len(list(cache.iterdir())) == 2
 
-    @pytest.mark.parametrize("refused,sets", [("-mprefer-vector-width", 2), ("-march", 3)])
+    @pytest.mark.parametrize("refused,sets", [("-mprefer-vector-width", 2), ("-march", 3),
+                                              ("-fopenmp", 4)])
     def test_flags_the_compiler_refuses_fall_back(self, refused: str, sets: int, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-        """As a compiler off x86 refuses the vector width, one without ``-march=native``."""
+        """As a compiler off x86 refuses the vector width, one without ``-march=native``, one
+        without OpenMP's library."""
         body = (f'case "$*" in *{refused}*) echo "unknown {refused}" >&2; exit 1;; esac\n'
                 'exec cc "$@"')
         monkeypatch.setenv("CC", str(wrapper(tmp_path, body)))
         native_read.library(tmp_path / "cache")
         tried = [line.split(" -shared")[0] for line in builds(tmp_path)]
-        assert tried == [" ".join(flags) for flags in native_read.FLAG_SETS[:sets]]
-        assert len(native_read.FLAG_SETS) == 3
+        assert tried == [" ".join(flags) for flags in SETS[:sets]]
+        assert len(native_read.FLAG_SETS) == 3 and len(SETS) == 6
 
     def test_unavailable_without_a_compiler_or_a_build(self, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:

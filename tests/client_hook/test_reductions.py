@@ -7,7 +7,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from ampscope import reductions
+from ampscope import fused, native_read, reductions
 from ampscope.formats import FORMATS, TargetFormat
 from ampscope.reductions import STAT_NAMES, GradStats
 from tests.client_hook.reference import (
@@ -124,14 +124,21 @@ class TestGradNorm:
         assert layer_stats(raws, 1.0, True)[0].item() == math.inf
         assert grad_norm(GradStats(), raws, 1.0, True).item() == math.inf
 
-    def test_huge_scaled_values_do_not_overflow_the_exact_paths(self) -> None:
+    def test_huge_scaled_values_do_not_overflow_the_exact_paths(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
         raws = [torch.full((1000,), 3e37), torch.full((10,), 1e-40)]
         want = math.sqrt(1000) * 3e37 / 2.0**24
         assert layer_stats(raws, 2.0**24, True)[0].item() == pytest.approx(want, rel=1e-6)
         exact = GradStats(FP16, exact_norms=True)
         assert grad_norm(exact, raws, 2.0**24, True).item() == pytest.approx(want, rel=1e-6)
-        # The every-step direct path accumulates in float32: past its range it reads +inf, which
+        # The C loop's every-step read sums in float64 too.
+        native_read.library()
+        exact_want = math.sqrt(1000) * float(raws[0][0]) / 2.0**24
+        assert grad_norm(GradStats(), raws, 2.0**24, True).item() == pytest.approx(exact_want,
+                                                                                  rel=1e-14)
+        # torch's accumulates in float32: past its range it reads +inf, which
         # StepRecord.to_wire sends as unknown when found_inf says no element was inf.
+        monkeypatch.setattr(fused, "NATIVE", False)
         assert grad_norm(GradStats(), raws, 2.0**24, True).item() == math.inf
 
 
@@ -215,9 +222,16 @@ def check_cached(
     return got
 
 
+@pytest.fixture
+def torch_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``raw_norms`` through torch's ops: the C loop off (where no compiler builds it)."""
+    monkeypatch.setattr(fused, "NATIVE", False)
+
+
+@pytest.mark.usefixtures("torch_norms")
 class TestRawNormsDotPath:
-    """raw_norms on dense contiguous float32 CPU gradients: one BLAS dot per layer (from
-    ``DOT_MIN_ELEMS`` elements; lowered here so that these small layers take it)."""
+    """raw_norms on dense contiguous float32 CPU gradients without the C loop: one BLAS dot per
+    layer (from ``DOT_MIN_ELEMS`` elements; lowered here so that these small layers take it)."""
 
     @pytest.fixture(autouse=True)
     def _dots_for_any_size(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,6 +291,7 @@ class TestCheckedNorms:
     """``checked_norms``: the float32 read plus each layer's bounds, for loops without a
     ``found_inf`` (the monitor's ``exact_norms``)."""
 
+    @pytest.mark.usefixtures("torch_norms")
     def test_an_overflow_is_told_from_an_inf_of_either_sign(self) -> None:
         grads = [torch.full((4,), 1e20), torch.tensor([1.0, -math.inf]),
                  torch.tensor([2.0, math.inf], dtype=torch.float16), torch.tensor([math.nan, 1.0]),
@@ -303,9 +318,10 @@ class TestCheckedNorms:
         assert norms.tolist()[0] == pytest.approx(math.sqrt(3), rel=1e-15)
 
 
+@pytest.mark.usefixtures("torch_norms")
 class TestGradNormsDirectPath:
-    """grad_norms without the padded buffer: one read of the gradients (float32 accumulation,
-    float64 with ``exact_norms`` or float64 gradients)."""
+    """grad_norms without the padded buffer or the C loop: one read of the gradients (float32
+    accumulation, float64 with ``exact_norms`` or float64 gradients)."""
 
     def test_nan_and_inf_in_different_layers(self) -> None:
         raws = [torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 2.0]), torch.ones(3)]
@@ -425,3 +441,92 @@ class TestGradNormsDirectPath:
         stats = GradStats(FP16)
         grad_norms(stats, raws, torch.tensor(8.0), True)
         grad_norms(stats, raws, 8.0, [False, False])
+
+
+class TestNativeNorms:
+    """``raw_norms`` through the C loop (``native_read.NativeNorms``): each layer's norm summed
+    in float64, in one call checked and made inline."""
+
+    @pytest.fixture(autouse=True)
+    def _built(self) -> None:
+        native_read.library()
+
+    LAYERS: ClassVar[list[torch.Tensor]] = [
+        *TestRawNormsDotPath.LAYERS,
+        torch.tensor([1e-40, -3e-42, 0.5]),  # subnormals' squares, exact in float64
+        torch.tensor([2.0, math.inf, 1.5], dtype=torch.float16),
+        torch.tensor([3.0, -4.0, 6e-8], dtype=torch.float16),  # a float16 subnormal
+        torch.tensor([3.0, math.nan], dtype=torch.bfloat16),
+        torch.randn(5, 70_000, generator=torch.Generator().manual_seed(1)).bfloat16(),
+    ]
+
+    def test_each_layer_against_float64(self) -> None:
+        stats = GradStats(FP16)
+        got = stats.raw_norms(self.LAYERS).tolist()
+        assert isinstance(stats._native, native_read.NativeNorms) and not stats.float32_norms
+        for g, raw in zip(got, self.LAYERS, strict=True):
+            want = float(raw.double().square().sum().sqrt())
+            if math.isnan(want) or math.isinf(want):
+                assert repr(g) == repr(want)
+            else:
+                assert g == pytest.approx(want, rel=1e-13, abs=0)
+        assert got[9] == 2 * float(torch.tensor(2e19))  # no float32 overflow
+        assert got[4] == pytest.approx(math.sqrt(5) * 1e-30, rel=1e-6)  # no underflow
+
+    @pytest.mark.parametrize("exact", [False, True])
+    def test_the_every_step_read_is_one_op_whatever_the_layers(self, exact: bool) -> None:
+        def ops(num_layers: int) -> list[str]:
+            stats = GradStats(FP16, exact_norms=exact)
+            raws = [torch.randn(37 + 50 * i) for i in range(num_layers)]
+            stats.raw_norms(raws)
+            with AtenOps() as mode:
+                stats.raw_norms(raws)
+            return list(mode.ops)
+
+        assert ops(3) == ops(60) == ["empty"]
+
+    def test_checked_norms_need_no_flags(self) -> None:
+        """A float64 sum cannot overflow: +inf is an inf element, as ``found_inf`` would say."""
+        norms, flags = GradStats(FP16, exact_norms=True).checked_norms(
+            [torch.full((4,), 1e20), torch.tensor([1.0, -math.inf])])
+        assert flags is None and norms.tolist() == [2 * float(torch.tensor(1e20)), math.inf]
+
+    def test_a_layout_change_is_read_again(self) -> None:
+        stats = GradStats(FP16, numels=[700, 9])
+        one = [torch.randn(700), torch.randn(9)]
+        other = [torch.randn(700), torch.randn(9, dtype=torch.float16)]
+        for raws in (one, other, one, [one[0], None], one):  # a None gradient: torch's read
+            want = [0.0 if r is None else float(r.double().norm()) for r in raws]
+            assert stats.raw_norms(raws).tolist() == pytest.approx(want, rel=1e-13)
+            assert isinstance(stats._native, native_read.NativeNorms)
+            assert stats._native.dtypes[1] == (torch.float16 if raws is other else torch.float32)
+
+    @pytest.mark.parametrize("raws", [
+        [torch.ones(4, 2)[:, 0]],  # not contiguous
+        [torch.ones(3, dtype=torch.float64)],  # not a dtype the loop reads
+    ], ids=["strided", "float64"])
+    def test_gradients_the_loop_cannot_read_take_torchs(self, raws: list[torch.Tensor]) -> None:
+        stats = GradStats(FP16)
+        with AtenOps() as mode:
+            norms = stats.raw_norms(raws)
+        assert stats._native is False and mode.ops[0] == "_foreach_norm"
+        assert norms.tolist() == [pytest.approx(float(raws[0].double().norm()), rel=1e-6)]
+
+    def test_fused_false_or_native_off_keep_torchs(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert GradStats(FP16, fused=False)._native is False
+        monkeypatch.setattr(fused, "NATIVE", False)
+        assert GradStats(FP16)._native is False
+
+    def test_torchs_read_while_the_loop_is_built(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``native_read.soon`` never waits: None while its thread builds the loop."""
+        answers: list[object] = [None, None, native_read.library()]
+        monkeypatch.setattr(native_read, "soon", lambda: answers.pop(0))
+        stats = GradStats(FP16)
+        raws = [torch.randn(40), torch.randn(3, 3)]
+        for _ in range(2):
+            with AtenOps() as mode:
+                stats.raw_norms(raws)
+            assert mode.ops == ["_foreach_norm", "stack"] and stats._native is None
+        with AtenOps() as mode:
+            stats.raw_norms(raws)
+        assert mode.ops == ["empty"] and isinstance(stats._native, native_read.NativeNorms)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampscope
+from ampscope import native_read
 from ampscope.step import ScalerSource, StepSource
 from ampscope.transport import MemorySender
 
@@ -41,8 +42,12 @@ class _Ops(TorchDispatchMode):
 class Loop:
     """A dispatch-bound loop: ``tensors`` tiny parameter tensors, SGD, a CPU GradScaler."""
 
-    def __init__(self, tensors: int, layer_every: int | None) -> None:
+    def __init__(self, tensors: int, layer_every: int | None, fused: bool | None = False) -> None:
+        """``fused``: None reads the every-step norms through the C loop (built here first, as
+        a long run has it), False through torch's ops."""
         torch.manual_seed(0)
+        if fused is None:
+            native_read.library()
         self.model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(tensors // 2)])
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -50,7 +55,7 @@ class Loop:
         # Every default but the samplers (activation, histogram), which have their own steps.
         self.mon = None if layer_every is None else ampscope.watch(
             self.model, self.scaler, self.opt, sender=MemorySender(), layer_every=layer_every,
-            activation_every=0, histogram_every=0, fused=False)
+            activation_every=0, histogram_every=0, fused=fused)
         for _ in range(12):
             self.step()
 
@@ -104,9 +109,9 @@ class Loop:
             self.mon.close()
 
 
-def added(tensors: int, layer_every: int) -> tuple[int, int]:
+def added(tensors: int, layer_every: int, fused: bool | None = False) -> tuple[int, int]:
     """(aten ops, Python calls) the hook adds to one step of a ``tensors``-tensor loop."""
-    base, hooked = Loop(tensors, None), Loop(tensors, layer_every)
+    base, hooked = Loop(tensors, None), Loop(tensors, layer_every, fused)
     try:
         ops = len(hooked.ops()) - len(base.ops())
         calls = sum(hooked.calls().values()) - sum(base.calls().values())
@@ -124,10 +129,11 @@ class TestSeam:
         loop.close()
         assert "step" not in vars(loop.scaler) and "step" not in vars(loop.opt)
 
-    def test_a_plain_gradscaler_step_is_one_screen(self) -> None:
+    @pytest.mark.parametrize("fused", [False, None], ids=["torch-norms", "c-loop-norms"])
+    def test_a_plain_gradscaler_step_is_one_screen(self, fused: bool | None) -> None:
         """Scale, step, update at the default cadence on a step without per-layer statistics:
         the hook functions it runs (each code object once), in the seam's five modules."""
-        loop = Loop(34, 10)
+        loop = Loop(34, 10, fused)
         loop.step()  # step 13 of a layer_every=10 run: a plain step
         hook: set[tuple[str, str, int]] = set()
 
@@ -163,6 +169,13 @@ class TestHostWork:
     def test_a_plain_step(self, tensors: int) -> None:
         ops, calls = added(tensors, layer_every=0)
         assert ops <= 8 and calls <= 60, (ops, calls)
+
+    def test_a_plain_step_through_the_c_loop(self) -> None:
+        """The norms in one ``empty`` (its output) and one call from C: an op fewer than torch's
+        ``_foreach_norm`` and ``stack``, the same Python calls, at 34 and 500 tensors."""
+        torch_ops, torch_calls = added(34, layer_every=0)
+        assert added(34, 0, fused=None) == added(500, 0, fused=None) == (torch_ops - 1,
+                                                                          torch_calls)
 
     @pytest.mark.parametrize("tensors", [34, 500])
     def test_a_per_layer_step(self, tensors: int) -> None:
