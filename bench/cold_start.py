@@ -17,26 +17,25 @@ ratio** (the median of the hooked segments' step times over the median of the no
 and the **total-time ratio** (the hooked segments' summed time over the no-hook segments');
 ``base`` (the no-hook median step against the last minute's), which shows what the process as
 a whole lost meanwhile; when the fused read engaged (the first hooked segment after which
-``GradStats.last_path == "fused"``), each fused layout's compile (wall, of which the child's, and
-the compile thread's CPU time, which is about how long it held the GIL); the load average at
-start and end (``os.getloadavg``) and the process's CPU time (``time.process_time``: every
-thread, the compile thread's included; not the compile child's).
+``GradStats.last_path == "fused"``) and when the every-step norms took the C loop (the first
+hooked segment after which ``GradStats`` holds a ``NativeNorms``; ``default`` only: ``every``
+reads no norms apart), each fused layout's build (wall, and the build thread's CPU time); the
+load average at start and end (``os.getloadavg``) and the process's CPU time
+(``time.process_time``: every thread, the build threads' included; not the compiler's
+processes).
 
 The clocks. A step's time (``time.perf_counter``) is ``zero_grad``, forward, loss, backward,
 ``scaler.step`` and ``scaler.update``, with the hook's training-thread work inside them. A
 segment's time is its steps plus, for the hooked one, ``Monitor.flush`` (the sender thread's
 work on the segment's records, to a ``MemorySender``; ``hook_sweep.run_segment``): the hook's
 total. Outside every clock: the models' construction, the gaps between segments (this script's
-bookkeeping, a few µs). The fused compile runs on its own thread (and, on the CPU, first in a
-child process: ``ampscope/_compile_child.py``) **concurrently with both copies' segments**: its
-hold of the GIL and its CPU slow the no-hook segments as much as the hooked ones, so the ratios
-do not show it; ``base`` does. What the ratios show in the compile period is the hook's own
-path meanwhile (the exact eager read). ``--child`` (the default here) sets
-``fused.COMPILE_IN_CHILD`` (off in the hook by default); ``--no-child`` compiles in the training
-process, as before #29's change.
+bookkeeping, a few µs). The builds run on their own threads **concurrently with both copies'
+segments**: their CPU slows the no-hook segments as much as the hooked ones, so the ratios do
+not show it; ``base`` does. What the ratios show meanwhile is the hook's own path (the exact
+eager read, torch's norms).
 
-Usage: ``python bench/cold_start.py [--minutes 5] [--config default|every] [--segment 5]
-[--child|--no-child]``; run from the repository with ``client_hook`` on ``PYTHONPATH``.
+Usage: ``python bench/cold_start.py [--minutes 5] [--config default|every] [--segment 5]``;
+run from the repository with ``client_hook`` on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -105,9 +104,6 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=5, help="wall time from the start")
     parser.add_argument("--config", choices=tuple(CONFIGS), default="default")
     parser.add_argument("--segment", type=int, default=5, help="steps per segment")
-    parser.add_argument("--child", action=argparse.BooleanOptionalAction, default=True,
-                        help="the cold compile in a child process (fused.COMPILE_IN_CHILD, off "
-                             "in the hook by default); --no-child: in the training process")
     args = parser.parse_args()
     cache = tempfile.mkdtemp(prefix="ampscope-cold-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # before torch's import: a cold cache
@@ -128,9 +124,8 @@ def run(args: argparse.Namespace, cache: str, start_load: str) -> None:
         run_segment,
     )
 
-    from ampscope import fused
+    from ampscope.native_read import NativeNorms
 
-    fused.COMPILE_IN_CHILD = args.child
     cpu = torch.device("cpu")
     hooked: Any = make_live(SHAPES["4M"], cpu, CONFIGS[args.config], None)
     base: Any = make_live(SHAPES["4M"], cpu, None, None)
@@ -138,11 +133,11 @@ def run(args: argparse.Namespace, cache: str, start_load: str) -> None:
     x = torch.randn(4, 32, D_IN)
     y = torch.randint(0, CLASSES, (4,))
     print(f"cold_start: 4M, config {args.config} (layer_every {CONFIGS[args.config]}), "
-          f"{'child compile' if args.child else 'in-process compile'}, "
           f"segments of {args.segment} steps, {args.minutes} min; cache {cache}; torch "
           f"{torch.__version__}; {torch.get_num_threads()} threads; start {start_load}")
     segments: list[Segment] = []
     engaged: tuple[float, int] | None = None
+    norms: tuple[float, int] | None = None
     hooked_steps = 0
     end = args.minutes * 60.0
     while time.monotonic() - START < end:
@@ -155,21 +150,20 @@ def run(args: argparse.Namespace, cache: str, start_load: str) -> None:
                 hooked_steps += len(steps)
                 if engaged is None and live.mon._stats.last_path == "fused":
                     engaged = (time.monotonic() - START, hooked_steps)
+                if norms is None and isinstance(live.mon._stats._native, NativeNorms):
+                    norms = (time.monotonic() - START, hooked_steps)
     wall = time.monotonic() - START
     report(segments, args.minutes)
-    if engaged is None:
-        print("fused read: never engaged")
-    else:
-        print(f"fused read: engaged by hooked step {engaged[1]}, {engaged[0]:.1f} s after the "
-              f"start")
+    for what, when in (("fused read", engaged), ("every-step norms in the C loop", norms)):
+        print(f"{what}: never" if when is None else
+              f"{what}: from hooked step {when[1]}, {when[0]:.1f} s after the start")
     for entry in hooked.mon._stats._fused._seen.values() if hooked.mon._stats._fused else ():
-        child = f", of which the child {entry.child_s:.1f} s" if entry.child_s else ""
         cpu_s = f"{entry.compile_cpu_s:.1f}" if entry.compile_cpu_s is not None else "-"
         took = f"{entry.compile_s:.1f} s" if entry.compile_s is not None else "unfinished"
-        print(f"compile: {entry.state.value}, {took}{child}; compile thread's CPU {cpu_s} s"
+        print(f"build: {entry.state.value} ({entry.backend}), {took}; its thread's CPU {cpu_s} s"
               f"{'; ' + entry.error if entry.error else ''}")
     print(f"end {load()}; wall {wall:.1f} s, process CPU {time.process_time():.1f} s "
-          f"(children not counted)")
+          f"(the compiler's processes not counted)")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def run_size(size: str, lib: ctypes.CDLL, lib_s: float, rounds: int, histogram: 
              Impl(f"C loop, {threads} threads", partials)]
     with torch.no_grad():
         start = time.perf_counter()
-        inductor = fused.build_kernel(key, UNDER, NORMAL, fused.compile_options(key.device))[0]
+        inductor = fused.build_kernel(key, UNDER, NORMAL, fused.compile_options(key.device))
         want = inductor(grads, bits[0], bits[1], hist)
         inductor_s = time.perf_counter() - start
         loops = []

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ampscope import _compile_child, native_read
+from ampscope import native_read
 from ampscope.devices import device_tensor
 from ampscope.formats import TargetFormat
 from ampscope.histogram import MIN_EXP, NUM_BINS, scale_bits, tensor_histogram
@@ -82,7 +82,6 @@ class _Layout:
     kernel: Kernel | None = None
     backend: str | None = None  # "native" (the C loop) or "inductor", once READY
     compile_s: float | None = None  # wall time from the compile's start to READY or FAILED
-    child_s: float | None = None  # of which the child's (``_compile_child``), when there was one
     compile_cpu_s: float | None = None  # the compile thread's CPU time: ~ its hold of the GIL
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -102,20 +101,14 @@ NATIVE = True
 """Whether CPU layouts take the C loop (``native_read``) where it builds, before inductor. Read
 when a ``FusedPartials`` is made: its layouts keep their choice."""
 
-COMPILE_IN_CHILD = False
-"""Whether a CPU compile runs first in a child process (``_compile_child``). Off: at nice +19,
-beside training's OpenMP team, it ends far later (docs/hook-cost.md#the-fused-kernels-compile)."""
-CHILD_TIMEOUT_S = 900.0
-"""How long the compile thread waits for its child before killing it and compiling in-process."""
 
 _RUNNING: set[threading.Thread] = set()
 _EXITING = threading.Event()
 
 
 def _at_exit() -> None:
-    """At interpreter exit: kill the compile children, then wait for the threads."""
+    """At interpreter exit: wait for the compile threads."""
     _EXITING.set()
-    _compile_child.kill_all()
     _finish_compiles()
 
 
@@ -219,17 +212,9 @@ def cpu_vector_options() -> Options:
     return {"cpp.simdlen": AVX2_BITS}
 
 
-def _disk_caches() -> bool:
-    """Whether inductor's on-disk FX graph cache is on, through which a child's compile arrives."""
-    from torch._inductor import config as inductor_config
-
-    return bool(inductor_config.fx_graph_cache) and not inductor_config.force_disable_caches
-
-
 def build_kernel(key: LayoutKey, under: int, normal: int,
-                 attempts: Sequence[Options]) -> tuple[Kernel, int]:
-    """Compile with the first of ``attempts`` that works, run once: (kernel, attempt index).
-    The in-process and the child's compile both call it, so both trace the same graph."""
+                 attempts: Sequence[Options]) -> Kernel:
+    """Compile with the first of ``attempts`` that works, run once."""
     bits = device_tensor([under, normal], torch.int32, key.device)
     hist = device_tensor([1, 0], torch.int32, key.device)
     for k, options in enumerate(attempts):
@@ -246,7 +231,7 @@ def build_kernel(key: LayoutKey, under: int, normal: int,
             logger.info("ampscope: the fused reduction did not compile with %s (%s: %s); "
                         "trying %s", options, type(exc).__name__, exc, attempts[k + 1])
             continue
-        return kernel, k
+        return kernel
     raise ValueError("no compile options to try")
 
 
@@ -273,10 +258,8 @@ def _native_kernel(key: LayoutKey, under: int, normal: int) -> Kernel | None:
 
 
 def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
-    """Background thread: build the layout's kernel and run it once on placeholders. On the CPU
-    the C loop (``NATIVE``), else inductor's: with ``COMPILE_IN_CHILD`` (CPU) a child compiles
-    first and this thread then loads from the caches it filled; otherwise, or when the child
-    fails, a cold compile here at ``COMPILE_NICENESS``."""
+    """Background thread: build the layout's kernel and run it once on placeholders: on the CPU
+    the C loop (``NATIVE``), else inductor's, compiled at ``COMPILE_NICENESS``."""
     global _LOGGED_FAILURE
     start, cpu = time.perf_counter(), time.thread_time()
     try:
@@ -288,24 +271,9 @@ def _compile(key: LayoutKey, layout: _Layout, fmt: TargetFormat) -> None:
             if native is not None:
                 layout.kernel, layout.backend, layout.state = native, "native", LayoutState.READY
                 return
-        attempt = None
-        if COMPILE_IN_CHILD and key.device.type == "cpu" and _disk_caches():
-            attempt = _compile_child.run(key, under, normal, COMPILE_NICENESS, CHILD_TIMEOUT_S)
-            layout.child_s = time.perf_counter() - start
-            if _EXITING.is_set():
-                raise RuntimeError("the interpreter is exiting")
-        # After the child, which makes the same query itself: on a cold cache inductor's
-        # query of the CPU's vector ISAs builds test programs (seconds), a delay before the
-        # child's start.
-        attempts = compile_options(key.device)
-        if attempt is not None and 0 <= attempt < len(attempts):
-            attempts = attempts[attempt:]  # those that failed there would fail here
-        else:
-            # A cold compile here: its compiler processes take only idle CPU. Not for the
-            # load from the child's caches: seconds of Python holding the GIL, which a thread
-            # at nice 19 on a busy machine would keep while descheduled, stalling training.
-            lower_thread_priority(COMPILE_NICENESS)
-        layout.kernel = build_kernel(key, under, normal, attempts)[0]
+        # Its compiler processes inherit the priority: they take only idle CPU.
+        lower_thread_priority(COMPILE_NICENESS)
+        layout.kernel = build_kernel(key, under, normal, compile_options(key.device))
         layout.backend, layout.state = "inductor", LayoutState.READY
     except Exception as exc:  # no compiler, no inductor, anything: the eager path stays exact
         layout.error = f"{type(exc).__name__}: {exc}"

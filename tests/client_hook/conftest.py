@@ -15,16 +15,9 @@ def compiles_at_normal_priority() -> Iterator[None]:
     in a suite of 4 processes on 2 cores nothing is ever idle, and a test waiting for a compile
     waited 245 s instead of ~60. Results do not depend on the priority; the test of the
     priority itself sets it back (test_fused, TestExit). Session scope: before the class
-    fixtures that compile.
-
-    And in-process, without the compile child (``fused.COMPILE_IN_CHILD``, off by default for
-    now; whatever the default): the child spares a
-    training thread the compile's hold of the GIL, which no test measures, at the price of a
-    second interpreter per cold compile; and the tests that replace ``torch.compile`` replace it
-    in this process only. test_fused's TestChild turns it on."""
+    fixtures that compile."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fused, "COMPILE_NICENESS", 0)
-        patch.setattr(fused, "COMPILE_IN_CHILD", False)
         yield
 
 

@@ -8,25 +8,19 @@ below are few and shared by the tests of a class.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
-import subprocess
 import sys
-import textwrap
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-from ampscope import _compile_child, native_read
 from ampscope import fused as fused_module
+from ampscope import native_read
 from ampscope import reductions as reductions_module
 from ampscope.formats import FORMATS
 from ampscope.fused import FusedPartials, LayoutState, layout_key
@@ -316,14 +310,14 @@ class TestCompileOrder:
         began: list[bool] = []
         plain_began, plain_may_end, histogram_began = (threading.Event() for _ in range(3))
 
-        def build(key: fused_module.LayoutKey, *args: object) -> tuple[Any, int]:
+        def build(key: fused_module.LayoutKey, *args: object) -> Any:
             began.append(key.histogram)
             if key.histogram:
                 histogram_began.set()
             else:
                 plain_began.set()
                 assert plain_may_end.wait(COMPILE_TIMEOUT)
-            return (lambda *kernel_args: None), 0
+            return lambda *kernel_args: None
 
         monkeypatch.setattr(fused_module, "build_kernel", build)
         grads = [torch.randn(13, 17, 3), torch.randn(5)]  # a layout no other test compiles
@@ -370,8 +364,8 @@ class TestNativeChoice:
     def test_inductor_where_the_c_loop_cannot_be_had(
         self, why: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
-        def build(key: fused_module.LayoutKey, *args: object) -> tuple[Any, int]:
-            return (lambda *kernel_args: None), 0  # inductor's compile is not under test here
+        def build(key: fused_module.LayoutKey, *args: object) -> Any:
+            return lambda *kernel_args: None  # inductor's compile is not under test here
 
         monkeypatch.setattr(fused_module, "build_kernel", build)
         monkeypatch.setattr(fused_module, "_LOGGED_NATIVE", False)
@@ -615,127 +609,6 @@ class TestExit:
         assert entry.done.wait(COMPILE_TIMEOUT)
         assert (entry.state, entry.error) == (LayoutState.FAILED,
                                               "RuntimeError: the interpreter is exiting")
-
-
-def run_script(script: str, cache: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``script`` in a fresh interpreter with ``cache`` as its inductor cache directory."""
-    env = _compile_child.environment()
-    env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.usefixtures("inductor_only")
-class TestChild:
-    """The cold compile in a child process (``_compile_child``), off the training GIL."""
-
-    def test_the_child_fills_the_cache_and_the_parent_compile_hits_it(self) -> None:
-        """In a fresh process, a layout no cache has seen (its first gradient's length unique to
-        this run: a graph of its own) is compiled by the child alone; the parent's compile of
-        it then misses nothing. The machine's own cache holds the rest: an empty cache folder
-        made the compile pay inductor's one-off set-up too (111 s of a whole-suite run)."""
-        rows = 1000 + uuid.uuid4().int % 1_000_000
-        done = run_script(f"""
-            import json, torch
-            from torch._dynamo.utils import counters
-            from ampscope import fused
-            from ampscope.formats import FORMATS
-            fused.COMPILE_NICENESS, fused.COMPILE_IN_CHILD, fused.NATIVE = 0, True, False
-            grads = [torch.randn({rows}, 3), torch.randn(11).half(), torch.zeros(5)]
-            stats = fused.FusedPartials(FORMATS["fp16"])
-            state = stats.wait(grads, [True, False, True], 600.0)
-            (entry,) = stats._seen.values()
-            print(json.dumps({{"state": state.value, "child": entry.child_s is not None,
-                              "error": entry.error, "inductor": dict(counters["inductor"]),
-                              "aot": dict(counters["aot_autograd"])}}))
-            """, cache_dir(), COMPILE_TIMEOUT)
-        assert done.returncode == 0, done.stderr
-        got = json.loads(done.stdout.splitlines()[-1])
-        assert got["state"] == "ready" and got["child"], got
-        assert got["inductor"].get("fxgraph_cache_hit", 0) >= 1, got
-        assert got["inductor"].get("fxgraph_cache_miss", 0) == 0, got
-        assert got["aot"].get("autograd_cache_miss", 0) == 0, got
-
-    def test_a_failing_child_falls_back_to_the_in_process_compile(
-            self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-        monkeypatch.setattr(fused_module, "COMPILE_IN_CHILD", True)
-        monkeypatch.setattr(_compile_child, "command",
-                            lambda: [sys.executable, "-c", "import sys; sys.exit(3)"])
-        grads = [torch.randn(43, 3), torch.randn(13).half()]
-        stats = GradStats(FP16, fused=True)
-        with caplog.at_level(logging.INFO, logger="ampscope"):
-            assert stats.wait_fused(grads, [True, False], COMPILE_TIMEOUT) is LayoutState.READY
-        assert "compile child exited with status 3" in caplog.text
-        got = stats.layer_stats(grads, 4.0, [True, False])
-        assert stats.last_path == "fused"
-        want = GradStats(FP16, fused=False).layer_stats(grads, 4.0, [True, False])
-        assert_stats_equal(got.tolist(), want.tolist(), 1e-12)
-
-    @pytest.mark.parametrize("child,logged", [
-        (["/nonexistent/python"], "compile child failed (FileNotFoundError"),
-        ([sys.executable, "-c", "print('no json')"], "compile child answered"),
-        (None, "compile child ran past 1 s"),  # the real child, which arms its alarm
-    ], ids=["cannot-start", "no-answer", "timeout"])
-    def test_a_child_that_does_not_answer_is_none(
-            self, child: list[str] | None, logged: str, monkeypatch: pytest.MonkeyPatch,
-            caplog: pytest.LogCaptureFixture) -> None:
-        if child is not None:
-            monkeypatch.setattr(_compile_child, "command", lambda: child)
-        key = layout_key([torch.ones(3)], [True], FP16)
-        assert key is not None
-        start = time.monotonic()
-        with caplog.at_level(logging.INFO, logger="ampscope"):
-            assert _compile_child.run(key, 1, 2, 0, timeout=1.0) is None
-        assert logged in caplog.text
-        assert time.monotonic() - start < 30.0
-        assert not _compile_child._CHILDREN
-
-    def test_the_layout_survives_its_json(self) -> None:
-        grads: list[torch.Tensor | None] = [torch.ones(3, 4).t(), None, torch.ones(2).half(),
-                                            torch.ones(5, dtype=torch.bfloat16)]
-        for native in (False, True):
-            key = layout_key(grads, [True, False, True, False], FP16, True, [12, 7, 2, 5], native)
-            assert key is not None and key.native is native
-            assert _compile_child.decode(_compile_child.encode(key, 11, 22)) == (key, 11, 22)
-
-    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-    def test_exit_kills_a_running_child_and_its_group(self, tmp_path: Any) -> None:
-        """At interpreter exit a compile child still running is killed with its process group
-        (no compiler left behind), the compile thread gives up, and the exit status is 0."""
-        pids, sleeper = tmp_path / "pids", tmp_path / "sleeper.py"
-        sleeper.write_text(textwrap.dedent(f"""
-            import os, subprocess, sys, time
-            kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-            with open({str(pids)!r}, "w") as f:
-                f.write(f"{{os.getpid()}} {{kid.pid}}")
-            time.sleep(300)
-            """))
-        done = run_script(f"""
-            import os, sys, time, torch
-            from ampscope import _compile_child, fused
-            from ampscope.formats import FORMATS
-            fused.COMPILE_IN_CHILD = True
-            _compile_child.command = lambda: [sys.executable, {str(sleeper)!r}]
-            stats = fused.FusedPartials(FORMATS["fp16"])
-            stats.layout(fused.layout_key([torch.ones(3)], [True], FORMATS["fp16"]))
-            while not os.path.exists({str(pids)!r}) or not open({str(pids)!r}).read():
-                time.sleep(0.05)
-            """, str(tmp_path / "cache"), 120.0)
-        assert done.returncode == 0, done.stderr
-        for pid in map(int, pids.read_text().split()):
-            deadline = time.monotonic() + 10.0
-            while running(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not running(pid)
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not: it waits only to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_partials_have_eight_columns() -> None:
