@@ -2,8 +2,10 @@
 
 1. ``counts``: the aten ops and Python calls the hook adds to one step on the training thread
    (hook minus no hook, ``tests/client_hook/test_step.py``'s deterministic counters), plain and
-   per-layer, at 34 and 500 parameter tensors. Budgets (issue #29): plain <= 8 ops and <= 60
-   calls, per-layer <= 20 ops and <= 150 calls, equal at any width.
+   per-layer, at 34 and 500 parameter tensors, with torch's every-step norms (``fused=False``)
+   and with the C loop's (``fused=None``; these tiny models' per-layer reads stay eager below
+   ``FUSE_MIN_ELEMS``). Budgets (issue #29): plain <= 8 ops and <= 60 calls, per-layer <= 20
+   ops and <= 150 calls, equal at any width.
 2. ``sender``: the sender thread's CPU time per record (``time.thread_time_ns``, which a loaded
    machine inflates far less than wall time), median of ``--reps``: ``to_wire`` (the host values
    turned into the record) and the encode of a one-record body, packed (wire v5, ``wire.dumps``)
@@ -54,11 +56,12 @@ def cpu_us(fn: Callable[[], Any], reps: int) -> float:
 
 
 def counts() -> None:
-    for tensors in WIDTHS:
-        for layer_every, kind in ((0, "plain"), (1, "per-layer")):
-            ops, calls = added(tensors, layer_every)
-            print(f"counts: {tensors} tensors, {kind} step: +{ops} aten ops, +{calls} Python "
-                  f"calls on the training thread; {load()}")
+    for fused, norms in ((False, "torch's norms"), (None, "the C loop's norms")):
+        for tensors in WIDTHS:
+            for layer_every, kind in ((0, "plain"), (1, "per-layer")):
+                ops, calls = added(tensors, layer_every, fused)
+                print(f"counts: {tensors} tensors, {kind} step, {norms}: +{ops} aten ops, "
+                      f"+{calls} Python calls on the training thread; {load()}")
 
 
 def records(tensors: int, layer_every: int) -> tuple[Any, Any]:
