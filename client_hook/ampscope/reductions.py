@@ -572,6 +572,9 @@ class GradStats:
                                    native.threads, out.data_ptr()) == 0:
                         self.float32_norms = False
                         return out
+                # torch's read. TypeError for a None gradient, NotImplementedError (a
+                # RuntimeError) for a sparse one, RuntimeError for gradients on several devices:
+                # the op itself checks, no Python loop over the gradients on the common path.
                 if not use64:
                     # ``_dots``, its size test inline (a call fewer on every step).
                     total = self._total if self.numels is not None else DOT_MIN_ELEMS

@@ -223,7 +223,7 @@ def wrapper(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def builds(tmp_path: Path) -> list[str]:
+def builds_of(tmp_path: Path) -> list[str]:
     """The wrapper's logged calls that built the library (not ``--version``)."""
     log = tmp_path / "log"
     return [line for line in log.read_text().splitlines() if not line.endswith("--version")]
@@ -274,7 +274,7 @@ class TestBuild:
         first = native_read.library(cache)
         second = native_read.library(cache)
         assert first._name == second._name
-        (built,) = builds(tmp_path)
+        (built,) = builds_of(tmp_path)
         assert built.startswith(" ".join(FIRST) + " -shared -fPIC -o ")
         assert [p.name for p in cache.iterdir()] == [Path(first._name).name]  # no leftovers
 
@@ -284,7 +284,7 @@ class TestBuild:
         launcher = wrapper(tmp_path, 'exec "$@"')
         monkeypatch.setenv("CC", f"{launcher} cc")
         native_read.library(tmp_path / "cache")
-        (built,) = builds(tmp_path)
+        (built,) = builds_of(tmp_path)
         assert built.startswith("cc " + " ".join(FIRST))
 
     def test_the_key_holds_the_compiler_identity(self, tmp_path: Path,
@@ -296,7 +296,7 @@ class TestBuild:
                                   'exec cc "$@"')
         monkeypatch.setenv("CC", str(other))
         assert native_read.library(cache)._name != one
-        assert len(builds(tmp_path)) == 2 and len(list(cache.iterdir())) == 2
+        assert len(builds_of(tmp_path)) == 2 and len(list(cache.iterdir())) == 2
 
     @pytest.mark.parametrize("refused,sets", [("-mprefer-vector-width", 2), ("-march", 3),
                                               ("-fopenmp", 4)])
@@ -308,7 +308,7 @@ class TestBuild:
                 'exec cc "$@"')
         monkeypatch.setenv("CC", str(wrapper(tmp_path, body)))
         native_read.library(tmp_path / "cache")
-        tried = [line.split(" -shared")[0] for line in builds(tmp_path)]
+        tried = [line.split(" -shared")[0] for line in builds_of(tmp_path)]
         assert tried == [" ".join(flags) for flags in SETS[:sets]]
         assert len(native_read.FLAG_SETS) == 3 and len(SETS) == 6
 
@@ -360,6 +360,33 @@ class TestBuild:
         lib = native_read.library()
         assert not Path(lib._name).is_relative_to(blocked)
         assert native_read.library() is lib  # once per process
+
+    @pytest.mark.parametrize("builds", [True, False], ids=["built", "no-compiler"])
+    def test_soon_builds_in_the_background_and_never_waits(
+            self, builds: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The every-step read's way in: None at once while a thread (one, at nice +19) builds
+        the loop, then the library, or False for good where it cannot be built."""
+        monkeypatch.setattr(native_read, "_LIBRARY", None)
+        monkeypatch.setattr(native_read, "_BUILDER", None)
+        monkeypatch.setenv("AMPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+        gate = tmp_path / "gate"  # the compiler waits for it: the build is still running
+        monkeypatch.setenv("CC", str(wrapper(
+            tmp_path, f'while [ ! -e {gate} ]; do sleep 0.01; done\n'
+                      + ('exec cc "$@"' if builds else "exit 1"))))
+        assert native_read.soon() is None and native_read.soon() is None
+        builder = native_read._BUILDER
+        assert builder is not None and builder.name == "ampscope-build"
+        gate.write_text("")
+        builder.join(60.0)
+        assert not builder.is_alive() and native_read._BUILDER is builder  # one thread
+        lib = native_read.soon()
+        if builds:
+            assert lib is native_read.library()
+        else:
+            assert lib is False
+            with pytest.raises(native_read.Unavailable, match="did not build"):
+                native_read.library()
+        assert builds or len(builds_of(tmp_path)) == len(native_read.flag_sets(""))
 
     def test_cache_dir(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("AMPSCOPE_CACHE_DIR", "/x/y")
