@@ -4,10 +4,13 @@ training's cores (docs/hook-cost.md#the-c-loop).
 
 ``NativeKernel`` is ``fused.Kernel`` for one layout: the same ``(L, 8)`` partials table, then
 with the histogram the ``(L, NUM_BINS)`` counts, counts, amax and amin equal to the bit and the
-sum of squares summed in another order. ``library()`` builds the loop once per machine into the
-user's cache (``cache_dir``), keyed by the source, the compiler's identity, its flags and the
-CPU, and loads it once per process. It raises ``Unavailable`` where there is no C compiler or
-the source does not build; the caller takes inductor's kernel or the eager path.
+sum of squares summed in another order. ``NativeNorms`` is the every-step norms' layout
+(``GradStats.raw_norms``). Both read on torch's own OpenMP threads where GCC links its runtime
+(docs/hook-cost.md#the-c-loop-on-several-threads). ``library()`` builds the loop once per
+machine into the user's cache (``cache_dir``), keyed by the source, the compiler's identity, its
+flags and the CPU, and loads it once per process (``soon()``: without waiting). It raises
+``Unavailable`` where there is no C compiler or the source does not build; the caller takes
+inductor's kernel, torch's norms or the eager path.
 """
 
 from __future__ import annotations
