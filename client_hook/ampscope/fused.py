@@ -101,7 +101,6 @@ NATIVE = True
 """Whether CPU layouts take the C loop (``native_read``) where it builds, before inductor. Read
 when a ``FusedPartials`` is made: its layouts keep their choice."""
 
-
 _RUNNING: set[threading.Thread] = set()
 _EXITING = threading.Event()
 

@@ -40,7 +40,7 @@
 #define CHUNK (8 * BLOCK)
 #define MAX_THREADS 64
 /* at::internal::GRAIN_SIZE: torch's elementwise kernels run a tensor of fewer elements on one
-   thread, and cut a larger one into at most one part per this many (chunks_of). */
+   thread, and cut a larger one into at most one part per this many (plan). */
 #define GRAIN 32768
 
 enum { DTYPE_FLOAT32 = 0, DTYPE_FLOAT16 = 1, DTYPE_BFLOAT16 = 2 };
@@ -196,12 +196,12 @@ static double pattern_value(int32_t bits) {
 /* One chunk: elements [start, start + len) of a layer. */
 struct chunk {
     int64_t layer, start, len;
-    int32_t owner; /* the thread that reads it first (see chunks_of) */
+    int32_t owner; /* the thread that reads it first (see plan) */
 };
 
 /* What one call reads, and where each chunk's result goes. */
 struct job {
-    const struct chunk *chunks;
+    struct chunk *chunks;
     int64_t count;
     atomic_char *taken; /* per chunk: read by some thread already */
     const void *const *x; /* each layer's memory (NULL: absent) */
@@ -260,18 +260,21 @@ static void run(struct job *job, int32_t threads) {
 #endif
 }
 
-/* The present layers' chunks, in layer order (malloc'd; NULL when out of memory). Each layer
-   is cut as at::parallel_for cuts it for torch's own elementwise kernels (GradScaler's
-   unscale_ is the last to write the gradients): into min(threads, ceil(n / GRAIN)) equal
-   parts, part t first read by thread t, so that each thread reads first what its core wrote
-   last (docs/hook-cost.md#the-c-loop-on-several-threads). */
-static struct chunk *chunks_of(int64_t layers, const void *const *x, const int64_t *numels,
-                               int32_t threads, int64_t *count) {
+/* job's chunks (the present layers', in layer order) and their taken flags, malloc'd; the
+   number of threads to read them (threads clamped to 1..MAX_THREADS), or -2 when out of memory.
+   Each layer is cut as at::parallel_for cuts it for torch's own elementwise kernels
+   (GradScaler's unscale_ is the last to write the gradients): into min(threads,
+   ceil(n / GRAIN)) equal parts, part t first read by thread t, so that each thread reads first
+   what its core wrote last (docs/hook-cost.md#the-c-loop-on-several-threads). */
+static int32_t plan(struct job *job, int64_t layers, const int64_t *numels, int32_t threads) {
+    threads = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
+    const void *const *x = job->x;
     int64_t total = 0;
     for (int64_t i = 0; i < layers; i++)
         if (x[i] != NULL) total += (numels[i] + CHUNK - 1) / CHUNK + threads;
-    struct chunk *chunks = malloc(sizeof(struct chunk) * (total ? total : 1));
-    if (chunks == NULL) return NULL;
+    job->chunks = malloc(sizeof(struct chunk) * (total ? total : 1));
+    job->taken = calloc(total ? total : 1, sizeof(atomic_char));
+    if (job->chunks == NULL || job->taken == NULL) return -2;
     int64_t k = 0;
     for (int64_t i = 0; i < layers; i++) {
         if (x[i] == NULL) continue;
@@ -282,12 +285,12 @@ static struct chunk *chunks_of(int64_t layers, const void *const *x, const int64
             int64_t end = (t + 1) * part < n ? (t + 1) * part : n;
             for (int64_t start = t * part; start < end; start += CHUNK) {
                 int64_t len = end - start < CHUNK ? end - start : CHUNK;
-                chunks[k++] = (struct chunk){i, start, len, t};
+                job->chunks[k++] = (struct chunk){i, start, len, t};
             }
         }
     }
-    *count = k;
-    return chunks;
+    job->count = k;
+    return threads;
 }
 
 static void merge(struct partials *acc, const struct partials *part) {
@@ -313,11 +316,13 @@ static void row_of(const struct partials *acc, int64_t n, double *out) {
     out[7] = pattern_value(amin); /* +inf when no finite non-zero element */
 }
 
-/* Each layer's memory: grads[slots[i]], or NULL when slots[i] < 0. -1 for a bad dtype. */
+/* Each layer's memory: grads[slots[i]] (grads[i] without slots), or NULL when slots[i] < 0.
+   -1 for a bad dtype. */
 static int addresses(int64_t layers, const int64_t *grads, const int64_t *slots,
                      const int8_t *dtypes, const void **x) {
     for (int64_t i = 0; i < layers; i++) {
-        x[i] = slots[i] < 0 ? NULL : (const void *)(intptr_t)grads[slots[i]];
+        int64_t slot = slots == NULL ? i : slots[i];
+        x[i] = slot < 0 ? NULL : (const void *)(intptr_t)grads[slot];
         if (x[i] != NULL && (dtypes[i] < DTYPE_FLOAT32 || dtypes[i] > DTYPE_BFLOAT16)) return -1;
     }
     return 0;
@@ -340,15 +345,11 @@ int ampscope_rows(int64_t layers, const int64_t *grads, const int64_t *slots,
     int32_t *bounds = malloc(sizeof(int32_t) * 4 * (layers ? layers : 1));
     atomic_llong *counts = calloc((size_t)(layers ? layers : 1) * (bins ? bins : 1),
                                   sizeof(atomic_llong));
-    struct chunk *chunks = NULL;
-    struct partials *parts = NULL;
-    atomic_char *taken = NULL;
-    int64_t count = 0;
+    struct job job = {NULL, 0, NULL, x, dtypes, bounds, min_exp, bins, NULL, counts, NULL};
     int status = -2;
     if (x == NULL || bounds == NULL || counts == NULL) goto done;
     status = addresses(layers, grads, slots, dtypes, x);
     if (status != 0) goto done;
-    status = -2;
     for (int64_t i = 0; i < layers; i++) {
         int32_t *b = bounds + 4 * i;
         if (scaled[i]) {
@@ -357,13 +358,11 @@ int ampscope_rows(int64_t layers, const int64_t *grads, const int64_t *slots,
             b[0] = *under_bits, b[1] = *normal_bits, b[2] = 1, b[3] = 0;
         }
     }
-    threads = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
-    chunks = chunks_of(layers, x, numels, threads, &count);
-    parts = malloc(sizeof(struct partials) * (count ? count : 1));
-    taken = calloc(count ? count : 1, sizeof(atomic_char));
-    if (chunks == NULL || parts == NULL || taken == NULL) goto done;
-    struct job job = {chunks, count, taken, x, dtypes, bounds, min_exp, bins, parts, counts,
-                      NULL};
+    status = -2;
+    threads = plan(&job, layers, numels, threads);
+    if (threads < 0) goto done;
+    job.partials = malloc(sizeof(struct partials) * (job.count ? job.count : 1));
+    if (job.partials == NULL) goto done;
     run(&job, threads);
     const int64_t width = NUM_COLUMNS + bins;
     int64_t k = 0;
@@ -378,7 +377,7 @@ int ampscope_rows(int64_t layers, const int64_t *grads, const int64_t *slots,
             continue;
         }
         struct partials acc = {0, 0, 0, 0, 0, 0, 0x7FFFFFFF, 0.0};
-        for (; k < count && chunks[k].layer == i; k++) merge(&acc, &parts[k]);
+        for (; k < job.count && job.chunks[k].layer == i; k++) merge(&acc, &job.partials[k]);
         row_of(&acc, n, row);
         for (int32_t j = 0; j < bins; j++)
             row[NUM_COLUMNS + j] = (double)atomic_load(&counts[(int64_t)bins * i + j]);
@@ -388,9 +387,9 @@ done:
     free(x);
     free(bounds);
     free(counts);
-    free(chunks);
-    free(parts);
-    free(taken);
+    free(job.chunks);
+    free(job.taken);
+    free(job.partials);
     return status;
 }
 
@@ -400,37 +399,28 @@ int ampscope_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
                    const int8_t *dtypes, int32_t threads, double *out) {
     if (layers < 0) return -1;
     const void **x = malloc(sizeof(void *) * (layers ? layers : 1));
-    struct chunk *chunks = NULL;
-    double *squares = NULL;
-    atomic_char *taken = NULL;
-    int64_t count = 0;
+    struct job job = {NULL, 0, NULL, x, dtypes, NULL, 0, 0, NULL, NULL, NULL};
     int status = -2;
     if (x == NULL) goto done;
-    for (int64_t i = 0; i < layers; i++) {
-        x[i] = (const void *)(intptr_t)grads[i];
-        if (dtypes[i] < DTYPE_FLOAT32 || dtypes[i] > DTYPE_BFLOAT16) {
-            status = -1;
-            goto done;
-        }
-    }
-    threads = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
-    chunks = chunks_of(layers, x, numels, threads, &count);
-    squares = malloc(sizeof(double) * (count ? count : 1));
-    taken = calloc(count ? count : 1, sizeof(atomic_char));
-    if (chunks == NULL || squares == NULL || taken == NULL) goto done;
-    struct job job = {chunks, count, taken, x, dtypes, NULL, 0, 0, NULL, NULL, squares};
+    status = addresses(layers, grads, NULL, dtypes, x);
+    if (status != 0) goto done;
+    status = -2;
+    threads = plan(&job, layers, numels, threads);
+    if (threads < 0) goto done;
+    job.squares = malloc(sizeof(double) * (job.count ? job.count : 1));
+    if (job.squares == NULL) goto done;
     run(&job, threads);
     int64_t k = 0;
     for (int64_t i = 0; i < layers; i++) {
         double sum = 0.0;
-        for (; k < count && chunks[k].layer == i; k++) sum += squares[k];
+        for (; k < job.count && job.chunks[k].layer == i; k++) sum += job.squares[k];
         out[i] = sqrt(sum);
     }
     status = 0;
 done:
     free(x);
-    free(chunks);
-    free(squares);
-    free(taken);
+    free(job.chunks);
+    free(job.taken);
+    free(job.squares);
     return status;
 }

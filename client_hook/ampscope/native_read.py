@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -241,6 +241,12 @@ def _load(where: Path) -> ctypes.CDLL:
     return lib
 
 
+def _check_dtypes(dtypes: Iterable[torch.dtype]) -> None:
+    """``Unavailable`` unless the C loop reads every one of ``dtypes`` (``_DTYPES``)."""
+    if any(dtype not in _DTYPES for dtype in dtypes):
+        raise Unavailable("a gradient is not float32, float16 or bfloat16")
+
+
 def threads(elements: int) -> int:
     """How many threads read ``elements`` gradient elements: torch's intra-op threads, which sit
     idle while the hook runs on the training thread, one per ``THREAD_MIN_ELEMS``."""
@@ -288,8 +294,7 @@ class NativeNorms:
         if not all(map(IS_CPU, grads)) or not all(map(CONTIGUOUS, grads)):
             raise Unavailable("not every gradient is a contiguous CPU tensor")
         dtypes = list(map(DTYPE, grads))
-        if any(dtype not in _DTYPES for dtype in dtypes):
-            raise Unavailable("a gradient is not float32, float16 or bfloat16")
+        _check_dtypes(dtypes)
         numels = array("q", map(NUMEL, grads))
         return cls(numels, dtypes, array("b", [_DTYPES[dtype] for dtype in dtypes]),
                    threads(sum(numels)), lib.ampscope_norms)
@@ -309,8 +314,7 @@ class NativeKernel:
         missing = dict(absent)
         if any(not dense(shape, stride) for shape, stride, _ in specs):
             raise Unavailable("a gradient is not dense in memory")
-        if any(dtype not in _DTYPES for _, _, dtype in specs):
-            raise Unavailable("a gradient is not float32, float16 or bfloat16")
+        _check_dtypes(dtype for _, _, dtype in specs)
         self.layers = len(scaled)
         self.width = NUM_COLUMNS + bins
         present = iter(enumerate(specs))
