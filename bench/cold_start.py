@@ -150,7 +150,7 @@ def run(args: argparse.Namespace, cache: str, start_load: str) -> None:
                 hooked_steps += len(steps)
                 if engaged is None and live.mon._stats.last_path == "fused":
                     engaged = (time.monotonic() - START, hooked_steps)
-                if norms is None and isinstance(live.mon._stats._native, NativeNorms):
+                if norms is None and isinstance(live.mon._stats.native, NativeNorms):
                     norms = (time.monotonic() - START, hooked_steps)
     wall = time.monotonic() - START
     report(segments, args.minutes)

@@ -101,17 +101,8 @@ class ScalerView:
         optimizers: Sequence[torch.optim.Optimizer],
         params: Sequence[torch.nn.Parameter],
     ) -> tuple[bool | list[bool], torch.Tensor | float]:
-        """(``scaled_state``, ``scale_in_effect``); the common case inline."""
-        scaler = self.scaler
-        if scaler is None or not self.on or not params:
-            return ([] if not params else False), 1.0
-        scale = getattr(scaler, "_scale", None)
-        states = getattr(scaler, "_per_optimizer_states", None)
-        if (isinstance(scale, torch.Tensor) and isinstance(states, Mapping)
-                and len(optimizers) == 1 and optimizers[0] is optimizer):
-            state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
-            stage = "READY" if state is None else getattr(state.get("stage"), "name", None)
-            return stage == "READY", scale
+        """(``scaled_state``, ``scale_in_effect``); a GradScaler's common case is read inline
+        by ``StepCycle.capture``."""
         return self.scaled_state(optimizer, optimizers, params), self.scale_in_effect()
 
     def scale_in_effect(self) -> torch.Tensor | float:
@@ -301,7 +292,10 @@ class StepCycle:
         self._numel_t = torch.tensor(
             list(numels) if numels is not None else [p.numel() for p in params],
             dtype=torch.float64)
-        self._stats = stats
+        self.stats = stats
+        # Whether GradScaler's unscale reads the plain step's norms in its own pass
+        # (``step._UnscaleGrads``, set by ``ScalerSource``): the capture leaves them ``due``.
+        self.unscale_reads = False
         self._cadence = cadence
         self._histogram_every = histogram_every
         self._view = view
@@ -374,6 +368,8 @@ class StepCycle:
         # at most once, and what they will reduce into.
         self.contributed = False
         self.pending: Pending | None = None
+        # The plain step's norms tensor and gradients, left to the unscale (``unscale_reads``).
+        self.due: tuple[torch.Tensor, list[torch.Tensor | None]] | None = None
 
     @property
     def has_block(self) -> bool:
@@ -439,7 +435,17 @@ class StepCycle:
                     grads = list(map(_GRAD, params))
                     if self.sharded:  # each rank reads its own shard; the reductions merge
                         grads = list(map(local, grads))
-                scaled, scale = self._view.capture_state(optimizer, optimizers, params)
+                # A GradScaler's stage and scale (``ScalerView.capture_state``), inline.
+                view = self._view
+                scale = getattr(view.scaler, "_scale", None)
+                states = getattr(view.scaler, "_per_optimizer_states", None)
+                if (view.on and params and isinstance(scale, torch.Tensor)
+                        and isinstance(states, Mapping) and len(optimizers) == 1
+                        and optimizers[0] is optimizer):
+                    state = states.get(id(optimizer))  # .get: never grow the scaler's defaultdict
+                    scaled = state is None or getattr(state.get("stage"), "name", None) == "READY"
+                else:
+                    scaled, scale = view.capture_state(optimizer, optimizers, params)
                 if self.shadow_every and (self.taken_steps + 1) % self.shadow_every == 0:
                     self._snapshot(optimizer, optimizers, grads, scaled, scale)
                 seen, self.after_backward = self.after_backward, None
@@ -463,22 +469,30 @@ class StepCycle:
                                         and not self.sharded):
                     per_layer = histogram = False
                 self._has_block = per_layer and self.sends
-                stats = self._stats
+                stats = self.stats
                 # Sharded norms are summed across ranks as squares: the float64 read.
                 checked = stats.exact_norms and not self.sharded
                 if per_layer or histogram or checked:
                     parts, taken = take(stats, grads, scale, scaled, per_layer=per_layer,
                                         histogram=histogram, checked=checked)
                 else:  # the plain step: the norms, read as ``take`` would (inline: no call)
-                    norms = stats.raw_norms(grads)
                     n = len(grads)
+                    native = stats.native
+                    if self.unscale_reads and scaled is True and native and native.unscale:
+                        # GradScaler's unscale reads and writes every gradient next: its pass
+                        # reads the norms too (``step._UnscaleGrads``), in float64.
+                        norms = torch.empty(n, dtype=torch.float64)
+                        self.due = (norms, grads)
+                        float32 = False
+                    else:
+                        norms = stats.raw_norms(grads)
+                        float32 = stats.float32_norms
                     flags = (scaled,) * n if isinstance(scaled, bool) else tuple(scaled)
                     device = norms.device if n else (
                         scale.device if isinstance(scale, torch.Tensor)
                         else torch.device("cpu"))
                     parts = [norms]
-                    taken = Taken(Kind.NORMS, device, flags,
-                                  float32_norms=stats.float32_norms)
+                    taken = Taken(Kind.NORMS, device, flags, float32_norms=float32)
                 if self.group is not None:
                     layout = self.layout(step)
                     assert layout is not None
@@ -497,6 +511,18 @@ class StepCycle:
             self.on_error("capture", exc)
         if self.group is not None and not self.contributed:
             self.contribute_nothing()  # the capture did not get as far as its share
+
+    def settle(self) -> None:
+        """The due norms read now, as the gradients are, where no unscale read them
+        (``step._UnscaleGrads``); if that fails, the record goes without them."""
+        due, self.due = self.due, None
+        if due is None:
+            return
+        try:
+            self.stats.raw_norms(due[1], acc64=True, out=due[0])
+        except Exception as exc:
+            self._parts = self._taken = None
+            self.on_error("capture", exc)
 
     def _snapshot(
         self, optimizer: torch.optim.Optimizer, optimizers: Sequence[torch.optim.Optimizer],
@@ -542,6 +568,8 @@ class StepCycle:
 
     def end(self, before: Mapping[str, Any] | None) -> None:
         """The cycle's record (none when ``before`` is None), then the next cycle; never raises."""
+        if self.due is not None:  # no unscale came between the capture and ``update()``
+            self.settle()
         state = self.state
         due = before is not None and state is HookState.ACTIVE
         if due and not self.sends:  # a contributing rank: its share is all it makes

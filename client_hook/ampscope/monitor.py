@@ -493,8 +493,9 @@ def watch(
     401/403/410, stops sending with one warning, records go to the spool); ``flush_interval``
     (s: the live latency's main term); ``target_format`` (fp16, bf16, fp8_e4m3fn, fp8_e5m2;
     default inferred); ``fused`` (the one-read kernel, ``ampscope.fused``: a C loop on the
-    CPU, which also reads every step's norms; None from ``reductions.FUSE_MIN_ELEMS`` gradient
-    elements, True always, False never, torch's ops only).
+    CPU, which also reads every step's norms, in the ``GradScaler``'s unscale where it can do
+    that unscale as torch does; None from ``reductions.FUSE_MIN_ELEMS`` gradient elements, True
+    always, False never, torch's ops only).
     Under ``torch.distributed`` call it on every rank: one run, rank 0 sends, ranks missing
     after ``dist_timeout_s`` leave rank 0 alone (``all_ranks=True``: a run per rank). A
     DeepSpeed engine: ``watch(engine)`` on every rank.

@@ -11,6 +11,12 @@
    ampscope_norms: every gradient's L2 norm, its squares summed in float64 (NaN if it holds a
    NaN, else +inf if it holds an inf): the every-step read.
 
+   ampscope_unscale_norms: the same norms of float32 gradients, read in GradScaler's unscale,
+   which the norms' loop does too: each element multiplied by the inverse scale in place and any
+   NaN or inf noted in found_inf, as torch's _amp_foreach_non_finite_check_and_unscale_ does
+   (one IEEE product per element: the same bits), so that the every-step norms add no pass over
+   the gradients (docs/hook-cost.md#the-norms-in-the-unscale).
+
    Both cut the gradients into chunks of one layer, which up to `threads` threads read
    (docs/hook-cost.md#the-c-loop-on-several-threads); each chunk's result has a slot of its own,
    folded into its layer in chunk order, so the answer does not depend on which thread read what
@@ -165,6 +171,30 @@ static inline int32_t bin(int32_t b, int32_t es, int32_t mb, int32_t min_exp, in
         SUM_OF_SQUARES(LOAD, b < INF_BITS ? b : 0);                                            \
     }
 
+/* The float64 sum of squares of n float32 values as they were, each then multiplied by inv in
+   place (left as it is when inv is 1, as torch's kernel leaves it); *bad: whether any was NaN or
+   ±inf. */
+static double unscale_float32(float *restrict x, int64_t n, float inv, uint8_t *restrict bad) {
+    double sum = 0.0;
+    int32_t nonfinite = 0;
+    if (inv == 1.0f) {
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            nonfinite |= float32_bits(x, i) >= INF_BITS;
+            sum += (double)v * (double)v;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i];
+            nonfinite |= float32_bits(x, i) >= INF_BITS;
+            sum += (double)v * (double)v;
+            x[i] = v * inv;
+        }
+    }
+    *bad = nonfinite != 0;
+    return sum;
+}
+
 SQUARES_PASS(squares_float32, float32_bits)
 SQUARES_PASS(squares_float16, float16_bits)
 SQUARES_PASS(squares_bfloat16, bfloat16_bits)
@@ -212,12 +242,20 @@ struct job {
     struct partials *partials; /* per chunk */
     atomic_llong *counts;      /* per layer, bins each */
     double *squares;           /* ampscope_norms: per chunk */
+    /* ampscope_unscale_norms: per chunk, whether it held a NaN or inf (NULL: no unscale); the
+       inverse scale */
+    uint8_t *bad;
+    float inv;
 };
 
 static void read_chunk(struct job *job, int64_t k) {
     const struct chunk c = job->chunks[k];
     const int8_t dtype = job->dtypes[c.layer];
     const void *at = (const char *)job->x[c.layer] + ITEM_SIZE[dtype] * c.start;
+    if (job->bad != NULL) { /* the caller's gradients, writable: the unscale writes them */
+        job->squares[k] = unscale_float32((float *)at, c.len, job->inv, &job->bad[k]);
+        return;
+    }
     if (job->squares != NULL) {
         job->squares[k] = SQUARES[dtype](at, c.len);
         return;
@@ -394,12 +432,14 @@ done:
 }
 
 /* Every gradient's L2 norm into out (float64, 0 for an empty one): grads[i] the address of
-   numels[i] dense elements of dtypes[i]. Returns 0, -1 for a bad dtype, -2 when out of memory. */
-int ampscope_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
-                   const int8_t *dtypes, int32_t threads, double *out) {
+   numels[i] dense elements of dtypes[i]; with inv_scale, each unscaled in the same pass and
+   *found_inf set to 1 if any was NaN or inf (ampscope_unscale_norms). */
+static int norms(int64_t layers, const int64_t *grads, const int64_t *numels,
+                 const int8_t *dtypes, const float *inv_scale, float *found_inf, int32_t threads,
+                 double *out) {
     if (layers < 0) return -1;
     const void **x = malloc(sizeof(void *) * (layers ? layers : 1));
-    struct job job = {NULL, 0, NULL, x, dtypes, NULL, 0, 0, NULL, NULL, NULL};
+    struct job job = {NULL, 0, NULL, x, dtypes, NULL, 0, 0, NULL, NULL, NULL, NULL, 1.0f};
     int status = -2;
     if (x == NULL) goto done;
     status = addresses(layers, grads, NULL, dtypes, x);
@@ -409,18 +449,48 @@ int ampscope_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
     if (threads < 0) goto done;
     job.squares = malloc(sizeof(double) * (job.count ? job.count : 1));
     if (job.squares == NULL) goto done;
-    run(&job, threads);
+    if (inv_scale != NULL) {
+        job.bad = calloc(job.count ? job.count : 1, 1);
+        if (job.bad == NULL) goto done;
+        job.inv = *inv_scale;
+    }
+    run(&job, threads); /* nothing is written before this: an error above leaves all as it was */
     int64_t k = 0;
+    uint8_t bad = 0;
     for (int64_t i = 0; i < layers; i++) {
         double sum = 0.0;
-        for (; k < job.count && job.chunks[k].layer == i; k++) sum += job.squares[k];
+        for (; k < job.count && job.chunks[k].layer == i; k++) {
+            sum += job.squares[k];
+            if (job.bad != NULL) bad |= job.bad[k];
+        }
         out[i] = sqrt(sum);
     }
+    if (bad) *found_inf = 1.0f;
     status = 0;
 done:
     free(x);
     free(job.chunks);
     free(job.taken);
     free(job.squares);
+    free(job.bad);
     return status;
+}
+
+/* Every gradient's L2 norm into out (float64, 0 for an empty one): grads[i] the address of
+   numels[i] dense elements of dtypes[i]. Returns 0, -1 for a bad dtype, -2 when out of memory. */
+int ampscope_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
+                   const int8_t *dtypes, int32_t threads, double *out) {
+    return norms(layers, grads, numels, dtypes, NULL, NULL, threads, out);
+}
+
+/* ampscope_norms of float32 gradients (every dtypes[i] DTYPE_FLOAT32), each gradient then
+   multiplied by *inv_scale in place unless it is 1, and *found_inf set to 1 if any element was
+   NaN or inf (never to 0): GradScaler's unscale of them. Returns 0; -1 for a dtype other than
+   float32, -2 when out of memory, both before any gradient is written. */
+int ampscope_unscale_norms(int64_t layers, const int64_t *grads, const int64_t *numels,
+                           const int8_t *dtypes, const float *inv_scale, float *found_inf,
+                           int32_t threads, double *out) {
+    for (int64_t i = 0; i < layers; i++)
+        if (dtypes[i] != DTYPE_FLOAT32) return -1;
+    return norms(layers, grads, numels, dtypes, inv_scale, found_inf, threads, out);
 }

@@ -236,7 +236,9 @@ def _load(where: Path) -> ctypes.CDLL:
         *[ctypes.c_void_p] * 3, *[ctypes.c_int32] * 3, ctypes.c_void_p]
     lib.ampscope_norms.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int32,
                                    ctypes.c_void_p]
-    for function in (lib.ampscope_rows, lib.ampscope_norms):
+    lib.ampscope_unscale_norms.argtypes = [ctypes.c_int64, *[ctypes.c_void_p] * 5,
+                                           ctypes.c_int32, ctypes.c_void_p]
+    for function in (lib.ampscope_rows, lib.ampscope_norms, lib.ampscope_unscale_norms):
         function.restype = ctypes.c_int
     return lib
 
@@ -280,13 +282,15 @@ class NativeNorms:
     reads it: every gradient's L2 norm summed in float64 (NaN for a layer that holds a NaN, else
     +inf for one that holds an inf; no float32 overflow), on several threads for large layouts.
     ``GradStats.raw_norms`` checks the gradients against it and calls ``read``, inline: no Python
-    call on the every-step path."""
+    call on the every-step path; or ``unscale`` (float32 only), which reads them in GradScaler's
+    unscale (docs/hook-cost.md#the-norms-in-the-unscale)."""
 
     numels: array[int]
     dtypes: list[torch.dtype]
     codes: array[int]  # native_read.c's DTYPE_*
     threads: int
     read: Callable[..., int]  # ampscope_norms
+    unscale: Callable[..., int] | None  # ampscope_unscale_norms; None unless all are float32
 
     @classmethod
     def of(cls, lib: ctypes.CDLL, grads: Sequence[torch.Tensor]) -> NativeNorms:
@@ -296,8 +300,10 @@ class NativeNorms:
         dtypes = list(map(DTYPE, grads))
         _check_dtypes(dtypes)
         numels = array("q", map(NUMEL, grads))
+        float32 = all(dtype is torch.float32 for dtype in dtypes)
         return cls(numels, dtypes, array("b", [_DTYPES[dtype] for dtype in dtypes]),
-                   threads(sum(numels)), lib.ampscope_norms)
+                   threads(sum(numels)), lib.ampscope_norms,
+                   lib.ampscope_unscale_norms if float32 else None)
 
 
 class NativeKernel:

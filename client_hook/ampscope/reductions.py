@@ -390,13 +390,15 @@ class GradStats:
         self.exact_norms = exact_norms
         self.float32_norms = False
         """Whether the last ``raw_norms`` accumulated in float32 (its +inf may be an overflow)."""
+        self.unscaled = False
+        """Whether the last ``raw_norms`` unscaled the gradients too (its ``unscale``)."""
         self._plans: dict[tuple[object, ...], _Plan] = {}
         self._last: _Plan | None = None
         self._fused = FusedPartials(self.fmt, self.numels) if fused is not False else None
         # The C loop's norms (``raw_norms``): None until its library is built and a layout read,
         # False where it is not to be had (``fused=False``, ``fused.NATIVE`` off, gradients it
         # cannot read).
-        self._native: NativeNorms | Literal[False] | None = (
+        self.native: NativeNorms | Literal[False] | None = (
             None if self._fused is not None and self._fused.native else False)
         self._fuse_auto = fused is None
         self.last_path: str | None = None
@@ -535,7 +537,10 @@ class GradStats:
         torch.nextafter(plan.amin_keys_f32, plan.inf, out=plan.table_amin)
         return torch.addmm(plan.table, sums, plan.derive)
 
-    def raw_norms(self, grads: Grads, *, acc64: bool | None = None) -> torch.Tensor:
+    def raw_norms(
+        self, grads: Grads, *, acc64: bool | None = None, out: torch.Tensor | None = None,
+        unscale: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Every layer's L2 norm of the raw gradient (times the scale when scaled), a ``(L,)``
         device tensor, 0 when absent; NaN if the layer holds a NaN, else +inf if it holds ±inf:
         the norms double as finiteness. No host sync. The every-step floor, one read as the
@@ -544,20 +549,25 @@ class GradStats:
         else float32 as in ``clip_grad_norm_`` (float64 for float64 gradients, ``exact_norms``
         or ``acc64``), one ``_foreach_norm`` or on the CPU one dot per layer. A float32 raw norm
         from 1.8e19 reads +inf; ``found_inf`` tells that overflow from an inf element (else
-        ``checked_norms``)."""
+        ``checked_norms``). ``out``: written and returned. ``unscale``: GradScaler's
+        ``(inv_scale, found_inf)``; where the C loop reads float32 gradients it unscales them in
+        the same pass, as torch's kernel would, and sets ``unscaled``
+        (docs/hook-cost.md#the-norms-in-the-unscale)."""
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
         use64 = self._acc64 if acc64 is None else acc64
+        self.unscaled = False
         with torch.no_grad():
             if not grads:
                 self.float32_norms = not use64
-                return torch.zeros(0, dtype=torch.float64 if use64 else torch.float32)
+                return torch.zeros(0, dtype=torch.float64 if use64 else torch.float32) if (
+                    out is None) else out
             dense = cast("list[torch.Tensor]", grads if isinstance(grads, list | tuple)
                          else list(grads))
             try:
                 # The C loop, in float64 (either accumulation asked): its layout checked (in
                 # C-level loops over the gradients) and read inline, no Python call on the way.
-                native = self._native
+                native = self.native
                 if native and not (array("q", map(NUMEL, dense)) == native.numels
                                    and list(map(DTYPE, dense)) == native.dtypes
                                    and all(map(IS_CPU, dense)) and all(map(CONTIGUOUS, dense))):
@@ -565,11 +575,21 @@ class GradStats:
                 if native is None:
                     native = self._native_layout(dense)
                 if native:
-                    out = torch.empty(len(dense), dtype=torch.float64)
+                    if out is None:
+                        out = torch.empty(len(dense), dtype=torch.float64)
                     pointers = array("q", map(DATA_PTR, dense))
-                    if native.read(len(dense), pointers.buffer_info()[0],
-                                   native.numels.buffer_info()[0], native.codes.buffer_info()[0],
-                                   native.threads, out.data_ptr()) == 0:
+                    layout = (len(dense), pointers.buffer_info()[0],
+                              native.numels.buffer_info()[0], native.codes.buffer_info()[0])
+                    inv, found = unscale if unscale is not None else (None, None)
+                    if (inv is not None and found is not None and native.unscale is not None
+                            and inv.dtype is found.dtype is torch.float32 and inv.is_cpu
+                            and found.is_cpu and inv.dim() == found.dim() == 0):
+                        status = native.unscale(*layout, inv.data_ptr(), found.data_ptr(),
+                                                native.threads, out.data_ptr())
+                        self.unscaled = status == 0
+                    else:
+                        status = native.read(*layout, native.threads, out.data_ptr())
+                    if status == 0:
                         self.float32_norms = False
                         return out
                 # torch's read. TypeError for a None gradient, NotImplementedError (a
@@ -584,20 +604,22 @@ class GradStats:
                             flat = g.view(-1)
                             squares.append(torch.dot(flat, flat))
                         self.float32_norms = True
-                        return torch.stack(squares).sqrt_()
-                    try:
-                        each = torch._foreach_norm(dense, 2, dtype=torch.float32)
-                        self.float32_norms = True
-                        return torch.stack(each)
-                    except RuntimeError:  # a float64 gradient does not narrow to float32
-                        each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-                        self._acc64 = True  # it did: float64 from now on
+                        norms = torch.stack(squares).sqrt_()
+                    else:
+                        try:
+                            each = torch._foreach_norm(dense, 2, dtype=torch.float32)
+                            self.float32_norms = True
+                        except RuntimeError:  # a float64 gradient does not narrow to float32
+                            each = torch._foreach_norm(dense, 2, dtype=torch.float64)
+                            self._acc64 = True  # it did: float64 from now on
+                            self.float32_norms = False
+                        norms = torch.stack(each)
                 else:
-                    each = torch._foreach_norm(dense, 2, dtype=torch.float64)
-                self.float32_norms = False
-                return torch.stack(each)
+                    norms = torch.stack(torch._foreach_norm(dense, 2, dtype=torch.float64))
+                    self.float32_norms = False
             except (TypeError, RuntimeError):
-                return self._raw_norms_fallback(grads)
+                norms = self._raw_norms_fallback(grads)
+            return norms if out is None else out.copy_(norms)
 
     def checked_norms(self, grads: Grads) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``raw_norms`` in float32 plus a bool ``(L,)`` device tensor, whether the layer holds an
@@ -622,10 +644,10 @@ class GradStats:
             lib = native_read.soon() if all(map(IS_CPU, grads)) else False
             if lib is None:
                 return None
-            self._native = NativeNorms.of(lib, grads) if lib else False
+            self.native = NativeNorms.of(lib, grads) if lib else False
         except (native_read.Unavailable, AttributeError):  # e.g. a None gradient
-            self._native = False
-        return self._native
+            self.native = False
+        return self.native
 
     def _dots(self, grads: list[torch.Tensor]) -> bool:
         """Whether ``raw_norms`` takes the dot path (see there)."""

@@ -4,16 +4,20 @@ A ``StepSource`` attaches to what the loop already calls and drives one ``cycle.
 ``ScalerSource`` wraps a ``GradScaler``'s methods per instance (never the class) and each
 optimizer's ``step``; ``OptimizerSource`` takes the optimizers' step hooks (no scaler);
 ``ZeroSource`` a DeepSpeed engine. A plain GradScaler step is, in full: ``_Scale``; in
-``scaler.step``, ``_Step`` (the capture), ``_bypass``, ``_Unscale``; ``_Update``
-(``tests/client_hook/test_step.py`` keeps it so). Wrappers run the original exactly once and let
-its exceptions through; the hook's own go to ``on_error``, never to training. A wrapper pickles
-(``deepcopy``, ``torch.save``) as the copy's own method, never as the hook.
+``scaler.step``, ``_Step`` (the capture), ``_Unscale`` and ``_UnscaleGrads`` (the norms read in
+the unscale), ``_bypass``; ``_Update`` (``tests/client_hook/test_step.py`` keeps it so).
+Wrappers run the original exactly once (``_UnscaleGrads`` runs it or, where the C loop does
+the unscale, none) and let its exceptions through; the hook's own go to ``on_error``, never to
+training. A wrapper pickles (``deepcopy``, ``torch.save``) as the copy's own method, never as the
+hook.
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from itertools import chain
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +29,8 @@ from ampscope.zero import ZeroEngine
 __all__ = ["OptimizerSource", "ScalerSource", "StepSource", "ZeroSource"]
 
 ACTIVE = HookState.ACTIVE
+_GRAD = attrgetter("grad")
+_PARAMS = itemgetter("params")
 
 
 class StepSource(Protocol):
@@ -140,6 +146,36 @@ class _Unscale(_Wrapper):
         return self.original(optimizer)
 
 
+class _UnscaleGrads(_Wrapper):
+    """``GradScaler._unscale_grads_``, the pass that multiplies every gradient by the inverse
+    scale. Where the capture left the norms due (``StepCycle.due``) and these are exactly this
+    optimizer's gradients, in order, the C loop unscales them as torch's kernel would and reads
+    the norms in the same pass (``GradStats.raw_norms``): the every-step norms add no pass over
+    the gradients (docs/hook-cost.md#the-norms-in-the-unscale). It returns what torch's returns,
+    ``{device: found_inf}``. Else the norms are read first and torch unscales."""
+
+    __slots__ = ()
+
+    def __call__(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor,
+                 found_inf: torch.Tensor, allow_fp16: bool) -> Any:
+        cycle = self.source.cycle
+        due = cycle.due
+        if due is not None:
+            try:
+                norms, grads = due
+                params = list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
+                if len(params) == len(grads) and all(map(is_, map(_GRAD, params), grads)):
+                    stats = cycle.stats
+                    stats.raw_norms(grads, acc64=True, out=norms, unscale=(inv_scale, found_inf))
+                    cycle.due = None
+                    if stats.unscaled:
+                        return {found_inf.device: found_inf}
+            except Exception as exc:
+                cycle.on_error("unscale_", exc)
+            cycle.settle()  # the norms before torch's unscale, if not read yet
+        return self.original(optimizer, inv_scale, found_inf, allow_fp16)
+
+
 class _Step(_Wrapper):
     __slots__ = ()
 
@@ -217,8 +253,16 @@ class ScalerSource:
         for hook, name in ((_Scale, "scale"), (_Unscale, "unscale_"), (_Step, "step"),
                            (_Update, "update")):
             self._methods.wrap(hook(self, self.scaler, name))
+        # torch's own unscale (a subclass's, e.g. FSDP's ShardedGradScaler, is left alone), and
+        # the whole gradients on this process: no peer sums their squares.
+        if (self.cycle.group is None and getattr(type(self.scaler), "_unscale_grads_", None)
+                is torch.amp.GradScaler._unscale_grads_):
+            self._methods.wrap(_UnscaleGrads(self, self.scaler, "_unscale_grads_"))
+            self.cycle.unscale_reads = True
 
     def detach(self) -> None:
+        self.cycle.unscale_reads = False
+        self.cycle.settle()
         self._methods.unwrap()
         for optimizer, bound, had_own, previous in self.bypass.values():
             if vars(optimizer).get("step") is not bound:

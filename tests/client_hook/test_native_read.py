@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from array import array
 from pathlib import Path
 
 import pytest
@@ -186,8 +187,8 @@ class TestThreads:
             torch.tensor([1.0, -math.inf])]
         stats = GradStats("fp16")
         got = stats.raw_norms(grads)
-        assert isinstance(stats._native, native_read.NativeNorms)
-        assert stats._native.threads == threads
+        assert isinstance(stats.native, native_read.NativeNorms)
+        assert stats.native.threads == threads
         assert torch.equal(got[:4], stats.raw_norms(grads)[:4])  # the same sums on every call
         want = [float(g.double().square().sum().sqrt()) for g in grads]
         assert got.tolist()[:4] == pytest.approx(want[:4], rel=1e-13, abs=0)
@@ -199,6 +200,75 @@ class TestThreads:
         assert native_read.threads(0) == native_read.threads(grain - 1) == 1
         assert native_read.threads(5 * grain) == min(5, torch.get_num_threads())
         assert native_read.threads(10**9) == torch.get_num_threads()
+
+
+class TestUnscaleNorms:
+    """``ampscope_unscale_norms``: GradScaler's unscale of float32 gradients, which is torch's
+    ``_amp_foreach_non_finite_check_and_unscale_`` to the bit, with the norms of the values as
+    they were read in the same pass (``step._UnscaleGrads``)."""
+
+    SIZES = (0, 1, 100, 40_000, 70_000, 200_001)
+
+    def grads(self) -> list[torch.Tensor]:
+        """Every float32 class: zeros of both signs, subnormals, normals, the largest, ±inf and
+        NaN; a signalling NaN (which a product would quiet) in the second."""
+        grads = [edge_tensor(n, torch.float32, seed=i) for i, n in enumerate(self.SIZES)]
+        grads[1].view(torch.int32)[0] = 0x7F800001
+        return grads
+
+    def unscale(self, grads: list[torch.Tensor], inv: torch.Tensor, found: torch.Tensor,
+                threads: int) -> tuple[int, list[float]]:
+        layout = native_read.NativeNorms.of(native_read.library(), grads)
+        assert layout.unscale is not None
+        pointers = array("q", [g.data_ptr() for g in grads])
+        out = torch.empty(len(grads), dtype=torch.float64)
+        status = layout.unscale(len(grads), pointers.buffer_info()[0],
+                                layout.numels.buffer_info()[0], layout.codes.buffer_info()[0],
+                                inv.data_ptr(), found.data_ptr(), threads, out.data_ptr())
+        return status, out.tolist()
+
+    @pytest.mark.parametrize("threads", [1, 2, 8])
+    @pytest.mark.parametrize("scale", [2.0**16, 3.0, 1.0, 2.0**-20])
+    def test_torchs_unscale_to_the_bit_and_the_norms(self, scale: float, threads: int) -> None:
+        """The gradients and ``found_inf`` as torch leaves them (a scale of 1 writes nothing:
+        the signalling NaN stays), the norms of the values before, against float64."""
+        mine, theirs = self.grads(), self.grads()
+        before = [g.clone() for g in mine]
+        inv = torch.tensor(scale, dtype=torch.float64).reciprocal().float()
+        found, want_found = torch.zeros(()), torch.zeros(())
+        torch._amp_foreach_non_finite_check_and_unscale_(theirs, want_found, inv)
+        status, norms = self.unscale(mine, inv, found, threads)
+        assert status == 0 and found.item() == want_found.item() == 1.0
+        for got, want in zip(mine, theirs, strict=True):
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+        for norm, g in zip(norms, before, strict=True):
+            want_norm = float(g.double().square().sum().sqrt())
+            if math.isnan(want_norm) or math.isinf(want_norm):
+                assert repr(norm) == repr(want_norm)
+            else:
+                assert norm == pytest.approx(want_norm, rel=1e-13, abs=0)
+
+    @pytest.mark.parametrize("threads", [1, 2])
+    def test_found_inf_is_set_never_cleared(self, threads: int) -> None:
+        finite = [torch.randn(n) for n in (3, 70_000)]
+        inv = torch.tensor(0.5)
+        for start in (0.0, 1.0):
+            found = torch.tensor(start)
+            assert self.unscale([g.clone() for g in finite], inv, found, threads)[0] == 0
+            assert found.item() == start
+
+    def test_other_dtypes_are_refused_before_any_write(self) -> None:
+        grads = [torch.full((5,), 8.0), torch.full((3,), 8.0, dtype=torch.bfloat16)]
+        layout = native_read.NativeNorms.of(native_read.library(), grads)
+        assert layout.unscale is None  # NativeNorms offers it for float32 layouts only
+        lib = native_read.library()
+        pointers = array("q", [g.data_ptr() for g in grads])
+        found, inv = torch.zeros(()), torch.tensor(0.5)
+        out = torch.zeros(2, dtype=torch.float64)
+        status = lib.ampscope_unscale_norms(
+            2, pointers.buffer_info()[0], layout.numels.buffer_info()[0],
+            layout.codes.buffer_info()[0], inv.data_ptr(), found.data_ptr(), 1, out.data_ptr())
+        assert status == -1 and grads[0].tolist() == [8.0] * 5 and out.tolist() == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("shape,stride,want", [
@@ -261,7 +331,7 @@ class TestBuild:
             threads = len(os.listdir("/proc/self/task"))
             stats = GradStats("fp16", fused=None)
             norms = [stats.raw_norms(grads) for _ in range(3)][-1]
-            assert stats._native and stats._native.threads == 2
+            assert stats.native and stats.native.threads == 2
             assert len(os.listdir("/proc/self/task")) == threads
             want = torch.stack([g.double().square().sum().sqrt() for g in grads])
             torch.testing.assert_close(norms, want, rtol=1e-13, atol=0)

@@ -463,7 +463,7 @@ class TestNativeNorms:
     def test_each_layer_against_float64(self) -> None:
         stats = GradStats(FP16)
         got = stats.raw_norms(self.LAYERS).tolist()
-        assert isinstance(stats._native, native_read.NativeNorms) and not stats.float32_norms
+        assert isinstance(stats.native, native_read.NativeNorms) and not stats.float32_norms
         for g, raw in zip(got, self.LAYERS, strict=True):
             want = float(raw.double().square().sum().sqrt())
             if math.isnan(want) or math.isinf(want):
@@ -485,6 +485,52 @@ class TestNativeNorms:
 
         assert ops(3) == ops(60) == ["empty"]
 
+    def test_the_norms_into_out(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``out`` is written and returned, by the C loop and (float32 norms, widened) by
+        torch's read."""
+        raws = [torch.randn(40), torch.randn(3, 3)]
+        want = [float(r.double().norm()) for r in raws]
+        out = torch.zeros(2, dtype=torch.float64)
+        assert GradStats(FP16).raw_norms(raws, out=out) is out
+        assert out.tolist() == pytest.approx(want, rel=1e-13)
+        monkeypatch.setattr(fused, "NATIVE", False)
+        out.zero_()
+        assert GradStats(FP16).raw_norms(raws, out=out) is out
+        assert out.tolist() == pytest.approx(want, rel=1e-6)
+
+    def test_unscale_in_the_same_call(self) -> None:
+        """``unscale``: the C loop's float32 layout unscales as torch's kernel does and says so
+        (``unscaled``); the norms are the values' before."""
+        stats = GradStats(FP16)
+        raws = [torch.randn(40) * 1024, torch.randn(70_000) * 1024]
+        want_grads = [r / 1024 for r in raws]
+        want = [float(r.double().norm()) for r in raws]
+        inv, found = torch.tensor(1 / 1024), torch.zeros(())
+        norms = stats.raw_norms(raws, unscale=(inv, found))
+        assert stats.unscaled and found.item() == 0.0
+        assert norms.tolist() == pytest.approx(want, rel=1e-13)
+        assert all(torch.equal(r, w) for r, w in zip(raws, want_grads, strict=True))
+        stats.raw_norms(raws)
+        assert not stats.unscaled  # reset by every call
+
+    @pytest.mark.parametrize("why", ["bfloat16", "float64 scale", "torch's read"])
+    def test_unscale_left_to_torch(self, why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Where the C loop cannot unscale as torch would, the norms are read and the gradients
+        left as they are, for torch's unscale."""
+        raws = [torch.full((40,), 8.0), torch.full((9,), 8.0)]
+        inv, found = torch.tensor(0.5), torch.zeros(())
+        if why == "bfloat16":
+            raws[1] = raws[1].bfloat16()
+        elif why == "float64 scale":
+            inv = inv.double()
+        else:
+            monkeypatch.setattr(fused, "NATIVE", False)
+        stats = GradStats(FP16)
+        norms = stats.raw_norms(raws, acc64=True, unscale=(inv, found))
+        assert not stats.unscaled
+        assert norms.tolist() == [8.0 * math.sqrt(40), 8.0 * 3]
+        assert all(r.float().eq(8.0).all() for r in raws)
+
     def test_checked_norms_need_no_flags(self) -> None:
         """A float64 sum cannot overflow: +inf is an inf element, as ``found_inf`` would say."""
         norms, flags = GradStats(FP16, exact_norms=True).checked_norms(
@@ -498,8 +544,8 @@ class TestNativeNorms:
         for raws in (one, other, one, [one[0], None], one):  # a None gradient: torch's read
             want = [0.0 if r is None else float(r.double().norm()) for r in raws]
             assert stats.raw_norms(raws).tolist() == pytest.approx(want, rel=1e-13)
-            assert isinstance(stats._native, native_read.NativeNorms)
-            assert stats._native.dtypes[1] == (torch.float16 if raws is other else torch.float32)
+            assert isinstance(stats.native, native_read.NativeNorms)
+            assert stats.native.dtypes[1] == (torch.float16 if raws is other else torch.float32)
 
     @pytest.mark.parametrize("raws", [
         [torch.ones(4, 2)[:, 0]],  # not contiguous
@@ -509,13 +555,13 @@ class TestNativeNorms:
         stats = GradStats(FP16)
         with AtenOps() as mode:
             norms = stats.raw_norms(raws)
-        assert stats._native is False and mode.ops[0] == "_foreach_norm"
+        assert stats.native is False and mode.ops[0] == "_foreach_norm"
         assert norms.tolist() == [pytest.approx(float(raws[0].double().norm()), rel=1e-6)]
 
     def test_fused_false_or_native_off_keep_torchs(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        assert GradStats(FP16, fused=False)._native is False
+        assert GradStats(FP16, fused=False).native is False
         monkeypatch.setattr(fused, "NATIVE", False)
-        assert GradStats(FP16)._native is False
+        assert GradStats(FP16).native is False
 
     def test_torchs_read_while_the_loop_is_built(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """``native_read.soon`` never waits: None while its thread builds the loop."""
@@ -526,7 +572,7 @@ class TestNativeNorms:
         for _ in range(2):
             with AtenOps() as mode:
                 stats.raw_norms(raws)
-            assert mode.ops == ["_foreach_norm", "stack"] and stats._native is None
+            assert mode.ops == ["_foreach_norm", "stack"] and stats.native is None
         with AtenOps() as mode:
             stats.raw_norms(raws)
-        assert mode.ops == ["empty"] and isinstance(stats._native, native_read.NativeNorms)
+        assert mode.ops == ["empty"] and isinstance(stats.native, native_read.NativeNorms)

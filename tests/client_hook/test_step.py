@@ -10,6 +10,7 @@ steps (the plans, caches and lazy registrations of a first step are not a step's
 from __future__ import annotations
 
 import collections
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -158,10 +159,12 @@ class TestSeam:
         # hook that queues itself as the engine's callback: clip before unscale_, #30).
         assert modules == {"step.py", "cycle.py", "reductions.py", "transport.py"}
         assert len(functions) <= 15, sorted((Path(f).name, n) for f, n, _ in functions)
+        # The norms are read by ``raw_norms``: from the capture with torch's norms, from
+        # ``_UnscaleGrads`` in the unscale's pass with the C loop's.
         assert sorted(n for _, n, _ in functions) == [
-            "__call__", "__call__", "__call__", "__call__", "_bypass", "after_update",
-            "backward_end", "before_update", "build", "capture", "capture_state", "end", "put",
-            "raw_norms", "reset"]
+            "__call__", "__call__", "__call__", "__call__", "__call__", "_bypass", "after_update",
+            "backward_end", "before_update", "build", "capture", "end", "put", "raw_norms",
+            "reset"]
 
 
 class TestHostWork:
@@ -171,11 +174,13 @@ class TestHostWork:
         assert ops <= 8 and calls <= 60, (ops, calls)
 
     def test_a_plain_step_through_the_c_loop(self) -> None:
-        """The norms in one ``empty`` (its output) and one call from C: an op fewer than torch's
-        ``_foreach_norm`` and ``stack``, the same Python calls, at 34 and 500 tensors."""
-        torch_ops, torch_calls = added(34, layer_every=0)
-        assert added(34, 0, fused=None) == added(500, 0, fused=None) == (torch_ops - 1,
-                                                                          torch_calls)
+        """The norms in one ``empty`` (their output), read in the unscale's pass by one call
+        from C, which unscales too: torch's ``_unscale_grads_`` is not run, so its three ops
+        (the copies of ``found_inf`` and ``inv_scale``, the foreach unscale) and its Python calls
+        are not either. The hook adds no op and 14 calls, at 34 and 500 tensors (torch's norms:
+        4 ops, 27 calls)."""
+        assert added(34, layer_every=0) == (4, 27)
+        assert added(34, 0, fused=None) == added(500, 0, fused=None) == (0, 14)
 
     @pytest.mark.parametrize("tensors", [34, 500])
     def test_a_per_layer_step(self, tensors: int) -> None:
@@ -188,3 +193,122 @@ class TestHostWork:
     @pytest.mark.parametrize("layer_every", [0, 1])
     def test_the_cost_does_not_grow_with_the_tensors(self, layer_every: int) -> None:
         assert added(34, layer_every) == added(500, layer_every)
+
+
+class Trained:
+    """``steps`` steps of a float32 GradScaler loop (AdamW, two layers of 33k elements: the C
+    loop reads them on two threads where there are two), without the hook or with it at a plain
+    step's cadence: the parameters, the scales, the true-unit gradient norms before each step
+    (float64, from the scaled gradients), the records, and on how many steps the C loop did the
+    unscale (``GradStats.unscaled``)."""
+
+    def __init__(self, hook: bool, steps: int = 12, *, fused: bool | None = None,
+                 clip_at: tuple[int, ...] = (), overflow_at: tuple[int, ...] = (),
+                 reversed_params: bool = False) -> None:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128))
+        params = list(model.parameters())
+        opt = torch.optim.AdamW(params[::-1] if reversed_params else params, lr=1e-3)
+        self.scaler = scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        sink = MemorySender()
+        self.mon = mon = ampscope.watch(
+            model, scaler, opt, server=None, sender=sink, layer_every=0, activation_every=0,
+            histogram_every=0, fused=fused) if hook else None
+        x = torch.randn(32, 128)
+        self.scales: list[float] = []
+        self.norms: list[float] = []
+        self.unscaled = 0
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).square().mean()
+            scaler.scale(loss * math.inf if i in overflow_at else loss).backward()
+            squares = [float(p.grad.double().square().sum()) for p in params
+                       if p.grad is not None]
+            self.norms.append(math.sqrt(sum(squares)) / scaler.get_scale())
+            if i in clip_at:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, 1e-3)
+            scaler.step(opt)
+            scaler.update()
+            self.scales.append(scaler.get_scale())
+            self.unscaled += bool(mon is not None and mon._cycle.stats.unscaled)
+        self.params = [p.detach().clone() for p in params]
+        self.records: list[dict[str, Any]] = []
+        if mon is not None:
+            mon.close()
+            self.records = [r for body in sink.payloads() for r in body["records"]]
+
+    def same_training(self, other: Trained) -> bool:
+        return self.scales == other.scales and all(
+            torch.equal(a.view(torch.int32), b.view(torch.int32))
+            for a, b in zip(self.params, other.params, strict=True))
+
+
+class TestNormsInTheUnscale:
+    """A plain step's norms read by the C loop in GradScaler's unscale, which it does
+    (``_UnscaleGrads``): the training is the one without the hook, to the bit."""
+
+    def test_the_c_loop_unscales_and_training_is_unchanged(self) -> None:
+        """Overflow steps and a clip after ``unscale_`` included; every step after the first
+        (which lays the norms out) is unscaled by the C loop, and each record's norm is the
+        float64 norm of the gradients it had."""
+        kw: dict[str, Any] = {"steps": 12, "clip_at": (3, 9), "overflow_at": (5,)}
+        bare, hooked = Trained(False, **kw), Trained(True, **kw)
+        assert hooked.same_training(bare)
+        assert hooked.unscaled == 11
+        assert [r["found_inf"] for r in hooked.records] == [i == 5 for i in range(12)]
+        for i, (rec, truth) in enumerate(zip(hooked.records, hooked.norms, strict=True)):
+            if i == 5:
+                assert rec["grad_norm"] in ("nan", "inf")
+            else:
+                assert rec["grad_norm"] == pytest.approx(truth, rel=1e-12)
+
+    def test_torch_unscales_what_it_does_not_read_in_order(self) -> None:
+        """An optimizer whose parameters are not the watched ones in order: the norms are read
+        first, then torch unscales; the same training and norms."""
+        kw: dict[str, Any] = {"steps": 6, "reversed_params": True, "overflow_at": (2,)}
+        bare, hooked = Trained(False, **kw), Trained(True, **kw)
+        assert hooked.same_training(bare) and hooked.unscaled == 0
+        assert [r["grad_norm"] == pytest.approx(truth, rel=1e-12)
+                for r, truth in zip(hooked.records, hooked.norms, strict=True)] == [
+            True, True, False, True, True, True]
+
+    def test_torch_unscales_with_torch_norms(self) -> None:
+        bare, hooked = Trained(False, steps=4), Trained(True, steps=4, fused=False)
+        assert hooked.same_training(bare) and hooked.unscaled == 0
+        assert hooked.mon is not None and not hooked.mon._cycle.unscale_reads
+
+    def test_a_subclass_keeps_its_own_unscale(self) -> None:
+        class Sharded(torch.amp.GradScaler):
+            def _unscale_grads_(self, *args: Any) -> Any:  # e.g. FSDP's ShardedGradScaler
+                return super()._unscale_grads_(*args)
+
+        model = nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for scaler, wrapped in ((torch.amp.GradScaler("cpu"), True), (Sharded("cpu"), False)):
+            mon = ampscope.watch(model, scaler, opt, server=None, sender=MemorySender())
+            assert ("_unscale_grads_" in vars(scaler)) is wrapped
+            assert mon._cycle.unscale_reads is wrapped
+            mon.close()
+            assert "_unscale_grads_" not in vars(scaler) and not mon._cycle.unscale_reads
+
+    def test_norms_left_due_are_read_at_the_end(self) -> None:
+        """Left due by a capture and never unscaled (``StepCycle.settle``): read at ``end``, as
+        the gradients are."""
+        model = nn.Linear(64, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        mon = ampscope.watch(model, scaler, opt, server=None, sender=MemorySender(),
+                             layer_every=0, histogram_every=0)
+        cycle = mon._cycle
+        for _ in range(2):  # the first plain step lays the C loop's norms out
+            opt.zero_grad()
+            scaler.scale(model(torch.ones(2, 64)).sum()).backward()
+            cycle.capture(opt)
+        assert cycle.due is not None
+        norms, grads = cycle.due
+        cycle.settle()
+        assert cycle.due is None
+        assert norms.tolist() == pytest.approx([g.double().norm().item() for g in grads],
+                                               rel=1e-13)
+        mon.close()
