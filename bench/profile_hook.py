@@ -18,7 +18,10 @@ Three views, all on the reference model's real gradients (after a fp16-autocast 
    inside ``step``; its own time is counted under ``unscale_`` only), once the fused kernel a
    per-layer read takes has compiled (its path is printed). Right after ``backward()``
    the code runs cold, ~3x its steady-state cost: these are the figures that add to a step,
-   though the first code after backward pays some warm-up the scaler would otherwise pay.
+   though the first code after backward pays some warm-up the scaler would otherwise pay. The
+   C loop's pass that unscales and reads a plain step's norms in torch's place
+   (docs/hook-cost.md#the-norms-in-the-unscale) runs inside ``unscale_``'s original, so it
+   counts as torch's here; ``bench/unscale_norms.py`` times the step end to end.
 
 6. ``kernels`` (CUDA): the kernels and copies the hook adds to a step, and their GPU time
    (``torch.profiler``).

@@ -238,9 +238,7 @@ def _native_kernel(key: LayoutKey, under: int, normal: int) -> Kernel | None:
     """The C loop for a CPU layout, run once on placeholders; None where it is not to be had
     (no C compiler, a gradient not dense in memory): inductor's kernel is tried next."""
     global _LOGGED_NATIVE
-    # The compiler inherits the thread's priority: a build takes only idle CPU.
-    lower_thread_priority(COMPILE_NICENESS)
-    try:
+    try:  # at training's priority, unlike inductor's compile (``native_read.soon``)
         kernel = native_read.NativeKernel(
             native_read.library(), key.scaled, key.specs, key.absent, under, normal,
             NUM_BINS if key.histogram else 0, MIN_EXP)

@@ -35,7 +35,6 @@ from typing import Literal
 import torch
 
 from ampscope.partials import NUM_COLUMNS
-from ampscope.transport import lower_thread_priority
 
 __all__ = ["FLAG_SETS", "OPENMP", "SOURCE", "THREAD_MIN_ELEMS", "NativeKernel", "NativeNorms",
            "Unavailable", "cache_dir", "dense", "flag_sets", "library", "soon", "threads"]
@@ -162,8 +161,9 @@ def _build(directory: Path, source: bytes) -> Path:
 _LIBRARY: ctypes.CDLL | Unavailable | None = None  # the process's, or why there is none
 _LIBRARY_LOCK = threading.Lock()
 _BUILDER: threading.Thread | None = None
-BUILD_NICENESS = 19
-"""The background build's nice increment (``soon``; Linux, its compiler inherits it)."""
+# The build runs at training's own priority, once per machine (then the cache): at the lowest,
+# on a machine that training keeps busy, it waited long for its little CPU while the slower
+# reads answered (docs/hook-cost.md#the-fused-kernels-compile).
 
 
 def library(directory: Path | None = None) -> ctypes.CDLL:
@@ -185,9 +185,8 @@ def library(directory: Path | None = None) -> ctypes.CDLL:
 
 
 def soon() -> ctypes.CDLL | Literal[False] | None:
-    """The loaded C loop; None while a background thread (started by the first call, at
-    ``BUILD_NICENESS``) builds it; False where it cannot be built. Never waits: for the
-    every-step read."""
+    """The loaded C loop; None while a background thread (started by the first call) builds it;
+    False where it cannot be built. Never waits: for the every-step read."""
     global _BUILDER
     lib = _LIBRARY
     if isinstance(lib, ctypes.CDLL):
@@ -204,7 +203,6 @@ def soon() -> ctypes.CDLL | Literal[False] | None:
 
 
 def _build_in_background() -> None:
-    lower_thread_priority(BUILD_NICENESS)
     try:
         library()
     except Unavailable as exc:

@@ -434,7 +434,7 @@ class TestBuild:
     @pytest.mark.parametrize("builds", [True, False], ids=["built", "no-compiler"])
     def test_soon_builds_in_the_background_and_never_waits(
             self, builds: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """The every-step read's way in: None at once while a thread (one, at nice +19) builds
+        """The every-step read's way in: None at once while a thread (one) builds
         the loop, then the library, or False for good where it cannot be built."""
         monkeypatch.setattr(native_read, "_LIBRARY", None)
         monkeypatch.setattr(native_read, "_BUILDER", None)
