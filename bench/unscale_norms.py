@@ -18,6 +18,12 @@ the hook's sender thread's work on the records, flushed after each segment (``Mo
 which is the same for both ways. At the end every replica must hold the same weights to the bit:
 the C loop's unscale is torch's.
 
+Then the passes alone, on the model's gradients after a backward, each after a pass over 64 MiB
+that pushes them out of the caches (as training's own work does between backward and the
+unscale): torch's unscale (``_amp_foreach_non_finite_check_and_unscale_``), the C loop's norms
+(``ampscope_norms``), and the two in one (``ampscope_unscale_norms``); inside each clock the one
+call, outside it the eviction.
+
 Usage: ``PYTHONPATH=client_hook:bench python bench/unscale_norms.py [--sizes 4M] [--rounds 15]
 [--steps 20]``
 """
@@ -28,6 +34,8 @@ import argparse
 import os
 import statistics
 import time
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +99,37 @@ def segment(c: Config, x: torch.Tensor, y: torch.Tensor, steps: int) -> None:
     c.seams.append(statistics.median(seam))
 
 
+def passes_alone(c: Config, x: torch.Tensor, y: torch.Tensor, rounds: int) -> str:
+    """The median ms of torch's unscale, the C loop's norms, and both in one pass."""
+    c.opt.zero_grad(set_to_none=True)
+    c.scaler.scale(nn.functional.cross_entropy(c.model(x).mean(1), y)).backward()
+    grads = [p.grad for p in c.model.parameters() if p.grad is not None]
+    layout = native_read.NativeNorms.of(native_read.library(), grads)
+    unscale = layout.unscale
+    assert unscale is not None
+    pointers = array("q", [g.data_ptr() for g in grads])
+    args = (len(grads), pointers.buffer_info()[0], layout.numels.buffer_info()[0],
+            layout.codes.buffer_info()[0])
+    one, found = torch.ones(()), torch.zeros(())  # an inverse scale of 1: nothing changes
+    out = torch.empty(len(grads), dtype=torch.float64)
+    passes: dict[str, Callable[[], object]] = {
+        "torch's unscale": lambda: torch._amp_foreach_non_finite_check_and_unscale_(
+            grads, found, one),
+        "the C loop's norms": lambda: layout.read(*args, layout.threads, out.data_ptr()),
+        "both in one pass": lambda: unscale(*args, one.data_ptr(), found.data_ptr(),
+                                            layout.threads, out.data_ptr()),
+    }
+    evict = torch.empty(16 << 20)
+    times: dict[str, list[float]] = {name: [] for name in passes}
+    for _ in range(rounds):
+        for name, fn in passes.items():
+            evict.add_(1.0)
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return ", ".join(f"{name} {statistics.median(t) * 1e3:.3f} ms" for name, t in times.items())
+
+
 def run_size(size: str, rounds: int, steps: int) -> None:
     shape = SHAPES[size]
     configs = [make("no hook", shape, None, False),
@@ -115,6 +154,7 @@ def run_size(size: str, rounds: int, steps: int) -> None:
     weights = [torch.cat([p.detach().reshape(-1) for p in c.model.parameters()])
                for c in configs]
     same = all(torch.equal(w.view(torch.int32), weights[0].view(torch.int32)) for w in weights)
+    alone = passes_alone(base, x, y, 10 * rounds)
     for c in configs:
         if c.mon is not None:
             c.mon.close()
@@ -130,6 +170,7 @@ def run_size(size: str, rounds: int, steps: int) -> None:
               f"{statistics.median(ratios):8.3f} ({min(ratios):.3f}-{max(ratios):.3f}) "
               f"{statistics.median(c.seams) * 1e3:15.3f} "
               f"{(statistics.median(c.seams) - statistics.median(base.seams)) * 1e3:9.3f}")
+    print(f"  the passes alone (median of {10 * rounds}): {alone}")
 
 
 def main() -> None:
