@@ -549,10 +549,10 @@ class GradStats:
         else float32 as in ``clip_grad_norm_`` (float64 for float64 gradients, ``exact_norms``
         or ``acc64``), one ``_foreach_norm`` or on the CPU one dot per layer. A float32 raw norm
         from 1.8e19 reads +inf; ``found_inf`` tells that overflow from an inf element (else
-        ``checked_norms``). ``out``: written and returned. ``unscale``: GradScaler's
-        ``(inv_scale, found_inf)``; where the C loop reads float32 gradients it unscales them in
-        the same pass, as torch's kernel would, and sets ``unscaled``
-        (docs/hook-cost.md#the-norms-in-the-unscale)."""
+        ``checked_norms``). ``out``: a float64 ``(L,)`` tensor, written and returned.
+        ``unscale``: GradScaler's ``(inv_scale, found_inf)``; where the C loop reads float32
+        gradients it unscales them in the same pass, as torch's kernel would, and sets
+        ``unscaled`` (docs/hook-cost.md#the-norms-in-the-unscale)."""
         if self.numels is not None and len(self.numels) != len(grads):
             raise ValueError(f"got {len(grads)} gradients for {len(self.numels)} layers")
         use64 = self._acc64 if acc64 is None else acc64
