@@ -157,14 +157,6 @@ class ZeroView(ScalerView):
         self.present = self.on = zero.fp16
         self.skips_on_host = True
 
-    def capture_state(
-        self,
-        optimizer: torch.optim.Optimizer,
-        optimizers: Sequence[torch.optim.Optimizer],
-        params: Sequence[torch.nn.Parameter],
-    ) -> tuple[bool | list[bool], torch.Tensor | float]:
-        return self.scaled_state(optimizer, optimizers, params), self.scale_in_effect()
-
     def _scale(self) -> float:
         return float(self._zero.optimizer.loss_scale)
 
